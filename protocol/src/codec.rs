@@ -1,0 +1,131 @@
+//! The wire codec: one version byte, then a MessagePack body (rmp-serde, named
+//! fields so that fields can be added without breaking old readers).
+//!
+//! Decoding is total: any byte string — empty, truncated, oversized, from a newer
+//! peer, or plain garbage — yields a [`CodecError`], never a panic. The size limit
+//! is checked before any parsing so an oversized message costs nothing.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+/// The wire format version this build writes and reads.
+pub const WIRE_VERSION: u8 = 1;
+
+/// Largest encoded message accepted or produced, version byte included. NATS's
+/// default `max_payload` is 1 MiB; staying under it keeps every message deliverable.
+pub const MAX_MESSAGE_BYTES: usize = 1024 * 1024 - 4096;
+
+/// Why a message could not be encoded or decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodecError {
+    #[error("empty message")]
+    Empty,
+    #[error("message of {size} bytes exceeds the {max}-byte limit")]
+    TooLarge { size: usize, max: usize },
+    #[error("unsupported wire version {found} (this build speaks {expected})")]
+    Version { found: u8, expected: u8 },
+    #[error("malformed message: {0}")]
+    Malformed(String),
+    #[error("cannot encode message: {0}")]
+    Encode(String),
+}
+
+/// Encodes `msg` with the version byte; refuses to produce an oversized message.
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
+    let mut out = Vec::with_capacity(128);
+    out.push(WIRE_VERSION);
+    rmp_serde::encode::write_named(&mut out, msg).map_err(|e| CodecError::Encode(e.to_string()))?;
+    if out.len() > MAX_MESSAGE_BYTES {
+        return Err(CodecError::TooLarge { size: out.len(), max: MAX_MESSAGE_BYTES });
+    }
+    Ok(out)
+}
+
+/// Decodes a message produced by [`encode`]. Trailing bytes after the body are
+/// refused: a message means exactly one value.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
+    if bytes.len() > MAX_MESSAGE_BYTES {
+        return Err(CodecError::TooLarge { size: bytes.len(), max: MAX_MESSAGE_BYTES });
+    }
+    let (&version, body) = bytes.split_first().ok_or(CodecError::Empty)?;
+    if version != WIRE_VERSION {
+        return Err(CodecError::Version { found: version, expected: WIRE_VERSION });
+    }
+    let mut de = rmp_serde::Deserializer::new(body);
+    let value = T::deserialize(&mut de).map_err(|e| CodecError::Malformed(e.to_string()))?;
+    let rest = de.into_inner();
+    if !rest.is_empty() {
+        return Err(CodecError::Malformed(format!("{} trailing bytes", rest.len())));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::{ApiRequest, CoordinatorInbound, SidecarRequest, WorkerCommand};
+    use proptest::prelude::*;
+
+    #[test]
+    fn refuses_empty_wrong_version_and_oversize() {
+        assert_eq!(decode::<ApiRequest>(&[]), Err(CodecError::Empty));
+        assert!(matches!(decode::<ApiRequest>(&[9, 0x80]), Err(CodecError::Version { found: 9, .. })));
+        let big = vec![WIRE_VERSION; MAX_MESSAGE_BYTES + 1];
+        assert!(matches!(decode::<ApiRequest>(&big), Err(CodecError::TooLarge { .. })));
+        let huge = "x".repeat(MAX_MESSAGE_BYTES);
+        assert!(matches!(encode(&huge), Err(CodecError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn refuses_trailing_bytes() {
+        let mut bytes = encode(&ApiRequest::List { session: "s".parse().unwrap(), all: true }).unwrap();
+        assert!(decode::<ApiRequest>(&bytes).is_ok());
+        bytes.push(0xc0);
+        assert!(matches!(decode::<ApiRequest>(&bytes), Err(CodecError::Malformed(_))));
+    }
+
+    fn all_decoders(bytes: &[u8]) {
+        let _ = decode::<ApiRequest>(bytes);
+        let _ = decode::<CoordinatorInbound>(bytes);
+        let _ = decode::<WorkerCommand>(bytes);
+        let _ = decode::<SidecarRequest>(bytes);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            all_decoders(&bytes);
+            let mut versioned = vec![WIRE_VERSION];
+            versioned.extend_from_slice(&bytes);
+            all_decoders(&versioned);
+        }
+
+        #[test]
+        fn truncated_messages_are_errors(cut in 0usize..200, label in "\\PC{0,60}") {
+            let msg = ApiRequest::Submit(crate::messages::SubmitRequest {
+                session: "s1".parse().unwrap(),
+                idempotency_key: uuid::Uuid::nil(),
+                spec: crate::spec::TaskSpec::shell(label, "echo hi"),
+            });
+            let bytes = encode(&msg).unwrap();
+            let cut = cut.min(bytes.len().saturating_sub(1));
+            prop_assert!(decode::<ApiRequest>(&bytes[..cut]).is_err());
+            prop_assert_eq!(decode::<ApiRequest>(&bytes).unwrap(), msg);
+        }
+
+        #[test]
+        fn flipped_bytes_never_panic(pos in 0usize..200, val in any::<u8>()) {
+            let msg = WorkerCommand::Kill(crate::messages::KillCommand {
+                task: "shell-5".parse().unwrap(),
+                attempt: crate::ids::Attempt(2),
+                epoch: crate::ids::Epoch(3),
+            });
+            let mut bytes = encode(&msg).unwrap();
+            let pos = pos % bytes.len();
+            bytes[pos] = val;
+            all_decoders(&bytes);
+        }
+    }
+}

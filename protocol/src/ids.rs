@@ -1,0 +1,342 @@
+//! Identifiers: task ids `<kind>-N`, kinds, workers, sessions, epochs and attempts.
+//!
+//! Every identifier that arrives from the network or a user is parsed here and
+//! nowhere else, so a malformed one is refused with an [`IdError`] before it can
+//! reach a subject, a file name or a store key. Ids are not secrets: access is
+//! decided by comparing owner sessions, never by guessing ids.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// Longest kind name accepted (`shell`, `agent`, …).
+pub const MAX_KIND_LEN: usize = 32;
+/// Longest worker id accepted; worker ids appear in NATS subjects and file names.
+pub const MAX_WORKER_ID_LEN: usize = 64;
+/// Longest session id accepted.
+pub const MAX_SESSION_LEN: usize = 128;
+
+/// Why an identifier was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IdError {
+    /// The kind is empty, too long, or has a character outside `[a-z][a-z0-9_-]*`.
+    #[error("invalid kind {0:?}: expected a lowercase ascii letter then letters, digits, '_' or '-', at most 32 chars")]
+    Kind(String),
+    /// The task id is not `<kind>-<N>` with N ≥ 1.
+    #[error("invalid task id {0:?}: expected <kind>-<N> with N >= 1, e.g. shell-7")]
+    Task(String),
+    /// The worker id is empty, too long, or has a character outside `[a-z0-9_-]`.
+    #[error("invalid worker id {0:?}: expected 1-64 chars of lowercase letters, digits, '_' or '-'")]
+    Worker(String),
+    /// The session id is empty, too long, or holds whitespace or control characters.
+    #[error("invalid session id {0:?}: expected 1-128 printable non-space chars")]
+    Session(String),
+}
+
+fn shorten(s: &str) -> String {
+    s.chars().take(80).collect()
+}
+
+/// A producer namespace (`shell`, `agent`, …). Opaque to the registry; it is also
+/// the task id prefix.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Kind(String);
+
+impl Kind {
+    /// The kind of plain command lines run with `sh -c`.
+    pub fn shell() -> Kind {
+        Kind("shell".to_owned())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for Kind {
+    type Err = IdError;
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        let mut chars = s.chars();
+        let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
+        let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
+        if first_ok && rest_ok && s.len() <= MAX_KIND_LEN {
+            Ok(Kind(s.to_owned()))
+        } else {
+            Err(IdError::Kind(shorten(s)))
+        }
+    }
+}
+
+impl TryFrom<String> for Kind {
+    type Error = IdError;
+    fn try_from(s: String) -> Result<Self, IdError> {
+        s.parse()
+    }
+}
+
+impl From<Kind> for String {
+    fn from(k: Kind) -> String {
+        k.0
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A task's stable identity `<kind>-N`. N is cluster-wide, monotonic and never reused,
+/// so N alone is unique; the kind prefix is for humans and routing.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct TaskId {
+    kind: Kind,
+    n: u64,
+}
+
+impl TaskId {
+    /// Builds an id; `n` must be at least 1.
+    pub fn new(kind: Kind, n: u64) -> Result<TaskId, IdError> {
+        if n == 0 {
+            return Err(IdError::Task(format!("{kind}-0")));
+        }
+        Ok(TaskId { kind, n })
+    }
+
+    pub fn kind(&self) -> &Kind {
+        &self.kind
+    }
+
+    pub fn number(&self) -> u64 {
+        self.n
+    }
+}
+
+impl FromStr for TaskId {
+    type Err = IdError;
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        let bad = || IdError::Task(shorten(s));
+        let (kind, n) = s.rsplit_once('-').ok_or_else(bad)?;
+        // Reject signs, leading zeros and anything u64 parsing would tolerate but a
+        // canonical printer would never produce, so that parse(print(id)) == id and
+        // one task has exactly one spelling.
+        if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) || n.starts_with('0') {
+            return Err(bad());
+        }
+        let n: u64 = n.parse().map_err(|_| bad())?;
+        let kind: Kind = kind.parse().map_err(|_| bad())?;
+        TaskId::new(kind, n).map_err(|_| bad())
+    }
+}
+
+impl TryFrom<String> for TaskId {
+    type Error = IdError;
+    fn try_from(s: String) -> Result<Self, IdError> {
+        s.parse()
+    }
+}
+
+impl From<TaskId> for String {
+    fn from(t: TaskId) -> String {
+        t.to_string()
+    }
+}
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}-{}", self.kind, self.n)
+    }
+}
+
+/// A worker machine's name. Used verbatim in NATS subjects and directory names,
+/// hence the narrow alphabet (no `.`, `*`, `>`, `/` or whitespace).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct WorkerId(String);
+
+impl WorkerId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for WorkerId {
+    type Err = IdError;
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        let ok = !s.is_empty()
+            && s.len() <= MAX_WORKER_ID_LEN
+            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+        if ok {
+            Ok(WorkerId(s.to_owned()))
+        } else {
+            Err(IdError::Worker(shorten(s)))
+        }
+    }
+}
+
+impl TryFrom<String> for WorkerId {
+    type Error = IdError;
+    fn try_from(s: String) -> Result<Self, IdError> {
+        s.parse()
+    }
+}
+
+impl From<WorkerId> for String {
+    fn from(w: WorkerId) -> String {
+        w.0
+    }
+}
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The session that owns a task. Authorization compares sessions for equality.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SessionId(String);
+
+impl SessionId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for SessionId {
+    type Err = IdError;
+    fn from_str(s: &str) -> Result<Self, IdError> {
+        let ok = !s.is_empty() && s.len() <= MAX_SESSION_LEN && s.chars().all(|c| !c.is_whitespace() && !c.is_control());
+        if ok {
+            Ok(SessionId(s.to_owned()))
+        } else {
+            Err(IdError::Session(shorten(s)))
+        }
+    }
+}
+
+impl TryFrom<String> for SessionId {
+    type Error = IdError;
+    fn try_from(s: String) -> Result<Self, IdError> {
+        s.parse()
+    }
+}
+
+impl From<SessionId> for String {
+    fn from(s: SessionId) -> String {
+        s.0
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Fencing token of a coordinator's leadership term. Strictly increases at each
+/// takeover; anything carrying a lower epoch than one already seen is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+pub struct Epoch(pub u64);
+
+impl Epoch {
+    pub fn next(self) -> Epoch {
+        Epoch(self.0 + 1)
+    }
+}
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// One execution try of a task. Attempt 0 means "never leased"; each grant
+/// increments it, so a report naming an older attempt is stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default)]
+pub struct Attempt(pub u32);
+
+impl Attempt {
+    pub fn next(self) -> Attempt {
+        Attempt(self.0.saturating_add(1))
+    }
+}
+
+impl fmt::Display for Attempt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn task_ids_round_trip() {
+        for s in ["shell-1", "agent-42", "my-kind-7", "a_b-18446744073709551615", "x9-3"] {
+            let id: TaskId = s.parse().unwrap();
+            assert_eq!(id.to_string(), s);
+        }
+        let id: TaskId = "my-kind-7".parse().unwrap();
+        assert_eq!(id.kind().as_str(), "my-kind");
+        assert_eq!(id.number(), 7);
+    }
+
+    #[test]
+    fn task_ids_reject_everything_else() {
+        for s in [
+            "", "shell", "shell-", "-1", "shell-0", "shell-01", "shell-+1", "Shell-1", "1shell-1",
+            "she ll-1", "shell-1 ", "shell.x-1", "shell-18446744073709551616", "shell-1a",
+            "abcdefghijabcdefghijabcdefghijabc-1", "shell-١",
+        ] {
+            assert!(s.parse::<TaskId>().is_err(), "{s:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn kind_length_limit_is_inclusive() {
+        assert!("a".repeat(32).parse::<Kind>().is_ok());
+        assert!("a".repeat(33).parse::<Kind>().is_err());
+    }
+
+    #[test]
+    fn worker_and_session_ids() {
+        assert!("w1".parse::<WorkerId>().is_ok());
+        for s in ["", "W1", "w.1", "w*", "w>", "w 1", "a/b"] {
+            assert!(s.parse::<WorkerId>().is_err(), "{s:?}");
+        }
+        assert!("alice@host".parse::<SessionId>().is_ok());
+        for s in ["", "a b", "a\nb"] {
+            assert!(s.parse::<SessionId>().is_err(), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn serde_validates_on_the_way_in() {
+        let bytes = rmp_serde::to_vec("shell-0").unwrap();
+        assert!(rmp_serde::from_slice::<TaskId>(&bytes).is_err());
+        let bytes = rmp_serde::to_vec("shell-3").unwrap();
+        assert_eq!(rmp_serde::from_slice::<TaskId>(&bytes).unwrap().number(), 3);
+    }
+
+    proptest! {
+        #[test]
+        fn parse_never_panics_and_round_trips(s in "\\PC{0,40}") {
+            if let Ok(id) = s.parse::<TaskId>() {
+                prop_assert_eq!(id.to_string(), s);
+            }
+        }
+
+        #[test]
+        fn valid_ids_round_trip(kind in "[a-z][a-z0-9_-]{0,31}", n in 1u64..) {
+            let id = TaskId::new(kind.parse().unwrap(), n).unwrap();
+            prop_assert_eq!(id.to_string().parse::<TaskId>().unwrap(), id);
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The pure core of tenure: identifiers, messages, subjects, the wire codec and
+//! the task lifecycle table.
+//!
+//! **Invariant:** this crate does no IO, reads no clock and draws no randomness.
+//! It never depends on tokio, async-nats or sled. Time and ids come in as
+//! arguments, so everything here is deterministic and tested exhaustively.
+
+pub mod codec;
+pub mod ids;
+pub mod lifecycle;
+pub mod messages;
+pub mod spec;
+pub mod subjects;
+
+pub use codec::{decode, encode, CodecError, MAX_MESSAGE_BYTES};
+pub use ids::{Attempt, Epoch, IdError, Kind, SessionId, TaskId, WorkerId};
+pub use lifecycle::{apply, Decision, Ending, Event, HintTag, Lifecycle, Outcome, RecoveryHint, Status, Unchanged};
+pub use spec::{SpecError, TaskSpec};

@@ -1,0 +1,364 @@
+//! The task lifecycle: every status, every event, and the one pure function that
+//! decides what an event does to a task ([`apply`]).
+//!
+//! This is the only place where a task's status changes. It reads no clock and
+//! does no IO: the coordinator feeds it the current [`Lifecycle`] and an
+//! [`Event`], and persists the result. The rules it enforces:
+//!
+//! - terminal statuses (`completed`, `killed`, `failed`) absorb every event;
+//! - an event naming another attempt, or an older epoch than the task's lease,
+//!   changes nothing (a late or replayed message cannot rewind a task);
+//! - a non-idempotent task whose worker is lost is never queued again: it becomes
+//!   `unknown` with a recovery hint, and only evidence from its attempt settles it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{Attempt, Epoch, WorkerId};
+
+/// A task's status as clients see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "kebab-case")]
+pub enum Status {
+    /// Waiting for a worker with a free slot.
+    Queued,
+    /// Granted to a worker under an epoch; the process may not have started yet.
+    Leased,
+    /// The worker reported the process started (its intent is durable).
+    Running,
+    /// A kill was requested; waiting for the worker to prove the process group gone.
+    Stopping,
+    /// Finished by itself with exit code 0.
+    Completed,
+    /// Terminated on request.
+    Killed,
+    /// Finished with a non-zero exit, a signal, or could not be started.
+    Failed,
+    /// The outcome cannot be proved; carries a [`RecoveryHint`]. Late evidence may settle it.
+    Unknown,
+}
+
+impl Status {
+    pub const ALL: [Status; 8] = [
+        Status::Queued,
+        Status::Leased,
+        Status::Running,
+        Status::Stopping,
+        Status::Completed,
+        Status::Killed,
+        Status::Failed,
+        Status::Unknown,
+    ];
+
+    /// Completed, killed or failed: nothing moves the task again.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Status::Completed | Status::Killed | Status::Failed)
+    }
+
+    /// Holds (or may hold) a worker slot.
+    pub fn is_on_worker(self) -> bool {
+        matches!(self, Status::Leased | Status::Running | Status::Stopping)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Queued => "queued",
+            Status::Leased => "leased",
+            Status::Running => "running",
+            Status::Stopping => "stopping",
+            Status::Completed => "completed",
+            Status::Killed => "killed",
+            Status::Failed => "failed",
+            Status::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for Status {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a finished attempt ended, as reported by its worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Ending {
+    Completed,
+    Killed,
+    Failed,
+}
+
+impl Ending {
+    fn status(self) -> Status {
+        match self {
+            Ending::Completed => Status::Completed,
+            Ending::Killed => Status::Killed,
+            Ending::Failed => Status::Failed,
+        }
+    }
+}
+
+/// The terminal facts of one attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub ending: Ending,
+    /// Exit code when the process exited normally.
+    pub exit_code: Option<i32>,
+    /// Kind-specific detail ("exit code: 3", "signal 9", "spawn failed: …").
+    pub detail: Option<String>,
+}
+
+/// Machine-readable tag of a [`RecoveryHint`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HintTag {
+    /// The attempt's intent may have been recorded; it may or may not have run.
+    MaybeRan,
+    /// The worker stopped heartbeating while it held the task.
+    WorkerLost,
+    /// The worker machine's recovery records for the attempt were unreadable.
+    SidecarCorrupt,
+}
+
+impl HintTag {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HintTag::MaybeRan => "maybe-ran",
+            HintTag::WorkerLost => "worker-lost",
+            HintTag::SidecarCorrupt => "sidecar-corrupt",
+        }
+    }
+}
+
+/// Why a task could not be finished safely, and what the operator can do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecoveryHint {
+    pub tag: HintTag,
+    pub message: String,
+}
+
+/// The part of a task record the lifecycle reads and writes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lifecycle {
+    pub status: Status,
+    /// The current (latest granted) attempt; 0 before the first grant.
+    pub attempt: Attempt,
+    /// The epoch the current attempt was leased (or last re-leased) under.
+    pub epoch: Epoch,
+    /// The worker holding or last holding the current attempt.
+    pub worker: Option<WorkerId>,
+    pub idempotent: bool,
+    pub kill_requested: bool,
+    pub hint: Option<RecoveryHint>,
+    pub outcome: Option<Outcome>,
+}
+
+impl Lifecycle {
+    /// A newly submitted task.
+    pub fn queued(idempotent: bool) -> Lifecycle {
+        Lifecycle {
+            status: Status::Queued,
+            attempt: Attempt(0),
+            epoch: Epoch(0),
+            worker: None,
+            idempotent,
+            kill_requested: false,
+            hint: None,
+            outcome: None,
+        }
+    }
+}
+
+/// Something that happened to a task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Event {
+    /// The leader grants the next attempt to `worker` under `epoch`.
+    Grant { worker: WorkerId, epoch: Epoch },
+    /// The worker refused the grant, or its sidecar proved the attempt never
+    /// recorded an intent: nothing ran.
+    Refused { attempt: Attempt, epoch: Epoch },
+    /// The worker recorded the intent and spawned the process.
+    Started { attempt: Attempt, epoch: Epoch },
+    /// The attempt finished; evidence from the worker or its sidecar.
+    Finished { attempt: Attempt, epoch: Epoch, outcome: Outcome },
+    /// A client asked to stop the task.
+    KillRequested,
+    /// The leader judged `worker` lost (no heartbeat for the worker TTL).
+    WorkerLost { worker: WorkerId },
+}
+
+/// Why an event changed nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Unchanged {
+    /// The task is terminal; nothing moves it again.
+    Terminal,
+    /// The event names another attempt or an older epoch.
+    Stale,
+    /// The event repeats what the task already says (a retried report, a second kill).
+    Duplicate,
+    /// The event does not apply to the task's status (a start of a queued task, …).
+    NotApplicable,
+}
+
+/// What [`apply`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Persist this new lifecycle.
+    Changed(Lifecycle),
+    /// Keep the task as it is.
+    Unchanged(Unchanged),
+}
+
+impl Decision {
+    /// The lifecycle after the event, whether or not it changed.
+    pub fn resulting(&self, before: &Lifecycle) -> Lifecycle {
+        match self {
+            Decision::Changed(l) => l.clone(),
+            Decision::Unchanged(_) => before.clone(),
+        }
+    }
+}
+
+fn is_current(l: &Lifecycle, attempt: Attempt, epoch: Epoch) -> bool {
+    attempt == l.attempt && attempt.0 > 0 && epoch >= l.epoch
+}
+
+/// The transition table. Pure: same input, same output.
+pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
+    use Decision::{Changed, Unchanged as Keep};
+    use Status::*;
+    if l.status.is_terminal() {
+        return Keep(Unchanged::Terminal);
+    }
+    let mut next = l.clone();
+    match event {
+        Event::Grant { worker, epoch } => {
+            if l.status != Queued || l.kill_requested || *epoch < l.epoch {
+                return Keep(Unchanged::NotApplicable);
+            }
+            next.status = Leased;
+            next.attempt = l.attempt.next();
+            next.epoch = *epoch;
+            next.worker = Some(worker.clone());
+            next.hint = None;
+            Changed(next)
+        }
+        Event::Refused { attempt, epoch } => {
+            if !is_current(l, *attempt, *epoch) {
+                return Keep(Unchanged::Stale);
+            }
+            match l.status {
+                Leased => {
+                    next.status = Queued;
+                    next.worker = None;
+                    Changed(next)
+                }
+                // Nothing ran and a kill is pending: the kill wins without a process.
+                Stopping | Unknown if l.kill_requested => {
+                    next.status = Killed;
+                    next.hint = None;
+                    next.outcome = Some(Outcome {
+                        ending: Ending::Killed,
+                        exit_code: None,
+                        detail: Some("killed before it started".into()),
+                    });
+                    Changed(next)
+                }
+                // Proof that the attempt never started settles an unknown task:
+                // it may run again.
+                Unknown => {
+                    next.status = Queued;
+                    next.worker = None;
+                    next.hint = None;
+                    Changed(next)
+                }
+                Queued => Keep(Unchanged::Duplicate),
+                _ => Keep(Unchanged::NotApplicable),
+            }
+        }
+        Event::Started { attempt, epoch } => {
+            if !is_current(l, *attempt, *epoch) {
+                return Keep(Unchanged::Stale);
+            }
+            match l.status {
+                // A start seen after the task was requeued (its worker was judged
+                // lost) or marked unknown is evidence that the attempt lives.
+                Leased | Queued | Unknown => {
+                    next.status = if l.kill_requested { Stopping } else { Running };
+                    next.hint = None;
+                    Changed(next)
+                }
+                Running | Stopping => Keep(Unchanged::Duplicate),
+                _ => Keep(Unchanged::NotApplicable),
+            }
+        }
+        Event::Finished { attempt, epoch, outcome } => {
+            if !is_current(l, *attempt, *epoch) {
+                return Keep(Unchanged::Stale);
+            }
+            next.status = outcome.ending.status();
+            next.outcome = Some(outcome.clone());
+            next.hint = None;
+            Changed(next)
+        }
+        Event::KillRequested => match l.status {
+            Queued => {
+                next.status = Killed;
+                next.kill_requested = true;
+                next.outcome = Some(Outcome {
+                    ending: Ending::Killed,
+                    exit_code: None,
+                    detail: Some("killed while queued".into()),
+                });
+                Changed(next)
+            }
+            Leased | Running => {
+                next.status = Stopping;
+                next.kill_requested = true;
+                Changed(next)
+            }
+            Unknown if !l.kill_requested => {
+                next.kill_requested = true;
+                Changed(next)
+            }
+            _ => Keep(Unchanged::Duplicate),
+        },
+        Event::WorkerLost { worker } => {
+            if l.worker.as_ref() != Some(worker) || !l.status.is_on_worker() {
+                return Keep(Unchanged::NotApplicable);
+            }
+            match l.status {
+                Leased | Running if l.idempotent => {
+                    next.status = Queued;
+                    next.worker = None;
+                    Changed(next)
+                }
+                Leased | Running | Stopping => {
+                    if l.status != Stopping {
+                        next.status = Unknown;
+                    }
+                    next.hint = Some(RecoveryHint {
+                        tag: if l.status == Leased { HintTag::MaybeRan } else { HintTag::WorkerLost },
+                        message: format!(
+                            "worker {worker} stopped heartbeating while it held attempt {}; the task is not \
+                             idempotent so it will not be run again. It settles by itself if the worker's \
+                             sidecar returns with evidence; otherwise check the worker machine and resubmit \
+                             if it did not run.",
+                            l.attempt
+                        ),
+                    });
+                    if next == *l {
+                        Keep(Unchanged::Duplicate)
+                    } else {
+                        Changed(next)
+                    }
+                }
+                _ => Keep(Unchanged::NotApplicable),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "lifecycle_tests.rs"]
+mod tests;

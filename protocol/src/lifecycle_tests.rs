@@ -1,0 +1,203 @@
+//! The lifecycle table, tested for every (status, event) pair, plus properties over
+//! random event sequences.
+
+use super::*;
+use proptest::prelude::*;
+
+fn w(s: &str) -> WorkerId {
+    s.parse().unwrap()
+}
+
+fn outcome(ending: Ending) -> Outcome {
+    Outcome { ending, exit_code: None, detail: None }
+}
+
+/// The event columns of the table, in order.
+fn events() -> Vec<(&'static str, Event)> {
+    let (cur, old) = (Attempt(2), Attempt(1));
+    let (e, olde) = (Epoch(5), Epoch(4));
+    vec![
+        ("grant", Event::Grant { worker: w("w2"), epoch: e }),
+        ("grant-old-epoch", Event::Grant { worker: w("w2"), epoch: olde }),
+        ("refused", Event::Refused { attempt: cur, epoch: e }),
+        ("refused-old-attempt", Event::Refused { attempt: old, epoch: e }),
+        ("refused-old-epoch", Event::Refused { attempt: cur, epoch: olde }),
+        ("started", Event::Started { attempt: cur, epoch: e }),
+        ("started-old-attempt", Event::Started { attempt: old, epoch: Epoch(9) }),
+        ("finished-completed", Event::Finished { attempt: cur, epoch: e, outcome: outcome(Ending::Completed) }),
+        ("finished-failed", Event::Finished { attempt: cur, epoch: Epoch(6), outcome: outcome(Ending::Failed) }),
+        ("finished-killed", Event::Finished { attempt: cur, epoch: e, outcome: outcome(Ending::Killed) }),
+        ("finished-old-epoch", Event::Finished { attempt: cur, epoch: olde, outcome: outcome(Ending::Completed) }),
+        ("kill", Event::KillRequested),
+        ("lost-holder", Event::WorkerLost { worker: w("w1") }),
+        ("lost-other", Event::WorkerLost { worker: w("w9") }),
+    ]
+}
+
+/// Rows: a starting status (with `+k` when a kill was already requested), then one
+/// cell per event column for a non-idempotent task, a `|`, and the same for an
+/// idempotent one. A cell is the resulting status letter, or `.` for "unchanged".
+/// Q queued, L leased, R running, S stopping, C completed, K killed, F failed, U unknown.
+const TABLE: &str = "
+    queued     L . . . . R . C F K . K . .  |  L . . . . R . C F K . K . .
+    leased     . . Q . . R . C F K . S U .  |  . . Q . . R . C F K . S Q .
+    running    . . . . . . . C F K . S U .  |  . . . . . . . C F K . S Q .
+    stopping+k . . K . . . . C F K . . S .  |  . . K . . . . C F K . . S .
+    completed  . . . . . . . . . . . . . .  |  . . . . . . . . . . . . . .
+    killed     . . . . . . . . . . . . . .  |  . . . . . . . . . . . . . .
+    failed     . . . . . . . . . . . . . .  |  . . . . . . . . . . . . . .
+    unknown    . . Q . . R . C F K . U . .  |  . . Q . . R . C F K . U . .
+    unknown+k  . . K . . S . C F K . . . .  |  . . K . . S . C F K . . . .
+";
+
+fn letter(s: Status) -> char {
+    match s {
+        Status::Queued => 'Q',
+        Status::Leased => 'L',
+        Status::Running => 'R',
+        Status::Stopping => 'S',
+        Status::Completed => 'C',
+        Status::Killed => 'K',
+        Status::Failed => 'F',
+        Status::Unknown => 'U',
+    }
+}
+
+fn start(row: &str, idempotent: bool) -> Lifecycle {
+    let (name, kill) = match row.strip_suffix("+k") {
+        Some(n) => (n, true),
+        None => (row, false),
+    };
+    let status = Status::ALL.into_iter().find(|s| s.as_str() == name).expect("row status");
+    Lifecycle {
+        status,
+        attempt: Attempt(2),
+        epoch: Epoch(5),
+        worker: Some(w("w1")),
+        idempotent,
+        kill_requested: kill,
+        hint: None,
+        outcome: None,
+    }
+}
+
+#[test]
+fn every_status_event_pair_matches_the_table() {
+    let events = events();
+    let mut checked = 0;
+    for line in TABLE.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let (left, right) = line.split_once('|').unwrap();
+        let mut left = left.split_whitespace();
+        let row = left.next().unwrap();
+        for (idempotent, cells) in [(false, left.collect::<Vec<_>>()), (true, right.split_whitespace().collect())] {
+            assert_eq!(cells.len(), events.len(), "row {row}");
+            for ((name, event), cell) in events.iter().zip(cells) {
+                let before = start(row, idempotent);
+                let decision = apply(&before, event);
+                let got = match &decision {
+                    Decision::Changed(after) => {
+                        assert_ne!(after, &before, "{row}/{name}: Changed must change something");
+                        letter(after.status).to_string()
+                    }
+                    Decision::Unchanged(_) => ".".to_string(),
+                };
+                assert_eq!(got, cell, "row {row} idempotent={idempotent} event {name}: got {decision:?}");
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 9 * 14 * 2);
+}
+
+#[test]
+fn kill_of_a_stopping_task_after_a_lost_worker_keeps_the_hint() {
+    let l = start("stopping+k", false);
+    let Decision::Changed(after) = apply(&l, &Event::WorkerLost { worker: w("w1") }) else { panic!() };
+    assert_eq!(after.status, Status::Stopping);
+    assert_eq!(after.hint.as_ref().unwrap().tag, HintTag::WorkerLost);
+    assert_eq!(apply(&after, &Event::WorkerLost { worker: w("w1") }), Decision::Unchanged(Unchanged::Duplicate));
+}
+
+#[test]
+fn lost_non_idempotent_tasks_carry_a_hint() {
+    for (row, tag) in [("leased", HintTag::MaybeRan), ("running", HintTag::WorkerLost)] {
+        let Decision::Changed(after) = apply(&start(row, false), &Event::WorkerLost { worker: w("w1") }) else {
+            panic!()
+        };
+        assert_eq!(after.status, Status::Unknown);
+        assert_eq!(after.hint.unwrap().tag, tag);
+    }
+}
+
+#[test]
+fn grant_increments_the_attempt_and_stamps_the_epoch() {
+    let l = Lifecycle::queued(false);
+    let Decision::Changed(after) = apply(&l, &Event::Grant { worker: w("w3"), epoch: Epoch(7) }) else { panic!() };
+    assert_eq!((after.attempt, after.epoch, after.worker), (Attempt(1), Epoch(7), Some(w("w3"))));
+    // Attempt 0 never matches a report: nothing was granted yet.
+    assert_eq!(
+        apply(&l, &Event::Started { attempt: Attempt(0), epoch: Epoch(7) }),
+        Decision::Unchanged(Unchanged::Stale)
+    );
+}
+
+fn arb_event() -> impl Strategy<Value = Event> {
+    let worker = prop_oneof![Just(w("w1")), Just(w("w2"))];
+    let attempt = (0u32..4).prop_map(Attempt);
+    let epoch = (0u64..4).prop_map(Epoch);
+    let ending = prop_oneof![Just(Ending::Completed), Just(Ending::Failed), Just(Ending::Killed)];
+    prop_oneof![
+        (worker.clone(), epoch.clone()).prop_map(|(worker, epoch)| Event::Grant { worker, epoch }),
+        (attempt.clone(), epoch.clone()).prop_map(|(attempt, epoch)| Event::Refused { attempt, epoch }),
+        (attempt.clone(), epoch.clone()).prop_map(|(attempt, epoch)| Event::Started { attempt, epoch }),
+        (attempt, epoch, ending).prop_map(|(attempt, epoch, ending)| Event::Finished {
+            attempt,
+            epoch,
+            outcome: outcome(ending)
+        }),
+        Just(Event::KillRequested),
+        worker.prop_map(|worker| Event::WorkerLost { worker }),
+    ]
+}
+
+fn names_attempt(e: &Event) -> Option<(Attempt, Epoch)> {
+    match e {
+        Event::Refused { attempt, epoch } | Event::Started { attempt, epoch } | Event::Finished { attempt, epoch, .. } => {
+            Some((*attempt, *epoch))
+        }
+        _ => None,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(4000))]
+
+    /// Safety properties over any history: terminal absorbs, stale evidence is
+    /// inert, attempts and epochs never go back, and a non-idempotent task is only
+    /// queued again on proof that its attempt never started.
+    #[test]
+    fn histories_keep_the_safety_rules(idempotent: bool, events in proptest::collection::vec(arb_event(), 0..40)) {
+        let mut l = Lifecycle::queued(idempotent);
+        for e in &events {
+            let before = l.clone();
+            let decision = apply(&before, e);
+            let after = decision.resulting(&before);
+            if before.status.is_terminal() {
+                prop_assert_eq!(&after, &before);
+            }
+            if let Some((attempt, epoch)) = names_attempt(e) {
+                if attempt != before.attempt || epoch < before.epoch {
+                    prop_assert_eq!(&after, &before, "stale {:?}", e);
+                }
+            }
+            prop_assert!(after.attempt >= before.attempt && after.epoch >= before.epoch);
+            if !idempotent && after.status == Status::Queued && before.status != Status::Queued {
+                prop_assert!(matches!(e, Event::Refused { .. }), "{:?} requeued a non-idempotent task", e);
+            }
+            if after.status == Status::Unknown && before.status != Status::Unknown {
+                prop_assert!(after.hint.is_some());
+            }
+            l = after;
+        }
+    }
+}

@@ -1,0 +1,372 @@
+//! Every message that crosses a process boundary: the client API, worker ↔
+//! coordinator traffic, output reads, and the worker ↔ sidecar local protocol.
+//!
+//! Messages are plain data. Refusals that a peer must understand (`StaleEpoch`,
+//! `NotFound`, …) are variants here, not strings in a log. All of them travel
+//! through [`crate::codec`].
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::ids::{Attempt, Epoch, Kind, SessionId, TaskId, WorkerId};
+use crate::lifecycle::{Outcome, RecoveryHint, Status};
+use crate::spec::TaskSpec;
+
+// ---------------------------------------------------------------- client API
+
+/// A client's request to the leader coordinator (subject [`crate::subjects::API`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ApiRequest {
+    Submit(SubmitRequest),
+    Get { session: SessionId, task: TaskId },
+    List { session: SessionId, all: bool },
+    Kill { session: SessionId, task: TaskId },
+    /// Hold the reply until the task is terminal or `timeout_ms` passed (capped by
+    /// the coordinator at [`MAX_WAIT_MS`]; clients loop for longer waits).
+    Wait { session: SessionId, task: TaskId, timeout_ms: u64 },
+    /// Cluster view: leader epoch and workers.
+    Status,
+}
+
+/// Longest a single `Wait` request is held by the coordinator.
+pub const MAX_WAIT_MS: u64 = 20_000;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmitRequest {
+    pub session: SessionId,
+    /// A retried submit with the same key returns the task the first one created.
+    pub idempotency_key: Uuid,
+    pub spec: TaskSpec,
+}
+
+/// The coordinator's answer to an [`ApiRequest`].
+pub type ApiReply = Result<ApiResponse, ApiError>;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ApiResponse {
+    Submitted { task: TaskId, existing: bool },
+    Snapshot(TaskSnapshot),
+    List(Vec<TaskSnapshot>),
+    Kill { result: KillResult, snapshot: TaskSnapshot },
+    /// `finished` is false when the wait timed out; the snapshot is then live.
+    Waited { finished: bool, snapshot: TaskSnapshot },
+    Status(ClusterStatus),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KillResult {
+    /// The kill was recorded; the task settles as `killed` once its group is gone.
+    Requested,
+    /// The task was already terminal; nothing changed.
+    AlreadyFinished,
+}
+
+impl KillResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KillResult::Requested => "requested",
+            KillResult::AlreadyFinished => "already-finished",
+        }
+    }
+}
+
+/// Refusals a client can receive.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ApiError {
+    /// The task does not exist, or belongs to another session. The two are not
+    /// distinguished so that ids reveal nothing.
+    #[error("task {0} not found or not yours")]
+    NotFound(String),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("invalid task spec: {0}")]
+    InvalidSpec(String),
+    #[error("unknown kind {kind:?}: workers run {known:?}")]
+    UnknownKind { kind: String, known: Vec<String> },
+    #[error("this coordinator is not the leader")]
+    NotLeader,
+    #[error("coordinator unavailable: {0}")]
+    Unavailable(String),
+}
+
+/// A fresh read-only projection of one task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskSnapshot {
+    pub id: TaskId,
+    pub kind: Kind,
+    pub label: String,
+    pub owner: SessionId,
+    pub status: Status,
+    pub detail: Option<String>,
+    pub exit_code: Option<i32>,
+    pub attempt: Attempt,
+    pub epoch: Epoch,
+    pub worker: Option<WorkerId>,
+    pub idempotent: bool,
+    pub kill_requested: bool,
+    pub hint: Option<RecoveryHint>,
+    /// Epoch milliseconds (wall clock, for humans).
+    pub created_at_ms: u64,
+    pub started_at_ms: Option<u64>,
+    pub finished_at_ms: Option<u64>,
+    /// A kill, wait or read delivered the terminal state to the owner.
+    pub reported: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub leader_epoch: Epoch,
+    pub workers: Vec<WorkerStatus>,
+    pub tasks_by_status: Vec<(Status, u64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    pub id: WorkerId,
+    pub slots: u32,
+    pub running: u32,
+    pub kinds: Vec<Kind>,
+    /// Milliseconds since the leader last heard from the worker.
+    pub last_seen_ms: u64,
+    pub alive: bool,
+}
+
+// ----------------------------------------------------- worker → coordinator
+
+/// What workers send to the leader.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CoordinatorInbound {
+    Heartbeat(Heartbeat),
+    Report(Report),
+}
+
+/// Published every heartbeat interval on [`crate::subjects::HEARTBEAT`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub worker: WorkerId,
+    /// Changes each time the worker process starts.
+    pub instance: Uuid,
+    pub slots: u32,
+    pub kinds: Vec<Kind>,
+    /// Highest epoch the worker machine has seen.
+    pub epoch_seen: Epoch,
+    /// Attempts the worker holds (accepted, running or finished but unacknowledged).
+    pub attempts: Vec<HeldAttempt>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldAttempt {
+    pub task: TaskId,
+    pub attempt: Attempt,
+}
+
+/// A worker's report about one attempt (request on [`crate::subjects::REPORT`]),
+/// retried until acknowledged. Reports are idempotent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Report {
+    pub worker: WorkerId,
+    pub task: TaskId,
+    pub attempt: Attempt,
+    pub epoch: Epoch,
+    pub event: ReportEvent,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReportEvent {
+    /// Intent recorded and the process spawned.
+    Started { pid: i32 },
+    /// The attempt ended; its outcome is buffered in the sidecar.
+    Finished(Outcome),
+    /// The attempt was given up before its intent: nothing ran.
+    NotStarted { reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReportAck {
+    /// Recorded (or already recorded): stop retrying.
+    Ack,
+    /// The report names an attempt or epoch the registry no longer holds; stop
+    /// retrying, the leader has settled the task otherwise.
+    Stale,
+    NotLeader,
+}
+
+// ----------------------------------------------------- coordinator → worker
+
+/// Commands from the leader to one worker ([`crate::subjects::worker_commands`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkerCommand {
+    Grant(LeaseGrant),
+    Kill(KillCommand),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseGrant {
+    pub task: TaskId,
+    pub attempt: Attempt,
+    pub epoch: Epoch,
+    pub owner: SessionId,
+    pub spec: TaskSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KillCommand {
+    pub task: TaskId,
+    pub attempt: Attempt,
+    pub epoch: Epoch,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkerReply {
+    /// Grant accepted (recorded by the sidecar), or kill under way.
+    Accepted,
+    Refused(Refusal),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum Refusal {
+    #[error("stale epoch {offered}: this machine has seen {held}")]
+    StaleEpoch { held: Epoch, offered: Epoch },
+    #[error("no free slot")]
+    NoSlot,
+    #[error("kind {0} is not run here")]
+    UnsupportedKind(String),
+    #[error("attempt not held here")]
+    UnknownAttempt,
+    #[error("sidecar unavailable: {0}")]
+    SidecarUnavailable(String),
+    #[error("malformed command: {0}")]
+    Malformed(String),
+}
+
+// ----------------------------------------------------------- output reads
+
+/// Read a task's output by byte offset from the sidecar of the machine it ran on
+/// ([`crate::subjects::output`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputRequest {
+    pub session: SessionId,
+    pub task: TaskId,
+    pub offset: u64,
+    /// Most bytes wanted; capped by the sidecar at [`MAX_OUTPUT_CHUNK`].
+    pub max: u32,
+}
+
+/// Largest chunk returned by one output read.
+pub const MAX_OUTPUT_CHUNK: u32 = 512 * 1024;
+
+pub type OutputReply = Result<OutputChunk, ApiError>;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputChunk {
+    #[serde(with = "serde_bytes_compat")]
+    pub data: Vec<u8>,
+    /// Offset of the byte after `data`.
+    pub next_offset: u64,
+    /// Size of the output file at read time.
+    pub size: u64,
+    /// The attempt has ended: no byte will be added past `size`.
+    pub finished: bool,
+}
+
+/// Serialize byte vectors as MessagePack `bin`, not as arrays of integers.
+mod serde_bytes_compat {
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_bytes(v)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Vec<u8>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("bytes")
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+                Ok(v.to_vec())
+            }
+            fn visit_byte_buf<E: serde::de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+                Ok(v)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u8>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(b) = seq.next_element::<u8>()? {
+                    out.push(b);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_byte_buf(V)
+    }
+}
+
+// ------------------------------------------------ worker ↔ sidecar (local)
+
+/// Requests from the worker to its machine's sidecar, over a unix socket.
+/// Every mutating request is flushed to disk before the sidecar replies `Ok`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SidecarRequest {
+    /// Raise the machine's highest epoch seen; refused if lower than held.
+    ObserveEpoch(Epoch),
+    /// Record an accepted grant (no side effect has happened yet).
+    Accept(LeaseGrant),
+    /// Record that the attempt is about to start its side effects.
+    Intent { task: TaskId, attempt: Attempt, epoch: Epoch },
+    /// Record the spawned process (its group id equals its pid).
+    Spawned { task: TaskId, attempt: Attempt, pid: i32 },
+    /// Buffer the attempt's outcome until the coordinator acknowledges it.
+    Exited { task: TaskId, attempt: Attempt, outcome: Outcome },
+    /// The coordinator acknowledged the final report: the record may be dropped.
+    Acknowledged { task: TaskId, attempt: Attempt },
+    /// Give an accepted attempt back before its intent (nothing ran).
+    Abandon { task: TaskId, attempt: Attempt },
+    /// Every record held, for recovery.
+    List,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SidecarReply {
+    Ok,
+    Records { epoch: Epoch, records: Vec<AttemptRecord> },
+    Refused(SidecarRefusal),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum SidecarRefusal {
+    #[error("stale epoch {offered}: this machine has seen {held}")]
+    StaleEpoch { held: Epoch, offered: Epoch },
+    #[error("no record of {task} attempt {attempt}")]
+    UnknownAttempt { task: TaskId, attempt: Attempt },
+    #[error("{task} attempt {attempt} is {phase:?}; cannot {action}")]
+    WrongPhase { task: TaskId, attempt: Attempt, phase: Phase, action: String },
+    #[error("storage failure: {0}")]
+    Storage(String),
+    #[error("malformed request: {0}")]
+    Malformed(String),
+}
+
+/// How far an attempt got on its worker machine. Ordered: phases only advance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// Granted and accepted; no side effect yet.
+    Accepted,
+    /// Intent durable: the process may have started.
+    Intent,
+    /// The process group exists (pid recorded).
+    Spawned,
+    /// The outcome is buffered, not yet acknowledged by the coordinator.
+    Exited,
+}
+
+/// The sidecar's durable record of one attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    pub grant: LeaseGrant,
+    pub phase: Phase,
+    pub pid: Option<i32>,
+    pub outcome: Option<Outcome>,
+}

@@ -1,0 +1,51 @@
+//! Every NATS subject, stream and bucket name tenure uses, built here and nowhere
+//! else. Tokens that come from ids are already validated by [`crate::ids`] (no
+//! `.`, `*`, `>` or whitespace), so a subject can never be widened by an id.
+
+use crate::ids::{TaskId, WorkerId};
+
+/// Client API requests to the leader coordinator.
+pub const API: &str = "tenure.api.v1";
+/// Worker heartbeats (publish).
+pub const HEARTBEAT: &str = "tenure.coord.heartbeat";
+/// Worker reports about attempts (request/reply).
+pub const REPORT: &str = "tenure.coord.report";
+
+/// The JetStream stream holding the task registry: the last record of every task
+/// plus epoch claims. Every write to it is conditional on its last sequence.
+pub const REGISTRY_STREAM: &str = "TENURE_REGISTRY";
+/// All registry subjects (the stream's filter).
+pub const REGISTRY_ALL: &str = "tenure.registry.>";
+/// Leadership claims: one record per epoch.
+pub const REGISTRY_EPOCH: &str = "tenure.registry.epoch";
+
+/// The registry subject holding the latest record of `task`.
+pub fn registry_task(task: &TaskId) -> String {
+    format!("tenure.registry.task.{task}")
+}
+
+/// Commands from the leader to one worker (request/reply).
+pub fn worker_commands(worker: &WorkerId) -> String {
+    format!("tenure.worker.{worker}.cmd")
+}
+
+/// Output reads served by a worker machine's sidecar (request/reply).
+pub fn output(worker: &WorkerId) -> String {
+    format!("tenure.sidecar.{worker}.output")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_are_built_from_validated_tokens() {
+        let t: TaskId = "shell-12".parse().unwrap();
+        let w: WorkerId = "w-1".parse().unwrap();
+        assert_eq!(registry_task(&t), "tenure.registry.task.shell-12");
+        assert_eq!(worker_commands(&w), "tenure.worker.w-1.cmd");
+        assert_eq!(output(&w), "tenure.sidecar.w-1.output");
+        assert!(registry_task(&t).starts_with(REGISTRY_ALL.trim_end_matches('>')));
+        assert!(REGISTRY_EPOCH.starts_with(REGISTRY_ALL.trim_end_matches('>')));
+    }
+}
