@@ -319,7 +319,7 @@ pub enum SidecarRequest {
     Spawned { task: TaskId, attempt: Attempt, pid: i32 },
     /// Buffer the attempt's outcome until the coordinator acknowledges it.
     Exited { task: TaskId, attempt: Attempt, outcome: Outcome },
-    /// The coordinator acknowledged the final report: the record may be dropped.
+    /// The coordinator acknowledged the final report: stop re-reporting it.
     Acknowledged { task: TaskId, attempt: Attempt },
     /// Give an accepted attempt back before its intent (nothing ran).
     Abandon { task: TaskId, attempt: Attempt },
@@ -360,6 +360,9 @@ pub enum Phase {
     Spawned,
     /// The outcome is buffered, not yet acknowledged by the coordinator.
     Exited,
+    /// The coordinator acknowledged the outcome. Kept (for output reads and
+    /// owner checks) until garbage collection removes it.
+    Acknowledged,
 }
 
 /// The sidecar's durable record of one attempt.
