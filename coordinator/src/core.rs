@@ -1,0 +1,603 @@
+//! The coordinator's decision core: registry state in memory, scheduling, worker
+//! liveness, kills and waits — as a deterministic state machine.
+//!
+//! [`Core::handle`] takes one [`Input`] and the current time and returns the
+//! [`Effect`]s to carry out, in order. It never awaits, never reads a clock and
+//! never touches NATS: the driver in `service.rs` does that. Task status changes
+//! only through [`tenure_protocol::apply`]; this module decides *which* events
+//! happen (a grant to which worker, a worker judged lost) and keeps indexes.
+//!
+//! **Invariant:** every effect that changes a task is preceded, in the returned
+//! list, by the `Persist` of the record that justifies it; the driver executes
+//! effects in order and stops at the first failed persist, so no reply, grant or
+//! kill ever reflects state that is not durable.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use tenure_protocol::messages::{
+    ApiError, ApiReply, ApiRequest, ApiResponse, ClusterStatus, Heartbeat, KillCommand, KillResult, LeaseGrant,
+    Refusal, Report, ReportAck, ReportEvent, SubmitRequest, TaskSnapshot, WorkerCommand, WorkerReply, WorkerStatus,
+    MAX_WAIT_MS,
+};
+use tenure_protocol::{apply, Decision, Epoch, Event, Kind, Lifecycle, SessionId, Status, TaskId, Unchanged, WorkerId};
+use uuid::Uuid;
+
+use crate::record::TaskRecord;
+
+/// Timing rules of the core. Durations are measured on the leader's monotonic clock.
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    /// A worker not heard from for this long is lost; its tasks are settled.
+    pub worker_ttl: Duration,
+    /// Re-send an unanswered grant after this long.
+    pub grant_retry: Duration,
+    /// Re-send a kill to a stopping task after this long.
+    pub kill_retry: Duration,
+    /// Kinds accepted at submit even before any worker advertised them.
+    pub builtin_kinds: Vec<Kind>,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        CoreConfig {
+            worker_ttl: Duration::from_secs(6),
+            grant_retry: Duration::from_secs(1),
+            kill_retry: Duration::from_secs(2),
+            builtin_kinds: vec![Kind::shell()],
+        }
+    }
+}
+
+/// The time, as the driver read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    /// Monotonic time since the coordinator started; used for every expiry.
+    pub mono: Duration,
+    /// Wall clock in epoch milliseconds; only stamped on records for humans.
+    pub wall_ms: u64,
+}
+
+/// Something the driver observed.
+#[derive(Debug, Clone)]
+pub enum Input {
+    Api { reply_to: Option<String>, request: ApiRequest },
+    Heartbeat(Heartbeat),
+    Report { reply_to: Option<String>, report: Report },
+    /// The answer (or transport failure) to a command the driver sent for an effect.
+    CommandResult { worker: WorkerId, command: WorkerCommand, result: Result<WorkerReply, String> },
+    Tick,
+}
+
+/// Something the driver must do, in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Effect {
+    /// Append this record to the registry (conditionally). Must succeed before
+    /// any later effect of the same batch is carried out.
+    Persist(Box<TaskRecord>),
+    /// Send a command to a worker; its answer comes back as `Input::CommandResult`.
+    Command { worker: WorkerId, command: WorkerCommand },
+    Reply { to: String, reply: ApiReply },
+    Ack { to: String, ack: ReportAck },
+    /// A newer leader exists: stop writing and commanding.
+    StepDown { reason: String },
+}
+
+#[derive(Debug, Clone)]
+struct WorkerState {
+    slots: u32,
+    kinds: BTreeSet<Kind>,
+    last_seen: Duration,
+    alive: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Waiter {
+    to: String,
+    session: SessionId,
+    deadline: Duration,
+}
+
+/// The leader's in-memory view of the registry and the cluster.
+pub struct Core {
+    cfg: CoreConfig,
+    epoch: Epoch,
+    tasks: HashMap<TaskId, TaskRecord>,
+    by_key: HashMap<(SessionId, Uuid), TaskId>,
+    /// Queued tasks in submission order.
+    queue: BTreeSet<(u64, TaskId)>,
+    /// Tasks that hold a worker slot (leased, running, stopping).
+    on_worker: BTreeSet<TaskId>,
+    workers: BTreeMap<WorkerId, WorkerState>,
+    next_n: u64,
+    /// When a grant or kill was last sent for a task.
+    sent: HashMap<TaskId, Duration>,
+    waiters: HashMap<TaskId, Vec<Waiter>>,
+    known_kinds: BTreeSet<Kind>,
+}
+
+impl Core {
+    /// Builds the core from the registry as loaded. Workers that hold tasks get a
+    /// full TTL of grace from `now` before they can be judged lost: a restarted
+    /// leader has not heard from anyone yet.
+    pub fn new(cfg: CoreConfig, epoch: Epoch, records: Vec<TaskRecord>, now: Now) -> Core {
+        let mut core = Core {
+            known_kinds: cfg.builtin_kinds.iter().cloned().collect(),
+            cfg,
+            epoch,
+            tasks: HashMap::new(),
+            by_key: HashMap::new(),
+            queue: BTreeSet::new(),
+            on_worker: BTreeSet::new(),
+            workers: BTreeMap::new(),
+            next_n: 1,
+            sent: HashMap::new(),
+            waiters: HashMap::new(),
+        };
+        for r in records {
+            core.next_n = core.next_n.max(r.id.number() + 1);
+            core.by_key.insert((r.owner.clone(), r.idempotency_key), r.id.clone());
+            core.known_kinds.insert(r.spec.kind.clone());
+            if let (true, Some(w)) = (r.life.status.is_on_worker(), &r.life.worker) {
+                core.workers.entry(w.clone()).or_insert(WorkerState {
+                    slots: 0,
+                    kinds: BTreeSet::new(),
+                    last_seen: now.mono,
+                    alive: true,
+                });
+            }
+            core.index(&r.id, None, r.life.status);
+            core.tasks.insert(r.id.clone(), r);
+        }
+        core
+    }
+
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    pub fn task(&self, id: &TaskId) -> Option<&TaskRecord> {
+        self.tasks.get(id)
+    }
+
+    pub fn handle(&mut self, input: Input, now: Now) -> Vec<Effect> {
+        let mut fx = Vec::new();
+        match input {
+            Input::Api { reply_to, request } => self.api(reply_to, request, now, &mut fx),
+            Input::Heartbeat(hb) => self.heartbeat(hb, now, &mut fx),
+            Input::Report { reply_to, report } => {
+                let ack = self.report(report, now, &mut fx);
+                if let Some(to) = reply_to {
+                    fx.push(Effect::Ack { to, ack });
+                }
+            }
+            Input::CommandResult { worker, command, result } => self.command_result(worker, command, result, now, &mut fx),
+            Input::Tick => self.tick(now, &mut fx),
+        }
+        if !fx.iter().any(|e| matches!(e, Effect::StepDown { .. })) {
+            self.schedule(now, &mut fx);
+        }
+        fx
+    }
+
+    // ------------------------------------------------------------ client API
+
+    fn api(&mut self, reply_to: Option<String>, request: ApiRequest, now: Now, fx: &mut Vec<Effect>) {
+        let reply = match request {
+            ApiRequest::Submit(req) => self.submit(req, now, fx),
+            ApiRequest::Get { session, task } => self.owned(&session, &task).map(|r| ApiResponse::Snapshot(r.snapshot())),
+            ApiRequest::List { session, all } => {
+                let mut list: Vec<TaskSnapshot> = self
+                    .tasks
+                    .values()
+                    .filter(|r| r.owner == session && (all || !r.life.status.is_terminal() || !r.reported))
+                    .map(TaskRecord::snapshot)
+                    .collect();
+                list.sort_by_key(|s| s.id.number());
+                Ok(ApiResponse::List(list))
+            }
+            ApiRequest::Kill { session, task } => self.kill(&session, &task, now, fx),
+            ApiRequest::Wait { session, task, timeout_ms } => match self.owned(&session, &task) {
+                Err(e) => Err(e),
+                Ok(r) if r.life.status.is_terminal() => {
+                    self.mark_reported(&task, fx).map(|snapshot| ApiResponse::Waited { finished: true, snapshot })
+                }
+                Ok(_) => {
+                    if let Some(to) = reply_to {
+                        let deadline = now.mono + Duration::from_millis(timeout_ms.min(MAX_WAIT_MS));
+                        self.waiters.entry(task).or_default().push(Waiter { to, session, deadline });
+                    }
+                    return;
+                }
+            },
+            ApiRequest::Status => Ok(ApiResponse::Status(self.status(now))),
+        };
+        if let Some(to) = reply_to {
+            fx.push(Effect::Reply { to, reply });
+        }
+    }
+
+    fn owned(&self, session: &SessionId, task: &TaskId) -> Result<&TaskRecord, ApiError> {
+        match self.tasks.get(task) {
+            Some(r) if &r.owner == session => Ok(r),
+            _ => Err(ApiError::NotFound(task.to_string())),
+        }
+    }
+
+    fn submit(&mut self, req: SubmitRequest, now: Now, fx: &mut Vec<Effect>) -> ApiReply {
+        if let Some(id) = self.by_key.get(&(req.session.clone(), req.idempotency_key)) {
+            return Ok(ApiResponse::Submitted { task: id.clone(), existing: true });
+        }
+        req.spec.validate().map_err(|e| ApiError::InvalidSpec(e.to_string()))?;
+        if !self.known_kinds.contains(&req.spec.kind) {
+            return Err(ApiError::UnknownKind {
+                kind: req.spec.kind.to_string(),
+                known: self.known_kinds.iter().map(ToString::to_string).collect(),
+            });
+        }
+        let id = TaskId::new(req.spec.kind.clone(), self.next_n)
+            .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+        self.next_n += 1;
+        let record = TaskRecord {
+            id: id.clone(),
+            owner: req.session.clone(),
+            idempotency_key: req.idempotency_key,
+            life: Lifecycle::queued(req.spec.idempotent),
+            spec: req.spec,
+            created_at_ms: now.wall_ms,
+            started_at_ms: None,
+            finished_at_ms: None,
+            reported: false,
+        };
+        self.by_key.insert((req.session, req.idempotency_key), id.clone());
+        self.index(&id, None, Status::Queued);
+        fx.push(Effect::Persist(Box::new(record.clone())));
+        self.tasks.insert(id.clone(), record);
+        Ok(ApiResponse::Submitted { task: id, existing: false })
+    }
+
+    fn kill(&mut self, session: &SessionId, task: &TaskId, now: Now, fx: &mut Vec<Effect>) -> ApiReply {
+        self.owned(session, task)?;
+        let result = match self.event(task, Event::KillRequested, now, fx) {
+            Some(Decision::Unchanged(Unchanged::Terminal)) => KillResult::AlreadyFinished,
+            _ => KillResult::Requested,
+        };
+        let status = self.owned(session, task)?.life.status;
+        if status == Status::Stopping {
+            self.send_kill(task, now, fx);
+        }
+        if status.is_terminal() {
+            let snapshot = self.mark_reported(task, fx)?;
+            return Ok(ApiResponse::Kill { result, snapshot });
+        }
+        let snapshot = self.owned(session, task)?.snapshot();
+        Ok(ApiResponse::Kill { result, snapshot })
+    }
+
+    /// Sets `reported` (persisting it when it changes) and returns the snapshot.
+    fn mark_reported(&mut self, task: &TaskId, fx: &mut Vec<Effect>) -> Result<TaskSnapshot, ApiError> {
+        let r = self.tasks.get_mut(task).ok_or_else(|| ApiError::NotFound(task.to_string()))?;
+        if !r.reported {
+            r.reported = true;
+            fx.push(Effect::Persist(Box::new(r.clone())));
+        }
+        Ok(r.snapshot())
+    }
+
+    fn status(&self, now: Now) -> ClusterStatus {
+        let mut counts: BTreeMap<Status, u64> = BTreeMap::new();
+        for r in self.tasks.values() {
+            *counts.entry(r.life.status).or_default() += 1;
+        }
+        let load = self.load();
+        ClusterStatus {
+            leader_epoch: self.epoch,
+            workers: self
+                .workers
+                .iter()
+                .map(|(id, w)| WorkerStatus {
+                    id: id.clone(),
+                    slots: w.slots,
+                    running: load.get(id).copied().unwrap_or(0),
+                    kinds: w.kinds.iter().cloned().collect(),
+                    last_seen_ms: now.mono.saturating_sub(w.last_seen).as_millis() as u64,
+                    alive: w.alive,
+                })
+                .collect(),
+            tasks_by_status: counts.into_iter().collect(),
+        }
+    }
+
+    // -------------------------------------------------------------- workers
+
+    fn heartbeat(&mut self, hb: Heartbeat, now: Now, fx: &mut Vec<Effect>) {
+        if hb.epoch_seen > self.epoch {
+            fx.push(Effect::StepDown {
+                reason: format!("worker {} has seen epoch {} > ours {}", hb.worker, hb.epoch_seen, self.epoch),
+            });
+            return;
+        }
+        self.known_kinds.extend(hb.kinds.iter().cloned());
+        let w = self.workers.entry(hb.worker.clone()).or_insert(WorkerState {
+            slots: 0,
+            kinds: BTreeSet::new(),
+            last_seen: now.mono,
+            alive: true,
+        });
+        if !w.alive {
+            tracing::info!(worker = %hb.worker, "worker is back");
+        }
+        w.slots = hb.slots;
+        w.kinds = hb.kinds.into_iter().collect();
+        w.last_seen = now.mono;
+        w.alive = true;
+    }
+
+    fn report(&mut self, report: Report, now: Now, fx: &mut Vec<Effect>) -> ReportAck {
+        let Some(record) = self.tasks.get(&report.task) else {
+            return ReportAck::Stale;
+        };
+        if record.life.worker.as_ref() != Some(&report.worker) || record.life.attempt != report.attempt {
+            return ReportAck::Stale;
+        }
+        let event = match report.event {
+            ReportEvent::Started { .. } => Event::Started { attempt: report.attempt, epoch: report.epoch },
+            ReportEvent::Finished(outcome) => Event::Finished { attempt: report.attempt, epoch: report.epoch, outcome },
+            ReportEvent::NotStarted { .. } => Event::Refused { attempt: report.attempt, epoch: report.epoch },
+        };
+        match self.event(&report.task, event, now, fx) {
+            Some(Decision::Changed(_))
+            | Some(Decision::Unchanged(Unchanged::Duplicate | Unchanged::Terminal | Unchanged::NotApplicable)) => {
+                ReportAck::Ack
+            }
+            Some(Decision::Unchanged(Unchanged::Stale)) | None => ReportAck::Stale,
+        }
+    }
+
+    fn command_result(
+        &mut self,
+        worker: WorkerId,
+        command: WorkerCommand,
+        result: Result<WorkerReply, String>,
+        now: Now,
+        fx: &mut Vec<Effect>,
+    ) {
+        let (task, attempt, epoch, is_kill) = match &command {
+            WorkerCommand::Grant(g) => (g.task.clone(), g.attempt, g.epoch, false),
+            WorkerCommand::Kill(k) => (k.task.clone(), k.attempt, k.epoch, true),
+        };
+        match result {
+            Ok(WorkerReply::Accepted) => {}
+            Err(error) => {
+                tracing::debug!(%worker, task = %task, %attempt, %error, "command not answered; will retry");
+            }
+            Ok(WorkerReply::Refused(Refusal::StaleEpoch { held, .. })) if held > self.epoch => {
+                fx.push(Effect::StepDown { reason: format!("worker {worker} has seen epoch {held} > ours") });
+            }
+            Ok(WorkerReply::Refused(reason)) => {
+                tracing::info!(%worker, task = %task, %attempt, %reason, kill = is_kill, "worker refused");
+                if let Refusal::UnsupportedKind(kind) = &reason {
+                    if let (Some(w), Ok(kind)) = (self.workers.get_mut(&worker), kind.parse::<Kind>()) {
+                        w.kinds.remove(&kind);
+                    }
+                }
+                // A refused grant, or a kill of an attempt the worker never held,
+                // proves nothing ran: the attempt is given back.
+                let never_held = !is_kill || reason == Refusal::UnknownAttempt;
+                if never_held {
+                    self.event(&task, Event::Refused { attempt, epoch }, now, fx);
+                }
+            }
+        }
+    }
+
+    fn tick(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        let ttl = self.cfg.worker_ttl;
+        let lost: Vec<WorkerId> = self
+            .workers
+            .iter_mut()
+            .filter(|(_, w)| w.alive && now.mono.saturating_sub(w.last_seen) > ttl)
+            .map(|(id, w)| {
+                w.alive = false;
+                id.clone()
+            })
+            .collect();
+        for worker in lost {
+            tracing::warn!(%worker, ttl_ms = ttl.as_millis() as u64, "worker lost: no heartbeat within ttl");
+            let held: Vec<TaskId> = self
+                .on_worker
+                .iter()
+                .filter(|t| self.tasks.get(*t).and_then(|r| r.life.worker.as_ref()) == Some(&worker))
+                .cloned()
+                .collect();
+            for task in held {
+                self.event(&task, Event::WorkerLost { worker: worker.clone() }, now, fx);
+            }
+        }
+
+        let expired: Vec<TaskId> = self
+            .waiters
+            .iter()
+            .filter(|(_, ws)| ws.iter().any(|w| w.deadline <= now.mono))
+            .map(|(t, _)| t.clone())
+            .collect();
+        for task in expired {
+            let Some(list) = self.waiters.remove(&task) else { continue };
+            let (due, keep): (Vec<Waiter>, Vec<Waiter>) = list.into_iter().partition(|w| w.deadline <= now.mono);
+            if !keep.is_empty() {
+                self.waiters.insert(task.clone(), keep);
+            }
+            for w in due {
+                let reply = self
+                    .owned(&w.session, &task)
+                    .map(|r| ApiResponse::Waited { finished: false, snapshot: r.snapshot() });
+                fx.push(Effect::Reply { to: w.to, reply });
+            }
+        }
+
+        let resend: Vec<(TaskId, Status)> = self
+            .on_worker
+            .iter()
+            .filter_map(|t| {
+                let r = self.tasks.get(t)?;
+                let retry = match r.life.status {
+                    Status::Leased => self.cfg.grant_retry,
+                    Status::Stopping => self.cfg.kill_retry,
+                    _ => return None,
+                };
+                let alive = r.life.worker.as_ref().and_then(|w| self.workers.get(w)).is_some_and(|w| w.alive);
+                let due = self.sent.get(t).is_none_or(|at| now.mono.saturating_sub(*at) >= retry);
+                (alive && due).then(|| (t.clone(), r.life.status))
+            })
+            .collect();
+        for (task, status) in resend {
+            if status == Status::Leased {
+                self.send_grant(&task, now, fx);
+            } else {
+                self.send_kill(&task, now, fx);
+            }
+        }
+    }
+
+    /// Slots in use per worker.
+    fn load(&self) -> HashMap<WorkerId, u32> {
+        let mut load = HashMap::new();
+        for t in &self.on_worker {
+            if let Some(w) = self.tasks.get(t).and_then(|r| r.life.worker.clone()) {
+                *load.entry(w).or_insert(0) += 1;
+            }
+        }
+        load
+    }
+
+    fn schedule(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        if self.queue.is_empty() {
+            return;
+        }
+        let load = self.load();
+        let mut free: BTreeMap<WorkerId, u32> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.alive)
+            .map(|(id, w)| (id.clone(), w.slots.saturating_sub(load.get(id).copied().unwrap_or(0))))
+            .filter(|(_, f)| *f > 0)
+            .collect();
+        let queued: Vec<TaskId> = self.queue.iter().map(|(_, t)| t.clone()).collect();
+        for task in queued {
+            if free.is_empty() {
+                break;
+            }
+            let Some(kind) = self.tasks.get(&task).map(|r| r.spec.kind.clone()) else { continue };
+            let best = free
+                .iter()
+                .filter(|(w, _)| self.workers.get(*w).is_some_and(|s| s.kinds.contains(&kind)))
+                .max_by_key(|(_, f)| **f)
+                .map(|(w, _)| w.clone());
+            let Some(worker) = best else { continue };
+            let grant = Event::Grant { worker: worker.clone(), epoch: self.epoch };
+            if let Some(Decision::Changed(_)) = self.event(&task, grant, now, fx) {
+                self.send_grant(&task, now, fx);
+                if let Some(f) = free.get_mut(&worker) {
+                    *f -= 1;
+                    if *f == 0 {
+                        free.remove(&worker);
+                    }
+                }
+            }
+        }
+    }
+
+    fn send_grant(&mut self, task: &TaskId, now: Now, fx: &mut Vec<Effect>) {
+        let Some(r) = self.tasks.get(task) else { return };
+        let Some(worker) = r.life.worker.clone() else { return };
+        let grant = LeaseGrant {
+            task: task.clone(),
+            attempt: r.life.attempt,
+            epoch: r.life.epoch,
+            owner: r.owner.clone(),
+            spec: r.spec.clone(),
+        };
+        self.sent.insert(task.clone(), now.mono);
+        fx.push(Effect::Command { worker, command: WorkerCommand::Grant(grant) });
+    }
+
+    fn send_kill(&mut self, task: &TaskId, now: Now, fx: &mut Vec<Effect>) {
+        let Some(r) = self.tasks.get(task) else { return };
+        let Some(worker) = r.life.worker.clone() else { return };
+        let kill = KillCommand { task: task.clone(), attempt: r.life.attempt, epoch: self.epoch.max(r.life.epoch) };
+        self.sent.insert(task.clone(), now.mono);
+        fx.push(Effect::Command { worker, command: WorkerCommand::Kill(kill) });
+    }
+
+    // ------------------------------------------------------------ lifecycle
+
+    /// Applies `event` to `task` through the lifecycle table; on a change, updates
+    /// the record and indexes, stamps times, persists, and answers waiters.
+    fn event(&mut self, task: &TaskId, event: Event, now: Now, fx: &mut Vec<Effect>) -> Option<Decision> {
+        let record = self.tasks.get_mut(task)?;
+        let decision = apply(&record.life, &event);
+        let Decision::Changed(life) = &decision else {
+            tracing::debug!(task = %task, ?event, ?decision, "event changed nothing");
+            return Some(decision);
+        };
+        let before = record.life.status;
+        record.life = life.clone();
+        let after = life.status;
+        if after == Status::Running && record.started_at_ms.is_none() {
+            record.started_at_ms = Some(now.wall_ms);
+        }
+        let waiters = if after.is_terminal() {
+            record.finished_at_ms = Some(now.wall_ms);
+            let ws = self.waiters.remove(task).unwrap_or_default();
+            if !ws.is_empty() {
+                record.reported = true;
+            }
+            ws
+        } else {
+            Vec::new()
+        };
+        tracing::info!(task = %task, attempt = %life.attempt, epoch = %life.epoch, from = %before, to = %after, "task transition");
+        fx.push(Effect::Persist(Box::new(record.clone())));
+        let snapshot = record.snapshot();
+        for w in waiters {
+            fx.push(Effect::Reply {
+                to: w.to,
+                reply: Ok(ApiResponse::Waited { finished: true, snapshot: snapshot.clone() }),
+            });
+        }
+        if before != after {
+            self.index(task, Some(before), after);
+            if !after.is_on_worker() {
+                self.sent.remove(task);
+            }
+        }
+        Some(decision)
+    }
+
+    fn index(&mut self, task: &TaskId, before: Option<Status>, after: Status) {
+        if let Some(before) = before {
+            match before {
+                Status::Queued => {
+                    self.queue.remove(&(task.number(), task.clone()));
+                }
+                s if s.is_on_worker() => {
+                    self.on_worker.remove(task);
+                }
+                _ => {}
+            }
+        }
+        match after {
+            Status::Queued => {
+                self.queue.insert((task.number(), task.clone()));
+            }
+            s if s.is_on_worker() => {
+                self.on_worker.insert(task.clone());
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "core_tests.rs"]
+mod tests;

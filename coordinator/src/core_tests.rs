@@ -1,0 +1,322 @@
+//! Deterministic tests of the coordinator core with a fake clock: no NATS, no
+//! registry, just inputs and the effects they produce.
+
+use super::*;
+use tenure_protocol::messages::HeldAttempt;
+use tenure_protocol::{Attempt, Ending, HintTag, Outcome, TaskSpec};
+
+struct Harness {
+    core: Core,
+    now: Now,
+}
+
+fn s(x: &str) -> SessionId {
+    x.parse().unwrap()
+}
+
+fn w(x: &str) -> WorkerId {
+    x.parse().unwrap()
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let now = Now { mono: Duration::from_secs(100), wall_ms: 1_000_000 };
+        Harness { core: Core::new(CoreConfig::default(), Epoch(3), Vec::new(), now), now }
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.now.mono += d;
+        self.now.wall_ms += d.as_millis() as u64;
+    }
+
+    fn input(&mut self, input: Input) -> Vec<Effect> {
+        self.core.handle(input, self.now)
+    }
+
+    fn api(&mut self, request: ApiRequest) -> (Vec<Effect>, Option<ApiReply>) {
+        let fx = self.input(Input::Api { reply_to: Some("r".into()), request });
+        let reply = fx.iter().find_map(|e| match e {
+            Effect::Reply { to, reply } if to == "r" => Some(reply.clone()),
+            _ => None,
+        });
+        (fx, reply)
+    }
+
+    fn submit(&mut self, session: &str, spec: TaskSpec) -> TaskId {
+        let (_, reply) = self.api(ApiRequest::Submit(SubmitRequest {
+            session: s(session),
+            idempotency_key: Uuid::new_v4(),
+            spec,
+        }));
+        match reply {
+            Some(Ok(ApiResponse::Submitted { task, .. })) => task,
+            other => panic!("submit failed: {other:?}"),
+        }
+    }
+
+    fn heartbeat(&mut self, worker: &str, slots: u32) -> Vec<Effect> {
+        self.input(Input::Heartbeat(Heartbeat {
+            worker: w(worker),
+            instance: Uuid::nil(),
+            slots,
+            kinds: vec![Kind::shell()],
+            epoch_seen: Epoch(3),
+            attempts: Vec::<HeldAttempt>::new(),
+        }))
+    }
+
+    fn report(&mut self, worker: &str, task: &TaskId, attempt: u32, event: ReportEvent) -> ReportAck {
+        let fx = self.input(Input::Report {
+            reply_to: Some("ack".into()),
+            report: Report { worker: w(worker), task: task.clone(), attempt: Attempt(attempt), epoch: Epoch(3), event },
+        });
+        fx.into_iter()
+            .find_map(|e| match e {
+                Effect::Ack { ack, .. } => Some(ack),
+                _ => None,
+            })
+            .expect("an ack")
+    }
+
+    fn status(&self, task: &TaskId) -> Status {
+        self.core.task(task).unwrap().life.status
+    }
+}
+
+fn grants(fx: &[Effect]) -> Vec<(WorkerId, LeaseGrant)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Command { worker, command: WorkerCommand::Grant(g) } => Some((worker.clone(), g.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn completed() -> ReportEvent {
+    ReportEvent::Finished(Outcome { ending: Ending::Completed, exit_code: Some(0), detail: None })
+}
+
+#[test]
+fn a_task_runs_from_submit_to_completed_and_every_change_is_persisted_first() {
+    let mut h = Harness::new();
+    let (fx, reply) = h.api(ApiRequest::Submit(SubmitRequest {
+        session: s("alice"),
+        idempotency_key: Uuid::new_v4(),
+        spec: TaskSpec::shell("hi", "echo hi"),
+    }));
+    let Some(Ok(ApiResponse::Submitted { task, existing: false })) = reply else { panic!("{reply:?}") };
+    assert_eq!(task.to_string(), "shell-1");
+    assert!(matches!(fx[0], Effect::Persist(_)), "persist before reply: {fx:?}");
+
+    let fx = h.heartbeat("w1", 2);
+    let g = grants(&fx);
+    assert_eq!(g.len(), 1);
+    assert_eq!((g[0].0.as_str(), g[0].1.attempt, g[0].1.epoch), ("w1", Attempt(1), Epoch(3)));
+    let persist_at = fx.iter().position(|e| matches!(e, Effect::Persist(_))).unwrap();
+    let grant_at = fx.iter().position(|e| matches!(e, Effect::Command { .. })).unwrap();
+    assert!(persist_at < grant_at);
+    assert_eq!(h.status(&task), Status::Leased);
+
+    assert_eq!(h.report("w1", &task, 1, ReportEvent::Started { pid: 42 }), ReportAck::Ack);
+    assert_eq!(h.status(&task), Status::Running);
+    let (_, reply) = h.api(ApiRequest::Wait { session: s("alice"), task: task.clone(), timeout_ms: 5000 });
+    assert!(reply.is_none(), "wait is held until the task ends");
+
+    let fx = h.input(Input::Report {
+        reply_to: Some("ack".into()),
+        report: Report { worker: w("w1"), task: task.clone(), attempt: Attempt(1), epoch: Epoch(3), event: completed() },
+    });
+    let waited = fx.iter().find_map(|e| match e {
+        Effect::Reply { to, reply: Ok(ApiResponse::Waited { finished, snapshot }) } if to == "r" => {
+            Some((*finished, snapshot.clone()))
+        }
+        _ => None,
+    });
+    let (finished, snap) = waited.expect("waiter answered");
+    assert!(finished && snap.reported && snap.status == Status::Completed && snap.exit_code == Some(0));
+    // A retried report is acknowledged and changes nothing.
+    assert_eq!(h.report("w1", &task, 1, completed()), ReportAck::Ack);
+    assert_eq!(h.status(&task), Status::Completed);
+}
+
+#[test]
+fn ids_are_monotonic_across_kinds_and_restarts() {
+    let mut h = Harness::new();
+    let a = h.submit("s", TaskSpec::shell("a", "true"));
+    let b = h.submit("s", TaskSpec::shell("b", "true"));
+    assert_eq!((a.number(), b.number()), (1, 2));
+    let records: Vec<TaskRecord> = [a, b].iter().map(|t| h.core.task(t).unwrap().clone()).collect();
+    let mut again = Core::new(CoreConfig::default(), Epoch(4), records, h.now);
+    let fx = again.handle(
+        Input::Api {
+            reply_to: Some("r".into()),
+            request: ApiRequest::Submit(SubmitRequest {
+                session: s("s"),
+                idempotency_key: Uuid::new_v4(),
+                spec: TaskSpec::shell("c", "true"),
+            }),
+        },
+        h.now,
+    );
+    assert!(fx.iter().any(|e| matches!(e, Effect::Reply { reply: Ok(ApiResponse::Submitted { task, .. }), .. } if task.number() == 3)));
+}
+
+#[test]
+fn a_retried_submit_returns_the_same_task() {
+    let mut h = Harness::new();
+    let req = SubmitRequest { session: s("s"), idempotency_key: Uuid::new_v4(), spec: TaskSpec::shell("a", "true") };
+    let (_, first) = h.api(ApiRequest::Submit(req.clone()));
+    let (fx, second) = h.api(ApiRequest::Submit(req));
+    let (Some(Ok(ApiResponse::Submitted { task: t1, existing: false })), Some(Ok(ApiResponse::Submitted { task: t2, existing: true }))) = (first, second) else {
+        panic!()
+    };
+    assert_eq!(t1, t2);
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+}
+
+#[test]
+fn bad_submits_are_refused_and_change_nothing() {
+    let mut h = Harness::new();
+    let cases = [
+        (TaskSpec::shell("x", "   "), "InvalidSpec"),
+        (TaskSpec { kind: "nosuch".parse().unwrap(), ..TaskSpec::shell("x", "true") }, "UnknownKind"),
+        (TaskSpec::shell("x", "y".repeat(70_000)), "InvalidSpec"),
+    ];
+    for (spec, want) in cases {
+        let (fx, reply) =
+            h.api(ApiRequest::Submit(SubmitRequest { session: s("s"), idempotency_key: Uuid::new_v4(), spec }));
+        let err = reply.unwrap().unwrap_err();
+        assert!(format!("{err:?}").starts_with(want), "{err:?}");
+        assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    }
+    let (_, reply) = h.api(ApiRequest::List { session: s("s"), all: true });
+    assert_eq!(reply, Some(Ok(ApiResponse::List(vec![]))));
+}
+
+#[test]
+fn other_sessions_see_not_found() {
+    let mut h = Harness::new();
+    let t = h.submit("alice", TaskSpec::shell("a", "true"));
+    for req in [
+        ApiRequest::Get { session: s("bob"), task: t.clone() },
+        ApiRequest::Kill { session: s("bob"), task: t.clone() },
+        ApiRequest::Wait { session: s("bob"), task: t.clone(), timeout_ms: 10 },
+        ApiRequest::Get { session: s("alice"), task: "shell-99".parse().unwrap() },
+    ] {
+        let (fx, reply) = h.api(req);
+        assert!(matches!(reply, Some(Err(ApiError::NotFound(_)))), "{reply:?}");
+        assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    }
+    assert_eq!(h.status(&t), Status::Queued);
+}
+
+#[test]
+fn lost_worker_non_idempotent_becomes_unknown_idempotent_runs_elsewhere() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let once = h.submit("s", TaskSpec::shell("once", "true"));
+    let again = h.submit("s", TaskSpec { idempotent: true, ..TaskSpec::shell("again", "true") });
+    h.report("w1", &once, 1, ReportEvent::Started { pid: 1 });
+    h.report("w1", &again, 1, ReportEvent::Started { pid: 2 });
+    // w2 keeps heartbeating, w1 goes silent.
+    for _ in 0..8 {
+        h.advance(Duration::from_secs(1));
+        h.heartbeat("w2", 4);
+        h.input(Input::Tick);
+    }
+    let once_rec = h.core.task(&once).unwrap();
+    assert_eq!(once_rec.life.status, Status::Unknown);
+    assert_eq!(once_rec.life.hint.as_ref().unwrap().tag, HintTag::WorkerLost);
+    let again_rec = h.core.task(&again).unwrap();
+    assert_eq!((again_rec.life.status, again_rec.life.attempt), (Status::Leased, Attempt(2)));
+    assert_eq!(again_rec.life.worker, Some(w("w2")));
+    // Late evidence from w1 settles the unknown task; a stale report of the
+    // re-run task's first attempt is refused.
+    assert_eq!(h.report("w1", &once, 1, completed()), ReportAck::Ack);
+    assert_eq!(h.status(&once), Status::Completed);
+    assert_eq!(h.report("w1", &again, 1, completed()), ReportAck::Stale);
+    assert_eq!(h.status(&again), Status::Leased);
+}
+
+#[test]
+fn kill_paths() {
+    let mut h = Harness::new();
+    let queued = h.submit("s", TaskSpec::shell("q", "sleep 9"));
+    let (_, reply) = h.api(ApiRequest::Kill { session: s("s"), task: queued.clone() });
+    let Some(Ok(ApiResponse::Kill { result: KillResult::Requested, snapshot })) = reply else { panic!("{reply:?}") };
+    assert_eq!((snapshot.status, snapshot.reported), (Status::Killed, true));
+
+    h.heartbeat("w1", 1);
+    let running = h.submit("s", TaskSpec::shell("r", "sleep 9"));
+    h.heartbeat("w1", 1);
+    h.report("w1", &running, 1, ReportEvent::Started { pid: 7 });
+    let (fx, reply) = h.api(ApiRequest::Kill { session: s("s"), task: running.clone() });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Kill { result: KillResult::Requested, .. }))));
+    assert!(fx.iter().any(|e| matches!(e, Effect::Command { command: WorkerCommand::Kill(_), .. })));
+    assert_eq!(h.status(&running), Status::Stopping);
+    // Repeated kill is idempotent.
+    let (_, reply) = h.api(ApiRequest::Kill { session: s("s"), task: running.clone() });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Kill { result: KillResult::Requested, .. }))));
+    // Unanswered kills are re-sent.
+    h.advance(Duration::from_secs(3));
+    let fx = h.input(Input::Tick);
+    assert!(fx.iter().any(|e| matches!(e, Effect::Command { command: WorkerCommand::Kill(_), .. })));
+    let killed = ReportEvent::Finished(Outcome { ending: Ending::Killed, exit_code: None, detail: Some("signal 15".into()) });
+    assert_eq!(h.report("w1", &running, 1, killed), ReportAck::Ack);
+    assert_eq!(h.status(&running), Status::Killed);
+    let (_, reply) = h.api(ApiRequest::Kill { session: s("s"), task: running.clone() });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Kill { result: KillResult::AlreadyFinished, .. }))));
+}
+
+#[test]
+fn wait_times_out_with_a_live_snapshot_and_does_not_mark_reported() {
+    let mut h = Harness::new();
+    let t = h.submit("s", TaskSpec::shell("a", "true"));
+    let (_, reply) = h.api(ApiRequest::Wait { session: s("s"), task: t.clone(), timeout_ms: 1000 });
+    assert!(reply.is_none());
+    h.advance(Duration::from_millis(1500));
+    let fx = h.input(Input::Tick);
+    let reply = fx.iter().find_map(|e| match e {
+        Effect::Reply { reply, .. } => Some(reply.clone()),
+        _ => None,
+    });
+    let Some(Ok(ApiResponse::Waited { finished: false, snapshot })) = reply else { panic!("{reply:?}") };
+    assert!(!snapshot.reported);
+    assert_eq!(snapshot.status, Status::Queued);
+}
+
+#[test]
+fn refused_grants_requeue_and_a_newer_epoch_deposes_the_leader() {
+    let mut h = Harness::new();
+    let t = h.submit("s", TaskSpec::shell("a", "true"));
+    let fx = h.heartbeat("w1", 1);
+    let (_, grant) = grants(&fx).pop().unwrap();
+    let fx = h.input(Input::CommandResult {
+        worker: w("w1"),
+        command: WorkerCommand::Grant(grant.clone()),
+        result: Ok(WorkerReply::Refused(Refusal::NoSlot)),
+    });
+    // Requeued and immediately granted again as attempt 2.
+    assert_eq!(grants(&fx).pop().unwrap().1.attempt, Attempt(2));
+    assert_eq!(h.status(&t), Status::Leased);
+    let fx = h.input(Input::CommandResult {
+        worker: w("w1"),
+        command: WorkerCommand::Grant(grant),
+        result: Ok(WorkerReply::Refused(Refusal::StaleEpoch { held: Epoch(9), offered: Epoch(3) })),
+    });
+    assert!(fx.iter().any(|e| matches!(e, Effect::StepDown { .. })));
+}
+
+#[test]
+fn unanswered_grants_are_resent_until_answered() {
+    let mut h = Harness::new();
+    h.submit("s", TaskSpec::shell("a", "true"));
+    assert_eq!(grants(&h.heartbeat("w1", 1)).len(), 1);
+    h.advance(Duration::from_millis(500));
+    assert_eq!(grants(&h.input(Input::Tick)).len(), 0);
+    h.advance(Duration::from_millis(600));
+    h.heartbeat("w1", 1);
+    let g = grants(&h.input(Input::Tick));
+    assert_eq!(g.len(), 1);
+    assert_eq!(g[0].1.attempt, Attempt(1), "a resend is the same attempt");
+}

@@ -1,0 +1,63 @@
+//! The durable task record kept in the registry, and its client projection.
+//!
+//! A [`TaskRecord`] is the whole truth about one task; the registry stores its
+//! latest version under the task's subject. [`RegistryEntry`] is what a registry
+//! message holds: a task record or a leadership claim.
+
+use serde::{Deserialize, Serialize};
+use tenure_protocol::messages::TaskSnapshot;
+use tenure_protocol::{Epoch, Lifecycle, SessionId, TaskId, TaskSpec};
+use uuid::Uuid;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub id: TaskId,
+    pub owner: SessionId,
+    pub idempotency_key: Uuid,
+    pub spec: TaskSpec,
+    pub life: Lifecycle,
+    pub created_at_ms: u64,
+    pub started_at_ms: Option<u64>,
+    pub finished_at_ms: Option<u64>,
+    pub reported: bool,
+}
+
+impl TaskRecord {
+    pub fn snapshot(&self) -> TaskSnapshot {
+        let outcome = self.life.outcome.as_ref();
+        TaskSnapshot {
+            id: self.id.clone(),
+            kind: self.spec.kind.clone(),
+            label: self.spec.label.clone(),
+            owner: self.owner.clone(),
+            status: self.life.status,
+            detail: outcome.and_then(|o| o.detail.clone()),
+            exit_code: outcome.and_then(|o| o.exit_code),
+            attempt: self.life.attempt,
+            epoch: self.life.epoch,
+            worker: self.life.worker.clone(),
+            idempotent: self.life.idempotent,
+            kill_requested: self.life.kill_requested,
+            hint: self.life.hint.clone(),
+            created_at_ms: self.created_at_ms,
+            started_at_ms: self.started_at_ms,
+            finished_at_ms: self.finished_at_ms,
+            reported: self.reported,
+        }
+    }
+}
+
+/// A leadership claim: the coordinator `by` leads from `epoch` on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochClaim {
+    pub epoch: Epoch,
+    pub by: String,
+    pub at_ms: u64,
+}
+
+/// The payload of one registry message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RegistryEntry {
+    Task(Box<TaskRecord>),
+    Epoch(EpochClaim),
+}
