@@ -152,6 +152,12 @@ impl Core {
         core
     }
 
+    /// Never allocate task numbers at or below `n` (seen in the registry, even in
+    /// records that could not be read).
+    pub fn reserve_through(&mut self, n: u64) {
+        self.next_n = self.next_n.max(n.saturating_add(1));
+    }
+
     pub fn epoch(&self) -> Epoch {
         self.epoch
     }

@@ -7,3 +7,7 @@
 
 pub mod core;
 pub mod record;
+pub mod registry;
+pub mod service;
+
+pub use service::{run, Error, Options};

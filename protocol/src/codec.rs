@@ -63,7 +63,7 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::messages::{ApiRequest, CoordinatorInbound, SidecarRequest, WorkerCommand};
+    use crate::messages::{ApiRequest, Heartbeat, OutputRequest, Report, SidecarRequest, WorkerCommand};
     use proptest::prelude::*;
 
     #[test]
@@ -86,7 +86,9 @@ mod tests {
 
     fn all_decoders(bytes: &[u8]) {
         let _ = decode::<ApiRequest>(bytes);
-        let _ = decode::<CoordinatorInbound>(bytes);
+        let _ = decode::<Heartbeat>(bytes);
+        let _ = decode::<Report>(bytes);
+        let _ = decode::<OutputRequest>(bytes);
         let _ = decode::<WorkerCommand>(bytes);
         let _ = decode::<SidecarRequest>(bytes);
     }

@@ -134,13 +134,6 @@ pub struct WorkerStatus {
 
 // ----------------------------------------------------- worker → coordinator
 
-/// What workers send to the leader.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum CoordinatorInbound {
-    Heartbeat(Heartbeat),
-    Report(Report),
-}
-
 /// Published every heartbeat interval on [`crate::subjects::HEARTBEAT`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Heartbeat {

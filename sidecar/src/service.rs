@@ -1,0 +1,298 @@
+//! The sidecar's decisions: which [`SidecarRequest`] may change which
+//! [`AttemptRecord`], and the epoch fence. Pure over a [`RecoveryStore`]: no
+//! sockets, no clock, no tasks, so every rule is tested with [`MemoryStore`] and
+//! [`FailingStore`].
+//!
+//! **Invariant:** the in-memory view mirrors the store. Each change is written
+//! (and flushed) first and applied in memory only when the write succeeded; a
+//! failed write is answered with [`SidecarRefusal::Storage`] and changes nothing.
+//!
+//! **Invariant:** an attempt whose intent is recorded is never forgotten or given
+//! back: only an `Accepted` record can be abandoned, and phases only advance.
+//!
+//! This module never starts or kills processes and never talks to the network.
+//!
+//! [`MemoryStore`]: crate::store::MemoryStore
+//! [`FailingStore`]: crate::store::FailingStore
+
+use std::collections::BTreeMap;
+
+use tenure_protocol::messages::{AttemptRecord, LeaseGrant, Phase, SidecarRefusal, SidecarReply, SidecarRequest};
+use tenure_protocol::{Attempt, Epoch, Outcome, TaskId};
+use tracing::{debug, info, warn};
+
+use crate::store::{self, CorruptRecord, RecoveryStore};
+
+/// One worker machine's recovery state: the highest epoch seen and every
+/// attempt record, backed by a [`RecoveryStore`].
+#[derive(Debug)]
+pub struct Machine<S> {
+    store: S,
+    epoch: Epoch,
+    records: BTreeMap<(TaskId, Attempt), AttemptRecord>,
+    corrupt: Vec<CorruptRecord>,
+}
+
+type Decision = Result<(), SidecarRefusal>;
+
+impl<S: RecoveryStore> Machine<S> {
+    /// Loads everything `store` holds. Corrupt records are kept aside (see
+    /// [`Machine::corrupt`]): the attempts they name are refused with
+    /// [`SidecarRefusal::Storage`] rather than treated as absent, since the lost
+    /// record may have held an intent.
+    pub fn restore(store: S) -> Result<Machine<S>, store::Error> {
+        let loaded = store.load()?;
+        // The epoch is always written before a record carrying it; taking the
+        // maximum anyway can only make the fence stricter.
+        let epoch = loaded.records.iter().map(|r| r.grant.epoch).fold(loaded.epoch, Epoch::max);
+        let records = loaded.records.into_iter().map(|r| ((r.grant.task.clone(), r.grant.attempt), r)).collect();
+        Ok(Machine { store, epoch, records, corrupt: loaded.corrupt })
+    }
+
+    /// Decides one request. Mutations are durable before this returns `Ok`.
+    pub fn handle(&mut self, req: SidecarRequest) -> SidecarReply {
+        let decision = match req {
+            SidecarRequest::ObserveEpoch(epoch) => self.observe(epoch),
+            SidecarRequest::Accept(grant) => self.accept(grant),
+            SidecarRequest::Intent { task, attempt, epoch } => self.intent(&task, attempt, epoch),
+            SidecarRequest::Spawned { task, attempt, pid } => self.spawned(&task, attempt, pid),
+            SidecarRequest::Exited { task, attempt, outcome } => self.exited(&task, attempt, outcome),
+            SidecarRequest::Acknowledged { task, attempt } => self.acknowledged(&task, attempt),
+            SidecarRequest::Abandon { task, attempt } => self.abandon(&task, attempt),
+            SidecarRequest::List => {
+                return SidecarReply::Records { epoch: self.epoch, records: self.records.values().cloned().collect() }
+            }
+        };
+        match decision {
+            Ok(()) => SidecarReply::Ok,
+            Err(refusal) => SidecarReply::Refused(refusal),
+        }
+    }
+
+    /// The highest epoch this machine has seen.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// Every record, ordered by task then attempt.
+    pub fn records(&self) -> impl Iterator<Item = &AttemptRecord> {
+        self.records.values()
+    }
+
+    pub fn record(&self, task: &TaskId, attempt: Attempt) -> Option<&AttemptRecord> {
+        self.records.get(&(task.clone(), attempt))
+    }
+
+    /// The record of the latest attempt of `task` held here: the one whose owner
+    /// may read the task's output, and whose phase says if the output is final.
+    pub fn record_for_output(&self, task: &TaskId) -> Option<&AttemptRecord> {
+        self.latest(task)
+    }
+
+    /// Records that could not be read at load time.
+    pub fn corrupt(&self) -> &[CorruptRecord] {
+        &self.corrupt
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    pub fn into_store(self) -> S {
+        self.store
+    }
+
+    // ------------------------------------------------------------ rules
+
+    /// The fence: lower epochs are refused, a higher one is persisted.
+    fn observe(&mut self, offered: Epoch) -> Decision {
+        if offered < self.epoch {
+            debug!(epoch = %offered, held = %self.epoch, "refused stale epoch");
+            return Err(SidecarRefusal::StaleEpoch { held: self.epoch, offered });
+        }
+        if offered > self.epoch {
+            self.store.put_epoch(offered).map_err(storage)?;
+            info!(epoch = %offered, previous = %self.epoch, "observed a higher epoch");
+            self.epoch = offered;
+        }
+        Ok(())
+    }
+
+    /// Records a grant. Repeating the same grant is `Ok` (a retried command); a
+    /// grant older than an attempt already held, or one that differs from the
+    /// grant recorded for the same attempt, is refused.
+    fn accept(&mut self, grant: LeaseGrant) -> Decision {
+        self.observe(grant.epoch)?;
+        let (task, attempt) = (grant.task.clone(), grant.attempt);
+        self.refuse_corrupt(&task, |a| a >= attempt)?;
+        if let Some(newer) = self.latest(&task).filter(|r| r.grant.attempt > attempt) {
+            return Err(wrong_phase(newer, format!("accept attempt {attempt}, older than the one held")));
+        }
+        match self.records.get(&(task.clone(), attempt)) {
+            None => {
+                let record = AttemptRecord { grant, phase: Phase::Accepted, pid: None, outcome: None };
+                self.commit(record)?;
+                info!(task = %task, attempt = %attempt, epoch = %self.epoch, "accepted");
+                Ok(())
+            }
+            Some(held) if same_grant(&held.grant, &grant) => {
+                let held = held.clone();
+                self.raise_record_epoch(held, grant.epoch)
+            }
+            Some(held) => Err(wrong_phase(held, "accept a different grant for the same attempt")),
+        }
+    }
+
+    /// Records the intent: from here on the attempt may have run.
+    fn intent(&mut self, task: &TaskId, attempt: Attempt, epoch: Epoch) -> Decision {
+        self.observe(epoch)?;
+        let held = self.existing(task, attempt)?.clone();
+        if held.phase == Phase::Accepted {
+            let mut next = held;
+            next.phase = Phase::Intent;
+            next.grant.epoch = next.grant.epoch.max(epoch);
+            self.commit(next)?;
+            info!(task = %task, attempt = %attempt, epoch = %epoch, "intent recorded");
+            Ok(())
+        } else {
+            self.raise_record_epoch(held, epoch)
+        }
+    }
+
+    fn spawned(&mut self, task: &TaskId, attempt: Attempt, pid: i32) -> Decision {
+        let held = self.existing(task, attempt)?;
+        match held.phase {
+            Phase::Accepted => Err(wrong_phase(held, "record a process before its intent")),
+            Phase::Intent => {
+                let mut next = held.clone();
+                next.phase = Phase::Spawned;
+                next.pid = Some(pid);
+                self.commit(next)?;
+                info!(task = %task, attempt = %attempt, pid, "spawned");
+                Ok(())
+            }
+            _ if held.pid == Some(pid) => Ok(()),
+            _ => Err(wrong_phase(held, format!("record pid {pid}: pid {:?} is recorded", held.pid))),
+        }
+    }
+
+    /// Buffers the outcome. The first outcome wins; a repeat changes nothing.
+    fn exited(&mut self, task: &TaskId, attempt: Attempt, outcome: Outcome) -> Decision {
+        let held = self.existing(task, attempt)?;
+        match held.phase {
+            Phase::Accepted => Err(wrong_phase(held, "record an outcome before its intent")),
+            Phase::Intent | Phase::Spawned => {
+                let mut next = held.clone();
+                next.phase = Phase::Exited;
+                next.outcome = Some(outcome);
+                self.commit(next)?;
+                info!(task = %task, attempt = %attempt, "outcome buffered");
+                Ok(())
+            }
+            Phase::Exited | Phase::Acknowledged => Ok(()),
+        }
+    }
+
+    fn acknowledged(&mut self, task: &TaskId, attempt: Attempt) -> Decision {
+        let held = self.existing(task, attempt)?;
+        match held.phase {
+            Phase::Exited => {
+                let mut next = held.clone();
+                next.phase = Phase::Acknowledged;
+                self.commit(next)?;
+                debug!(task = %task, attempt = %attempt, "outcome acknowledged");
+                Ok(())
+            }
+            Phase::Acknowledged => Ok(()),
+            _ => Err(wrong_phase(held, "acknowledge an outcome not yet recorded")),
+        }
+    }
+
+    /// Gives an attempt back before its intent. Absent is `Ok` (a retried
+    /// abandon); an attempt with a recorded intent may have run and is refused.
+    fn abandon(&mut self, task: &TaskId, attempt: Attempt) -> Decision {
+        self.refuse_corrupt(task, |a| a == attempt)?;
+        let Some(held) = self.records.get(&(task.clone(), attempt)) else {
+            return Ok(());
+        };
+        if held.phase != Phase::Accepted {
+            return Err(wrong_phase(held, "abandon it: its intent is recorded, it may have run"));
+        }
+        self.store.remove(task, attempt).map_err(storage)?;
+        self.records.remove(&(task.clone(), attempt));
+        info!(task = %task, attempt = %attempt, "abandoned before intent");
+        Ok(())
+    }
+
+    // ---------------------------------------------------------- helpers
+
+    fn latest(&self, task: &TaskId) -> Option<&AttemptRecord> {
+        self.records.range((task.clone(), Attempt(0))..=(task.clone(), Attempt(u32::MAX))).next_back().map(|(_, r)| r)
+    }
+
+    fn existing(&self, task: &TaskId, attempt: Attempt) -> Result<&AttemptRecord, SidecarRefusal> {
+        self.refuse_corrupt(task, |a| a == attempt)?;
+        self.records
+            .get(&(task.clone(), attempt))
+            .ok_or_else(|| SidecarRefusal::UnknownAttempt { task: task.clone(), attempt })
+    }
+
+    /// Refuses to act on an attempt of `task` whose stored record is unreadable.
+    fn refuse_corrupt(&self, task: &TaskId, matches: impl Fn(Attempt) -> bool) -> Decision {
+        let hit = self.corrupt.iter().find(|c| c.attempt.as_ref().is_some_and(|(t, a)| t == task && matches(*a)));
+        match hit {
+            Some(c) => Err(SidecarRefusal::Storage(format!("the record {} is unreadable: {}", c.key, c.reason))),
+            None => Ok(()),
+        }
+    }
+
+    /// A repeated `Accept` or `Intent` under a newer epoch moves the record's
+    /// grant to that epoch while the attempt has not started its process, so
+    /// that later reports carry the current leader's epoch. Otherwise a no-op.
+    fn raise_record_epoch(&mut self, held: AttemptRecord, epoch: Epoch) -> Decision {
+        if epoch <= held.grant.epoch || held.phase > Phase::Intent {
+            return Ok(());
+        }
+        let mut next = held;
+        next.grant.epoch = epoch;
+        self.commit(next)
+    }
+
+    /// Writes `record` durably, then applies it in memory.
+    fn commit(&mut self, record: AttemptRecord) -> Decision {
+        self.store.put(&record).map_err(storage)?;
+        debug!(
+            task = %record.grant.task,
+            attempt = %record.grant.attempt,
+            epoch = %record.grant.epoch,
+            phase = ?record.phase,
+            "record written"
+        );
+        self.records.insert((record.grant.task.clone(), record.grant.attempt), record);
+        Ok(())
+    }
+}
+
+/// Two grants for the same attempt are the same grant if only the epoch differs
+/// (a new leader re-sending what the old one granted).
+fn same_grant(a: &LeaseGrant, b: &LeaseGrant) -> bool {
+    a.task == b.task && a.attempt == b.attempt && a.owner == b.owner && a.spec == b.spec
+}
+
+fn wrong_phase(held: &AttemptRecord, action: impl Into<String>) -> SidecarRefusal {
+    SidecarRefusal::WrongPhase {
+        task: held.grant.task.clone(),
+        attempt: held.grant.attempt,
+        phase: held.phase,
+        action: action.into(),
+    }
+}
+
+fn storage(error: store::Error) -> SidecarRefusal {
+    warn!(%error, "recovery store write failed; nothing changed");
+    SidecarRefusal::Storage(error.to_string())
+}
+
+#[cfg(test)]
+#[path = "service_tests.rs"]
+mod tests;

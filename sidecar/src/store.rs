@@ -1,0 +1,527 @@
+//! The durable recovery store: the highest epoch this machine has seen and one
+//! [`AttemptRecord`] per attempt, behind the narrow [`RecoveryStore`] trait.
+//!
+//! Three implementations: [`SledStore`] (the real one), [`MemoryStore`] (for
+//! deterministic tests of the decision logic) and [`FailingStore`] (every write
+//! fails, to prove a storage failure changes nothing).
+//!
+//! This module stores and loads; it never decides. Whether a write is allowed is
+//! [`crate::service`]'s business. A write that returns `Ok` is durable (flushed to
+//! disk). Loading never panics and never gives up because of one bad record:
+//! unreadable records are reported in [`Loaded::corrupt`], apart from fatal
+//! failures (an unreadable epoch, a schema from a newer build, sled errors).
+//!
+//! On-disk format (schema 1):
+//!
+//! ```text
+//! tree "meta":     "schema" -> u32 big-endian (1)
+//!                  "epoch"  -> u64 big-endian
+//! tree "attempts": "<task-id>/<attempt, 10 digits zero-padded>"
+//!                  -> crc32(payload) as u32 big-endian ++ payload
+//!                     payload = tenure_protocol::encode(&AttemptRecord)
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use tenure_protocol::messages::AttemptRecord;
+use tenure_protocol::{decode, encode, Attempt, CodecError, Epoch, TaskId};
+
+/// The schema this build writes and the newest it reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+const META_TREE: &str = "meta";
+const ATTEMPTS_TREE: &str = "attempts";
+const SCHEMA_KEY: &str = "schema";
+const EPOCH_KEY: &str = "epoch";
+
+/// Fatal store failures. Per-record corruption is not an error: see [`CorruptRecord`].
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The database could not be opened (missing permissions, held by another
+    /// process, unreadable files).
+    #[error("cannot open the recovery store at {path}: {source}")]
+    Open { path: PathBuf, source: sled::Error },
+    /// A read, write or flush failed.
+    #[error("recovery store failure: {0}")]
+    Sled(#[from] sled::Error),
+    /// The database was written by a newer build. Refused rather than guessed at:
+    /// misreading recovery state could run a task twice.
+    #[error("recovery store schema {found} is newer than this build supports ({supported}); run a newer tenure")]
+    NewerSchema { found: u32, supported: u32 },
+    /// A metadata value (schema or epoch) is unreadable. Fatal: without the epoch
+    /// the machine cannot fence stale coordinators.
+    #[error("recovery store metadata {key:?} is unreadable: {reason}")]
+    CorruptMeta { key: &'static str, reason: String },
+    /// A record could not be encoded (it exceeds the message size limit).
+    #[error("cannot encode attempt record: {0}")]
+    Encode(CodecError),
+    /// A write refused on purpose by [`FailingStore`].
+    #[error("injected storage failure")]
+    Injected,
+}
+
+/// A stored record that could not be read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CorruptRecord {
+    /// The record's key, lossily decoded as UTF-8.
+    pub key: String,
+    /// Which check failed (checksum, decode, key mismatch).
+    pub reason: String,
+    /// The attempt the key names, when the key itself is readable. The value may
+    /// have said anything, so the service refuses to touch this attempt.
+    pub attempt: Option<(TaskId, Attempt)>,
+}
+
+/// Everything a store holds, as loaded at startup.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Loaded {
+    pub epoch: Epoch,
+    pub records: Vec<AttemptRecord>,
+    pub corrupt: Vec<CorruptRecord>,
+}
+
+/// Durable state of one worker machine. Each mutating call is durable when it
+/// returns `Ok`; on `Err` the caller must assume nothing about whether it landed
+/// and must not change its own view (see [`crate::service::Machine`]).
+pub trait RecoveryStore {
+    /// Reads the epoch and every record.
+    fn load(&self) -> Result<Loaded, Error>;
+    /// Stores the highest epoch seen.
+    fn put_epoch(&mut self, epoch: Epoch) -> Result<(), Error>;
+    /// Inserts or replaces the record of `(record.grant.task, record.grant.attempt)`.
+    fn put(&mut self, record: &AttemptRecord) -> Result<(), Error>;
+    /// Removes a record; removing an absent record is `Ok`.
+    fn remove(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error>;
+}
+
+/// The key of an attempt in the `attempts` tree: `<task-id>/<attempt:010>`.
+/// Task ids never contain `/`, so the key parses back unambiguously.
+pub fn attempt_key(task: &TaskId, attempt: Attempt) -> String {
+    format!("{task}/{:010}", attempt.0)
+}
+
+/// Parses an [`attempt_key`]; `None` for anything else.
+pub fn parse_attempt_key(key: &str) -> Option<(TaskId, Attempt)> {
+    let (task, attempt) = key.split_once('/')?;
+    if attempt.len() != 10 || !attempt.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((task.parse().ok()?, Attempt(attempt.parse().ok()?)))
+}
+
+/// `crc32(payload) ++ payload`.
+fn seal(record: &AttemptRecord) -> Result<Vec<u8>, Error> {
+    let payload = encode(record).map_err(Error::Encode)?;
+    let mut out = Vec::with_capacity(4 + payload.len());
+    out.extend_from_slice(&crc32fast::hash(&payload).to_be_bytes());
+    out.extend_from_slice(&payload);
+    Ok(out)
+}
+
+/// Checks and decodes one stored record; the error is the corruption reason.
+fn unseal(key: &str, value: &[u8]) -> Result<AttemptRecord, String> {
+    let (crc, payload) = value.split_first_chunk::<4>().ok_or_else(|| format!("value of {} bytes", value.len()))?;
+    let (stored, actual) = (u32::from_be_bytes(*crc), crc32fast::hash(payload));
+    if stored != actual {
+        return Err(format!("checksum mismatch (stored {stored:08x}, computed {actual:08x})"));
+    }
+    let record: AttemptRecord = decode(payload).map_err(|e| format!("undecodable record: {e}"))?;
+    let expected = attempt_key(&record.grant.task, record.grant.attempt);
+    if expected != key {
+        return Err(format!("record names {expected}"));
+    }
+    Ok(record)
+}
+
+// ------------------------------------------------------------------ sled
+
+/// The real store: a sled database, flushed after every write.
+pub struct SledStore {
+    db: sled::Db,
+    meta: sled::Tree,
+    attempts: sled::Tree,
+}
+
+impl SledStore {
+    /// Opens (creating if needed) the database at `path`, writes the schema
+    /// version on a fresh database and refuses one from a newer build.
+    pub fn open(path: &Path) -> Result<SledStore, Error> {
+        let open_err = |source| Error::Open { path: path.to_path_buf(), source };
+        let db = sled::Config::new().path(path).open().map_err(open_err)?;
+        let meta = db.open_tree(META_TREE).map_err(open_err)?;
+        let attempts = db.open_tree(ATTEMPTS_TREE).map_err(open_err)?;
+        match meta.get(SCHEMA_KEY)? {
+            None => {
+                meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
+                db.flush()?;
+            }
+            Some(v) => {
+                let found = <[u8; 4]>::try_from(v.as_ref()).map(u32::from_be_bytes).map_err(|_| {
+                    Error::CorruptMeta { key: SCHEMA_KEY, reason: format!("value of {} bytes", v.len()) }
+                })?;
+                if found > SCHEMA_VERSION {
+                    return Err(Error::NewerSchema { found, supported: SCHEMA_VERSION });
+                }
+                if found == 0 {
+                    return Err(Error::CorruptMeta { key: SCHEMA_KEY, reason: "version 0".to_owned() });
+                }
+            }
+        }
+        Ok(SledStore { db, meta, attempts })
+    }
+
+    /// Flushes everything to disk. Every write already does; this is for shutdown.
+    pub fn flush(&self) -> Result<(), Error> {
+        self.db.flush()?;
+        Ok(())
+    }
+}
+
+impl RecoveryStore for SledStore {
+    fn load(&self) -> Result<Loaded, Error> {
+        let epoch = match self.meta.get(EPOCH_KEY)? {
+            None => Epoch(0),
+            Some(v) => <[u8; 8]>::try_from(v.as_ref()).map(|b| Epoch(u64::from_be_bytes(b))).map_err(|_| {
+                Error::CorruptMeta { key: EPOCH_KEY, reason: format!("value of {} bytes", v.len()) }
+            })?,
+        };
+        let mut loaded = Loaded { epoch, ..Loaded::default() };
+        for entry in self.attempts.iter() {
+            let (k, v) = entry?;
+            let key = String::from_utf8_lossy(&k).into_owned();
+            match unseal(&key, &v) {
+                Ok(record) => loaded.records.push(record),
+                Err(reason) => {
+                    let attempt = parse_attempt_key(&key);
+                    loaded.corrupt.push(CorruptRecord { key, reason, attempt });
+                }
+            }
+        }
+        Ok(loaded)
+    }
+
+    fn put_epoch(&mut self, epoch: Epoch) -> Result<(), Error> {
+        self.meta.insert(EPOCH_KEY, &epoch.0.to_be_bytes())?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    fn put(&mut self, record: &AttemptRecord) -> Result<(), Error> {
+        let value = seal(record)?;
+        self.attempts.insert(attempt_key(&record.grant.task, record.grant.attempt), value)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    fn remove(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
+        self.attempts.remove(attempt_key(task, attempt))?;
+        self.db.flush()?;
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------- memory
+
+/// An in-memory store for tests: same contract, no disk. Records go through the
+/// same encode/decode as [`SledStore`] so a record that cannot be encoded fails
+/// the same way.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryStore {
+    epoch: Epoch,
+    records: BTreeMap<String, Vec<u8>>,
+    writes: u64,
+}
+
+impl MemoryStore {
+    pub fn new() -> MemoryStore {
+        MemoryStore::default()
+    }
+
+    /// How many successful writes happened (to prove a no-op wrote nothing).
+    pub fn writes(&self) -> u64 {
+        self.writes
+    }
+
+    /// Stores raw bytes under a raw key, bypassing encoding: simulates corruption.
+    pub fn put_raw(&mut self, key: impl Into<String>, value: Vec<u8>) {
+        self.records.insert(key.into(), value);
+    }
+}
+
+impl RecoveryStore for MemoryStore {
+    fn load(&self) -> Result<Loaded, Error> {
+        let mut loaded = Loaded { epoch: self.epoch, ..Loaded::default() };
+        for (key, value) in &self.records {
+            match unseal(key, value) {
+                Ok(record) => loaded.records.push(record),
+                Err(reason) => {
+                    loaded.corrupt.push(CorruptRecord { key: key.clone(), reason, attempt: parse_attempt_key(key) })
+                }
+            }
+        }
+        Ok(loaded)
+    }
+
+    fn put_epoch(&mut self, epoch: Epoch) -> Result<(), Error> {
+        self.epoch = epoch;
+        self.writes += 1;
+        Ok(())
+    }
+
+    fn put(&mut self, record: &AttemptRecord) -> Result<(), Error> {
+        let value = seal(record)?;
+        self.records.insert(attempt_key(&record.grant.task, record.grant.attempt), value);
+        self.writes += 1;
+        Ok(())
+    }
+
+    fn remove(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
+        self.records.remove(&attempt_key(task, attempt));
+        self.writes += 1;
+        Ok(())
+    }
+}
+
+// --------------------------------------------------------------- failing
+
+/// Loads what its inner [`MemoryStore`] holds, refuses every write with
+/// [`Error::Injected`] (like Nomad's `ErrDB`).
+#[derive(Debug, Clone, Default)]
+pub struct FailingStore {
+    inner: MemoryStore,
+}
+
+impl FailingStore {
+    pub fn new(inner: MemoryStore) -> FailingStore {
+        FailingStore { inner }
+    }
+
+    /// The untouched contents.
+    pub fn inner(&self) -> &MemoryStore {
+        &self.inner
+    }
+}
+
+impl RecoveryStore for FailingStore {
+    fn load(&self) -> Result<Loaded, Error> {
+        self.inner.load()
+    }
+
+    fn put_epoch(&mut self, _: Epoch) -> Result<(), Error> {
+        Err(Error::Injected)
+    }
+
+    fn put(&mut self, _: &AttemptRecord) -> Result<(), Error> {
+        Err(Error::Injected)
+    }
+
+    fn remove(&mut self, _: &TaskId, _: Attempt) -> Result<(), Error> {
+        Err(Error::Injected)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::time::Instant;
+    use tenure_protocol::messages::{LeaseGrant, Phase};
+    use tenure_protocol::{Ending, Outcome, TaskSpec};
+
+    pub(crate) fn record(task: &str, attempt: u32, phase: Phase) -> AttemptRecord {
+        AttemptRecord {
+            grant: LeaseGrant {
+                task: task.parse().unwrap(),
+                attempt: Attempt(attempt),
+                epoch: Epoch(3),
+                owner: "alice".parse().unwrap(),
+                spec: TaskSpec::shell("label", "echo hi"),
+            },
+            phase,
+            pid: (phase >= Phase::Spawned).then_some(4242),
+            outcome: (phase >= Phase::Exited).then(|| Outcome {
+                ending: Ending::Completed,
+                exit_code: Some(0),
+                detail: None,
+            }),
+        }
+    }
+
+    fn sorted(mut records: Vec<AttemptRecord>) -> Vec<AttemptRecord> {
+        records.sort_by(|a, b| (&a.grant.task, a.grant.attempt).cmp(&(&b.grant.task, b.grant.attempt)));
+        records
+    }
+
+    #[test]
+    fn keys_round_trip_and_reject_garbage() {
+        let t: TaskId = "my-kind-12".parse().unwrap();
+        assert_eq!(attempt_key(&t, Attempt(7)), "my-kind-12/0000000007");
+        assert_eq!(parse_attempt_key("my-kind-12/0000000007"), Some((t, Attempt(7))));
+        assert_eq!(attempt_key(&"a-1".parse().unwrap(), Attempt(u32::MAX)), "a-1/4294967295");
+        for bad in ["", "a-1", "a-1/7", "a-1/00000000x7", "a-0/0000000001", "a-1/9999999999", "/0000000001"] {
+            assert_eq!(parse_attempt_key(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn sled_round_trip_and_reopen() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = record("shell-1", 1, Phase::Accepted);
+        let b = record("shell-2", 4, Phase::Exited);
+        let c = record("shell-3", 1, Phase::Intent);
+        {
+            let mut s = SledStore::open(tmp.path()).unwrap();
+            assert_eq!(s.load().unwrap(), Loaded::default());
+            s.put_epoch(Epoch(9)).unwrap();
+            s.put(&a).unwrap();
+            s.put(&b).unwrap();
+            s.put(&c).unwrap();
+            s.remove(&c.grant.task, c.grant.attempt).unwrap();
+            s.remove(&c.grant.task, Attempt(99)).unwrap();
+            let loaded = s.load().unwrap();
+            assert_eq!(loaded.epoch, Epoch(9));
+            assert_eq!(sorted(loaded.records), vec![a.clone(), b.clone()]);
+        }
+        let s = SledStore::open(tmp.path()).unwrap();
+        let loaded = s.load().unwrap();
+        assert_eq!(loaded.epoch, Epoch(9));
+        assert_eq!(sorted(loaded.records), vec![a, b]);
+        assert!(loaded.corrupt.is_empty());
+    }
+
+    #[test]
+    fn sled_reports_corrupt_records_and_loads_the_rest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let good = record("shell-1", 1, Phase::Spawned);
+        {
+            let mut s = SledStore::open(tmp.path()).unwrap();
+            s.put(&good).unwrap();
+            s.put(&record("shell-2", 1, Phase::Intent)).unwrap();
+            // Flip a payload byte of shell-2: the checksum must catch it.
+            let key = attempt_key(&"shell-2".parse().unwrap(), Attempt(1));
+            let mut v = s.attempts.get(&key).unwrap().unwrap().to_vec();
+            let last = v.len() - 1;
+            v[last] ^= 0xff;
+            s.attempts.insert(key.as_bytes(), v).unwrap();
+            // Plain garbage, a too-short value, a checksummed non-record, a bad key.
+            s.attempts.insert("shell-3/0000000001", b"garbage bytes".to_vec()).unwrap();
+            s.attempts.insert("shell-4/0000000001", vec![1, 2]).unwrap();
+            let junk = vec![1u8, 0x90];
+            let mut sealed = crc32fast::hash(&junk).to_be_bytes().to_vec();
+            sealed.extend_from_slice(&junk);
+            s.attempts.insert("shell-5/0000000001", sealed).unwrap();
+            s.attempts.insert(b"\xff\xfe", seal(&good).unwrap()).unwrap();
+            // A valid record stored under another attempt's key.
+            s.attempts.insert("shell-6/0000000002", seal(&record("shell-6", 1, Phase::Accepted)).unwrap()).unwrap();
+            s.flush().unwrap();
+        }
+        let s = SledStore::open(tmp.path()).unwrap();
+        let loaded = s.load().unwrap();
+        assert_eq!(loaded.records, vec![good]);
+        let keys: Vec<_> = loaded.corrupt.iter().map(|c| c.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "shell-2/0000000001",
+                "shell-3/0000000001",
+                "shell-4/0000000001",
+                "shell-5/0000000001",
+                "shell-6/0000000002",
+                "\u{fffd}\u{fffd}"
+            ]
+        );
+        assert!(loaded.corrupt[0].reason.contains("checksum"), "{:?}", loaded.corrupt[0]);
+        assert!(loaded.corrupt[3].reason.contains("undecodable"), "{:?}", loaded.corrupt[3]);
+        assert!(loaded.corrupt[4].reason.contains("shell-6/0000000001"), "{:?}", loaded.corrupt[4]);
+        assert_eq!(loaded.corrupt[1].attempt, Some(("shell-3".parse().unwrap(), Attempt(1))));
+        assert_eq!(loaded.corrupt[5].attempt, None);
+    }
+
+    #[test]
+    fn sled_refuses_a_newer_schema_and_a_corrupt_epoch() {
+        let tmp = tempfile::tempdir().unwrap();
+        {
+            let s = SledStore::open(tmp.path()).unwrap();
+            s.meta.insert(SCHEMA_KEY, &(SCHEMA_VERSION + 1).to_be_bytes()).unwrap();
+            s.flush().unwrap();
+        }
+        match SledStore::open(tmp.path()) {
+            Err(Error::NewerSchema { found, supported }) => assert_eq!((found, supported), (2, 1)),
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("a newer schema was accepted"),
+        }
+
+        let tmp = tempfile::tempdir().unwrap();
+        {
+            let s = SledStore::open(tmp.path()).unwrap();
+            s.meta.insert(EPOCH_KEY, b"xyz".to_vec()).unwrap();
+            s.flush().unwrap();
+        }
+        let s = SledStore::open(tmp.path()).unwrap();
+        assert!(matches!(s.load(), Err(Error::CorruptMeta { key: EPOCH_KEY, .. })));
+    }
+
+    #[test]
+    fn sled_second_open_of_a_held_database_fails() {
+        let tmp = tempfile::tempdir().unwrap();
+        let _first = SledStore::open(tmp.path()).unwrap();
+        assert!(matches!(SledStore::open(tmp.path()), Err(Error::Open { .. })));
+    }
+
+    #[test]
+    fn sled_loads_ten_thousand_records() {
+        let tmp = tempfile::tempdir().unwrap();
+        let n = 10_000u32;
+        {
+            let s = SledStore::open(tmp.path()).unwrap();
+            // One flush for the whole batch: the load is what is measured here.
+            let mut batch = sled::Batch::default();
+            for i in 1..=n {
+                let r = record(&format!("shell-{i}"), 1, Phase::Exited);
+                batch.insert(attempt_key(&r.grant.task, r.grant.attempt).as_bytes(), seal(&r).unwrap());
+            }
+            s.attempts.apply_batch(batch).unwrap();
+            s.flush().unwrap();
+        }
+        let opened = Instant::now();
+        let s = SledStore::open(tmp.path()).unwrap();
+        let loading = Instant::now();
+        let loaded = s.load().unwrap();
+        let done = Instant::now();
+        assert_eq!(loaded.records.len(), n as usize);
+        assert!(loaded.corrupt.is_empty());
+        eprintln!(
+            "sled: opened in {:?}, loaded {} records in {:?}",
+            loading - opened,
+            loaded.records.len(),
+            done - loading
+        );
+    }
+
+    #[test]
+    fn memory_store_matches_the_contract() {
+        let mut s = MemoryStore::new();
+        let a = record("shell-1", 2, Phase::Intent);
+        s.put_epoch(Epoch(4)).unwrap();
+        s.put(&a).unwrap();
+        s.put_raw("shell-9/0000000001", b"junk".to_vec());
+        let loaded = s.load().unwrap();
+        assert_eq!((loaded.epoch, loaded.records), (Epoch(4), vec![a.clone()]));
+        assert_eq!(loaded.corrupt.len(), 1);
+        s.remove(&a.grant.task, a.grant.attempt).unwrap();
+        assert!(s.load().unwrap().records.is_empty());
+        assert_eq!(s.writes(), 3);
+    }
+
+    #[test]
+    fn failing_store_loads_but_never_writes() {
+        let mut inner = MemoryStore::new();
+        let a = record("shell-1", 1, Phase::Accepted);
+        inner.put(&a).unwrap();
+        let mut s = FailingStore::new(inner);
+        assert!(matches!(s.put_epoch(Epoch(1)), Err(Error::Injected)));
+        assert!(matches!(s.put(&record("shell-2", 1, Phase::Accepted)), Err(Error::Injected)));
+        assert!(matches!(s.remove(&a.grant.task, a.grant.attempt), Err(Error::Injected)));
+        assert_eq!(s.load().unwrap().records, vec![a]);
+    }
+}
