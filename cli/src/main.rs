@@ -1,1 +1,219 @@
-fn main() {}
+//! `tenure`: the daemons (`coordinator`, `worker`, `sidecar`), a whole local
+//! cluster (`dev`), and the client verbs. Parsing and wiring only: every daemon
+//! is a library crate, every client verb a request over NATS.
+
+mod client;
+mod dev;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use tenure_protocol::{Kind, SessionId, TaskId, WorkerId};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "tenure",
+    version,
+    about = "A distributed task runtime: tasks that outlive their callers and their nodes"
+)]
+struct Cli {
+    /// NATS server URL.
+    #[arg(long, global = true, env = "TENURE_NATS", default_value = "nats://127.0.0.1:4222")]
+    nats: String,
+    /// Session that owns the tasks you submit (default: user-$USER).
+    #[arg(long, global = true, env = "TENURE_SESSION")]
+    session: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a coordinator (leader of the registry).
+    Coordinator {
+        /// Name recorded in the epoch claim.
+        #[arg(long, default_value = "coordinator")]
+        name: String,
+        /// A worker silent for this long is judged lost.
+        #[arg(long, default_value_t = 6000)]
+        worker_ttl_ms: u64,
+        /// JetStream replicas of the registry (3 on a 3-node NATS cluster).
+        #[arg(long, default_value_t = 1)]
+        replicas: usize,
+    },
+    /// Run a worker (needs its sidecar running on the same data dir).
+    Worker {
+        #[arg(long)]
+        id: WorkerId,
+        #[arg(long, default_value_t = 4)]
+        slots: u32,
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Time between SIGTERM and SIGKILL when a task is killed.
+        #[arg(long, default_value_t = 5000)]
+        kill_grace_ms: u64,
+        #[arg(long, default_value_t = 1000)]
+        heartbeat_ms: u64,
+    },
+    /// Run a worker machine's sidecar (its recovery store).
+    Sidecar {
+        #[arg(long)]
+        worker: WorkerId,
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
+    /// Start a whole local cluster: nats-server, a coordinator, workers with sidecars.
+    Dev {
+        #[arg(long, default_value = ".tenure-dev")]
+        data_dir: PathBuf,
+        #[arg(long, default_value_t = 4222)]
+        nats_port: u16,
+        #[arg(long, default_value_t = 2)]
+        workers: u32,
+        #[arg(long, default_value_t = 4)]
+        slots: u32,
+    },
+    /// Submit a task; prints its id.
+    Submit {
+        #[arg(long, default_value = "shell")]
+        kind: Kind,
+        /// The task may be run again if its worker is lost.
+        #[arg(long)]
+        idempotent: bool,
+        #[arg(long)]
+        label: Option<String>,
+        /// Working directory on the worker machine (absolute).
+        #[arg(long)]
+        cwd: Option<String>,
+        /// Environment variable for the task, NAME=VALUE (repeatable).
+        #[arg(long = "env", value_name = "NAME=VALUE")]
+        env: Vec<String>,
+        /// The command line (one argument is run as is by `sh -c`; several are quoted and joined).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Show one task.
+    Get {
+        task: TaskId,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List your tasks (active and unreported by default).
+    Ls {
+        #[arg(long)]
+        all: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a task's output from a byte offset.
+    Logs {
+        task: TaskId,
+        /// Keep printing until the task ends.
+        #[arg(long, short)]
+        follow: bool,
+        #[arg(long, default_value_t = 0)]
+        offset: u64,
+    },
+    /// Wait for a task to end; exit 0 only if it completed with exit code 0.
+    Wait {
+        task: TaskId,
+        /// Give up after this many seconds (exit 124, the task is left running).
+        #[arg(long)]
+        timeout: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ask to stop a task (SIGTERM to its process group, SIGKILL after the grace period).
+    Kill { task: TaskId },
+    /// Cluster view: leader epoch, workers, tasks by status.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn init_logging(daemon: bool) {
+    let default = if daemon { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+}
+
+fn session(arg: Option<String>) -> anyhow::Result<SessionId> {
+    let raw = arg.unwrap_or_else(|| {
+        let user = std::env::var("USER").unwrap_or_else(|_| nix::unistd::getuid().to_string());
+        format!("user-{user}")
+    });
+    Ok(raw.parse()?)
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let daemon = matches!(
+        cli.command,
+        Command::Coordinator { .. } | Command::Worker { .. } | Command::Sidecar { .. } | Command::Dev { .. }
+    );
+    init_logging(daemon);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let nats = cli.nats;
+    match cli.command {
+        Command::Coordinator { name, worker_ttl_ms, replicas } => {
+            let mut opts = tenure_coordinator::Options { nats_url: nats, name, replicas, ..Default::default() };
+            opts.core.worker_ttl = Duration::from_millis(worker_ttl_ms);
+            tenure_coordinator::run(opts, shutdown_signal()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Worker { id, slots, data_dir, kill_grace_ms, heartbeat_ms } => {
+            let mut opts = tenure_worker::Options::new(nats, id, data_dir);
+            opts.slots = slots;
+            opts.kill_grace = Duration::from_millis(kill_grace_ms);
+            opts.heartbeat = Duration::from_millis(heartbeat_ms.max(50));
+            tenure_worker::run(opts, shutdown_signal()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Sidecar { worker, data_dir } => {
+            let opts =
+                tenure_sidecar::Options { layout: tenure_sidecar::Layout::new(data_dir), worker, nats_url: nats };
+            tenure_sidecar::run(opts, shutdown_signal()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Dev { data_dir, nats_port, workers, slots } => {
+            dev::run(dev::DevOptions { data_dir, nats_port, workers, slots }, shutdown_signal()).await
+        }
+        verb => {
+            let session = session(cli.session)?;
+            client::run(&nats, session, verb).await
+        }
+    }
+}

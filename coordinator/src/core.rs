@@ -61,11 +61,21 @@ pub struct Now {
 /// Something the driver observed.
 #[derive(Debug, Clone)]
 pub enum Input {
-    Api { reply_to: Option<String>, request: ApiRequest },
+    Api {
+        reply_to: Option<String>,
+        request: ApiRequest,
+    },
     Heartbeat(Heartbeat),
-    Report { reply_to: Option<String>, report: Report },
+    Report {
+        reply_to: Option<String>,
+        report: Report,
+    },
     /// The answer (or transport failure) to a command the driver sent for an effect.
-    CommandResult { worker: WorkerId, command: WorkerCommand, result: Result<WorkerReply, String> },
+    CommandResult {
+        worker: WorkerId,
+        command: WorkerCommand,
+        result: Result<WorkerReply, String>,
+    },
     Tick,
 }
 
@@ -76,11 +86,22 @@ pub enum Effect {
     /// any later effect of the same batch is carried out.
     Persist(Box<TaskRecord>),
     /// Send a command to a worker; its answer comes back as `Input::CommandResult`.
-    Command { worker: WorkerId, command: WorkerCommand },
-    Reply { to: String, reply: ApiReply },
-    Ack { to: String, ack: ReportAck },
+    Command {
+        worker: WorkerId,
+        command: WorkerCommand,
+    },
+    Reply {
+        to: String,
+        reply: ApiReply,
+    },
+    Ack {
+        to: String,
+        ack: ReportAck,
+    },
     /// A newer leader exists: stop writing and commanding.
-    StepDown { reason: String },
+    StepDown {
+        reason: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -177,7 +198,9 @@ impl Core {
                     fx.push(Effect::Ack { to, ack });
                 }
             }
-            Input::CommandResult { worker, command, result } => self.command_result(worker, command, result, now, &mut fx),
+            Input::CommandResult { worker, command, result } => {
+                self.command_result(worker, command, result, now, &mut fx)
+            }
             Input::Tick => self.tick(now, &mut fx),
         }
         if !fx.iter().any(|e| matches!(e, Effect::StepDown { .. })) {
@@ -191,7 +214,9 @@ impl Core {
     fn api(&mut self, reply_to: Option<String>, request: ApiRequest, now: Now, fx: &mut Vec<Effect>) {
         let reply = match request {
             ApiRequest::Submit(req) => self.submit(req, now, fx),
-            ApiRequest::Get { session, task } => self.owned(&session, &task).map(|r| ApiResponse::Snapshot(r.snapshot())),
+            ApiRequest::Get { session, task } => {
+                self.owned(&session, &task).map(|r| ApiResponse::Snapshot(r.snapshot()))
+            }
             ApiRequest::List { session, all } => {
                 let mut list: Vec<TaskSnapshot> = self
                     .tasks
@@ -241,8 +266,8 @@ impl Core {
                 known: self.known_kinds.iter().map(ToString::to_string).collect(),
             });
         }
-        let id = TaskId::new(req.spec.kind.clone(), self.next_n)
-            .map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+        let id =
+            TaskId::new(req.spec.kind.clone(), self.next_n).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
         self.next_n += 1;
         let record = TaskRecord {
             id: id.clone(),

@@ -43,11 +43,8 @@ impl Harness {
     }
 
     fn submit(&mut self, session: &str, spec: TaskSpec) -> TaskId {
-        let (_, reply) = self.api(ApiRequest::Submit(SubmitRequest {
-            session: s(session),
-            idempotency_key: Uuid::new_v4(),
-            spec,
-        }));
+        let (_, reply) =
+            self.api(ApiRequest::Submit(SubmitRequest { session: s(session), idempotency_key: Uuid::new_v4(), spec }));
         match reply {
             Some(Ok(ApiResponse::Submitted { task, .. })) => task,
             other => panic!("submit failed: {other:?}"),
@@ -124,7 +121,13 @@ fn a_task_runs_from_submit_to_completed_and_every_change_is_persisted_first() {
 
     let fx = h.input(Input::Report {
         reply_to: Some("ack".into()),
-        report: Report { worker: w("w1"), task: task.clone(), attempt: Attempt(1), epoch: Epoch(3), event: completed() },
+        report: Report {
+            worker: w("w1"),
+            task: task.clone(),
+            attempt: Attempt(1),
+            epoch: Epoch(3),
+            event: completed(),
+        },
     });
     let waited = fx.iter().find_map(|e| match e {
         Effect::Reply { to, reply: Ok(ApiResponse::Waited { finished, snapshot }) } if to == "r" => {
@@ -158,7 +161,9 @@ fn ids_are_monotonic_across_kinds_and_restarts() {
         },
         h.now,
     );
-    assert!(fx.iter().any(|e| matches!(e, Effect::Reply { reply: Ok(ApiResponse::Submitted { task, .. }), .. } if task.number() == 3)));
+    assert!(fx.iter().any(
+        |e| matches!(e, Effect::Reply { reply: Ok(ApiResponse::Submitted { task, .. }), .. } if task.number() == 3)
+    ));
 }
 
 #[test]
@@ -167,7 +172,11 @@ fn a_retried_submit_returns_the_same_task() {
     let req = SubmitRequest { session: s("s"), idempotency_key: Uuid::new_v4(), spec: TaskSpec::shell("a", "true") };
     let (_, first) = h.api(ApiRequest::Submit(req.clone()));
     let (fx, second) = h.api(ApiRequest::Submit(req));
-    let (Some(Ok(ApiResponse::Submitted { task: t1, existing: false })), Some(Ok(ApiResponse::Submitted { task: t2, existing: true }))) = (first, second) else {
+    let (
+        Some(Ok(ApiResponse::Submitted { task: t1, existing: false })),
+        Some(Ok(ApiResponse::Submitted { task: t2, existing: true })),
+    ) = (first, second)
+    else {
         panic!()
     };
     assert_eq!(t1, t2);
@@ -261,7 +270,8 @@ fn kill_paths() {
     h.advance(Duration::from_secs(3));
     let fx = h.input(Input::Tick);
     assert!(fx.iter().any(|e| matches!(e, Effect::Command { command: WorkerCommand::Kill(_), .. })));
-    let killed = ReportEvent::Finished(Outcome { ending: Ending::Killed, exit_code: None, detail: Some("signal 15".into()) });
+    let killed =
+        ReportEvent::Finished(Outcome { ending: Ending::Killed, exit_code: None, detail: Some("signal 15".into()) });
     assert_eq!(h.report("w1", &running, 1, killed), ReportAck::Ack);
     assert_eq!(h.status(&running), Status::Killed);
     let (_, reply) = h.api(ApiRequest::Kill { session: s("s"), task: running.clone() });

@@ -21,7 +21,9 @@ pub const MAX_SESSION_LEN: usize = 128;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum IdError {
     /// The kind is empty, too long, or has a character outside `[a-z][a-z0-9_-]*`.
-    #[error("invalid kind {0:?}: expected a lowercase ascii letter then letters, digits, '_' or '-', at most 32 chars")]
+    #[error(
+        "invalid kind {0:?}: expected a lowercase ascii letter then letters, digits, '_' or '-', at most 32 chars"
+    )]
     Kind(String),
     /// The task id is not `<kind>-<N>` with N ≥ 1.
     #[error("invalid task id {0:?}: expected <kind>-<N> with N >= 1, e.g. shell-7")]
@@ -210,7 +212,8 @@ impl SessionId {
 impl FromStr for SessionId {
     type Err = IdError;
     fn from_str(s: &str) -> Result<Self, IdError> {
-        let ok = !s.is_empty() && s.len() <= MAX_SESSION_LEN && s.chars().all(|c| !c.is_whitespace() && !c.is_control());
+        let ok =
+            !s.is_empty() && s.len() <= MAX_SESSION_LEN && s.chars().all(|c| !c.is_whitespace() && !c.is_control());
         if ok {
             Ok(SessionId(s.to_owned()))
         } else {
@@ -291,9 +294,22 @@ mod tests {
     #[test]
     fn task_ids_reject_everything_else() {
         for s in [
-            "", "shell", "shell-", "-1", "shell-0", "shell-01", "shell-+1", "Shell-1", "1shell-1",
-            "she ll-1", "shell-1 ", "shell.x-1", "shell-18446744073709551616", "shell-1a",
-            "abcdefghijabcdefghijabcdefghijabc-1", "shell-١",
+            "",
+            "shell",
+            "shell-",
+            "-1",
+            "shell-0",
+            "shell-01",
+            "shell-+1",
+            "Shell-1",
+            "1shell-1",
+            "she ll-1",
+            "shell-1 ",
+            "shell.x-1",
+            "shell-18446744073709551616",
+            "shell-1a",
+            "abcdefghijabcdefghijabcdefghijabc-1",
+            "shell-١",
         ] {
             assert!(s.parse::<TaskId>().is_err(), "{s:?} should be rejected");
         }

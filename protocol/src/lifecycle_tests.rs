@@ -162,9 +162,9 @@ fn arb_event() -> impl Strategy<Value = Event> {
 
 fn names_attempt(e: &Event) -> Option<(Attempt, Epoch)> {
     match e {
-        Event::Refused { attempt, epoch } | Event::Started { attempt, epoch } | Event::Finished { attempt, epoch, .. } => {
-            Some((*attempt, *epoch))
-        }
+        Event::Refused { attempt, epoch }
+        | Event::Started { attempt, epoch }
+        | Event::Finished { attempt, epoch, .. } => Some((*attempt, *epoch)),
         _ => None,
     }
 }

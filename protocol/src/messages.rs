@@ -18,12 +18,25 @@ use crate::spec::TaskSpec;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ApiRequest {
     Submit(SubmitRequest),
-    Get { session: SessionId, task: TaskId },
-    List { session: SessionId, all: bool },
-    Kill { session: SessionId, task: TaskId },
+    Get {
+        session: SessionId,
+        task: TaskId,
+    },
+    List {
+        session: SessionId,
+        all: bool,
+    },
+    Kill {
+        session: SessionId,
+        task: TaskId,
+    },
     /// Hold the reply until the task is terminal or `timeout_ms` passed (capped by
     /// the coordinator at [`MAX_WAIT_MS`]; clients loop for longer waits).
-    Wait { session: SessionId, task: TaskId, timeout_ms: u64 },
+    Wait {
+        session: SessionId,
+        task: TaskId,
+        timeout_ms: u64,
+    },
     /// Cluster view: leader epoch and workers.
     Status,
 }
@@ -44,12 +57,21 @@ pub type ApiReply = Result<ApiResponse, ApiError>;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ApiResponse {
-    Submitted { task: TaskId, existing: bool },
+    Submitted {
+        task: TaskId,
+        existing: bool,
+    },
     Snapshot(TaskSnapshot),
     List(Vec<TaskSnapshot>),
-    Kill { result: KillResult, snapshot: TaskSnapshot },
+    Kill {
+        result: KillResult,
+        snapshot: TaskSnapshot,
+    },
     /// `finished` is false when the wait timed out; the snapshot is then live.
-    Waited { finished: bool, snapshot: TaskSnapshot },
+    Waited {
+        finished: bool,
+        snapshot: TaskSnapshot,
+    },
     Status(ClusterStatus),
 }
 

@@ -82,7 +82,8 @@ impl Layout {
             builder.create(&dir).map_err(|source| Error::CreateDir { path: dir.clone(), source })?;
         }
         for dir in [self.db_dir(), self.output_dir()] {
-            let meta = std::fs::symlink_metadata(&dir).map_err(|source| Error::CreateDir { path: dir.clone(), source })?;
+            let meta =
+                std::fs::symlink_metadata(&dir).map_err(|source| Error::CreateDir { path: dir.clone(), source })?;
             if !meta.file_type().is_dir() {
                 return Err(Error::NotADirectory { path: dir });
             }
@@ -113,10 +114,7 @@ pub fn open_output_for_append(path: &Path) -> io::Result<File> {
 /// regular-file checks as [`open_output_for_append`]. A missing file is an
 /// `io::ErrorKind::NotFound` error, which callers usually treat as "no output yet".
 pub fn open_output_for_read(path: &Path) -> io::Result<File> {
-    let file = OpenOptions::new()
-        .read(true)
-        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits())
-        .open(path)?;
+    let file = OpenOptions::new().read(true).custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits()).open(path)?;
     ensure_regular(&file, path)?;
     Ok(file)
 }

@@ -1,1 +1,47 @@
-//! placeholder
+//! The sidecar: the worker machine's memory.
+//!
+//! One sidecar runs beside the worker on every worker machine and keeps, in a
+//! local sled database, what the worker must not forget across its own crashes:
+//! the highest coordinator epoch the machine has seen and one record per attempt
+//! (accepted → intent → spawned → exited → acknowledged). The worker talks to it
+//! over a unix socket ([`SidecarClient`]); clients read task output from it over
+//! NATS.
+//!
+//! - **Every mutating request is flushed to disk before the sidecar replies.** An
+//!   `Ok` means durable; a storage failure is a refusal that changed nothing.
+//! - **It refuses lower epochs.** The highest epoch seen is persisted, and any
+//!   request carrying a lower one is refused with `StaleEpoch`.
+//! - **It never starts or kills processes.** It records what the worker did and
+//!   decides only what may be recorded; the worker acts.
+//! - **An attempt whose intent is recorded is never given back**, because it may
+//!   have run.
+//!
+//! Code map: [`layout`] (paths and symlink-safe output files), [`store`] (the
+//! durable records behind the [`RecoveryStore`] trait), [`service`] (the pure
+//! decision logic, [`Machine`]), [`server`] (socket and NATS IO around it),
+//! [`client`] (what the worker uses).
+
+pub mod client;
+pub mod layout;
+pub mod server;
+pub mod service;
+pub mod store;
+
+pub use client::{Error as ClientError, SidecarClient, DEFAULT_CALL_TIMEOUT};
+pub use layout::{open_output_for_append, open_output_for_read, Layout};
+pub use server::{run, Options};
+pub use service::Machine;
+pub use store::{CorruptRecord, FailingStore, Loaded, MemoryStore, RecoveryStore, SledStore};
+
+use tokio_util::codec::LengthDelimitedCodec;
+
+/// The framing of the worker ↔ sidecar socket: a 4-byte big-endian length, then
+/// one message encoded with [`tenure_protocol::encode`]. Frames longer than
+/// [`tenure_protocol::MAX_MESSAGE_BYTES`] are refused by both ends.
+pub fn frame_codec() -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .length_field_length(4)
+        .big_endian()
+        .max_frame_length(tenure_protocol::MAX_MESSAGE_BYTES)
+        .new_codec()
+}

@@ -148,6 +148,14 @@ impl<S: RecoveryStore> Machine<S> {
         self.observe(epoch)?;
         let held = self.existing(task, attempt)?.clone();
         if held.phase == Phase::Accepted {
+            // The gate to side effects: a newer grant of the task means this one
+            // was given up by the coordinator, and starting it could run the task twice.
+            if let Some(newer) = self.latest(task).filter(|r| r.grant.attempt > attempt) {
+                return Err(wrong_phase(
+                    newer,
+                    format!("record intent for attempt {attempt}, older than the one held"),
+                ));
+            }
             let mut next = held;
             next.phase = Phase::Intent;
             next.grant.epoch = next.grant.epoch.max(epoch);

@@ -182,9 +182,9 @@ impl RecoveryStore for SledStore {
     fn load(&self) -> Result<Loaded, Error> {
         let epoch = match self.meta.get(EPOCH_KEY)? {
             None => Epoch(0),
-            Some(v) => <[u8; 8]>::try_from(v.as_ref()).map(|b| Epoch(u64::from_be_bytes(b))).map_err(|_| {
-                Error::CorruptMeta { key: EPOCH_KEY, reason: format!("value of {} bytes", v.len()) }
-            })?,
+            Some(v) => <[u8; 8]>::try_from(v.as_ref())
+                .map(|b| Epoch(u64::from_be_bytes(b)))
+                .map_err(|_| Error::CorruptMeta { key: EPOCH_KEY, reason: format!("value of {} bytes", v.len()) })?,
         };
         let mut loaded = Loaded { epoch, ..Loaded::default() };
         for entry in self.attempts.iter() {

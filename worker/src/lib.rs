@@ -1,1 +1,12 @@
-//! placeholder
+//! The worker: runs the attempts it is granted, one process group each, with
+//! every step recorded by the machine's sidecar before the next one happens.
+//!
+//! **Invariant:** no process is spawned before the sidecar has flushed the
+//! attempt's intent; no completion is reported before it is buffered in the
+//! sidecar. The worker decides nothing about a task's lifecycle: it reports
+//! facts and the leader's lifecycle table decides.
+
+pub mod process;
+pub mod service;
+
+pub use service::{run, Error, Options};

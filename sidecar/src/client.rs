@@ -1,0 +1,107 @@
+//! [`SidecarClient`]: the worker's side of the local socket. One request, one
+//! reply, in order, over a lazily (re)connected unix stream.
+//!
+//! It never retries by itself: every failure is reported as [`Error::Unavailable`]
+//! and the caller decides (requests are idempotent, so retrying is safe). An
+//! `Unavailable` after the request was sent means "unknown whether it landed".
+//! It never decodes anything the sidecar did not send as a whole frame.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use tenure_protocol::messages::{SidecarReply, SidecarRequest};
+use tenure_protocol::{decode, encode, CodecError};
+use tokio::net::UnixStream;
+use tokio::sync::Mutex;
+use tokio_util::codec::{Framed, LengthDelimitedCodec};
+
+use crate::frame_codec;
+
+/// How long one call may take (connect, send, reply) unless set otherwise.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a call did not produce a reply.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The sidecar could not be reached, closed the connection, or did not answer
+    /// in time. The connection is dropped; the next call reconnects.
+    #[error("sidecar unavailable: {0}")]
+    Unavailable(String),
+    /// The request cannot be encoded (it exceeds the message size limit). Nothing
+    /// was sent.
+    #[error("cannot encode sidecar request: {0}")]
+    Encode(CodecError),
+    /// The sidecar answered with something this build cannot decode (a version
+    /// mismatch). The connection is dropped.
+    #[error("malformed reply from the sidecar: {0}")]
+    MalformedReply(CodecError),
+}
+
+type Connection = Framed<UnixStream, LengthDelimitedCodec>;
+
+/// A connection to the machine's sidecar, shared by the worker's tasks. Calls
+/// are serialized: one request is in flight at a time.
+#[derive(Debug)]
+pub struct SidecarClient {
+    path: PathBuf,
+    timeout: Duration,
+    conn: Mutex<Option<Connection>>,
+}
+
+impl SidecarClient {
+    /// A client for the socket at `socket_path`; nothing is connected until the
+    /// first call.
+    pub fn new(socket_path: impl Into<PathBuf>) -> SidecarClient {
+        SidecarClient { path: socket_path.into(), timeout: DEFAULT_CALL_TIMEOUT, conn: Mutex::new(None) }
+    }
+
+    /// Sets the bound on one call (connect, send and reply together).
+    pub fn with_timeout(mut self, timeout: Duration) -> SidecarClient {
+        self.timeout = timeout;
+        self
+    }
+
+    pub fn socket_path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Sends `req` and waits for its reply.
+    ///
+    /// The connection is taken out of the client for the duration of the call and
+    /// put back only after a complete exchange, so a call that fails, times out or
+    /// is cancelled by its caller can never leave a late reply behind for the
+    /// next call to mistake for its own.
+    pub async fn call(&self, req: &SidecarRequest) -> Result<SidecarReply, Error> {
+        let frame = Bytes::from(encode(req).map_err(Error::Encode)?);
+        let mut slot = self.conn.lock().await;
+        let exchange = async {
+            let mut conn = match slot.take() {
+                Some(conn) => conn,
+                None => {
+                    let stream = UnixStream::connect(&self.path)
+                        .await
+                        .map_err(|e| Error::Unavailable(format!("connecting to {}: {e}", self.path.display())))?;
+                    Framed::new(stream, frame_codec())
+                }
+            };
+            conn.send(frame).await.map_err(|e| Error::Unavailable(format!("sending: {e}")))?;
+            let reply = match conn.next().await {
+                Some(Ok(reply)) => reply,
+                Some(Err(e)) => return Err(Error::Unavailable(format!("reading the reply: {e}"))),
+                None => return Err(Error::Unavailable("the sidecar closed the connection".to_owned())),
+            };
+            let reply = decode::<SidecarReply>(&reply).map_err(Error::MalformedReply)?;
+            Ok((conn, reply))
+        };
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(Ok((conn, reply))) => {
+                *slot = Some(conn);
+                Ok(reply)
+            }
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(Error::Unavailable(format!("no reply within {:?}", self.timeout))),
+        }
+    }
+}

@@ -1,0 +1,413 @@
+//! The sidecar daemon: IO around [`Machine`]. It owns the unix socket the
+//! worker talks to, the NATS subscription that serves output reads, and the one
+//! thread that holds the machine and its sled database.
+//!
+//! Layering: connection tasks and the output task only parse, forward and
+//! encode; every decision is [`Machine::handle`]'s. The machine lives on a
+//! dedicated blocking thread fed by a channel (the "store thread"), so sled's
+//! fsyncs never stall the async runtime, requests from all connections are
+//! applied one at a time, and shutdown is deterministic: once the thread has
+//! returned, the database is flushed and closed.
+//!
+//! NATS is optional at runtime: the client connects (and reconnects) in the
+//! background, and the socket keeps serving the worker while NATS is down.
+//!
+//! This module never panics on input, never starts or kills processes and never
+//! writes task output.
+
+use std::future::Future;
+use std::io;
+use std::os::unix::fs::{FileExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
+use tenure_protocol::messages::{
+    ApiError, OutputChunk, OutputReply, OutputRequest, Phase, SidecarRefusal, SidecarReply, SidecarRequest,
+    MAX_OUTPUT_CHUNK,
+};
+use tenure_protocol::{decode, encode, subjects, SessionId, TaskId, WorkerId};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio_util::codec::{Framed, LengthDelimitedCodecError};
+use tracing::{debug, error, info, warn};
+
+use crate::frame_codec;
+use crate::layout::{self, open_output_for_read, Layout};
+use crate::service::Machine;
+use crate::store::{self, SledStore};
+
+/// What the sidecar needs to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The machine's data directory (database, socket, output files).
+    pub layout: Layout,
+    /// This machine's worker id: names the output subject.
+    pub worker: WorkerId,
+    /// Where to reach NATS for output reads, e.g. `nats://127.0.0.1:4222`.
+    pub nats_url: String,
+}
+
+/// Why the sidecar could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The data directory could not be prepared.
+    #[error(transparent)]
+    Layout(#[from] layout::Error),
+    /// The recovery store could not be opened or loaded.
+    #[error(transparent)]
+    Store(#[from] store::Error),
+    /// A live sidecar already answers on the socket.
+    #[error("another sidecar is serving {0}")]
+    SocketInUse(PathBuf),
+    /// Something that is not a socket sits at the socket path; it is left alone.
+    #[error("{0} exists and is not a socket; refusing to replace it")]
+    NotASocket(PathBuf),
+    /// The socket could not be created.
+    #[error("cannot listen on {path}: {source}")]
+    Listen { path: PathBuf, source: io::Error },
+    /// The NATS address is invalid (connection failures are retried instead).
+    #[error("invalid NATS address {url:?}: {reason}")]
+    Nats { url: String, reason: String },
+    /// The store thread ended before shutdown (it panicked).
+    #[error("the sidecar's store thread stopped unexpectedly: {0}")]
+    StoreThread(String),
+}
+
+/// Runs the sidecar until `shutdown` completes: loads the recovery state,
+/// serves the worker's socket and output reads, then stops accepting, flushes,
+/// closes the database and removes the socket file.
+///
+/// Dropping the returned future instead of completing `shutdown` also stops
+/// everything, but leaves the socket file for the next run to replace.
+pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    let Options { layout, worker, nats_url } = opts;
+    layout.create_dirs()?;
+
+    let db_dir = layout.db_dir();
+    let started = Instant::now();
+    let machine = tokio::task::spawn_blocking(move || Machine::restore(SledStore::open(&db_dir)?))
+        .await
+        .map_err(|e| Error::StoreThread(e.to_string()))??;
+    for c in machine.corrupt() {
+        warn!(key = %c.key, reason = %c.reason, "unreadable recovery record: its attempt will be refused");
+    }
+    info!(
+        worker = %worker,
+        epoch = %machine.epoch(),
+        records = machine.records().count(),
+        corrupt = machine.corrupt().len(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "recovery state loaded"
+    );
+
+    let (handle, commands) = mpsc::channel(64);
+    let handle = StoreHandle { tx: handle };
+    let mut store_task = tokio::task::spawn_blocking(move || own_machine(machine, commands));
+
+    let socket = layout.socket_path();
+    let listener = match listen(&socket) {
+        Ok(listener) => listener,
+        Err(e) => {
+            drop(handle);
+            let _ = store_task.await;
+            return Err(e);
+        }
+    };
+    let nats = match connect_nats(&worker, &nats_url).await {
+        Ok(nats) => nats,
+        Err(e) => {
+            drop((handle, listener));
+            let _ = store_task.await;
+            remove_socket(&socket);
+            return Err(e);
+        }
+    };
+    let output_task = tokio::spawn(serve_output(nats, subjects::output(&worker), handle.clone(), layout.clone()));
+    info!(worker = %worker, socket = %socket.display(), "sidecar serving");
+
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut connections = JoinSet::new();
+    let mut outcome = Ok(());
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            ended = &mut store_task => {
+                let reason = match ended {
+                    Ok(()) => "it returned".to_owned(),
+                    Err(e) => e.to_string(),
+                };
+                error!(%reason, "store thread stopped; shutting down");
+                outcome = Err(Error::StoreThread(reason));
+                break;
+            }
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    connections.spawn(serve_connection(stream, handle.clone()));
+                }
+                Err(error) => {
+                    // Out of descriptors and the like: back off instead of spinning.
+                    warn!(%error, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Some(joined) = connections.join_next(), if !connections.is_empty() => {
+                if let Err(e) = joined {
+                    error!(error = %e, "a connection task failed");
+                }
+            }
+        }
+    }
+
+    // Stop accepting, end every user of the store thread, then let it flush and
+    // close the database.
+    drop(listener);
+    connections.shutdown().await;
+    output_task.abort();
+    let _ = output_task.await;
+    drop(handle);
+    if outcome.is_ok() {
+        if let Err(e) = store_task.await {
+            outcome = Err(Error::StoreThread(e.to_string()));
+        }
+    }
+    remove_socket(&socket);
+    info!(worker = %worker, "sidecar stopped");
+    outcome
+}
+
+// ------------------------------------------------------------ store thread
+
+enum Command {
+    Handle(SidecarRequest, oneshot::Sender<SidecarReply>),
+    /// Owner and phase of the latest attempt of a task, for output reads.
+    OutputOwner(TaskId, oneshot::Sender<Option<(SessionId, Phase)>>),
+}
+
+/// A cheap, cloneable way to reach the store thread.
+#[derive(Clone)]
+struct StoreHandle {
+    tx: mpsc::Sender<Command>,
+}
+
+impl StoreHandle {
+    async fn handle(&self, req: SidecarRequest) -> SidecarReply {
+        let (tx, rx) = oneshot::channel();
+        let gone = || SidecarReply::Refused(SidecarRefusal::Storage("the sidecar is shutting down".to_owned()));
+        if self.tx.send(Command::Handle(req, tx)).await.is_err() {
+            return gone();
+        }
+        rx.await.unwrap_or_else(|_| gone())
+    }
+
+    async fn output_owner(&self, task: TaskId) -> Result<Option<(SessionId, Phase)>, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        let gone = || ApiError::Unavailable("the sidecar is shutting down".to_owned());
+        self.tx.send(Command::OutputOwner(task, tx)).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())
+    }
+}
+
+/// Owns the machine: applies commands one at a time until every handle is gone,
+/// then flushes. The machine (and with it the sled database) is dropped when
+/// this returns.
+fn own_machine(mut machine: Machine<SledStore>, mut commands: mpsc::Receiver<Command>) {
+    while let Some(command) = commands.blocking_recv() {
+        match command {
+            Command::Handle(req, reply) => {
+                let _ = reply.send(machine.handle(req));
+            }
+            Command::OutputOwner(task, reply) => {
+                let owner = machine.record_for_output(&task).map(|r| (r.grant.owner.clone(), r.phase));
+                let _ = reply.send(owner);
+            }
+        }
+    }
+    if let Err(error) = machine.store().flush() {
+        warn!(%error, "final flush of the recovery store failed");
+    }
+}
+
+// ------------------------------------------------------------------ socket
+
+/// Binds the socket (mode 0600). A socket file left by a dead sidecar is
+/// replaced; a live one, or a non-socket at that path, is refused.
+fn listen(path: &Path) -> Result<UnixListener, Error> {
+    let listen_err = |source| Error::Listen { path: path.to_path_buf(), source };
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(listen_err(e)),
+        Ok(meta) if !meta.file_type().is_socket() => return Err(Error::NotASocket(path.to_path_buf())),
+        Ok(_) => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(Error::SocketInUse(path.to_path_buf()));
+            }
+            info!(socket = %path.display(), "removing a stale socket file");
+            std::fs::remove_file(path).map_err(listen_err)?;
+        }
+    }
+    let listener = UnixListener::bind(path).map_err(listen_err)?;
+    // The data directory is 0700 as well, which covers the instant between bind
+    // and chmod.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(listen_err)?;
+    Ok(listener)
+}
+
+fn remove_socket(path: &Path) {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(error) => warn!(%error, socket = %path.display(), "cannot remove the socket file"),
+    }
+}
+
+/// Serves one worker connection: requests are answered in order. A malformed
+/// request is refused and the connection continues; an oversized or broken
+/// frame ends the connection (the stream cannot be resynchronized).
+async fn serve_connection(stream: UnixStream, store: StoreHandle) {
+    let mut framed = Framed::new(stream, frame_codec());
+    loop {
+        let frame = match framed.next().await {
+            None => return,
+            Some(Ok(frame)) => frame,
+            Some(Err(error)) => {
+                if error.get_ref().is_some_and(|inner| inner.is::<LengthDelimitedCodecError>()) {
+                    warn!(%error, "oversized frame on the sidecar socket; closing the connection");
+                } else {
+                    debug!(%error, "sidecar connection ended");
+                }
+                return;
+            }
+        };
+        let reply = match decode::<SidecarRequest>(&frame) {
+            Ok(req) => store.handle(req).await,
+            Err(error) => {
+                warn!(%error, "malformed request on the sidecar socket");
+                SidecarReply::Refused(SidecarRefusal::Malformed(error.to_string()))
+            }
+        };
+        let bytes = encode(&reply).or_else(|error| {
+            // Only a `Records` reply can outgrow the message limit.
+            warn!(%error, "reply too large to encode");
+            encode(&SidecarReply::Refused(SidecarRefusal::Storage(format!("the reply cannot be encoded: {error}"))))
+        });
+        let Ok(bytes) = bytes else { return };
+        if let Err(error) = framed.send(Bytes::from(bytes)).await {
+            debug!(%error, "sidecar connection ended while replying");
+            return;
+        }
+    }
+}
+
+// ------------------------------------------------------------ output reads
+
+async fn connect_nats(worker: &WorkerId, url: &str) -> Result<async_nats::Client, Error> {
+    async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .name(format!("tenure-sidecar-{worker}"))
+        .event_callback(|event| async move {
+            match event {
+                async_nats::Event::Connected => info!(%event, "nats"),
+                _ => warn!(%event, "nats"),
+            }
+        })
+        .connect(url)
+        .await
+        .map_err(|e| Error::Nats { url: url.to_owned(), reason: e.to_string() })
+}
+
+/// Answers output reads until aborted. Each request is decoded, checked against
+/// the owner of the task's latest attempt, and answered from the output file.
+async fn serve_output(client: async_nats::Client, subject: String, store: StoreHandle, layout: Layout) {
+    let mut requests = match client.subscribe(subject.clone()).await {
+        Ok(sub) => sub,
+        Err(error) => {
+            error!(%error, subject, "cannot subscribe to output reads; they will not be served");
+            return;
+        }
+    };
+    while let Some(msg) = requests.next().await {
+        let Some(reply_to) = msg.reply else {
+            debug!("output request without a reply subject");
+            continue;
+        };
+        let reply = read_output(&store, &layout, &msg.payload).await;
+        let bytes = encode(&reply).or_else(|error| {
+            warn!(%error, "output reply too large to encode");
+            encode(&OutputReply::Err(ApiError::Unavailable(format!("cannot encode the reply: {error}"))))
+        });
+        let Ok(bytes) = bytes else { continue };
+        if let Err(error) = client.publish(reply_to, bytes.into()).await {
+            warn!(%error, "cannot send an output reply");
+        }
+    }
+}
+
+async fn read_output(store: &StoreHandle, layout: &Layout, payload: &[u8]) -> OutputReply {
+    let req: OutputRequest = decode(payload).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    let not_found = || ApiError::NotFound(req.task.to_string());
+    // The phase is read before the file: if the attempt had exited by then, every
+    // byte it wrote is already in the file, so `finished` never hides a tail.
+    let Some((owner, phase)) = store.output_owner(req.task.clone()).await? else {
+        return Err(not_found());
+    };
+    if owner != req.session {
+        return Err(not_found());
+    }
+    let path = layout.output_path(&req.task);
+    let (offset, want) = (req.offset, req.max.min(MAX_OUTPUT_CHUNK) as usize);
+    let read = tokio::task::spawn_blocking(move || read_chunk(&path, offset, want))
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("output read failed: {e}")))?;
+    let (data, size) = read.map_err(|error| {
+        warn!(task = %req.task, %error, "cannot read output");
+        ApiError::Unavailable(format!("cannot read the output of {}: {error}", req.task))
+    })?;
+    Ok(OutputChunk { next_offset: offset + data.len() as u64, data, size, finished: phase >= Phase::Exited })
+}
+
+/// Reads up to `want` bytes at `offset`; returns them and the file size. A
+/// missing file is empty output so far.
+fn read_chunk(path: &Path, offset: u64, want: usize) -> io::Result<(Vec<u8>, u64)> {
+    let file = match open_output_for_read(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), 0)),
+        Err(e) => return Err(e),
+    };
+    let size = file.metadata()?.len();
+    let len = size.saturating_sub(offset).min(want as u64) as usize;
+    let mut data = vec![0; len];
+    let mut filled = 0;
+    while filled < len {
+        match file.read_at(&mut data[filled..], offset + filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    data.truncate(filled);
+    Ok((data, size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_chunk_edges() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("t.out");
+        assert_eq!(read_chunk(&path, 0, 10).unwrap(), (vec![], 0));
+        std::fs::write(&path, b"hello world").unwrap();
+        assert_eq!(read_chunk(&path, 0, 5).unwrap(), (b"hello".to_vec(), 11));
+        assert_eq!(read_chunk(&path, 6, 100).unwrap(), (b"world".to_vec(), 11));
+        assert_eq!(read_chunk(&path, 11, 100).unwrap(), (vec![], 11));
+        assert_eq!(read_chunk(&path, 500, 100).unwrap(), (vec![], 11));
+        assert_eq!(read_chunk(&path, 0, 0).unwrap(), (vec![], 11));
+        std::os::unix::fs::symlink(&path, tmp.path().join("link.out")).unwrap();
+        assert!(read_chunk(&tmp.path().join("link.out"), 0, 5).is_err());
+    }
+}
