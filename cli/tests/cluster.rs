@@ -1,0 +1,199 @@
+//! End-to-end tests over a real nats-server and the real `tenure` binaries.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{group_alive, stderr, stdout, Cluster};
+use tenure_testkit::eventually;
+
+const BOUND: Duration = Duration::from_secs(30);
+
+#[test]
+fn a_shell_task_streams_its_output_and_completes() {
+    let c = Cluster::start(1);
+    let task = c.submit(&["--", "sh", "-c", "for i in 1 2 3; do echo line-$i; sleep 0.2; done; echo err >&2"]);
+    assert!(task.starts_with("shell-"), "{task}");
+
+    let logs = c.cli(&["logs", &task, "--follow"]);
+    assert!(logs.status.success(), "{}", stderr(&logs));
+    assert_eq!(stdout(&logs), "line-1\nline-2\nline-3\nerr\n");
+
+    let wait = c.cli(&["wait", &task, "--json"]);
+    assert!(wait.status.success(), "wait: {}", stderr(&wait));
+    let snap: serde_json::Value = serde_json::from_slice(&wait.stdout).unwrap();
+    assert_eq!(snap["status"], "completed");
+    assert_eq!(snap["exit_code"], 0);
+    assert_eq!(snap["attempt"], 1);
+    assert_eq!(snap["reported"], true);
+    assert_eq!(snap["owner"], "test-owner");
+
+    // Reading from an offset returns the rest only.
+    let tail = c.cli(&["logs", &task, "--offset", "7"]);
+    assert_eq!(stdout(&tail), "line-2\nline-3\nerr\n");
+
+    // Working directory and environment come from the spec.
+    let cwd = c.dir.path().display().to_string();
+    let t2 = c.submit(&["--cwd", &cwd, "--env", "GREETING=hello", "--", "echo $GREETING; pwd"]);
+    c.wait_status(&t2, "completed", BOUND);
+    assert_eq!(stdout(&c.cli(&["logs", &t2])), format!("hello\n{cwd}\n"));
+}
+
+#[test]
+fn failures_report_their_exit_code_and_wait_exits_non_zero() {
+    let c = Cluster::start(1);
+    let task = c.submit(&["--", "echo failing; exit 3"]);
+    let wait = c.cli(&["wait", &task, "--json"]);
+    assert_eq!(wait.status.code(), Some(1));
+    let snap: serde_json::Value = serde_json::from_slice(&wait.stdout).unwrap();
+    assert_eq!((snap["status"].as_str(), snap["exit_code"].as_i64()), (Some("failed"), Some(3)));
+    assert_eq!(snap["detail"], "exit code: 3");
+
+    // A bounded wait on a long task times out with the live snapshot.
+    let long = c.submit(&["--", "sleep 30"]);
+    let wait = c.cli(&["wait", &long, "--timeout", "1", "--json"]);
+    assert_eq!(wait.status.code(), Some(124), "{}", stderr(&wait));
+    let snap: serde_json::Value = serde_json::from_slice(&wait.stdout).unwrap();
+    assert_ne!(snap["status"], "completed");
+    assert_eq!(snap["reported"], false);
+    assert_eq!(stdout(&c.cli(&["kill", &long])).trim(), "requested");
+}
+
+#[test]
+fn kill_ends_the_whole_process_group_including_double_forked_children() {
+    let c = Cluster::start(1);
+    // The task prints its process group id, then leaves children and a
+    // double-forked grandchild in the group.
+    let task = c.submit(&["--", "echo $$; sleep 60 & (sleep 61 &) ; trap '' TERM; sleep 62; wait"]);
+    c.wait_status(&task, "running", BOUND);
+    let pgid: i32 = eventually(BOUND, || stdout(&c.cli(&["logs", &task])).trim().parse().ok()).expect("pgid printed");
+    assert!(group_alive(pgid));
+
+    let kill = c.cli(&["kill", &task]);
+    assert_eq!(stdout(&kill).trim(), "requested", "{}", stderr(&kill));
+    let snap = c.wait_status(&task, "killed", BOUND);
+    // The kill answered "requested", which is not the terminal state: not reported yet.
+    assert_eq!(snap["reported"], false);
+    // Killed is only reported once every process of the group is gone.
+    assert!(!group_alive(pgid), "process group {pgid} survived its task");
+
+    assert_eq!(stdout(&c.cli(&["kill", &task])).trim(), "already-finished");
+    let wait = c.cli(&["wait", &task, "--json"]);
+    assert_eq!(wait.status.code(), Some(1));
+    let snap: serde_json::Value = serde_json::from_slice(&wait.stdout).unwrap();
+    assert_eq!((snap["status"].as_str(), snap["reported"].as_bool()), (Some("killed"), Some(true)));
+}
+
+#[test]
+fn only_the_owner_sees_a_task_and_bad_input_changes_nothing() {
+    let c = Cluster::start(1);
+    let task = c.submit(&["--", "sleep 20"]);
+    for verb in [vec!["get", &task], vec!["kill", &task], vec!["wait", &task, "--timeout", "1"], vec!["logs", &task]] {
+        let out = c.cli_as("someone-else", &verb);
+        assert!(!out.status.success(), "{verb:?} by another session succeeded");
+        assert!(stderr(&out).contains("not found or not yours"), "{verb:?}: {}", stderr(&out));
+    }
+    c.wait_status(&task, "running", BOUND);
+
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["get".into(), "shell-999".into()], "not found or not yours"),
+        (vec!["get".into(), "Shell-1".into()], "invalid task id"),
+        (vec!["get".into(), "shell-0".into()], "invalid task id"),
+        (vec!["submit".into(), "--kind".into(), "nosuch".into(), "--".into(), "true".into()], "unknown kind"),
+        (vec!["submit".into(), "--kind".into(), "Bad.Kind".into(), "--".into(), "true".into()], "invalid kind"),
+        (vec!["submit".into(), "--".into(), "  ".into()], "empty command"),
+        (vec!["submit".into(), "--".into(), "x".repeat(70_000)], "command is 70000 bytes"),
+        (vec!["submit".into(), "--cwd".into(), "relative".into(), "--".into(), "true".into()], "absolute path"),
+    ];
+    for (args, want) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = c.cli(&args);
+        assert!(!out.status.success(), "{:?} succeeded", &args[..2]);
+        assert!(stderr(&out).contains(want), "{:?}: expected {want:?} in {}", &args[..2], stderr(&out));
+    }
+    // Nothing was created by the refused submits: only the one task exists.
+    let ls: serde_json::Value = serde_json::from_slice(&c.cli(&["ls", "--all", "--json"]).stdout).unwrap();
+    assert_eq!(ls.as_array().map(Vec::len), Some(1), "{ls}");
+    assert_eq!(ls[0]["id"], task.as_str());
+    c.cli(&["kill", &task]);
+}
+
+#[test]
+fn garbage_on_every_subject_gets_a_typed_error_and_breaks_nothing() {
+    let mut c = Cluster::start(1);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let client = async_nats::connect(&c.nats.url).await.unwrap();
+        let garbage: Vec<bytes::Bytes> =
+            vec![bytes::Bytes::new(), bytes::Bytes::from_static(b"\x01\xff\xfe garbage"), bytes::Bytes::from_static(b"\x07v9")];
+        let w1: tenure_protocol::WorkerId = "w1".parse().unwrap();
+        for payload in garbage {
+            // Request/reply subjects answer with a typed refusal.
+            let reply = client.request(tenure_protocol::subjects::API, payload.clone()).await.unwrap();
+            let api: tenure_protocol::messages::ApiReply = tenure_protocol::decode(&reply.payload).unwrap();
+            assert!(matches!(api, Err(tenure_protocol::messages::ApiError::InvalidRequest(_))), "{api:?}");
+
+            let reply = client.request(tenure_protocol::subjects::worker_commands(&w1), payload.clone()).await.unwrap();
+            let cmd: tenure_protocol::messages::WorkerReply = tenure_protocol::decode(&reply.payload).unwrap();
+            assert!(
+                matches!(cmd, tenure_protocol::messages::WorkerReply::Refused(tenure_protocol::messages::Refusal::Malformed(_))),
+                "{cmd:?}"
+            );
+
+            let reply = client.request(tenure_protocol::subjects::output(&w1), payload.clone()).await.unwrap();
+            let out: tenure_protocol::messages::OutputReply = tenure_protocol::decode(&reply.payload).unwrap();
+            assert!(matches!(out, Err(tenure_protocol::messages::ApiError::InvalidRequest(_))), "{out:?}");
+
+            // Fire-and-forget subjects log and drop it.
+            client.publish(tenure_protocol::subjects::HEARTBEAT, payload.clone()).await.unwrap();
+            client.publish(tenure_protocol::subjects::REPORT, payload.clone()).await.unwrap();
+        }
+        client.flush().await.unwrap();
+    });
+    // Every daemon is still up and the cluster still runs tasks.
+    let task = c.submit(&["--", "echo still-fine"]);
+    c.wait_status(&task, "completed", BOUND);
+    assert_eq!(stdout(&c.cli(&["logs", &task])), "still-fine\n");
+    for name in ["coordinator", "sidecar-w1", "worker-w1"] {
+        assert!(matches!(c.daemon(name).child.try_wait(), Ok(None)), "{name} died:\n{}", c.logs());
+    }
+    assert!(c.daemon("coordinator").log_text().contains("malformed"));
+}
+
+#[test]
+fn ids_survive_a_coordinator_restart_and_a_second_coordinator_fences_the_first() {
+    let mut c = Cluster::start(1);
+    let first = c.submit(&["--", "echo one"]);
+    c.wait_status(&first, "completed", BOUND);
+
+    c.daemon("coordinator").stop();
+    c.spawn("coordinator", &["coordinator", "--name", "c2", "--worker-ttl-ms", "3000"]);
+    c.wait_workers(1);
+    let second = eventually(BOUND, || {
+        let out = c.cli(&["submit", "--", "echo two"]);
+        out.status.success().then(|| stdout(&out).trim().to_owned())
+    })
+    .expect("submit after restart");
+    let n = |id: &str| id.rsplit_once('-').unwrap().1.parse::<u64>().unwrap();
+    assert!(n(&second) > n(&first), "{second} reuses an id after {first}");
+    assert_eq!(c.snapshot(&first)["status"], "completed");
+    let snap = c.wait_status(&second, "completed", BOUND);
+    assert_eq!(snap["epoch"], 2, "the restarted coordinator leads under a new epoch");
+
+    // A third coordinator claims epoch 3; the one leading at epoch 2 can no
+    // longer write the registry and steps down at its next write.
+    c.spawn("coordinator", &["coordinator", "--name", "c3", "--worker-ttl-ms", "3000"]);
+    let leading = eventually(BOUND, || c.daemon("coordinator").log_text().contains("leading").then_some(()));
+    assert!(leading.is_some(), "{}", c.logs());
+    let third = eventually(BOUND, || {
+        let out = c.cli(&["submit", "--", "echo three"]);
+        out.status.success().then(|| stdout(&out).trim().to_owned())
+    })
+    .expect("submit with two coordinators");
+    let old = c.daemons.iter_mut().find(|d| d.name == "coordinator" && d.log_text().contains("epoch=2")).unwrap();
+    let status = old.wait_exit(BOUND).expect("deposed coordinator exits");
+    assert!(!status.success());
+    assert!(old.log_text().contains("deposed"), "{}", old.log_text());
+    let snap = c.wait_status(&third, "completed", BOUND);
+    assert_eq!(snap["epoch"], 3);
+}

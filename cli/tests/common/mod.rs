@@ -1,0 +1,182 @@
+//! A real cluster for integration tests: a nats-server of the test's own (free
+//! loopback port, own store), and the real `tenure` binary as coordinator,
+//! sidecar and worker processes. Every process is started here and stopped here,
+//! by its own handle, when the cluster drops.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use tenure_testkit::{eventually, NatsServer};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_tenure");
+
+pub struct Daemon {
+    pub name: String,
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Daemon {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits (bounded) for the process to exit by itself.
+    pub fn wait_exit(&mut self, bound: Duration) -> Option<std::process::ExitStatus> {
+        eventually(bound, || self.child.try_wait().ok().flatten())
+    }
+
+    pub fn stop(&mut self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), nix::sys::signal::Signal::SIGTERM);
+        if self.wait_exit(Duration::from_secs(15)).is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+pub struct Cluster {
+    pub nats: NatsServer,
+    pub dir: tempfile::TempDir,
+    pub daemons: Vec<Daemon>,
+    pub session: String,
+}
+
+impl Cluster {
+    /// nats-server, one coordinator, and `workers` workers with their sidecars.
+    pub fn start(workers: usize) -> Cluster {
+        let nats = NatsServer::start().expect("nats-server");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut c = Cluster { nats, dir, daemons: Vec::new(), session: "test-owner".into() };
+        c.spawn("coordinator", &["coordinator", "--name", "c1", "--worker-ttl-ms", "3000"]);
+        for i in 1..=workers {
+            c.start_worker(&format!("w{i}"));
+        }
+        c.wait_workers(workers);
+        c
+    }
+
+    pub fn worker_dir(&self, id: &str) -> PathBuf {
+        self.dir.path().join("workers").join(id)
+    }
+
+    pub fn start_worker(&mut self, id: &str) {
+        let d = self.worker_dir(id).display().to_string();
+        self.spawn(&format!("sidecar-{id}"), &["sidecar", "--worker", id, "--data-dir", &d]);
+        self.spawn(
+            &format!("worker-{id}"),
+            &["worker", "--id", id, "--slots", "4", "--data-dir", &d, "--kill-grace-ms", "2000", "--heartbeat-ms", "300"],
+        );
+    }
+
+    pub fn spawn(&mut self, name: &str, args: &[&str]) -> &mut Daemon {
+        let log = self.dir.path().join(format!("{name}-{}.log", self.daemons.len()));
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(BIN)
+            .arg("--nats")
+            .arg(&self.nats.url)
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("dup"))
+            .stderr(file)
+            .spawn()
+            .expect("spawn tenure daemon");
+        self.daemons.push(Daemon { name: name.into(), child, log });
+        self.daemons.last_mut().expect("just pushed")
+    }
+
+    pub fn daemon(&mut self, name: &str) -> &mut Daemon {
+        self.daemons.iter_mut().rev().find(|d| d.name == name).expect("daemon by name")
+    }
+
+    /// Runs a client verb as this cluster's test session.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        self.cli_as(&self.session, args)
+    }
+
+    pub fn cli_as(&self, session: &str, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .arg("--nats")
+            .arg(&self.nats.url)
+            .arg("--session")
+            .arg(session)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run tenure")
+    }
+
+    /// `submit` that must succeed; returns the task id.
+    pub fn submit(&self, args: &[&str]) -> String {
+        let mut full = vec!["submit"];
+        full.extend_from_slice(args);
+        let out = self.cli(&full);
+        assert!(out.status.success(), "submit failed: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    pub fn snapshot(&self, task: &str) -> serde_json::Value {
+        let out = self.cli(&["get", task, "--json"]);
+        assert!(out.status.success(), "get failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).expect("snapshot json")
+    }
+
+    pub fn wait_status(&self, task: &str, status: &str, bound: Duration) -> serde_json::Value {
+        eventually(bound, || {
+            let s = self.snapshot(task);
+            (s["status"] == status).then_some(s)
+        })
+        .unwrap_or_else(|| panic!("{task} never reached {status}: {}\n{}", self.snapshot(task), self.logs()))
+    }
+
+    pub fn wait_workers(&self, n: usize) {
+        let ok = eventually(Duration::from_secs(30), || {
+            let out = self.cli(&["status", "--json"]);
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            let alive = v["workers"].as_array()?.iter().filter(|w| w["alive"] == true).count();
+            (alive >= n).then_some(())
+        });
+        assert!(ok.is_some(), "workers did not join:\n{}", self.logs());
+    }
+
+    /// Every daemon's log, for failure messages.
+    pub fn logs(&self) -> String {
+        self.daemons.iter().map(|d| format!("---- {} ----\n{}", d.name, d.log_text())).collect()
+    }
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn group_alive(pgid: i32) -> bool {
+    !matches!(
+        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), None),
+        Err(nix::errno::Errno::ESRCH)
+    )
+}
+
+pub fn path_exists(p: &Path) -> bool {
+    p.exists()
+}
