@@ -105,3 +105,62 @@ impl SidecarClient {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+    use tokio::net::UnixListener;
+
+    async fn reply(conn: &mut Connection, reply: &SidecarReply) -> io::Result<()> {
+        conn.send(Bytes::from(encode(reply).unwrap())).await
+    }
+
+    #[tokio::test]
+    async fn a_late_reply_is_never_taken_for_the_next_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let client = SidecarClient::new(&path).with_timeout(Duration::from_millis(200));
+
+        // First connection: the request arrives but the answer comes too late.
+        let first = client.call(&SidecarRequest::List).await;
+        assert!(matches!(first, Err(Error::Unavailable(_))), "{first:?}");
+        let (stream, _) = listener.accept().await.unwrap();
+        let mut slow = Framed::new(stream, frame_codec());
+        assert!(slow.next().await.is_some());
+        // The client dropped that connection when it gave up: the late reply has nowhere to go.
+        let late = SidecarReply::Refused(tenure_protocol::messages::SidecarRefusal::Malformed("late".into()));
+        assert!(reply(&mut slow, &late).await.is_err());
+
+        // The next call opens a new connection and gets its own answer.
+        let server = async {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut conn = Framed::new(stream, frame_codec());
+            let req: SidecarRequest = decode(&conn.next().await.unwrap().unwrap()).unwrap();
+            assert_eq!(req, SidecarRequest::ObserveEpoch(tenure_protocol::Epoch(1)));
+            reply(&mut conn, &SidecarReply::Ok).await.unwrap();
+            conn
+        };
+        let client = client.with_timeout(DEFAULT_CALL_TIMEOUT);
+        let (second, _conn) =
+            tokio::join!(client.call(&SidecarRequest::ObserveEpoch(tenure_protocol::Epoch(1))), server);
+        assert_eq!(second, Ok(SidecarReply::Ok));
+    }
+
+    #[tokio::test]
+    async fn no_sidecar_is_unavailable_and_oversized_requests_are_not_sent() {
+        let tmp = tempfile::tempdir().unwrap();
+        let client = SidecarClient::new(tmp.path().join("none.sock"));
+        assert!(matches!(client.call(&SidecarRequest::List).await, Err(Error::Unavailable(_))));
+        let mut grant = tenure_protocol::messages::LeaseGrant {
+            task: "shell-1".parse().unwrap(),
+            attempt: tenure_protocol::Attempt(1),
+            epoch: tenure_protocol::Epoch(1),
+            owner: "a".parse().unwrap(),
+            spec: tenure_protocol::TaskSpec::shell("l", "x"),
+        };
+        grant.spec.command = "x".repeat(tenure_protocol::MAX_MESSAGE_BYTES);
+        assert!(matches!(client.call(&SidecarRequest::Accept(grant)).await, Err(Error::Encode(_))));
+    }
+}

@@ -343,6 +343,7 @@ async fn serve_output(client: async_nats::Client, subject: String, store: StoreH
             warn!(%error, "cannot send an output reply");
         }
     }
+    warn!(subject, "the output subscription ended; output reads are no longer served");
 }
 
 async fn read_output(store: &StoreHandle, layout: &Layout, payload: &[u8]) -> OutputReply {

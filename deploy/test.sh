@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, and every test (unit, pure-core
+# tables and properties, and integration tests that start their own
+# nats-server on a free loopback port and the real tenure binaries).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+nats="$(deploy/install-nats.sh)"
+export PATH="$(dirname "$nats"):$PATH"
+echo "== nats-server: $("$nats" --version)"
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+echo "== tests"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --test-threads 2 --no-fail-fast
+else
+  cargo test --workspace --no-fail-fast -- --test-threads 2
+fi
