@@ -240,6 +240,7 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
 /// Reads output by offset from the sidecar of the task's worker machine; with
 /// `follow`, keeps reading until the attempt has ended and every byte is out.
 async fn logs(api: &Api, task: &TaskId, follow: bool, mut offset: u64) -> anyhow::Result<()> {
+    const IDLE_MAX: Duration = Duration::from_millis(250);
     let mut stdout = std::io::stdout().lock();
     let mut snapshot = api.snapshot(task).await?;
     let mut idle = Duration::from_millis(20);
@@ -271,25 +272,15 @@ async fn logs(api: &Api, task: &TaskId, follow: bool, mut offset: u64) -> anyhow
             idle = Duration::from_millis(20);
             continue;
         }
-        if !follow || chunk.finished {
+        // Everything written so far is out. Done unless following a live attempt.
+        if !follow || chunk.finished || snapshot.status.is_terminal() {
             return Ok(());
         }
         tokio::time::sleep(idle).await;
-        idle = (idle * 2).min(Duration::from_millis(250));
-        if idle == Duration::from_millis(250) {
+        idle = (idle * 2).min(IDLE_MAX);
+        if idle == IDLE_MAX {
+            // A quiet task: check whether it ended or moved to another worker.
             snapshot = api.snapshot(task).await?;
-            if snapshot.status.is_terminal() && snapshot.worker.as_ref() == Some(&worker) {
-                // One more read catches bytes written just before the end.
-                idle = Duration::from_millis(20);
-                let last: OutputReply =
-                    tenure_transport::request(&api.client, subjects::output(&worker), &req, API_TIMEOUT).await?;
-                let last = last?;
-                stdout.write_all(&last.data)?;
-                if last.data.is_empty() {
-                    return Ok(());
-                }
-                offset = last.next_offset;
-            }
         }
     }
 }

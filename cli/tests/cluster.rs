@@ -124,8 +124,11 @@ fn garbage_on_every_subject_gets_a_typed_error_and_breaks_nothing() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let client = async_nats::connect(&c.nats.url).await.unwrap();
-        let garbage: Vec<bytes::Bytes> =
-            vec![bytes::Bytes::new(), bytes::Bytes::from_static(b"\x01\xff\xfe garbage"), bytes::Bytes::from_static(b"\x07v9")];
+        let garbage: Vec<bytes::Bytes> = vec![
+            bytes::Bytes::new(),
+            bytes::Bytes::from_static(b"\x01\xff\xfe garbage"),
+            bytes::Bytes::from_static(b"\x07v9"),
+        ];
         let w1: tenure_protocol::WorkerId = "w1".parse().unwrap();
         for payload in garbage {
             // Request/reply subjects answer with a typed refusal.
@@ -136,7 +139,10 @@ fn garbage_on_every_subject_gets_a_typed_error_and_breaks_nothing() {
             let reply = client.request(tenure_protocol::subjects::worker_commands(&w1), payload.clone()).await.unwrap();
             let cmd: tenure_protocol::messages::WorkerReply = tenure_protocol::decode(&reply.payload).unwrap();
             assert!(
-                matches!(cmd, tenure_protocol::messages::WorkerReply::Refused(tenure_protocol::messages::Refusal::Malformed(_))),
+                matches!(
+                    cmd,
+                    tenure_protocol::messages::WorkerReply::Refused(tenure_protocol::messages::Refusal::Malformed(_))
+                ),
                 "{cmd:?}"
             );
 

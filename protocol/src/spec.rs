@@ -118,7 +118,8 @@ mod tests {
     #[test]
     fn refuses_each_bad_field() {
         let base = TaskSpec::shell("l", "echo hi");
-        let cases: Vec<(TaskSpec, fn(&SpecError) -> bool)> = vec![
+        type Check = fn(&SpecError) -> bool;
+        let cases: Vec<(TaskSpec, Check)> = vec![
             (TaskSpec { command: "  ".into(), ..base.clone() }, |e| *e == SpecError::EmptyCommand),
             (TaskSpec { command: "a\0b".into(), ..base.clone() }, |e| matches!(e, SpecError::NulByte(_))),
             (TaskSpec { command: "x".repeat(MAX_COMMAND_BYTES + 1), ..base.clone() }, |e| {

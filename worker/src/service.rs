@@ -19,7 +19,7 @@ use tenure_protocol::messages::{
     SidecarRequest, WorkerCommand, WorkerReply,
 };
 use tenure_protocol::{subjects, Attempt, Ending, Epoch, Kind, Outcome, TaskId, WorkerId};
-use tenure_sidecar::{Layout, SidecarClient};
+use tenure_sidecar::{ClientError, Layout, SidecarClient};
 use tokio::sync::Notify;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -172,11 +172,14 @@ async fn sidecar_insist(shared: &Shared, req: SidecarRequest) -> SidecarReply {
     loop {
         match shared.sidecar.call(&req).await {
             Ok(reply) => return reply,
-            Err(error) => {
+            Err(ClientError::Unavailable(error)) => {
                 tracing::warn!(%error, "sidecar unavailable; retrying");
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(1));
             }
+            // A request that cannot be encoded, or a reply that cannot be read,
+            // will not get better by repeating it.
+            Err(error) => return SidecarReply::Refused(SidecarRefusal::Malformed(error.to_string())),
         }
     }
 }
@@ -242,6 +245,9 @@ async fn on_kill(shared: &Shared, cmd: KillCommand) -> WorkerReply {
 async fn supervise(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify>) {
     let (task, attempt, epoch) = (grant.task.clone(), grant.attempt, grant.epoch);
     // Intent before effect: the process is spawned only after this is durable.
+    // The intent carries the newest epoch this machine has seen, so a leader
+    // change between accept and intent re-stamps the attempt instead of refusing it.
+    let epoch = epoch.max(shared.epoch_seen());
     match sidecar_insist(&shared, SidecarRequest::Intent { task: task.clone(), attempt, epoch }).await {
         SidecarReply::Ok => {}
         refusal => {

@@ -81,7 +81,19 @@ impl Cluster {
         self.spawn(&format!("sidecar-{id}"), &["sidecar", "--worker", id, "--data-dir", &d]);
         self.spawn(
             &format!("worker-{id}"),
-            &["worker", "--id", id, "--slots", "4", "--data-dir", &d, "--kill-grace-ms", "2000", "--heartbeat-ms", "300"],
+            &[
+                "worker",
+                "--id",
+                id,
+                "--slots",
+                "4",
+                "--data-dir",
+                &d,
+                "--kill-grace-ms",
+                "2000",
+                "--heartbeat-ms",
+                "300",
+            ],
         );
     }
 
@@ -171,10 +183,7 @@ pub fn stderr(o: &Output) -> String {
 }
 
 pub fn group_alive(pgid: i32) -> bool {
-    !matches!(
-        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), None),
-        Err(nix::errno::Errno::ESRCH)
-    )
+    !matches!(nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), None), Err(nix::errno::Errno::ESRCH))
 }
 
 pub fn path_exists(p: &Path) -> bool {
