@@ -71,25 +71,6 @@ impl FromStr for Kind {
     }
 }
 
-impl TryFrom<String> for Kind {
-    type Error = IdError;
-    fn try_from(s: String) -> Result<Self, IdError> {
-        s.parse()
-    }
-}
-
-impl From<Kind> for String {
-    fn from(k: Kind) -> String {
-        k.0
-    }
-}
-
-impl fmt::Display for Kind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 /// A task's stable identity `<kind>-N`. N is cluster-wide, monotonic and never reused,
 /// so N alone is unique; the kind prefix is for humans and routing.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -134,19 +115,6 @@ impl FromStr for TaskId {
     }
 }
 
-impl TryFrom<String> for TaskId {
-    type Error = IdError;
-    fn try_from(s: String) -> Result<Self, IdError> {
-        s.parse()
-    }
-}
-
-impl From<TaskId> for String {
-    fn from(t: TaskId) -> String {
-        t.to_string()
-    }
-}
-
 impl fmt::Display for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}-{}", self.kind, self.n)
@@ -179,25 +147,6 @@ impl FromStr for WorkerId {
     }
 }
 
-impl TryFrom<String> for WorkerId {
-    type Error = IdError;
-    fn try_from(s: String) -> Result<Self, IdError> {
-        s.parse()
-    }
-}
-
-impl From<WorkerId> for String {
-    fn from(w: WorkerId) -> String {
-        w.0
-    }
-}
-
-impl fmt::Display for WorkerId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 /// The session that owns a task. Authorization compares sessions for equality.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -222,24 +171,39 @@ impl FromStr for SessionId {
     }
 }
 
-impl TryFrom<String> for SessionId {
-    type Error = IdError;
-    fn try_from(s: String) -> Result<Self, IdError> {
-        s.parse()
-    }
+/// The serde plumbing shared by the string-shaped ids: they travel as strings and
+/// are validated by `FromStr` on the way in. With `newtype`, also `Display` of
+/// the wrapped string.
+macro_rules! string_id {
+    ($t:ty) => {
+        impl TryFrom<String> for $t {
+            type Error = IdError;
+            fn try_from(s: String) -> Result<Self, IdError> {
+                s.parse()
+            }
+        }
+
+        impl From<$t> for String {
+            fn from(v: $t) -> String {
+                v.to_string()
+            }
+        }
+    };
+    ($t:ty, newtype) => {
+        string_id!($t);
+
+        impl fmt::Display for $t {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
 }
 
-impl From<SessionId> for String {
-    fn from(s: SessionId) -> String {
-        s.0
-    }
-}
-
-impl fmt::Display for SessionId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+string_id!(Kind, newtype);
+string_id!(TaskId);
+string_id!(WorkerId, newtype);
+string_id!(SessionId, newtype);
 
 /// Fencing token of a coordinator's leadership term. Strictly increases at each
 /// takeover; anything carrying a lower epoch than one already seen is refused.
