@@ -58,7 +58,7 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
             }
             let spec = TaskSpec {
                 kind,
-                label: label.unwrap_or_else(|| line.chars().take(120).collect()),
+                label: label.unwrap_or_else(|| line.lines().next().unwrap_or("").chars().take(120).collect()),
                 command: line,
                 cwd,
                 env: env_map,
@@ -124,9 +124,19 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 let wait_ms = left.map(|l| l.as_millis() as u64).unwrap_or(MAX_WAIT_MS).min(MAX_WAIT_MS);
                 let req = ApiRequest::Wait { session: api.session.clone(), task: task.clone(), timeout_ms: wait_ms };
-                let ApiResponse::Waited { finished, snapshot } =
-                    api.call(&req, Duration::from_millis(wait_ms) + API_TIMEOUT).await?
-                else {
+                let reply = match api.call(&req, Duration::from_millis(wait_ms) + API_TIMEOUT).await {
+                    // A coordinator restart or a NATS hiccup is not the task's end: keep waiting.
+                    Err(e) if e.downcast_ref::<tenure_transport::Error>().is_some() => {
+                        if deadline.is_some_and(|d| Instant::now() >= d) {
+                            return Err(e);
+                        }
+                        tracing::warn!(error = %e, "wait interrupted; retrying");
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                        continue;
+                    }
+                    other => other?,
+                };
+                let ApiResponse::Waited { finished, snapshot } = reply else {
                     bail!("unexpected reply");
                 };
                 if finished || left.is_some_and(|l| l.is_zero()) || deadline.is_some_and(|d| Instant::now() >= d) {

@@ -133,6 +133,9 @@ pub struct Core {
     next_n: u64,
     /// When a grant or kill was last sent for a task.
     sent: HashMap<TaskId, Duration>,
+    /// A task given back by a refusal is not granted again before this time, so a
+    /// worker that keeps refusing (sidecar down, full) is not hammered.
+    not_before: HashMap<TaskId, Duration>,
     waiters: HashMap<TaskId, Vec<Waiter>>,
     known_kinds: BTreeSet<Kind>,
 }
@@ -153,6 +156,7 @@ impl Core {
             workers: BTreeMap::new(),
             next_n: 1,
             sent: HashMap::new(),
+            not_before: HashMap::new(),
             waiters: HashMap::new(),
         };
         for r in records {
@@ -417,6 +421,7 @@ impl Core {
                 let never_held = !is_kill || reason == Refusal::UnknownAttempt;
                 if never_held {
                     self.event(&task, Event::Refused { attempt, epoch }, now, fx);
+                    self.not_before.insert(task, now.mono + self.cfg.grant_retry / 2);
                 }
             }
         }
@@ -518,6 +523,10 @@ impl Core {
             if free.is_empty() {
                 break;
             }
+            if self.not_before.get(&task).is_some_and(|t| *t > now.mono) {
+                continue;
+            }
+            self.not_before.remove(&task);
             let Some(kind) = self.tasks.get(&task).map(|r| r.spec.kind.clone()) else { continue };
             let best = free
                 .iter()
@@ -600,6 +609,9 @@ impl Core {
             self.index(task, Some(before), after);
             if !after.is_on_worker() {
                 self.sent.remove(task);
+            }
+            if after.is_terminal() {
+                self.not_before.remove(task);
             }
         }
         Some(decision)

@@ -306,7 +306,11 @@ fn refused_grants_requeue_and_a_newer_epoch_deposes_the_leader() {
         command: WorkerCommand::Grant(grant.clone()),
         result: Ok(WorkerReply::Refused(Refusal::NoSlot)),
     });
-    // Requeued and immediately granted again as attempt 2.
+    // Requeued, and held back a moment before it is granted again as attempt 2.
+    assert!(grants(&fx).is_empty());
+    assert_eq!(h.status(&t), Status::Queued);
+    h.advance(Duration::from_millis(600));
+    let fx = h.input(Input::Tick);
     assert_eq!(grants(&fx).pop().unwrap().1.attempt, Attempt(2));
     assert_eq!(h.status(&t), Status::Leased);
     let fx = h.input(Input::CommandResult {

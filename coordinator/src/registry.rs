@@ -5,8 +5,10 @@
 //! sequence (`Nats-Expected-Last-Sequence`). The leader is the only writer, so it
 //! knows that sequence; a new leader's claim moves it, after which every append
 //! of a deposed leader fails with [`Error::Fenced`] — whatever the deposed leader
-//! believes about its lease. Retries of one append reuse its `Nats-Msg-Id`, so a
-//! write whose ack was lost is deduplicated instead of being mistaken for fencing.
+//! believes about its lease. Retries of one append reuse its `Nats-Msg-Id` (a
+//! per-process nonce and the expected sequence), so a write whose ack was lost is
+//! deduplicated instead of being mistaken for fencing; JetStream checks ids before
+//! sequences, which is why ids must never collide across coordinators.
 
 use std::time::Duration;
 
@@ -42,6 +44,9 @@ pub struct Registry {
     js: jetstream::Context,
     last_seq: u64,
     epoch: Epoch,
+    /// Unique per process: message ids of two coordinators never collide, so
+    /// deduplication can only ever match this process's own retries.
+    nonce: uuid::Uuid,
 }
 
 /// How long one append keeps retrying through a NATS outage before giving up.
@@ -85,7 +90,7 @@ impl Registry {
             }
         }
         let epoch = loaded.last_claim.as_ref().map(|c| c.epoch).unwrap_or_default();
-        Ok((Registry { js, last_seq: state.last_sequence, epoch }, loaded))
+        Ok((Registry { js, last_seq: state.last_sequence, epoch, nonce: uuid::Uuid::new_v4() }, loaded))
     }
 
     /// Claims the next epoch: appends a claim conditional on the sequence this
@@ -111,7 +116,7 @@ impl Registry {
     async fn append(&mut self, subject: String, entry: &RegistryEntry) -> Result<(), Error> {
         let payload: bytes::Bytes = tenure_protocol::encode(entry).map_err(|e| Error::Encode(e.to_string()))?.into();
         let expected = self.last_seq;
-        let msg_id = format!("{}:{}", self.epoch.next().0, expected);
+        let msg_id = format!("{}:{}", self.nonce, expected);
         let policy = backoff::ExponentialBackoff {
             initial_interval: Duration::from_millis(50),
             max_interval: Duration::from_secs(1),
@@ -125,6 +130,11 @@ impl Registry {
                 .message_id(&msg_id);
             let ack = self.js.send_publish(subject.clone(), publish).await.map_err(|e| classify(e, expected))?;
             let ack = ack.await.map_err(|e| classify(e, expected))?;
+            // A duplicate is our own earlier try whose ack was lost; it must have
+            // landed exactly where we expected, or someone else wrote in between.
+            if ack.duplicate && ack.sequence != expected + 1 {
+                return Err(backoff::Error::permanent(Error::Fenced { expected }));
+            }
             Ok(ack.sequence)
         })
         .await?;

@@ -132,7 +132,8 @@ pub struct TaskSnapshot {
     pub created_at_ms: u64,
     pub started_at_ms: Option<u64>,
     pub finished_at_ms: Option<u64>,
-    /// A kill, wait or read delivered the terminal state to the owner.
+    /// A kill or a wait delivered the terminal state to the owner (`get` and
+    /// `ls` never set it).
     pub reported: bool,
 }
 

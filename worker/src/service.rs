@@ -118,13 +118,23 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         .await
         .map_err(|e| Error::Subscribe(e.to_string()))?;
     let instance = Uuid::new_v4();
-    let mut beat = tokio::time::interval(shared.opts.heartbeat);
+    // Heartbeats run apart from command handling, so a slow sidecar call never
+    // makes a live worker look lost.
+    let beats = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let mut beat = tokio::time::interval(shared.opts.heartbeat);
+            loop {
+                beat.tick().await;
+                heartbeat(&shared, instance).await;
+            }
+        })
+    };
     tracing::info!(worker = %shared.opts.id, slots = shared.opts.slots, %instance, "worker ready");
     tokio::pin!(shutdown);
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
-            _ = beat.tick() => heartbeat(&shared, instance).await,
             Some(msg) = commands.next() => {
                 let reply = match tenure_protocol::decode::<WorkerCommand>(&msg.payload) {
                     Ok(WorkerCommand::Grant(grant)) => on_grant(&shared, grant).await,
@@ -141,6 +151,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         }
     }
     stop_running(&shared).await;
+    beats.abort();
     Ok(())
 }
 
@@ -269,7 +280,10 @@ async fn supervise(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify>) {
                 tokio::spawn(async move { report_until_acked(&shared, &grant, ReportEvent::Started { pid }).await })
             };
             let outcome = running.finish(kill.notified(), shared.opts.kill_grace).await;
-            let _ = reporter.await;
+            // Nothing waits on the network before the outcome is buffered (in
+            // `finalize`); the finished report supersedes a started report that
+            // is still being retried.
+            reporter.abort();
             outcome
         }
     };
