@@ -203,3 +203,26 @@ fn ids_survive_a_coordinator_restart_and_a_second_coordinator_fences_the_first()
     let snap = c.wait_status(&third, "completed", BOUND);
     assert_eq!(snap["epoch"], 3);
 }
+
+#[test]
+fn a_completion_buffered_while_the_coordinator_is_down_is_delivered_once_after_restarts() {
+    let mut c = Cluster::start(1);
+    let task = c.submit(&["--", "sleep 1; echo finished-once"]);
+    c.wait_status(&task, "running", BOUND);
+    // The leader dies; the task finishes while nobody can acknowledge it.
+    let coordinator = c.daemon("coordinator");
+    coordinator.child.kill().unwrap();
+    coordinator.child.wait().unwrap();
+    let output = c.worker_dir("w1").join("output").join(format!("{task}.out"));
+    let finished = eventually(BOUND, || std::fs::read_to_string(&output).ok().filter(|s| s.contains("finished-once")));
+    assert!(finished.is_some(), "task did not finish:\n{}", c.logs());
+    // The worker goes too: the outcome now lives only in the sidecar.
+    c.daemon("worker-w1").stop();
+
+    c.spawn("coordinator", &["coordinator", "--name", "c2", "--worker-ttl-ms", "3000"]);
+    let d = c.worker_dir("w1").display().to_string();
+    c.spawn("worker-w1", &["worker", "--id", "w1", "--slots", "4", "--data-dir", &d, "--heartbeat-ms", "300"]);
+    let snap = c.wait_status(&task, "completed", BOUND);
+    assert_eq!((snap["attempt"].as_u64(), snap["exit_code"].as_i64()), (Some(1), Some(0)));
+    assert_eq!(std::fs::read_to_string(&output).unwrap(), "finished-once\n", "the task ran more than once");
+}

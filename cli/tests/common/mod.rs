@@ -150,12 +150,15 @@ impl Cluster {
         serde_json::from_slice(&out.stdout).expect("snapshot json")
     }
 
+    /// The snapshot, or `None` while no coordinator answers (e.g. during a restart).
+    pub fn try_snapshot(&self, task: &str) -> Option<serde_json::Value> {
+        let out = self.cli(&["get", task, "--json"]);
+        out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
+    }
+
     pub fn wait_status(&self, task: &str, status: &str, bound: Duration) -> serde_json::Value {
-        eventually(bound, || {
-            let s = self.snapshot(task);
-            (s["status"] == status).then_some(s)
-        })
-        .unwrap_or_else(|| panic!("{task} never reached {status}: {}\n{}", self.snapshot(task), self.logs()))
+        eventually(bound, || self.try_snapshot(task).filter(|s| s["status"] == status))
+            .unwrap_or_else(|| panic!("{task} never reached {status}: {:?}\n{}", self.try_snapshot(task), self.logs()))
     }
 
     pub fn wait_workers(&self, n: usize) {
