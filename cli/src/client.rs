@@ -186,9 +186,11 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Coordinator { .. } | Command::Worker { .. } | Command::Sidecar { .. } | Command::Dev { .. } => {
-            bail!("not a client verb")
-        }
+        Command::Coordinator { .. }
+        | Command::Worker { .. }
+        | Command::Sidecar { .. }
+        | Command::Dev { .. }
+        | Command::Monitor { .. } => bail!("not a client verb"),
     }
 }
 
@@ -234,6 +236,9 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     println!("status:     {}", s.status);
     println!("detail:     {}", opt(s.detail.clone()));
     println!("exit code:  {}", opt(s.exit_code.map(|c| c.to_string())));
+    if s.output_dropped > 0 {
+        println!("dropped:    {} output bytes past the cap", s.output_dropped);
+    }
     println!("attempt:    {} (epoch {})", s.attempt, s.epoch);
     println!("worker:     {}", opt(s.worker.as_ref().map(ToString::to_string)));
     println!("idempotent: {}", s.idempotent);

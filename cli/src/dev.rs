@@ -120,7 +120,10 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
         let dir = data.join("workers").join(&id).display().to_string();
         plan.push((format!("sidecar-{id}"), tenure(&["sidecar", "--worker", &id, "--data-dir", &dir])));
         let slots = opts.slots.to_string();
-        plan.push((format!("worker-{id}"), tenure(&["worker", "--id", &id, "--slots", &slots, "--data-dir", &dir])));
+        plan.push((
+            format!("worker-{id}"),
+            tenure(&["worker", "--id", &id, "--slots", &slots, "--data-dir", &dir, "--kill-tasks-on-exit"]),
+        ));
     }
 
     let mut running: Vec<Running> = Vec::new();

@@ -56,6 +56,27 @@ enum Command {
         kill_grace_ms: u64,
         #[arg(long, default_value_t = 1000)]
         heartbeat_ms: u64,
+        /// Output bytes kept per task; past it bytes are dropped and counted.
+        #[arg(long, default_value_t = tenure_worker::monitor::DEFAULT_OUTPUT_CAP)]
+        output_cap: u64,
+        /// End running tasks when the worker stops (default: they keep running
+        /// under their monitors and a restarted worker re-attaches to them).
+        #[arg(long)]
+        kill_tasks_on_exit: bool,
+    },
+    /// Internal: the per-task monitor a worker starts for each attempt.
+    #[command(hide = true)]
+    Monitor {
+        #[arg(long)]
+        data_dir: PathBuf,
+        #[arg(long)]
+        task: TaskId,
+        #[arg(long)]
+        attempt: u32,
+        #[arg(long)]
+        output_cap: u64,
+        #[arg(long)]
+        kill_grace_ms: u64,
     },
     /// Run a worker machine's sidecar (its recovery store).
     Sidecar {
@@ -170,6 +191,19 @@ async fn shutdown_signal() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The monitor runs its own small runtime after detaching; it must not start
+    // inside this process's multi-threaded one.
+    if let Command::Monitor { data_dir, task, attempt, output_cap, kill_grace_ms } = cli.command {
+        init_logging(false);
+        let args = tenure_worker::monitor::MonitorArgs {
+            data_dir,
+            task,
+            attempt: tenure_protocol::Attempt(attempt),
+            output_cap,
+            kill_grace: Duration::from_millis(kill_grace_ms),
+        };
+        return ExitCode::from(tenure_worker::monitor::run(args) as u8);
+    }
     let daemon = matches!(
         cli.command,
         Command::Coordinator { .. } | Command::Worker { .. } | Command::Sidecar { .. } | Command::Dev { .. }
@@ -200,11 +234,14 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             tenure_coordinator::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Worker { id, slots, data_dir, kill_grace_ms, heartbeat_ms } => {
+        Command::Worker { id, slots, data_dir, kill_grace_ms, heartbeat_ms, output_cap, kill_tasks_on_exit } => {
             let mut opts = tenure_worker::Options::new(nats, id, data_dir);
             opts.slots = slots;
             opts.kill_grace = Duration::from_millis(kill_grace_ms);
             opts.heartbeat = Duration::from_millis(heartbeat_ms.max(50));
+            opts.output_cap = output_cap;
+            opts.kill_tasks_on_exit = kill_tasks_on_exit;
+            opts.monitor_program = std::env::current_exe()?;
             tenure_worker::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }

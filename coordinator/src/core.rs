@@ -340,6 +340,9 @@ impl Core {
                 })
                 .collect(),
             tasks_by_status: counts.into_iter().collect(),
+            // Filled in by the driver, which owns the lease.
+            leader: None,
+            standbys: Vec::new(),
         }
     }
 
@@ -379,6 +382,7 @@ impl Core {
             ReportEvent::Started { .. } => Event::Started { attempt: report.attempt, epoch: report.epoch },
             ReportEvent::Finished(outcome) => Event::Finished { attempt: report.attempt, epoch: report.epoch, outcome },
             ReportEvent::NotStarted { .. } => Event::Refused { attempt: report.attempt, epoch: report.epoch },
+            ReportEvent::Lost(hint) => Event::Lost { attempt: report.attempt, epoch: report.epoch, hint },
         };
         match self.event(&report.task, event, now, fx) {
             Some(Decision::Changed(_))

@@ -90,7 +90,7 @@ fn grants(fx: &[Effect]) -> Vec<(WorkerId, LeaseGrant)> {
 }
 
 fn completed() -> ReportEvent {
-    ReportEvent::Finished(Outcome { ending: Ending::Completed, exit_code: Some(0), detail: None })
+    ReportEvent::Finished(Outcome::new(Ending::Completed, Some(0), None))
 }
 
 #[test]
@@ -270,8 +270,7 @@ fn kill_paths() {
     h.advance(Duration::from_secs(3));
     let fx = h.input(Input::Tick);
     assert!(fx.iter().any(|e| matches!(e, Effect::Command { command: WorkerCommand::Kill(_), .. })));
-    let killed =
-        ReportEvent::Finished(Outcome { ending: Ending::Killed, exit_code: None, detail: Some("signal 15".into()) });
+    let killed = ReportEvent::Finished(Outcome::new(Ending::Killed, None, Some("signal 15".into())));
     assert_eq!(h.report("w1", &running, 1, killed), ReportAck::Ack);
     assert_eq!(h.status(&running), Status::Killed);
     let (_, reply) = h.api(ApiRequest::Kill { session: s("s"), task: running.clone() });

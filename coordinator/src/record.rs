@@ -33,6 +33,7 @@ impl TaskRecord {
             status: self.life.status,
             detail: outcome.and_then(|o| o.detail.clone()),
             exit_code: outcome.and_then(|o| o.exit_code),
+            output_dropped: outcome.map(|o| o.output_dropped).unwrap_or(0),
             attempt: self.life.attempt,
             epoch: self.life.epoch,
             worker: self.life.worker.clone(),

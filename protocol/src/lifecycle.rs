@@ -106,6 +106,15 @@ pub struct Outcome {
     pub exit_code: Option<i32>,
     /// Kind-specific detail ("exit code: 3", "signal 9", "spawn failed: …").
     pub detail: Option<String>,
+    /// Output bytes dropped past the per-task cap.
+    #[serde(default)]
+    pub output_dropped: u64,
+}
+
+impl Outcome {
+    pub fn new(ending: Ending, exit_code: Option<i32>, detail: Option<String>) -> Outcome {
+        Outcome { ending, exit_code, detail, output_dropped: 0 }
+    }
 }
 
 /// Machine-readable tag of a [`RecoveryHint`].
@@ -118,6 +127,8 @@ pub enum HintTag {
     WorkerLost,
     /// The worker machine's recovery records for the attempt were unreadable.
     SidecarCorrupt,
+    /// The worker cannot be reached; its sidecar's evidence will settle the task.
+    WorkerUnreachable,
 }
 
 impl HintTag {
@@ -126,6 +137,7 @@ impl HintTag {
             HintTag::MaybeRan => "maybe-ran",
             HintTag::WorkerLost => "worker-lost",
             HintTag::SidecarCorrupt => "sidecar-corrupt",
+            HintTag::WorkerUnreachable => "worker-unreachable",
         }
     }
 }
@@ -185,6 +197,9 @@ pub enum Event {
     KillRequested,
     /// The leader judged `worker` lost (no heartbeat for the worker TTL).
     WorkerLost { worker: WorkerId },
+    /// The worker machine proved the attempt's process gone without exit
+    /// evidence (its monitor died with it, or its records are unreadable).
+    Lost { attempt: Attempt, epoch: Epoch, hint: RecoveryHint },
 }
 
 /// Why an event changed nothing.
@@ -257,11 +272,7 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                 Stopping | Unknown if l.kill_requested => {
                     next.status = Killed;
                     next.hint = None;
-                    next.outcome = Some(Outcome {
-                        ending: Ending::Killed,
-                        exit_code: None,
-                        detail: Some("killed before it started".into()),
-                    });
+                    next.outcome = Some(Outcome::new(Ending::Killed, None, Some("killed before it started".into())));
                     Changed(next)
                 }
                 // Proof that the attempt never started settles an unknown task:
@@ -301,15 +312,30 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
             next.hint = None;
             Changed(next)
         }
+        Event::Lost { attempt, epoch, hint } => {
+            if !is_current(l, *attempt, *epoch) {
+                return Keep(Unchanged::Stale);
+            }
+            match l.status {
+                // Without exit evidence nothing proves the outcome, idempotent or
+                // not: the task waits, unknown, for an operator or late evidence.
+                Leased | Running | Stopping | Unknown => {
+                    next.status = Unknown;
+                    next.hint = Some(hint.clone());
+                    if next == *l {
+                        Keep(Unchanged::Duplicate)
+                    } else {
+                        Changed(next)
+                    }
+                }
+                _ => Keep(Unchanged::NotApplicable),
+            }
+        }
         Event::KillRequested => match l.status {
             Queued => {
                 next.status = Killed;
                 next.kill_requested = true;
-                next.outcome = Some(Outcome {
-                    ending: Ending::Killed,
-                    exit_code: None,
-                    detail: Some("killed while queued".into()),
-                });
+                next.outcome = Some(Outcome::new(Ending::Killed, None, Some("killed while queued".into())));
                 Changed(next)
             }
             Leased | Running => {

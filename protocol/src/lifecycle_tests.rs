@@ -9,7 +9,11 @@ fn w(s: &str) -> WorkerId {
 }
 
 fn outcome(ending: Ending) -> Outcome {
-    Outcome { ending, exit_code: None, detail: None }
+    Outcome::new(ending, None, None)
+}
+
+fn hint() -> RecoveryHint {
+    RecoveryHint { tag: HintTag::MaybeRan, message: "monitor gone, no exit status".into() }
 }
 
 /// The event columns of the table, in order.
@@ -31,6 +35,8 @@ fn events() -> Vec<(&'static str, Event)> {
         ("kill", Event::KillRequested),
         ("lost-holder", Event::WorkerLost { worker: w("w1") }),
         ("lost-other", Event::WorkerLost { worker: w("w9") }),
+        ("attempt-lost", Event::Lost { attempt: cur, epoch: e, hint: hint() }),
+        ("attempt-lost-old", Event::Lost { attempt: old, epoch: e, hint: hint() }),
     ]
 }
 
@@ -39,15 +45,15 @@ fn events() -> Vec<(&'static str, Event)> {
 /// idempotent one. A cell is the resulting status letter, or `.` for "unchanged".
 /// Q queued, L leased, R running, S stopping, C completed, K killed, F failed, U unknown.
 const TABLE: &str = "
-    queued     L . . . . R . C F K . K . .  |  L . . . . R . C F K . K . .
-    leased     . . Q . . R . C F K . S U .  |  . . Q . . R . C F K . S Q .
-    running    . . . . . . . C F K . S U .  |  . . . . . . . C F K . S Q .
-    stopping+k . . K . . . . C F K . . S .  |  . . K . . . . C F K . . S .
-    completed  . . . . . . . . . . . . . .  |  . . . . . . . . . . . . . .
-    killed     . . . . . . . . . . . . . .  |  . . . . . . . . . . . . . .
-    failed     . . . . . . . . . . . . . .  |  . . . . . . . . . . . . . .
-    unknown    . . Q . . R . C F K . U . .  |  . . Q . . R . C F K . U . .
-    unknown+k  . . K . . S . C F K . . . .  |  . . K . . S . C F K . . . .
+    queued     L . . . . R . C F K . K . . . .  |  L . . . . R . C F K . K . . . .
+    leased     . . Q . . R . C F K . S U . U .  |  . . Q . . R . C F K . S Q . U .
+    running    . . . . . . . C F K . S U . U .  |  . . . . . . . C F K . S Q . U .
+    stopping+k . . K . . . . C F K . . S . U .  |  . . K . . . . C F K . . S . U .
+    completed  . . . . . . . . . . . . . . . .  |  . . . . . . . . . . . . . . . .
+    killed     . . . . . . . . . . . . . . . .  |  . . . . . . . . . . . . . . . .
+    failed     . . . . . . . . . . . . . . . .  |  . . . . . . . . . . . . . . . .
+    unknown    . . Q . . R . C F K . U . . U .  |  . . Q . . R . C F K . U . . U .
+    unknown+k  . . K . . S . C F K . . . . U .  |  . . K . . S . C F K . . . . U .
 ";
 
 fn letter(s: Status) -> char {
@@ -106,7 +112,7 @@ fn every_status_event_pair_matches_the_table() {
             }
         }
     }
-    assert_eq!(checked, 9 * 14 * 2);
+    assert_eq!(checked, 9 * 16 * 2);
 }
 
 #[test]
@@ -157,6 +163,11 @@ fn arb_event() -> impl Strategy<Value = Event> {
         }),
         Just(Event::KillRequested),
         worker.prop_map(|worker| Event::WorkerLost { worker }),
+        ((0u32..4).prop_map(Attempt), (0u64..4).prop_map(Epoch)).prop_map(|(attempt, epoch)| Event::Lost {
+            attempt,
+            epoch,
+            hint: hint()
+        }),
     ]
 }
 

@@ -122,6 +122,8 @@ pub struct TaskSnapshot {
     pub status: Status,
     pub detail: Option<String>,
     pub exit_code: Option<i32>,
+    /// Output bytes dropped past the worker's per-task cap.
+    pub output_dropped: u64,
     pub attempt: Attempt,
     pub epoch: Epoch,
     pub worker: Option<WorkerId>,
@@ -142,6 +144,45 @@ pub struct ClusterStatus {
     pub leader_epoch: Epoch,
     pub workers: Vec<WorkerStatus>,
     pub tasks_by_status: Vec<(Status, u64)>,
+    /// The coordinator that answered (the leader) and its lease.
+    #[serde(default)]
+    pub leader: Option<LeaderStatus>,
+    /// Standby coordinators the leader heard from in the last 5 s.
+    #[serde(default)]
+    pub standbys: Vec<StandbyStatus>,
+}
+
+/// The leader's view of its own lease. Durations are on the leader's clock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderStatus {
+    pub name: String,
+    /// Name and per-process nonce: unique to one coordinator process.
+    pub holder: String,
+    pub epoch: Epoch,
+    /// Milliseconds since the last successful lease renewal was sent.
+    pub lease_age_ms: u64,
+    pub renewals: u64,
+    pub lease_ttl_ms: u64,
+    /// From judging the previous lease expired (or absent) to registry loaded
+    /// and epoch claimed.
+    pub adopted_in_ms: u64,
+}
+
+/// A standby coordinator as the leader last heard of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StandbyStatus {
+    pub name: String,
+    pub holder: String,
+    /// Milliseconds since its last presence message reached the leader.
+    pub last_seen_ms: u64,
+}
+
+/// Published every second by each standby coordinator on
+/// [`crate::subjects::COORD_PRESENCE`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoordinatorPresence {
+    pub name: String,
+    pub holder: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -196,6 +237,9 @@ pub enum ReportEvent {
     Finished(Outcome),
     /// The attempt was given up before its intent: nothing ran.
     NotStarted { reason: String },
+    /// The attempt's process is gone and no exit status survived (its monitor
+    /// died with it, or the machine's record of it is unreadable).
+    Lost(RecoveryHint),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -346,7 +390,7 @@ pub enum SidecarRequest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SidecarReply {
     Ok,
-    Records { epoch: Epoch, records: Vec<AttemptRecord> },
+    Records { epoch: Epoch, records: Vec<AttemptRecord>, corrupt: Vec<CorruptAttempt> },
     Refused(SidecarRefusal),
 }
 
@@ -379,6 +423,15 @@ pub enum Phase {
     /// The coordinator acknowledged the outcome. Kept (for output reads and
     /// owner checks) until garbage collection removes it.
     Acknowledged,
+}
+
+/// A stored attempt record that could not be read (checksum or decoding failed).
+/// The task and attempt come from the record's key when that is readable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CorruptAttempt {
+    pub key: String,
+    pub attempt: Option<(TaskId, Attempt)>,
+    pub reason: String,
 }
 
 /// The sidecar's durable record of one attempt.

@@ -10,6 +10,12 @@ pub const API: &str = "tenure.api.v1";
 pub const HEARTBEAT: &str = "tenure.coord.heartbeat";
 /// Worker reports about attempts (request/reply).
 pub const REPORT: &str = "tenure.coord.report";
+/// Standby coordinators announce themselves here every second (publish); the
+/// leader lists the ones it heard from recently in the cluster status.
+pub const COORD_PRESENCE: &str = "tenure.coord.presence";
+/// A new leader publishes its epoch here right after claiming it, so that
+/// workers learn of it before its first command reaches them (publish).
+pub const EPOCH_ANNOUNCE: &str = "tenure.workers.epoch";
 
 /// The JetStream stream holding the task registry: the last record of every task
 /// plus epoch claims. Every write to it is conditional on its last sequence.
@@ -18,6 +24,12 @@ pub const REGISTRY_STREAM: &str = "TENURE_REGISTRY";
 pub const REGISTRY_ALL: &str = "tenure.registry.>";
 /// Leadership claims: one record per epoch.
 pub const REGISTRY_EPOCH: &str = "tenure.registry.epoch";
+
+/// The JetStream KV bucket holding the coordinators' leader lease. Every write
+/// to it is a compare-and-set on the key's revision.
+pub const LEADER_BUCKET: &str = "tenure_leader";
+/// The one key of [`LEADER_BUCKET`]: who leads, under which epoch.
+pub const LEADER_KEY: &str = "leader";
 
 /// The registry subject holding the latest record of `task`.
 pub fn registry_task(task: &TaskId) -> String {
@@ -47,5 +59,9 @@ mod tests {
         assert_eq!(output(&w), "tenure.sidecar.w-1.output");
         assert!(registry_task(&t).starts_with(REGISTRY_ALL.trim_end_matches('>')));
         assert!(REGISTRY_EPOCH.starts_with(REGISTRY_ALL.trim_end_matches('>')));
+        // KV bucket and key names: letters, digits, `_` and `-` only.
+        for name in [LEADER_BUCKET, LEADER_KEY] {
+            assert!(name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'), "{name}");
+        }
     }
 }

@@ -35,6 +35,8 @@ pub enum Error {
 /// <root>/sidecar-db/     sled database (recovery records, epoch)
 /// <root>/sidecar.sock    unix socket the worker talks to
 /// <root>/output/<task>.out
+/// <root>/attempts/<task>.<attempt>/   the per-task monitor's files: spec,
+///                                     monitor.pid, pgid, status
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
@@ -72,16 +74,26 @@ impl Layout {
         self.output_dir().join(format!("{task}.out"))
     }
 
+    /// Directory holding one directory per attempt that reached its intent.
+    pub fn attempts_dir(&self) -> PathBuf {
+        self.root.join("attempts")
+    }
+
+    /// The directory of one attempt's monitor (`<task>.<attempt>`).
+    pub fn attempt_dir(&self, task: &TaskId, attempt: tenure_protocol::Attempt) -> PathBuf {
+        self.attempts_dir().join(format!("{task}.{attempt}"))
+    }
+
     /// Creates the root, database and output directories with mode 0700 when they
     /// are missing. Existing directories keep their mode; a non-directory (or a
     /// symlink) in place of the database or output directory is refused.
     pub fn create_dirs(&self) -> Result<(), Error> {
         let mut builder = DirBuilder::new();
         builder.recursive(true).mode(0o700);
-        for dir in [self.root.clone(), self.db_dir(), self.output_dir()] {
+        for dir in [self.root.clone(), self.db_dir(), self.output_dir(), self.attempts_dir()] {
             builder.create(&dir).map_err(|source| Error::CreateDir { path: dir.clone(), source })?;
         }
-        for dir in [self.db_dir(), self.output_dir()] {
+        for dir in [self.db_dir(), self.output_dir(), self.attempts_dir()] {
             let meta =
                 std::fs::symlink_metadata(&dir).map_err(|source| Error::CreateDir { path: dir.clone(), source })?;
             if !meta.file_type().is_dir() {

@@ -17,7 +17,9 @@
 
 use std::collections::BTreeMap;
 
-use tenure_protocol::messages::{AttemptRecord, LeaseGrant, Phase, SidecarRefusal, SidecarReply, SidecarRequest};
+use tenure_protocol::messages::{
+    AttemptRecord, CorruptAttempt, LeaseGrant, Phase, SidecarRefusal, SidecarReply, SidecarRequest,
+};
 use tenure_protocol::{Attempt, Epoch, Outcome, TaskId};
 use tracing::{debug, info, warn};
 
@@ -60,7 +62,19 @@ impl<S: RecoveryStore> Machine<S> {
             SidecarRequest::Acknowledged { task, attempt } => self.acknowledged(&task, attempt),
             SidecarRequest::Abandon { task, attempt } => self.abandon(&task, attempt),
             SidecarRequest::List => {
-                return SidecarReply::Records { epoch: self.epoch, records: self.records.values().cloned().collect() }
+                return SidecarReply::Records {
+                    epoch: self.epoch,
+                    records: self.records.values().cloned().collect(),
+                    corrupt: self
+                        .corrupt
+                        .iter()
+                        .map(|c| CorruptAttempt {
+                            key: c.key.clone(),
+                            attempt: c.attempt.clone(),
+                            reason: c.reason.clone(),
+                        })
+                        .collect(),
+                }
             }
         };
         match decision {

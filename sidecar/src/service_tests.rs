@@ -23,11 +23,11 @@ fn grant(attempt: u32, epoch: u64) -> LeaseGrant {
 }
 
 fn o1() -> Outcome {
-    Outcome { ending: Ending::Completed, exit_code: Some(0), detail: None }
+    Outcome::new(Ending::Completed, Some(0), None)
 }
 
 fn o2() -> Outcome {
-    Outcome { ending: Ending::Failed, exit_code: Some(3), detail: Some("exit code: 3".into()) }
+    Outcome::new(Ending::Failed, Some(3), Some("exit code: 3".into()))
 }
 
 fn intent(epoch: u64) -> SidecarRequest {
@@ -347,7 +347,7 @@ fn list_returns_epoch_and_every_record() {
     g.task = "shell-9".parse().unwrap();
     assert_eq!(m.handle(SidecarRequest::Accept(g)), SidecarReply::Ok);
     match m.handle(SidecarRequest::List) {
-        SidecarReply::Records { epoch, records } => {
+        SidecarReply::Records { epoch, records, .. } => {
             assert_eq!(epoch, Epoch(5));
             let names: Vec<_> = records.iter().map(|r| (r.grant.task.to_string(), r.phase)).collect();
             assert_eq!(names, [("shell-1".to_owned(), Phase::Spawned), ("shell-9".to_owned(), Phase::Accepted)]);

@@ -339,11 +339,7 @@ pub(crate) mod tests {
             },
             phase,
             pid: (phase >= Phase::Spawned).then_some(4242),
-            outcome: (phase >= Phase::Exited).then_some(Outcome {
-                ending: Ending::Completed,
-                exit_code: Some(0),
-                detail: None,
-            }),
+            outcome: (phase >= Phase::Exited).then_some(Outcome::new(Ending::Completed, Some(0), None)),
         }
     }
 

@@ -62,7 +62,7 @@ async fn output_reads_by_offset_for_the_owner_only() -> anyhow::Result<()> {
     assert!(matches!(ask(&nc, Vec::new()).await?, Err(ApiError::InvalidRequest(_))));
 
     // Once the outcome is buffered the output is final.
-    let outcome = Outcome { ending: Ending::Completed, exit_code: Some(0), detail: None };
+    let outcome = Outcome::new(Ending::Completed, Some(0), None);
     ok(&client, SidecarRequest::Exited { task: task.clone(), attempt: Attempt(1), outcome }).await;
     assert_eq!(ask(&nc, read("alice", "shell-5", 6, 100)).await?, chunk(b"world", 11, true));
 

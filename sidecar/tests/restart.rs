@@ -18,14 +18,14 @@ async fn records_are_durable_across_a_restart() -> anyhow::Result<()> {
 
     let task: TaskId = "shell-1".parse()?;
     let attempt = Attempt(1);
-    let outcome = Outcome { ending: Ending::Completed, exit_code: Some(0), detail: None };
+    let outcome = Outcome::new(Ending::Completed, Some(0), None);
     ok(&client, SidecarRequest::ObserveEpoch(Epoch(3))).await;
     ok(&client, SidecarRequest::Accept(grant("shell-1", 1, 3, "alice"))).await;
     ok(&client, SidecarRequest::Intent { task: task.clone(), attempt, epoch: Epoch(3) }).await;
     ok(&client, SidecarRequest::Spawned { task: task.clone(), attempt, pid: 4321 }).await;
     ok(&client, SidecarRequest::Exited { task: task.clone(), attempt, outcome: outcome.clone() }).await;
     let before = client.call(&SidecarRequest::List).await?;
-    let SidecarReply::Records { epoch, records } = &before else { panic!("{before:?}") };
+    let SidecarReply::Records { epoch, records, .. } = &before else { panic!("{before:?}") };
     assert_eq!(*epoch, Epoch(3));
     assert_eq!(records.len(), 1);
     assert_eq!((records[0].phase, records[0].pid, &records[0].outcome), (Phase::Exited, Some(4321), &Some(outcome)));

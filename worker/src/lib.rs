@@ -6,6 +6,9 @@
 //! sidecar. The worker decides nothing about a task's lifecycle: it reports
 //! facts and the leader's lifecycle table decides.
 
+mod attempt;
+pub mod files;
+pub mod monitor;
 pub mod process;
 pub mod service;
 

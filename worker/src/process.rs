@@ -9,6 +9,7 @@
 //! **Invariant:** [`Running::finish`] does not return while any process of the
 //! group lives: the leader's exit is only the beginning of the end.
 
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -34,9 +35,10 @@ pub struct Running {
     pub pid: i32,
 }
 
-/// Spawns `sh -c spec.command` in a new process group with its output appended
-/// to `output`.
-pub fn spawn(spec: &TaskSpec, output: std::fs::File, default_cwd: &Path) -> std::io::Result<Running> {
+/// Spawns `sh -c spec.command` in a new process group, stdout and stderr both
+/// going to `output` (a file or a pipe).
+pub fn spawn(spec: &TaskSpec, output: impl Into<OwnedFd>, default_cwd: &Path) -> std::io::Result<Running> {
+    let output: OwnedFd = output.into();
     let err = output.try_clone()?;
     let mut cmd = Command::new("/bin/sh");
     cmd.arg("-c")
@@ -85,19 +87,17 @@ impl Running {
 fn outcome(status: std::io::Result<std::process::ExitStatus>, killed: bool) -> Outcome {
     use std::os::unix::process::ExitStatusExt;
     match status {
-        Err(e) => Outcome { ending: Ending::Failed, exit_code: None, detail: Some(format!("wait failed: {e}")) },
+        Err(e) => Outcome::new(Ending::Failed, None, Some(format!("wait failed: {e}"))),
         Ok(s) => match (s.code(), s.signal()) {
-            (Some(0), _) if !killed => Outcome { ending: Ending::Completed, exit_code: Some(0), detail: None },
-            (Some(code), _) if !killed => {
-                Outcome { ending: Ending::Failed, exit_code: Some(code), detail: Some(format!("exit code: {code}")) }
-            }
+            (Some(0), _) if !killed => Outcome::new(Ending::Completed, Some(0), None),
+            (Some(code), _) if !killed => Outcome::new(Ending::Failed, Some(code), Some(format!("exit code: {code}"))),
             (code, signal) => {
                 let detail = match signal {
                     Some(sig) => format!("signal {sig}"),
                     None => format!("exit code: {}", code.unwrap_or(-1)),
                 };
                 let ending = if killed { Ending::Killed } else { Ending::Failed };
-                Outcome { ending, exit_code: code, detail: Some(detail) }
+                Outcome::new(ending, code, Some(detail))
             }
         },
     }

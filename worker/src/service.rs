@@ -1,11 +1,11 @@
-//! The worker's event loop: heartbeats, grant and kill commands, and one
-//! supervising task per running attempt.
+//! The worker's event loop: heartbeats, grant and kill commands; each accepted
+//! attempt is driven by [`crate::attempt`].
 //!
 //! Order of an attempt, each step durable in the sidecar before the next:
-//! accept (grant recorded) → intent (flushed) → spawn → spawned (pid) →
-//! exit → exited (outcome buffered) → report until acknowledged → acknowledged.
-//! Without a sidecar nothing new starts; a grant is refused rather than run
-//! without its intent.
+//! accept (grant recorded) → intent (flushed) → monitor spawned → spawned (pid)
+//! → exit recorded by the monitor → exited (outcome buffered) → report until
+//! acknowledged → acknowledged. Without a sidecar nothing new starts; a grant is
+//! refused rather than run without its intent.
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -15,16 +15,16 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tenure_protocol::messages::{
-    HeldAttempt, KillCommand, LeaseGrant, Phase, Refusal, Report, ReportAck, ReportEvent, SidecarRefusal, SidecarReply,
-    SidecarRequest, WorkerCommand, WorkerReply,
+    HeldAttempt, KillCommand, LeaseGrant, Refusal, SidecarRefusal, SidecarReply, SidecarRequest, WorkerCommand,
+    WorkerReply,
 };
-use tenure_protocol::{subjects, Attempt, Ending, Epoch, Kind, Outcome, TaskId, WorkerId};
+use tenure_protocol::{subjects, Attempt, Epoch, Kind, TaskId, WorkerId};
 use tenure_sidecar::{ClientError, Layout, SidecarClient};
 use tokio::sync::Notify;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::process;
+use crate::{attempt, process};
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -36,6 +36,14 @@ pub struct Options {
     pub heartbeat: Duration,
     /// Time between SIGTERM and SIGKILL when a task's group is ended.
     pub kill_grace: Duration,
+    /// The program started as each attempt's monitor (`PROGRAM monitor …`):
+    /// the `tenure` binary itself.
+    pub monitor_program: PathBuf,
+    /// Output bytes kept per task; the rest is dropped and counted.
+    pub output_cap: u64,
+    /// End running tasks when the worker stops (for `tenure dev`). Off by default:
+    /// tasks outlive their worker and a restarted worker re-attaches to them.
+    pub kill_tasks_on_exit: bool,
 }
 
 impl Options {
@@ -48,6 +56,9 @@ impl Options {
             kinds: vec![Kind::shell()],
             heartbeat: Duration::from_millis(1000),
             kill_grace: Duration::from_secs(5),
+            monitor_program: PathBuf::from("tenure"),
+            output_cap: crate::monitor::DEFAULT_OUTPUT_CAP,
+            kill_tasks_on_exit: false,
         }
     }
 }
@@ -63,16 +74,16 @@ pub enum Error {
 }
 
 /// One attempt this worker holds.
-struct Held {
-    attempt: Attempt,
-    kill: Arc<Notify>,
+pub(crate) struct Held {
+    pub attempt: Attempt,
+    pub kill: Arc<Notify>,
 }
 
-struct Shared {
-    opts: Options,
-    layout: Layout,
-    client: async_nats::Client,
-    sidecar: SidecarClient,
+pub(crate) struct Shared {
+    pub opts: Options,
+    pub layout: Layout,
+    pub client: async_nats::Client,
+    pub sidecar: SidecarClient,
     held: Mutex<HashMap<TaskId, Held>>,
     /// Kills that arrived for attempts never granted here: a late grant for one
     /// of them is refused, so a kill can never be overtaken by its own grant.
@@ -81,21 +92,22 @@ struct Shared {
 }
 
 impl Shared {
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<TaskId, Held>> {
+    pub fn held(&self) -> std::sync::MutexGuard<'_, HashMap<TaskId, Held>> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn observe_epoch(&self, epoch: Epoch) {
+    pub fn observe_epoch(&self, epoch: Epoch) {
         let mut seen = self.epoch_seen.lock().unwrap_or_else(|p| p.into_inner());
         *seen = (*seen).max(epoch);
     }
 
-    fn epoch_seen(&self) -> Epoch {
+    pub fn epoch_seen(&self) -> Epoch {
         *self.epoch_seen.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// Runs the worker until `shutdown` resolves, then ends its running tasks.
+/// Runs the worker until `shutdown` resolves. Running tasks keep running under
+/// their monitors unless `kill_tasks_on_exit` is set.
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     process::become_subreaper();
     let layout = Layout::new(&opts.data_dir);
@@ -111,7 +123,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         epoch_seen: Mutex::new(Epoch(0)),
         opts,
     });
-    recover(&shared).await;
+    attempt::recover(&shared).await;
 
     let mut commands = client
         .subscribe(subjects::worker_commands(&shared.opts.id))
@@ -150,8 +162,12 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
             }
         }
     }
-    stop_running(&shared).await;
     beats.abort();
+    if shared.opts.kill_tasks_on_exit {
+        stop_running(&shared).await;
+    } else {
+        tracing::info!(worker = %shared.opts.id, running = shared.held().len(), "worker stopping; tasks keep running under their monitors");
+    }
     Ok(())
 }
 
@@ -178,7 +194,7 @@ async fn heartbeat(shared: &Shared, instance: Uuid) {
 
 /// Calls the sidecar until it answers (it may be restarting), for steps that
 /// must not be skipped: intent, spawned, exited, acknowledged.
-async fn sidecar_insist(shared: &Shared, req: SidecarRequest) -> SidecarReply {
+pub(crate) async fn sidecar_insist(shared: &Shared, req: SidecarRequest) -> SidecarReply {
     let mut delay = Duration::from_millis(20);
     loop {
         match shared.sidecar.call(&req).await {
@@ -225,7 +241,7 @@ async fn on_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
     shared.held().insert(grant.task.clone(), Held { attempt: grant.attempt, kill: kill.clone() });
     tracing::info!(task = %grant.task, attempt = %grant.attempt, epoch = %grant.epoch, "grant accepted");
     let span = tracing::info_span!("attempt", task = %grant.task, attempt = %grant.attempt, epoch = %grant.epoch);
-    tokio::spawn(supervise(shared.clone(), grant, kill).instrument(span));
+    tokio::spawn(attempt::run(shared.clone(), grant, kill).instrument(span));
     WorkerReply::Accepted
 }
 
@@ -252,150 +268,9 @@ async fn on_kill(shared: &Shared, cmd: KillCommand) -> WorkerReply {
     }
 }
 
-/// Drives one attempt from intent to acknowledged completion.
-async fn supervise(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify>) {
-    let (task, attempt, epoch) = (grant.task.clone(), grant.attempt, grant.epoch);
-    // Intent before effect: the process is spawned only after this is durable.
-    // The intent carries the newest epoch this machine has seen, so a leader
-    // change between accept and intent re-stamps the attempt instead of refusing it.
-    let epoch = epoch.max(shared.epoch_seen());
-    match sidecar_insist(&shared, SidecarRequest::Intent { task: task.clone(), attempt, epoch }).await {
-        SidecarReply::Ok => {}
-        refusal => {
-            tracing::warn!(task = %task, attempt = %attempt, ?refusal, "intent refused; not starting");
-            let _ = sidecar_insist(&shared, SidecarRequest::Abandon { task: task.clone(), attempt }).await;
-            report_until_acked(&shared, &grant, ReportEvent::NotStarted { reason: format!("{refusal:?}") }).await;
-            shared.held().remove(&task);
-            return;
-        }
-    }
-    let outcome = match open_and_spawn(&shared, &grant) {
-        Err(detail) => Outcome { ending: Ending::Failed, exit_code: None, detail: Some(detail) },
-        Ok(running) => {
-            let pid = running.pid;
-            tracing::info!(task = %task, attempt = %attempt, pid, "process started");
-            let _ = sidecar_insist(&shared, SidecarRequest::Spawned { task: task.clone(), attempt, pid }).await;
-            let reporter = {
-                let (shared, grant) = (shared.clone(), grant.clone());
-                tokio::spawn(async move { report_until_acked(&shared, &grant, ReportEvent::Started { pid }).await })
-            };
-            let outcome = running.finish(kill.notified(), shared.opts.kill_grace).await;
-            // Nothing waits on the network before the outcome is buffered (in
-            // `finalize`); the finished report supersedes a started report that
-            // is still being retried.
-            reporter.abort();
-            outcome
-        }
-    };
-    tracing::info!(task = %task, attempt = %attempt, ending = ?outcome.ending, detail = ?outcome.detail, "attempt ended");
-    finalize(&shared, &grant, outcome).await;
-}
-
-/// Buffers the outcome in the sidecar, reports it until acknowledged, then marks
-/// it acknowledged and frees the slot.
-async fn finalize(shared: &Shared, grant: &LeaseGrant, outcome: Outcome) {
-    let (task, attempt) = (grant.task.clone(), grant.attempt);
-    let _ =
-        sidecar_insist(shared, SidecarRequest::Exited { task: task.clone(), attempt, outcome: outcome.clone() }).await;
-    report_until_acked(shared, grant, ReportEvent::Finished(outcome)).await;
-    let _ = sidecar_insist(shared, SidecarRequest::Acknowledged { task: task.clone(), attempt }).await;
-    shared.held().remove(&task);
-}
-
-fn open_and_spawn(shared: &Shared, grant: &LeaseGrant) -> Result<process::Running, String> {
-    let path = shared.layout.output_path(&grant.task);
-    let file = tenure_sidecar::layout::open_output_for_append(&path)
-        .map_err(|e| format!("cannot open output file {}: {e}", path.display()))?;
-    process::spawn(&grant.spec, file, shared.layout.root()).map_err(|e| format!("spawn failed: {e}"))
-}
-
-/// Sends a report until the leader acknowledges it (or says it is stale).
-async fn report_until_acked(shared: &Shared, grant: &LeaseGrant, event: ReportEvent) {
-    let report = Report {
-        worker: shared.opts.id.clone(),
-        task: grant.task.clone(),
-        attempt: grant.attempt,
-        epoch: shared.epoch_seen().max(grant.epoch),
-        event,
-    };
-    let mut delay = Duration::from_millis(50);
-    loop {
-        let result: Result<ReportAck, _> =
-            tenure_transport::request(&shared.client, subjects::REPORT.to_owned(), &report, Duration::from_secs(2))
-                .await;
-        match result {
-            Ok(ReportAck::Ack) => return,
-            Ok(ReportAck::Stale) => {
-                tracing::info!(task = %report.task, attempt = %report.attempt, "report is stale; the leader settled it");
-                return;
-            }
-            Ok(ReportAck::NotLeader) | Err(_) => {
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
-            }
-        }
-    }
-}
-
-/// Start-up recovery from the sidecar's records.
-///
-/// - accepted, no intent: nothing ran; give the attempt back.
-/// - exited, not acknowledged: a buffered completion; report it again.
-/// - intent or spawned: the process may still run, but this worker is not its
-///   parent and cannot learn its exit status; it stays held (listed in every
-///   heartbeat) until re-attachment through per-task monitors takes it over.
-async fn recover(shared: &Arc<Shared>) {
-    let (epoch, records) = loop {
-        match shared.sidecar.call(&SidecarRequest::List).await {
-            Ok(SidecarReply::Records { epoch, records }) => break (epoch, records),
-            Ok(other) => tracing::error!(?other, "sidecar answered List oddly; retrying"),
-            Err(error) => tracing::warn!(%error, "waiting for the sidecar"),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    shared.observe_epoch(epoch);
-    for record in records {
-        let grant = record.grant.clone();
-        let (task, attempt) = (grant.task.clone(), grant.attempt);
-        match record.phase {
-            Phase::Acknowledged => {}
-            Phase::Accepted => {
-                tracing::info!(task = %task, attempt = %attempt, "accepted before restart, never started: giving back");
-                let _ = sidecar_insist(shared, SidecarRequest::Abandon { task, attempt }).await;
-                let shared = shared.clone();
-                tokio::spawn(async move {
-                    report_until_acked(&shared, &grant, ReportEvent::NotStarted { reason: "worker restarted".into() })
-                        .await
-                });
-            }
-            Phase::Exited => {
-                let Some(outcome) = record.outcome.clone() else { continue };
-                tracing::info!(task = %task, attempt = %attempt, "re-reporting buffered completion");
-                shared.held().insert(task, Held { attempt, kill: Arc::new(Notify::new()) });
-                let shared = shared.clone();
-                tokio::spawn(async move {
-                    report_until_acked(&shared, &grant, ReportEvent::Finished(outcome.clone())).await;
-                    let _ = sidecar_insist(
-                        &shared,
-                        SidecarRequest::Acknowledged { task: grant.task.clone(), attempt: grant.attempt },
-                    )
-                    .await;
-                    shared.held().remove(&grant.task);
-                });
-            }
-            Phase::Intent | Phase::Spawned => {
-                tracing::warn!(task = %task, attempt = %attempt, pid = ?record.pid, "attempt started before this worker restarted; holding it without re-running");
-                shared.held().insert(task, Held { attempt, kill: Arc::new(Notify::new()) });
-            }
-        }
-    }
-}
-
-/// Graceful shutdown: ends every running task's group and gives the supervisors a
-/// bounded time to buffer (and report) the outcomes. Until per-task monitors can
-/// re-attach a restarted worker to live processes, a worker that stops must not
-/// leave unsupervised processes behind; outcomes not yet reported stay buffered
-/// in the sidecar and are re-reported at the next start.
+/// Ends every running task (through its monitor) and gives the outcomes a
+/// bounded time to be buffered and reported; what is not reported by then stays
+/// buffered in the sidecar for the next start.
 async fn stop_running(shared: &Shared) {
     let kills: Vec<Arc<Notify>> = shared.held().values().map(|h| h.kill.clone()).collect();
     tracing::info!(worker = %shared.opts.id, running = kills.len(), "worker stopping; ending running tasks");

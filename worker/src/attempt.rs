@@ -1,0 +1,356 @@
+//! One attempt's life on the worker, from intent to acknowledged outcome, and
+//! the start-up recovery that picks attempts up again after a worker restart.
+//!
+//! The worker never runs a task itself: it records the intent, starts the
+//! attempt's monitor ([`crate::monitor`]), and watches it — as the monitor's
+//! parent, or, after a restart, by its recorded identity. What the monitor left
+//! behind (`status`) is the only exit evidence; a monitor gone without it means
+//! the outcome is lost, and that is reported as such, never guessed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tenure_protocol::messages::{LeaseGrant, Phase, ReportAck, ReportEvent, SidecarReply, SidecarRequest};
+use tenure_protocol::{subjects, Attempt, Ending, Epoch, HintTag, Outcome, RecoveryHint, TaskId};
+use tokio::process::Child;
+use tokio::sync::Notify;
+
+use crate::files::{AttemptFiles, ProcessId};
+use crate::monitor::MonitorArgs;
+use crate::process;
+use crate::service::{sidecar_insist, Held, Shared};
+
+/// What a finished watch proved about the attempt.
+#[derive(Debug, Clone)]
+pub enum Evidence {
+    /// The monitor recorded how it ended.
+    Exited(Outcome),
+    /// The process is gone and nothing recorded how it ended.
+    Lost(RecoveryHint),
+}
+
+/// How the worker observes a monitor.
+enum Monitor {
+    /// Started by this worker process: its exit is awaited directly.
+    Child(Child, i32),
+    /// Found alive at start-up: observed by identity (pid and start time).
+    Attached(ProcessId),
+}
+
+impl Monitor {
+    /// Asks the monitor to end the task. An attached monitor is signalled only
+    /// while it is still the very process recorded (never a recycled pid).
+    fn request_kill(&self) {
+        let pid = match self {
+            Monitor::Child(_, pid) => *pid,
+            Monitor::Attached(id) if id.alive() => id.pid,
+            Monitor::Attached(_) => return,
+        };
+        if pid > 1 {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+    }
+
+    async fn exited(&mut self, files: &AttemptFiles) {
+        match self {
+            Monitor::Child(child, _) => {
+                let _ = child.wait().await;
+            }
+            Monitor::Attached(id) => {
+                // Not our child: poll. The status file ends the wait as soon as
+                // it exists, even if the monitor lingers as a zombie of another parent.
+                while id.alive() && files.status().is_none() {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Drives a freshly granted attempt: intent, monitor, watch, outcome.
+pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify>) {
+    let (task, attempt) = (grant.task.clone(), grant.attempt);
+    // The intent carries the newest epoch this machine has seen, so a leader
+    // change between accept and intent re-stamps the attempt instead of refusing it.
+    let epoch = grant.epoch.max(shared.epoch_seen());
+    match sidecar_insist(&shared, SidecarRequest::Intent { task: task.clone(), attempt, epoch }).await {
+        SidecarReply::Ok => {}
+        refusal => {
+            tracing::warn!(task = %task, attempt = %attempt, ?refusal, "intent refused; not starting");
+            let _ = sidecar_insist(&shared, SidecarRequest::Abandon { task: task.clone(), attempt }).await;
+            let event = ReportEvent::NotStarted { reason: format!("{refusal:?}") };
+            report_until_acked(&shared, &task, attempt, grant.epoch, event).await;
+            shared.held().remove(&task);
+            return;
+        }
+    }
+    // From here on the attempt may have run: it is never given back.
+    let files = AttemptFiles::new(shared.layout.attempt_dir(&task, attempt));
+    let evidence = match start_monitor(&shared, &grant, &files) {
+        Err(detail) => Evidence::Exited(Outcome::new(Ending::Failed, None, Some(detail))),
+        Ok((child, pid)) => {
+            tracing::info!(task = %task, attempt = %attempt, monitor = pid, "monitor started");
+            let _ = sidecar_insist(&shared, SidecarRequest::Spawned { task: task.clone(), attempt, pid }).await;
+            let reporter = {
+                let (shared, task) = (shared.clone(), task.clone());
+                tokio::spawn(async move {
+                    report_until_acked(&shared, &task, attempt, epoch, ReportEvent::Started { pid }).await
+                })
+            };
+            let evidence = watch(&shared, &files, Monitor::Child(child, pid), &kill).await;
+            // Nothing waits on the network before the outcome is buffered; the
+            // final report supersedes a started report still being retried.
+            reporter.abort();
+            evidence
+        }
+    };
+    finish(&shared, &task, attempt, epoch, evidence).await;
+}
+
+fn start_monitor(shared: &Shared, grant: &LeaseGrant, files: &AttemptFiles) -> Result<(Child, i32), String> {
+    files.create().map_err(|e| format!("cannot create {}: {e}", files.dir().display()))?;
+    files.write_spec(&grant.spec).map_err(|e| format!("cannot write the task spec: {e}"))?;
+    let args = MonitorArgs {
+        data_dir: shared.layout.root().to_path_buf(),
+        task: grant.task.clone(),
+        attempt: grant.attempt,
+        output_cap: shared.opts.output_cap,
+        kill_grace: shared.opts.kill_grace,
+    };
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(files.dir().join("monitor.log"))
+        .map_err(|e| format!("cannot open the monitor log: {e}"))?;
+    let child = tokio::process::Command::new(&shared.opts.monitor_program)
+        .args(args.to_args())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(log)
+        .kill_on_drop(false)
+        .spawn()
+        .map_err(|e| format!("cannot start the task monitor {}: {e}", shared.opts.monitor_program.display()))?;
+    let pid = child.id().and_then(|p| i32::try_from(p).ok()).ok_or("the monitor has no pid")?;
+    Ok((child, pid))
+}
+
+/// Waits for the monitor to end (forwarding kills to it) and reads its evidence.
+async fn watch(shared: &Shared, files: &AttemptFiles, mut monitor: Monitor, kill_req: &Notify) -> Evidence {
+    let mut killed = false;
+    loop {
+        tokio::select! {
+            _ = monitor.exited(files) => break,
+            _ = kill_req.notified(), if !killed => {
+                killed = true;
+                // The monitor ends the group (SIGTERM, grace, SIGKILL) and records it.
+                monitor.request_kill();
+            }
+        }
+    }
+    evidence(shared, files, killed).await
+}
+
+/// What the attempt's files prove once its monitor is gone. A group that
+/// outlived its monitor is ended first: it is ours by the recorded pgid.
+async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool) -> Evidence {
+    if let Some(status) = files.status() {
+        return Evidence::Exited(status.outcome);
+    }
+    // The monitor is gone without evidence (it was killed, or the machine lost
+    // it). Its group, if any of it survives, is ours by the recorded pgid.
+    let group = files.pgid();
+    if let Some(pgid) = group.filter(|p| process::group_alive(*p)) {
+        tracing::warn!(pgid, dir = %files.dir().display(), "monitor gone; ending its orphaned process group");
+        process::end_group(Pid::from_raw(pgid), shared.opts.kill_grace).await;
+    }
+    if killed {
+        return Evidence::Exited(Outcome::new(
+            Ending::Killed,
+            None,
+            Some("killed; the monitor ended before recording the exit status".into()),
+        ));
+    }
+    Evidence::Lost(RecoveryHint {
+        tag: HintTag::MaybeRan,
+        message: match group {
+            Some(pgid) => format!(
+                "the task's monitor died without recording an exit status; process group {pgid} is gone; \
+                 the task ran but its outcome is lost"
+            ),
+            None => "the intent was recorded but no process or exit status was found; the task may or may not \
+                     have run"
+                .into(),
+        },
+    })
+}
+
+/// Buffers the evidence in the sidecar, reports it until acknowledged, frees the slot.
+async fn finish(shared: &Shared, task: &TaskId, attempt: Attempt, epoch: Epoch, evidence: Evidence) {
+    tracing::info!(task = %task, attempt = %attempt, ?evidence, "attempt ended");
+    match evidence {
+        Evidence::Exited(outcome) => {
+            let exited = SidecarRequest::Exited { task: task.clone(), attempt, outcome: outcome.clone() };
+            let _ = sidecar_insist(shared, exited).await;
+            report_until_acked(shared, task, attempt, epoch, ReportEvent::Finished(outcome)).await;
+            let _ = sidecar_insist(shared, SidecarRequest::Acknowledged { task: task.clone(), attempt }).await;
+            let _ = std::fs::remove_dir_all(shared.layout.attempt_dir(task, attempt));
+        }
+        // No outcome to buffer: a restarted worker finds the same absence of
+        // evidence and reports the same thing again.
+        Evidence::Lost(hint) => report_until_acked(shared, task, attempt, epoch, ReportEvent::Lost(hint)).await,
+    }
+    shared.held().remove(task);
+}
+
+/// Sends a report until the leader acknowledges it (or says it is stale).
+pub(crate) async fn report_until_acked(
+    shared: &Shared,
+    task: &TaskId,
+    attempt: Attempt,
+    epoch: Epoch,
+    event: ReportEvent,
+) {
+    let report = tenure_protocol::messages::Report {
+        worker: shared.opts.id.clone(),
+        task: task.clone(),
+        attempt,
+        epoch: shared.epoch_seen().max(epoch),
+        event,
+    };
+    let mut delay = Duration::from_millis(50);
+    loop {
+        let result: Result<ReportAck, _> =
+            tenure_transport::request(&shared.client, subjects::REPORT.to_owned(), &report, Duration::from_secs(2))
+                .await;
+        match result {
+            Ok(ReportAck::Ack) => return,
+            Ok(ReportAck::Stale) => {
+                tracing::info!(task = %task, attempt = %attempt, "report is stale; the leader settled it otherwise");
+                return;
+            }
+            Ok(ReportAck::NotLeader) | Err(_) => {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// Start-up recovery from the sidecar's records and the attempts' files.
+///
+/// | record      | found on the machine                 | done |
+/// |-------------|--------------------------------------|------|
+/// | accepted    | —                                    | nothing ran: abandon, report not-started |
+/// | intent/spawned | `status` file                     | the monitor's evidence: buffer and report it |
+/// | intent/spawned | monitor alive                     | re-attach: watch it as if it were ours |
+/// | intent/spawned | neither                           | end any orphaned group; report lost (`maybe-ran`) |
+/// | exited      | —                                    | buffered completion: report it again |
+/// | acknowledged| attempt directory                    | remove the directory (confirmed done) |
+/// | unreadable  | —                                    | report lost (`sidecar-corrupt`) |
+///
+/// Attempt directories that no record names are removed only when their monitor
+/// and group are confirmed gone; otherwise kept, with a warning saying why.
+pub(crate) async fn recover(shared: &Arc<Shared>) {
+    let (epoch, records, corrupt) = loop {
+        match shared.sidecar.call(&SidecarRequest::List).await {
+            Ok(SidecarReply::Records { epoch, records, corrupt }) => break (epoch, records, corrupt),
+            Ok(other) => tracing::error!(?other, "sidecar answered List oddly; retrying"),
+            Err(error) => tracing::warn!(%error, "waiting for the sidecar"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    shared.observe_epoch(epoch);
+    let mut known = std::collections::HashSet::new();
+    for record in records {
+        let grant = record.grant.clone();
+        let (task, attempt) = (grant.task.clone(), grant.attempt);
+        known.insert(format!("{task}.{attempt}"));
+        let files = AttemptFiles::new(shared.layout.attempt_dir(&task, attempt));
+        match record.phase {
+            Phase::Acknowledged => {
+                let _ = std::fs::remove_dir_all(files.dir());
+            }
+            Phase::Accepted => {
+                tracing::info!(task = %task, attempt = %attempt, "accepted but never started: giving it back");
+                let _ = sidecar_insist(shared, SidecarRequest::Abandon { task: task.clone(), attempt }).await;
+                let shared = shared.clone();
+                let event = ReportEvent::NotStarted { reason: "worker restarted before the intent".into() };
+                tokio::spawn(async move { report_until_acked(&shared, &task, attempt, grant.epoch, event).await });
+            }
+            Phase::Exited => {
+                let Some(outcome) = record.outcome.clone() else { continue };
+                tracing::info!(task = %task, attempt = %attempt, "re-reporting buffered completion");
+                adopt(shared, &grant, |_, _| async move { Evidence::Exited(outcome) });
+            }
+            Phase::Intent | Phase::Spawned => {
+                if let Some(status) = files.status() {
+                    tracing::info!(task = %task, attempt = %attempt, "attempt ended while the worker was down");
+                    adopt(shared, &grant, |_, _| async move { Evidence::Exited(status.outcome) });
+                } else if let Some(id) = files.monitor().filter(ProcessId::alive) {
+                    tracing::info!(task = %task, attempt = %attempt, monitor = id.pid, "re-attaching to a running attempt");
+                    adopt(shared, &grant, move |shared, kill| async move {
+                        watch(&shared, &files, Monitor::Attached(id), &kill).await
+                    });
+                } else {
+                    tracing::warn!(task = %task, attempt = %attempt, "attempt's monitor is gone without evidence");
+                    adopt(shared, &grant, move |shared, _| async move { evidence(&shared, &files, false).await });
+                }
+            }
+        }
+    }
+    for c in corrupt {
+        let Some((task, attempt)) = c.attempt else {
+            tracing::error!(key = %c.key, reason = %c.reason, "unreadable sidecar record names no attempt");
+            continue;
+        };
+        known.insert(format!("{task}.{attempt}"));
+        let hint = RecoveryHint {
+            tag: HintTag::SidecarCorrupt,
+            message: format!(
+                "the worker machine's record of attempt {attempt} is unreadable ({}); whether and how it ran is \
+                 lost; it will not be run again by the system",
+                c.reason
+            ),
+        };
+        let (shared, epoch) = (shared.clone(), shared.epoch_seen());
+        tokio::spawn(async move { report_until_acked(&shared, &task, attempt, epoch, ReportEvent::Lost(hint)).await });
+    }
+    sweep_unknown_attempt_dirs(shared, &known).await;
+}
+
+/// Holds `grant`'s attempt again and settles it with the evidence `get` finds.
+fn adopt<F, Fut>(shared: &Arc<Shared>, grant: &LeaseGrant, get: F)
+where
+    F: FnOnce(Arc<Shared>, Arc<Notify>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Evidence> + Send,
+{
+    let kill = Arc::new(Notify::new());
+    shared.held().insert(grant.task.clone(), Held { attempt: grant.attempt, kill: kill.clone() });
+    let (shared, task, attempt, epoch) = (shared.clone(), grant.task.clone(), grant.attempt, grant.epoch);
+    tokio::spawn(async move {
+        let evidence = get(shared.clone(), kill).await;
+        finish(&shared, &task, attempt, epoch, evidence).await;
+    });
+}
+
+/// Seed 004: remove only what is confirmed dead and unreferenced.
+async fn sweep_unknown_attempt_dirs(shared: &Shared, known: &std::collections::HashSet<String>) {
+    let Ok(entries) = std::fs::read_dir(shared.layout.attempts_dir()) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if known.contains(&name) {
+            continue;
+        }
+        let files = AttemptFiles::new(entry.path());
+        let monitor_alive = files.monitor().is_some_and(|m| m.alive());
+        let group_alive = files.pgid().is_some_and(process::group_alive);
+        if monitor_alive || group_alive {
+            tracing::warn!(dir = %name, monitor_alive, group_alive, "attempt directory without a record but with live processes: kept");
+        } else {
+            tracing::info!(dir = %name, "removing an attempt directory no record names and no process uses");
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! The per-task monitor: a small process, one per attempt, that owns the task's
+//! process group so that the task outlives the worker (the containerd-shim /
+//! Nomad executor idea).
+//!
+//! It detaches into its own session, becomes the child subreaper of everything
+//! the task forks, spawns `sh -c COMMAND` as the leader of a new process group,
+//! pumps the group's stdout and stderr (one pipe, so their order is kept) into
+//! the task's output file up to a cap, and when the leader exits — or SIGTERM
+//! asks it to stop the task — ends the whole group and records the exit evidence
+//! in the attempt's `status` file. Then it exits.
+//!
+//! It never talks to NATS or the sidecar: the worker reads what it leaves behind,
+//! whether the worker is the monitor's parent or a restarted worker that
+//! re-attaches to it.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tenure_protocol::{Attempt, Ending, Outcome, TaskId};
+use tenure_sidecar::Layout;
+
+use crate::files::{AttemptFiles, MonitorStatus, ProcessId};
+use crate::process;
+
+/// Default output cap per task.
+pub const DEFAULT_OUTPUT_CAP: u64 = 64 * 1024 * 1024;
+
+/// What the monitor is told on its command line.
+#[derive(Debug, Clone)]
+pub struct MonitorArgs {
+    pub data_dir: PathBuf,
+    pub task: TaskId,
+    pub attempt: Attempt,
+    pub output_cap: u64,
+    pub kill_grace: Duration,
+}
+
+impl MonitorArgs {
+    /// The command-line arguments after the program name (`monitor …`).
+    pub fn to_args(&self) -> Vec<String> {
+        vec![
+            "monitor".into(),
+            "--data-dir".into(),
+            self.data_dir.display().to_string(),
+            "--task".into(),
+            self.task.to_string(),
+            "--attempt".into(),
+            self.attempt.0.to_string(),
+            "--output-cap".into(),
+            self.output_cap.to_string(),
+            "--kill-grace-ms".into(),
+            self.kill_grace.as_millis().to_string(),
+        ]
+    }
+}
+
+/// Runs the monitor to completion. Returns the process exit code: 0 when the
+/// exit evidence was recorded, 1 when it could not be (the worker then treats
+/// the attempt as having no evidence).
+pub fn run(args: MonitorArgs) -> i32 {
+    // A new session: the worker's death, its terminal, or a signal to its
+    // process group never reaches the monitor.
+    let _ = nix::unistd::setsid();
+    process::become_subreaper();
+    let layout = Layout::new(&args.data_dir);
+    let files = AttemptFiles::new(layout.attempt_dir(&args.task, args.attempt));
+    let recorded = ProcessId::current().and_then(|me| files.write_monitor(me));
+    if let Err(error) = recorded {
+        eprintln!("monitor: cannot record itself in {}: {error}", files.dir().display());
+        return 1;
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(error) => {
+            eprintln!("monitor: cannot start a runtime: {error}");
+            return 1;
+        }
+    };
+    let status = runtime.block_on(supervise(&args, &layout, &files));
+    match files.write_status(&status) {
+        Ok(()) => 0,
+        Err(error) => {
+            eprintln!("monitor: cannot record the exit status: {error}");
+            1
+        }
+    }
+}
+
+async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> MonitorStatus {
+    let failed =
+        |detail: String| MonitorStatus { outcome: Outcome::new(Ending::Failed, None, Some(detail)), output_written: 0 };
+    let spec = match files.read_spec() {
+        Ok(spec) => spec,
+        Err(e) => return failed(format!("cannot read the task spec: {e}")),
+    };
+    let output_path = layout.output_path(&args.task);
+    let output = match tenure_sidecar::open_output_for_append(&output_path) {
+        Ok(f) => f,
+        Err(e) => return failed(format!("cannot open output file {}: {e}", output_path.display())),
+    };
+    let (reader, writer) = match std::io::pipe() {
+        Ok(p) => p,
+        Err(e) => return failed(format!("cannot create the output pipe: {e}")),
+    };
+    let running = match process::spawn(&spec, writer, layout.root()) {
+        Ok(r) => r,
+        Err(e) => return failed(format!("spawn failed: {e}")),
+    };
+    if let Err(error) = files.write_pgid(running.pid) {
+        eprintln!("monitor: cannot record the process group: {error}");
+    }
+    let cap = args.output_cap;
+    let pump = std::thread::spawn(move || pump(reader, output, cap));
+
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => Some(s),
+        Err(error) => {
+            eprintln!("monitor: cannot watch SIGTERM: {error}; kills will escalate through the worker");
+            None
+        }
+    };
+    let kill = async move {
+        match term.as_mut() {
+            Some(t) => {
+                t.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    };
+    let mut outcome = running.finish(kill, args.kill_grace).await;
+    // Every writer of the pipe is gone with the group; the pump sees its end.
+    // A process that left the group (setsid) may still hold the pipe: do not
+    // wait for it forever.
+    let (written, dropped) = wait_thread(pump, Duration::from_secs(5)).unwrap_or((0, 0));
+    outcome.output_dropped = dropped;
+    MonitorStatus { outcome, output_written: written }
+}
+
+/// Copies the pipe into the output file until the pipe ends. Past `cap` bytes
+/// the pipe keeps draining (the task never blocks on output) but bytes are
+/// dropped, counted, and one notice is appended.
+fn pump(mut reader: std::io::PipeReader, mut output: std::fs::File, cap: u64) -> (u64, u64) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let (mut written, mut dropped) = (0u64, 0u64);
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let room = cap.saturating_sub(written).min(n as u64) as usize;
+        if room > 0 {
+            if output.write_all(&buf[..room]).is_err() {
+                dropped += room as u64;
+            } else {
+                written += room as u64;
+            }
+        }
+        let over = (n - room) as u64;
+        if over > 0 {
+            if dropped == 0 {
+                let notice = format!("\n[tenure: output cap of {cap} bytes reached; further output is dropped]\n");
+                let _ = output.write_all(notice.as_bytes());
+            }
+            dropped += over;
+        }
+    }
+    let _ = output.sync_data();
+    (written, dropped)
+}
+
+fn wait_thread<T: Send + 'static>(handle: std::thread::JoinHandle<T>, bound: Duration) -> Option<T> {
+    let deadline = std::time::Instant::now() + bound;
+    while !handle.is_finished() {
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    handle.join().ok()
+}
