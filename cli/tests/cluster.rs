@@ -220,8 +220,7 @@ fn a_completion_buffered_while_the_coordinator_is_down_is_delivered_once_after_r
     c.daemon("worker-w1").stop();
 
     c.spawn("coordinator", &["coordinator", "--name", "c2", "--worker-ttl-ms", "3000"]);
-    let d = c.worker_dir("w1").display().to_string();
-    c.spawn("worker-w1", &["worker", "--id", "w1", "--slots", "4", "--data-dir", &d, "--heartbeat-ms", "300"]);
+    c.spawn_worker("w1", &[]);
     let snap = c.wait_status(&task, "completed", BOUND);
     assert_eq!((snap["attempt"].as_u64(), snap["exit_code"].as_i64()), (Some(1), Some(0)));
     assert_eq!(std::fs::read_to_string(&output).unwrap(), "finished-once\n", "the task ran more than once");

@@ -77,24 +77,30 @@ impl Cluster {
     }
 
     pub fn start_worker(&mut self, id: &str) {
+        self.spawn_sidecar(id);
+        self.spawn_worker(id, &[]);
+    }
+
+    /// Starts (or restarts) the sidecar of worker `id`.
+    pub fn spawn_sidecar(&mut self, id: &str) -> &mut Daemon {
         let d = self.worker_dir(id).display().to_string();
-        self.spawn(&format!("sidecar-{id}"), &["sidecar", "--worker", id, "--data-dir", &d]);
-        self.spawn(
-            &format!("worker-{id}"),
-            &[
-                "worker",
-                "--id",
-                id,
-                "--slots",
-                "4",
-                "--data-dir",
-                &d,
-                "--kill-grace-ms",
-                "2000",
-                "--heartbeat-ms",
-                "300",
-            ],
-        );
+        self.spawn(&format!("sidecar-{id}"), &["sidecar", "--worker", id, "--data-dir", &d])
+    }
+
+    /// Starts (or restarts) the worker process `id`, with extra flags.
+    pub fn spawn_worker(&mut self, id: &str, extra: &[&str]) -> &mut Daemon {
+        let d = self.worker_dir(id).display().to_string();
+        let mut args = vec!["worker", "--id", id, "--slots", "4", "--data-dir", &d];
+        args.extend_from_slice(&["--kill-grace-ms", "2000", "--heartbeat-ms", "300"]);
+        args.extend_from_slice(extra);
+        self.spawn(&format!("worker-{id}"), &args)
+    }
+
+    /// SIGKILLs the newest daemon called `name` and reaps it.
+    pub fn kill9(&mut self, name: &str) {
+        let d = self.daemon(name);
+        let _ = d.child.kill();
+        let _ = d.child.wait();
     }
 
     pub fn spawn(&mut self, name: &str, args: &[&str]) -> &mut Daemon {

@@ -1,0 +1,203 @@
+//! Worker-machine durability over real processes: SIGKILL of the worker, the
+//! sidecar, a task's monitor and all of them, at named points of a task's life.
+//! Each test names the crash window it covers (see docs/durability.md).
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::{group_alive, stdout, Cluster};
+use tenure_testkit::eventually;
+
+const BOUND: Duration = Duration::from_secs(30);
+
+fn output_file(c: &Cluster, task: &str) -> PathBuf {
+    c.worker_dir("w1").join("output").join(format!("{task}.out"))
+}
+
+fn read(p: &PathBuf) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+fn attempt_dir(c: &Cluster, task: &str) -> PathBuf {
+    c.worker_dir("w1").join("attempts").join(format!("{task}.1"))
+}
+
+fn monitor_pid(c: &Cluster, task: &str) -> i32 {
+    let text = eventually(BOUND, || std::fs::read_to_string(attempt_dir(c, task).join("monitor.pid")).ok())
+        .expect("monitor.pid written");
+    text.split_whitespace().next().and_then(|p| p.parse().ok()).expect("pid")
+}
+
+fn task_pgid(c: &Cluster, task: &str) -> i32 {
+    let text =
+        eventually(BOUND, || std::fs::read_to_string(attempt_dir(c, task).join("pgid")).ok()).expect("pgid written");
+    text.trim().parse().expect("pgid")
+}
+
+/// Window: mid-run. The worker dies; the task keeps running and writing under
+/// its monitor; the restarted worker re-attaches and reports it exactly once.
+#[test]
+fn a_task_outlives_a_sigkilled_worker_and_is_reported_once() {
+    let mut c = Cluster::start(1);
+    let task = c.submit(&["--", "for i in $(seq 1 20); do echo tick-$i; sleep 0.1; done"]);
+    c.wait_status(&task, "running", BOUND);
+    let out = output_file(&c, &task);
+    eventually(BOUND, || read(&out).contains("tick-2").then_some(())).expect("output starts");
+    let pgid = task_pgid(&c, &task);
+
+    c.kill9("worker-w1");
+    // Still running and still captured without any worker.
+    let grew = eventually(BOUND, || read(&out).contains("tick-8").then_some(()));
+    assert!(grew.is_some(), "output stopped with the worker: {:?}", read(&out));
+    assert!(group_alive(pgid) || read(&out).contains("tick-20"));
+
+    c.spawn_worker("w1", &[]);
+    let snap = c.wait_status(&task, "completed", BOUND);
+    assert_eq!((snap["attempt"].as_u64(), snap["exit_code"].as_i64()), (Some(1), Some(0)));
+    let expected: String = (1..=20).map(|i| format!("tick-{i}\n")).collect();
+    assert_eq!(read(&out), expected, "every line exactly once: the task was not started again");
+    assert_eq!(stdout(&c.cli(&["logs", &task])), expected);
+    assert!(c.daemon("worker-w1").log_text().contains("re-attaching"), "{}", c.logs());
+}
+
+/// Window: exit → report, with the worker down. The monitor records the exit
+/// status; the restarted worker reports it from that evidence.
+#[test]
+fn a_task_that_finished_while_the_worker_was_down_is_reported_from_its_status() {
+    let mut c = Cluster::start(1);
+    let task = c.submit(&["--", "sleep 1; echo bye; exit 7"]);
+    c.wait_status(&task, "running", BOUND);
+    let dir = attempt_dir(&c, &task);
+    c.kill9("worker-w1");
+    eventually(BOUND, || dir.join("status").exists().then_some(())).expect("monitor recorded the exit");
+    c.spawn_worker("w1", &[]);
+    let snap = c.wait_status(&task, "failed", BOUND);
+    assert_eq!((snap["exit_code"].as_i64(), snap["attempt"].as_u64()), (Some(7), Some(1)));
+    assert_eq!(read(&output_file(&c, &task)), "bye\n");
+}
+
+/// Window: mid-run, whole machine lost (every tenure process and the task die).
+/// No exit evidence exists: the task is `unknown` with `maybe-ran`, never re-run.
+#[test]
+fn after_a_simulated_reboot_a_started_task_is_unknown_not_rerun() {
+    let mut c = Cluster::start(1);
+    let task = c.submit(&["--", "echo started; sleep 30"]);
+    c.wait_status(&task, "running", BOUND);
+    let out = output_file(&c, &task);
+    eventually(BOUND, || read(&out).contains("started").then_some(())).expect("task started");
+    let (monitor, pgid) = (monitor_pid(&c, &task), task_pgid(&c, &task));
+    c.kill9("worker-w1");
+    c.kill9("sidecar-w1");
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(monitor), nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
+    eventually(BOUND, || (!group_alive(pgid)).then_some(())).expect("group gone");
+
+    c.start_worker("w1");
+    let snap = c.wait_status(&task, "unknown", BOUND);
+    assert_eq!(snap["hint"]["tag"], "maybe-ran", "{snap}");
+    assert_eq!(snap["attempt"], 1);
+    // Given time, it is still not run again.
+    std::thread::sleep(Duration::from_millis(1500));
+    let snap = c.snapshot(&task);
+    assert_eq!((snap["status"].as_str(), snap["attempt"].as_u64()), (Some("unknown"), Some(1)));
+    assert_eq!(read(&out), "started\n");
+}
+
+/// Window: mid-run, the monitor alone is killed. The worker ends the orphaned
+/// group (no process survives) and reports the outcome as lost.
+#[test]
+fn a_killed_monitor_leaves_no_process_and_an_honest_hint() {
+    let c = Cluster::start(1);
+    let task = c.submit(&["--", "echo up; sleep 60 & sleep 61; wait"]);
+    c.wait_status(&task, "running", BOUND);
+    let (monitor, pgid) = (monitor_pid(&c, &task), task_pgid(&c, &task));
+    assert!(group_alive(pgid));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(monitor), nix::sys::signal::Signal::SIGKILL).unwrap();
+    let snap = c.wait_status(&task, "unknown", BOUND);
+    assert_eq!(snap["hint"]["tag"], "maybe-ran");
+    assert!(!group_alive(pgid), "the task's processes outlived their monitor");
+}
+
+/// Windows: before intent (sidecar down: nothing starts) and mid-run (sidecar
+/// down: running tasks go on, their completion waits for the sidecar).
+#[test]
+fn without_its_sidecar_a_worker_starts_nothing_but_keeps_running_tasks() {
+    let mut c = Cluster::start(1);
+    let running = c.submit(&["--", "sleep 1.5; echo done-while-sidecar-down"]);
+    c.wait_status(&running, "running", BOUND);
+    c.kill9("sidecar-w1");
+    let queued = c.submit(&["--", "echo should-wait"]);
+    // The running task finishes; its output is complete even with no sidecar.
+    let out = output_file(&c, &running);
+    eventually(BOUND, || read(&out).contains("done-while-sidecar-down").then_some(())).expect("task finished");
+    // The new task did not start: its grant is refused while no intent can be recorded.
+    let refused =
+        eventually(BOUND, || c.daemon("coordinator").log_text().contains("sidecar unavailable").then_some(()));
+    assert!(refused.is_some(), "{}", c.logs());
+    assert!(!output_file(&c, &queued).exists(), "a task started without its intent");
+    assert_ne!(c.snapshot(&queued)["status"], "running");
+
+    c.spawn_sidecar("w1");
+    c.wait_status(&running, "completed", BOUND);
+    c.wait_status(&queued, "completed", BOUND);
+    assert_eq!(read(&output_file(&c, &queued)), "should-wait\n");
+}
+
+/// Output storage: the cap drops bytes (the task does not block) and says so;
+/// a symlink planted at the output path is refused, its target untouched.
+#[test]
+fn output_is_capped_and_symlinks_are_refused() {
+    let mut c = Cluster::start(0);
+    c.spawn_sidecar("w1");
+    c.spawn_worker("w1", &["--output-cap", "1000"]);
+    c.wait_workers(1);
+    let task = c.submit(&["--", "head -c 50000 /dev/zero | tr '\\0' x; echo"]);
+    let snap = c.wait_status(&task, "completed", BOUND);
+    assert_eq!(snap["output_dropped"].as_u64(), Some(50001 - 1000));
+    let text = read(&output_file(&c, &task));
+    assert!(text.starts_with(&"x".repeat(1000)));
+    assert!(text.contains("output cap of 1000 bytes reached"), "{text}");
+    assert!(text.len() < 1200);
+
+    // The next task id is predictable (ids are not secrets): plant a link there.
+    let victim = c.dir.path().join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let next_n: u64 = task.rsplit_once('-').unwrap().1.parse::<u64>().unwrap() + 1;
+    let planted = c.worker_dir("w1").join("output").join(format!("shell-{next_n}.out"));
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
+    let t2 = c.submit(&["--", "echo overwrite"]);
+    assert_eq!(t2, format!("shell-{next_n}"));
+    let snap = c.wait_status(&t2, "failed", BOUND);
+    assert!(snap["detail"].as_str().unwrap_or("").contains("cannot open output file"), "{snap}");
+    assert_eq!(read(&victim), "precious\n");
+}
+
+/// Corruption: a flipped record in the real sled store surfaces the task as
+/// `unknown` with a `sidecar-corrupt` hint; the sidecar and the rest keep working.
+#[test]
+fn a_corrupt_sidecar_record_surfaces_as_a_hint_not_a_crash() {
+    let mut c = Cluster::start(1);
+    let task = c.submit(&["--", "echo a; sleep 2; echo b"]);
+    c.wait_status(&task, "running", BOUND);
+    c.kill9("worker-w1");
+    c.kill9("sidecar-w1");
+    {
+        let db = sled::open(c.worker_dir("w1").join("sidecar-db")).unwrap();
+        let tree = db.open_tree("attempts").unwrap();
+        let (key, value) = tree.iter().next().expect("a record").unwrap();
+        let mut bytes = value.to_vec();
+        let last = bytes.len() - 1;
+        bytes[last] ^= 0xff;
+        tree.insert(key, bytes).unwrap();
+        db.flush().unwrap();
+    }
+    c.start_worker("w1");
+    let snap = c.wait_status(&task, "unknown", BOUND);
+    assert_eq!(snap["hint"]["tag"], "sidecar-corrupt", "{snap}");
+    // The machine goes on working.
+    let next = c.submit(&["--", "echo fine"]);
+    c.wait_status(&next, "completed", BOUND);
+    assert!(matches!(c.daemon("sidecar-w1").child.try_wait(), Ok(None)));
+}
