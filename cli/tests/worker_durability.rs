@@ -174,25 +174,20 @@ fn output_is_capped_and_symlinks_are_refused() {
     assert_eq!(read(&victim), "precious\n");
 }
 
-/// Corruption: a flipped record in the real sled store surfaces the task as
-/// `unknown` with a `sidecar-corrupt` hint; the sidecar and the rest keep working.
+/// Corruption with machine loss: a flipped record in the real sled store and no
+/// monitor evidence surface the task as `unknown` with a `sidecar-corrupt` hint;
+/// the sidecar and the rest of the machine keep working.
 #[test]
 fn a_corrupt_sidecar_record_surfaces_as_a_hint_not_a_crash() {
     let mut c = Cluster::start(1);
-    let task = c.submit(&["--", "echo a; sleep 2; echo b"]);
+    let task = c.submit(&["--", "echo a; sleep 30"]);
     c.wait_status(&task, "running", BOUND);
+    let (monitor, pgid) = (monitor_pid(&c, &task), task_pgid(&c, &task));
     c.kill9("worker-w1");
     c.kill9("sidecar-w1");
-    {
-        let db = sled::open(c.worker_dir("w1").join("sidecar-db")).unwrap();
-        let tree = db.open_tree("attempts").unwrap();
-        let (key, value) = tree.iter().next().expect("a record").unwrap();
-        let mut bytes = value.to_vec();
-        let last = bytes.len() - 1;
-        bytes[last] ^= 0xff;
-        tree.insert(key, bytes).unwrap();
-        db.flush().unwrap();
-    }
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(monitor), nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
+    corrupt_first_record(&c);
     c.start_worker("w1");
     let snap = c.wait_status(&task, "unknown", BOUND);
     assert_eq!(snap["hint"]["tag"], "sidecar-corrupt", "{snap}");
@@ -200,4 +195,60 @@ fn a_corrupt_sidecar_record_surfaces_as_a_hint_not_a_crash() {
     let next = c.submit(&["--", "echo fine"]);
     c.wait_status(&next, "completed", BOUND);
     assert!(matches!(c.daemon("sidecar-w1").child.try_wait(), Ok(None)));
+}
+
+/// Corruption with the task alive: the record is unreadable but the monitor's
+/// files are not, so the task is re-attached and settled truthfully.
+#[test]
+fn a_corrupt_record_of_a_live_task_is_settled_from_the_monitors_evidence() {
+    let mut c = Cluster::start(1);
+    let task = c.submit(&["--", "echo a; sleep 2; echo b"]);
+    c.wait_status(&task, "running", BOUND);
+    c.kill9("worker-w1");
+    c.kill9("sidecar-w1");
+    corrupt_first_record(&c);
+    c.start_worker("w1");
+    let snap = c.wait_status(&task, "completed", BOUND);
+    assert_eq!(snap["attempt"], 1);
+    assert_eq!(read(&output_file(&c, &task)), "a\nb\n");
+}
+
+/// An unopenable store: the sidecar serves degraded instead of crash-looping;
+/// the worker starts nothing new there and settles the running task from its
+/// monitor's evidence.
+#[test]
+fn an_unopenable_store_degrades_the_sidecar_instead_of_crashing_it() {
+    let mut c = Cluster::start(1);
+    let task = c.submit(&["--", "echo a; sleep 2; echo b"]);
+    c.wait_status(&task, "running", BOUND);
+    c.kill9("worker-w1");
+    c.kill9("sidecar-w1");
+    // Make the store unreadable: its schema key now claims a future version.
+    {
+        let db = sled::open(c.worker_dir("w1").join("sidecar-db")).unwrap();
+        db.open_tree("meta").unwrap().insert("schema", &99u32.to_be_bytes()).unwrap();
+        db.flush().unwrap();
+    }
+    c.start_worker("w1");
+    let snap = c.wait_status(&task, "completed", BOUND);
+    assert_eq!(snap["attempt"], 1);
+    let sidecar = c.daemon("sidecar-w1");
+    assert!(matches!(sidecar.child.try_wait(), Ok(None)), "the sidecar exited");
+    assert!(sidecar.log_text().contains("serving degraded"), "{}", sidecar.log_text());
+    // No new work starts on a machine that cannot record intents.
+    let next = c.submit(&["--", "echo never-here"]);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_ne!(c.snapshot(&next)["status"], "completed");
+    assert!(!output_file(&c, &next).exists());
+}
+
+fn corrupt_first_record(c: &Cluster) {
+    let db = sled::open(c.worker_dir("w1").join("sidecar-db")).unwrap();
+    let tree = db.open_tree("attempts").unwrap();
+    let (key, value) = tree.iter().next().expect("a record").unwrap();
+    let mut bytes = value.to_vec();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    tree.insert(key, bytes).unwrap();
+    db.flush().unwrap();
 }

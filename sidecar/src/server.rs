@@ -88,20 +88,37 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
 
     let db_dir = layout.db_dir();
     let started = Instant::now();
-    let machine = tokio::task::spawn_blocking(move || Machine::restore(SledStore::open(&db_dir)?))
-        .await
-        .map_err(|e| Error::StoreThread(e.to_string()))??;
-    for c in machine.corrupt() {
-        warn!(key = %c.key, reason = %c.reason, "unreadable recovery record: its attempt will be refused");
-    }
-    info!(
-        worker = %worker,
-        epoch = %machine.epoch(),
-        records = machine.records().count(),
-        corrupt = machine.corrupt().len(),
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "recovery state loaded"
-    );
+    let loaded = tokio::task::spawn_blocking(move || Machine::restore(SledStore::open(&db_dir)?)).await;
+    let machine = match loaded {
+        Ok(Ok(machine)) => {
+            for c in machine.corrupt() {
+                warn!(key = %c.key, reason = %c.reason, "unreadable recovery record: its attempt will be refused");
+            }
+            info!(
+                worker = %worker,
+                epoch = %machine.epoch(),
+                records = machine.records().count(),
+                corrupt = machine.corrupt().len(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "recovery state loaded"
+            );
+            Ok(machine)
+        }
+        // Another sidecar holds the database: this one must not serve at all.
+        Ok(Err(e)) if e.to_string().contains("could not acquire lock") => return Err(e.into()),
+        // An unusable store does not crash the sidecar into a restart loop: it
+        // serves, refusing every request with the reason, so the worker starts
+        // nothing new and settles what runs from its monitors' own evidence.
+        Ok(Err(e)) => {
+            error!(worker = %worker, error = %e, "recovery store unusable; serving degraded (refusing every request)");
+            Err(format!("recovery store unusable: {e}"))
+        }
+        // sled may panic on damaged files rather than return an error.
+        Err(panic) => {
+            error!(worker = %worker, error = %panic, "recovery store crashed while loading; serving degraded");
+            Err(format!("recovery store unusable: it crashed while loading ({panic})"))
+        }
+    };
 
     let (handle, commands) = mpsc::channel(64);
     let handle = StoreHandle { tx: handle };
@@ -213,20 +230,28 @@ impl StoreHandle {
 /// Owns the machine: applies commands one at a time until every handle is gone,
 /// then flushes. The machine (and with it the sled database) is dropped when
 /// this returns.
-fn own_machine(mut machine: Machine<SledStore>, mut commands: mpsc::Receiver<Command>) {
+fn own_machine(mut machine: Result<Machine<SledStore>, String>, mut commands: mpsc::Receiver<Command>) {
     while let Some(command) = commands.blocking_recv() {
-        match command {
-            Command::Handle(req, reply) => {
+        match (command, &mut machine) {
+            (Command::Handle(req, reply), Ok(machine)) => {
                 let _ = reply.send(machine.handle(req));
             }
-            Command::OutputOwner(task, reply) => {
+            (Command::Handle(_, reply), Err(reason)) => {
+                let _ = reply.send(SidecarReply::Refused(SidecarRefusal::Storage(reason.clone())));
+            }
+            (Command::OutputOwner(task, reply), Ok(machine)) => {
                 let owner = machine.record_for_output(&task).map(|r| (r.grant.owner.clone(), r.phase));
                 let _ = reply.send(owner);
             }
+            (Command::OutputOwner(_, reply), Err(_)) => {
+                let _ = reply.send(None);
+            }
         }
     }
-    if let Err(error) = machine.store().flush() {
-        warn!(%error, "final flush of the recovery store failed");
+    if let Ok(machine) = &machine {
+        if let Err(error) = machine.store().flush() {
+            warn!(%error, "final flush of the recovery store failed");
+        }
     }
 }
 

@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use tenure_protocol::messages::{LeaseGrant, Phase, ReportAck, ReportEvent, SidecarReply, SidecarRequest};
+use tenure_protocol::messages::{
+    LeaseGrant, Phase, ReportAck, ReportEvent, SidecarRefusal, SidecarReply, SidecarRequest,
+};
 use tenure_protocol::{subjects, Attempt, Ending, Epoch, HintTag, Outcome, RecoveryHint, TaskId};
 use tokio::process::Child;
 use tokio::sync::Notify;
@@ -111,7 +113,7 @@ pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify
 
 fn start_monitor(shared: &Shared, grant: &LeaseGrant, files: &AttemptFiles) -> Result<(Child, i32), String> {
     files.create().map_err(|e| format!("cannot create {}: {e}", files.dir().display()))?;
-    files.write_spec(&grant.spec).map_err(|e| format!("cannot write the task spec: {e}"))?;
+    files.write_grant(grant).map_err(|e| format!("cannot write the task's grant: {e}"))?;
     let args = MonitorArgs {
         data_dir: shared.layout.root().to_path_buf(),
         task: grant.task.clone(),
@@ -256,6 +258,9 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
     let (epoch, records, corrupt) = loop {
         match shared.sidecar.call(&SidecarRequest::List).await {
             Ok(SidecarReply::Records { epoch, records, corrupt }) => break (epoch, records, corrupt),
+            Ok(SidecarReply::Refused(SidecarRefusal::Storage(reason))) => {
+                return recover_without_records(shared, &reason);
+            }
             Ok(other) => tracing::error!(?other, "sidecar answered List oddly; retrying"),
             Err(error) => tracing::warn!(%error, "waiting for the sidecar"),
         }
@@ -306,6 +311,13 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
             continue;
         };
         known.insert(format!("{task}.{attempt}"));
+        // The record is lost, but the monitor's own files may still prove what happened.
+        let files = AttemptFiles::new(shared.layout.attempt_dir(&task, attempt));
+        if files.status().is_some() || files.monitor().is_some_and(|m| m.alive()) {
+            tracing::warn!(task = %task, attempt = %attempt, reason = %c.reason, "unreadable record; settling from the monitor's evidence");
+            settle_from_files(shared, task, attempt, files);
+            continue;
+        }
         let hint = RecoveryHint {
             tag: HintTag::SidecarCorrupt,
             message: format!(
@@ -318,6 +330,40 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
         tokio::spawn(async move { report_until_acked(&shared, &task, attempt, epoch, ReportEvent::Lost(hint)).await });
     }
     sweep_unknown_attempt_dirs(shared, &known).await;
+}
+
+/// Recovery when the machine's recovery store is unusable: the records are lost,
+/// but every attempt that reached its intent has a directory, and its monitor's
+/// evidence is there. Each is re-attached or settled from it; attempts that
+/// never reached their intent have no directory and nothing ran for them.
+fn recover_without_records(shared: &Arc<Shared>, reason: &str) {
+    tracing::error!(reason, "the sidecar cannot read its records; settling attempts from their directories");
+    let Ok(entries) = std::fs::read_dir(shared.layout.attempts_dir()) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let parsed = name.rsplit_once('.').and_then(|(t, a)| Some((t.parse::<TaskId>().ok()?, a.parse().ok()?)));
+        let Some((task, attempt)) = parsed else {
+            tracing::warn!(dir = %name, "not an attempt directory: kept");
+            continue;
+        };
+        settle_from_files(shared, task, Attempt(attempt), AttemptFiles::new(entry.path()));
+    }
+}
+
+/// Holds the attempt again and settles it from its directory alone: re-attached
+/// while its monitor lives, else from the monitor's evidence (or its absence).
+fn settle_from_files(shared: &Arc<Shared>, task: TaskId, attempt: Attempt, files: AttemptFiles) {
+    let kill = Arc::new(Notify::new());
+    shared.held().insert(task.clone(), Held { attempt, kill: kill.clone() });
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        let evidence = match files.monitor().filter(ProcessId::alive) {
+            Some(id) if files.status().is_none() => watch(&shared, &files, Monitor::Attached(id), &kill).await,
+            _ => evidence(&shared, &files, false).await,
+        };
+        let epoch = files.read_grant().map(|g| g.epoch).unwrap_or_default().max(shared.epoch_seen());
+        finish(&shared, &task, attempt, epoch, evidence).await;
+    });
 }
 
 /// Holds `grant`'s attempt again and settles it with the evidence `get` finds.

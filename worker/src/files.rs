@@ -3,7 +3,7 @@
 //!
 //! | file          | written by | when                        | meaning |
 //! |---------------|------------|-----------------------------|---------|
-//! | `spec`        | worker     | before spawning the monitor | what to run |
+//! | `grant`       | worker     | before spawning the monitor | the lease: what to run, owner, epoch |
 //! | `monitor.pid` | monitor    | first thing it does         | the monitor's pid and start time |
 //! | `pgid`        | monitor    | right after spawning        | the task's process group |
 //! | `status`      | monitor    | after the group is gone     | the exit evidence ([`MonitorStatus`]) |
@@ -17,7 +17,8 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tenure_protocol::{Outcome, TaskSpec};
+use tenure_protocol::messages::LeaseGrant;
+use tenure_protocol::Outcome;
 
 /// The exit evidence a monitor leaves behind.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,13 +90,13 @@ impl AttemptFiles {
         fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir)
     }
 
-    pub fn write_spec(&self, spec: &TaskSpec) -> io::Result<()> {
-        let bytes = tenure_protocol::encode(spec).map_err(io::Error::other)?;
-        write_atomic(&self.dir, "spec", &bytes)
+    pub fn write_grant(&self, grant: &LeaseGrant) -> io::Result<()> {
+        let bytes = tenure_protocol::encode(grant).map_err(io::Error::other)?;
+        write_atomic(&self.dir, "grant", &bytes)
     }
 
-    pub fn read_spec(&self) -> io::Result<TaskSpec> {
-        tenure_protocol::decode(&fs::read(self.dir.join("spec"))?).map_err(io::Error::other)
+    pub fn read_grant(&self) -> io::Result<LeaseGrant> {
+        tenure_protocol::decode(&fs::read(self.dir.join("grant"))?).map_err(io::Error::other)
     }
 
     pub fn write_monitor(&self, id: ProcessId) -> io::Result<()> {
@@ -152,9 +153,15 @@ mod tests {
         let files = AttemptFiles::new(dir.path().join("shell-1.1"));
         files.create().unwrap();
         assert!(files.status().is_none() && files.monitor().is_none() && files.pgid().is_none());
-        let spec = TaskSpec::shell("l", "echo hi");
-        files.write_spec(&spec).unwrap();
-        assert_eq!(files.read_spec().unwrap(), spec);
+        let grant = LeaseGrant {
+            task: "shell-1".parse().unwrap(),
+            attempt: tenure_protocol::Attempt(1),
+            epoch: tenure_protocol::Epoch(2),
+            owner: "o".parse().unwrap(),
+            spec: tenure_protocol::TaskSpec::shell("l", "echo hi"),
+        };
+        files.write_grant(&grant).unwrap();
+        assert_eq!(files.read_grant().unwrap(), grant);
         let me = ProcessId::current().unwrap();
         files.write_monitor(me).unwrap();
         assert_eq!(files.monitor(), Some(me));

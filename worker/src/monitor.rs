@@ -90,9 +90,9 @@ pub fn run(args: MonitorArgs) -> i32 {
 async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> MonitorStatus {
     let failed =
         |detail: String| MonitorStatus { outcome: Outcome::new(Ending::Failed, None, Some(detail)), output_written: 0 };
-    let spec = match files.read_spec() {
-        Ok(spec) => spec,
-        Err(e) => return failed(format!("cannot read the task spec: {e}")),
+    let spec = match files.read_grant() {
+        Ok(grant) => grant.spec,
+        Err(e) => return failed(format!("cannot read the task's grant: {e}")),
     };
     let output_path = layout.output_path(&args.task);
     let output = match tenure_sidecar::open_output_for_append(&output_path) {
