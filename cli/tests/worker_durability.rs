@@ -252,3 +252,57 @@ fn corrupt_first_record(c: &Cluster) {
     tree.insert(key, bytes).unwrap();
     db.flush().unwrap();
 }
+
+/// The named crash windows: the worker dies exactly at each point, restarts,
+/// and the task ends as the window allows — never run twice.
+fn crash_at(point: &str, command: &str) -> (Cluster, String, serde_json::Value) {
+    let mut c = Cluster::start(0);
+    c.spawn_sidecar("w1");
+    c.spawn_worker_crashing_at("w1", point);
+    c.wait_workers(1);
+    let task = c.submit(&["--", command]);
+    let crashed = c.daemon("worker-w1").wait_exit(BOUND);
+    assert!(crashed.is_some_and(|s| !s.success()), "the worker did not crash at {point}:\n{}", c.logs());
+    c.spawn_worker("w1", &[]);
+    let snap = eventually(BOUND, || {
+        let s = c.try_snapshot(&task)?;
+        let status = s["status"].as_str()?;
+        (status != "queued" && status != "leased" && status != "running").then_some(s)
+    })
+    .unwrap_or_else(|| panic!("{task} did not settle after a crash at {point}:\n{}", c.logs()));
+    (c, task, snap)
+}
+
+#[test]
+fn crash_after_accept_before_intent_runs_the_task_once_later() {
+    let (c, task, snap) = crash_at("after-accept", "echo ran");
+    assert_eq!(snap["status"], "completed", "{snap}");
+    assert_eq!(snap["attempt"], 2, "attempt 1 was handed back and never started");
+    assert_eq!(read(&output_file(&c, &task)), "ran\n");
+}
+
+#[test]
+fn crash_after_intent_before_spawn_is_unknown_maybe_ran() {
+    let (c, task, snap) = crash_at("after-intent", "echo ran");
+    assert_eq!((snap["status"].as_str(), snap["hint"]["tag"].as_str()), (Some("unknown"), Some("maybe-ran")));
+    assert_eq!(snap["attempt"], 1);
+    assert_eq!(read(&output_file(&c, &task)), "", "nothing started, and nothing was started again");
+}
+
+#[test]
+fn crash_after_exit_recorded_before_report_reports_it_once() {
+    let (c, task, snap) = crash_at("after-exited", "echo ran; exit 4");
+    assert_eq!((snap["status"].as_str(), snap["exit_code"].as_i64()), (Some("failed"), Some(4)));
+    assert_eq!(snap["attempt"], 1);
+    assert_eq!(read(&output_file(&c, &task)), "ran\n");
+}
+
+#[test]
+fn crash_after_report_before_acknowledged_is_idempotent() {
+    let (mut c, task, snap) = crash_at("after-report", "echo ran");
+    assert_eq!((snap["status"].as_str(), snap["attempt"].as_u64()), (Some("completed"), Some(1)));
+    assert_eq!(read(&output_file(&c, &task)), "ran\n");
+    // The restarted worker re-reported the buffered completion and got it acknowledged.
+    let acked = eventually(BOUND, || c.daemon("worker-w1").log_text().contains("re-reporting").then_some(()));
+    assert!(acked.is_some(), "{}", c.logs());
+}

@@ -24,6 +24,18 @@ use crate::monitor::MonitorArgs;
 use crate::process;
 use crate::service::{sidecar_insist, Held, Shared};
 
+/// Test hook for the named crash windows: when `TENURE_CRASH_AT` names this
+/// point, the worker dies on the spot (SIGABRT), exactly as a SIGKILL there
+/// would leave things. Points: `after-accept`, `after-intent`, `after-exited`,
+/// `after-report`. Unset in production; it changes nothing else.
+pub(crate) fn crash_point(point: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    if AT.get_or_init(|| std::env::var("TENURE_CRASH_AT").ok()).as_deref() == Some(point) {
+        tracing::error!(point, "TENURE_CRASH_AT: crashing on purpose");
+        std::process::abort();
+    }
+}
+
 /// What a finished watch proved about the attempt.
 #[derive(Debug, Clone)]
 pub enum Evidence {
@@ -88,6 +100,7 @@ pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify
             return;
         }
     }
+    crash_point("after-intent");
     // From here on the attempt may have run: it is never given back.
     let files = AttemptFiles::new(shared.layout.attempt_dir(&task, attempt));
     let evidence = match start_monitor(&shared, &grant, &files) {
@@ -195,7 +208,9 @@ async fn finish(shared: &Shared, task: &TaskId, attempt: Attempt, epoch: Epoch, 
         Evidence::Exited(outcome) => {
             let exited = SidecarRequest::Exited { task: task.clone(), attempt, outcome: outcome.clone() };
             let _ = sidecar_insist(shared, exited).await;
+            crash_point("after-exited");
             report_until_acked(shared, task, attempt, epoch, ReportEvent::Finished(outcome)).await;
+            crash_point("after-report");
             let _ = sidecar_insist(shared, SidecarRequest::Acknowledged { task: task.clone(), attempt }).await;
             let _ = std::fs::remove_dir_all(shared.layout.attempt_dir(task, attempt));
         }

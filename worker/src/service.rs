@@ -236,6 +236,7 @@ async fn on_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
         Ok(other) => return WorkerReply::Refused(Refusal::SidecarUnavailable(format!("{other:?}"))),
         Err(e) => return WorkerReply::Refused(Refusal::SidecarUnavailable(e.to_string())),
     }
+    attempt::crash_point("after-accept");
     shared.observe_epoch(grant.epoch);
     let kill = Arc::new(Notify::new());
     shared.held().insert(grant.task.clone(), Held { attempt: grant.attempt, kill: kill.clone() });

@@ -96,6 +96,13 @@ impl Cluster {
         self.spawn(&format!("worker-{id}"), &args)
     }
 
+    /// Starts the worker process `id` set to crash at a named point (`TENURE_CRASH_AT`).
+    pub fn spawn_worker_crashing_at(&mut self, id: &str, point: &str) -> &mut Daemon {
+        let d = self.worker_dir(id).display().to_string();
+        let args = ["worker", "--id", id, "--slots", "4", "--data-dir", &d, "--heartbeat-ms", "300"];
+        self.spawn_env(&format!("worker-{id}"), &args, &[("TENURE_CRASH_AT", point)])
+    }
+
     /// SIGKILLs the newest daemon called `name` and reaps it.
     pub fn kill9(&mut self, name: &str) {
         let d = self.daemon(name);
@@ -104,6 +111,10 @@ impl Cluster {
     }
 
     pub fn spawn(&mut self, name: &str, args: &[&str]) -> &mut Daemon {
+        self.spawn_env(name, args, &[])
+    }
+
+    pub fn spawn_env(&mut self, name: &str, args: &[&str], env: &[(&str, &str)]) -> &mut Daemon {
         let log = self.dir.path().join(format!("{name}-{}.log", self.daemons.len()));
         let file = std::fs::File::create(&log).expect("log file");
         let child = Command::new(BIN)
@@ -111,6 +122,7 @@ impl Cluster {
             .arg(&self.nats.url)
             .args(args)
             .env("RUST_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("dup"))
             .stderr(file)

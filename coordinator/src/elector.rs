@@ -1,0 +1,419 @@
+//! The lease driver: one task per coordinator process that reads and writes the
+//! leader key in JetStream KV on behalf of the pure [`Lease`] machine, and tells
+//! the service whether this process leads.
+//!
+//! It owns the KV bucket handle, the machine, the monotonic clock reading for
+//! it, and the standby's presence messages. Every decision — when to take over,
+//! renew or give up — is the machine's; this module only carries writes out
+//! (compare-and-set on the revision, bounded by a timeout), reads the key
+//! regularly, and publishes a [`LeaseView`] the service checks before every
+//! write and command. It must never write the key except as the machine says,
+//! and never extend the view's `valid_until` past what the machine computed.
+
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv};
+use tenure_protocol::messages::CoordinatorPresence;
+use tenure_protocol::{subjects, Epoch};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::lease::{ms, Decision, KeyState, Lease, LeaseConfig, LeaseValue, Observation, Write};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("leader lease bucket {bucket} unavailable: {reason}")]
+    Bucket { bucket: &'static str, reason: String },
+}
+
+/// This process's monotonic clock, as durations since the process started.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    base: Instant,
+}
+
+impl Clock {
+    pub fn new() -> Clock {
+        Clock { base: Instant::now() }
+    }
+
+    pub fn now(&self) -> Duration {
+        self.base.elapsed()
+    }
+
+    /// The instant at which `now()` will read `at`.
+    pub fn instant(&self, at: Duration) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.base + at)
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::new()
+    }
+}
+
+/// One leadership term of this process, as the machine sees it right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Term {
+    /// Counts the terms of this process: a new takeover is a new id.
+    pub id: u64,
+    pub epoch: Epoch,
+    /// The leader may act while `Clock::now() < valid_until`.
+    pub valid_until: Duration,
+    /// When the last successful lease write was sent.
+    pub renewed_at: Duration,
+    pub renewals: u64,
+    /// When this process judged the previous lease expired.
+    pub takeover_started: Duration,
+}
+
+/// Whether this process leads, published after every change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseView {
+    Standby,
+    Leader(Term),
+}
+
+impl LeaseView {
+    pub fn term(&self) -> Option<&Term> {
+        match self {
+            LeaseView::Leader(t) => Some(t),
+            LeaseView::Standby => None,
+        }
+    }
+}
+
+enum Command {
+    AdoptEpoch(Epoch),
+    StepDown,
+    Shutdown(oneshot::Sender<()>),
+}
+
+/// The service's handle on the lease task.
+pub struct Elector {
+    commands: mpsc::Sender<Command>,
+    view: watch::Receiver<LeaseView>,
+    clock: Clock,
+    holder: String,
+}
+
+struct Driver {
+    lease: Lease,
+    store: kv::Store,
+    client: async_nats::Client,
+    clock: Clock,
+    name: String,
+    view: watch::Sender<LeaseView>,
+    term_id: u64,
+    /// The holder and epoch last logged, so that a change is logged once.
+    last_logged: Option<(String, Epoch)>,
+    io_timeout: Duration,
+}
+
+impl Elector {
+    /// Opens (or creates) the lease bucket and starts the lease task as a standby.
+    pub async fn start(
+        client: async_nats::Client,
+        replicas: usize,
+        name: &str,
+        holder: String,
+        cfg: LeaseConfig,
+        clock: Clock,
+    ) -> Result<Elector, Error> {
+        let js = jetstream::new(client.clone());
+        let store = open_bucket(&js, replicas).await?;
+        let (view_tx, view_rx) = watch::channel(LeaseView::Standby);
+        let (cmd_tx, cmd_rx) = mpsc::channel(16);
+        let driver = Driver {
+            lease: Lease::new(cfg, holder.clone()),
+            store,
+            client,
+            clock,
+            name: name.to_owned(),
+            view: view_tx,
+            term_id: 0,
+            last_logged: None,
+            io_timeout: cfg.renew_interval.clamp(Duration::from_millis(100), Duration::from_secs(2)),
+        };
+        tokio::spawn(driver.run(cmd_rx));
+        Ok(Elector { commands: cmd_tx, view: view_rx, clock, holder })
+    }
+
+    pub fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    pub fn clock(&self) -> Clock {
+        self.clock
+    }
+
+    /// A receiver of the view, for the leader loop.
+    pub fn view(&self) -> watch::Receiver<LeaseView> {
+        self.view.clone()
+    }
+
+    /// Waits until this process leads a term newer than `after`. `None` if the
+    /// lease task is gone.
+    pub async fn wait_leader(&mut self, after: u64) -> Option<Term> {
+        let mut view = self.view.clone();
+        loop {
+            if let Some(t) = view.borrow_and_update().term().filter(|t| t.id > after) {
+                return Some(t.clone());
+            }
+            view.changed().await.ok()?;
+        }
+    }
+
+    /// The leader claimed `epoch` in the registry: write it back to the lease.
+    pub async fn adopt_epoch(&self, epoch: Epoch) {
+        let _ = self.commands.send(Command::AdoptEpoch(epoch)).await;
+    }
+
+    /// The leader stopped acting: release the lease and become a standby.
+    pub async fn step_down(&self) {
+        let _ = self.commands.send(Command::StepDown).await;
+    }
+
+    /// Releases the lease if held and stops the lease task.
+    pub async fn shutdown(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.commands.send(Command::Shutdown(tx)).await.is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), rx).await;
+        }
+    }
+}
+
+/// Gets the bucket, creating it when absent (two coordinators creating it at
+/// once is fine: the second create finds the same configuration).
+async fn open_bucket(js: &jetstream::Context, replicas: usize) -> Result<kv::Store, Error> {
+    if let Ok(store) = js.get_key_value(subjects::LEADER_BUCKET).await {
+        return Ok(store);
+    }
+    let created = js
+        .create_key_value(kv::Config {
+            bucket: subjects::LEADER_BUCKET.to_owned(),
+            description: "tenure coordinators' leader lease".to_owned(),
+            history: 1,
+            storage: jetstream::stream::StorageType::File,
+            num_replicas: replicas.max(1),
+            ..Default::default()
+        })
+        .await;
+    match created {
+        Ok(store) => Ok(store),
+        Err(e) => js
+            .get_key_value(subjects::LEADER_BUCKET)
+            .await
+            .map_err(|_| Error::Bucket { bucket: subjects::LEADER_BUCKET, reason: e.to_string() }),
+    }
+}
+
+impl Driver {
+    async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        let mut tick = tokio::time::interval(self.lease.tick_period());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let poll_every = (self.lease.config().renew_interval / 2).min(Duration::from_millis(250));
+        let mut poll = tokio::time::interval(poll_every);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut presence = tokio::time::interval(Duration::from_secs(1));
+        presence.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tracing::info!(holder = %self.lease.holder(), "standby: watching the leader lease");
+        loop {
+            let obs = tokio::select! {
+                _ = tick.tick() => Observation::Tick,
+                _ = poll.tick() => match self.read().await {
+                    Some(obs) => obs,
+                    None => continue,
+                },
+                _ = presence.tick() => {
+                    if self.lease.held().is_none() {
+                        self.announce().await;
+                    }
+                    continue;
+                }
+                command = commands.recv() => match command {
+                    Some(Command::AdoptEpoch(epoch)) => {
+                        self.lease.adopt_epoch(epoch, self.clock.now());
+                        Observation::Tick
+                    }
+                    Some(Command::StepDown) => {
+                        self.step_down().await;
+                        continue;
+                    }
+                    Some(Command::Shutdown(done)) => {
+                        self.step_down().await;
+                        let _ = done.send(());
+                        return;
+                    }
+                    None => {
+                        self.step_down().await;
+                        return;
+                    }
+                },
+            };
+            self.step(obs).await;
+        }
+    }
+
+    /// Feeds one observation, carries out what the machine decides, and feeds
+    /// the answers back until it has nothing more to do.
+    async fn step(&mut self, mut obs: Observation) {
+        loop {
+            let decision = self.lease.handle(obs, self.clock.now());
+            obs = match decision {
+                Decision::None => break,
+                Decision::Acquire(w) => {
+                    tracing::info!(
+                        revision = w.expected,
+                        epoch = %w.value.epoch,
+                        "leader lease expired or free in our eyes; taking over"
+                    );
+                    self.write(&w).await
+                }
+                Decision::Renew(w) => self.write(&w).await,
+                Decision::Lead { epoch, takeover_started } => {
+                    self.term_id += 1;
+                    tracing::info!(
+                        %epoch,
+                        term = self.term_id,
+                        since_judged_expired_ms = ms(self.clock.now().saturating_sub(takeover_started)),
+                        "leader lease acquired"
+                    );
+                    break;
+                }
+                Decision::StepDown(reason) => {
+                    tracing::warn!(%reason, "leader lease lost");
+                    break;
+                }
+            };
+            if matches!(obs, Observation::Conflict | Observation::WriteFailed) {
+                // Learn what the key holds before anything else is decided.
+                let answer = self.lease.handle(obs, self.clock.now());
+                debug_assert!(matches!(answer, Decision::None | Decision::StepDown(_)));
+                if let Decision::StepDown(reason) = answer {
+                    tracing::warn!(%reason, "leader lease lost");
+                }
+                self.publish();
+                match self.read().await {
+                    Some(read) => obs = read,
+                    None => break,
+                }
+            }
+        }
+        self.publish();
+    }
+
+    fn publish(&mut self) {
+        let view = match (self.lease.held(), self.lease.valid_until()) {
+            (Some(h), Some(valid_until)) => LeaseView::Leader(Term {
+                id: self.term_id,
+                epoch: h.value.epoch,
+                valid_until,
+                renewed_at: h.renewed_at,
+                renewals: h.value.renewals,
+                takeover_started: h.takeover_started,
+            }),
+            _ => LeaseView::Standby,
+        };
+        self.view.send_if_modified(|current| {
+            let changed = *current != view;
+            *current = view;
+            changed
+        });
+    }
+
+    async fn step_down(&mut self) {
+        let Some(release) = self.lease.step_down(self.clock.now()) else {
+            self.publish();
+            return;
+        };
+        // Publish first: nothing may act on the lease once it is being released.
+        self.publish();
+        match self.cas(&release).await {
+            Ok(Ok(_)) => tracing::info!(epoch = %release.value.epoch, "leader lease released"),
+            Ok(Err(())) => tracing::info!("leader lease not released: the key moved on"),
+            Err(reason) => tracing::warn!(%reason, "leader lease not released; it expires after its ttl"),
+        }
+    }
+
+    async fn announce(&self) {
+        let presence = CoordinatorPresence { name: self.name.clone(), holder: self.lease.holder().to_owned() };
+        match tenure_protocol::encode(&presence) {
+            Ok(bytes) => {
+                if let Err(error) = self.client.publish(subjects::COORD_PRESENCE, bytes.into()).await {
+                    tracing::debug!(%error, "presence not published");
+                }
+            }
+            Err(error) => tracing::error!(%error, "presence could not be encoded"),
+        }
+    }
+
+    /// Reads the key. `None` when it could not be read (nothing is concluded).
+    async fn read(&mut self) -> Option<Observation> {
+        let entry = match tokio::time::timeout(self.io_timeout, self.store.entry(subjects::LEADER_KEY)).await {
+            Ok(Ok(entry)) => entry,
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "leader lease not readable");
+                return None;
+            }
+            Err(_) => {
+                tracing::debug!("leader lease read timed out");
+                return None;
+            }
+        };
+        let (revision, state) = match entry {
+            None => (0, KeyState::Absent),
+            Some(e) if e.operation != kv::Operation::Put => (e.revision, KeyState::Absent),
+            Some(e) => match tenure_protocol::decode::<LeaseValue>(&e.value) {
+                Ok(v) => (e.revision, KeyState::Held(v)),
+                Err(error) => {
+                    tracing::warn!(revision = e.revision, %error, "leader lease value unreadable");
+                    (e.revision, KeyState::Unreadable)
+                }
+            },
+        };
+        if let KeyState::Held(v) = &state {
+            let logged = Some((v.holder.clone(), v.epoch));
+            if v.holder != self.lease.holder() && self.last_logged != logged {
+                tracing::info!(leader = %v.holder, epoch = %v.epoch, released = v.is_released(), "leader lease seen");
+                self.last_logged = logged;
+            }
+        }
+        Some(Observation::Key { revision, state })
+    }
+
+    async fn write(&self, w: &Write) -> Observation {
+        match self.cas(w).await {
+            Ok(Ok(revision)) => Observation::Written { revision },
+            Ok(Err(())) => Observation::Conflict,
+            Err(reason) => {
+                tracing::warn!(%reason, revision = w.expected, "leader lease write unanswered");
+                Observation::WriteFailed
+            }
+        }
+    }
+
+    /// One compare-and-set: `Ok(Ok(revision))` landed, `Ok(Err(()))` refused
+    /// because the key moved, `Err` no answer (it may have landed).
+    async fn cas(&self, w: &Write) -> Result<Result<u64, ()>, String> {
+        let payload: bytes::Bytes = tenure_protocol::encode(&w.value).map_err(|e| e.to_string())?.into();
+        let key = subjects::LEADER_KEY;
+        let result = tokio::time::timeout(self.io_timeout, async {
+            if w.expected == 0 {
+                match self.store.create(key, payload).await {
+                    Ok(revision) => Ok(Ok(revision)),
+                    Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(Err(())),
+                    Err(e) => Err(e.to_string()),
+                }
+            } else {
+                match self.store.update(key, payload, w.expected).await {
+                    Ok(revision) => Ok(Ok(revision)),
+                    Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(Err(())),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
+        })
+        .await;
+        result.unwrap_or_else(|_| Err(format!("no answer within {} ms", ms(self.io_timeout))))
+    }
+}
