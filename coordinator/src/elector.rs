@@ -85,7 +85,8 @@ impl LeaseView {
 
 enum Command {
     AdoptEpoch(Epoch),
-    StepDown,
+    /// The service stopped acting in this term.
+    StepDown(u64),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -154,7 +155,7 @@ impl Elector {
 
     /// Waits until this process leads a term newer than `after`. `None` if the
     /// lease task is gone.
-    pub async fn wait_leader(&mut self, after: u64) -> Option<Term> {
+    pub async fn wait_leader(&self, after: u64) -> Option<Term> {
         let mut view = self.view.clone();
         loop {
             if let Some(t) = view.borrow_and_update().term().filter(|t| t.id > after) {
@@ -169,9 +170,9 @@ impl Elector {
         let _ = self.commands.send(Command::AdoptEpoch(epoch)).await;
     }
 
-    /// The leader stopped acting: release the lease and become a standby.
-    pub async fn step_down(&self) {
-        let _ = self.commands.send(Command::StepDown).await;
+    /// The leader stopped acting in term `term`: release the lease and become a standby.
+    pub async fn step_down(&self, term: u64) {
+        let _ = self.commands.send(Command::StepDown(term)).await;
     }
 
     /// Releases the lease if held and stops the lease task.
@@ -236,8 +237,11 @@ impl Driver {
                         self.lease.adopt_epoch(epoch, self.clock.now());
                         Observation::Tick
                     }
-                    Some(Command::StepDown) => {
-                        self.step_down().await;
+                    Some(Command::StepDown(term)) => {
+                        // A term that already ended (lost by the lease itself) is not ended again.
+                        if term == self.term_id {
+                            self.step_down().await;
+                        }
                         continue;
                     }
                     Some(Command::Shutdown(done)) => {

@@ -5,7 +5,8 @@
 //! sequence (`Nats-Expected-Last-Sequence`). The leader is the only writer, so it
 //! knows that sequence; a new leader's claim moves it, after which every append
 //! of a deposed leader fails with [`Error::Fenced`] — whatever the deposed leader
-//! believes about its lease. Retries of one append reuse its `Nats-Msg-Id` (a
+//! believes about its lease. The leader lease (`lease.rs`) decides who *should*
+//! write; this fence is what makes a stale writer *unable* to. Retries of one append reuse its `Nats-Msg-Id` (a
 //! per-process nonce and the expected sequence), so a write whose ack was lost is
 //! deduplicated instead of being mistaken for fencing; JetStream checks ids before
 //! sequences, which is why ids must never collide across coordinators.
@@ -93,10 +94,12 @@ impl Registry {
         Ok((Registry { js, last_seq: state.last_sequence, epoch, nonce: uuid::Uuid::new_v4() }, loaded))
     }
 
-    /// Claims the next epoch: appends a claim conditional on the sequence this
-    /// coordinator loaded. Fails with [`Error::Fenced`] if anyone wrote since.
-    pub async fn claim(&mut self, by: &str, now_ms: u64) -> Result<Epoch, Error> {
-        let epoch = self.epoch.next();
+    /// Claims the next epoch, and at least `at_least` (the epoch of the leader
+    /// lease just won, so that lease and registry agree): appends a claim
+    /// conditional on the sequence this coordinator loaded. Fails with
+    /// [`Error::Fenced`] if anyone wrote since; the caller loads again.
+    pub async fn claim(&mut self, by: &str, at_least: Epoch, now_ms: u64) -> Result<Epoch, Error> {
+        let epoch = self.epoch.next().max(at_least);
         let claim = EpochClaim { epoch, by: by.to_owned(), at_ms: now_ms };
         self.append(subjects::REGISTRY_EPOCH.to_owned(), &RegistryEntry::Epoch(claim)).await?;
         self.epoch = epoch;
