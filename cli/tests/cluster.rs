@@ -68,6 +68,9 @@ fn kill_ends_the_whole_process_group_including_double_forked_children() {
     c.wait_status(&task, "running", BOUND);
     let pgid: i32 = eventually(BOUND, || stdout(&c.cli(&["logs", &task])).trim().parse().ok()).expect("pgid printed");
     assert!(group_alive(pgid));
+    // The double-forked grandchild is re-parented to the task's monitor, not PID 1.
+    let members = eventually(BOUND, || Some(common::group_members(pgid)).filter(|m| m.len() >= 4)).expect("members");
+    assert!(members.iter().all(|(_, ppid)| *ppid != 1), "re-parented to PID 1: {members:?}");
 
     let kill = c.cli(&["kill", &task]);
     assert_eq!(stdout(&kill).trim(), "requested", "{}", stderr(&kill));

@@ -52,6 +52,8 @@ fn a_task_outlives_a_sigkilled_worker_and_is_reported_once() {
     let grew = eventually(BOUND, || read(&out).contains("tick-8").then_some(()));
     assert!(grew.is_some(), "output stopped with the worker: {:?}", read(&out));
     assert!(group_alive(pgid) || read(&out).contains("tick-20"));
+    // Output stays readable through the sidecar while the worker is down.
+    assert!(stdout(&c.cli(&["logs", &task])).starts_with("tick-1\ntick-2\n"));
 
     c.spawn_worker("w1", &[]);
     let snap = c.wait_status(&task, "completed", BOUND);
@@ -305,4 +307,55 @@ fn crash_after_report_before_acknowledged_is_idempotent() {
     // The restarted worker re-reported the buffered completion and got it acknowledged.
     let acked = eventually(BOUND, || c.daemon("worker-w1").log_text().contains("re-reporting").then_some(()));
     assert!(acked.is_some(), "{}", c.logs());
+}
+
+/// Raw damage: bytes flipped in the sled files themselves. Whatever sled makes
+/// of it, the sidecar stays up and the running task is settled from its
+/// monitor's evidence or marked unknown — never run again.
+#[test]
+fn flipped_bytes_in_the_sled_files_never_crash_the_sidecar_or_rerun_a_task() {
+    let mut c = Cluster::start(1);
+    let task = c.submit(&["--", "echo a; sleep 2; echo b"]);
+    c.wait_status(&task, "running", BOUND);
+    c.kill9("worker-w1");
+    c.kill9("sidecar-w1");
+    let db = c.worker_dir("w1").join("sidecar-db");
+    let mut flipped = 0;
+    for entry in walk(&db) {
+        let mut bytes = std::fs::read(&entry).unwrap();
+        if bytes.len() < 64 {
+            continue;
+        }
+        for i in (16..bytes.len()).step_by(97) {
+            bytes[i] ^= 0x5a;
+        }
+        std::fs::write(&entry, bytes).unwrap();
+        flipped += 1;
+    }
+    assert!(flipped > 0, "no sled file to damage");
+    c.start_worker("w1");
+    let snap = eventually(BOUND, || {
+        let s = c.try_snapshot(&task)?;
+        matches!(s["status"].as_str(), Some("completed" | "unknown")).then_some(s)
+    })
+    .unwrap_or_else(|| panic!("{task} not settled:\n{}", c.logs()));
+    assert_eq!(snap["attempt"], 1, "{snap}");
+    if snap["status"] == "unknown" {
+        assert!(snap["hint"]["tag"].is_string(), "{snap}");
+    }
+    assert!(matches!(c.daemon("sidecar-w1").child.try_wait(), Ok(None)), "sidecar died:\n{}", c.logs());
+    assert_eq!(read(&output_file(&c, &task)), "a\nb\n");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
 }

@@ -182,7 +182,10 @@ pub enum Decision {
     Renew(Write),
     /// Our takeover landed: lead under `epoch`. `takeover_started` is when this
     /// process judged the previous lease expired.
-    Lead { epoch: Epoch, takeover_started: Duration },
+    Lead {
+        epoch: Epoch,
+        takeover_started: Duration,
+    },
     /// Stop every write and every command now.
     StepDown(StepDownReason),
 }

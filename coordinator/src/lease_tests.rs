@@ -303,16 +303,26 @@ fn stepping_down_releases_the_key_and_late_answers_never_lead() {
 
 // ------------------------------------------------------ random schedules
 
-/// One simulated coordinator process.
+/// One simulated coordinator process. Like the real driver, it waits for the
+/// answer to a write before it handles anything else; a write whose answer was
+/// lost may still land later ("orphan").
 struct Node {
     lease: Lease,
     paused: bool,
-    /// Reads and write answers on their way to the process.
+    /// Reads on their way to the process.
     inbox: VecDeque<Observation>,
-    /// A write sent but not landed yet.
+    /// The write sent and not answered yet: the process waits for it.
     in_flight: Option<Write>,
-    /// A release sent but not landed yet (nobody waits for its answer).
-    release: Option<Write>,
+    /// The answer to that write, delivered when the process runs next.
+    answer: Option<Observation>,
+    /// Writes given up on (no answer expected) that may still land, and releases.
+    orphans: Vec<Write>,
+}
+
+impl Node {
+    fn busy(&self) -> bool {
+        self.paused || self.in_flight.is_some()
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -321,9 +331,9 @@ enum Step {
     Tick(usize),
     Read(usize),
     Deliver(usize),
-    /// Land the write in flight; `bool`: the answer is lost.
+    /// Land the write in flight (and any orphans); `bool`: its answer is lost.
     Land(usize, bool),
-    /// The write in flight never lands and gets no answer.
+    /// The write in flight gets no answer and may land later.
     Drop(usize),
     TogglePause(usize),
     /// The leader steps down on its own account (fenced, shutdown).
@@ -349,7 +359,8 @@ impl Sim {
                 paused: false,
                 inbox: VecDeque::new(),
                 in_flight: None,
-                release: None,
+                answer: None,
+                orphans: vec![],
             })
             .collect();
         Sim {
@@ -380,12 +391,12 @@ impl Sim {
         match d {
             Decision::None => {}
             Decision::Acquire(w) | Decision::Renew(w) => {
-                assert!(self.nodes[i].in_flight.is_none(), "second write before the first was answered");
+                assert!(self.nodes[i].in_flight.is_none() && self.nodes[i].answer.is_none());
                 self.nodes[i].in_flight = Some(w);
             }
             Decision::Lead { epoch, .. } => {
                 if let Some(last) = self.lead_epochs.last() {
-                    assert!(epoch > *last, "lease epoch {epoch} after {last}");
+                    assert!(epoch > *last, "lease epoch {epoch} after {last}\n{}", self.trace.join("\n"));
                 }
                 self.lead_epochs.push(epoch);
                 // The registry claim: max(lease epoch, last claim + 1), written back.
@@ -397,11 +408,24 @@ impl Sim {
         }
     }
 
+    /// Runs node `i` if it can: first the answer it waits for, then `obs`.
+    fn run(&mut self, i: usize, obs: Option<Observation>) {
+        if self.nodes[i].paused {
+            return;
+        }
+        if let Some(answer) = self.nodes[i].answer.take() {
+            self.feed(i, answer);
+        }
+        if let (Some(obs), false) = (obs, self.nodes[i].busy()) {
+            self.feed(i, obs);
+        }
+    }
+
     fn step(&mut self, step: Step) {
         let n = self.nodes.len();
         match step {
             Step::Advance(ms) => self.now += Duration::from_millis(u64::from(ms)),
-            Step::Tick(i) if !self.nodes[i % n].paused => self.feed(i % n, Observation::Tick),
+            Step::Tick(i) => self.run(i % n, Some(Observation::Tick)),
             Step::Read(i) => {
                 let obs = match &self.key {
                     None => key(0, KeyState::Absent),
@@ -409,14 +433,16 @@ impl Sim {
                 };
                 self.nodes[i % n].inbox.push_back(obs);
             }
-            Step::Deliver(i) if !self.nodes[i % n].paused => {
-                if let Some(obs) = self.nodes[i % n].inbox.pop_front() {
-                    self.feed(i % n, obs);
+            Step::Deliver(i) => {
+                let i = i % n;
+                if !self.nodes[i].busy() || self.nodes[i].answer.is_some() {
+                    let obs = if self.nodes[i].answer.is_some() { None } else { self.nodes[i].inbox.pop_front() };
+                    self.run(i, obs);
                 }
             }
             Step::Land(i, lost) => {
                 let i = i % n;
-                if let Some(w) = self.nodes[i].release.take() {
+                for w in std::mem::take(&mut self.nodes[i].orphans) {
                     self.cas(&w);
                 }
                 if let Some(w) = self.nodes[i].in_flight.take() {
@@ -425,23 +451,27 @@ impl Sim {
                         Some(revision) => Observation::Written { revision },
                         None => Observation::Conflict,
                     };
-                    self.nodes[i].inbox.push_back(answer);
+                    self.nodes[i].answer = Some(answer);
                 }
             }
             Step::Drop(i) => {
-                if self.nodes[i % n].in_flight.take().is_some() {
-                    self.nodes[i % n].inbox.push_back(Observation::WriteFailed);
+                let node = &mut self.nodes[i % n];
+                if let Some(w) = node.in_flight.take() {
+                    node.orphans.push(w);
+                    node.answer = Some(Observation::WriteFailed);
                 }
             }
             Step::TogglePause(i) => self.nodes[i % n].paused ^= true,
-            Step::Resign(i) if !self.nodes[i % n].paused && self.nodes[i % n].in_flight.is_none() => {
-                let now = self.now;
-                if let Some(w) = self.nodes[i % n].lease.step_down(now) {
-                    self.trace.push(format!("{:>7}ms n{} resigns", now.as_millis(), i % n));
-                    self.nodes[i % n].release = Some(w);
+            Step::Resign(i) => {
+                let i = i % n;
+                let node = &mut self.nodes[i];
+                if !node.busy() && node.answer.is_none() {
+                    if let Some(w) = node.lease.step_down(self.now) {
+                        self.trace.push(format!("{:>7}ms n{i} resigns", self.now.as_millis()));
+                        node.orphans.push(w);
+                    }
                 }
             }
-            _ => {}
         }
         self.check_one_actor();
     }
@@ -462,14 +492,12 @@ impl Sim {
             for i in 0..self.nodes.len() {
                 self.step(Step::Land(i, false));
                 self.step(Step::Read(i));
-                while !self.nodes[i].inbox.is_empty() {
+                while !self.nodes[i].inbox.is_empty() || self.nodes[i].answer.is_some() {
                     self.step(Step::Deliver(i));
                 }
                 self.step(Step::Tick(i));
                 self.step(Step::Land(i, false));
-                while !self.nodes[i].inbox.is_empty() {
-                    self.step(Step::Deliver(i));
-                }
+                self.step(Step::Deliver(i));
             }
         }
     }

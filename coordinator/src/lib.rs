@@ -1,13 +1,19 @@
 //! The coordinator: owns task identity, lifecycle state, scheduling, leases and
-//! heartbeats for the cluster.
+//! heartbeats for the cluster, and the leader lease among coordinators.
 //!
-//! Layers: [`core`] decides (pure, deterministic), [`registry`] stores (JetStream,
-//! conditional appends), [`service`] drives (the event loop that owns the NATS
-//! subscriptions, feeds the core and carries out its effects).
+//! Layers: [`core`] decides about tasks and [`lease`] about leadership (both
+//! pure, deterministic, driven by a fake clock in tests), [`registry`] stores
+//! (JetStream, conditional appends), [`elector`] drives the lease (JetStream KV,
+//! compare-and-set), and [`service`] drives the rest: a standby until the lease
+//! is held, then the event loop that owns the NATS subscriptions, feeds the core
+//! and carries out its effects.
 
 pub mod core;
+pub mod elector;
+pub mod lease;
 pub mod record;
 pub mod registry;
 pub mod service;
 
+pub use lease::LeaseConfig;
 pub use service::{run, Error, Options};

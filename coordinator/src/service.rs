@@ -1,33 +1,49 @@
-//! The coordinator's event loop: owns the NATS subscriptions and the registry,
-//! feeds every input to [`Core`] with the time, and carries out the effects in
-//! order.
+//! The coordinator's driver. A process is a standby until the lease task
+//! ([`crate::elector`]) says it holds the leader lease; then it loads the
+//! registry, claims an epoch, and runs the leader's event loop — owns the NATS
+//! subscriptions and the registry, feeds every input to [`Core`] with the time,
+//! and carries out the effects in order — until the lease is lost or its renew
+//! deadline passes, the registry fences it, or a newer epoch appears. Then it
+//! logs "stepping down", drops everything the term built and is a standby again;
+//! the next term rebuilds its state from the registry.
 //!
-//! It must never decide anything itself: what to grant, when a worker is lost or
-//! what a kill means is the core's business. A failed persist stops the loop
-//! before any later effect (reply, grant, kill) of the same batch leaves.
+//! It must never decide anything about tasks itself: what to grant, when a
+//! worker is lost or what a kill means is the core's business. It must never
+//! append, reply or command unless the lease view says this process may act at
+//! that moment, and a failed persist stops the loop before any later effect
+//! (reply, grant, kill) of the same batch leaves.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::pin::Pin;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
-use tenure_protocol::messages::{ApiError, ApiReply, ApiRequest, Heartbeat, Report, WorkerCommand};
-use tenure_protocol::{subjects, WorkerId};
-use tokio::sync::mpsc;
+use tenure_protocol::messages::{
+    ApiError, ApiReply, ApiRequest, ApiResponse, CoordinatorPresence, Heartbeat, LeaderStatus, Report, StandbyStatus,
+    WorkerCommand,
+};
+use tenure_protocol::{subjects, Epoch, WorkerId};
+use tokio::sync::{mpsc, watch};
 
 use crate::core::{Core, CoreConfig, Effect, Input, Now};
-use crate::registry::{self, Registry};
+use crate::elector::{self, Clock, Elector, LeaseView, Term};
+use crate::lease::{self, ms, LeaseConfig};
+use crate::registry::{self, Loaded, Registry};
 
 /// How the coordinator is run.
 #[derive(Debug, Clone)]
 pub struct Options {
     pub nats_url: String,
-    /// Human name of this coordinator (recorded in its epoch claim).
+    /// Human name of this coordinator (in its lease, epoch claims and presence).
     pub name: String,
     pub core: CoreConfig,
-    /// JetStream replicas of the registry stream (3 on a 3-node NATS cluster).
+    /// JetStream replicas of the registry stream and the lease bucket (3 on a
+    /// 3-node NATS cluster).
     pub replicas: usize,
     /// How long a worker command waits for its answer.
     pub command_timeout: Duration,
+    pub lease: LeaseConfig,
 }
 
 impl Default for Options {
@@ -38,6 +54,7 @@ impl Default for Options {
             core: CoreConfig::default(),
             replicas: 1,
             command_timeout: Duration::from_secs(2),
+            lease: LeaseConfig::default(),
         }
     }
 }
@@ -46,63 +63,280 @@ impl Default for Options {
 pub enum Error {
     #[error(transparent)]
     Transport(#[from] tenure_transport::Error),
+    /// A registry failure that another term would hit again (a record that
+    /// cannot be encoded). Fencing and outages are not errors: they end the term.
     #[error(transparent)]
     Registry(#[from] registry::Error),
-    #[error("NATS subscription failed: {0}")]
-    Subscribe(String),
-    /// A newer leader exists; this coordinator stopped writing.
-    #[error("deposed: {0}")]
-    Deposed(String),
+    #[error(transparent)]
+    Lease(#[from] elector::Error),
+    #[error("invalid configuration: {0}")]
+    Config(#[from] lease::Error),
+    #[error("the lease task stopped unexpectedly")]
+    LeaseTask,
 }
+
+/// Standby coordinators are listed while heard from within this long.
+const STANDBY_FRESH: Duration = Duration::from_secs(5);
 
 fn wall_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// Runs the coordinator until `shutdown` resolves or it is deposed.
+/// Runs the coordinator — standby, leader, standby again as the lease goes —
+/// until `shutdown` resolves (the lease is then released) or a fatal error.
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
+    opts.lease.validate()?;
     let client = tenure_transport::connect(&opts.nats_url, &format!("tenure-coordinator-{}", opts.name), true).await?;
-    let js = async_nats::jetstream::new(client.clone());
-    let started = Instant::now();
-    let now = || Now { mono: started.elapsed(), wall_ms: wall_ms() };
+    let clock = Clock::new();
+    let holder = format!("{}:{}", opts.name, uuid::Uuid::new_v4().simple());
+    let elector = Elector::start(client.clone(), opts.replicas, &opts.name, holder, opts.lease, clock).await?;
+    tokio::pin!(shutdown);
+    let mut last_term = 0;
+    loop {
+        let term = tokio::select! {
+            _ = &mut shutdown => {
+                elector.shutdown().await;
+                tracing::info!("coordinator stopping");
+                return Ok(());
+            }
+            term = elector.wait_leader(last_term) => term.ok_or(Error::LeaseTask)?,
+        };
+        last_term = term.id;
+        let term_id = term.id;
+        match lead(&opts, &client, &elector, term, shutdown.as_mut()).await {
+            Ok(Ended::Shutdown { epoch }) => {
+                elector.shutdown().await;
+                tracing::info!(%epoch, "coordinator stopping; leader lease released");
+                return Ok(());
+            }
+            Ok(Ended::SteppedDown { epoch, reason }) => {
+                tracing::warn!(%epoch, %reason, "stepping down; back to standby");
+                elector.step_down(term_id).await;
+            }
+            Err(e) => {
+                elector.shutdown().await;
+                return Err(e);
+            }
+        }
+    }
+}
 
-    let load_started = Instant::now();
-    let (mut registry, loaded) = Registry::open(js, opts.replicas).await?;
-    let epoch = registry.claim(&opts.name, wall_ms()).await?;
+/// How a leadership term ended.
+enum Ended {
+    Shutdown { epoch: Epoch },
+    SteppedDown { epoch: Epoch, reason: String },
+}
+
+/// Why the leader loop stops: end the term, or the process.
+enum Stop {
+    StepDown(String),
+    Fatal(Error),
+}
+
+impl From<registry::Error> for Stop {
+    fn from(e: registry::Error) -> Stop {
+        match e {
+            registry::Error::Fenced { expected } => Stop::StepDown(format!(
+                "fenced: the registry moved past sequence {expected} (another coordinator wrote)"
+            )),
+            registry::Error::Unavailable(reason) => Stop::StepDown(format!("registry unavailable: {reason}")),
+            e @ registry::Error::Encode(_) => Stop::Fatal(e.into()),
+        }
+    }
+}
+
+/// Whether this process may act in one term, from the lease task's view.
+struct Guard {
+    view: watch::Receiver<LeaseView>,
+    term: u64,
+    clock: Clock,
+}
+
+impl Guard {
+    fn valid_until(&self) -> Option<Duration> {
+        self.view.borrow().term().filter(|t| t.id == self.term).map(|t| t.valid_until)
+    }
+
+    fn current(&self) -> Option<Term> {
+        self.view.borrow().term().filter(|t| t.id == self.term).cloned()
+    }
+
+    /// `Err(reason)` once this process may no longer act in its term.
+    fn check(&self) -> Result<(), String> {
+        match self.valid_until() {
+            None => Err("leader lease lost".to_owned()),
+            Some(until) if self.clock.now() >= until => Err("renew deadline passed without a lease renewal".to_owned()),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Resolves when this process may no longer act in its term.
+    async fn lost(&mut self) -> String {
+        loop {
+            let Some(until) = self.valid_until() else {
+                return "leader lease lost".to_owned();
+            };
+            tokio::select! {
+                _ = tokio::time::sleep_until(self.clock.instant(until)) => {
+                    if let Err(reason) = self.check() {
+                        return reason;
+                    }
+                }
+                changed = self.view.changed() => {
+                    if changed.is_err() {
+                        return "the lease task stopped".to_owned();
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What the leader knows about itself and the standbys, for the status reply.
+struct Visibility {
+    name: String,
+    holder: String,
+    ttl_ms: u64,
+    adopted_in_ms: u64,
+    standbys: HashMap<String, (String, Duration)>,
+}
+
+impl Visibility {
+    fn seen(&mut self, presence: CoordinatorPresence, now: Duration) {
+        if presence.holder != self.holder {
+            self.standbys.insert(presence.holder, (presence.name, now));
+        }
+    }
+
+    fn fill(&mut self, status: &mut tenure_protocol::messages::ClusterStatus, term: Option<Term>, now: Duration) {
+        self.standbys.retain(|_, (_, at)| now.saturating_sub(*at) < STANDBY_FRESH);
+        let mut standbys: Vec<StandbyStatus> = self
+            .standbys
+            .iter()
+            .map(|(holder, (name, at))| StandbyStatus {
+                name: name.clone(),
+                holder: holder.clone(),
+                last_seen_ms: ms(now.saturating_sub(*at)),
+            })
+            .collect();
+        standbys.sort_by(|a, b| a.name.cmp(&b.name).then(a.holder.cmp(&b.holder)));
+        status.standbys = standbys;
+        status.leader = term.map(|t| LeaderStatus {
+            name: self.name.clone(),
+            holder: self.holder.clone(),
+            epoch: status.leader_epoch,
+            lease_age_ms: ms(now.saturating_sub(t.renewed_at)),
+            renewals: t.renewals,
+            lease_ttl_ms: self.ttl_ms,
+            adopted_in_ms: self.adopted_in_ms,
+        });
+    }
+}
+
+/// Loads the registry and claims an epoch of at least the lease's; loads again
+/// when another writer moved the registry in between (a deposed leader's last
+/// append landing late).
+async fn adopt(
+    js: &async_nats::jetstream::Context,
+    opts: &Options,
+    at_least: Epoch,
+) -> Result<(Registry, Loaded, Epoch), Stop> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let (mut registry, loaded) = Registry::open(js.clone(), opts.replicas).await?;
+        match registry.claim(&opts.name, at_least, wall_ms()).await {
+            Ok(epoch) => return Ok((registry, loaded, epoch)),
+            Err(registry::Error::Fenced { expected }) if tries < 3 => {
+                tracing::warn!(expected, "the registry moved while it was loaded; loading it again");
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// One leadership term: adopt the registry, then serve until the term ends.
+async fn lead<F: Future<Output = ()>>(
+    opts: &Options,
+    client: &async_nats::Client,
+    elector: &Elector,
+    term: Term,
+    mut shutdown: Pin<&mut F>,
+) -> Result<Ended, Error> {
+    let clock = elector.clock();
+    let mut guard = Guard { view: elector.view(), term: term.id, clock };
+    let mut epoch = term.epoch;
+    let js = async_nats::jetstream::new(client.clone());
+    let load_started = clock.now();
+    let adopted = tokio::select! {
+        _ = &mut shutdown => return Ok(Ended::Shutdown { epoch }),
+        reason = guard.lost() => return Ok(Ended::SteppedDown { epoch, reason }),
+        adopted = adopt(&js, opts, term.epoch) => adopted,
+    };
+    let (mut registry, loaded) = match adopted {
+        Ok((registry, loaded, claimed)) => {
+            epoch = claimed;
+            (registry, loaded)
+        }
+        Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
+        Err(Stop::Fatal(e)) => return Err(e),
+    };
+    elector.adopt_epoch(epoch).await;
+    announce_epoch(client, epoch).await;
+    let adopted_in_ms = ms(clock.now().saturating_sub(term.takeover_started));
     tracing::info!(
         %epoch,
+        lease_epoch = %term.epoch,
         tasks = loaded.records.len(),
         corrupt = loaded.corrupt.len(),
-        load_ms = load_started.elapsed().as_millis() as u64,
-        "registry loaded; leading"
+        load_ms = ms(clock.now().saturating_sub(load_started)),
+        adopted_ms = adopted_in_ms,
+        "adopted in {adopted_in_ms} ms: registry loaded, epoch claimed; leading"
     );
+    let now = || Now { mono: clock.now(), wall_ms: wall_ms() };
     let mut core = Core::new(opts.core.clone(), epoch, loaded.records, now());
     core.reserve_through(loaded.highest_n);
-
-    let sub = |s: &'static str| {
-        let client = client.clone();
-        async move { client.subscribe(s).await.map_err(|e| Error::Subscribe(e.to_string())) }
+    let mut visibility = Visibility {
+        name: opts.name.clone(),
+        holder: elector.holder().to_owned(),
+        ttl_ms: ms(opts.lease.ttl),
+        adopted_in_ms,
+        standbys: HashMap::new(),
     };
-    let mut api = sub(subjects::API).await?;
-    let mut heartbeats = sub(subjects::HEARTBEAT).await?;
-    let mut reports = sub(subjects::REPORT).await?;
+
+    let subscribe = |s: &'static str| {
+        let client = client.clone();
+        async move { client.subscribe(s).await }
+    };
+    let subscribed = async {
+        Ok::<_, async_nats::SubscribeError>((
+            subscribe(subjects::API).await?,
+            subscribe(subjects::HEARTBEAT).await?,
+            subscribe(subjects::REPORT).await?,
+            subscribe(subjects::COORD_PRESENCE).await?,
+        ))
+    };
+    let (mut api, mut heartbeats, mut reports, mut presence) = match subscribed.await {
+        Ok(subs) => subs,
+        Err(e) => return Ok(Ended::SteppedDown { epoch, reason: format!("NATS subscription failed: {e}") }),
+    };
     let (results_tx, mut results) = mpsc::channel::<Input>(4096);
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tokio::pin!(shutdown);
 
     loop {
         let input = tokio::select! {
-            _ = &mut shutdown => break,
+            _ = &mut shutdown => return Ok(Ended::Shutdown { epoch }),
+            reason = guard.lost() => return Ok(Ended::SteppedDown { epoch, reason }),
             Some(msg) = api.next() => {
                 let reply_to = msg.reply.as_ref().map(|r| r.to_string());
                 match tenure_protocol::decode::<ApiRequest>(&msg.payload) {
                     Ok(request) => Input::Api { reply_to, request },
                     Err(error) => {
                         tracing::warn!(%error, "malformed API request refused");
-                        if let Some(to) = reply_to {
+                        if let (Some(to), Ok(())) = (reply_to, guard.check()) {
                             let reply: ApiReply = Err(ApiError::InvalidRequest(error.to_string()));
-                            tenure_transport::reply(&client, to, &reply).await;
+                            tenure_transport::reply(client, to, &reply).await;
                         }
                         continue;
                     }
@@ -125,37 +359,73 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                     }
                 }
             }
+            Some(msg) = presence.next() => {
+                match tenure_protocol::decode::<CoordinatorPresence>(&msg.payload) {
+                    Ok(p) => visibility.seen(p, clock.now()),
+                    Err(error) => tracing::debug!(%error, "malformed coordinator presence ignored"),
+                }
+                continue;
+            }
             Some(result) = results.recv() => result,
             _ = tick.tick() => Input::Tick,
         };
+        // A process resumed after a pause may hold inputs it must no longer act on.
+        if let Err(reason) = guard.check() {
+            return Ok(Ended::SteppedDown { epoch, reason });
+        }
         for effect in core.handle(input, now()) {
-            execute(effect, &client, &mut registry, &results_tx, &opts).await?;
+            if let Err(reason) = guard.check() {
+                return Ok(Ended::SteppedDown { epoch, reason });
+            }
+            let step = execute(effect, client, &mut registry, &mut guard, &mut visibility, &results_tx, opts).await;
+            match step {
+                Ok(()) => {}
+                Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
+                Err(Stop::Fatal(e)) => return Err(e),
+            }
         }
     }
-    tracing::info!("coordinator stopping");
-    Ok(())
+}
+
+/// Tells workers the new epoch at once, so their sidecars refuse the old
+/// leader's commands before its first one arrives. Best effort: commands carry
+/// the epoch anyway.
+async fn announce_epoch(client: &async_nats::Client, epoch: Epoch) {
+    match tenure_protocol::encode(&epoch) {
+        Ok(bytes) => {
+            if let Err(error) = client.publish(subjects::EPOCH_ANNOUNCE, bytes.into()).await {
+                tracing::warn!(%epoch, %error, "epoch not announced to workers");
+            }
+        }
+        Err(error) => tracing::error!(%epoch, %error, "epoch could not be encoded"),
+    }
 }
 
 async fn execute(
     effect: Effect,
     client: &async_nats::Client,
     registry: &mut Registry,
+    guard: &mut Guard,
+    visibility: &mut Visibility,
     results: &mpsc::Sender<Input>,
     opts: &Options,
-) -> Result<(), Error> {
+) -> Result<(), Stop> {
     match effect {
-        Effect::Persist(record) => match registry.put_task(&record).await {
-            Ok(()) => Ok(()),
-            Err(registry::Error::Fenced { expected }) => {
-                Err(Error::Deposed(format!("registry moved past sequence {expected}: another coordinator leads")))
-            }
-            Err(e) => Err(e.into()),
+        // An append still retrying when the renew deadline passes is abandoned:
+        // should it land anyway, it landed conditionally on our last sequence,
+        // which the next leader's claim either includes or fences.
+        Effect::Persist(record) => tokio::select! {
+            stored = registry.put_task(&record) => stored.map_err(Stop::from),
+            reason = guard.lost() => Err(Stop::StepDown(reason)),
         },
         Effect::Command { worker, command } => {
             send_command(client.clone(), worker, command, results.clone(), opts.command_timeout);
             Ok(())
         }
-        Effect::Reply { to, reply } => {
+        Effect::Reply { to, mut reply } => {
+            if let Ok(ApiResponse::Status(status)) = &mut reply {
+                visibility.fill(status, guard.current(), guard.clock.now());
+            }
             let reply = match tenure_protocol::encode(&reply) {
                 Ok(_) => reply,
                 Err(e) => Err(ApiError::Unavailable(format!("reply too large: {e}"))),
@@ -167,7 +437,7 @@ async fn execute(
             tenure_transport::reply(client, to, &ack).await;
             Ok(())
         }
-        Effect::StepDown { reason } => Err(Error::Deposed(reason)),
+        Effect::StepDown { reason } => Err(Stop::StepDown(reason)),
     }
 }
 

@@ -141,6 +141,8 @@ pub struct SledStore {
     db: sled::Db,
     meta: sled::Tree,
     attempts: sled::Tree,
+    /// `<db path>.epoch`: a second copy of the highest epoch seen.
+    epoch_mirror: PathBuf,
 }
 
 impl SledStore {
@@ -168,7 +170,7 @@ impl SledStore {
                 }
             }
         }
-        Ok(SledStore { db, meta, attempts })
+        Ok(SledStore { db, meta, attempts, epoch_mirror: path.with_extension("epoch") })
     }
 
     /// Flushes everything to disk. Every write already does; this is for shutdown.
@@ -186,6 +188,9 @@ impl RecoveryStore for SledStore {
                 .map(|b| Epoch(u64::from_be_bytes(b)))
                 .map_err(|_| Error::CorruptMeta { key: EPOCH_KEY, reason: format!("value of {} bytes", v.len()) })?,
         };
+        // sled can silently drop damaged data on recovery; the mirror keeps the
+        // fence from moving backwards even then.
+        let epoch = epoch.max(read_epoch_mirror(&self.epoch_mirror));
         let mut loaded = Loaded { epoch, ..Loaded::default() };
         for entry in self.attempts.iter() {
             let (k, v) = entry?;
@@ -204,6 +209,7 @@ impl RecoveryStore for SledStore {
     fn put_epoch(&mut self, epoch: Epoch) -> Result<(), Error> {
         self.meta.insert(EPOCH_KEY, &epoch.0.to_be_bytes())?;
         self.db.flush()?;
+        write_epoch_mirror(&self.epoch_mirror, epoch)?;
         Ok(())
     }
 
@@ -222,6 +228,28 @@ impl RecoveryStore for SledStore {
 }
 
 // ---------------------------------------------------------------- memory
+
+/// The epoch mirror: the highest epoch seen, as text in a small file beside the
+/// database, written atomically (temporary file, fsync, rename, fsync of the
+/// directory). sled recovers a damaged log by dropping its tail without an
+/// error; without a second copy the machine could forget its fence.
+fn write_epoch_mirror(path: &Path, epoch: Epoch) -> Result<(), Error> {
+    let io = |e: std::io::Error| Error::Sled(sled::Error::Io(e));
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = std::fs::File::create(&tmp).map_err(io)?;
+        std::io::Write::write_all(&mut f, format!("{}\n", epoch.0).as_bytes()).map_err(io)?;
+        f.sync_all().map_err(io)?;
+    }
+    std::fs::rename(&tmp, path).map_err(io)?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)
+}
+
+/// The mirrored epoch; 0 when the file is absent or unreadable.
+fn read_epoch_mirror(path: &Path) -> Epoch {
+    std::fs::read_to_string(path).ok().and_then(|t| t.trim().parse().ok()).map(Epoch).unwrap_or_default()
+}
 
 /// An in-memory store for tests: same contract, no disk. Records go through the
 /// same encode/decode as [`SledStore`] so a record that cannot be encoded fails
@@ -357,6 +385,20 @@ pub(crate) mod tests {
         for bad in ["", "a-1", "a-1/7", "a-1/00000000x7", "a-0/0000000001", "a-1/9999999999", "/0000000001"] {
             assert_eq!(parse_attempt_key(bad), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_epoch_survives_a_database_that_silently_lost_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sidecar-db");
+        {
+            let mut store = SledStore::open(&path).unwrap();
+            store.put_epoch(Epoch(7)).unwrap();
+        }
+        // What sled's recovery may do to a damaged log: start over, empty.
+        std::fs::remove_dir_all(&path).unwrap();
+        let store = SledStore::open(&path).unwrap();
+        assert_eq!(store.load().unwrap().epoch, Epoch(7));
     }
 
     #[test]

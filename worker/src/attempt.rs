@@ -19,7 +19,7 @@ use tenure_protocol::{subjects, Attempt, Ending, Epoch, HintTag, Outcome, Recove
 use tokio::process::Child;
 use tokio::sync::Notify;
 
-use crate::files::{AttemptFiles, ProcessId};
+use crate::files::{group_in_session, AttemptFiles, ProcessId};
 use crate::monitor::MonitorArgs;
 use crate::process;
 use crate::service::{sidecar_insist, Held, Shared};
@@ -174,11 +174,17 @@ async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool) -> Eviden
         return Evidence::Exited(status.outcome);
     }
     // The monitor is gone without evidence (it was killed, or the machine lost
-    // it). Its group, if any of it survives, is ours by the recorded pgid.
+    // it). A surviving group is ended only when confirmed ours: its processes
+    // sit in the monitor's session. A stranger reusing the number is left alone.
     let group = files.pgid();
     if let Some(pgid) = group.filter(|p| process::group_alive(*p)) {
-        tracing::warn!(pgid, dir = %files.dir().display(), "monitor gone; ending its orphaned process group");
-        process::end_group(Pid::from_raw(pgid), shared.opts.kill_grace).await;
+        let ours = files.monitor().is_some_and(|m| group_in_session(pgid, m.pid));
+        if ours {
+            tracing::warn!(pgid, dir = %files.dir().display(), "monitor gone; ending its orphaned process group");
+            process::end_group(Pid::from_raw(pgid), shared.opts.kill_grace).await;
+        } else {
+            tracing::warn!(pgid, dir = %files.dir().display(), "process group exists but is not in the monitor's session: not ours, left alone");
+        }
     }
     if killed {
         return Evidence::Exited(Outcome::new(
@@ -396,8 +402,11 @@ where
     });
 }
 
-/// Seed 004: remove only what is confirmed dead and unreferenced.
-async fn sweep_unknown_attempt_dirs(shared: &Shared, known: &std::collections::HashSet<String>) {
+/// Attempt directories no record names. A directory with a readable `grant` is
+/// an attempt whose record was lost (sled can drop damaged data silently): it is
+/// settled from its files like any other. Anything else is removed only when
+/// confirmed dead (seed 004), and kept with a warning otherwise.
+async fn sweep_unknown_attempt_dirs(shared: &Arc<Shared>, known: &std::collections::HashSet<String>) {
     let Ok(entries) = std::fs::read_dir(shared.layout.attempts_dir()) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -405,6 +414,13 @@ async fn sweep_unknown_attempt_dirs(shared: &Shared, known: &std::collections::H
             continue;
         }
         let files = AttemptFiles::new(entry.path());
+        if let Ok(grant) = files.read_grant() {
+            if name == format!("{}.{}", grant.task, grant.attempt) {
+                tracing::warn!(dir = %name, "attempt directory without a record: the record was lost; settling from the monitor's files");
+                settle_from_files(shared, grant.task, grant.attempt, files);
+                continue;
+            }
+        }
         let monitor_alive = files.monitor().is_some_and(|m| m.alive());
         let group_alive = files.pgid().is_some_and(process::group_alive);
         if monitor_alive || group_alive {

@@ -66,6 +66,23 @@ fn proc_stat(pid: i32) -> io::Result<Option<(char, u64)>> {
     Ok(Some((state, start)))
 }
 
+/// True when some live process is in process group `pgid` *and* in session
+/// `sid`. A monitor starts its own session (sid = its pid) and its task's group
+/// inside it, so this confirms a group is the task's and not a stranger that
+/// reuses the number.
+pub fn group_in_session(pgid: i32, sid: i32) -> bool {
+    let Ok(entries) = fs::read_dir("/proc") else { return false };
+    entries.flatten().any(|e| {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { return false };
+        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+        let Some((_, rest)) = text.rsplit_once(')') else { return false };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let state_live = fields.first().is_some_and(|s| *s != "Z" && *s != "X");
+        let num = |i: usize| fields.get(i).and_then(|f| f.parse::<i32>().ok());
+        state_live && num(2) == Some(pgid) && num(3) == Some(sid)
+    })
+}
+
 fn start_time(pid: i32) -> io::Result<Option<u64>> {
     Ok(proc_stat(pid)?.map(|(_, t)| t))
 }

@@ -210,3 +210,18 @@ pub fn group_alive(pgid: i32) -> bool {
 pub fn path_exists(p: &Path) -> bool {
     p.exists()
 }
+
+/// Live processes in process group `pgid`, as (pid, ppid).
+pub fn group_members(pgid: i32) -> Vec<(i32, i32)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some((_, rest)) = text.rsplit_once(')') else { continue };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f.first().is_some_and(|s| *s != "Z") && f.get(2).and_then(|p| p.parse().ok()) == Some(pgid) {
+            out.push((pid, f.get(1).and_then(|p| p.parse().ok()).unwrap_or(0)));
+        }
+    }
+    out
+}
