@@ -363,6 +363,38 @@ mod serde_bytes_compat {
     }
 }
 
+// ------------------------------------------- coordinator → sidecar (evidence)
+
+/// The leader asks a worker machine's sidecar about an attempt whose worker
+/// stopped heartbeating ([`crate::subjects::evidence`]). Answering *revokes* an
+/// attempt that never reached its intent, so a worker that is only cut off can
+/// no longer start it: the answer stays true after it is given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvidenceRequest {
+    pub task: TaskId,
+    pub attempt: Attempt,
+    /// The asking leader's epoch; a lower one than the machine has seen is refused.
+    pub epoch: Epoch,
+}
+
+pub type EvidenceReply = Result<AttemptEvidence, SidecarRefusal>;
+
+/// What a worker machine knows about one attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AttemptEvidence {
+    /// No intent was ever recorded (an accepted attempt is revoked by the query):
+    /// the attempt did not run and never will on this machine.
+    NeverStarted,
+    /// The intent is recorded and the attempt's monitor is alive: it runs.
+    Running,
+    /// The attempt ended; its outcome is recorded (by the sidecar or the monitor).
+    Exited(Outcome),
+    /// The intent is recorded, the monitor is gone, and no outcome was recorded.
+    NoEvidence,
+    /// The machine's record of the attempt is unreadable.
+    Unreadable(String),
+}
+
 // ------------------------------------------------ worker ↔ sidecar (local)
 
 /// Requests from the worker to its machine's sidecar, over a unix socket.

@@ -46,6 +46,11 @@ pub fn output(worker: &WorkerId) -> String {
     format!("tenure.sidecar.{worker}.output")
 }
 
+/// The leader's evidence queries to a worker machine's sidecar (request/reply).
+pub fn evidence(worker: &WorkerId) -> String {
+    format!("tenure.sidecar.{worker}.evidence")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

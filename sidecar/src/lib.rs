@@ -21,6 +21,7 @@
 //! decision logic, [`Machine`]), [`server`] (socket and NATS IO around it),
 //! [`client`] (what the worker uses).
 
+pub mod attempt_files;
 pub mod client;
 pub mod layout;
 pub mod server;

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use tenure_protocol::messages::{
-    ApiError, OutputChunk, OutputReply, OutputRequest, Phase, SidecarRefusal, SidecarReply, SidecarRequest,
-    MAX_OUTPUT_CHUNK,
+    ApiError, AttemptEvidence, EvidenceReply, EvidenceRequest, OutputChunk, OutputReply, OutputRequest, Phase,
+    SidecarRefusal, SidecarReply, SidecarRequest, MAX_OUTPUT_CHUNK,
 };
 use tenure_protocol::{decode, encode, subjects, SessionId, TaskId, WorkerId};
 use tokio::net::{UnixListener, UnixStream};
@@ -34,9 +34,10 @@ use tokio::task::JoinSet;
 use tokio_util::codec::{Framed, LengthDelimitedCodecError};
 use tracing::{debug, error, info, warn};
 
+use crate::attempt_files::AttemptFiles;
 use crate::frame_codec;
 use crate::layout::{self, open_output_for_read, Layout};
-use crate::service::Machine;
+use crate::service::{Machine, RecordView};
 use crate::store::{self, SledStore};
 
 /// What the sidecar needs to run.
@@ -142,7 +143,9 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
             return Err(e);
         }
     };
-    let output_task = tokio::spawn(serve_output(nats, subjects::output(&worker), handle.clone(), layout.clone()));
+    let output_task =
+        tokio::spawn(serve_output(nats.clone(), subjects::output(&worker), handle.clone(), layout.clone()));
+    let evidence_task = tokio::spawn(serve_evidence(nats, subjects::evidence(&worker), handle.clone(), layout.clone()));
     info!(worker = %worker, socket = %socket.display(), "sidecar serving");
 
     let mut shutdown = std::pin::pin!(shutdown);
@@ -183,7 +186,9 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     drop(listener);
     connections.shutdown().await;
     output_task.abort();
+    evidence_task.abort();
     let _ = output_task.await;
+    let _ = evidence_task.await;
     drop(handle);
     if outcome.is_ok() {
         if let Err(e) = store_task.await {
@@ -201,6 +206,8 @@ enum Command {
     Handle(SidecarRequest, oneshot::Sender<SidecarReply>),
     /// Owner and phase of the latest attempt of a task, for output reads.
     OutputOwner(TaskId, oneshot::Sender<Option<(SessionId, Phase)>>),
+    /// The leader's evidence query (which may revoke an accepted attempt).
+    Evidence(EvidenceRequest, oneshot::Sender<Result<RecordView, SidecarRefusal>>),
 }
 
 /// A cheap, cloneable way to reach the store thread.
@@ -217,6 +224,13 @@ impl StoreHandle {
             return gone();
         }
         rx.await.unwrap_or_else(|_| gone())
+    }
+
+    async fn evidence(&self, req: EvidenceRequest) -> Result<RecordView, SidecarRefusal> {
+        let (tx, rx) = oneshot::channel();
+        let gone = || SidecarRefusal::Storage("the sidecar is shutting down".to_owned());
+        self.tx.send(Command::Evidence(req, tx)).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
     }
 
     async fn output_owner(&self, task: TaskId) -> Result<Option<(SessionId, Phase)>, ApiError> {
@@ -245,6 +259,12 @@ fn own_machine(mut machine: Result<Machine<SledStore>, String>, mut commands: mp
             }
             (Command::OutputOwner(_, reply), Err(_)) => {
                 let _ = reply.send(None);
+            }
+            (Command::Evidence(req, reply), Ok(machine)) => {
+                let _ = reply.send(machine.evidence(&req.task, req.attempt, req.epoch));
+            }
+            (Command::Evidence(_, reply), Err(reason)) => {
+                let _ = reply.send(Err(SidecarRefusal::Storage(reason.clone())));
             }
         }
     }
@@ -392,6 +412,66 @@ async fn read_output(store: &StoreHandle, layout: &Layout, payload: &[u8]) -> Ou
         ApiError::Unavailable(format!("cannot read the output of {}: {error}", req.task))
     })?;
     Ok(OutputChunk { next_offset: offset + data.len() as u64, data, size, finished: phase >= Phase::Exited })
+}
+
+/// Answers the leader's evidence queries until aborted.
+async fn serve_evidence(client: async_nats::Client, subject: String, store: StoreHandle, layout: Layout) {
+    let mut requests = match client.subscribe(subject.clone()).await {
+        Ok(sub) => sub,
+        Err(error) => {
+            error!(%error, subject, "cannot subscribe to evidence queries; they will not be answered");
+            return;
+        }
+    };
+    while let Some(msg) = requests.next().await {
+        let Some(reply_to) = msg.reply else { continue };
+        let reply: EvidenceReply = match decode::<EvidenceRequest>(&msg.payload) {
+            Err(e) => Err(SidecarRefusal::Malformed(e.to_string())),
+            Ok(req) => {
+                let files = AttemptFiles::new(layout.attempt_dir(&req.task, req.attempt));
+                let view = store.evidence(req.clone()).await;
+                let answer = tokio::task::spawn_blocking(move || judge(view, &files)).await;
+                let answer = answer.unwrap_or_else(|e| Err(SidecarRefusal::Storage(e.to_string())));
+                info!(task = %req.task, attempt = %req.attempt, epoch = %req.epoch, ?answer, "answered an evidence query");
+                answer
+            }
+        };
+        match encode(&reply) {
+            Ok(bytes) => {
+                if let Err(error) = client.publish(reply_to, bytes.into()).await {
+                    warn!(%error, "cannot send an evidence reply");
+                }
+            }
+            Err(error) => warn!(%error, "evidence reply cannot be encoded"),
+        }
+    }
+}
+
+/// Combines what the records say with what the attempt's own files prove.
+/// "Never started" is said only when no intent was recorded (or an accepted
+/// attempt was just revoked) and no monitor could have been started.
+fn judge(view: Result<RecordView, SidecarRefusal>, files: &AttemptFiles) -> EvidenceReply {
+    let from_files = |unproven: AttemptEvidence| {
+        if let Some(status) = files.status() {
+            AttemptEvidence::Exited(status.outcome)
+        } else if files.monitor().is_some_and(|m| m.alive()) {
+            AttemptEvidence::Running
+        } else {
+            unproven
+        }
+    };
+    let has_grant = files.read_grant().is_ok();
+    Ok(match view {
+        Ok(RecordView::Ended(outcome)) => AttemptEvidence::Exited(outcome),
+        Ok(RecordView::Started(_)) => from_files(AttemptEvidence::NoEvidence),
+        // A record that vanished (sled can drop data) but whose directory exists.
+        Ok(RecordView::Absent) if has_grant => from_files(AttemptEvidence::NoEvidence),
+        Ok(RecordView::Absent) => AttemptEvidence::NeverStarted,
+        Ok(RecordView::Corrupt(reason)) => from_files(AttemptEvidence::Unreadable(reason)),
+        // A degraded store: only the files can speak.
+        Err(SidecarRefusal::Storage(reason)) => from_files(AttemptEvidence::Unreadable(reason)),
+        Err(refusal) => return Err(refusal),
+    })
 }
 
 /// Reads up to `want` bytes at `offset`; returns them and the file size. A

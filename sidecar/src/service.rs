@@ -25,6 +25,19 @@ use tracing::{debug, info, warn};
 
 use crate::store::{self, CorruptRecord, RecoveryStore};
 
+/// What the records say about one attempt, for an evidence query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordView {
+    /// No record (or an `accepted` one, now revoked): no intent was recorded here.
+    Absent,
+    /// The intent is recorded; the outcome is not (yet).
+    Started(Phase),
+    /// The outcome is recorded.
+    Ended(Outcome),
+    /// The record is unreadable.
+    Corrupt(String),
+}
+
 /// One worker machine's recovery state: the highest epoch seen and every
 /// attempt record, backed by a [`RecoveryStore`].
 #[derive(Debug)]
@@ -244,6 +257,29 @@ impl<S: RecoveryStore> Machine<S> {
         self.records.remove(&(task.clone(), attempt));
         info!(task = %task, attempt = %attempt, "abandoned before intent");
         Ok(())
+    }
+
+    /// Answers the leader's evidence query about an attempt (after fencing on
+    /// its epoch). An attempt still only `accepted` is abandoned first, so that
+    /// "it never started" stays true: a worker that is merely cut off will find
+    /// its intent refused.
+    pub fn evidence(&mut self, task: &TaskId, attempt: Attempt, epoch: Epoch) -> Result<RecordView, SidecarRefusal> {
+        self.observe(epoch)?;
+        if let Some(c) = self.corrupt.iter().find(|c| c.attempt.as_ref() == Some(&(task.clone(), attempt))) {
+            return Ok(RecordView::Corrupt(c.reason.clone()));
+        }
+        let Some(record) = self.records.get(&(task.clone(), attempt)) else {
+            return Ok(RecordView::Absent);
+        };
+        match (record.phase, record.outcome.clone()) {
+            (Phase::Accepted, _) => {
+                self.abandon(task, attempt)?;
+                info!(task = %task, attempt = %attempt, epoch = %epoch, "revoked on the leader's evidence query");
+                Ok(RecordView::Absent)
+            }
+            (Phase::Exited | Phase::Acknowledged, Some(outcome)) => Ok(RecordView::Ended(outcome)),
+            (phase, _) => Ok(RecordView::Started(phase)),
+        }
     }
 
     // ---------------------------------------------------------- helpers

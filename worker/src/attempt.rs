@@ -19,10 +19,10 @@ use tenure_protocol::{subjects, Attempt, Ending, Epoch, HintTag, Outcome, Recove
 use tokio::process::Child;
 use tokio::sync::Notify;
 
-use crate::files::{group_in_session, AttemptFiles, ProcessId};
 use crate::monitor::MonitorArgs;
 use crate::process;
 use crate::service::{sidecar_insist, Held, Shared};
+use tenure_sidecar::attempt_files::{group_in_session, AttemptFiles, ProcessId};
 
 /// Test hook for the named crash windows: when `TENURE_CRASH_AT` names this
 /// point, the worker dies on the spot (SIGABRT), exactly as a SIGKILL there

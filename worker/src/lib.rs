@@ -7,7 +7,6 @@
 //! facts and the leader's lifecycle table decides.
 
 mod attempt;
-pub mod files;
 pub mod monitor;
 pub mod process;
 pub mod service;

@@ -20,8 +20,8 @@ use std::time::Duration;
 use tenure_protocol::{Attempt, Ending, Outcome, TaskId};
 use tenure_sidecar::Layout;
 
-use crate::files::{AttemptFiles, MonitorStatus, ProcessId};
 use crate::process;
+use tenure_sidecar::attempt_files::{AttemptFiles, MonitorStatus, ProcessId};
 
 /// Default output cap per task.
 pub const DEFAULT_OUTPUT_CAP: u64 = 64 * 1024 * 1024;
