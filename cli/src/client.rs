@@ -19,9 +19,36 @@ const API_TIMEOUT: Duration = Duration::from_secs(5);
 /// Exit code of `wait` when it timed out (as timeout(1)).
 const EXIT_TIMEOUT: u8 = 124;
 
+/// How long `submit` keeps retrying while no coordinator answers (a takeover
+/// takes about the lease TTL plus the registry load).
+const SUBMIT_RETRY_FOR: Duration = Duration::from_secs(20);
+
 struct Api {
     client: async_nats::Client,
     session: SessionId,
+}
+
+/// Nobody serves the API subject: no coordinator runs, or standbys are taking
+/// over from a leader that died.
+#[derive(Debug)]
+struct NoCoordinator;
+
+impl std::fmt::Display for NoCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("no coordinator is answering (is the cluster running? try `tenure dev`)")
+    }
+}
+
+impl std::error::Error for NoCoordinator {}
+
+/// Whether a failed submit may be sent again: nobody answered (a takeover), or
+/// the reply did not come back (a paused or dying leader, a lost reply).
+fn submit_retryable(e: &anyhow::Error) -> bool {
+    e.is::<NoCoordinator>()
+        || matches!(
+            e.downcast_ref::<tenure_transport::Error>(),
+            Some(tenure_transport::Error::Timeout { .. } | tenure_transport::Error::Nats { .. })
+        )
 }
 
 impl Api {
@@ -29,9 +56,7 @@ impl Api {
         let reply: ApiReply = tenure_transport::request(&self.client, subjects::API.to_owned(), req, timeout)
             .await
             .map_err(|e| match e {
-                tenure_transport::Error::NoResponders { .. } => {
-                    anyhow!("no coordinator is answering (is the cluster running? try `tenure dev`)")
-                }
+                tenure_transport::Error::NoResponders { .. } => anyhow::Error::new(NoCoordinator),
                 e => e.into(),
             })?;
         Ok(reply?)
@@ -69,20 +94,27 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
                 idempotency_key: uuid::Uuid::new_v4(),
                 spec,
             });
-            // The idempotency key makes a retry after a lost reply return the same task.
-            let mut last = None;
-            for _ in 0..3 {
-                match api.call(&req, API_TIMEOUT).await {
+            // The idempotency key makes a retry return the task the first try
+            // created, so a submit is retried through a lost reply and through a
+            // coordinator takeover — bounded, with a short backoff.
+            let deadline = Instant::now() + SUBMIT_RETRY_FOR;
+            let mut pause = Duration::from_millis(100);
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match api.call(&req, API_TIMEOUT.min(left).max(Duration::from_millis(500))).await {
                     Ok(ApiResponse::Submitted { task, .. }) => {
                         println!("{task}");
                         return Ok(ExitCode::SUCCESS);
                     }
                     Ok(other) => bail!("unexpected reply {other:?}"),
-                    Err(e) if e.downcast_ref::<tenure_transport::Error>().is_some() => last = Some(e),
+                    Err(e) if submit_retryable(&e) && Instant::now() + pause < deadline => {
+                        tracing::warn!(error = %e, "submit not answered; retrying with the same idempotency key");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                    }
                     Err(e) => return Err(e),
                 }
             }
-            Err(last.unwrap_or_else(|| anyhow!("submit failed")))
         }
         Command::Get { task, json } => {
             let s = api.snapshot(&task).await?;
@@ -168,6 +200,15 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
                 println!("{}", serde_json::to_string_pretty(&status)?);
             } else {
                 println!("leader epoch: {}", status.leader_epoch);
+                if let Some(l) = &status.leader {
+                    println!(
+                        "leader:       {} (epoch {}), lease renewed {} ms ago, {} renewals, ttl {} ms, adopted in {} ms",
+                        l.name, l.epoch, l.lease_age_ms, l.renewals, l.lease_ttl_ms, l.adopted_in_ms
+                    );
+                }
+                let standbys: Vec<String> =
+                    status.standbys.iter().map(|s| format!("{} (seen {} ms ago)", s.name, s.last_seen_ms)).collect();
+                println!("standbys:     {}", if standbys.is_empty() { "none".to_owned() } else { standbys.join(", ") });
                 println!("{:<12} {:<6} {:>5} {:>7} {:>9}  KINDS", "WORKER", "ALIVE", "SLOTS", "RUNNING", "LAST SEEN");
                 for w in &status.workers {
                     let kinds: Vec<&str> = w.kinds.iter().map(|k| k.as_str()).collect();

@@ -1,7 +1,9 @@
 //! `tenure dev`: a whole local cluster in one command — nats-server with
-//! JetStream on loopback, one coordinator, N workers each with its sidecar — as
-//! child processes of this one, described in `DATA/cluster.json` and stopped
-//! cleanly on Ctrl-C / SIGTERM.
+//! JetStream on loopback, coordinators `c1` … `cN` (one leads, the others stand
+//! by), N workers each with its sidecar — as child processes of this one,
+//! described in `DATA/cluster.json` (with every component's command line, so a
+//! killed coordinator can be started again by hand) and stopped cleanly on
+//! Ctrl-C / SIGTERM.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
@@ -18,6 +20,7 @@ pub struct DevOptions {
     pub nats_port: u16,
     pub workers: u32,
     pub slots: u32,
+    pub coordinators: u32,
 }
 
 /// Oldest nats-server accepted: older ones miss the JetStream features tenure
@@ -114,7 +117,10 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
         v.extend(args.iter().map(|s| s.to_string()));
         v
     };
-    plan.push(("coordinator".into(), tenure(&["coordinator", "--name", "dev-coordinator"])));
+    for i in 1..=opts.coordinators.max(1) {
+        let name = format!("c{i}");
+        plan.push((format!("coordinator-{name}"), tenure(&["coordinator", "--name", &name])));
+    }
     for i in 1..=opts.workers {
         let id = format!("w{i}");
         let dir = data.join("workers").join(&id).display().to_string();
@@ -161,6 +167,16 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
             _ = &mut shutdown => break ExitCode::SUCCESS,
             _ = tokio::time::sleep(Duration::from_millis(500)) => {
                 if let Some(dead) = running.iter_mut().find_map(|r| r.child.try_wait().ok().flatten().map(|s| (r.name.clone(), s))) {
+                    // A coordinator may die while another stands by: say how to
+                    // start it again and keep the cluster up while one is left.
+                    let is_coordinator = dead.0.starts_with("coordinator-");
+                    running.retain(|r| r.name != dead.0);
+                    let coordinators_left = running.iter().any(|r| r.name.starts_with("coordinator-"));
+                    if is_coordinator && coordinators_left {
+                        let restart = components.iter().find(|c| c.name == dead.0).map(|c| c.command.join(" "));
+                        eprintln!("{} exited ({}); restart it with: {}", dead.0, dead.1, restart.unwrap_or_default());
+                        continue;
+                    }
                     eprintln!("component {} exited ({}); stopping the cluster", dead.0, dead.1);
                     break ExitCode::FAILURE;
                 }

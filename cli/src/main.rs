@@ -33,15 +33,24 @@ struct Cli {
 enum Command {
     /// Run a coordinator (leader of the registry).
     Coordinator {
-        /// Name recorded in the epoch claim.
+        /// Name recorded in the leader lease, the epoch claims and the standby presence.
         #[arg(long, default_value = "coordinator")]
         name: String,
         /// A worker silent for this long is judged lost.
         #[arg(long, default_value_t = 6000)]
         worker_ttl_ms: u64,
-        /// JetStream replicas of the registry (3 on a 3-node NATS cluster).
+        /// JetStream replicas of the registry and the lease bucket (3 on a 3-node NATS cluster).
         #[arg(long, default_value_t = 1)]
         replicas: usize,
+        /// A standby takes over once the leader lease has not changed for this long (its own clock).
+        #[arg(long, default_value_t = 6000)]
+        lease_ttl_ms: u64,
+        /// The leader renews its lease this often.
+        #[arg(long, default_value_t = 2000)]
+        renew_interval_ms: u64,
+        /// The leader stops acting when no renewal succeeded for this long (below the TTL).
+        #[arg(long, default_value_t = 4000)]
+        renew_deadline_ms: u64,
     },
     /// Run a worker (needs its sidecar running on the same data dir).
     Worker {
@@ -85,7 +94,7 @@ enum Command {
         #[arg(long)]
         data_dir: PathBuf,
     },
-    /// Start a whole local cluster: nats-server, a coordinator, workers with sidecars.
+    /// Start a whole local cluster: nats-server, coordinators (one leads, the rest stand by), workers with sidecars.
     Dev {
         #[arg(long, default_value = ".tenure-dev")]
         data_dir: PathBuf,
@@ -95,6 +104,9 @@ enum Command {
         workers: u32,
         #[arg(long, default_value_t = 4)]
         slots: u32,
+        /// Coordinator processes `c1` … `cN`: one leads, the others stand by.
+        #[arg(long, default_value_t = 1)]
+        coordinators: u32,
     },
     /// Submit a task; prints its id.
     Submit {
@@ -228,8 +240,13 @@ fn main() -> ExitCode {
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let nats = cli.nats;
     match cli.command {
-        Command::Coordinator { name, worker_ttl_ms, replicas } => {
-            let mut opts = tenure_coordinator::Options { nats_url: nats, name, replicas, ..Default::default() };
+        Command::Coordinator { name, worker_ttl_ms, replicas, lease_ttl_ms, renew_interval_ms, renew_deadline_ms } => {
+            let lease = tenure_coordinator::LeaseConfig {
+                ttl: Duration::from_millis(lease_ttl_ms),
+                renew_interval: Duration::from_millis(renew_interval_ms),
+                renew_deadline: Duration::from_millis(renew_deadline_ms),
+            };
+            let mut opts = tenure_coordinator::Options { nats_url: nats, name, replicas, lease, ..Default::default() };
             opts.core.worker_ttl = Duration::from_millis(worker_ttl_ms);
             tenure_coordinator::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
@@ -251,8 +268,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             tenure_sidecar::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Dev { data_dir, nats_port, workers, slots } => {
-            dev::run(dev::DevOptions { data_dir, nats_port, workers, slots }, shutdown_signal()).await
+        Command::Dev { data_dir, nats_port, workers, slots, coordinators } => {
+            dev::run(dev::DevOptions { data_dir, nats_port, workers, slots, coordinators }, shutdown_signal()).await
         }
         verb => {
             let session = session(cli.session)?;

@@ -16,9 +16,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use tenure_protocol::messages::{
-    ApiError, ApiReply, ApiRequest, ApiResponse, ClusterStatus, Heartbeat, KillCommand, KillResult, LeaseGrant,
-    Refusal, Report, ReportAck, ReportEvent, SubmitRequest, TaskSnapshot, WorkerCommand, WorkerReply, WorkerStatus,
-    MAX_WAIT_MS,
+    ApiError, ApiReply, ApiRequest, ApiResponse, ClusterStatus, EvidenceReply, EvidenceRequest, Heartbeat, KillCommand,
+    KillResult, LeaseGrant, Refusal, Report, ReportAck, ReportEvent, SubmitRequest, TaskSnapshot, WorkerCommand,
+    WorkerReply, WorkerStatus, MAX_WAIT_MS,
 };
 use tenure_protocol::{apply, Decision, Epoch, Event, Kind, Lifecycle, SessionId, Status, TaskId, Unchanged, WorkerId};
 use uuid::Uuid;
@@ -76,6 +76,13 @@ pub enum Input {
         command: WorkerCommand,
         result: Result<WorkerReply, String>,
     },
+    /// The answer of a lost worker's sidecar to an evidence query, or the
+    /// transport failure that says the whole machine is unreachable.
+    Evidence {
+        worker: WorkerId,
+        request: EvidenceRequest,
+        result: Result<EvidenceReply, String>,
+    },
     Tick,
 }
 
@@ -89,6 +96,12 @@ pub enum Effect {
     Command {
         worker: WorkerId,
         command: WorkerCommand,
+    },
+    /// Ask a worker machine's sidecar about an attempt; the answer comes back as
+    /// `Input::Evidence`.
+    AskEvidence {
+        worker: WorkerId,
+        request: EvidenceRequest,
     },
     Reply {
         to: String,
@@ -138,6 +151,8 @@ pub struct Core {
     not_before: HashMap<TaskId, Duration>,
     waiters: HashMap<TaskId, Vec<Waiter>>,
     known_kinds: BTreeSet<Kind>,
+    /// When the sidecar of a lost worker was last asked about a task.
+    asked: HashMap<TaskId, Duration>,
 }
 
 impl Core {
@@ -158,6 +173,7 @@ impl Core {
             sent: HashMap::new(),
             not_before: HashMap::new(),
             waiters: HashMap::new(),
+            asked: HashMap::new(),
         };
         for r in records {
             core.next_n = core.next_n.max(r.id.number() + 1);
@@ -205,6 +221,7 @@ impl Core {
             Input::CommandResult { worker, command, result } => {
                 self.command_result(worker, command, result, now, &mut fx)
             }
+            Input::Evidence { worker, request, result } => self.evidence(worker, request, result, now, &mut fx),
             Input::Tick => self.tick(now, &mut fx),
         }
         if !fx.iter().any(|e| matches!(e, Effect::StepDown { .. })) {
@@ -369,6 +386,7 @@ impl Core {
         w.kinds = hb.kinds.into_iter().collect();
         w.last_seen = now.mono;
         w.alive = true;
+        self.stop_stale_copies(&hb.worker, &hb.attempts, fx);
     }
 
     fn report(&mut self, report: Report, now: Now, fx: &mut Vec<Effect>) -> ReportAck {
@@ -442,18 +460,10 @@ impl Core {
                 id.clone()
             })
             .collect();
-        for worker in lost {
-            tracing::warn!(%worker, ttl_ms = ttl.as_millis() as u64, "worker lost: no heartbeat within ttl");
-            let held: Vec<TaskId> = self
-                .on_worker
-                .iter()
-                .filter(|t| self.tasks.get(*t).and_then(|r| r.life.worker.as_ref()) == Some(&worker))
-                .cloned()
-                .collect();
-            for task in held {
-                self.event(&task, Event::WorkerLost { worker: worker.clone() }, now, fx);
-            }
+        for worker in &lost {
+            tracing::warn!(%worker, ttl_ms = ttl.as_millis() as u64, "worker lost: no heartbeat within ttl; asking its sidecar");
         }
+        self.ask_about_lost_workers(now, fx);
 
         let expired: Vec<TaskId> = self
             .waiters
@@ -644,6 +654,9 @@ impl Core {
         }
     }
 }
+
+#[path = "liveness.rs"]
+mod liveness;
 
 #[cfg(test)]
 #[path = "core_tests.rs"]

@@ -2,7 +2,7 @@
 //! registry, just inputs and the effects they produce.
 
 use super::*;
-use tenure_protocol::messages::HeldAttempt;
+use tenure_protocol::messages::{AttemptEvidence, HeldAttempt, SidecarRefusal};
 use tenure_protocol::{Attempt, Ending, HintTag, Outcome, TaskSpec};
 
 struct Harness {
@@ -219,23 +219,80 @@ fn other_sessions_see_not_found() {
     assert_eq!(h.status(&t), Status::Queued);
 }
 
+/// Lets `w1` go silent while `w2` keeps heartbeating; returns the evidence
+/// queries the leader sent about w1's attempts.
+fn lose_w1(h: &mut Harness) -> Vec<EvidenceRequest> {
+    let mut asked = Vec::new();
+    for _ in 0..8 {
+        h.advance(Duration::from_secs(1));
+        h.heartbeat("w2", 4);
+        for e in h.input(Input::Tick) {
+            if let Effect::AskEvidence { worker, request } = e {
+                assert_eq!(worker.as_str(), "w1");
+                asked.push(request);
+            }
+        }
+    }
+    asked
+}
+
+fn answer(h: &mut Harness, request: &EvidenceRequest, result: Result<EvidenceReply, String>) -> Vec<Effect> {
+    h.input(Input::Evidence { worker: w("w1"), request: request.clone(), result })
+}
+
 #[test]
-fn lost_worker_non_idempotent_becomes_unknown_idempotent_runs_elsewhere() {
+fn a_lost_worker_changes_nothing_until_its_sidecar_has_answered() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let t = h.submit("s", TaskSpec::shell("once", "true"));
+    h.report("w1", &t, 1, ReportEvent::Started { pid: 1 });
+    let asked = lose_w1(&mut h);
+    assert_eq!(asked.len(), 1, "asked once per worker ttl: {asked:?}");
+    assert_eq!((asked[0].task.clone(), asked[0].attempt, asked[0].epoch), (t.clone(), Attempt(1), Epoch(3)));
+    assert_eq!(h.status(&t), Status::Running, "no decision before the evidence");
+}
+
+#[test]
+fn evidence_from_a_lost_workers_sidecar_settles_each_case() {
+    let cases: Vec<(AttemptEvidence, Status, Option<HintTag>)> = vec![
+        (AttemptEvidence::NeverStarted, Status::Leased, None), // queued again, granted to w2 at once
+        (AttemptEvidence::Running, Status::Running, None),
+        (AttemptEvidence::Exited(Outcome::new(Ending::Failed, Some(2), None)), Status::Failed, None),
+        (AttemptEvidence::NoEvidence, Status::Unknown, Some(HintTag::MaybeRan)),
+        (AttemptEvidence::Unreadable("crc".into()), Status::Unknown, Some(HintTag::SidecarCorrupt)),
+    ];
+    for (evidence, want, hint) in cases {
+        let mut h = Harness::new();
+        h.heartbeat("w1", 4);
+        let t = h.submit("s", TaskSpec::shell("once", "true"));
+        if evidence != AttemptEvidence::NeverStarted {
+            h.report("w1", &t, 1, ReportEvent::Started { pid: 1 });
+        }
+        let asked = lose_w1(&mut h);
+        answer(&mut h, &asked[0], Ok(Ok(evidence.clone())));
+        let r = h.core.task(&t).unwrap();
+        assert_eq!(r.life.status, want, "{evidence:?}");
+        assert_eq!(r.life.hint.as_ref().map(|h| h.tag), hint, "{evidence:?}");
+        if want == Status::Leased {
+            assert_eq!((r.life.attempt, r.life.worker.clone()), (Attempt(2), Some(w("w2"))));
+        }
+    }
+}
+
+#[test]
+fn an_unreachable_machine_makes_non_idempotent_tasks_unknown_and_idempotent_ones_run_elsewhere() {
     let mut h = Harness::new();
     h.heartbeat("w1", 4);
     let once = h.submit("s", TaskSpec::shell("once", "true"));
     let again = h.submit("s", TaskSpec { idempotent: true, ..TaskSpec::shell("again", "true") });
     h.report("w1", &once, 1, ReportEvent::Started { pid: 1 });
     h.report("w1", &again, 1, ReportEvent::Started { pid: 2 });
-    // w2 keeps heartbeating, w1 goes silent.
-    for _ in 0..8 {
-        h.advance(Duration::from_secs(1));
-        h.heartbeat("w2", 4);
-        h.input(Input::Tick);
+    for request in lose_w1(&mut h) {
+        answer(&mut h, &request, Err("no responders".into()));
     }
     let once_rec = h.core.task(&once).unwrap();
     assert_eq!(once_rec.life.status, Status::Unknown);
-    assert_eq!(once_rec.life.hint.as_ref().unwrap().tag, HintTag::WorkerLost);
+    assert_eq!(once_rec.life.hint.as_ref().unwrap().tag, HintTag::WorkerUnreachable);
     let again_rec = h.core.task(&again).unwrap();
     assert_eq!((again_rec.life.status, again_rec.life.attempt), (Status::Leased, Attempt(2)));
     assert_eq!(again_rec.life.worker, Some(w("w2")));
@@ -245,6 +302,36 @@ fn lost_worker_non_idempotent_becomes_unknown_idempotent_runs_elsewhere() {
     assert_eq!(h.status(&once), Status::Completed);
     assert_eq!(h.report("w1", &again, 1, completed()), ReportAck::Stale);
     assert_eq!(h.status(&again), Status::Leased);
+    // When w1 returns still holding the re-run task's first attempt, it is told to stop it.
+    let fx = h.input(Input::Heartbeat(Heartbeat {
+        worker: w("w1"),
+        instance: Uuid::nil(),
+        slots: 4,
+        kinds: vec![Kind::shell()],
+        epoch_seen: Epoch(3),
+        attempts: vec![HeldAttempt { task: again.clone(), attempt: Attempt(1) }],
+    }));
+    let kills: Vec<&KillCommand> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Command { command: WorkerCommand::Kill(k), .. } => Some(k),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(kills.len(), 1);
+    assert_eq!((&kills[0].task, kills[0].attempt), (&again, Attempt(1)));
+}
+
+#[test]
+fn a_newer_epoch_in_a_sidecar_refusal_deposes_the_leader() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let t = h.submit("s", TaskSpec::shell("once", "true"));
+    h.report("w1", &t, 1, ReportEvent::Started { pid: 1 });
+    let asked = lose_w1(&mut h);
+    let fx = answer(&mut h, &asked[0], Ok(Err(SidecarRefusal::StaleEpoch { held: Epoch(9), offered: Epoch(3) })));
+    assert!(fx.iter().any(|e| matches!(e, Effect::StepDown { .. })));
+    assert_eq!(h.status(&t), Status::Running);
 }
 
 #[test]

@@ -25,6 +25,10 @@
 //!   plus one; the leader later writes back the epoch it claimed in the registry
 //!   ([`Lease::adopt_epoch`]), which is at least that.
 //!
+//! - **Every write is distinct.** `renewals` counts all of a holder's writes,
+//!   so a read that shows exactly the value of our unanswered write proves that
+//!   very write landed (and when it was sent), never an earlier identical try.
+//!
 //! It must never: propose a takeover on a revision it has not seen unchanged for
 //! the TTL (except an absent or released key), report the lease as held past
 //! the renew deadline, or issue a second write before the first was answered.
@@ -102,8 +106,10 @@ pub struct LeaseValue {
     pub holder: String,
     /// The leadership term; raised to the epoch claimed in the registry.
     pub epoch: Epoch,
-    /// Successful writes by this holder in this term, for humans and for telling
-    /// one write from the next.
+    /// This holder's count of lease writes (takeover, renewals, release). It
+    /// grows with every write, tried or landed, so no two writes of a holder
+    /// carry the same value: a read showing exactly the value of our unanswered
+    /// write proves *that* write landed, not an earlier identical one.
     pub renewals: u64,
     /// The TTL the holder counts on. Standbys wait at least this long. `0`
     /// means the holder released the lease after it stopped acting.
@@ -242,6 +248,8 @@ pub struct Lease {
     pending: Option<Pending>,
     /// Highest epoch seen in the key or held by us.
     highest: Epoch,
+    /// The `renewals` value of our next write.
+    next_write: u64,
 }
 
 impl Lease {
@@ -258,6 +266,7 @@ impl Lease {
             }),
             pending: None,
             highest: Epoch(0),
+            next_write: 0,
         }
     }
 
@@ -331,10 +340,12 @@ impl Lease {
         let Role::Leader(h) = &self.role else {
             return None;
         };
-        let release = self.pending.is_none().then(|| Write {
-            expected: h.revision,
-            value: LeaseValue { renewals: h.value.renewals + 1, ttl_ms: 0, ..h.value.clone() },
-        });
+        let renewals = self.next_write;
+        let release = self
+            .pending
+            .is_none()
+            .then(|| Write { expected: h.revision, value: LeaseValue { renewals, ttl_ms: 0, ..h.value.clone() } });
+        self.next_write += 1;
         self.become_standby(now);
         release
     }
@@ -463,8 +474,9 @@ impl Lease {
                 }
                 let write = Write {
                     expected: h.revision,
-                    value: LeaseValue { renewals: h.value.renewals + 1, ttl_ms: ms(cfg.ttl), ..h.value.clone() },
+                    value: LeaseValue { renewals: self.next_write, ttl_ms: ms(cfg.ttl), ..h.value.clone() },
                 };
+                self.next_write += 1;
                 h.next_renew_at = now + cfg.retry();
                 self.pending = Some(Pending { write: write.clone(), sent_at: now, unanswered: false });
                 Decision::Renew(write)
@@ -495,10 +507,11 @@ impl Lease {
                     value: LeaseValue {
                         holder: self.holder.clone(),
                         epoch: base.next(),
-                        renewals: 0,
+                        renewals: self.next_write,
                         ttl_ms: ms(cfg.ttl),
                     },
                 };
+                self.next_write += 1;
                 self.pending = Some(Pending { write: write.clone(), sent_at: now, unanswered: false });
                 Decision::Acquire(write)
             }

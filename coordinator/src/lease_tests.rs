@@ -171,14 +171,13 @@ fn an_absent_or_released_key_is_taken_at_once() {
 fn the_leader_renews_every_interval_with_a_cas_on_its_revision() {
     let mut c = Clocked::new("a");
     c.lead();
-    let mut rev = 1;
     for i in 1..=10u64 {
         let (at, d) = c.tick_for(Duration::from_secs(3)).expect("renewal");
         let Decision::Renew(w) = d else { panic!("{d:?}") };
-        assert_eq!((w.expected, w.value.renewals), (rev, i));
+        // The lease landed at revision 1; renewal i expects revision i.
+        assert_eq!((w.expected, w.value.renewals), (i, i));
         assert!(at >= Duration::from_secs(100) + cfg().renew_interval * i as u32);
-        rev += 1;
-        assert_eq!(c.at(Observation::Written { revision: rev }), Decision::None);
+        assert_eq!(c.at(Observation::Written { revision: i + 1 }), Decision::None);
         assert!(c.lease.may_act(c.now));
     }
 }
@@ -261,13 +260,35 @@ fn an_unanswered_write_is_resolved_by_reading_the_key() {
     assert_eq!(c.at(key(2, KeyState::Held(w.value))), Decision::None);
     let (_, d) = c.tick_for(Duration::from_secs(1)).unwrap();
     let Decision::Renew(w) = d else { panic!("{d:?}") };
-    assert_eq!((w.expected, w.value.renewals), (2, 2));
+    // Every write carries a new count, the one that did not land included.
+    assert_eq!((w.expected, w.value.renewals), (2, 3));
 
     // A takeover that landed without an answer: the read makes us leader.
     let mut c = Clocked::new("b");
     let Decision::Acquire(w) = c.at(key(0, KeyState::Absent)) else { panic!() };
     c.at(Observation::WriteFailed);
     assert!(matches!(c.at(key(1, KeyState::Held(w.value))), Decision::Lead { .. }));
+}
+
+#[test]
+fn an_older_write_of_ours_landing_late_is_not_taken_for_the_pending_one() {
+    let mut c = Clocked::new("b");
+    c.at(key(4, held("a", 5, 9)));
+    let (_, d) = c.tick_for(Duration::from_secs(7)).expect("takeover");
+    let Decision::Acquire(first) = d else { panic!("{d:?}") };
+    c.at(Observation::WriteFailed);
+    // The read shows nothing new: the first try is given up, a second one is sent.
+    assert!(matches!(c.at(key(4, held("a", 5, 9))), Decision::Acquire(_)));
+    c.at(Observation::WriteFailed);
+    // The *first* try landed late. It is not the pending write: no lead, and the
+    // lease it made is judged like anyone's (it expires unless renewed).
+    assert_eq!(c.at(key(5, KeyState::Held(first.value.clone()))), Decision::None);
+    assert!(!c.lease.may_act(c.now));
+    assert_eq!(c.tick_for(Duration::from_millis(5900)), None);
+    let (_, d) = c.tick_for(Duration::from_millis(200)).expect("takeover of the orphan");
+    let Decision::Acquire(w) = d else { panic!("{d:?}") };
+    assert_eq!((w.expected, w.value.epoch), (5, Epoch(7)));
+    assert!(w.value.renewals > first.value.renewals);
 }
 
 #[test]
@@ -494,6 +515,7 @@ impl Sim {
                 self.step(Step::Read(i));
                 while !self.nodes[i].inbox.is_empty() || self.nodes[i].answer.is_some() {
                     self.step(Step::Deliver(i));
+                    self.step(Step::Land(i, false));
                 }
                 self.step(Step::Tick(i));
                 self.step(Step::Land(i, false));

@@ -20,8 +20,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use tenure_protocol::messages::{
-    ApiError, ApiReply, ApiRequest, ApiResponse, CoordinatorPresence, Heartbeat, LeaderStatus, Report, StandbyStatus,
-    WorkerCommand,
+    ApiError, ApiReply, ApiRequest, ApiResponse, CoordinatorPresence, EvidenceRequest, Heartbeat, LeaderStatus, Report,
+    StandbyStatus, WorkerCommand,
 };
 use tenure_protocol::{subjects, Epoch, WorkerId};
 use tokio::sync::{mpsc, watch};
@@ -106,7 +106,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         match lead(&opts, &client, &elector, term, shutdown.as_mut()).await {
             Ok(Ended::Shutdown { epoch }) => {
                 elector.shutdown().await;
-                tracing::info!(%epoch, "coordinator stopping; leader lease released");
+                tracing::info!(%epoch, "coordinator stopping");
                 return Ok(());
             }
             Ok(Ended::SteppedDown { epoch, reason }) => {
@@ -422,6 +422,10 @@ async fn execute(
             send_command(client.clone(), worker, command, results.clone(), opts.command_timeout);
             Ok(())
         }
+        Effect::AskEvidence { worker, request } => {
+            ask_evidence(client.clone(), worker, request, results.clone(), opts.command_timeout);
+            Ok(())
+        }
         Effect::Reply { to, mut reply } => {
             if let Ok(ApiResponse::Status(status)) = &mut reply {
                 visibility.fill(status, guard.current(), guard.clock.now());
@@ -453,5 +457,20 @@ fn send_command(
         let subject = subjects::worker_commands(&worker);
         let result = tenure_transport::request(&client, subject, &command, timeout).await.map_err(|e| e.to_string());
         let _ = results.send(Input::CommandResult { worker, command, result }).await;
+    });
+}
+
+/// Asks a sidecar about an attempt without blocking the loop.
+fn ask_evidence(
+    client: async_nats::Client,
+    worker: WorkerId,
+    request: EvidenceRequest,
+    results: mpsc::Sender<Input>,
+    timeout: Duration,
+) {
+    tokio::spawn(async move {
+        let subject = subjects::evidence(&worker);
+        let result = tenure_transport::request(&client, subject, &request, timeout).await.map_err(|e| e.to_string());
+        let _ = results.send(Input::Evidence { worker, request, result }).await;
     });
 }

@@ -195,7 +195,8 @@ pub enum Event {
     Finished { attempt: Attempt, epoch: Epoch, outcome: Outcome },
     /// A client asked to stop the task.
     KillRequested,
-    /// The leader judged `worker` lost (no heartbeat for the worker TTL).
+    /// The leader judged `worker` lost (no heartbeat for the worker TTL) and
+    /// could not reach its sidecar either: no evidence either way.
     WorkerLost { worker: WorkerId },
     /// The worker machine proved the attempt's process gone without exit
     /// evidence (its monitor died with it, or its records are unreadable).
@@ -364,12 +365,12 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                         next.status = Unknown;
                     }
                     next.hint = Some(RecoveryHint {
-                        tag: if l.status == Leased { HintTag::MaybeRan } else { HintTag::WorkerLost },
+                        tag: HintTag::WorkerUnreachable,
                         message: format!(
-                            "worker {worker} stopped heartbeating while it held attempt {}; the task is not \
-                             idempotent so it will not be run again. It settles by itself if the worker's \
-                             sidecar returns with evidence; otherwise check the worker machine and resubmit \
-                             if it did not run.",
+                            "worker {worker} and its sidecar are unreachable while holding attempt {}; the task is \
+                             not idempotent so it will not be run again. It settles by itself when the machine \
+                             returns with evidence; otherwise check the worker machine and resubmit if it did not \
+                             run.",
                             l.attempt
                         ),
                     });

@@ -120,13 +120,13 @@ fn kill_of_a_stopping_task_after_a_lost_worker_keeps_the_hint() {
     let l = start("stopping+k", false);
     let Decision::Changed(after) = apply(&l, &Event::WorkerLost { worker: w("w1") }) else { panic!() };
     assert_eq!(after.status, Status::Stopping);
-    assert_eq!(after.hint.as_ref().unwrap().tag, HintTag::WorkerLost);
+    assert_eq!(after.hint.as_ref().unwrap().tag, HintTag::WorkerUnreachable);
     assert_eq!(apply(&after, &Event::WorkerLost { worker: w("w1") }), Decision::Unchanged(Unchanged::Duplicate));
 }
 
 #[test]
 fn lost_non_idempotent_tasks_carry_a_hint() {
-    for (row, tag) in [("leased", HintTag::MaybeRan), ("running", HintTag::WorkerLost)] {
+    for (row, tag) in [("leased", HintTag::WorkerUnreachable), ("running", HintTag::WorkerUnreachable)] {
         let Decision::Changed(after) = apply(&start(row, false), &Event::WorkerLost { worker: w("w1") }) else {
             panic!()
         };

@@ -96,7 +96,7 @@ pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify
             let _ = sidecar_insist(&shared, SidecarRequest::Abandon { task: task.clone(), attempt }).await;
             let event = ReportEvent::NotStarted { reason: format!("{refusal:?}") };
             report_until_acked(&shared, &task, attempt, grant.epoch, event).await;
-            shared.held().remove(&task);
+            shared.held().remove(&(task.clone(), attempt));
             return;
         }
     }
@@ -224,7 +224,7 @@ async fn finish(shared: &Shared, task: &TaskId, attempt: Attempt, epoch: Epoch, 
         // evidence and reports the same thing again.
         Evidence::Lost(hint) => report_until_acked(shared, task, attempt, epoch, ReportEvent::Lost(hint)).await,
     }
-    shared.held().remove(task);
+    shared.held().remove(&(task.clone(), attempt));
 }
 
 /// Sends a report until the leader acknowledges it (or says it is stale).
@@ -375,7 +375,7 @@ fn recover_without_records(shared: &Arc<Shared>, reason: &str) {
 /// while its monitor lives, else from the monitor's evidence (or its absence).
 fn settle_from_files(shared: &Arc<Shared>, task: TaskId, attempt: Attempt, files: AttemptFiles) {
     let kill = Arc::new(Notify::new());
-    shared.held().insert(task.clone(), Held { attempt, kill: kill.clone() });
+    shared.held().insert((task.clone(), attempt), Held { kill: kill.clone() });
     let shared = shared.clone();
     tokio::spawn(async move {
         let evidence = match files.monitor().filter(ProcessId::alive) {
@@ -394,7 +394,7 @@ where
     Fut: std::future::Future<Output = Evidence> + Send,
 {
     let kill = Arc::new(Notify::new());
-    shared.held().insert(grant.task.clone(), Held { attempt: grant.attempt, kill: kill.clone() });
+    shared.held().insert((grant.task.clone(), grant.attempt), Held { kill: kill.clone() });
     let (shared, task, attempt, epoch) = (shared.clone(), grant.task.clone(), grant.attempt, grant.epoch);
     tokio::spawn(async move {
         let evidence = get(shared.clone(), kill).await;

@@ -73,9 +73,9 @@ pub enum Error {
     Layout(String),
 }
 
-/// One attempt this worker holds.
+/// One attempt this worker holds (keyed by task and attempt: a returning
+/// worker may hold an old attempt of a task next to a new one).
 pub(crate) struct Held {
-    pub attempt: Attempt,
     pub kill: Arc<Notify>,
 }
 
@@ -84,7 +84,7 @@ pub(crate) struct Shared {
     pub layout: Layout,
     pub client: async_nats::Client,
     pub sidecar: SidecarClient,
-    held: Mutex<HashMap<TaskId, Held>>,
+    held: Mutex<HashMap<(TaskId, Attempt), Held>>,
     /// Kills that arrived for attempts never granted here: a late grant for one
     /// of them is refused, so a kill can never be overtaken by its own grant.
     killed_unknown: Mutex<HashSet<(TaskId, Attempt)>>,
@@ -92,7 +92,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn held(&self) -> std::sync::MutexGuard<'_, HashMap<TaskId, Held>> {
+    pub fn held(&self) -> std::sync::MutexGuard<'_, HashMap<(TaskId, Attempt), Held>> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -173,7 +173,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
 
 async fn heartbeat(shared: &Shared, instance: Uuid) {
     let attempts =
-        shared.held().iter().map(|(task, h)| HeldAttempt { task: task.clone(), attempt: h.attempt }).collect();
+        shared.held().keys().map(|(task, attempt)| HeldAttempt { task: task.clone(), attempt: *attempt }).collect();
     let hb = tenure_protocol::messages::Heartbeat {
         worker: shared.opts.id.clone(),
         instance,
@@ -213,10 +213,8 @@ pub(crate) async fn sidecar_insist(shared: &Shared, req: SidecarRequest) -> Side
 
 async fn on_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
     let key = (grant.task.clone(), grant.attempt);
-    if let Some(h) = shared.held().get(&grant.task) {
-        if h.attempt == grant.attempt {
-            return WorkerReply::Accepted;
-        }
+    if shared.held().contains_key(&(grant.task.clone(), grant.attempt)) {
+        return WorkerReply::Accepted;
     }
     if shared.killed_unknown.lock().unwrap_or_else(|p| p.into_inner()).contains(&key) {
         return WorkerReply::Refused(Refusal::UnknownAttempt);
@@ -239,7 +237,7 @@ async fn on_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
     attempt::crash_point("after-accept");
     shared.observe_epoch(grant.epoch);
     let kill = Arc::new(Notify::new());
-    shared.held().insert(grant.task.clone(), Held { attempt: grant.attempt, kill: kill.clone() });
+    shared.held().insert((grant.task.clone(), grant.attempt), Held { kill: kill.clone() });
     tracing::info!(task = %grant.task, attempt = %grant.attempt, epoch = %grant.epoch, "grant accepted");
     let span = tracing::info_span!("attempt", task = %grant.task, attempt = %grant.attempt, epoch = %grant.epoch);
     tokio::spawn(attempt::run(shared.clone(), grant, kill).instrument(span));
@@ -255,7 +253,7 @@ async fn on_kill(shared: &Shared, cmd: KillCommand) -> WorkerReply {
         Ok(other) => return WorkerReply::Refused(Refusal::SidecarUnavailable(format!("{other:?}"))),
         Err(e) => return WorkerReply::Refused(Refusal::SidecarUnavailable(e.to_string())),
     }
-    let held = shared.held().get(&cmd.task).filter(|h| h.attempt == cmd.attempt).map(|h| h.kill.clone());
+    let held = shared.held().get(&(cmd.task.clone(), cmd.attempt)).map(|h| h.kill.clone());
     match held {
         Some(kill) => {
             tracing::info!(task = %cmd.task, attempt = %cmd.attempt, epoch = %cmd.epoch, "kill requested");

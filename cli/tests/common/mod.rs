@@ -225,3 +225,75 @@ pub fn group_members(pgid: i32) -> Vec<(i32, i32)> {
     }
     out
 }
+
+// ------------------------------------------------------- coordinator failover
+
+/// Short lease timings for failover tests (defaults: 6000 / 2000 / 4000).
+pub const FAST_LEASE: [&str; 6] =
+    ["--lease-ttl-ms", "1500", "--renew-interval-ms", "300", "--renew-deadline-ms", "900"];
+
+impl Cluster {
+    /// nats-server, coordinators `c1` … `cK` (daemons `coordinator-c1` …, each
+    /// with `extra` flags), and `workers` workers with their sidecars. `c1` is
+    /// started alone and leads before the others start as standbys.
+    pub fn start_coordinators(coordinators: usize, workers: usize, extra: &[&str]) -> Cluster {
+        let nats = NatsServer::start().expect("nats-server");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut c = Cluster { nats, dir, daemons: Vec::new(), session: "test-owner".into() };
+        c.spawn_coordinator("c1", extra);
+        c.wait_leader("c1");
+        for i in 2..=coordinators {
+            c.spawn_coordinator(&format!("c{i}"), extra);
+        }
+        for i in 1..=workers {
+            c.start_worker(&format!("w{i}"));
+        }
+        c.wait_workers(workers);
+        c
+    }
+
+    /// Starts coordinator `name` (daemon `coordinator-<name>`) with a 3 s worker TTL and `extra` flags.
+    pub fn spawn_coordinator(&mut self, name: &str, extra: &[&str]) -> &mut Daemon {
+        let mut args = vec!["coordinator", "--name", name, "--worker-ttl-ms", "3000"];
+        args.extend_from_slice(extra);
+        self.spawn(&format!("coordinator-{name}"), &args)
+    }
+
+    /// `tenure status --json`, or `None` while no coordinator answers.
+    pub fn status(&self) -> Option<serde_json::Value> {
+        let out = self.cli(&["status", "--json"]);
+        out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
+    }
+
+    /// Waits (bounded) until coordinator `name` answers as the leader; returns the status.
+    pub fn wait_leader(&self, name: &str) -> serde_json::Value {
+        eventually(Duration::from_secs(30), || self.status().filter(|s| s["leader"]["name"] == name))
+            .unwrap_or_else(|| panic!("{name} never led: {:?}\n{}", self.status(), self.logs()))
+    }
+
+    /// Sends `signal` to the newest daemon called `name`.
+    pub fn signal(&mut self, name: &str, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.daemon(name).pid());
+        nix::sys::signal::kill(pid, signal).expect("signal daemon");
+    }
+
+    /// How many processes answer one request on the client API subject
+    /// (replies collected for a second).
+    pub fn api_responders(&self) -> usize {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async {
+            let client = async_nats::connect(&self.nats.url).await.expect("connect");
+            let inbox = client.new_inbox();
+            let mut replies = client.subscribe(inbox.clone()).await.expect("subscribe");
+            let request = tenure_protocol::encode(&tenure_protocol::messages::ApiRequest::Status).expect("encode");
+            client.publish_with_reply(tenure_protocol::subjects::API, inbox, request.into()).await.expect("publish");
+            client.flush().await.expect("flush");
+            let mut n = 0;
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(1);
+            while let Ok(Some(_)) = tokio::time::timeout_at(deadline, futures::StreamExt::next(&mut replies)).await {
+                n += 1;
+            }
+            n
+        })
+    }
+}

@@ -1,0 +1,112 @@
+//! Worker loss, decided on evidence: when a worker stops heartbeating, the
+//! leader asks that machine's sidecar what became of each attempt the worker
+//! held before changing anything; only a machine that cannot be reached at all
+//! makes its tasks `unknown` (or, when idempotent, queued again). A worker that
+//! comes back holding attempts the registry moved past is told to stop them.
+
+use tenure_protocol::messages::{
+    AttemptEvidence, EvidenceReply, EvidenceRequest, HeldAttempt, KillCommand, SidecarRefusal, WorkerCommand,
+};
+use tenure_protocol::{Event, HintTag, RecoveryHint, TaskId, WorkerId};
+
+use super::{Core, Effect, Now};
+
+impl Core {
+    /// Asks the sidecars of lost workers about every attempt they still hold —
+    /// at once for a newly lost worker, then again every worker TTL while the
+    /// task stays on it (a monitor that keeps running the task keeps it there).
+    pub(super) fn ask_about_lost_workers(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        let due: Vec<(TaskId, WorkerId, EvidenceRequest)> = self
+            .on_worker
+            .iter()
+            .filter_map(|t| {
+                let r = self.tasks.get(t)?;
+                let worker = r.life.worker.clone()?;
+                let lost = self.workers.get(&worker).is_some_and(|w| !w.alive);
+                let asked_recently =
+                    self.asked.get(t).is_some_and(|at| now.mono.saturating_sub(*at) < self.cfg.worker_ttl);
+                (lost && !asked_recently).then(|| {
+                    let request = EvidenceRequest { task: t.clone(), attempt: r.life.attempt, epoch: self.epoch };
+                    (t.clone(), worker, request)
+                })
+            })
+            .collect();
+        for (task, worker, request) in due {
+            self.asked.insert(task, now.mono);
+            fx.push(Effect::AskEvidence { worker, request });
+        }
+    }
+
+    /// Settles an attempt of a lost worker from its sidecar's answer.
+    pub(super) fn evidence(
+        &mut self,
+        worker: WorkerId,
+        request: EvidenceRequest,
+        result: Result<EvidenceReply, String>,
+        now: Now,
+        fx: &mut Vec<Effect>,
+    ) {
+        let (task, attempt, epoch) = (request.task, request.attempt, request.epoch);
+        let still_there =
+            self.tasks.get(&task).is_some_and(|r| r.life.worker.as_ref() == Some(&worker) && r.life.attempt == attempt);
+        let worker_alive = self.workers.get(&worker).is_some_and(|w| w.alive);
+        if !still_there || worker_alive {
+            return;
+        }
+        let lost = |message: String, tag| Event::Lost { attempt, epoch, hint: RecoveryHint { tag, message } };
+        let event = match result {
+            Err(error) => {
+                tracing::warn!(%worker, task = %task, %attempt, %error, "the lost worker's sidecar is unreachable too");
+                Event::WorkerLost { worker: worker.clone() }
+            }
+            Ok(Err(SidecarRefusal::StaleEpoch { held, .. })) if held > self.epoch => {
+                fx.push(Effect::StepDown { reason: format!("sidecar of {worker} has seen epoch {held} > ours") });
+                return;
+            }
+            Ok(Err(refusal)) => {
+                tracing::warn!(%worker, task = %task, %attempt, %refusal, "the lost worker's sidecar refused the query");
+                Event::WorkerLost { worker: worker.clone() }
+            }
+            Ok(Ok(evidence)) => {
+                tracing::info!(%worker, task = %task, %attempt, ?evidence, "evidence from the lost worker's sidecar");
+                match evidence {
+                    AttemptEvidence::NeverStarted => Event::Refused { attempt, epoch },
+                    AttemptEvidence::Exited(outcome) => Event::Finished { attempt, epoch, outcome },
+                    // Its monitor still runs it: only the worker process is gone.
+                    AttemptEvidence::Running => return,
+                    AttemptEvidence::NoEvidence => lost(
+                        format!(
+                            "worker {worker} was lost; its machine recorded the intent of attempt {attempt} but \
+                             has neither a process nor an exit status: the task may have run"
+                        ),
+                        HintTag::MaybeRan,
+                    ),
+                    AttemptEvidence::Unreadable(reason) => lost(
+                        format!("worker {worker} was lost and its record of attempt {attempt} is unreadable: {reason}"),
+                        HintTag::SidecarCorrupt,
+                    ),
+                }
+            }
+        };
+        self.asked.remove(&task);
+        self.event(&task, event, now, fx);
+    }
+
+    /// A worker that comes back may still run attempts the registry has moved
+    /// past (an idempotent task re-run elsewhere, a task settled meanwhile): its
+    /// lease on them is gone, so it is told to stop them — at every heartbeat
+    /// that still lists them (kills are idempotent).
+    pub(super) fn stop_stale_copies(&self, worker: &WorkerId, held: &[HeldAttempt], fx: &mut Vec<Effect>) {
+        for h in held {
+            let Some(r) = self.tasks.get(&h.task) else { continue };
+            // The current attempt (even if already terminal: the worker is still
+            // finishing its report) is the worker's to keep.
+            if r.life.attempt == h.attempt && r.life.worker.as_ref() == Some(worker) {
+                continue;
+            }
+            tracing::info!(%worker, task = %h.task, attempt = %h.attempt, current = %r.life.attempt, "stopping a stale copy");
+            let kill = KillCommand { task: h.task.clone(), attempt: h.attempt, epoch: self.epoch };
+            fx.push(Effect::Command { worker: worker.clone(), command: WorkerCommand::Kill(kill) });
+        }
+    }
+}
