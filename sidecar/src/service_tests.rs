@@ -383,3 +383,28 @@ fn restore_takes_the_highest_epoch_it_can_see() {
     store.put_epoch(Epoch(3)).unwrap();
     assert_eq!(Machine::restore(store).unwrap().epoch(), Epoch(11));
 }
+
+#[test]
+fn an_evidence_query_revokes_an_accepted_attempt_and_describes_the_others() {
+    let mut m = Machine::restore(MemoryStore::new()).unwrap();
+    assert_eq!(m.handle(SidecarRequest::Accept(grant(2, 5))), SidecarReply::Ok);
+    // Accepted only: revoked, and from now on the worker cannot record its intent.
+    assert_eq!(m.evidence(&task(), Attempt(2), Epoch(5)), Ok(RecordView::Absent));
+    assert!(matches!(m.handle(intent(5)), SidecarReply::Refused(SidecarRefusal::UnknownAttempt { .. })));
+    // Never seen at all.
+    assert_eq!(m.evidence(&task(), Attempt(7), Epoch(5)), Ok(RecordView::Absent));
+    // Past its intent: never revoked.
+    assert_eq!(m.handle(SidecarRequest::Accept(grant(3, 5))), SidecarReply::Ok);
+    let intent3 = SidecarRequest::Intent { task: task(), attempt: Attempt(3), epoch: Epoch(5) };
+    assert_eq!(m.handle(intent3), SidecarReply::Ok);
+    assert_eq!(m.evidence(&task(), Attempt(3), Epoch(5)), Ok(RecordView::Started(Phase::Intent)));
+    let exited3 = SidecarRequest::Exited { task: task(), attempt: Attempt(3), outcome: o2() };
+    assert_eq!(m.handle(exited3), SidecarReply::Ok);
+    assert_eq!(m.evidence(&task(), Attempt(3), Epoch(6)), Ok(RecordView::Ended(o2())));
+    // The query is fenced like any command: a lower epoch is refused, a higher one kept.
+    assert_eq!(m.epoch(), Epoch(6));
+    assert_eq!(
+        m.evidence(&task(), Attempt(3), Epoch(4)),
+        Err(SidecarRefusal::StaleEpoch { held: Epoch(6), offered: Epoch(4) })
+    );
+}
