@@ -103,7 +103,9 @@ async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) ->
         Ok(p) => p,
         Err(e) => return failed(format!("cannot create the output pipe: {e}")),
     };
-    let running = match process::spawn(&spec, writer, layout.root()) {
+    // Every process of the task can say which task and attempt it belongs to.
+    let identity = [("TENURE_TASK_ID", args.task.to_string()), ("TENURE_ATTEMPT", args.attempt.0.to_string())];
+    let running = match process::spawn(&spec, &identity, writer, layout.root()) {
         Ok(r) => r,
         Err(e) => return failed(format!("spawn failed: {e}")),
     };

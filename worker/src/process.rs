@@ -36,8 +36,14 @@ pub struct Running {
 }
 
 /// Spawns `sh -c spec.command` in a new process group, stdout and stderr both
-/// going to `output` (a file or a pipe).
-pub fn spawn(spec: &TaskSpec, output: impl Into<OwnedFd>, default_cwd: &Path) -> std::io::Result<Running> {
+/// going to `output` (a file or a pipe). `identity` adds variables that name the
+/// task to its processes (they override the spec's own).
+pub fn spawn(
+    spec: &TaskSpec,
+    identity: &[(&str, String)],
+    output: impl Into<OwnedFd>,
+    default_cwd: &Path,
+) -> std::io::Result<Running> {
     let output: OwnedFd = output.into();
     let err = output.try_clone()?;
     let mut cmd = Command::new("/bin/sh");
@@ -45,6 +51,7 @@ pub fn spawn(spec: &TaskSpec, output: impl Into<OwnedFd>, default_cwd: &Path) ->
         .arg(&spec.command)
         .current_dir(spec.cwd.as_deref().map(Path::new).unwrap_or(default_cwd))
         .envs(&spec.env)
+        .envs(identity.iter().map(|(k, v)| (*k, v.as_str())))
         .stdin(Stdio::null())
         .stdout(Stdio::from(output))
         .stderr(Stdio::from(err))
