@@ -260,7 +260,9 @@ impl Driver {
     }
 
     /// Feeds one observation, carries out what the machine decides, and feeds
-    /// the answers back until it has nothing more to do.
+    /// the answer of each write back until it has nothing more to do. After a
+    /// refused or unanswered write the machine waits for a read, which the next
+    /// poll brings (so a lagging replica cannot make it spin).
     async fn step(&mut self, mut obs: Observation) {
         loop {
             let decision = self.lease.handle(obs, self.clock.now());
@@ -290,19 +292,6 @@ impl Driver {
                     break;
                 }
             };
-            if matches!(obs, Observation::Conflict | Observation::WriteFailed) {
-                // Learn what the key holds before anything else is decided.
-                let answer = self.lease.handle(obs, self.clock.now());
-                debug_assert!(matches!(answer, Decision::None | Decision::StepDown(_)));
-                if let Decision::StepDown(reason) = answer {
-                    tracing::warn!(%reason, "leader lease lost");
-                }
-                self.publish();
-                match self.read().await {
-                    Some(read) => obs = read,
-                    None => break,
-                }
-            }
         }
         self.publish();
     }

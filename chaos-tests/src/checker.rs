@@ -1,0 +1,195 @@
+//! The judge: pure checks over what the harness collected from outside the
+//! system — the ledger every task appends to, the registry's final snapshots,
+//! the status history polled during the run, and the processes left on the
+//! machine. It never asks tenure whether tenure behaved.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+/// A task the load submitted (its id, once known) and whether it may run twice.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    pub label: String,
+    pub id: Option<String>,
+    pub idempotent: bool,
+}
+
+/// The final state of one task in the registry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Final {
+    pub id: String,
+    pub label: String,
+    pub status: String,
+    pub hint: Option<String>,
+}
+
+/// A live process that carries this run's marker.
+#[derive(Debug, Clone)]
+pub struct Proc {
+    pub pid: i32,
+    pub ppid: i32,
+    pub task: String,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Violation {
+    pub kind: String,
+    pub task: String,
+    pub evidence: String,
+}
+
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Counts {
+    pub tasks_submitted: usize,
+    pub completed: usize,
+    pub failed: usize,
+    pub killed: usize,
+    pub unknown: usize,
+    pub lost: usize,
+    pub double_executed: usize,
+    pub anonymous: usize,
+    pub resurrected: usize,
+    pub orphans: usize,
+}
+
+const TERMINAL: [&str; 3] = ["completed", "failed", "killed"];
+
+/// Checks every safety rule; returns the counts and each violation with its evidence.
+pub fn check(
+    submitted: &[Submitted],
+    finals: &[Final],
+    ledger: &[(String, u32)],
+    resurrections: &[(String, String, String)],
+    procs: &[Proc],
+) -> (Counts, Vec<Violation>) {
+    let mut v = Vec::new();
+    let mut c = Counts { tasks_submitted: submitted.len(), ..Counts::default() };
+    let mut violation = |kind: &str, task: &str, evidence: String| {
+        v.push(Violation { kind: kind.into(), task: task.into(), evidence })
+    };
+
+    let by_label: HashMap<&str, Vec<&Final>> = finals.iter().fold(HashMap::new(), |mut m, f| {
+        m.entry(f.label.as_str()).or_default().push(f);
+        m
+    });
+    let by_id: HashMap<&str, &Final> = finals.iter().map(|f| (f.id.as_str(), f)).collect();
+    let mut runs: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    for (task, attempt) in ledger {
+        runs.entry(task.as_str()).or_default().push(*attempt);
+    }
+
+    for s in submitted {
+        let found = by_label.get(s.label.as_str()).cloned().unwrap_or_default();
+        if found.len() > 1 {
+            let ids: Vec<&str> = found.iter().map(|f| f.id.as_str()).collect();
+            violation("duplicate-task", &s.label, format!("one submission became {ids:?}"));
+        }
+        let Some(f) = found.first() else {
+            c.lost += 1;
+            violation("lost", &s.label, format!("submitted (id {:?}) but absent from the registry", s.id));
+            continue;
+        };
+        if let Some(id) = &s.id {
+            if id != &f.id {
+                violation("lost", id, format!("the submit answered {id} but the registry holds {}", f.id));
+            }
+        }
+        let count = runs.get(f.id.as_str()).map(Vec::len).unwrap_or(0);
+        match f.status.as_str() {
+            "completed" => c.completed += 1,
+            "failed" => c.failed += 1,
+            "killed" => c.killed += 1,
+            "unknown" => c.unknown += 1,
+            other => {
+                c.lost += 1;
+                violation("unsettled", &f.id, format!("still {other} after quiescence"));
+            }
+        }
+        if !s.idempotent && count > 1 {
+            c.double_executed += 1;
+            violation("double-executed", &f.id, format!("ran {count} times: attempts {:?}", runs[f.id.as_str()]));
+        }
+        if f.status == "completed" && count == 0 {
+            violation("completed-without-effect", &f.id, "completed but never appended to the ledger".into());
+        }
+        if f.status == "unknown" {
+            if f.hint.is_none() {
+                violation("unknown-without-hint", &f.id, "unknown with no recovery hint".into());
+            }
+            if !s.idempotent && count > 1 {
+                violation("untruthful-hint", &f.id, format!("unknown ({:?}) but ran {count} times", f.hint));
+            }
+        }
+    }
+    for task in runs.keys() {
+        if !by_id.contains_key(task) {
+            c.anonymous += 1;
+            violation("anonymous", task, "an effect in the ledger that no task in the registry owns".into());
+        }
+    }
+    for (task, from, to) in resurrections {
+        c.resurrected += 1;
+        violation("resurrected", task, format!("went from {from} back to {to}"));
+    }
+    for p in procs {
+        let status = by_id.get(p.task.as_str()).map(|f| f.status.as_str());
+        if p.ppid == 1 {
+            c.orphans += 1;
+            violation("orphan", &p.task, format!("pid {} re-parented to PID 1", p.pid));
+        } else if status.is_some_and(|s| TERMINAL.contains(&s)) {
+            c.orphans += 1;
+            violation("orphan", &p.task, format!("pid {} outlives its task ({})", p.pid, status.unwrap_or("?")));
+        }
+    }
+    (c, v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sub(label: &str, id: &str, idempotent: bool) -> Submitted {
+        Submitted { label: label.into(), id: Some(id.into()), idempotent }
+    }
+
+    fn fin(id: &str, label: &str, status: &str) -> Final {
+        let hint = (status == "unknown").then(|| "maybe-ran".to_string());
+        Final { id: id.into(), label: label.into(), status: status.into(), hint }
+    }
+
+    #[test]
+    fn a_clean_run_has_no_violation() {
+        let submitted = vec![sub("a", "shell-1", false), sub("b", "shell-2", true), sub("c", "shell-3", false)];
+        let finals = vec![fin("shell-1", "a", "completed"), fin("shell-2", "b", "completed"), fin("shell-3", "c", "unknown")];
+        let ledger = vec![("shell-1".into(), 1), ("shell-2".into(), 1), ("shell-2".into(), 2), ("shell-3".into(), 1)];
+        let (c, v) = check(&submitted, &finals, &ledger, &[], &[]);
+        assert!(v.is_empty(), "{v:?}");
+        assert_eq!((c.completed, c.unknown, c.double_executed), (2, 1, 0));
+    }
+
+    #[test]
+    fn every_planted_violation_is_caught() {
+        let submitted = vec![
+            sub("double", "shell-1", false),
+            sub("lost", "shell-2", false),
+            sub("stuck", "shell-3", false),
+            sub("silent", "shell-4", false),
+        ];
+        let finals = vec![
+            fin("shell-1", "double", "completed"),
+            fin("shell-3", "stuck", "running"),
+            Final { hint: None, ..fin("shell-4", "silent", "unknown") },
+            fin("shell-9", "killed-one", "killed"),
+        ];
+        let ledger = vec![("shell-1".into(), 1), ("shell-1".into(), 2), ("shell-77".into(), 1)];
+        let resurrections = vec![("shell-9".into(), "killed".into(), "running".into())];
+        let procs = vec![Proc { pid: 5, ppid: 1, task: "shell-3".into() }, Proc { pid: 6, ppid: 9, task: "shell-9".into() }];
+        let (c, v) = check(&submitted, &finals, &ledger, &resurrections, &procs);
+        let kinds: Vec<&str> = v.iter().map(|x| x.kind.as_str()).collect();
+        for k in ["double-executed", "lost", "unsettled", "unknown-without-hint", "anonymous", "resurrected", "orphan"] {
+            assert!(kinds.contains(&k), "{k} not caught: {kinds:?}");
+        }
+        assert_eq!((c.double_executed, c.anonymous, c.resurrected, c.orphans), (1, 1, 1, 2));
+    }
+}

@@ -1,0 +1,261 @@
+//! The cluster under test: a real nats-server, coordinators, and workers with
+//! their sidecars — the real `tenure` binary — each node reaching NATS through
+//! its own fault-injecting proxy. Every process is started here, signalled by
+//! its own pid, and stopped here.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+
+use crate::proxy::{Mode, Proxy};
+use crate::schedule::Link;
+
+/// One supervised process: restarted by [`Cluster::supervise`] whenever it is
+/// not running and its down time is over.
+pub struct Node {
+    pub name: String,
+    program: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+    down_until: Option<Instant>,
+    /// Environment for the next start only (a crash-window hook).
+    next_env: Vec<(String, String)>,
+}
+
+impl Node {
+    fn new(name: &str, program: &Path, args: Vec<String>, logs: &Path) -> Node {
+        Node {
+            name: name.into(),
+            program: program.to_path_buf(),
+            args,
+            log: logs.join(format!("{name}.log")),
+            child: None,
+            down_until: None,
+            next_env: Vec::new(),
+        }
+    }
+
+    fn start(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        let child = Command::new(&self.program)
+            .args(&self.args)
+            .envs(self.next_env.drain(..))
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", self.name))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
+    fn running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// SIGKILL now; restarted after `down`.
+    pub fn kill9(&mut self, down: Duration) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.down_until = Some(Instant::now() + down);
+    }
+
+    pub fn signal(&self, sig: Signal) {
+        if let Some(pid) = self.pid() {
+            let _ = kill(Pid::from_raw(pid), sig);
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGCONT);
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub nats_port: u16,
+    nats: Node,
+    pub coordinators: Vec<Node>,
+    pub workers: Vec<Node>,
+    pub sidecars: Vec<Node>,
+    coordinator_links: Vec<Proxy>,
+    worker_links: Vec<Proxy>,
+    sidecar_links: Vec<Proxy>,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl Cluster {
+    pub async fn start(bin: &Path, nats_bin: &Path, dir: &Path, coordinators: usize, workers: usize) -> anyhow::Result<Cluster> {
+        let logs = dir.join("logs");
+        std::fs::create_dir_all(&logs)?;
+        let nats_port = free_port()?;
+        let mut nats = Node::new(
+            "nats",
+            nats_bin,
+            vec!["-a".into(), "127.0.0.1".into(), "-p".into(), nats_port.to_string(), "-js".into(), "-sd".into(), dir.join("nats").display().to_string()],
+            &logs,
+        );
+        nats.start()?;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", nats_port)).is_err() {
+            if Instant::now() > deadline {
+                bail!("nats-server did not start");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let url = |p: &Proxy| format!("nats://127.0.0.1:{}", p.port);
+        let mut c = Cluster {
+            dir: dir.to_path_buf(),
+            nats_port,
+            nats,
+            coordinators: Vec::new(),
+            workers: Vec::new(),
+            sidecars: Vec::new(),
+            coordinator_links: Vec::new(),
+            worker_links: Vec::new(),
+            sidecar_links: Vec::new(),
+        };
+        for i in 1..=coordinators {
+            let p = Proxy::start(nats_port).await?;
+            let args = [
+                "--nats", &url(&p), "coordinator", "--name", &format!("c{i}"), "--worker-ttl-ms", "3000",
+                "--lease-ttl-ms", "2000", "--renew-interval-ms", "400", "--renew-deadline-ms", "1200",
+            ];
+            c.coordinators.push(Node::new(&format!("c{i}"), bin, args.iter().map(|s| s.to_string()).collect(), &logs));
+            c.coordinator_links.push(p);
+        }
+        for i in 1..=workers {
+            let id = format!("w{i}");
+            let data = dir.join("workers").join(&id).display().to_string();
+            let ps = Proxy::start(nats_port).await?;
+            let args = ["--nats", &url(&ps), "sidecar", "--worker", &id, "--data-dir", &data];
+            c.sidecars.push(Node::new(&format!("sidecar-{id}"), bin, args.iter().map(|s| s.to_string()).collect(), &logs));
+            c.sidecar_links.push(ps);
+            let pw = Proxy::start(nats_port).await?;
+            let args = [
+                "--nats", &url(&pw), "worker", "--id", &id, "--slots", "4", "--data-dir", &data, "--heartbeat-ms", "300",
+                "--kill-grace-ms", "1000",
+            ];
+            c.workers.push(Node::new(&format!("worker-{id}"), bin, args.iter().map(|s| s.to_string()).collect(), &logs));
+            c.worker_links.push(pw);
+        }
+        c.supervise()?;
+        Ok(c)
+    }
+
+    pub fn nats_url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.nats_port)
+    }
+
+    pub fn worker_dir(&self, i: usize) -> PathBuf {
+        self.dir.join("workers").join(format!("w{}", i + 1))
+    }
+
+    /// Starts every node that is down and due, nats-server first.
+    pub fn supervise(&mut self) -> anyhow::Result<()> {
+        let now = Instant::now();
+        let nodes = std::iter::once(&mut self.nats)
+            .chain(self.coordinators.iter_mut())
+            .chain(self.sidecars.iter_mut())
+            .chain(self.workers.iter_mut());
+        for n in nodes {
+            if !n.running() && n.down_until.is_none_or(|t| now >= t) {
+                n.start()?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn kill_nats(&mut self, down: Duration) {
+        self.nats.kill9(down);
+    }
+
+    pub fn link(&self, link: Link) -> &Proxy {
+        match link {
+            Link::Coordinator(i) => &self.coordinator_links[i],
+            Link::Worker(i) => &self.worker_links[i],
+            Link::Sidecar(i) => &self.sidecar_links[i],
+        }
+    }
+
+    /// Restarts worker `i` so that it crashes at `point` of its next attempt.
+    pub fn crash_worker_at(&mut self, i: usize, point: &str) {
+        let w = &mut self.workers[i];
+        w.kill9(Duration::ZERO);
+        w.next_env = vec![("TENURE_CRASH_AT".into(), point.into())];
+    }
+
+    /// Live monitors on machine `i`, with their task's process group.
+    pub fn monitors(&self, i: usize) -> Vec<(i32, Option<i32>)> {
+        let mut out = Vec::new();
+        let Ok(entries) = std::fs::read_dir(self.worker_dir(i).join("attempts")) else { return out };
+        for e in entries.flatten() {
+            let pid = std::fs::read_to_string(e.path().join("monitor.pid"))
+                .ok()
+                .and_then(|t| t.split_whitespace().next()?.parse::<i32>().ok());
+            let pgid = std::fs::read_to_string(e.path().join("pgid")).ok().and_then(|t| t.trim().parse::<i32>().ok());
+            if let Some(pid) = pid.filter(|p| kill(Pid::from_raw(*p), None).is_ok()) {
+                out.push((pid, pgid));
+            }
+        }
+        out
+    }
+
+    /// A machine crash: the worker, the sidecar, every monitor and task group.
+    pub fn kill_machine(&mut self, i: usize, down: Duration) {
+        self.workers[i].kill9(down);
+        self.sidecars[i].kill9(down);
+        for (monitor, pgid) in self.monitors(i) {
+            let _ = kill(Pid::from_raw(monitor), Signal::SIGKILL);
+            if let Some(g) = pgid.filter(|g| *g > 1) {
+                let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
+            }
+        }
+    }
+
+    /// Ends every fault: links pass, paused processes continue, nodes restart.
+    pub fn heal(&mut self) -> anyhow::Result<()> {
+        for p in self.coordinator_links.iter().chain(&self.worker_links).chain(&self.sidecar_links) {
+            p.set(Mode::Pass);
+        }
+        for n in self.coordinators.iter_mut().chain(self.sidecars.iter_mut()).chain(self.workers.iter_mut()).chain(std::iter::once(&mut self.nats)) {
+            n.signal(Signal::SIGCONT);
+            n.down_until = None;
+            n.next_env.clear();
+        }
+        self.supervise()
+    }
+
+    /// Stops every process this cluster started.
+    pub fn stop(&mut self) {
+        for n in self.workers.iter_mut().chain(self.sidecars.iter_mut()).chain(self.coordinators.iter_mut()) {
+            n.stop();
+        }
+        self.nats.stop();
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,505 @@
+//! `tenure-chaos`: kills, pauses and cuts real tenure nodes on a seeded
+//! schedule while a load of tasks runs, then judges the outcome from outside:
+//! no task lost, none anonymous, no non-idempotent task run twice, no terminal
+//! task resurrected, no process orphaned.
+
+mod checker;
+mod cluster;
+mod proxy;
+mod schedule;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use nix::sys::signal::Signal;
+use rand::{Rng, SeedableRng};
+use tenure_protocol::messages::{ApiReply, ApiRequest, ApiResponse, SubmitRequest};
+use tenure_protocol::{subjects, SessionId, TaskSpec};
+
+use checker::{Final, Proc, Submitted};
+use cluster::Cluster;
+use schedule::{Fault, Link};
+
+#[derive(Parser)]
+#[command(name = "tenure-chaos", about = "Chaos runs against real tenure binaries, judged from an outside ledger")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// One chaos run.
+    Run {
+        /// Seed of the fault schedule and the load (random when absent; always printed).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Seconds of faults and load (then the cluster heals and is judged).
+        #[arg(long, default_value_t = 60)]
+        duration: u64,
+        #[arg(long, default_value_t = 2)]
+        coordinators: usize,
+        #[arg(long, default_value_t = 3)]
+        workers: usize,
+        /// Tasks submitted per second.
+        #[arg(long, default_value_t = 3.0)]
+        rate: f64,
+        /// Write the report as JSON here too.
+        #[arg(long)]
+        json: Option<PathBuf>,
+        /// The tenure binary (default: `tenure` next to this one).
+        #[arg(long, env = "TENURE_BIN")]
+        tenure_bin: Option<PathBuf>,
+        /// The nats-server binary (default: TENURE_NATS_SERVER, .tools/nats/bin, PATH).
+        #[arg(long, env = "TENURE_NATS_SERVER")]
+        nats_server: Option<PathBuf>,
+        /// Plant a double execution (a task that appends twice) to prove the checker catches it.
+        #[arg(long)]
+        plant_double: bool,
+        /// Keep the run's directory (logs, ledger, data) instead of deleting it.
+        #[arg(long)]
+        keep: bool,
+    },
+}
+
+struct Run {
+    started: Instant,
+}
+
+impl Run {
+    fn trace(&self, line: impl AsRef<str>) {
+        println!("[{:>8.3}s] {}", self.started.elapsed().as_secs_f64(), line.as_ref());
+    }
+}
+
+fn main() -> ExitCode {
+    let Cmd::Run { seed, duration, coordinators, workers, rate, json, tenure_bin, nats_server, plant_double, keep } =
+        Cli::parse().command;
+    let seed = seed.unwrap_or_else(|| rand::rngs::StdRng::from_entropy().gen());
+    println!("seed {seed}");
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let opts = Opts { seed, duration, coordinators, workers, rate, json, plant_double, keep };
+    match rt.block_on(run(opts, tenure_bin, nats_server)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+struct Opts {
+    seed: u64,
+    duration: u64,
+    coordinators: usize,
+    workers: usize,
+    rate: f64,
+    json: Option<PathBuf>,
+    plant_double: bool,
+    keep: bool,
+}
+
+fn find_tenure(arg: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    if let Some(p) = arg {
+        return Ok(p);
+    }
+    let me = std::env::current_exe()?;
+    let sibling = me.parent().map(|d| d.join("tenure"));
+    let up = me.parent().and_then(Path::parent).map(|d| d.join("tenure"));
+    [sibling, up].into_iter().flatten().find(|p| p.is_file()).context("tenure binary not found; pass --tenure-bin")
+}
+
+fn find_nats(arg: Option<PathBuf>) -> PathBuf {
+    arg.or_else(|| {
+        let local = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?.join(".tools/nats/bin/nats-server");
+        local.is_file().then_some(local)
+    })
+    .unwrap_or_else(|| PathBuf::from("nats-server"))
+}
+
+const SESSION: &str = "chaos";
+
+async fn api(client: &async_nats::Client, req: &ApiRequest, timeout: Duration) -> Option<ApiResponse> {
+    let reply: ApiReply = tenure_transport::request(client, subjects::API.to_owned(), req, timeout).await.ok()?;
+    reply.ok()
+}
+
+async fn run(o: Opts, tenure_bin: Option<PathBuf>, nats_server: Option<PathBuf>) -> anyhow::Result<bool> {
+    let bin = find_tenure(tenure_bin)?;
+    let nats_bin = find_nats(nats_server);
+    let tmp = tempfile::Builder::new().prefix("tenure-chaos-").tempdir()?;
+    let dir = tmp.path().to_path_buf();
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let ledger = dir.join("ledger");
+    std::fs::write(&ledger, b"")?;
+    let r = Run { started: Instant::now() };
+    r.trace(format!("dir {} · {} coordinators · {} workers · {} s", dir.display(), o.coordinators, o.workers, o.duration));
+
+    let mut cluster = Cluster::start(&bin, &nats_bin, &dir, o.coordinators, o.workers).await?;
+    let client = tenure_transport::connect(&cluster.nats_url(), "tenure-chaos", true).await?;
+    let up = wait_until(Duration::from_secs(60), || async {
+        let Some(ApiResponse::Status(s)) = api(&client, &ApiRequest::Status, Duration::from_secs(2)).await else {
+            return false;
+        };
+        s.workers.iter().filter(|w| w.alive).count() == o.workers
+    })
+    .await;
+    anyhow::ensure!(up, "the cluster did not come up; see {}/logs", dir.display());
+    r.trace("cluster up; load and faults start");
+
+    let plan = schedule::plan(o.seed, o.duration * 1000, o.coordinators, o.workers);
+    let submitted: Arc<Mutex<Vec<Submitted>>> = Arc::default();
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let load = tokio::spawn(load(client.clone(), o.seed, o.rate, run_id.clone(), ledger.clone(), o.plant_double, submitted.clone(), stop.clone()));
+    let history: Arc<Mutex<(HashMap<String, String>, Vec<(String, String, String)>)>> = Arc::default();
+    let poller = tokio::spawn(poll_history(client.clone(), history.clone(), stop.clone()));
+
+    let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(o.seed ^ 0x5eed);
+    let mut pending: Vec<(Instant, Pending)> = Vec::new();
+    let load_start = Instant::now();
+    let end = load_start + Duration::from_secs(o.duration);
+    let mut next = plan.into_iter().peekable();
+    while Instant::now() < end {
+        while let Some(p) = next.peek() {
+            if load_start + Duration::from_millis(p.at_ms) > Instant::now() {
+                break;
+            }
+            let fault = next.next().map(|p| p.fault).expect("peeked");
+            let line = inject(&mut cluster, &client, &fault, &mut rng, &mut pending).await;
+            *faults.entry(fault.kind()).or_default() += 1;
+            r.trace(line);
+        }
+        let now = Instant::now();
+        for (_, action) in pending.iter().filter(|(at, _)| *at <= now) {
+            match action {
+                Pending::Cont(pid) => {
+                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), Signal::SIGCONT);
+                }
+                Pending::Pass(link) => cluster.link(*link).set(proxy::Mode::Pass),
+            }
+        }
+        pending.retain(|(at, _)| *at > now);
+        cluster.supervise()?;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.notify_waiters();
+    let _ = load.await;
+    r.trace("faults stop; healing");
+    cluster.heal()?;
+
+    let quiet = wait_until(Duration::from_secs(120), || async {
+        settled(&client, &submitted).await
+    })
+    .await;
+    r.trace(if quiet { "quiescent" } else { "not quiescent within 120 s; judging anyway" });
+    stop.notify_waiters();
+    poller.abort();
+
+    let finals: Vec<Final> = match api(&client, &ApiRequest::List { session: SESSION.parse()?, all: true }, Duration::from_secs(10)).await {
+        Some(ApiResponse::List(list)) => list
+            .into_iter()
+            .map(|s| Final {
+                id: s.id.to_string(),
+                label: s.label,
+                status: s.status.as_str().to_owned(),
+                hint: s.hint.map(|h| h.tag.as_str().to_owned()),
+            })
+            .collect(),
+        _ => anyhow::bail!("cannot list the registry at the end of the run"),
+    };
+    let ledger_lines: Vec<(String, u32)> = std::fs::read_to_string(&ledger)?
+        .lines()
+        .filter_map(|l| {
+            let (t, a) = l.split_once(' ')?;
+            Some((t.to_owned(), a.trim().parse().ok()?))
+        })
+        .collect();
+    let procs = scan_procs(&run_id);
+    let resurrections = history.lock().map(|h| h.1.clone()).unwrap_or_default();
+    let submitted = submitted.lock().map(|s| s.clone()).unwrap_or_default();
+    cluster.stop();
+    for p in &procs {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid), Signal::SIGKILL);
+    }
+
+    let (counts, violations) = checker::check(&submitted, &finals, &ledger_lines, &resurrections, &procs);
+    for v in &violations {
+        r.trace(format!("VIOLATION {} {}: {}", v.kind, v.task, v.evidence));
+    }
+    let report = serde_json::json!({
+        "seed": o.seed,
+        "duration_s": o.duration,
+        "coordinators": o.coordinators,
+        "workers": o.workers,
+        "tasks_submitted": counts.tasks_submitted,
+        "completed": counts.completed,
+        "failed": counts.failed,
+        "killed": counts.killed,
+        "unknown": counts.unknown,
+        "lost": counts.lost,
+        "double_executed": counts.double_executed,
+        "anonymous": counts.anonymous,
+        "resurrected": counts.resurrected,
+        "orphans": counts.orphans,
+        "faults_injected": faults,
+        "violations": violations,
+    });
+    println!(
+        "summary: seed {} · {} tasks · completed {} failed {} killed {} unknown {} · lost {} double {} anonymous {} resurrected {} orphans {} · {} faults · {} violations",
+        o.seed, counts.tasks_submitted, counts.completed, counts.failed, counts.killed, counts.unknown, counts.lost,
+        counts.double_executed, counts.anonymous, counts.resurrected, counts.orphans, faults.values().sum::<u64>(), violations.len()
+    );
+    println!("{report}");
+    if let Some(path) = o.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
+    }
+    if o.keep || !violations.is_empty() {
+        let kept = tmp.keep();
+        println!("run directory kept: {}", kept.display());
+    }
+    Ok(violations.is_empty())
+}
+
+enum Pending {
+    Cont(i32),
+    Pass(Link),
+}
+
+async fn wait_until<F, Fut>(bound: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + bound;
+    while Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    false
+}
+
+/// The leader's index, from the cluster's own status.
+async fn leader(client: &async_nats::Client) -> Option<usize> {
+    let Some(ApiResponse::Status(s)) = api(client, &ApiRequest::Status, Duration::from_secs(2)).await else {
+        return None;
+    };
+    let name = s.leader?.name;
+    name.strip_prefix('c')?.parse::<usize>().ok()?.checked_sub(1)
+}
+
+async fn inject(
+    c: &mut Cluster,
+    client: &async_nats::Client,
+    fault: &Fault,
+    rng: &mut rand::rngs::StdRng,
+    pending: &mut Vec<(Instant, Pending)>,
+) -> String {
+    let ms = Duration::from_millis;
+    match fault {
+        Fault::KillLeader { down_ms } | Fault::KillStandby { down_ms } => {
+            let lead = leader(client).await;
+            let n = c.coordinators.len();
+            let target = match (fault, lead) {
+                (Fault::KillLeader { .. }, Some(l)) => l,
+                (Fault::KillStandby { .. }, Some(l)) if n > 1 => (l + 1 + rng.gen_range(0..n - 1)) % n,
+                _ => rng.gen_range(0..n),
+            };
+            let node = &mut c.coordinators[target];
+            let pid = node.pid();
+            node.kill9(ms(*down_ms));
+            format!("{} {} (pid {pid:?}) SIGKILL, restart in {down_ms} ms", fault.kind(), node.name)
+        }
+        Fault::PauseLeader { ms: pause } => {
+            let Some(l) = leader(client).await else { return "pause-leader: no leader to pause".into() };
+            let node = &c.coordinators[l];
+            node.signal(Signal::SIGSTOP);
+            if let Some(pid) = node.pid() {
+                pending.push((Instant::now() + ms(*pause), Pending::Cont(pid)));
+            }
+            format!("pause-leader {} (pid {:?}) SIGSTOP for {pause} ms", node.name, node.pid())
+        }
+        Fault::KillWorker { worker, down_ms } => {
+            let pid = c.workers[*worker].pid();
+            c.workers[*worker].kill9(ms(*down_ms));
+            format!("kill-worker w{} (pid {pid:?}) SIGKILL, restart in {down_ms} ms", worker + 1)
+        }
+        Fault::KillSidecar { worker, down_ms } => {
+            let pid = c.sidecars[*worker].pid();
+            c.sidecars[*worker].kill9(ms(*down_ms));
+            format!("kill-sidecar w{} (pid {pid:?}) SIGKILL, restart in {down_ms} ms", worker + 1)
+        }
+        Fault::KillMonitor { worker } => {
+            let monitors = c.monitors(*worker);
+            if monitors.is_empty() {
+                return format!("kill-monitor w{}: no task running there", worker + 1);
+            }
+            let (pid, _) = monitors[rng.gen_range(0..monitors.len())];
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            format!("kill-monitor w{} monitor pid {pid} SIGKILL", worker + 1)
+        }
+        Fault::KillMachine { worker, down_ms } => {
+            let tasks = c.monitors(*worker).len();
+            c.kill_machine(*worker, ms(*down_ms));
+            format!("kill-machine w{} (worker, sidecar, {tasks} monitors and their groups), back in {down_ms} ms", worker + 1)
+        }
+        Fault::PauseWorker { worker, ms: pause } => {
+            let node = &c.workers[*worker];
+            node.signal(Signal::SIGSTOP);
+            if let Some(pid) = node.pid() {
+                pending.push((Instant::now() + ms(*pause), Pending::Cont(pid)));
+            }
+            format!("pause-worker w{} (pid {:?}) SIGSTOP for {pause} ms", worker + 1, node.pid())
+        }
+        Fault::KillNats { down_ms } => {
+            c.kill_nats(ms(*down_ms));
+            format!("kill-nats SIGKILL, restart in {down_ms} ms")
+        }
+        Fault::Cut { link, mode, ms: cut } => {
+            c.link(*link).set(*mode);
+            pending.push((Instant::now() + ms(*cut), Pending::Pass(*link)));
+            format!("{} {link:?} {mode:?} for {cut} ms", fault.kind())
+        }
+        Fault::CrashWindow { worker, point } => {
+            c.crash_worker_at(*worker, point);
+            format!("crash-window w{} restarted to die {point} its next attempt", worker + 1)
+        }
+    }
+}
+
+/// Submits tasks at `rate` until stopped. Each submission retries with its own
+/// idempotency key until answered, so a failover never makes one task two.
+#[allow(clippy::too_many_arguments)]
+async fn load(
+    client: async_nats::Client,
+    seed: u64,
+    rate: f64,
+    run_id: String,
+    ledger: PathBuf,
+    plant_double: bool,
+    submitted: Arc<Mutex<Vec<Submitted>>>,
+    stop: Arc<tokio::sync::Notify>,
+) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x10ad);
+    let every = Duration::from_secs_f64(1.0 / rate.max(0.1));
+    let session: SessionId = SESSION.parse().expect("valid session");
+    let mut n = 0u64;
+    loop {
+        tokio::select! {
+            _ = stop.notified() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        n += 1;
+        let idempotent = rng.gen_bool(0.25);
+        let sleep_ms: u64 = rng.gen_range(0..3000);
+        let label = format!("chaos-{n}");
+        let append = format!(
+            "printf '%s %s\\n' \"$TENURE_TASK_ID\" \"$TENURE_ATTEMPT\" | dd of={} oflag=append conv=notrunc,fsync status=none",
+            ledger.display()
+        );
+        let planted = plant_double && n == 3;
+        let command = if planted { format!("{append}; {append}") } else { format!("{append}; sleep {}.{:03}", sleep_ms / 1000, sleep_ms % 1000) };
+        let mut spec = TaskSpec::shell(label.clone(), command);
+        spec.idempotent = idempotent && !planted;
+        spec.env.insert("TENURE_CHAOS_RUN".into(), run_id.clone());
+        let req = ApiRequest::Submit(SubmitRequest { session: session.clone(), idempotency_key: uuid::Uuid::new_v4(), spec });
+        let index = {
+            let mut s = submitted.lock().expect("submitted list");
+            s.push(Submitted { label, id: None, idempotent: idempotent && !planted });
+            s.len() - 1
+        };
+        let (client, submitted) = (client.clone(), submitted.clone());
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(300);
+            while Instant::now() < deadline {
+                if let Some(ApiResponse::Submitted { task, .. }) = api(&client, &req, Duration::from_secs(3)).await {
+                    if let Ok(mut s) = submitted.lock() {
+                        s[index].id = Some(task.to_string());
+                    }
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        });
+    }
+}
+
+/// Polls every snapshot and records any terminal task seen active again.
+async fn poll_history(
+    client: async_nats::Client,
+    history: Arc<Mutex<(HashMap<String, String>, Vec<(String, String, String)>)>>,
+    _stop: Arc<tokio::sync::Notify>,
+) {
+    let Ok(session) = SESSION.parse::<SessionId>() else { return };
+    loop {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let Some(ApiResponse::List(list)) =
+            api(&client, &ApiRequest::List { session: session.clone(), all: true }, Duration::from_secs(3)).await
+        else {
+            continue;
+        };
+        let Ok(mut h) = history.lock() else { return };
+        let (seen, resurrected) = &mut *h;
+        for s in list {
+            let id = s.id.to_string();
+            let now = s.status.as_str().to_owned();
+            if let Some(before) = seen.get(&id) {
+                let was_terminal = ["completed", "failed", "killed"].contains(&before.as_str());
+                if was_terminal && before != &now {
+                    resurrected.push((id.clone(), before.clone(), now.clone()));
+                }
+            }
+            seen.insert(id, now);
+        }
+    }
+}
+
+/// Every submission answered, and every task terminal or unknown.
+async fn settled(client: &async_nats::Client, submitted: &Arc<Mutex<Vec<Submitted>>>) -> bool {
+    let all_answered = submitted.lock().map(|s| s.iter().all(|x| x.id.is_some())).unwrap_or(false);
+    let Ok(session) = SESSION.parse::<SessionId>() else { return false };
+    let Some(ApiResponse::List(list)) =
+        api(client, &ApiRequest::List { session, all: true }, Duration::from_secs(3)).await
+    else {
+        return false;
+    };
+    all_answered && list.iter().all(|s| s.status.is_terminal() || s.status == tenure_protocol::Status::Unknown)
+}
+
+/// Live processes carrying this run's marker, with their task and parent.
+fn scan_procs(run_id: &str) -> Vec<Proc> {
+    let marker = format!("TENURE_CHAOS_RUN={run_id}");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
+        let vars: Vec<&[u8]> = env.split(|b| *b == 0).collect();
+        if !vars.iter().any(|v| *v == marker.as_bytes()) {
+            continue;
+        }
+        let task = vars.iter().find_map(|v| v.strip_prefix(b"TENURE_TASK_ID=")).map(|t| String::from_utf8_lossy(t).into_owned());
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        if f.first() == Some(&"Z") {
+            continue;
+        }
+        let ppid = f.get(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        out.push(Proc { pid, ppid, task: task.unwrap_or_default() });
+    }
+    out
+}

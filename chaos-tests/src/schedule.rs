@@ -1,0 +1,133 @@
+//! The fault schedule: a pure function of the seed and the run's shape, so the
+//! same seed always plans the same faults at the same offsets.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::proxy::{Direction, Mode};
+
+/// One link between a node and NATS, each behind its own proxy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    Coordinator(usize),
+    Worker(usize),
+    Sidecar(usize),
+}
+
+/// The named crash windows a worker can be made to die in (`TENURE_CRASH_AT`).
+pub const CRASH_WINDOWS: [&str; 4] = ["after-accept", "after-intent", "after-exited", "after-report"];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// SIGKILL the coordinator currently leading; restarted after `down_ms`.
+    KillLeader { down_ms: u64 },
+    /// SIGKILL a coordinator that is not leading.
+    KillStandby { down_ms: u64 },
+    /// SIGSTOP the leader for `ms` (long enough to lose its lease), then SIGCONT.
+    PauseLeader { ms: u64 },
+    KillWorker { worker: usize, down_ms: u64 },
+    KillSidecar { worker: usize, down_ms: u64 },
+    /// SIGKILL one running task's monitor on that machine.
+    KillMonitor { worker: usize },
+    /// Worker, sidecar, every monitor and task process of the machine: a reboot.
+    KillMachine { worker: usize, down_ms: u64 },
+    PauseWorker { worker: usize, ms: u64 },
+    /// nats-server itself, restarted on the same port and store.
+    KillNats { down_ms: u64 },
+    Cut { link: Link, mode: Mode, ms: u64 },
+    /// Restart the worker so that it dies at a named point of its next attempt.
+    CrashWindow { worker: usize, point: &'static str },
+}
+
+impl Fault {
+    /// The fault's type, for counting.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::KillLeader { .. } => "kill-leader",
+            Fault::KillStandby { .. } => "kill-standby",
+            Fault::PauseLeader { .. } => "pause-leader",
+            Fault::KillWorker { .. } => "kill-worker",
+            Fault::KillSidecar { .. } => "kill-sidecar",
+            Fault::KillMonitor { .. } => "kill-monitor",
+            Fault::KillMachine { .. } => "kill-machine",
+            Fault::PauseWorker { .. } => "pause-worker",
+            Fault::KillNats { .. } => "kill-nats",
+            Fault::Cut { mode: Mode::Drop, .. } => "cut-drop",
+            Fault::Cut { mode: Mode::Blackhole, .. } => "cut-blackhole",
+            Fault::Cut { mode: Mode::Delay(_), .. } => "cut-delay",
+            Fault::Cut { mode: Mode::OneWay(_), .. } => "cut-one-way",
+            Fault::Cut { mode: Mode::Pass, .. } => "cut-none",
+            Fault::CrashWindow { .. } => "crash-window",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    /// Milliseconds after the load started.
+    pub at_ms: u64,
+    pub fault: Fault,
+}
+
+/// Plans faults over `duration_ms`, one every 2–5 s, none in the last 3 s.
+pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize) -> Vec<Planned> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    let mut at = 1500 + rng.gen_range(0..1000);
+    while at + 3000 < duration_ms {
+        let w = rng.gen_range(0..workers.max(1));
+        let down = rng.gen_range(300..2500);
+        let fault = match rng.gen_range(0..14) {
+            0 | 1 => Fault::KillLeader { down_ms: down },
+            2 if coordinators > 1 => Fault::KillStandby { down_ms: down },
+            3 if coordinators > 1 => Fault::PauseLeader { ms: rng.gen_range(3000..6000) },
+            4 => Fault::KillWorker { worker: w, down_ms: down },
+            5 => Fault::KillSidecar { worker: w, down_ms: down },
+            6 => Fault::KillMonitor { worker: w },
+            7 => Fault::KillMachine { worker: w, down_ms: down },
+            8 => Fault::PauseWorker { worker: w, ms: rng.gen_range(500..5000) },
+            9 => Fault::KillNats { down_ms: rng.gen_range(300..1500) },
+            10 | 11 => {
+                let link = match rng.gen_range(0..3) {
+                    0 => Link::Coordinator(rng.gen_range(0..coordinators.max(1))),
+                    1 => Link::Worker(w),
+                    _ => Link::Sidecar(w),
+                };
+                let mode = match rng.gen_range(0..4) {
+                    0 => Mode::Drop,
+                    1 => Mode::Blackhole,
+                    2 => Mode::Delay(rng.gen_range(20..400)),
+                    _ => Mode::OneWay(if rng.gen_bool(0.5) { Direction::Upstream } else { Direction::Downstream }),
+                };
+                Fault::Cut { link, mode, ms: rng.gen_range(500..6000) }
+            }
+            _ => Fault::CrashWindow { worker: w, point: CRASH_WINDOWS[rng.gen_range(0..CRASH_WINDOWS.len())] },
+        };
+        out.push(Planned { at_ms: at, fault });
+        at += rng.gen_range(2000..5000);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_same_seed_plans_the_same_faults() {
+        let a = plan(42, 120_000, 2, 3);
+        assert_eq!(a, plan(42, 120_000, 2, 3));
+        assert_ne!(a, plan(43, 120_000, 2, 3));
+        assert!(a.len() > 20);
+        assert!(a.windows(2).all(|w| w[0].at_ms < w[1].at_ms));
+        assert!(a.iter().all(|p| p.at_ms + 3000 < 120_000));
+    }
+
+    #[test]
+    fn a_long_plan_uses_every_kind_of_fault() {
+        let kinds: std::collections::BTreeSet<&str> = plan(7, 3_600_000, 3, 3).iter().map(|p| p.fault.kind()).collect();
+        for k in ["kill-leader", "kill-standby", "pause-leader", "kill-worker", "kill-sidecar", "kill-monitor", "kill-machine", "pause-worker", "kill-nats", "cut-drop", "cut-blackhole", "cut-delay", "cut-one-way", "crash-window"] {
+            assert!(kinds.contains(k), "{k} never planned");
+        }
+    }
+}
