@@ -65,9 +65,8 @@ pub fn check(
 ) -> (Counts, Vec<Violation>) {
     let mut v = Vec::new();
     let mut c = Counts { tasks_submitted: submitted.len(), ..Counts::default() };
-    let mut violation = |kind: &str, task: &str, evidence: String| {
-        v.push(Violation { kind: kind.into(), task: task.into(), evidence })
-    };
+    let mut violation =
+        |kind: &str, task: &str, evidence: String| v.push(Violation { kind: kind.into(), task: task.into(), evidence });
 
     let by_label: HashMap<&str, Vec<&Final>> = finals.iter().fold(HashMap::new(), |mut m, f| {
         m.entry(f.label.as_str()).or_default().push(f);
@@ -161,7 +160,8 @@ mod tests {
     #[test]
     fn a_clean_run_has_no_violation() {
         let submitted = vec![sub("a", "shell-1", false), sub("b", "shell-2", true), sub("c", "shell-3", false)];
-        let finals = vec![fin("shell-1", "a", "completed"), fin("shell-2", "b", "completed"), fin("shell-3", "c", "unknown")];
+        let finals =
+            vec![fin("shell-1", "a", "completed"), fin("shell-2", "b", "completed"), fin("shell-3", "c", "unknown")];
         let ledger = vec![("shell-1".into(), 1), ("shell-2".into(), 1), ("shell-2".into(), 2), ("shell-3".into(), 1)];
         let (c, v) = check(&submitted, &finals, &ledger, &[], &[]);
         assert!(v.is_empty(), "{v:?}");
@@ -184,10 +184,12 @@ mod tests {
         ];
         let ledger = vec![("shell-1".into(), 1), ("shell-1".into(), 2), ("shell-77".into(), 1)];
         let resurrections = vec![("shell-9".into(), "killed".into(), "running".into())];
-        let procs = vec![Proc { pid: 5, ppid: 1, task: "shell-3".into() }, Proc { pid: 6, ppid: 9, task: "shell-9".into() }];
+        let procs =
+            vec![Proc { pid: 5, ppid: 1, task: "shell-3".into() }, Proc { pid: 6, ppid: 9, task: "shell-9".into() }];
         let (c, v) = check(&submitted, &finals, &ledger, &resurrections, &procs);
         let kinds: Vec<&str> = v.iter().map(|x| x.kind.as_str()).collect();
-        for k in ["double-executed", "lost", "unsettled", "unknown-without-hint", "anonymous", "resurrected", "orphan"] {
+        for k in ["double-executed", "lost", "unsettled", "unknown-without-hint", "anonymous", "resurrected", "orphan"]
+        {
             assert!(kinds.contains(&k), "{k} not caught: {kinds:?}");
         }
         assert_eq!((c.double_executed, c.anonymous, c.resurrected, c.orphans), (1, 1, 1, 2));

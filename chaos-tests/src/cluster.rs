@@ -104,14 +104,28 @@ fn free_port() -> anyhow::Result<u16> {
 }
 
 impl Cluster {
-    pub async fn start(bin: &Path, nats_bin: &Path, dir: &Path, coordinators: usize, workers: usize) -> anyhow::Result<Cluster> {
+    pub async fn start(
+        bin: &Path,
+        nats_bin: &Path,
+        dir: &Path,
+        coordinators: usize,
+        workers: usize,
+    ) -> anyhow::Result<Cluster> {
         let logs = dir.join("logs");
         std::fs::create_dir_all(&logs)?;
         let nats_port = free_port()?;
         let mut nats = Node::new(
             "nats",
             nats_bin,
-            vec!["-a".into(), "127.0.0.1".into(), "-p".into(), nats_port.to_string(), "-js".into(), "-sd".into(), dir.join("nats").display().to_string()],
+            vec![
+                "-a".into(),
+                "127.0.0.1".into(),
+                "-p".into(),
+                nats_port.to_string(),
+                "-js".into(),
+                "-sd".into(),
+                dir.join("nats").display().to_string(),
+            ],
             &logs,
         );
         nats.start()?;
@@ -137,8 +151,19 @@ impl Cluster {
         for i in 1..=coordinators {
             let p = Proxy::start(nats_port).await?;
             let args = [
-                "--nats", &url(&p), "coordinator", "--name", &format!("c{i}"), "--worker-ttl-ms", "3000",
-                "--lease-ttl-ms", "2000", "--renew-interval-ms", "400", "--renew-deadline-ms", "1200",
+                "--nats",
+                &url(&p),
+                "coordinator",
+                "--name",
+                &format!("c{i}"),
+                "--worker-ttl-ms",
+                "3000",
+                "--lease-ttl-ms",
+                "2000",
+                "--renew-interval-ms",
+                "400",
+                "--renew-deadline-ms",
+                "1200",
             ];
             c.coordinators.push(Node::new(&format!("c{i}"), bin, args.iter().map(|s| s.to_string()).collect(), &logs));
             c.coordinator_links.push(p);
@@ -148,14 +173,35 @@ impl Cluster {
             let data = dir.join("workers").join(&id).display().to_string();
             let ps = Proxy::start(nats_port).await?;
             let args = ["--nats", &url(&ps), "sidecar", "--worker", &id, "--data-dir", &data];
-            c.sidecars.push(Node::new(&format!("sidecar-{id}"), bin, args.iter().map(|s| s.to_string()).collect(), &logs));
+            c.sidecars.push(Node::new(
+                &format!("sidecar-{id}"),
+                bin,
+                args.iter().map(|s| s.to_string()).collect(),
+                &logs,
+            ));
             c.sidecar_links.push(ps);
             let pw = Proxy::start(nats_port).await?;
             let args = [
-                "--nats", &url(&pw), "worker", "--id", &id, "--slots", "4", "--data-dir", &data, "--heartbeat-ms", "300",
-                "--kill-grace-ms", "1000",
+                "--nats",
+                &url(&pw),
+                "worker",
+                "--id",
+                &id,
+                "--slots",
+                "4",
+                "--data-dir",
+                &data,
+                "--heartbeat-ms",
+                "300",
+                "--kill-grace-ms",
+                "1000",
             ];
-            c.workers.push(Node::new(&format!("worker-{id}"), bin, args.iter().map(|s| s.to_string()).collect(), &logs));
+            c.workers.push(Node::new(
+                &format!("worker-{id}"),
+                bin,
+                args.iter().map(|s| s.to_string()).collect(),
+                &logs,
+            ));
             c.worker_links.push(pw);
         }
         c.supervise()?;
@@ -237,7 +283,13 @@ impl Cluster {
         for p in self.coordinator_links.iter().chain(&self.worker_links).chain(&self.sidecar_links) {
             p.set(Mode::Pass);
         }
-        for n in self.coordinators.iter_mut().chain(self.sidecars.iter_mut()).chain(self.workers.iter_mut()).chain(std::iter::once(&mut self.nats)) {
+        for n in self
+            .coordinators
+            .iter_mut()
+            .chain(self.sidecars.iter_mut())
+            .chain(self.workers.iter_mut())
+            .chain(std::iter::once(&mut self.nats))
+        {
             n.signal(Signal::SIGCONT);
             n.down_until = None;
             n.next_env.clear();

@@ -145,7 +145,13 @@ async fn run(o: Opts, tenure_bin: Option<PathBuf>, nats_server: Option<PathBuf>)
     let ledger = dir.join("ledger");
     std::fs::write(&ledger, b"")?;
     let r = Run { started: Instant::now() };
-    r.trace(format!("dir {} · {} coordinators · {} workers · {} s", dir.display(), o.coordinators, o.workers, o.duration));
+    r.trace(format!(
+        "dir {} · {} coordinators · {} workers · {} s",
+        dir.display(),
+        o.coordinators,
+        o.workers,
+        o.duration
+    ));
 
     let mut cluster = Cluster::start(&bin, &nats_bin, &dir, o.coordinators, o.workers).await?;
     let client = tenure_transport::connect(&cluster.nats_url(), "tenure-chaos", true).await?;
@@ -162,8 +168,17 @@ async fn run(o: Opts, tenure_bin: Option<PathBuf>, nats_server: Option<PathBuf>)
     let plan = schedule::plan(o.seed, o.duration * 1000, o.coordinators, o.workers);
     let submitted: Arc<Mutex<Vec<Submitted>>> = Arc::default();
     let stop = Arc::new(tokio::sync::Notify::new());
-    let load = tokio::spawn(load(client.clone(), o.seed, o.rate, run_id.clone(), ledger.clone(), o.plant_double, submitted.clone(), stop.clone()));
-    let history: Arc<Mutex<(HashMap<String, String>, Vec<(String, String, String)>)>> = Arc::default();
+    let load = tokio::spawn(load(
+        client.clone(),
+        o.seed,
+        o.rate,
+        run_id.clone(),
+        ledger.clone(),
+        o.plant_double,
+        submitted.clone(),
+        stop.clone(),
+    ));
+    let history: Arc<Mutex<History>> = Arc::default();
     let poller = tokio::spawn(poll_history(client.clone(), history.clone(), stop.clone()));
 
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
@@ -200,26 +215,24 @@ async fn run(o: Opts, tenure_bin: Option<PathBuf>, nats_server: Option<PathBuf>)
     r.trace("faults stop; healing");
     cluster.heal()?;
 
-    let quiet = wait_until(Duration::from_secs(120), || async {
-        settled(&client, &submitted).await
-    })
-    .await;
+    let quiet = wait_until(Duration::from_secs(120), || async { settled(&client, &submitted).await }).await;
     r.trace(if quiet { "quiescent" } else { "not quiescent within 120 s; judging anyway" });
     stop.notify_waiters();
     poller.abort();
 
-    let finals: Vec<Final> = match api(&client, &ApiRequest::List { session: SESSION.parse()?, all: true }, Duration::from_secs(10)).await {
-        Some(ApiResponse::List(list)) => list
-            .into_iter()
-            .map(|s| Final {
-                id: s.id.to_string(),
-                label: s.label,
-                status: s.status.as_str().to_owned(),
-                hint: s.hint.map(|h| h.tag.as_str().to_owned()),
-            })
-            .collect(),
-        _ => anyhow::bail!("cannot list the registry at the end of the run"),
-    };
+    let finals: Vec<Final> =
+        match api(&client, &ApiRequest::List { session: SESSION.parse()?, all: true }, Duration::from_secs(10)).await {
+            Some(ApiResponse::List(list)) => list
+                .into_iter()
+                .map(|s| Final {
+                    id: s.id.to_string(),
+                    label: s.label,
+                    status: s.status.as_str().to_owned(),
+                    hint: s.hint.map(|h| h.tag.as_str().to_owned()),
+                })
+                .collect(),
+            _ => anyhow::bail!("cannot list the registry at the end of the run"),
+        };
     let ledger_lines: Vec<(String, u32)> = std::fs::read_to_string(&ledger)?
         .lines()
         .filter_map(|l| {
@@ -272,6 +285,9 @@ async fn run(o: Opts, tenure_bin: Option<PathBuf>, nats_server: Option<PathBuf>)
     }
     Ok(violations.is_empty())
 }
+
+/// The last status seen of every task, and every terminal → active change seen.
+type History = (HashMap<String, String>, Vec<(String, String, String)>);
 
 enum Pending {
     Cont(i32),
@@ -355,7 +371,10 @@ async fn inject(
         Fault::KillMachine { worker, down_ms } => {
             let tasks = c.monitors(*worker).len();
             c.kill_machine(*worker, ms(*down_ms));
-            format!("kill-machine w{} (worker, sidecar, {tasks} monitors and their groups), back in {down_ms} ms", worker + 1)
+            format!(
+                "kill-machine w{} (worker, sidecar, {tasks} monitors and their groups), back in {down_ms} ms",
+                worker + 1
+            )
         }
         Fault::PauseWorker { worker, ms: pause } => {
             let node = &c.workers[*worker];
@@ -412,11 +431,16 @@ async fn load(
             ledger.display()
         );
         let planted = plant_double && n == 3;
-        let command = if planted { format!("{append}; {append}") } else { format!("{append}; sleep {}.{:03}", sleep_ms / 1000, sleep_ms % 1000) };
+        let command = if planted {
+            format!("{append}; {append}")
+        } else {
+            format!("{append}; sleep {}.{:03}", sleep_ms / 1000, sleep_ms % 1000)
+        };
         let mut spec = TaskSpec::shell(label.clone(), command);
         spec.idempotent = idempotent && !planted;
         spec.env.insert("TENURE_CHAOS_RUN".into(), run_id.clone());
-        let req = ApiRequest::Submit(SubmitRequest { session: session.clone(), idempotency_key: uuid::Uuid::new_v4(), spec });
+        let req =
+            ApiRequest::Submit(SubmitRequest { session: session.clone(), idempotency_key: uuid::Uuid::new_v4(), spec });
         let index = {
             let mut s = submitted.lock().expect("submitted list");
             s.push(Submitted { label, id: None, idempotent: idempotent && !planted });
@@ -441,7 +465,7 @@ async fn load(
 /// Polls every snapshot and records any terminal task seen active again.
 async fn poll_history(
     client: async_nats::Client,
-    history: Arc<Mutex<(HashMap<String, String>, Vec<(String, String, String)>)>>,
+    history: Arc<Mutex<History>>,
     _stop: Arc<tokio::sync::Notify>,
 ) {
     let Ok(session) = SESSION.parse::<SessionId>() else { return };
@@ -488,10 +512,13 @@ fn scan_procs(run_id: &str) -> Vec<Proc> {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
         let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
         let vars: Vec<&[u8]> = env.split(|b| *b == 0).collect();
-        if !vars.iter().any(|v| *v == marker.as_bytes()) {
+        if !vars.contains(&marker.as_bytes()) {
             continue;
         }
-        let task = vars.iter().find_map(|v| v.strip_prefix(b"TENURE_TASK_ID=")).map(|t| String::from_utf8_lossy(t).into_owned());
+        let task = vars
+            .iter()
+            .find_map(|v| v.strip_prefix(b"TENURE_TASK_ID="))
+            .map(|t| String::from_utf8_lossy(t).into_owned());
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
         let Some((_, rest)) = stat.rsplit_once(')') else { continue };
         let f: Vec<&str> = rest.split_whitespace().collect();

@@ -20,23 +20,52 @@ pub const CRASH_WINDOWS: [&str; 4] = ["after-accept", "after-intent", "after-exi
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {
     /// SIGKILL the coordinator currently leading; restarted after `down_ms`.
-    KillLeader { down_ms: u64 },
+    KillLeader {
+        down_ms: u64,
+    },
     /// SIGKILL a coordinator that is not leading.
-    KillStandby { down_ms: u64 },
+    KillStandby {
+        down_ms: u64,
+    },
     /// SIGSTOP the leader for `ms` (long enough to lose its lease), then SIGCONT.
-    PauseLeader { ms: u64 },
-    KillWorker { worker: usize, down_ms: u64 },
-    KillSidecar { worker: usize, down_ms: u64 },
+    PauseLeader {
+        ms: u64,
+    },
+    KillWorker {
+        worker: usize,
+        down_ms: u64,
+    },
+    KillSidecar {
+        worker: usize,
+        down_ms: u64,
+    },
     /// SIGKILL one running task's monitor on that machine.
-    KillMonitor { worker: usize },
+    KillMonitor {
+        worker: usize,
+    },
     /// Worker, sidecar, every monitor and task process of the machine: a reboot.
-    KillMachine { worker: usize, down_ms: u64 },
-    PauseWorker { worker: usize, ms: u64 },
+    KillMachine {
+        worker: usize,
+        down_ms: u64,
+    },
+    PauseWorker {
+        worker: usize,
+        ms: u64,
+    },
     /// nats-server itself, restarted on the same port and store.
-    KillNats { down_ms: u64 },
-    Cut { link: Link, mode: Mode, ms: u64 },
+    KillNats {
+        down_ms: u64,
+    },
+    Cut {
+        link: Link,
+        mode: Mode,
+        ms: u64,
+    },
     /// Restart the worker so that it dies at a named point of its next attempt.
-    CrashWindow { worker: usize, point: &'static str },
+    CrashWindow {
+        worker: usize,
+        point: &'static str,
+    },
 }
 
 impl Fault {
@@ -126,7 +155,22 @@ mod tests {
     #[test]
     fn a_long_plan_uses_every_kind_of_fault() {
         let kinds: std::collections::BTreeSet<&str> = plan(7, 3_600_000, 3, 3).iter().map(|p| p.fault.kind()).collect();
-        for k in ["kill-leader", "kill-standby", "pause-leader", "kill-worker", "kill-sidecar", "kill-monitor", "kill-machine", "pause-worker", "kill-nats", "cut-drop", "cut-blackhole", "cut-delay", "cut-one-way", "crash-window"] {
+        for k in [
+            "kill-leader",
+            "kill-standby",
+            "pause-leader",
+            "kill-worker",
+            "kill-sidecar",
+            "kill-monitor",
+            "kill-machine",
+            "pause-worker",
+            "kill-nats",
+            "cut-drop",
+            "cut-blackhole",
+            "cut-delay",
+            "cut-one-way",
+            "crash-window",
+        ] {
             assert!(kinds.contains(k), "{k} never planned");
         }
     }

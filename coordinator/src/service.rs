@@ -69,7 +69,7 @@ pub enum Error {
     Registry(#[from] registry::Error),
     #[error(transparent)]
     Lease(#[from] elector::Error),
-    #[error("invalid configuration: {0}")]
+    #[error("invalid configuration")]
     Config(#[from] lease::Error),
     #[error("the lease task stopped unexpectedly")]
     LeaseTask,

@@ -1,0 +1,43 @@
+//! The chaos smoke run CI does on every change: a fixed seed, a short run on 2
+//! cores, real binaries, real faults. And proof that the judge is not blind: a
+//! planted double execution must be caught.
+
+use std::process::Command;
+
+fn chaos(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tenure-chaos"))
+        .args(args)
+        .env("TENURE_NATS_SERVER", tenure_testkit::nats_server_binary())
+        .output()
+        .expect("run tenure-chaos")
+}
+
+fn summary(out: &std::process::Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("summary:"), "no summary:\n{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    text
+}
+
+#[test]
+fn a_fixed_seed_run_finds_no_violation() {
+    let out = chaos(&["run", "--seed", "20261129", "--duration", "45", "--coordinators", "2", "--workers", "2"]);
+    let text = summary(&out);
+    assert!(out.status.success(), "violations found:\n{text}");
+    let json = text.lines().find(|l| l.starts_with('{')).expect("json report");
+    let report: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert!(report["tasks_submitted"].as_u64().unwrap_or(0) > 20, "{report}");
+    let faults: u64 = report["faults_injected"].as_object().unwrap().values().filter_map(|v| v.as_u64()).sum();
+    assert!(faults >= 5, "too few faults: {report}");
+    for key in ["lost", "double_executed", "anonymous", "resurrected", "orphans"] {
+        assert_eq!(report[key], 0, "{key}: {report}");
+    }
+}
+
+#[test]
+fn a_planted_double_execution_is_caught() {
+    let out =
+        chaos(&["run", "--seed", "5", "--duration", "8", "--workers", "1", "--coordinators", "1", "--plant-double"]);
+    let text = summary(&out);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("VIOLATION double-executed"), "{text}");
+}
