@@ -16,6 +16,9 @@ use crate::Command;
 
 const API_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long `wait` rides through a cluster with no coordinator answering.
+const NO_LEADER_PATIENCE: Duration = Duration::from_secs(30);
+
 /// Exit code of `wait` when it timed out (as timeout(1)).
 const EXIT_TIMEOUT: u8 = 124;
 
@@ -41,7 +44,7 @@ impl std::fmt::Display for NoCoordinator {
 
 impl std::error::Error for NoCoordinator {}
 
-/// Whether a failed submit may be sent again: nobody answered (a takeover), or
+/// Whether a failed request may be sent again: nobody answered (a takeover), or
 /// the reply did not come back (a paused or dying leader, a lost reply).
 fn submit_retryable(e: &anyhow::Error) -> bool {
     e.is::<NoCoordinator>()
@@ -152,14 +155,18 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
         }
         Command::Wait { task, timeout, json } => {
             let deadline = timeout.map(|t| Instant::now() + Duration::from_secs(t));
+            // A takeover leaves no coordinator answering for up to a lease TTL;
+            // longer than this, nobody is coming and the wait gives up.
+            let mut unanswered_since: Option<Instant> = None;
             loop {
                 let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
                 let wait_ms = left.map(|l| l.as_millis() as u64).unwrap_or(MAX_WAIT_MS).min(MAX_WAIT_MS);
                 let req = ApiRequest::Wait { session: api.session.clone(), task: task.clone(), timeout_ms: wait_ms };
                 let reply = match api.call(&req, Duration::from_millis(wait_ms) + API_TIMEOUT).await {
-                    // A coordinator restart or a NATS hiccup is not the task's end: keep waiting.
-                    Err(e) if e.downcast_ref::<tenure_transport::Error>().is_some() => {
-                        if deadline.is_some_and(|d| Instant::now() >= d) {
+                    // A failover or a NATS hiccup is not the task's end: keep waiting.
+                    Err(e) if submit_retryable(&e) => {
+                        let since = *unanswered_since.get_or_insert_with(Instant::now);
+                        if deadline.is_some_and(|d| Instant::now() >= d) || since.elapsed() > NO_LEADER_PATIENCE {
                             return Err(e);
                         }
                         tracing::warn!(error = %e, "wait interrupted; retrying");
@@ -168,6 +175,7 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
                     }
                     other => other?,
                 };
+                unanswered_since = None;
                 let ApiResponse::Waited { finished, snapshot } = reply else {
                     bail!("unexpected reply");
                 };

@@ -129,6 +129,8 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         .subscribe(subjects::worker_commands(&shared.opts.id))
         .await
         .map_err(|e| Error::Subscribe(e.to_string()))?;
+    let mut epochs =
+        client.subscribe(subjects::EPOCH_ANNOUNCE).await.map_err(|e| Error::Subscribe(e.to_string()))?;
     let instance = Uuid::new_v4();
     // Heartbeats run apart from command handling, so a slow sidecar call never
     // makes a live worker look lost.
@@ -147,6 +149,18 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     loop {
         tokio::select! {
             _ = &mut shutdown => break,
+            Some(msg) = epochs.next() => match tenure_protocol::decode::<Epoch>(&msg.payload) {
+                // A new leader announced itself: the machine's fence moves up at
+                // once, before any command of the old leader can arrive late.
+                Ok(epoch) => match shared.sidecar.call(&SidecarRequest::ObserveEpoch(epoch)).await {
+                    Ok(SidecarReply::Ok) => {
+                        tracing::info!(%epoch, "new leader epoch observed");
+                        shared.observe_epoch(epoch);
+                    }
+                    other => tracing::debug!(%epoch, ?other, "epoch announcement not recorded"),
+                },
+                Err(error) => tracing::warn!(%error, "malformed epoch announcement ignored"),
+            },
             Some(msg) = commands.next() => {
                 let reply = match tenure_protocol::decode::<WorkerCommand>(&msg.payload) {
                     Ok(WorkerCommand::Grant(grant)) => on_grant(&shared, grant).await,
