@@ -463,11 +463,7 @@ async fn load(
 }
 
 /// Polls every snapshot and records any terminal task seen active again.
-async fn poll_history(
-    client: async_nats::Client,
-    history: Arc<Mutex<History>>,
-    _stop: Arc<tokio::sync::Notify>,
-) {
+async fn poll_history(client: async_nats::Client, history: Arc<Mutex<History>>, _stop: Arc<tokio::sync::Notify>) {
     let Ok(session) = SESSION.parse::<SessionId>() else { return };
     loop {
         tokio::time::sleep(Duration::from_millis(400)).await;

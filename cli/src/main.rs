@@ -203,11 +203,16 @@ async fn shutdown_signal() {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if !matches!(cli.command, Command::Coordinator { .. } | Command::Worker { .. } | Command::Sidecar { .. } | Command::Dev { .. }) {
+    if !matches!(
+        cli.command,
+        Command::Coordinator { .. } | Command::Worker { .. } | Command::Sidecar { .. } | Command::Dev { .. }
+    ) {
         // A client verb piped into `head` ends quietly on a closed pipe, as
         // command-line tools do, instead of panicking in `println!`.
         // SAFETY: restoring the default disposition before any thread starts.
-        let _ = unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) };
+        let _ = unsafe {
+            nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl)
+        };
     }
     // The monitor runs its own small runtime after detaching; it must not start
     // inside this process's multi-threaded one.

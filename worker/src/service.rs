@@ -129,8 +129,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         .subscribe(subjects::worker_commands(&shared.opts.id))
         .await
         .map_err(|e| Error::Subscribe(e.to_string()))?;
-    let mut epochs =
-        client.subscribe(subjects::EPOCH_ANNOUNCE).await.map_err(|e| Error::Subscribe(e.to_string()))?;
+    let mut epochs = client.subscribe(subjects::EPOCH_ANNOUNCE).await.map_err(|e| Error::Subscribe(e.to_string()))?;
     let instance = Uuid::new_v4();
     // Heartbeats run apart from command handling, so a slow sidecar call never
     // makes a live worker look lost.
