@@ -90,7 +90,19 @@ fn main() -> ExitCode {
         }
     };
     let opts = Opts { seed, duration, coordinators, workers, rate, json, plant_double, keep };
-    match rt.block_on(run(opts, tenure_bin, nats_server)) {
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let outcome = rt.block_on(async {
+        tokio::select! {
+            r = run(opts, tenure_bin, nats_server, run_id.clone()) => r,
+            _ = interrupted() => Err(anyhow::anyhow!("interrupted")),
+        }
+    });
+    // Whatever happened, no process of this run outlives it: the cluster's nodes
+    // stop when it drops; tasks and monitors carry the run's marker.
+    for p in scan_procs(&run_id) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid), Signal::SIGKILL);
+    }
+    match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
@@ -136,12 +148,23 @@ async fn api(client: &async_nats::Client, req: &ApiRequest, timeout: Duration) -
     reply.ok()
 }
 
-async fn run(o: Opts, tenure_bin: Option<PathBuf>, nats_server: Option<PathBuf>) -> anyhow::Result<bool> {
+/// Resolves on SIGINT or SIGTERM.
+async fn interrupted() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::interrupt()), signal(SignalKind::terminate())) {
+        (Ok(mut int), Ok(mut term)) => tokio::select! {
+            _ = int.recv() => {}
+            _ = term.recv() => {}
+        },
+        _ => std::future::pending().await,
+    }
+}
+
+async fn run(o: Opts, tenure_bin: Option<PathBuf>, nats_server: Option<PathBuf>, run_id: String) -> anyhow::Result<bool> {
     let bin = find_tenure(tenure_bin)?;
     let nats_bin = find_nats(nats_server);
     let tmp = tempfile::Builder::new().prefix("tenure-chaos-").tempdir()?;
     let dir = tmp.path().to_path_buf();
-    let run_id = uuid::Uuid::new_v4().simple().to_string();
     let ledger = dir.join("ledger");
     std::fs::write(&ledger, b"")?;
     let r = Run { started: Instant::now() };
