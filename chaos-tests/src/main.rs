@@ -160,7 +160,12 @@ async fn interrupted() {
     }
 }
 
-async fn run(o: Opts, tenure_bin: Option<PathBuf>, nats_server: Option<PathBuf>, run_id: String) -> anyhow::Result<bool> {
+async fn run(
+    o: Opts,
+    tenure_bin: Option<PathBuf>,
+    nats_server: Option<PathBuf>,
+    run_id: String,
+) -> anyhow::Result<bool> {
     let bin = find_tenure(tenure_bin)?;
     let nats_bin = find_nats(nats_server);
     let tmp = tempfile::Builder::new().prefix("tenure-chaos-").tempdir()?;

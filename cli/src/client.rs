@@ -235,6 +235,7 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Watch { once, json } => crate::watch::watch(api.client.clone(), api.session.clone(), once, json).await,
         Command::Coordinator { .. }
         | Command::Worker { .. }
         | Command::Sidecar { .. }
@@ -337,7 +338,19 @@ async fn logs(api: &Api, task: &TaskId, follow: bool, mut offset: u64) -> anyhow
             continue;
         }
         // Everything written so far is out. Done unless following a live attempt.
-        if !follow || chunk.finished || snapshot.status.is_terminal() {
+        if chunk.finished {
+            // The whole terminal output reached the owner: that reports the task.
+            let mark = ApiRequest::MarkReported { session: api.session.clone(), task: task.clone() };
+            for _ in 0..if follow { 20 } else { 1 } {
+                match api.call(&mark, API_TIMEOUT).await {
+                    Ok(_) => break,
+                    // The registry may not have the end yet; a follower waits for it.
+                    Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+                }
+            }
+            return Ok(());
+        }
+        if !follow || snapshot.status.is_terminal() {
             return Ok(());
         }
         tokio::time::sleep(idle).await;

@@ -4,6 +4,7 @@
 
 mod client;
 mod dev;
+mod watch;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -160,6 +161,15 @@ enum Command {
     },
     /// Ask to stop a task (SIGTERM to its process group, SIGKILL after the grace period).
     Kill { task: TaskId },
+    /// Show notices of your tasks that ended and were not reported elsewhere,
+    /// each once; resumes where the last watch of the session stopped.
+    Watch {
+        /// Exit once every pending notice is shown instead of following.
+        #[arg(long)]
+        once: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Cluster view: leader epoch, workers, tasks by status.
     Status {
         #[arg(long)]

@@ -111,6 +111,8 @@ pub enum Effect {
         to: String,
         ack: ReportAck,
     },
+    /// Publish the terminal notice of a task (after its record is persisted).
+    Notify(Box<TaskSnapshot>),
     /// A newer leader exists: stop writing and commanding.
     StepDown {
         reason: String,
@@ -193,6 +195,18 @@ impl Core {
         core
     }
 
+    /// Notices to (re)publish when this core starts leading: every terminal task
+    /// not yet reported. The previous leader may have died between persisting a
+    /// task's end and publishing its notice; the stream deduplicates repeats by
+    /// task id, and watchers skip tasks reported meanwhile, so a notice is never
+    /// shown twice and never lost.
+    pub fn pending_notices(&self) -> Vec<Effect> {
+        let mut ended: Vec<&TaskRecord> =
+            self.tasks.values().filter(|r| r.life.status.is_terminal() && !r.reported).collect();
+        ended.sort_by_key(|r| r.id.number());
+        ended.into_iter().map(|r| Effect::Notify(Box::new(r.snapshot()))).collect()
+    }
+
     /// Never allocate task numbers at or below `n` (seen in the registry, even in
     /// records that could not be read).
     pub fn reserve_through(&mut self, n: u64) {
@@ -263,6 +277,14 @@ impl Core {
                 }
             },
             ApiRequest::Status => Ok(ApiResponse::Status(self.status(now))),
+            ApiRequest::MarkReported { session, task } => match self.owned(&session, &task) {
+                Err(e) => Err(e),
+                Ok(r) if !r.life.status.is_terminal() => Err(ApiError::InvalidRequest(format!(
+                    "{task} is {}: only a finished task can be reported",
+                    r.life.status
+                ))),
+                Ok(_) => self.mark_reported(&task, fx).map(ApiResponse::Snapshot),
+            },
         };
         if let Some(to) = reply_to {
             fx.push(Effect::Reply { to, reply });
@@ -613,6 +635,9 @@ impl Core {
         tracing::info!(task = %task, attempt = %life.attempt, epoch = %life.epoch, from = %before, to = %after, "task transition");
         fx.push(Effect::Persist(Box::new(record.clone())));
         let snapshot = record.snapshot();
+        if after.is_terminal() && !before.is_terminal() {
+            fx.push(Effect::Notify(Box::new(snapshot.clone())));
+        }
         for w in waiters {
             fx.push(Effect::Reply {
                 to: w.to,

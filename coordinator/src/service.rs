@@ -29,6 +29,7 @@ use tokio::sync::{mpsc, watch};
 use crate::core::{Core, CoreConfig, Effect, Input, Now};
 use crate::elector::{self, Clock, Elector, LeaseView, Term};
 use crate::lease::{self, ms, LeaseConfig};
+use crate::notices::Notices;
 use crate::registry::{self, Loaded, Registry};
 
 /// How the coordinator is run.
@@ -296,6 +297,15 @@ async fn lead<F: Future<Output = ()>>(
     let now = || Now { mono: clock.now(), wall_ms: wall_ms() };
     let mut core = Core::new(opts.core.clone(), epoch, loaded.records, now());
     core.reserve_through(loaded.highest_n);
+    let notices = match Notices::open(js.clone(), opts.replicas).await {
+        Ok(n) => n,
+        Err(reason) => return Ok(Ended::SteppedDown { epoch, reason: format!("notice stream unavailable: {reason}") }),
+    };
+    for effect in core.pending_notices() {
+        if let Effect::Notify(snapshot) = effect {
+            notices.publish(*snapshot);
+        }
+    }
     let mut visibility = Visibility {
         name: opts.name.clone(),
         holder: elector.holder().to_owned(),
@@ -321,6 +331,7 @@ async fn lead<F: Future<Output = ()>>(
         Err(e) => return Ok(Ended::SteppedDown { epoch, reason: format!("NATS subscription failed: {e}") }),
     };
     let (results_tx, mut results) = mpsc::channel::<Input>(4096);
+    let outbox = Outbox { client, notices: &notices, results: &results_tx, opts };
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -377,7 +388,7 @@ async fn lead<F: Future<Output = ()>>(
             if let Err(reason) = guard.check() {
                 return Ok(Ended::SteppedDown { epoch, reason });
             }
-            let step = execute(effect, client, &mut registry, &mut guard, &mut visibility, &results_tx, opts).await;
+            let step = execute(effect, &outbox, &mut registry, &mut guard, &mut visibility).await;
             match step {
                 Ok(()) => {}
                 Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
@@ -401,16 +412,27 @@ async fn announce_epoch(client: &async_nats::Client, epoch: Epoch) {
     }
 }
 
+/// The fire-and-forget outputs of one term: answers come back through `results`.
+struct Outbox<'a> {
+    client: &'a async_nats::Client,
+    notices: &'a Notices,
+    results: &'a mpsc::Sender<Input>,
+    opts: &'a Options,
+}
+
 async fn execute(
     effect: Effect,
-    client: &async_nats::Client,
+    out: &Outbox<'_>,
     registry: &mut Registry,
     guard: &mut Guard,
     visibility: &mut Visibility,
-    results: &mpsc::Sender<Input>,
-    opts: &Options,
 ) -> Result<(), Stop> {
+    let Outbox { client, notices, results, opts } = *out;
     match effect {
+        Effect::Notify(snapshot) => {
+            notices.publish(*snapshot);
+            Ok(())
+        }
         // An append still retrying when the renew deadline passes is abandoned:
         // should it land anyway, it landed conditionally on our last sequence,
         // which the next leader's claim either includes or fences.

@@ -63,7 +63,7 @@ pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, CodecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::messages::{ApiRequest, Heartbeat, OutputRequest, Report, SidecarRequest, WorkerCommand};
+    use crate::messages::{ApiRequest, Heartbeat, InputRequest, OutputRequest, Report, SidecarRequest, WorkerCommand};
     use proptest::prelude::*;
 
     #[test]
@@ -84,11 +84,25 @@ mod tests {
         assert!(matches!(decode::<ApiRequest>(&bytes), Err(CodecError::Malformed(_))));
     }
 
+    #[test]
+    fn input_bytes_travel_as_bin_and_round_trip() {
+        let msg = InputRequest {
+            session: "s".parse().unwrap(),
+            task: "agent-3".parse().unwrap(),
+            data: vec![0xff; crate::messages::MAX_INPUT_BYTES],
+        };
+        let bytes = encode(&msg).unwrap();
+        // `bin`, not an array of integers (which would take up to 2 bytes each).
+        assert!(bytes.len() < crate::messages::MAX_INPUT_BYTES + 100, "{}", bytes.len());
+        assert_eq!(decode::<InputRequest>(&bytes).unwrap(), msg);
+    }
+
     fn all_decoders(bytes: &[u8]) {
         let _ = decode::<ApiRequest>(bytes);
         let _ = decode::<Heartbeat>(bytes);
         let _ = decode::<Report>(bytes);
         let _ = decode::<OutputRequest>(bytes);
+        let _ = decode::<InputRequest>(bytes);
         let _ = decode::<WorkerCommand>(bytes);
         let _ = decode::<SidecarRequest>(bytes);
     }

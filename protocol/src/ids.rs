@@ -52,6 +52,12 @@ impl Kind {
         Kind("shell".to_owned())
     }
 
+    /// The kind of long-running interactive processes (CLI coding agents): run
+    /// like `shell`, with a stdin that stays open for `tenure send`.
+    pub fn agent() -> Kind {
+        Kind("agent".to_owned())
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }

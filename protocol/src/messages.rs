@@ -37,6 +37,12 @@ pub enum ApiRequest {
         task: TaskId,
         timeout_ms: u64,
     },
+    /// A surface (a finished `logs` read, `watch`) delivered the task's terminal
+    /// state to its owner: mark it `reported`. Refused unless the task is terminal.
+    MarkReported {
+        session: SessionId,
+        task: TaskId,
+    },
     /// Cluster view: leader epoch and workers.
     Status,
 }
@@ -104,12 +110,27 @@ pub enum ApiError {
     InvalidRequest(String),
     #[error("invalid task spec: {0}")]
     InvalidSpec(String),
-    #[error("unknown kind {kind:?}: workers run {known:?}")]
+    /// No live or past worker advertised the kind, and it is not builtin.
+    #[error("unknown kind {kind:?}: no worker runs it (kinds known: {})", known.join(", "))]
     UnknownKind { kind: String, known: Vec<String> },
     #[error("this coordinator is not the leader")]
     NotLeader,
     #[error("coordinator unavailable: {0}")]
     Unavailable(String),
+    /// Input for a task that is not running: not started yet, or ended.
+    /// `status` says which, in words.
+    #[error("task {task} is not running ({status}); input goes only to a running agent task")]
+    NotRunning { task: String, status: String },
+    /// Input for a task whose kind reads no input: only `agent` tasks do.
+    #[error("task {task} is a {kind} task and takes no input; only agent tasks do (submit with --kind agent)")]
+    NoInput { task: String, kind: String },
+    /// An input message that is empty or larger than [`MAX_INPUT_BYTES`].
+    #[error("input of {size} bytes refused: one message holds 1 to {max} bytes")]
+    InputSize { size: u64, max: u64 },
+    /// The task has not read its earlier input and its buffer has no room for
+    /// this message. Nothing of the message was delivered.
+    #[error("input buffer of task {task} is full (the task is not reading its input); nothing was sent")]
+    InputFull { task: String },
 }
 
 /// A fresh read-only projection of one task.
@@ -328,6 +349,36 @@ pub struct OutputChunk {
     pub size: u64,
     /// The attempt has ended: no byte will be added past `size`.
     pub finished: bool,
+}
+
+// ------------------------------------------------------- input to agent tasks
+
+/// Deliver one message to the stdin of a running `agent` task, through the
+/// sidecar of the machine it runs on ([`crate::subjects::input`]). The sidecar
+/// checks the owner like an output read, writes the whole message or nothing,
+/// and never interleaves two messages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputRequest {
+    pub session: SessionId,
+    pub task: TaskId,
+    /// The bytes, delivered as they are (the CLI adds the trailing newline).
+    /// 1 to [`MAX_INPUT_BYTES`] bytes.
+    #[serde(with = "serde_bytes_compat")]
+    pub data: Vec<u8>,
+}
+
+/// Largest input message (it always fits an empty pipe of the default size,
+/// which is what lets the sidecar deliver it whole or not at all).
+pub const MAX_INPUT_BYTES: usize = 64 * 1024;
+
+pub type InputReply = Result<InputAck, ApiError>;
+
+/// The message is in the task's input pipe, whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputAck {
+    /// The attempt that received it.
+    pub attempt: Attempt,
+    pub bytes: u64,
 }
 
 /// Serialize byte vectors as MessagePack `bin`, not as arrays of integers.

@@ -2,7 +2,7 @@
 //! else. Tokens that come from ids are already validated by [`crate::ids`] (no
 //! `.`, `*`, `>` or whitespace), so a subject can never be widened by an id.
 
-use crate::ids::{TaskId, WorkerId};
+use crate::ids::{SessionId, TaskId, WorkerId};
 
 /// Client API requests to the leader coordinator.
 pub const API: &str = "tenure.api.v1";
@@ -16,6 +16,20 @@ pub const COORD_PRESENCE: &str = "tenure.coord.presence";
 /// A new leader publishes its epoch here right after claiming it, so that
 /// workers learn of it before its first command reaches them (publish).
 pub const EPOCH_ANNOUNCE: &str = "tenure.workers.epoch";
+
+/// The JetStream stream of terminal notices: one message per task that ended,
+/// with its snapshot, deduplicated by task id (`Nats-Msg-Id`).
+pub const NOTICES_STREAM: &str = "TENURE_NOTICES";
+/// All notice subjects (the stream's filter).
+pub const NOTICES_ALL: &str = "tenure.notices.>";
+
+/// The notice subject of one session. Sessions may hold any printable
+/// character, so the token is the session's bytes in hex: no session can widen
+/// or reach another session's subject.
+pub fn notices(session: &SessionId) -> String {
+    let hex: String = session.as_str().bytes().map(|b| format!("{b:02x}")).collect();
+    format!("tenure.notices.{hex}")
+}
 
 /// The JetStream stream holding the task registry: the last record of every task
 /// plus epoch claims. Every write to it is conditional on its last sequence.
@@ -46,6 +60,12 @@ pub fn output(worker: &WorkerId) -> String {
     format!("tenure.sidecar.{worker}.output")
 }
 
+/// Input for the running agent tasks of a worker machine, delivered by its
+/// sidecar (request/reply).
+pub fn input(worker: &WorkerId) -> String {
+    format!("tenure.sidecar.{worker}.input")
+}
+
 /// The leader's evidence queries to a worker machine's sidecar (request/reply).
 pub fn evidence(worker: &WorkerId) -> String {
     format!("tenure.sidecar.{worker}.evidence")
@@ -62,8 +82,12 @@ mod tests {
         assert_eq!(registry_task(&t), "tenure.registry.task.shell-12");
         assert_eq!(worker_commands(&w), "tenure.worker.w-1.cmd");
         assert_eq!(output(&w), "tenure.sidecar.w-1.output");
+        assert_eq!(input(&w), "tenure.sidecar.w-1.input");
         assert!(registry_task(&t).starts_with(REGISTRY_ALL.trim_end_matches('>')));
         assert!(REGISTRY_EPOCH.starts_with(REGISTRY_ALL.trim_end_matches('>')));
+        let tricky: SessionId = "a.b*>c".parse().unwrap();
+        assert_eq!(notices(&tricky), "tenure.notices.612e622a3e63");
+        assert!(notices(&tricky).starts_with(NOTICES_ALL.trim_end_matches('>')));
         // KV bucket and key names: letters, digits, `_` and `-` only.
         for name in [LEADER_BUCKET, LEADER_KEY] {
             assert!(name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'), "{name}");

@@ -7,14 +7,28 @@
 //! | `monitor.pid` | monitor    | first thing it does         | the monitor's pid and start time |
 //! | `pgid`        | monitor    | right after spawning        | the task's process group |
 //! | `status`      | monitor    | after the group is gone     | the exit evidence ([`MonitorStatus`]) |
+//! | `input`       | monitor    | before spawning an `agent` task; removed when its group is gone | the task's stdin, a FIFO (mode 0600) |
 //!
 //! `status` is written to a temporary file, fsynced, renamed into place and the
 //! directory fsynced: it is either absent or complete. Readers treat a missing
 //! or unreadable file as "no evidence", never as an outcome.
+//!
+//! `input` is a FIFO the monitor holds open read-write for the attempt's whole
+//! life, so the task never reads end-of-file while nobody writes and a writer
+//! (the sidecar, for `tenure send`) always finds a reader while the task runs —
+//! whatever happens to the worker. Every open of it is symlink-safe
+//! (`O_NOFOLLOW`, then the opened file must be a FIFO) and a writer's open
+//! never blocks (`O_NONBLOCK`); nothing here ever follows, truncates or removes
+//! something else planted at that path.
 
-use std::fs::{self, File};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
 use serde::{Deserialize, Serialize};
 use tenure_protocol::messages::LeaseGrant;
@@ -144,6 +158,110 @@ impl AttemptFiles {
     pub fn status(&self) -> Option<MonitorStatus> {
         tenure_protocol::decode(&fs::read(self.dir.join("status")).ok()?).ok()
     }
+
+    /// Where an `agent` attempt's input FIFO lives.
+    pub fn input_path(&self) -> PathBuf {
+        self.dir.join(INPUT)
+    }
+
+    /// For the monitor, before it spawns the task: creates the input FIFO
+    /// (mode 0600) and opens both of its ends. Anything already at the path —
+    /// a FIFO included, since a monitor runs once per attempt — is refused and
+    /// left alone.
+    pub fn create_input(&self) -> Result<InputFifo, InputError> {
+        let path = self.input_path();
+        let io = |source: io::Error| InputError::Io { path: path.clone(), source };
+        nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR)
+            .map_err(|e| io(e.into()))?;
+        // Read-write never blocks on a FIFO (Linux) and makes the monitor both a
+        // reader and a writer of it for as long as it holds `keeper`.
+        let keeper = open_fifo(&path, OpenOptions::new().read(true).write(true), false)?;
+        let stdin = open_fifo(&path, OpenOptions::new().read(true), true)?;
+        let (k, s) = (keeper.metadata().map_err(io)?, stdin.metadata().map_err(io)?);
+        if (k.dev(), k.ino()) != (s.dev(), s.ino()) {
+            return Err(InputError::NotAFifo(path));
+        }
+        // The task reads with ordinary blocking reads.
+        fcntl(stdin.as_raw_fd(), FcntlArg::F_SETFL(OFlag::empty())).map_err(|e| io(e.into()))?;
+        Ok(InputFifo { keeper, stdin })
+    }
+
+    /// For one delivery of input: opens the FIFO write-only without blocking.
+    /// Refused when it is absent, when nobody holds it open for reading, or
+    /// when anything but a FIFO (a symlink, a file) sits at the path.
+    pub fn open_input_for_write(&self) -> Result<File, InputError> {
+        open_fifo(&self.input_path(), OpenOptions::new().write(true), true)
+    }
+
+    /// Removes the input FIFO once the task's group is gone. Absent is fine;
+    /// anything but a FIFO at the path is not ours and is left alone.
+    pub fn remove_input(&self) -> io::Result<()> {
+        let path = self.input_path();
+        match fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_fifo() => fs::remove_file(&path),
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// File name of the input FIFO in an attempt directory.
+const INPUT: &str = "input";
+
+/// The two ends of an `agent` attempt's input FIFO, as its monitor holds them.
+#[derive(Debug)]
+pub struct InputFifo {
+    /// Read-write, held by the monitor until the task's group is gone: while it
+    /// is open the task never reads end-of-file and writers find a reader.
+    pub keeper: File,
+    /// Read-only and blocking: becomes the task's stdin. Read-only, so the
+    /// task's processes cannot write into their own input.
+    pub stdin: File,
+}
+
+/// Why an attempt's input FIFO cannot be created or written.
+#[derive(Debug, thiserror::Error)]
+pub enum InputError {
+    /// No FIFO: the task has not been spawned yet, or its group is gone.
+    #[error("the task has no input pipe (not started yet, or ended)")]
+    Absent,
+    /// The FIFO exists but nobody reads it: the task's monitor is gone.
+    #[error("nobody reads the task's input pipe (its monitor is gone)")]
+    NoReader,
+    /// A symlink or anything else than a FIFO sits at the path; it is refused
+    /// and left untouched.
+    #[error("{0} is not a FIFO (symlinks and other files are refused)")]
+    NotAFifo(PathBuf),
+    #[error("input pipe {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+}
+
+/// Opens the FIFO at `path` with `options` (access mode only) plus
+/// `O_NOFOLLOW`, and `O_NONBLOCK` when `nonblock`; then checks that what was
+/// opened is a FIFO. Without `O_NONBLOCK` only a read-write open is safe: it is
+/// the one open of a FIFO that never waits for the other end.
+fn open_fifo(path: &Path, options: &mut OpenOptions, nonblock: bool) -> Result<File, InputError> {
+    let mut flags = OFlag::O_NOFOLLOW;
+    if nonblock {
+        flags |= OFlag::O_NONBLOCK;
+    }
+    let file = match options.custom_flags(flags.bits()).open(path) {
+        Ok(file) => file,
+        Err(e) => {
+            return Err(match e.raw_os_error().map(Errno::from_raw) {
+                Some(Errno::ENOENT) => InputError::Absent,
+                Some(Errno::ENXIO) => InputError::NoReader,
+                Some(Errno::ELOOP | Errno::EISDIR) => InputError::NotAFifo(path.to_path_buf()),
+                _ => InputError::Io { path: path.to_path_buf(), source: e },
+            })
+        }
+    };
+    let meta = file.metadata().map_err(|source| InputError::Io { path: path.to_path_buf(), source })?;
+    if !meta.file_type().is_fifo() {
+        return Err(InputError::NotAFifo(path.to_path_buf()));
+    }
+    Ok(file)
 }
 
 /// Writes `name` in `dir` so that it is either absent or complete, even across a

@@ -1,0 +1,87 @@
+//! The task contract over a real cluster: reported and notices, kill racing
+//! completion, wait racing completion, independent readers.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{stdout, Cluster};
+
+const BOUND: Duration = Duration::from_secs(30);
+
+fn watch_once(c: &Cluster) -> Vec<String> {
+    let out = c.cli(&["watch", "--once"]);
+    assert!(out.status.success(), "watch: {}", common::stderr(&out));
+    stdout(&out).lines().map(|l| l.split_whitespace().next().unwrap_or("").to_owned()).collect()
+}
+
+#[test]
+fn watch_shows_each_unreported_end_once_and_resumes_across_a_failover() {
+    let mut c = Cluster::start(1);
+    let waited = c.submit(&["--", "echo a"]);
+    assert!(c.cli(&["wait", &waited]).status.success());
+    let unread = c.submit(&["--", "echo b; exit 3"]);
+    c.wait_status(&unread, "failed", BOUND);
+    let read = c.submit(&["--", "echo c"]);
+    c.wait_status(&read, "completed", BOUND);
+    assert_eq!(stdout(&c.cli(&["logs", &read])), "c\n");
+    assert_eq!(c.snapshot(&read)["reported"], true, "reading the whole terminal output reports the task");
+
+    // Only the task no surface reported is noticed, and only once.
+    assert_eq!(watch_once(&c), vec![unread.clone()]);
+    assert_eq!(c.snapshot(&unread)["reported"], true);
+    assert!(watch_once(&c).is_empty(), "a second watch resumes after the first");
+
+    // A task that ends around a coordinator restart is noticed exactly once.
+    let around = c.submit(&["--", "sleep 1; echo d"]);
+    c.wait_status(&around, "running", BOUND);
+    c.kill9("coordinator");
+    c.spawn("coordinator", &["coordinator", "--name", "c2", "--worker-ttl-ms", "3000"]);
+    c.wait_status(&around, "completed", BOUND);
+    assert_eq!(watch_once(&c), vec![around.clone()]);
+    assert!(watch_once(&c).is_empty());
+    // Another session sees none of it.
+    let other = c.cli_as("someone-else", &["watch", "--once"]);
+    assert_eq!(stdout(&other), "");
+}
+
+#[test]
+fn kill_racing_natural_exit_settles_exactly_one_consistent_end() {
+    let c = Cluster::start(1);
+    let mut seen = std::collections::BTreeMap::new();
+    for i in 0..12u64 {
+        let task = c.submit(&["--", &format!("sleep 0.{}", 1 + i % 5)]);
+        std::thread::sleep(Duration::from_millis(50 * (i % 7)));
+        let kill = stdout(&c.cli(&["kill", &task])).trim().to_owned();
+        let wait = c.cli(&["wait", &task, "--json"]);
+        let snap: serde_json::Value = serde_json::from_slice(&wait.stdout).expect("snapshot");
+        let status = snap["status"].as_str().unwrap_or("?").to_owned();
+        match kill.as_str() {
+            "already-finished" => assert_eq!(status, "completed", "{task}: kill said finished, task is {status}"),
+            "requested" => assert!(status == "killed" || status == "completed", "{task}: {status}"),
+            other => panic!("{task}: kill answered {other:?}"),
+        }
+        // The end never changes afterwards.
+        assert_eq!(c.snapshot(&task)["status"], status.as_str());
+        assert_eq!(stdout(&c.cli(&["kill", &task])).trim(), "already-finished");
+        *seen.entry((kill, status)).or_insert(0) += 1;
+    }
+    eprintln!("kill/exit race outcomes: {seen:?}");
+}
+
+#[test]
+fn wait_racing_completion_and_independent_readers() {
+    let c = Cluster::start(1);
+    let task = c.submit(&["--", "for i in 1 2 3 4; do echo line-$i; sleep 0.1; done"]);
+    let wait = c.cli(&["wait", &task]);
+    assert!(wait.status.success(), "{}", common::stderr(&wait));
+    // Two readers, each with its own offset, get their own deltas.
+    let first = stdout(&c.cli(&["logs", &task, "--offset", "0"]));
+    let second = stdout(&c.cli(&["logs", &task, "--offset", "14"]));
+    assert_eq!(first, "line-1\nline-2\nline-3\nline-4\n");
+    assert_eq!(second, "line-3\nline-4\n");
+    // A read past the end is empty, not an error.
+    let past = c.cli(&["logs", &task, "--offset", "1000"]);
+    assert!(past.status.success());
+    assert_eq!(stdout(&past), "");
+}

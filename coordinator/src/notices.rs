@@ -1,0 +1,72 @@
+//! Terminal notices: one message per task that ended, carrying its snapshot,
+//! on the JetStream stream `TENURE_NOTICES` under the owner's subject, so a
+//! `tenure watch` of that session can resume where it stopped, across watcher
+//! restarts and coordinator failovers.
+//!
+//! Publishing is best effort and never blocks the leader's loop; every notice
+//! carries `Nats-Msg-Id = <task id>`, so repeats (a retry, a new leader
+//! republishing unreported tasks) are dropped by the stream within its
+//! duplicate window, and watchers skip tasks already `reported` beyond it.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+use tenure_protocol::messages::TaskSnapshot;
+use tenure_protocol::subjects;
+
+/// How long the stream remembers message ids for deduplication.
+const DEDUPE_WINDOW: Duration = Duration::from_secs(3600);
+/// How long a notice waits for a watcher before the stream drops it.
+const KEEP_NOTICES: Duration = Duration::from_secs(7 * 24 * 3600);
+
+#[derive(Clone)]
+pub struct Notices {
+    js: jetstream::Context,
+}
+
+impl Notices {
+    /// Creates the stream if needed.
+    pub async fn open(js: jetstream::Context, replicas: usize) -> Result<Notices, String> {
+        js.get_or_create_stream(stream::Config {
+            name: subjects::NOTICES_STREAM.to_owned(),
+            subjects: vec![subjects::NOTICES_ALL.to_owned()],
+            storage: stream::StorageType::File,
+            num_replicas: replicas.max(1),
+            duplicate_window: DEDUPE_WINDOW,
+            max_age: KEEP_NOTICES,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        Ok(Notices { js })
+    }
+
+    /// Publishes in the background, retrying for a while through an outage.
+    pub fn publish(&self, snapshot: TaskSnapshot) {
+        let js = self.js.clone();
+        tokio::spawn(async move {
+            let payload: bytes::Bytes = match tenure_protocol::encode(&snapshot) {
+                Ok(b) => b.into(),
+                Err(error) => return tracing::error!(task = %snapshot.id, %error, "notice cannot be encoded"),
+            };
+            let subject = subjects::notices(&snapshot.owner);
+            let mut delay = Duration::from_millis(100);
+            for _ in 0..8 {
+                let publish = jetstream::message::PublishMessage::build()
+                    .payload(payload.clone())
+                    .message_id(snapshot.id.to_string());
+                let acked = match js.send_publish(subject.clone(), publish).await {
+                    Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                match acked {
+                    Ok(()) => return,
+                    Err(error) => tracing::warn!(task = %snapshot.id, %error, "notice not published yet; retrying"),
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            tracing::error!(task = %snapshot.id, "notice not published; the next leader republishes it if still unreported");
+        });
+    }
+}
