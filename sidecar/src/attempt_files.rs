@@ -310,4 +310,76 @@ mod tests {
         std::fs::write(files.dir().join("status"), b"\x01garbage").unwrap();
         assert!(files.status().is_none(), "a damaged status is no evidence");
     }
+
+    fn attempt_dir() -> (tempfile::TempDir, AttemptFiles) {
+        let tmp = tempfile::tempdir().unwrap();
+        let files = AttemptFiles::new(tmp.path().join("agent-1.1"));
+        files.create().unwrap();
+        (tmp, files)
+    }
+
+    #[test]
+    fn input_fifo_carries_writes_and_never_reads_eof_while_held() {
+        use std::io::Read;
+        use std::os::unix::fs::PermissionsExt;
+        let (_tmp, files) = attempt_dir();
+        assert!(matches!(files.open_input_for_write(), Err(InputError::Absent)));
+        let InputFifo { keeper, mut stdin } = files.create_input().unwrap();
+        let meta = std::fs::symlink_metadata(files.input_path()).unwrap();
+        assert!(meta.file_type().is_fifo());
+        assert_eq!(meta.permissions().mode() & 0o077, 0, "only the owner may use the pipe");
+        let mut w = files.open_input_for_write().unwrap();
+        w.write_all(b"hello\n").unwrap();
+        drop(w);
+        let mut buf = [0u8; 16];
+        assert_eq!(stdin.read(&mut buf).unwrap(), 6);
+        assert_eq!(&buf[..6], b"hello\n");
+        // No writer left but the keeper: a read finds no data, not end-of-file.
+        fcntl(stdin.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).unwrap();
+        assert_eq!(stdin.read(&mut buf).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+        // A second monitor for the same attempt is refused.
+        assert!(matches!(files.create_input(), Err(InputError::Io { .. })));
+        // Once the monitor lets go, a writer finds no reader instead of blocking.
+        drop((keeper, stdin));
+        assert!(matches!(files.open_input_for_write(), Err(InputError::NoReader)));
+        files.remove_input().unwrap();
+        files.remove_input().unwrap();
+        assert!(matches!(files.open_input_for_write(), Err(InputError::Absent)));
+    }
+
+    #[test]
+    fn a_symlink_at_the_input_path_is_refused_and_its_target_untouched() {
+        let (tmp, files) = attempt_dir();
+        // A link to a live FIFO (a writer would otherwise reach it) ...
+        let real = tmp.path().join("real-fifo");
+        nix::unistd::mkfifo(&real, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let _reader = OpenOptions::new().read(true).write(true).open(&real).unwrap();
+        std::os::unix::fs::symlink(&real, files.input_path()).unwrap();
+        assert!(matches!(files.open_input_for_write(), Err(InputError::NotAFifo(_))));
+        assert!(files.create_input().is_err(), "the monitor does not create through a link");
+        files.remove_input().unwrap();
+        assert!(std::fs::symlink_metadata(files.input_path()).is_ok(), "a link is not ours to remove");
+        // ... and a link to a regular file.
+        std::fs::remove_file(files.input_path()).unwrap();
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, b"keep").unwrap();
+        std::os::unix::fs::symlink(&victim, files.input_path()).unwrap();
+        assert!(matches!(files.open_input_for_write(), Err(InputError::NotAFifo(_))));
+        assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn a_non_fifo_at_the_input_path_is_refused_and_left_alone() {
+        let (_tmp, files) = attempt_dir();
+        std::fs::write(files.input_path(), b"plain file").unwrap();
+        assert!(matches!(files.open_input_for_write(), Err(InputError::NotAFifo(_))));
+        assert!(files.create_input().is_err());
+        files.remove_input().unwrap();
+        assert_eq!(std::fs::read(files.input_path()).unwrap(), b"plain file");
+        std::fs::remove_file(files.input_path()).unwrap();
+        std::fs::create_dir(files.input_path()).unwrap();
+        assert!(matches!(files.open_input_for_write(), Err(InputError::NotAFifo(_))));
+        files.remove_input().unwrap();
+        assert!(files.input_path().is_dir());
+    }
 }
