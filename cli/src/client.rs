@@ -133,16 +133,20 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {
-                println!("{:<16} {:<10} {:>7} {:<12} {:>8}  LABEL", "ID", "STATUS", "ATTEMPT", "WORKER", "AGE");
+                println!(
+                    "{:<16} {:<10} {:>7} {:<12} {:>8} {:<18}  LABEL",
+                    "ID", "STATUS", "ATTEMPT", "WORKER", "AGE", "HINT"
+                );
                 let now = now_ms();
                 for s in list {
                     println!(
-                        "{:<16} {:<10} {:>7} {:<12} {:>8}  {}",
+                        "{:<16} {:<10} {:>7} {:<12} {:>8} {:<18}  {}",
                         s.id.to_string(),
                         s.status.as_str(),
                         s.attempt.0,
                         s.worker.as_ref().map(|w| w.as_str()).unwrap_or("-"),
                         age(now.saturating_sub(s.created_at_ms)),
+                        s.hint.as_ref().map(|h| h.tag.as_str()).unwrap_or("-"),
                         s.label
                     );
                 }

@@ -52,6 +52,10 @@ enum Command {
         /// The leader stops acting when no renewal succeeded for this long (below the TTL).
         #[arg(long, default_value_t = 4000)]
         renew_deadline_ms: u64,
+        /// A session with the operator role (may get, list and kill every
+        /// session's tasks). A secret: at least 16 characters. Repeatable.
+        #[arg(long = "operator-session", env = "TENURE_OPERATOR_SESSIONS", value_delimiter = ',')]
+        operators: Vec<SessionId>,
     },
     /// Run a worker (needs its sidecar running on the same data dir).
     Worker {
@@ -261,7 +265,20 @@ fn main() -> ExitCode {
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let nats = cli.nats;
     match cli.command {
-        Command::Coordinator { name, worker_ttl_ms, replicas, lease_ttl_ms, renew_interval_ms, renew_deadline_ms } => {
+        Command::Coordinator {
+            name,
+            worker_ttl_ms,
+            replicas,
+            lease_ttl_ms,
+            renew_interval_ms,
+            renew_deadline_ms,
+            operators,
+        } => {
+            if let Some(weak) = operators.iter().find(|o| o.as_str().len() < 16) {
+                anyhow::bail!(
+                    "invalid configuration: operator session {weak:?} is guessable; use at least 16 characters"
+                );
+            }
             let lease = tenure_coordinator::LeaseConfig {
                 ttl: Duration::from_millis(lease_ttl_ms),
                 renew_interval: Duration::from_millis(renew_interval_ms),
@@ -269,6 +286,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let mut opts = tenure_coordinator::Options { nats_url: nats, name, replicas, lease, ..Default::default() };
             opts.core.worker_ttl = Duration::from_millis(worker_ttl_ms);
+            opts.core.operators = operators;
             tenure_coordinator::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }

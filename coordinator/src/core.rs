@@ -36,6 +36,10 @@ pub struct CoreConfig {
     pub kill_retry: Duration,
     /// Kinds accepted at submit even before any worker advertised them.
     pub builtin_kinds: Vec<Kind>,
+    /// Sessions with the operator role: they may get, list and kill every
+    /// session's tasks (never wait on them or mark them reported). They are
+    /// secrets: authorization never relies on ids, but it does on these.
+    pub operators: Vec<SessionId>,
 }
 
 impl Default for CoreConfig {
@@ -45,6 +49,7 @@ impl Default for CoreConfig {
             grant_retry: Duration::from_secs(1),
             kill_retry: Duration::from_secs(2),
             builtin_kinds: vec![Kind::shell()],
+            operators: Vec::new(),
         }
     }
 }
@@ -250,13 +255,16 @@ impl Core {
         let reply = match request {
             ApiRequest::Submit(req) => self.submit(req, now, fx),
             ApiRequest::Get { session, task } => {
-                self.owned(&session, &task).map(|r| ApiResponse::Snapshot(r.snapshot()))
+                self.visible(&session, &task).map(|r| ApiResponse::Snapshot(r.snapshot()))
             }
             ApiRequest::List { session, all } => {
                 let mut list: Vec<TaskSnapshot> = self
                     .tasks
                     .values()
-                    .filter(|r| r.owner == session && (all || !r.life.status.is_terminal() || !r.reported))
+                    .filter(|r| {
+                        let mine = r.owner == session || self.cfg.operators.contains(&session);
+                        mine && (all || !r.life.status.is_terminal() || !r.reported)
+                    })
                     .map(TaskRecord::snapshot)
                     .collect();
                 list.sort_by_key(|s| s.id.number());
@@ -288,6 +296,14 @@ impl Core {
         };
         if let Some(to) = reply_to {
             fx.push(Effect::Reply { to, reply });
+        }
+    }
+
+    /// The task if `session` owns it or holds the operator role.
+    fn visible(&self, session: &SessionId, task: &TaskId) -> Result<&TaskRecord, ApiError> {
+        match self.tasks.get(task) {
+            Some(r) if &r.owner == session || self.cfg.operators.contains(session) => Ok(r),
+            _ => Err(ApiError::NotFound(task.to_string())),
         }
     }
 
@@ -331,20 +347,21 @@ impl Core {
     }
 
     fn kill(&mut self, session: &SessionId, task: &TaskId, now: Now, fx: &mut Vec<Effect>) -> ApiReply {
-        self.owned(session, task)?;
+        let by_owner = &self.visible(session, task)?.owner == session;
         let result = match self.event(task, Event::KillRequested, now, fx) {
             Some(Decision::Unchanged(Unchanged::Terminal)) => KillResult::AlreadyFinished,
             _ => KillResult::Requested,
         };
-        let status = self.owned(session, task)?.life.status;
+        let status = self.visible(session, task)?.life.status;
         if status == Status::Stopping {
             self.send_kill(task, now, fx);
         }
-        if status.is_terminal() {
+        // Only the owner receiving the end counts as reported.
+        if status.is_terminal() && by_owner {
             let snapshot = self.mark_reported(task, fx)?;
             return Ok(ApiResponse::Kill { result, snapshot });
         }
-        let snapshot = self.owned(session, task)?.snapshot();
+        let snapshot = self.visible(session, task)?.snapshot();
         Ok(ApiResponse::Kill { result, snapshot })
     }
 

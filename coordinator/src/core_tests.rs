@@ -420,3 +420,25 @@ fn unanswered_grants_are_resent_until_answered() {
     assert_eq!(g.len(), 1);
     assert_eq!(g[0].1.attempt, Attempt(1), "a resend is the same attempt");
 }
+
+#[test]
+fn an_operator_sees_and_kills_every_sessions_tasks_but_never_reports_them() {
+    let op: SessionId = "op-7f3c9a0e5b2d4c18".parse().unwrap();
+    let cfg = CoreConfig { operators: vec![op.clone()], ..CoreConfig::default() };
+    let now = Now { mono: Duration::from_secs(1), wall_ms: 1 };
+    let mut h = Harness { core: Core::new(cfg, Epoch(3), Vec::new(), now), now };
+    let t = h.submit("alice", TaskSpec::shell("a", "sleep 9"));
+    let (_, reply) = h.api(ApiRequest::List { session: op.clone(), all: true });
+    assert!(matches!(reply, Some(Ok(ApiResponse::List(l))) if l.len() == 1));
+    let (_, reply) = h.api(ApiRequest::Get { session: op.clone(), task: t.clone() });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Snapshot(_)))));
+    let (_, reply) = h.api(ApiRequest::Kill { session: op.clone(), task: t.clone() });
+    let Some(Ok(ApiResponse::Kill { snapshot, .. })) = reply else { panic!("{reply:?}") };
+    assert_eq!((snapshot.status, snapshot.reported), (Status::Killed, false), "the owner was not told");
+    // Waiting and reporting stay the owner's.
+    let (_, reply) = h.api(ApiRequest::MarkReported { session: op.clone(), task: t.clone() });
+    assert!(matches!(reply, Some(Err(ApiError::NotFound(_)))));
+    // Others still see nothing.
+    let (_, reply) = h.api(ApiRequest::Get { session: s("bob"), task: t });
+    assert!(matches!(reply, Some(Err(ApiError::NotFound(_)))));
+}
