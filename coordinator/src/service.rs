@@ -20,10 +20,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use tenure_protocol::messages::{
-    ApiError, ApiReply, ApiRequest, ApiResponse, CoordinatorPresence, EvidenceRequest, Heartbeat, LeaderStatus, Report,
-    StandbyStatus, WorkerCommand,
+    ApiError, ApiReply, ApiRequest, ApiResponse, CoordinatorPresence, Heartbeat, LeaderStatus, Report, StandbyStatus,
 };
-use tenure_protocol::{subjects, Epoch, WorkerId};
+use tenure_protocol::{subjects, Epoch};
 use tokio::sync::{mpsc, watch};
 
 use crate::core::{Core, CoreConfig, Effect, Input, Now};
@@ -441,11 +440,27 @@ async fn execute(
             reason = guard.lost() => Err(Stop::StepDown(reason)),
         },
         Effect::Command { worker, command } => {
-            send_command(client.clone(), worker, command, results.clone(), opts.command_timeout);
+            let subject = subjects::worker_commands(&worker);
+            in_background(
+                client.clone(),
+                subject,
+                command,
+                results.clone(),
+                opts.command_timeout,
+                |command, result| Input::CommandResult { worker, command, result },
+            );
             Ok(())
         }
         Effect::AskEvidence { worker, request } => {
-            ask_evidence(client.clone(), worker, request, results.clone(), opts.command_timeout);
+            let subject = subjects::evidence(&worker);
+            in_background(
+                client.clone(),
+                subject,
+                request,
+                results.clone(),
+                opts.command_timeout,
+                |request, result| Input::Evidence { worker, request, result },
+            );
             Ok(())
         }
         Effect::Reply { to, mut reply } => {
@@ -467,32 +482,21 @@ async fn execute(
     }
 }
 
-/// Sends a command without blocking the loop; its answer re-enters as an input.
-fn send_command(
+/// Sends a request without blocking the loop; its answer, or the transport
+/// failure, re-enters the loop as the input `back` builds from it.
+fn in_background<Req, Rep>(
     client: async_nats::Client,
-    worker: WorkerId,
-    command: WorkerCommand,
+    subject: String,
+    request: Req,
     results: mpsc::Sender<Input>,
     timeout: Duration,
-) {
+    back: impl FnOnce(Req, Result<Rep, String>) -> Input + Send + 'static,
+) where
+    Req: serde::Serialize + Send + Sync + 'static,
+    Rep: serde::de::DeserializeOwned + Send + 'static,
+{
     tokio::spawn(async move {
-        let subject = subjects::worker_commands(&worker);
-        let result = tenure_transport::request(&client, subject, &command, timeout).await.map_err(|e| e.to_string());
-        let _ = results.send(Input::CommandResult { worker, command, result }).await;
-    });
-}
-
-/// Asks a sidecar about an attempt without blocking the loop.
-fn ask_evidence(
-    client: async_nats::Client,
-    worker: WorkerId,
-    request: EvidenceRequest,
-    results: mpsc::Sender<Input>,
-    timeout: Duration,
-) {
-    tokio::spawn(async move {
-        let subject = subjects::evidence(&worker);
         let result = tenure_transport::request(&client, subject, &request, timeout).await.map_err(|e| e.to_string());
-        let _ = results.send(Input::Evidence { worker, request, result }).await;
+        let _ = results.send(back(request, result)).await;
     });
 }
