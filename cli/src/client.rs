@@ -14,6 +14,8 @@ use tenure_protocol::{subjects, SessionId, Status, TaskId, TaskSpec};
 
 use crate::Command;
 
+mod send;
+
 const API_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long `wait` rides through a cluster with no coordinator answering.
@@ -239,6 +241,7 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Send { task, text, raw } => send::send(&api, task, text, raw).await,
         Command::Watch { once, json } => crate::watch::watch(api.client.clone(), api.session.clone(), once, json).await,
         Command::Coordinator { .. }
         | Command::Worker { .. }

@@ -77,6 +77,10 @@ enum Command {
         /// under their monitors and a restarted worker re-attaches to them).
         #[arg(long)]
         kill_tasks_on_exit: bool,
+        /// Task kinds this worker runs and advertises, comma-separated. `agent`
+        /// tasks keep their stdin open for `tenure send`; other kinds run like `shell`.
+        #[arg(long, value_delimiter = ',', default_value = "shell,agent")]
+        kinds: Vec<Kind>,
     },
     /// Internal: the per-task monitor a worker starts for each attempt.
     #[command(hide = true)]
@@ -165,6 +169,17 @@ enum Command {
     },
     /// Ask to stop a task (SIGTERM to its process group, SIGKILL after the grace period).
     Kill { task: TaskId },
+    /// Send one message to the stdin of a running agent task: the TEXT words
+    /// joined by spaces, or all of stdin when no TEXT is given.
+    Send {
+        task: TaskId,
+        /// The message (use `--` before text that starts with `-`).
+        text: Vec<String>,
+        /// Send the bytes as they are; by default a newline is added when the
+        /// message does not end with one.
+        #[arg(long)]
+        raw: bool,
+    },
     /// Show notices of your tasks that ended and were not reported elsewhere,
     /// each once; resumes where the last watch of the session stopped.
     Watch {
@@ -290,8 +305,9 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             tenure_coordinator::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Worker { id, slots, data_dir, kill_grace_ms, heartbeat_ms, output_cap, kill_tasks_on_exit } => {
+        Command::Worker { id, slots, data_dir, kill_grace_ms, heartbeat_ms, output_cap, kill_tasks_on_exit, kinds } => {
             let mut opts = tenure_worker::Options::new(nats, id, data_dir);
+            opts.kinds = kinds.into_iter().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
             opts.slots = slots;
             opts.kill_grace = Duration::from_millis(kill_grace_ms);
             opts.heartbeat = Duration::from_millis(heartbeat_ms.max(50));

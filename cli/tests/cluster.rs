@@ -153,6 +153,10 @@ fn garbage_on_every_subject_gets_a_typed_error_and_breaks_nothing() {
             let out: tenure_protocol::messages::OutputReply = tenure_protocol::decode(&reply.payload).unwrap();
             assert!(matches!(out, Err(tenure_protocol::messages::ApiError::InvalidRequest(_))), "{out:?}");
 
+            let reply = client.request(tenure_protocol::subjects::input(&w1), payload.clone()).await.unwrap();
+            let input: tenure_protocol::messages::InputReply = tenure_protocol::decode(&reply.payload).unwrap();
+            assert!(matches!(input, Err(tenure_protocol::messages::ApiError::InvalidRequest(_))), "{input:?}");
+
             // Fire-and-forget subjects log and drop it.
             client.publish(tenure_protocol::subjects::HEARTBEAT, payload.clone()).await.unwrap();
             client.publish(tenure_protocol::subjects::REPORT, payload.clone()).await.unwrap();

@@ -487,6 +487,10 @@ pub enum SidecarRefusal {
     WrongPhase { task: TaskId, attempt: Attempt, phase: Phase, action: String },
     #[error("storage failure: {0}")]
     Storage(String),
+    /// The leader revoked this attempt (its worker was lost before the intent):
+    /// it must never start on this machine.
+    #[error("{task} attempt {attempt} was revoked by the leader; it must not start here")]
+    Revoked { task: TaskId, attempt: Attempt },
     #[error("malformed request: {0}")]
     Malformed(String),
 }

@@ -35,8 +35,9 @@ pub enum Error {
 /// <root>/sidecar-db/     sled database (recovery records, epoch)
 /// <root>/sidecar.sock    unix socket the worker talks to
 /// <root>/output/<task>.out
-/// <root>/attempts/<task>.<attempt>/   the per-task monitor's files: spec,
-///                                     monitor.pid, pgid, status
+/// <root>/attempts/<task>.<attempt>/   the per-task monitor's files: grant,
+///                                     monitor.pid, pgid, status, and an
+///                                     agent's input FIFO
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {

@@ -5,7 +5,7 @@
 //! the highest coordinator epoch the machine has seen and one record per attempt
 //! (accepted → intent → spawned → exited → acknowledged). The worker talks to it
 //! over a unix socket ([`SidecarClient`]); clients read task output from it over
-//! NATS.
+//! NATS, and send input to running `agent` tasks through it.
 //!
 //! - **Every mutating request is flushed to disk before the sidecar replies.** An
 //!   `Ok` means durable; a storage failure is a refusal that changed nothing.
@@ -19,10 +19,12 @@
 //! Code map: [`layout`] (paths and symlink-safe output files), [`store`] (the
 //! durable records behind the [`RecoveryStore`] trait), [`service`] (the pure
 //! decision logic, [`Machine`]), [`server`] (socket and NATS IO around it),
+//! [`input`] (delivering `tenure send` input into agent tasks' FIFOs),
 //! [`client`] (what the worker uses).
 
 pub mod attempt_files;
 pub mod client;
+pub mod input;
 pub mod layout;
 pub mod server;
 pub mod service;

@@ -1,6 +1,7 @@
 //! The sidecar daemon: IO around [`Machine`]. It owns the unix socket the
-//! worker talks to, the NATS subscription that serves output reads, and the one
-//! thread that holds the machine and its sled database.
+//! worker talks to, the NATS subscriptions that serve output reads, evidence
+//! queries and input for agent tasks ([`crate::input`]), and the one thread
+//! that holds the machine and its sled database.
 //!
 //! Layering: connection tasks and the output task only parse, forward and
 //! encode; every decision is [`Machine::handle`]'s. The machine lives on a
@@ -13,7 +14,7 @@
 //! background, and the socket keeps serving the worker while NATS is down.
 //!
 //! This module never panics on input, never starts or kills processes and never
-//! writes task output.
+//! writes task output or input.
 
 use std::future::Future;
 use std::io;
@@ -24,8 +25,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use tenure_protocol::messages::{
-    ApiError, AttemptEvidence, EvidenceReply, EvidenceRequest, OutputChunk, OutputReply, OutputRequest, Phase,
-    SidecarRefusal, SidecarReply, SidecarRequest, MAX_OUTPUT_CHUNK,
+    ApiError, AttemptEvidence, AttemptRecord, EvidenceReply, EvidenceRequest, OutputChunk, OutputReply, OutputRequest,
+    Phase, SidecarRefusal, SidecarReply, SidecarRequest, MAX_OUTPUT_CHUNK,
 };
 use tenure_protocol::{decode, encode, subjects, SessionId, TaskId, WorkerId};
 use tokio::net::{UnixListener, UnixStream};
@@ -145,7 +146,9 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     };
     let output_task =
         tokio::spawn(serve_output(nats.clone(), subjects::output(&worker), handle.clone(), layout.clone()));
-    let evidence_task = tokio::spawn(serve_evidence(nats, subjects::evidence(&worker), handle.clone(), layout.clone()));
+    let evidence_task =
+        tokio::spawn(serve_evidence(nats.clone(), subjects::evidence(&worker), handle.clone(), layout.clone()));
+    let input_task = tokio::spawn(crate::input::serve(nats, subjects::input(&worker), handle.clone(), layout.clone()));
     info!(worker = %worker, socket = %socket.display(), "sidecar serving");
 
     let mut shutdown = std::pin::pin!(shutdown);
@@ -187,8 +190,10 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     connections.shutdown().await;
     output_task.abort();
     evidence_task.abort();
+    input_task.abort();
     let _ = output_task.await;
     let _ = evidence_task.await;
+    let _ = input_task.await;
     drop(handle);
     if outcome.is_ok() {
         if let Err(e) = store_task.await {
@@ -208,11 +213,13 @@ enum Command {
     OutputOwner(TaskId, oneshot::Sender<Option<(SessionId, Phase)>>),
     /// The leader's evidence query (which may revoke an accepted attempt).
     Evidence(EvidenceRequest, oneshot::Sender<Result<RecordView, SidecarRefusal>>),
+    /// The record of the latest attempt of a task, for input deliveries.
+    Latest(TaskId, oneshot::Sender<Option<AttemptRecord>>),
 }
 
 /// A cheap, cloneable way to reach the store thread.
 #[derive(Clone)]
-struct StoreHandle {
+pub(crate) struct StoreHandle {
     tx: mpsc::Sender<Command>,
 }
 
@@ -231,6 +238,15 @@ impl StoreHandle {
         let gone = || SidecarRefusal::Storage("the sidecar is shutting down".to_owned());
         self.tx.send(Command::Evidence(req, tx)).await.map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
+    }
+
+    /// The latest attempt of `task` held here (`None` also when the store is
+    /// unusable: like an output read, input then finds no task).
+    pub(crate) async fn latest(&self, task: TaskId) -> Result<Option<AttemptRecord>, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        let gone = || ApiError::Unavailable("the sidecar is shutting down".to_owned());
+        self.tx.send(Command::Latest(task, tx)).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())
     }
 
     async fn output_owner(&self, task: TaskId) -> Result<Option<(SessionId, Phase)>, ApiError> {
@@ -265,6 +281,12 @@ fn own_machine(mut machine: Result<Machine<SledStore>, String>, mut commands: mp
             }
             (Command::Evidence(_, reply), Err(reason)) => {
                 let _ = reply.send(Err(SidecarRefusal::Storage(reason.clone())));
+            }
+            (Command::Latest(task, reply), Ok(machine)) => {
+                let _ = reply.send(machine.record_for_output(&task).cloned());
+            }
+            (Command::Latest(_, reply), Err(_)) => {
+                let _ = reply.send(None);
             }
         }
     }

@@ -46,6 +46,8 @@ pub struct Machine<S> {
     epoch: Epoch,
     records: BTreeMap<(TaskId, Attempt), AttemptRecord>,
     corrupt: Vec<CorruptRecord>,
+    /// Attempts the leader revoked by an evidence query: never accepted again.
+    revoked: std::collections::BTreeSet<(TaskId, Attempt)>,
 }
 
 type Decision = Result<(), SidecarRefusal>;
@@ -61,7 +63,8 @@ impl<S: RecoveryStore> Machine<S> {
         // maximum anyway can only make the fence stricter.
         let epoch = loaded.records.iter().map(|r| r.grant.epoch).fold(loaded.epoch, Epoch::max);
         let records = loaded.records.into_iter().map(|r| ((r.grant.task.clone(), r.grant.attempt), r)).collect();
-        Ok(Machine { store, epoch, records, corrupt: loaded.corrupt })
+        let revoked = loaded.revoked.into_iter().collect();
+        Ok(Machine { store, epoch, records, corrupt: loaded.corrupt, revoked })
     }
 
     /// Decides one request. Mutations are durable before this returns `Ok`.
@@ -151,6 +154,9 @@ impl<S: RecoveryStore> Machine<S> {
     fn accept(&mut self, grant: LeaseGrant) -> Decision {
         self.observe(grant.epoch)?;
         let (task, attempt) = (grant.task.clone(), grant.attempt);
+        if self.revoked.contains(&(task.clone(), attempt)) {
+            return Err(SidecarRefusal::Revoked { task, attempt });
+        }
         self.refuse_corrupt(&task, |a| a >= attempt)?;
         if let Some(newer) = self.latest(&task).filter(|r| r.grant.attempt > attempt) {
             return Err(wrong_phase(newer, format!("accept attempt {attempt}, older than the one held")));
@@ -269,10 +275,14 @@ impl<S: RecoveryStore> Machine<S> {
             return Ok(RecordView::Corrupt(c.reason.clone()));
         }
         let Some(record) = self.records.get(&(task.clone(), attempt)) else {
+            // Not here (yet): the grant may still be on its way to a worker
+            // that is only slow. The tombstone makes "never started" stay true.
+            self.revoke(task, attempt)?;
             return Ok(RecordView::Absent);
         };
         match (record.phase, record.outcome.clone()) {
             (Phase::Accepted, _) => {
+                self.revoke(task, attempt)?;
                 self.abandon(task, attempt)?;
                 info!(task = %task, attempt = %attempt, epoch = %epoch, "revoked on the leader's evidence query");
                 Ok(RecordView::Absent)
@@ -280,6 +290,16 @@ impl<S: RecoveryStore> Machine<S> {
             (Phase::Exited | Phase::Acknowledged, Some(outcome)) => Ok(RecordView::Ended(outcome)),
             (phase, _) => Ok(RecordView::Started(phase)),
         }
+    }
+
+    /// Persists the tombstone of a revoked attempt (idempotent).
+    fn revoke(&mut self, task: &TaskId, attempt: Attempt) -> Decision {
+        if self.revoked.contains(&(task.clone(), attempt)) {
+            return Ok(());
+        }
+        self.store.put_revoked(task, attempt).map_err(storage)?;
+        self.revoked.insert((task.clone(), attempt));
+        Ok(())
     }
 
     // ---------------------------------------------------------- helpers

@@ -408,3 +408,23 @@ fn an_evidence_query_revokes_an_accepted_attempt_and_describes_the_others() {
         Err(SidecarRefusal::StaleEpoch { held: Epoch(6), offered: Epoch(4) })
     );
 }
+
+#[test]
+fn an_attempt_revoked_before_it_arrived_is_never_accepted() {
+    let mut m = Machine::restore(MemoryStore::new()).unwrap();
+    // The leader asks about an attempt whose grant is still on its way.
+    assert_eq!(m.evidence(&task(), Attempt(2), Epoch(5)), Ok(RecordView::Absent));
+    // The slow grant arrives: refused, so the task can never run twice.
+    assert_eq!(
+        m.handle(SidecarRequest::Accept(grant(2, 5))),
+        SidecarReply::Refused(SidecarRefusal::Revoked { task: task(), attempt: Attempt(2) })
+    );
+    // The tombstone is durable.
+    let mut m = Machine::restore(m.into_store()).unwrap();
+    assert!(matches!(
+        m.handle(SidecarRequest::Accept(grant(2, 5))),
+        SidecarReply::Refused(SidecarRefusal::Revoked { .. })
+    ));
+    // Other attempts are unaffected.
+    assert_eq!(m.handle(SidecarRequest::Accept(grant(3, 5))), SidecarReply::Ok);
+}

@@ -32,6 +32,8 @@ pub const SCHEMA_VERSION: u32 = 1;
 
 const META_TREE: &str = "meta";
 const ATTEMPTS_TREE: &str = "attempts";
+/// Tombstones of revoked attempts: key only (an attempt key), empty value.
+const REVOKED_TREE: &str = "revoked";
 const SCHEMA_KEY: &str = "schema";
 const EPOCH_KEY: &str = "epoch";
 
@@ -79,6 +81,8 @@ pub struct Loaded {
     pub epoch: Epoch,
     pub records: Vec<AttemptRecord>,
     pub corrupt: Vec<CorruptRecord>,
+    /// Attempts the leader revoked: they must never be accepted here.
+    pub revoked: Vec<(TaskId, Attempt)>,
 }
 
 /// Durable state of one worker machine. Each mutating call is durable when it
@@ -93,6 +97,8 @@ pub trait RecoveryStore {
     fn put(&mut self, record: &AttemptRecord) -> Result<(), Error>;
     /// Removes a record; removing an absent record is `Ok`.
     fn remove(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error>;
+    /// Remembers for good that an attempt was revoked (a tombstone).
+    fn put_revoked(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error>;
 }
 
 /// The key of an attempt in the `attempts` tree: `<task-id>/<attempt:010>`.
@@ -141,6 +147,7 @@ pub struct SledStore {
     db: sled::Db,
     meta: sled::Tree,
     attempts: sled::Tree,
+    revoked: sled::Tree,
     /// `<db path>.epoch`: a second copy of the highest epoch seen.
     epoch_mirror: PathBuf,
 }
@@ -153,6 +160,7 @@ impl SledStore {
         let db = sled::Config::new().path(path).open().map_err(open_err)?;
         let meta = db.open_tree(META_TREE).map_err(open_err)?;
         let attempts = db.open_tree(ATTEMPTS_TREE).map_err(open_err)?;
+        let revoked = db.open_tree(REVOKED_TREE).map_err(open_err)?;
         match meta.get(SCHEMA_KEY)? {
             None => {
                 meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
@@ -170,7 +178,7 @@ impl SledStore {
                 }
             }
         }
-        Ok(SledStore { db, meta, attempts, epoch_mirror: path.with_extension("epoch") })
+        Ok(SledStore { db, meta, attempts, revoked, epoch_mirror: path.with_extension("epoch") })
     }
 
     /// Flushes everything to disk. Every write already does; this is for shutdown.
@@ -203,6 +211,12 @@ impl RecoveryStore for SledStore {
                 }
             }
         }
+        for entry in self.revoked.iter() {
+            let (k, _) = entry?;
+            if let Some(attempt) = parse_attempt_key(&String::from_utf8_lossy(&k)) {
+                loaded.revoked.push(attempt);
+            }
+        }
         Ok(loaded)
     }
 
@@ -222,6 +236,12 @@ impl RecoveryStore for SledStore {
 
     fn remove(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
         self.attempts.remove(attempt_key(task, attempt))?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    fn put_revoked(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
+        self.revoked.insert(attempt_key(task, attempt), &[])?;
         self.db.flush()?;
         Ok(())
     }
@@ -258,6 +278,7 @@ fn read_epoch_mirror(path: &Path) -> Epoch {
 pub struct MemoryStore {
     epoch: Epoch,
     records: BTreeMap<String, Vec<u8>>,
+    revoked: std::collections::BTreeSet<(TaskId, Attempt)>,
     writes: u64,
 }
 
@@ -288,6 +309,7 @@ impl RecoveryStore for MemoryStore {
                 }
             }
         }
+        loaded.revoked = self.revoked.iter().cloned().collect();
         Ok(loaded)
     }
 
@@ -306,6 +328,12 @@ impl RecoveryStore for MemoryStore {
 
     fn remove(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
         self.records.remove(&attempt_key(task, attempt));
+        self.writes += 1;
+        Ok(())
+    }
+
+    fn put_revoked(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
+        self.revoked.insert((task.clone(), attempt));
         self.writes += 1;
         Ok(())
     }
@@ -345,6 +373,10 @@ impl RecoveryStore for FailingStore {
     }
 
     fn remove(&mut self, _: &TaskId, _: Attempt) -> Result<(), Error> {
+        Err(Error::Injected)
+    }
+
+    fn put_revoked(&mut self, _: &TaskId, _: Attempt) -> Result<(), Error> {
         Err(Error::Injected)
     }
 }
@@ -397,8 +429,23 @@ pub(crate) mod tests {
         }
         // What sled's recovery may do to a damaged log: start over, empty.
         std::fs::remove_dir_all(&path).unwrap();
-        let store = SledStore::open(&path).unwrap();
+        let store = reopen(&path);
         assert_eq!(store.load().unwrap().epoch, Epoch(7));
+    }
+
+    /// Reopens a database just closed in this process: sled's background
+    /// flusher may hold the file lock for a moment after the last handle drops.
+    fn reopen(path: &Path) -> SledStore {
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            match SledStore::open(path) {
+                Ok(s) => return s,
+                Err(e) if Instant::now() < deadline && e.to_string().contains("could not acquire lock") => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                Err(e) => panic!("reopen: {e}"),
+            }
+        }
     }
 
     #[test]
@@ -420,7 +467,7 @@ pub(crate) mod tests {
             assert_eq!(loaded.epoch, Epoch(9));
             assert_eq!(sorted(loaded.records), vec![a.clone(), b.clone()]);
         }
-        let s = SledStore::open(tmp.path()).unwrap();
+        let s = reopen(tmp.path());
         let loaded = s.load().unwrap();
         assert_eq!(loaded.epoch, Epoch(9));
         assert_eq!(sorted(loaded.records), vec![a, b]);
@@ -453,7 +500,7 @@ pub(crate) mod tests {
             s.attempts.insert("shell-6/0000000002", seal(&record("shell-6", 1, Phase::Accepted)).unwrap()).unwrap();
             s.flush().unwrap();
         }
-        let s = SledStore::open(tmp.path()).unwrap();
+        let s = reopen(tmp.path());
         let loaded = s.load().unwrap();
         assert_eq!(loaded.records, vec![good]);
         let keys: Vec<_> = loaded.corrupt.iter().map(|c| c.key.as_str()).collect();
@@ -483,7 +530,14 @@ pub(crate) mod tests {
             s.meta.insert(SCHEMA_KEY, &(SCHEMA_VERSION + 1).to_be_bytes()).unwrap();
             s.flush().unwrap();
         }
-        match SledStore::open(tmp.path()) {
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        let mut opened = SledStore::open(tmp.path());
+        while matches!(&opened, Err(e) if e.to_string().contains("could not acquire lock")) && Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            opened = SledStore::open(tmp.path());
+        }
+        match opened {
             Err(Error::NewerSchema { found, supported }) => assert_eq!((found, supported), (2, 1)),
             Err(e) => panic!("unexpected error {e}"),
             Ok(_) => panic!("a newer schema was accepted"),
@@ -495,7 +549,7 @@ pub(crate) mod tests {
             s.meta.insert(EPOCH_KEY, b"xyz".to_vec()).unwrap();
             s.flush().unwrap();
         }
-        let s = SledStore::open(tmp.path()).unwrap();
+        let s = reopen(tmp.path());
         assert!(matches!(s.load(), Err(Error::CorruptMeta { key: EPOCH_KEY, .. })));
     }
 
@@ -522,7 +576,7 @@ pub(crate) mod tests {
             s.flush().unwrap();
         }
         let opened = Instant::now();
-        let s = SledStore::open(tmp.path()).unwrap();
+        let s = reopen(tmp.path());
         let loading = Instant::now();
         let loaded = s.load().unwrap();
         let done = Instant::now();

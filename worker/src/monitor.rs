@@ -9,19 +9,26 @@
 //! asks it to stop the task — ends the whole group and records the exit evidence
 //! in the attempt's `status` file. Then it exits.
 //!
+//! For an `agent` task it first creates the attempt's input FIFO, gives its read
+//! end to the task as stdin and holds it open read-write until the group is
+//! gone, then removes it (before `status`, so nobody can write to an ended
+//! task). The sidecar writes `tenure send` input into it; the worker is not
+//! involved, so input reaches the task while the worker is down.
+//!
 //! It never talks to NATS or the sidecar: the worker reads what it leaves behind,
 //! whether the worker is the monitor's parent or a restarted worker that
 //! re-attaches to it.
 
 use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tenure_protocol::{Attempt, Ending, Outcome, TaskId};
+use tenure_protocol::{Attempt, Ending, Kind, Outcome, TaskId};
 use tenure_sidecar::Layout;
 
 use crate::process;
-use tenure_sidecar::attempt_files::{AttemptFiles, MonitorStatus, ProcessId};
+use tenure_sidecar::attempt_files::{AttemptFiles, InputFifo, MonitorStatus, ProcessId};
 
 /// Default output cap per task.
 pub const DEFAULT_OUTPUT_CAP: u64 = 64 * 1024 * 1024;
@@ -78,6 +85,10 @@ pub fn run(args: MonitorArgs) -> i32 {
         }
     };
     let status = runtime.block_on(supervise(&args, &layout, &files));
+    // Also when the task could not be spawned after its FIFO was created.
+    if let Err(error) = files.remove_input() {
+        eprintln!("monitor: cannot remove the input pipe: {error}");
+    }
     match files.write_status(&status) {
         Ok(()) => 0,
         Err(error) => {
@@ -94,6 +105,15 @@ async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) ->
         Ok(grant) => grant.spec,
         Err(e) => return failed(format!("cannot read the task's grant: {e}")),
     };
+    // An agent's input: created before the task exists, held until it is gone.
+    let (_keeper, stdin) = if spec.kind == Kind::agent() {
+        match files.create_input() {
+            Ok(InputFifo { keeper, stdin }) => (Some(keeper), Some(OwnedFd::from(stdin))),
+            Err(e) => return failed(format!("cannot create the input pipe: {e}")),
+        }
+    } else {
+        (None, None)
+    };
     let output_path = layout.output_path(&args.task);
     let output = match tenure_sidecar::open_output_for_append(&output_path) {
         Ok(f) => f,
@@ -105,7 +125,7 @@ async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) ->
     };
     // Every process of the task can say which task and attempt it belongs to.
     let identity = [("TENURE_TASK_ID", args.task.to_string()), ("TENURE_ATTEMPT", args.attempt.0.to_string())];
-    let running = match process::spawn(&spec, &identity, writer, layout.root()) {
+    let running = match process::spawn(&spec, &identity, stdin, writer, layout.root()) {
         Ok(r) => r,
         Err(e) => return failed(format!("spawn failed: {e}")),
     };
@@ -131,6 +151,11 @@ async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) ->
         }
     };
     let mut outcome = running.finish(kill, args.kill_grace).await;
+    // Nobody reads the input any more: a sender now finds no pipe and is told
+    // the task ended (the FIFO goes before its keeper is let go).
+    if let Err(error) = files.remove_input() {
+        eprintln!("monitor: cannot remove the input pipe: {error}");
+    }
     // Every writer of the pipe is gone with the group; the pump sees its end.
     // A process that left the group (setsid) may still hold the pipe: do not
     // wait for it forever.

@@ -2,7 +2,8 @@
 //!
 //! The task is `sh -c COMMAND` as the leader of a new process group, stdout and
 //! stderr appended to one output file (the same open file description, so their
-//! order is the order they were written). The worker is a child subreaper, so
+//! order is the order they were written), stdin from `/dev/null` or, for an
+//! `agent` task, from its input FIFO. The worker is a child subreaper, so
 //! descendants that double-fork inside the group are re-parented to the worker,
 //! never to PID 1, and are reaped here.
 //!
@@ -36,23 +37,26 @@ pub struct Running {
 }
 
 /// Spawns `sh -c spec.command` in a new process group, stdout and stderr both
-/// going to `output` (a file or a pipe). `identity` adds variables that name the
-/// task to its processes (they override the spec's own).
+/// going to `output` (a file or a pipe), stdin from `stdin` (`/dev/null` when
+/// `None`). `identity` adds variables that name the task to its processes (they
+/// override the spec's own).
 pub fn spawn(
     spec: &TaskSpec,
     identity: &[(&str, String)],
+    stdin: Option<OwnedFd>,
     output: impl Into<OwnedFd>,
     default_cwd: &Path,
 ) -> std::io::Result<Running> {
     let output: OwnedFd = output.into();
     let err = output.try_clone()?;
+    let stdin = stdin.map(Stdio::from).unwrap_or_else(Stdio::null);
     let mut cmd = Command::new("/bin/sh");
     cmd.arg("-c")
         .arg(&spec.command)
         .current_dir(spec.cwd.as_deref().map(Path::new).unwrap_or(default_cwd))
         .envs(&spec.env)
         .envs(identity.iter().map(|(k, v)| (*k, v.as_str())))
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::from(output))
         .stderr(Stdio::from(err))
         .process_group(0)

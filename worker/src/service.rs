@@ -32,6 +32,9 @@ pub struct Options {
     pub id: WorkerId,
     pub slots: u32,
     pub data_dir: PathBuf,
+    /// Kinds this worker runs and advertises; grants of others are refused.
+    /// `agent` tasks get an input FIFO as stdin; every other kind runs like
+    /// `shell` (`sh -c`, stdin from `/dev/null`).
     pub kinds: Vec<Kind>,
     pub heartbeat: Duration,
     /// Time between SIGTERM and SIGKILL when a task's group is ended.
@@ -53,7 +56,7 @@ impl Options {
             id,
             slots: 4,
             data_dir,
-            kinds: vec![Kind::shell()],
+            kinds: vec![Kind::shell(), Kind::agent()],
             heartbeat: Duration::from_millis(1000),
             kill_grace: Duration::from_secs(5),
             monitor_program: PathBuf::from("tenure"),
@@ -85,9 +88,11 @@ pub(crate) struct Shared {
     pub client: async_nats::Client,
     pub sidecar: SidecarClient,
     held: Mutex<HashMap<(TaskId, Attempt), Held>>,
-    /// Kills that arrived for attempts never granted here: a late grant for one
-    /// of them is refused, so a kill can never be overtaken by its own grant.
-    killed_unknown: Mutex<HashSet<(TaskId, Attempt)>>,
+    /// Attempts this worker refused, or was told to kill before their grant
+    /// arrived: the leader gave them back, so a late copy of their grant is
+    /// refused and a kill can never be overtaken by its own grant. (In memory;
+    /// the sidecar's revocation tombstones cover what a restart forgets.)
+    given_back: Mutex<HashSet<(TaskId, Attempt)>>,
     epoch_seen: Mutex<Epoch>,
 }
 
@@ -119,7 +124,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         client: client.clone(),
         sidecar,
         held: Mutex::new(HashMap::new()),
-        killed_unknown: Mutex::new(HashSet::new()),
+        given_back: Mutex::new(HashSet::new()),
         epoch_seen: Mutex::new(Epoch(0)),
         opts,
     });
@@ -224,12 +229,24 @@ pub(crate) async fn sidecar_insist(shared: &Shared, req: SidecarRequest) -> Side
     }
 }
 
+/// Answers a grant. A refused attempt is remembered: the leader gives it back
+/// on the refusal, so a late copy of the same grant (a re-send that crossed the
+/// answer) must be refused too, never run.
 async fn on_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
+    let key = (grant.task.clone(), grant.attempt);
+    let reply = decide_grant(shared, grant).await;
+    if matches!(reply, WorkerReply::Refused(_)) {
+        shared.given_back.lock().unwrap_or_else(|p| p.into_inner()).insert(key);
+    }
+    reply
+}
+
+async fn decide_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
     let key = (grant.task.clone(), grant.attempt);
     if shared.held().contains_key(&(grant.task.clone(), grant.attempt)) {
         return WorkerReply::Accepted;
     }
-    if shared.killed_unknown.lock().unwrap_or_else(|p| p.into_inner()).contains(&key) {
+    if shared.given_back.lock().unwrap_or_else(|p| p.into_inner()).contains(&key) {
         return WorkerReply::Refused(Refusal::UnknownAttempt);
     }
     if !shared.opts.kinds.contains(&grant.spec.kind) {
@@ -274,7 +291,7 @@ async fn on_kill(shared: &Shared, cmd: KillCommand) -> WorkerReply {
             WorkerReply::Accepted
         }
         None => {
-            shared.killed_unknown.lock().unwrap_or_else(|p| p.into_inner()).insert((cmd.task, cmd.attempt));
+            shared.given_back.lock().unwrap_or_else(|p| p.into_inner()).insert((cmd.task, cmd.attempt));
             WorkerReply::Refused(Refusal::UnknownAttempt)
         }
     }
