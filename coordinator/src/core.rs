@@ -157,7 +157,6 @@ pub struct Core {
     /// worker that keeps refusing (sidecar down, full) is not hammered.
     not_before: HashMap<TaskId, Duration>,
     waiters: HashMap<TaskId, Vec<Waiter>>,
-    known_kinds: BTreeSet<Kind>,
     /// When the sidecar of a lost worker was last asked about a task.
     asked: HashMap<TaskId, Duration>,
 }
@@ -168,7 +167,6 @@ impl Core {
     /// leader has not heard from anyone yet.
     pub fn new(cfg: CoreConfig, epoch: Epoch, records: Vec<TaskRecord>, now: Now) -> Core {
         let mut core = Core {
-            known_kinds: cfg.builtin_kinds.iter().cloned().collect(),
             cfg,
             epoch,
             tasks: HashMap::new(),
@@ -185,7 +183,6 @@ impl Core {
         for r in records {
             core.next_n = core.next_n.max(r.id.number() + 1);
             core.by_key.insert((r.owner.clone(), r.idempotency_key), r.id.clone());
-            core.known_kinds.insert(r.spec.kind.clone());
             if let (true, Some(w)) = (r.life.status.is_on_worker(), &r.life.worker) {
                 core.workers.entry(w.clone()).or_insert(WorkerState {
                     slots: 0,
@@ -299,6 +296,15 @@ impl Core {
         }
     }
 
+    /// Kinds a submit may name: the builtin ones and those advertised by the
+    /// workers this leader knows (alive now, or lost but not forgotten). A kind
+    /// no worker runs any more is refused rather than queued forever.
+    fn known_kinds(&self) -> BTreeSet<Kind> {
+        let mut kinds: BTreeSet<Kind> = self.cfg.builtin_kinds.iter().cloned().collect();
+        kinds.extend(self.workers.values().flat_map(|w| w.kinds.iter().cloned()));
+        kinds
+    }
+
     /// The task if `session` owns it or holds the operator role.
     fn visible(&self, session: &SessionId, task: &TaskId) -> Result<&TaskRecord, ApiError> {
         match self.tasks.get(task) {
@@ -319,10 +325,11 @@ impl Core {
             return Ok(ApiResponse::Submitted { task: id.clone(), existing: true });
         }
         req.spec.validate().map_err(|e| ApiError::InvalidSpec(e.to_string()))?;
-        if !self.known_kinds.contains(&req.spec.kind) {
+        let known = self.known_kinds();
+        if !known.contains(&req.spec.kind) {
             return Err(ApiError::UnknownKind {
                 kind: req.spec.kind.to_string(),
-                known: self.known_kinds.iter().map(ToString::to_string).collect(),
+                known: known.iter().map(ToString::to_string).collect(),
             });
         }
         let id =
@@ -411,7 +418,6 @@ impl Core {
             });
             return;
         }
-        self.known_kinds.extend(hb.kinds.iter().cloned());
         let w = self.workers.entry(hb.worker.clone()).or_insert(WorkerState {
             slots: 0,
             kinds: BTreeSet::new(),
