@@ -179,6 +179,9 @@ impl<S: RecoveryStore> Machine<S> {
     /// Records the intent: from here on the attempt may have run.
     fn intent(&mut self, task: &TaskId, attempt: Attempt, epoch: Epoch) -> Decision {
         self.observe(epoch)?;
+        if self.revoked.contains(&(task.clone(), attempt)) {
+            return Err(SidecarRefusal::Revoked { task: task.clone(), attempt });
+        }
         let held = self.existing(task, attempt)?.clone();
         if held.phase == Phase::Accepted {
             // The gate to side effects: a newer grant of the task means this one
@@ -259,6 +262,9 @@ impl<S: RecoveryStore> Machine<S> {
         if held.phase != Phase::Accepted {
             return Err(wrong_phase(held, "abandon it: its intent is recorded, it may have run"));
         }
+        // Given back for good: a late copy of its grant must not be accepted again
+        // (the leader re-grants the task as a new attempt on the report of it).
+        self.revoke(task, attempt)?;
         self.store.remove(task, attempt).map_err(storage)?;
         self.records.remove(&(task.clone(), attempt));
         info!(task = %task, attempt = %attempt, "abandoned before intent");

@@ -390,7 +390,7 @@ fn an_evidence_query_revokes_an_accepted_attempt_and_describes_the_others() {
     assert_eq!(m.handle(SidecarRequest::Accept(grant(2, 5))), SidecarReply::Ok);
     // Accepted only: revoked, and from now on the worker cannot record its intent.
     assert_eq!(m.evidence(&task(), Attempt(2), Epoch(5)), Ok(RecordView::Absent));
-    assert!(matches!(m.handle(intent(5)), SidecarReply::Refused(SidecarRefusal::UnknownAttempt { .. })));
+    assert!(matches!(m.handle(intent(5)), SidecarReply::Refused(SidecarRefusal::Revoked { .. })));
     // Never seen at all.
     assert_eq!(m.evidence(&task(), Attempt(7), Epoch(5)), Ok(RecordView::Absent));
     // Past its intent: never revoked.
@@ -427,4 +427,17 @@ fn an_attempt_revoked_before_it_arrived_is_never_accepted() {
     ));
     // Other attempts are unaffected.
     assert_eq!(m.handle(SidecarRequest::Accept(grant(3, 5))), SidecarReply::Ok);
+}
+
+#[test]
+fn an_abandoned_attempt_is_never_accepted_again() {
+    let mut m = Machine::restore(MemoryStore::new()).unwrap();
+    assert_eq!(m.handle(SidecarRequest::Accept(grant(2, 5))), SidecarReply::Ok);
+    assert_eq!(m.handle(abandon()), SidecarReply::Ok);
+    // A late copy of the same grant (a re-send that crossed the worker's report).
+    assert!(matches!(
+        m.handle(SidecarRequest::Accept(grant(2, 5))),
+        SidecarReply::Refused(SidecarRefusal::Revoked { .. })
+    ));
+    assert!(matches!(m.handle(intent(5)), SidecarReply::Refused(SidecarRefusal::Revoked { .. })));
 }
