@@ -223,13 +223,22 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
                 let standbys: Vec<String> =
                     status.standbys.iter().map(|s| format!("{} (seen {} ms ago)", s.name, s.last_seen_ms)).collect();
                 println!("standbys:     {}", if standbys.is_empty() { "none".to_owned() } else { standbys.join(", ") });
-                println!("{:<12} {:<6} {:>5} {:>7} {:>9}  KINDS", "WORKER", "ALIVE", "SLOTS", "RUNNING", "LAST SEEN");
+                println!(
+                    "{:<12} {:<6} {:<9} {:>5} {:>7} {:>9}  KINDS",
+                    "WORKER", "ALIVE", "SIDECAR", "SLOTS", "RUNNING", "LAST SEEN"
+                );
                 for w in &status.workers {
                     let kinds: Vec<&str> = w.kinds.iter().map(|k| k.as_str()).collect();
+                    let sidecar = match w.sidecar {
+                        tenure_protocol::messages::SidecarHealth::Ok => "ok",
+                        tenure_protocol::messages::SidecarHealth::Degraded => "degraded",
+                        tenure_protocol::messages::SidecarHealth::Down => "down",
+                    };
                     println!(
-                        "{:<12} {:<6} {:>5} {:>7} {:>7}ms  {}",
+                        "{:<12} {:<6} {:<9} {:>5} {:>7} {:>7}ms  {}",
                         w.id.as_str(),
                         if w.alive { "yes" } else { "no" },
+                        sidecar,
                         w.slots,
                         w.running,
                         w.last_seen_ms,

@@ -359,3 +359,19 @@ fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// `tenure status` shows each worker's sidecar as its worker last saw it.
+#[test]
+fn status_shows_sidecar_health() {
+    let mut c = Cluster::start(1);
+    let health = |c: &Cluster| -> Option<String> {
+        let out = c.cli(&["status", "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        v["workers"][0]["sidecar"].as_str().map(str::to_owned)
+    };
+    assert_eq!(health(&c).as_deref(), Some("ok"));
+    c.kill9("sidecar-w1");
+    assert!(eventually(BOUND, || (health(&c).as_deref() == Some("down")).then_some(())).is_some());
+    c.spawn_sidecar("w1");
+    assert!(eventually(BOUND, || (health(&c).as_deref() == Some("ok")).then_some(())).is_some());
+}

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use tenure_protocol::messages::{
     ApiError, ApiReply, ApiRequest, ApiResponse, ClusterStatus, EvidenceReply, EvidenceRequest, Heartbeat, KillCommand,
-    KillResult, LeaseGrant, Refusal, Report, ReportAck, ReportEvent, SubmitRequest, TaskSnapshot, WorkerCommand,
-    WorkerReply, WorkerStatus, MAX_WAIT_MS,
+    KillResult, LeaseGrant, Refusal, Report, ReportAck, ReportEvent, SidecarHealth, SubmitRequest, TaskSnapshot,
+    WorkerCommand, WorkerReply, WorkerStatus, MAX_WAIT_MS,
 };
 use tenure_protocol::{apply, Decision, Epoch, Event, Kind, Lifecycle, SessionId, Status, TaskId, Unchanged, WorkerId};
 use uuid::Uuid;
@@ -130,6 +130,7 @@ struct WorkerState {
     kinds: BTreeSet<Kind>,
     last_seen: Duration,
     alive: bool,
+    sidecar: SidecarHealth,
 }
 
 #[derive(Debug, Clone)]
@@ -189,6 +190,7 @@ impl Core {
                     kinds: BTreeSet::new(),
                     last_seen: now.mono,
                     alive: true,
+                    sidecar: SidecarHealth::Ok,
                 });
             }
             core.index(&r.id, None, r.life.status);
@@ -400,6 +402,7 @@ impl Core {
                     kinds: w.kinds.iter().cloned().collect(),
                     last_seen_ms: now.mono.saturating_sub(w.last_seen).as_millis() as u64,
                     alive: w.alive,
+                    sidecar: w.sidecar,
                 })
                 .collect(),
             tasks_by_status: counts.into_iter().collect(),
@@ -423,6 +426,7 @@ impl Core {
             kinds: BTreeSet::new(),
             last_seen: now.mono,
             alive: true,
+            sidecar: SidecarHealth::Ok,
         });
         if !w.alive {
             tracing::info!(worker = %hb.worker, "worker is back");
@@ -431,6 +435,7 @@ impl Core {
         w.kinds = hb.kinds.into_iter().collect();
         w.last_seen = now.mono;
         w.alive = true;
+        w.sidecar = hb.sidecar;
         self.stop_stale_copies(&hb.worker, &hb.attempts, fx);
     }
 

@@ -59,6 +59,7 @@ impl Harness {
             kinds: vec![Kind::shell()],
             epoch_seen: Epoch(3),
             attempts: Vec::<HeldAttempt>::new(),
+            sidecar: Default::default(),
         }))
     }
 
@@ -310,6 +311,7 @@ fn an_unreachable_machine_makes_non_idempotent_tasks_unknown_and_idempotent_ones
         kinds: vec![Kind::shell()],
         epoch_seen: Epoch(3),
         attempts: vec![HeldAttempt { task: again.clone(), attempt: Attempt(1) }],
+        sidecar: Default::default(),
     }));
     let kills: Vec<&KillCommand> = fx
         .iter()

@@ -215,6 +215,8 @@ pub struct WorkerStatus {
     /// Milliseconds since the leader last heard from the worker.
     pub last_seen_ms: u64,
     pub alive: bool,
+    #[serde(default)]
+    pub sidecar: SidecarHealth,
 }
 
 // ----------------------------------------------------- worker → coordinator
@@ -231,6 +233,22 @@ pub struct Heartbeat {
     pub epoch_seen: Epoch,
     /// Attempts the worker holds (accepted, running or finished but unacknowledged).
     pub attempts: Vec<HeldAttempt>,
+    /// How the machine's sidecar answered the worker's last probe.
+    #[serde(default)]
+    pub sidecar: SidecarHealth,
+}
+
+/// A worker machine's sidecar as its worker last saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SidecarHealth {
+    /// Answering; intents can be recorded.
+    #[default]
+    Ok,
+    /// Answering, but its store is unusable: nothing new can start there.
+    Degraded,
+    /// Not answering.
+    Down,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

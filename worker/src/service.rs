@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tenure_protocol::messages::{
-    HeldAttempt, KillCommand, LeaseGrant, Refusal, SidecarRefusal, SidecarReply, SidecarRequest, WorkerCommand,
-    WorkerReply,
+    HeldAttempt, KillCommand, LeaseGrant, Refusal, SidecarHealth, SidecarRefusal, SidecarReply, SidecarRequest,
+    WorkerCommand, WorkerReply,
 };
 use tenure_protocol::{subjects, Attempt, Epoch, Kind, TaskId, WorkerId};
 use tenure_sidecar::{ClientError, Layout, SidecarClient};
@@ -192,6 +192,12 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
 async fn heartbeat(shared: &Shared, instance: Uuid) {
     let attempts =
         shared.held().keys().map(|(task, attempt)| HeldAttempt { task: task.clone(), attempt: *attempt }).collect();
+    // A probe that changes nothing: the sidecar answers it unless it is down.
+    let sidecar = match shared.sidecar.call(&SidecarRequest::ObserveEpoch(shared.epoch_seen())).await {
+        Ok(SidecarReply::Refused(SidecarRefusal::Storage(_))) => SidecarHealth::Degraded,
+        Ok(_) => SidecarHealth::Ok,
+        Err(_) => SidecarHealth::Down,
+    };
     let hb = tenure_protocol::messages::Heartbeat {
         worker: shared.opts.id.clone(),
         instance,
@@ -199,6 +205,7 @@ async fn heartbeat(shared: &Shared, instance: Uuid) {
         kinds: shared.opts.kinds.clone(),
         epoch_seen: shared.epoch_seen(),
         attempts,
+        sidecar,
     };
     match tenure_protocol::encode(&hb) {
         Ok(bytes) => {
