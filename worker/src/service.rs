@@ -193,10 +193,12 @@ async fn heartbeat(shared: &Shared, instance: Uuid) {
     let attempts =
         shared.held().keys().map(|(task, attempt)| HeldAttempt { task: task.clone(), attempt: *attempt }).collect();
     // A probe that changes nothing: the sidecar answers it unless it is down.
-    let sidecar = match shared.sidecar.call(&SidecarRequest::ObserveEpoch(shared.epoch_seen())).await {
-        Ok(SidecarReply::Refused(SidecarRefusal::Storage(_))) => SidecarHealth::Degraded,
-        Ok(_) => SidecarHealth::Ok,
-        Err(_) => SidecarHealth::Down,
+    // Bounded well under a heartbeat, so a hung sidecar never delays one.
+    let probe = shared.sidecar.call(&SidecarRequest::ObserveEpoch(shared.epoch_seen()));
+    let sidecar = match tokio::time::timeout(shared.opts.heartbeat / 3, probe).await {
+        Ok(Ok(SidecarReply::Refused(SidecarRefusal::Storage(_)))) => SidecarHealth::Degraded,
+        Ok(Ok(_)) => SidecarHealth::Ok,
+        Ok(Err(_)) | Err(_) => SidecarHealth::Down,
     };
     let hb = tenure_protocol::messages::Heartbeat {
         worker: shared.opts.id.clone(),
