@@ -194,7 +194,8 @@ async fn heartbeat(shared: &Shared, instance: Uuid) {
         shared.held().keys().map(|(task, attempt)| HeldAttempt { task: task.clone(), attempt: *attempt }).collect();
     // A probe that changes nothing: the sidecar answers it unless it is down.
     // Bounded well under a heartbeat, so a hung sidecar never delays one.
-    let probe = shared.sidecar.call(&SidecarRequest::ObserveEpoch(shared.epoch_seen()));
+    let request = SidecarRequest::ObserveEpoch(shared.epoch_seen());
+    let probe = shared.sidecar.call(&request);
     let sidecar = match tokio::time::timeout(shared.opts.heartbeat / 3, probe).await {
         Ok(Ok(SidecarReply::Refused(SidecarRefusal::Storage(_)))) => SidecarHealth::Degraded,
         Ok(Ok(_)) => SidecarHealth::Ok,
