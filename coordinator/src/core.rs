@@ -489,9 +489,16 @@ impl Core {
                     }
                 }
                 // A refused grant, or a kill of an attempt the worker never held,
-                // proves nothing ran: the attempt is given back.
+                // proves nothing ran — but only while the registry still waits for
+                // that attempt to start (`leased`, or `stopping` for a kill): a
+                // refusal of a late copy of the grant, after the attempt ran or was
+                // settled otherwise (`unknown`, say), proves nothing.
+                let waiting = self.tasks.get(&task).is_some_and(|r| {
+                    r.life.attempt == attempt
+                        && (r.life.status == Status::Leased || (is_kill && r.life.status == Status::Stopping))
+                });
                 let never_held = !is_kill || reason == Refusal::UnknownAttempt;
-                if never_held {
+                if never_held && waiting {
                     self.event(&task, Event::Refused { attempt, epoch }, now, fx);
                     self.not_before.insert(task, now.mono + self.cfg.grant_retry / 2);
                 }

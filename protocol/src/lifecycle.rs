@@ -294,8 +294,15 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
             }
             match l.status {
                 // A start seen after the task was requeued (its worker was judged
-                // lost) or marked unknown is evidence that the attempt lives.
-                Leased | Queued | Unknown => {
+                // lost) or marked unknown because its machine was unreachable is
+                // evidence that the attempt lives. After the machine itself said
+                // the process is gone (`Lost`), a late start report proves nothing.
+                Leased | Queued => {
+                    next.status = if l.kill_requested { Stopping } else { Running };
+                    next.hint = None;
+                    Changed(next)
+                }
+                Unknown if l.hint.as_ref().is_none_or(|h| h.tag == HintTag::WorkerUnreachable) => {
                     next.status = if l.kill_requested { Stopping } else { Running };
                     next.hint = None;
                     Changed(next)

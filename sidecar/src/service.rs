@@ -168,6 +168,12 @@ impl<S: RecoveryStore> Machine<S> {
                 info!(task = %task, attempt = %attempt, epoch = %self.epoch, "accepted");
                 Ok(())
             }
+            // A copy of a grant already acted on (a re-send that crossed the
+            // attempt's reports): refused, so that nothing starts it again. The
+            // worker answers such a copy `Accepted` — the attempt is known here.
+            Some(held) if same_grant(&held.grant, &grant) && held.phase > Phase::Accepted => {
+                Err(wrong_phase(held, "accept it again: its intent is recorded"))
+            }
             Some(held) if same_grant(&held.grant, &grant) => {
                 let held = held.clone();
                 self.raise_record_epoch(held, grant.epoch)

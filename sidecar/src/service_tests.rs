@@ -77,11 +77,11 @@ fn requests() -> Vec<(&'static str, SidecarRequest)> {
 const TABLE: &str = "
     absent        A A e u e u u u u u .
     accepted      . w e I e w w w w w -
-    intent        . w e . e S S E E w w
-    spawned       . w e . e . w E E w w
-    exited        . w e . e . w . . K w
-    exited-no-pid . w e . e w w . . K w
-    acknowledged  . w e . e . w . . . w
+    intent        w w e . e S S E E w w
+    spawned       w w e . e . w E E w w
+    exited        w w e . e . w . . K w
+    exited-no-pid w w e . e w w . . K w
+    acknowledged  w w e . e . w . . . w
 ";
 
 /// A machine at held epoch 5 whose attempt 2 of shell-1 is in `row`'s phase,

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use tenure_protocol::messages::{
-    HeldAttempt, KillCommand, LeaseGrant, Refusal, SidecarHealth, SidecarRefusal, SidecarReply, SidecarRequest,
+    HeldAttempt, KillCommand, LeaseGrant, Phase, Refusal, SidecarHealth, SidecarRefusal, SidecarReply, SidecarRequest,
     WorkerCommand, WorkerReply,
 };
 use tenure_protocol::{subjects, Attempt, Epoch, Kind, TaskId, WorkerId};
@@ -270,6 +270,15 @@ async fn decide_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
         Ok(SidecarReply::Refused(SidecarRefusal::StaleEpoch { held, offered })) => {
             shared.observe_epoch(held);
             return WorkerReply::Refused(Refusal::StaleEpoch { held, offered });
+        }
+        // A late copy of a grant this machine already acted on: the attempt is
+        // known here (a refusal would tell the leader it never ran), and it is
+        // not started again.
+        Ok(SidecarReply::Refused(SidecarRefusal::WrongPhase { task, attempt, phase, .. }))
+            if task == grant.task && attempt == grant.attempt && phase > Phase::Accepted =>
+        {
+            tracing::info!(task = %task, attempt = %attempt, ?phase, "late copy of a grant already acted on: nothing started");
+            return WorkerReply::Accepted;
         }
         Ok(other) => return WorkerReply::Refused(Refusal::SidecarUnavailable(format!("{other:?}"))),
         Err(e) => return WorkerReply::Refused(Refusal::SidecarUnavailable(e.to_string())),

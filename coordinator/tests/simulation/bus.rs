@@ -1,6 +1,9 @@
 //! The in-memory bus: every message between simulated nodes, delivered after a
-//! random delay (so in any order), sometimes very late, sometimes never, and
-//! never across a partition. It owns request bookkeeping too: a request's
+//! random delay, sometimes very late, sometimes never, and never across a
+//! partition. Messages on different subjects (or from different senders)
+//! arrive in any order; one sender's messages on one subject keep their order,
+//! as NATS keeps them for a subscription (a schedule may turn that off too).
+//! It owns request bookkeeping as well: a request's
 //! reply reaches its requester only while it still waits, and a timeout is a
 //! message of its own, queued when the request is sent — so a lost request or
 //! a lost reply looks to the requester exactly like NATS's timeout error.
@@ -27,7 +30,7 @@ pub enum Node {
 
 /// Where a message goes. Subjects the coordinators subscribe to are resolved
 /// at delivery time: whoever leads (or believes it leads) then gets it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Dest {
     Node(Node),
     /// Requests only the leader answers (API, reports).
@@ -40,15 +43,48 @@ pub type ReqId = u64;
 
 #[derive(Debug, Clone)]
 pub enum Msg {
-    Command { req: ReqId, command: WorkerCommand },
-    AskEvidence { req: ReqId, request: EvidenceRequest },
+    Command {
+        req: ReqId,
+        command: WorkerCommand,
+    },
+    AskEvidence {
+        req: ReqId,
+        request: EvidenceRequest,
+    },
     EpochAnnounce(Epoch),
     Heartbeat(Heartbeat),
-    Report { req: ReqId, report: Report },
-    Api { req: ReqId, request: ApiRequest },
-    Reply { req: ReqId, reply: Reply },
+    Report {
+        req: ReqId,
+        report: Report,
+    },
+    Api {
+        req: ReqId,
+        request: ApiRequest,
+    },
+    Reply {
+        req: ReqId,
+        reply: Reply,
+    },
     /// The requester's own timer: never lost, never partitioned away.
-    Timeout { req: ReqId },
+    Timeout {
+        req: ReqId,
+    },
+}
+
+impl Msg {
+    /// The subject (subscription) a message travels on, for FIFO links.
+    fn subject(&self) -> u8 {
+        match self {
+            Msg::Command { .. } => 0,
+            Msg::AskEvidence { .. } => 1,
+            Msg::EpochAnnounce(_) => 2,
+            Msg::Heartbeat(_) => 3,
+            Msg::Report { .. } => 4,
+            Msg::Api { .. } => 5,
+            Msg::Reply { .. } => 6,
+            Msg::Timeout { .. } => 7,
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -61,7 +97,6 @@ pub enum Reply {
 
 #[derive(Debug, Clone)]
 pub struct Envelope {
-    pub from: Node,
     pub to: Dest,
     pub msg: Msg,
 }
@@ -95,11 +130,17 @@ pub struct Weather {
     /// Chance that a partitioned sender's message is buffered and delivered
     /// after the partition heals, rather than lost.
     pub buffered: f64,
+    /// Messages from one sender to one destination on one subject arrive in
+    /// the order sent: NATS keeps the order of one connection's publishes for
+    /// a subscription, while the processes read their subscriptions (commands,
+    /// replies, heartbeats, reports) independently of each other. Off: every
+    /// message is reordered freely.
+    pub fifo: bool,
 }
 
 impl Weather {
     pub fn calm() -> Weather {
-        Weather { loss: 0.0, max_delay: 1, late: 0.0, late_max: 0, buffered: 0.0 }
+        Weather { loss: 0.0, max_delay: 1, late: 0.0, late_max: 0, buffered: 0.0, fifo: true }
     }
 }
 
@@ -109,12 +150,22 @@ pub struct Bus {
     waiting: BTreeMap<ReqId, Waiting>,
     seq: u64,
     partitioned_until: BTreeMap<Node, u64>,
+    /// The queue key of the last message on each link (sender, destination,
+    /// subject), for FIFO links.
+    links: BTreeMap<(Node, Dest, u8), (u64, u32, u64)>,
     pub weather: Weather,
 }
 
 impl Bus {
     pub fn new(weather: Weather) -> Bus {
-        Bus { queue: BTreeMap::new(), waiting: BTreeMap::new(), seq: 0, partitioned_until: BTreeMap::new(), weather }
+        Bus {
+            queue: BTreeMap::new(),
+            waiting: BTreeMap::new(),
+            seq: 0,
+            partitioned_until: BTreeMap::new(),
+            links: BTreeMap::new(),
+            weather,
+        }
     }
 
     pub fn partition(&mut self, node: Node, until: u64) {
@@ -129,28 +180,38 @@ impl Bus {
         self.partitioned_until.get(&node).is_some_and(|until| now < *until)
     }
 
-    fn enqueue(&mut self, rng: &mut StdRng, at: u64, env: Envelope) {
-        self.seq += 1;
-        self.queue.insert((at, rng.gen(), self.seq), env);
-    }
-
     /// Sends one message across the network. Returns what became of it, for the trace.
+    ///
+    /// Two draws decide everything about a message (loss, delay, lateness,
+    /// order among same-tick deliveries): the rng is the simulation's most
+    /// expensive part in unoptimized builds.
     pub fn send(&mut self, rng: &mut StdRng, now: u64, from: Node, to: Dest, msg: Msg) -> &'static str {
         let w = &self.weather;
-        let mut at = now + rng.gen_range(0..=w.max_delay);
+        let (a, b): (u64, u64) = (rng.gen(), rng.gen());
+        let below = |bits: u64, p: f64| ((bits & 0xffff) as f64) < p * 65536.0;
+        let mut at = now + (a >> 48 & 0xff) % (w.max_delay + 1);
         if let Some(until) = self.partitioned_until.get(&from).copied().filter(|u| now < *u) {
-            if !rng.gen_bool(w.buffered) {
+            if !below(a >> 32, w.buffered) {
                 return "lost (sender cut off)";
             }
-            at = at.max(until) + rng.gen_range(0..=w.max_delay);
-        } else if rng.gen_bool(w.loss) {
+            at = at.max(until) + (a >> 56) % (w.max_delay + 1);
+        } else if below(a, w.loss) {
             return "lost";
         }
-        let late = rng.gen_bool(w.late);
+        let late = below(a >> 16, w.late);
         if late {
-            at += rng.gen_range(1..=w.late_max.max(1));
+            at += 1 + (b >> 32 & 0xffff) % w.late_max.max(1);
         }
-        self.enqueue(rng, at, Envelope { from, to, msg });
+        self.seq += 1;
+        let mut key = (at, b as u32, self.seq);
+        if w.fifo {
+            let last = self.links.entry((from, to, msg.subject())).or_insert((0, 0, 0));
+            if key < *last {
+                key = (last.0, last.1, self.seq);
+            }
+            *last = key;
+        }
+        self.queue.insert(key, Envelope { to, msg });
         if late {
             "late"
         } else {
@@ -175,7 +236,10 @@ impl Bus {
         let req = self.seq;
         self.waiting.insert(req, Waiting { owner: from, incarnation, asked });
         let fate = self.send(rng, now, from, to, make(req));
-        self.enqueue(rng, now + timeout, Envelope { from, to: Dest::Node(from), msg: Msg::Timeout { req } });
+        // A local timer: after the same tick's deliveries, drawn from nothing.
+        self.seq += 1;
+        let timer = Envelope { to: Dest::Node(from), msg: Msg::Timeout { req } };
+        self.queue.insert((now + timeout, u32::MAX, self.seq), timer);
         (req, fate)
     }
 
@@ -209,14 +273,5 @@ impl Bus {
             return None;
         }
         self.queue.remove(&key)
-    }
-
-    /// Puts a message back to be delivered at `at` (its receiver is paused).
-    pub fn defer(&mut self, rng: &mut StdRng, at: u64, env: Envelope) {
-        self.enqueue(rng, at, env);
-    }
-
-    pub fn in_flight(&self) -> usize {
-        self.queue.len()
     }
 }

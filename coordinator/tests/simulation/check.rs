@@ -4,12 +4,28 @@
 //!
 //! It observes only what an outside observer of the real system could see
 //! (process starts on machines, records appended to the registry, sidecar
-//! answers); it never reads a core's private state. The first violation wins
-//! and stops the schedule.
+//! answers, notices, client replies); it never reads a core's private state.
+//! The first violation wins and stops the schedule. The rules:
+//!
+//! 1. A non-idempotent task's process starts at most once, across all attempts.
+//! 2. A task's durable record never leaves a terminal status (nor changes its
+//!    outcome), its attempt number never goes back, and it is first written queued.
+//! 3. Once the healed cluster is quiet, every task is terminal, or `unknown`
+//!    with a recovery hint; and it does get quiet.
+//! 4. A completed (or failed) non-idempotent task started exactly once; an
+//!    idempotent one at least once.
+//! 5. An `unknown` (or killed) non-idempotent task started at most once.
+//! 6. No sidecar accepts a grant, records an intent or answers a query under an
+//!    epoch lower than one it acknowledged, and its fence never falls back.
+//! 7. A process starts only for an attempt the registry durably leased to that
+//!    machine, and never for a task the registry does not know.
+//! 8. (client) A submit key always names the same task; no task answers two keys.
+//! 9. A terminal notice is published only for a task whose terminal record is durable.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use tenure_coordinator::record::TaskRecord;
+use tenure_protocol::messages::TaskSnapshot;
 use tenure_protocol::{Attempt, Epoch, Status, TaskId, WorkerId};
 
 /// One line per event, kept only when asked (a failing seed is replayed with it on).
@@ -35,6 +51,8 @@ pub struct Checker {
     granted: BTreeSet<(TaskId, Attempt, WorkerId)>,
     /// Per machine: the highest epoch its sidecar acknowledged.
     fence: BTreeMap<usize, Epoch>,
+    /// Client requests answered wrongly by a deposed leader (no rule; counted).
+    stale_answers: usize,
 }
 
 impl Checker {
@@ -50,6 +68,14 @@ impl Checker {
 
     pub fn starts(&self, task: &TaskId) -> usize {
         self.starts.get(task).map_or(0, Vec::len)
+    }
+
+    pub fn stale_answer(&mut self) {
+        self.stale_answers += 1;
+    }
+
+    pub fn stale_answers(&self) -> usize {
+        self.stale_answers
     }
 
     pub fn total_starts(&self) -> usize {
@@ -80,25 +106,37 @@ impl Checker {
         }
     }
 
+    /// Rule 9, for each `Effect::Notify` a leader carries out.
+    pub fn notified(&mut self, snapshot: &TaskSnapshot, durable: Option<&TaskRecord>) {
+        let durable = durable.map(|r| r.life.status);
+        if !snapshot.status.is_terminal() || durable != Some(snapshot.status) {
+            self.fail(format!(
+                "rule 9: notice of {} {} while the registry says {durable:?}",
+                snapshot.id, snapshot.status
+            ));
+        }
+    }
+
     /// Rule 2 (terminal is absorbing) and its neighbours, on every append the
     /// registry accepts: a new task starts queued, attempts never go back.
     pub fn appended(&mut self, before: Option<&TaskRecord>, after: &TaskRecord) {
         let id = &after.id;
         match before {
             None if after.life.status != Status::Queued => {
-                self.fail(format!("{id} first appended as {}, not queued", after.life.status))
+                self.fail(format!("rule 2: {id} first appended as {}, not queued", after.life.status))
             }
             None => {}
-            Some(b) if b.life.status.is_terminal() => {
-                if after.life.status != b.life.status || after.life.outcome != b.life.outcome {
-                    self.fail(format!(
-                        "rule 2: {id} was {} ({:?}) and became {} ({:?})",
-                        b.life.status, b.life.outcome, after.life.status, after.life.outcome
-                    ));
-                }
+            Some(b)
+                if b.life.status.is_terminal()
+                    && (after.life.status != b.life.status || after.life.outcome != b.life.outcome) =>
+            {
+                self.fail(format!(
+                    "rule 2: {id} was {} ({:?}) and became {} ({:?})",
+                    b.life.status, b.life.outcome, after.life.status, after.life.outcome
+                ));
             }
             Some(b) if after.life.attempt < b.life.attempt => {
-                self.fail(format!("{id}: attempt went back from {} to {}", b.life.attempt, after.life.attempt))
+                self.fail(format!("rule 2: {id}: attempt went back from {} to {}", b.life.attempt, after.life.attempt))
             }
             Some(_) => {}
         }
@@ -122,7 +160,9 @@ impl Checker {
         *seen = (*seen).max(epoch);
         if fence_now < *seen {
             let seen = *seen;
-            self.fail(format!("rule 6: sidecar of machine {machine} holds epoch {fence_now} after acknowledging {seen}"));
+            self.fail(format!(
+                "rule 6: sidecar of machine {machine} holds epoch {fence_now} after acknowledging {seen}"
+            ));
         }
     }
 
@@ -147,10 +187,9 @@ impl Checker {
                 _ => {}
             }
         }
-        for task in self.starts.keys() {
-            if !records.contains_key(task) {
-                self.fail(format!("a process of {task} ran, but the registry has no such task"));
-            }
+        let anonymous = self.starts.keys().find(|t| !records.contains_key(*t)).cloned();
+        if let Some(task) = anonymous {
+            self.fail(format!("rule 7: a process of {task} ran, but the registry has no such task"));
         }
     }
 }

@@ -22,7 +22,6 @@ use std::time::Duration;
 use rand::Rng;
 use tenure_coordinator::core::{Core, CoreConfig, Effect, Input, Now};
 use tenure_coordinator::record::TaskRecord;
-use tenure_protocol::messages::WorkerCommand;
 use tenure_protocol::{Epoch, TaskId, WorkerId};
 
 use super::bus::{Asked, Dest, Envelope, Msg, Node, Reply};
@@ -54,6 +53,8 @@ pub struct Slot {
     boot: u64,
     down_until: u64,
     paused_until: u64,
+    /// What reached the process while it was paused, in arrival order.
+    inbox: Vec<Envelope>,
     pub term: Option<Term>,
 }
 
@@ -64,6 +65,8 @@ pub struct Cluster {
     /// The lease holder; `None` when released (a takeover may happen at once).
     holder: Option<usize>,
     lease_renewed: u64,
+    /// A standby misjudged the lease expired: it takes over at the next chance.
+    glitch: bool,
     registry_down_until: u64,
     next_term: u64,
     pub takeovers: u64,
@@ -78,13 +81,16 @@ pub fn worker_index(worker: &WorkerId) -> usize {
 
 impl Cluster {
     pub fn new(size: usize, cfg: CoreConfig, zombie_max: u64, bug: Bug) -> Cluster {
-        let slots = (0..size).map(|_| Slot { up: true, boot: 0, down_until: 0, paused_until: 0, term: None }).collect();
+        let slots = (0..size)
+            .map(|_| Slot { up: true, boot: 0, down_until: 0, paused_until: 0, inbox: Vec::new(), term: None })
+            .collect();
         Cluster {
             slots,
             registry: Registry::default(),
             cfg,
             holder: None,
             lease_renewed: 0,
+            glitch: false,
             registry_down_until: 0,
             next_term: 0,
             takeovers: 0,
@@ -115,7 +121,7 @@ impl Cluster {
 
     /// Renewals, renew deadlines (and zombies), takeovers. Run once per tick.
     pub fn lease_step(&mut self, ctx: &mut Ctx, hosts: usize) {
-        if let Some(h) = self.holder {
+        if let Some(h) = self.holder.filter(|_| !self.glitch) {
             if self.reachable(ctx, h) {
                 if let Some(term) = self.slots[h].term.as_mut().filter(|t| t.epoch == self.registry.epoch) {
                     term.renewed_at = ctx.now;
@@ -147,8 +153,9 @@ impl Cluster {
                 self.end_term(ctx, s, "renew deadline passed");
             }
         }
-        let expired = self.holder.is_none() || ctx.now >= self.lease_renewed + LEASE_TTL;
-        if expired {
+        let expired = self.glitch || self.holder.is_none() || ctx.now >= self.lease_renewed + LEASE_TTL;
+        // Claiming the epoch is a registry append: impossible while it is down.
+        if expired && ctx.now >= self.registry_down_until {
             let candidates: Vec<usize> =
                 (0..self.slots.len()).filter(|s| self.reachable(ctx, *s) && self.slots[*s].term.is_none()).collect();
             if !candidates.is_empty() {
@@ -170,10 +177,17 @@ impl Cluster {
         self.slots[s].term = Some(Term { id: self.next_term, epoch, core, renewed_at: ctx.now, zombie_until: None });
         self.holder = Some(s);
         self.lease_renewed = ctx.now;
+        self.glitch = false;
         self.takeovers += 1;
         ctx.note(|| format!("c{s} takes over: claims e{epoch}, loads {n} records"));
         for m in 0..hosts {
-            let fate = ctx.bus.send(&mut ctx.rng, ctx.now, Node::Coord(s), Dest::Node(Node::Machine(m)), Msg::EpochAnnounce(epoch));
+            let fate = ctx.bus.send(
+                &mut ctx.rng,
+                ctx.now,
+                Node::Coord(s),
+                Dest::Node(Node::Machine(m)),
+                Msg::EpochAnnounce(epoch),
+            );
             ctx.note(|| format!("c{s} announce e{epoch} → m{m}: {fate}"));
         }
     }
@@ -196,6 +210,7 @@ impl Cluster {
         slot.up = false;
         slot.down_until = ctx.now + ticks;
         slot.term = None;
+        slot.inbox.clear();
         ctx.note(|| format!("FAULT c{s} crashes for {ticks} ticks"));
     }
 
@@ -206,10 +221,10 @@ impl Cluster {
         }
     }
 
-    /// The standby misjudges the lease expired (a clock running fast): the
-    /// current leader goes on acting until its own deadline.
+    /// A standby misjudges the lease expired (a clock running fast) and takes
+    /// over while the leader, unaware, goes on acting until its own deadline.
     pub fn lease_glitch(&mut self, ctx: &mut Ctx) {
-        self.lease_renewed = 0;
+        self.glitch = true;
         ctx.note(|| "FAULT lease glitch: the lease looks expired to standbys".into());
     }
 
@@ -222,7 +237,7 @@ impl Cluster {
         self.holder
     }
 
-    /// Restarts what is down and resumes what is paused.
+    /// Restarts what is down; a resumed process reads what waited for it.
     pub fn restarts(&mut self, ctx: &mut Ctx) {
         for s in 0..self.slots.len() {
             let slot = &mut self.slots[s];
@@ -234,8 +249,22 @@ impl Cluster {
         }
     }
 
+    /// Delivers what waited for resumed processes. Run after `lease_step`, so
+    /// that a resumed term past its deadline is judged before it acts.
+    pub fn resume(&mut self, ctx: &mut Ctx) {
+        for s in 0..self.slots.len() {
+            if self.paused(s, ctx.now) || self.slots[s].inbox.is_empty() {
+                continue;
+            }
+            for env in std::mem::take(&mut self.slots[s].inbox) {
+                self.deliver(ctx, s, env);
+            }
+        }
+    }
+
     pub fn heal(&mut self, now: u64) {
         self.registry_down_until = now;
+        self.glitch = false;
         for slot in &mut self.slots {
             slot.down_until = slot.down_until.min(now);
             slot.paused_until = slot.paused_until.min(now);
@@ -268,8 +297,8 @@ impl Cluster {
             return;
         }
         if self.paused(s, ctx.now) {
-            let at = slot.paused_until;
-            ctx.bus.defer(&mut ctx.rng, at, env);
+            // It waits in this process's socket, whoever leads meanwhile.
+            self.slots[s].inbox.push(env);
             return;
         }
         let timer = matches!(env.msg, Msg::Timeout { .. });
@@ -349,7 +378,7 @@ impl Cluster {
                 }
                 Effect::Command { worker, command } => {
                     let w = worker_index(&worker);
-                    let line = ctx.trace.enabled.then(|| fmt_command(&command)).unwrap_or_default();
+                    let line = if ctx.trace.enabled { fmt_command(&command) } else { String::new() };
                     let asked = Asked::Command { worker: w, command: command.clone() };
                     let (req, fate) = ctx.bus.request(
                         &mut ctx.rng,
@@ -381,7 +410,7 @@ impl Cluster {
                 }
                 Effect::Reply { to, reply } => {
                     let req = to.parse().expect("the simulation's reply subjects are request ids");
-                    let line = ctx.trace.enabled.then(|| format!("{reply:?}")).unwrap_or_default();
+                    let line = if ctx.trace.enabled { format!("{reply:?}") } else { String::new() };
                     let fate = ctx.bus.reply(&mut ctx.rng, ctx.now, Node::Coord(s), req, Reply::Api(reply));
                     ctx.note(|| format!("c{s} e{epoch} reply #{req} {}: {fate}", super::clip(&line)));
                 }
@@ -389,6 +418,10 @@ impl Cluster {
                     let req = to.parse().expect("the simulation's reply subjects are request ids");
                     let fate = ctx.bus.reply(&mut ctx.rng, ctx.now, Node::Coord(s), req, Reply::Ack(ack.clone()));
                     ctx.note(|| format!("c{s} e{epoch} ack #{req} {ack:?}: {fate}"));
+                }
+                Effect::Notify(snapshot) => {
+                    ctx.check.notified(&snapshot, self.registry.records.get(&snapshot.id));
+                    ctx.note(|| format!("c{s} e{epoch} notice {} {}", snapshot.id, snapshot.status));
                 }
                 Effect::StepDown { reason } => {
                     self.end_term(ctx, s, &reason);
@@ -421,6 +454,3 @@ impl Cluster {
 pub fn host_id(index: usize) -> WorkerId {
     format!("w{index}").parse().expect("w<index> is a valid worker id")
 }
-
-/// Commands carry `WorkerCommand`s; re-exported for the trace helpers.
-pub type Command = WorkerCommand;

@@ -1,0 +1,151 @@
+//! The client: one session that submits tasks (idempotent or not, each with a
+//! fresh idempotency key, retried with the same key until answered, as the CLI
+//! does) and kills some of them. It also checks what a client can see: a key
+//! always names the same task, and no two keys share one.
+
+use std::collections::BTreeMap;
+
+use rand::Rng;
+use tenure_protocol::messages::{ApiError, ApiRequest, ApiResponse, SubmitRequest};
+use tenure_protocol::{SessionId, TaskId, TaskSpec};
+use uuid::Uuid;
+
+use super::bus::{Asked, Dest, Envelope, Msg, Node, Reply, ReqId};
+use super::{Ctx, API_TIMEOUT};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kill {
+    No,
+    Wanted,
+    Sent(ReqId),
+    Done,
+}
+
+struct Submitted {
+    key: Uuid,
+    spec: TaskSpec,
+    id: Option<TaskId>,
+    req: Option<ReqId>,
+    kill: Kill,
+}
+
+pub struct Client {
+    session: SessionId,
+    tasks: Vec<Submitted>,
+    by_id: BTreeMap<TaskId, usize>,
+}
+
+impl Client {
+    pub fn new() -> Client {
+        Client { session: "sim".parse().expect("a valid session id"), tasks: Vec::new(), by_id: BTreeMap::new() }
+    }
+
+    pub fn submitted(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// A new task: `sleep <ticks>; exit <code>`, idempotent or not.
+    pub fn submit_new(&mut self, ctx: &mut Ctx) {
+        let ticks = ctx.rng.gen_range(1..=40);
+        let code = if ctx.rng.gen_bool(0.8) { 0 } else { ctx.rng.gen_range(1..=3) };
+        let idempotent = ctx.rng.gen_bool(0.4);
+        let n = self.tasks.len();
+        let spec = TaskSpec { idempotent, ..TaskSpec::shell(format!("t{n}"), format!("sleep {ticks}; exit {code}")) };
+        ctx.note(|| format!("client wants task {n}: {:?} idempotent={idempotent}", spec.command));
+        self.tasks.push(Submitted { key: Uuid::from_u128(ctx.rng.gen()), spec, id: None, req: None, kill: Kill::No });
+    }
+
+    /// Asks to kill a random task the client knows.
+    pub fn kill_one(&mut self, ctx: &mut Ctx) {
+        let known: Vec<usize> = (0..self.tasks.len()).filter(|i| self.tasks[*i].kill == Kill::No).collect();
+        if let Some(i) = (!known.is_empty()).then(|| known[ctx.rng.gen_range(0..known.len())]) {
+            self.tasks[i].kill = Kill::Wanted;
+            ctx.note(|| format!("client wants task {i} killed"));
+        }
+    }
+
+    /// Sends what is unanswered: submits, and kills of tasks whose id is known.
+    pub fn tick(&mut self, ctx: &mut Ctx) {
+        for i in 0..self.tasks.len() {
+            let t = &self.tasks[i];
+            let request = match (&t.id, t.req, t.kill) {
+                (None, None, _) => ApiRequest::Submit(SubmitRequest {
+                    session: self.session.clone(),
+                    idempotency_key: t.key,
+                    spec: t.spec.clone(),
+                }),
+                (Some(id), _, Kill::Wanted) => ApiRequest::Kill { session: self.session.clone(), task: id.clone() },
+                _ => continue,
+            };
+            let is_kill = matches!(request, ApiRequest::Kill { .. });
+            let (req, fate) =
+                ctx.bus.request(&mut ctx.rng, ctx.now, Node::Client, 0, Dest::Leader, API_TIMEOUT, Asked::Api, |req| {
+                    Msg::Api { req, request }
+                });
+            ctx.note(|| format!("client #{req} {} task {i}: {fate}", if is_kill { "kill" } else { "submit" }));
+            let t = &mut self.tasks[i];
+            if is_kill {
+                t.kill = Kill::Sent(req);
+            } else {
+                t.req = Some(req);
+            }
+        }
+    }
+
+    pub fn deliver(&mut self, ctx: &mut Ctx, env: Envelope) {
+        let (req, reply) = match env.msg {
+            Msg::Reply { req, reply: Reply::Api(reply) } => (req, Some(reply)),
+            Msg::Timeout { req } => (req, None),
+            other => panic!("client: unexpected {other:?}"),
+        };
+        if ctx.bus.claim(req, Node::Client, 0).is_none() {
+            return;
+        }
+        if let Some(i) = self.tasks.iter().position(|t| t.req == Some(req)) {
+            self.tasks[i].req = None;
+            match reply {
+                None => {}
+                Some(Ok(ApiResponse::Submitted { task, existing })) => {
+                    ctx.note(|| format!("client: task {i} is {task} (existing={existing})"));
+                    if self.tasks[i].id.as_ref().is_some_and(|known| *known != task) {
+                        ctx.check.fail(format!("rule 8: submit key of task {i} now names {task}"));
+                    }
+                    if let Some(other) = self.by_id.get(&task).filter(|o| **o != i) {
+                        ctx.check.fail(format!("rule 8: {task} was returned for two submit keys ({other} and {i})"));
+                    }
+                    self.by_id.insert(task.clone(), i);
+                    self.tasks[i].id = Some(task);
+                }
+                Some(other) => ctx.check.fail(format!("client: submit of task {i} answered {other:?}")),
+            }
+        } else if let Some(i) = self.tasks.iter().position(|t| t.kill == Kill::Sent(req)) {
+            match reply {
+                None => self.tasks[i].kill = Kill::Wanted,
+                Some(Ok(ApiResponse::Kill { result, snapshot })) => {
+                    ctx.note(|| format!("client: kill of task {i}: {result:?}, now {}", snapshot.status));
+                    self.tasks[i].kill = Kill::Done;
+                }
+                // A deposed leader still acting answers from its stale view: a
+                // task created after it was deposed is unknown to it. Not a
+                // safety rule, but counted; the client asks again.
+                Some(Err(ApiError::NotFound(_))) if self.tasks[i].id.is_some() => {
+                    ctx.note(|| format!("client: kill of task {i} answered NotFound (a stale answer)"));
+                    ctx.check.stale_answer();
+                    self.tasks[i].kill = Kill::Wanted;
+                }
+                Some(other) => ctx.check.fail(format!("client: kill of task {i} answered {other:?}")),
+            }
+        }
+    }
+
+    /// Why the client is not done yet, if it is not.
+    pub fn busy(&self) -> Option<String> {
+        let i = self.tasks.iter().position(|t| t.id.is_none() || matches!(t.kill, Kill::Wanted | Kill::Sent(_)))?;
+        Some(format!("client: task {i} not answered yet"))
+    }
+
+    /// Every task the client was told about exists in the registry.
+    pub fn known_ids(&self) -> impl Iterator<Item = &TaskId> {
+        self.by_id.keys()
+    }
+}
