@@ -14,5 +14,7 @@ pub mod subjects;
 
 pub use codec::{decode, encode, CodecError, MAX_MESSAGE_BYTES};
 pub use ids::{Attempt, Epoch, IdError, Kind, SessionId, TaskId, WorkerId};
-pub use lifecycle::{apply, Decision, Ending, Event, HintTag, Lifecycle, Outcome, RecoveryHint, Status, Unchanged};
+pub use lifecycle::{
+    apply, Board, Decision, Ending, Event, HintTag, Lifecycle, Outcome, RecoveryHint, Status, Unchanged,
+};
 pub use spec::{SpecError, TaskSpec};

@@ -163,6 +163,31 @@ pub struct Lifecycle {
     pub kill_requested: bool,
     pub hint: Option<RecoveryHint>,
     pub outcome: Option<Outcome>,
+    /// Where the task shows on the board; orthogonal to its status.
+    #[serde(default)]
+    pub board: Board,
+}
+
+/// The board projection of a finished task. `deleted` hides it
+/// for good — no late evidence, resume or old client brings it back — while its
+/// record stays for audit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Board {
+    #[default]
+    Active,
+    Archived,
+    Deleted,
+}
+
+impl Board {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Board::Active => "active",
+            Board::Archived => "archived",
+            Board::Deleted => "deleted",
+        }
+    }
 }
 
 impl Lifecycle {
@@ -177,6 +202,7 @@ impl Lifecycle {
             kill_requested: false,
             hint: None,
             outcome: None,
+            board: Board::Active,
         }
     }
 }
@@ -201,6 +227,12 @@ pub enum Event {
     /// The worker machine proved the attempt's process gone without exit
     /// evidence (its monitor died with it, or its records are unreadable).
     Lost { attempt: Attempt, epoch: Epoch, hint: RecoveryHint },
+    /// The owner archives a finished task.
+    Archive,
+    /// The owner brings an archived task back to the board.
+    Unarchive,
+    /// The owner deletes a finished task: hidden for good.
+    Delete,
 }
 
 /// Why an event changed nothing.
@@ -243,6 +275,12 @@ fn is_current(l: &Lifecycle, attempt: Attempt, epoch: Epoch) -> bool {
 pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
     use Decision::{Changed, Unchanged as Keep};
     use Status::*;
+    // Board moves apply to finished tasks only (an `unknown` one may still come
+    // back to life on evidence; settle it first); they never touch the status,
+    // and terminal still absorbs everything else.
+    if let Some(board) = board_move(l, event) {
+        return board;
+    }
     if l.status.is_terminal() {
         return Keep(Unchanged::Terminal);
     }
@@ -339,6 +377,7 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                 _ => Keep(Unchanged::NotApplicable),
             }
         }
+        Event::Archive | Event::Unarchive | Event::Delete => Keep(Unchanged::NotApplicable),
         Event::KillRequested => match l.status {
             Queued => {
                 next.status = Killed;
@@ -391,6 +430,26 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
             }
         }
     }
+}
+
+/// The board rules: `Some` for a board event, `None` for every other event.
+fn board_move(l: &Lifecycle, event: &Event) -> Option<Decision> {
+    use Board::*;
+    let settled = l.status.is_terminal();
+    let to = match (event, l.board) {
+        (Event::Archive | Event::Unarchive | Event::Delete, _) if !settled => {
+            return Some(Decision::Unchanged(Unchanged::NotApplicable))
+        }
+        (Event::Archive, Active) => Archived,
+        (Event::Unarchive, Archived) => Active,
+        (Event::Delete, Active | Archived) => Deleted,
+        (Event::Archive, Archived) | (Event::Unarchive, Active) | (Event::Delete, Deleted) => {
+            return Some(Decision::Unchanged(Unchanged::Duplicate))
+        }
+        (Event::Archive | Event::Unarchive, Deleted) => return Some(Decision::Unchanged(Unchanged::NotApplicable)),
+        _ => return None,
+    };
+    Some(Decision::Changed(Lifecycle { board: to, ..l.clone() }))
 }
 
 #[cfg(test)]

@@ -37,6 +37,9 @@ fn events() -> Vec<(&'static str, Event)> {
         ("lost-other", Event::WorkerLost { worker: w("w9") }),
         ("attempt-lost", Event::Lost { attempt: cur, epoch: e, hint: hint() }),
         ("attempt-lost-old", Event::Lost { attempt: old, epoch: e, hint: hint() }),
+        ("archive", Event::Archive),
+        ("unarchive", Event::Unarchive),
+        ("delete", Event::Delete),
     ]
 }
 
@@ -45,15 +48,15 @@ fn events() -> Vec<(&'static str, Event)> {
 /// idempotent one. A cell is the resulting status letter, or `.` for "unchanged".
 /// Q queued, L leased, R running, S stopping, C completed, K killed, F failed, U unknown.
 const TABLE: &str = "
-    queued     L . . . . R . C F K . K . . . .  |  L . . . . R . C F K . K . . . .
-    leased     . . Q . . R . C F K . S U . U .  |  . . Q . . R . C F K . S Q . U .
-    running    . . . . . . . C F K . S U . U .  |  . . . . . . . C F K . S Q . U .
-    stopping+k . . K . . . . C F K . . S . U .  |  . . K . . . . C F K . . S . U .
-    completed  . . . . . . . . . . . . . . . .  |  . . . . . . . . . . . . . . . .
-    killed     . . . . . . . . . . . . . . . .  |  . . . . . . . . . . . . . . . .
-    failed     . . . . . . . . . . . . . . . .  |  . . . . . . . . . . . . . . . .
-    unknown    . . Q . . R . C F K . U . . U .  |  . . Q . . R . C F K . U . . U .
-    unknown+k  . . K . . S . C F K . . . . U .  |  . . K . . S . C F K . . . . U .
+    queued     L . . . . R . C F K . K . . . . . . .  |  L . . . . R . C F K . K . . . . . . .
+    leased     . . Q . . R . C F K . S U . U . . . .  |  . . Q . . R . C F K . S Q . U . . . .
+    running    . . . . . . . C F K . S U . U . . . .  |  . . . . . . . C F K . S Q . U . . . .
+    stopping+k . . K . . . . C F K . . S . U . . . .  |  . . K . . . . C F K . . S . U . . . .
+    completed  . . . . . . . . . . . . . . . . C . C  |  . . . . . . . . . . . . . . . . C . C
+    killed     . . . . . . . . . . . . . . . . K . K  |  . . . . . . . . . . . . . . . . K . K
+    failed     . . . . . . . . . . . . . . . . F . F  |  . . . . . . . . . . . . . . . . F . F
+    unknown    . . Q . . R . C F K . U . . U . . . .  |  . . Q . . R . C F K . U . . U . . . .
+    unknown+k  . . K . . S . C F K . . . . U . . . .  |  . . K . . S . C F K . . . . U . . . .
 ";
 
 fn letter(s: Status) -> char {
@@ -84,6 +87,7 @@ fn start(row: &str, idempotent: bool) -> Lifecycle {
         kill_requested: kill,
         hint: None,
         outcome: None,
+        board: Board::Active,
     }
 }
 
@@ -112,7 +116,7 @@ fn every_status_event_pair_matches_the_table() {
             }
         }
     }
-    assert_eq!(checked, 9 * 16 * 2);
+    assert_eq!(checked, 9 * 19 * 2);
 }
 
 #[test]
@@ -168,6 +172,9 @@ fn arb_event() -> impl Strategy<Value = Event> {
             epoch,
             hint: hint()
         }),
+        Just(Event::Archive),
+        Just(Event::Unarchive),
+        Just(Event::Delete),
     ]
 }
 
@@ -194,7 +201,8 @@ proptest! {
             let decision = apply(&before, e);
             let after = decision.resulting(&before);
             if before.status.is_terminal() {
-                prop_assert_eq!(&after, &before);
+                // Only the board may still move.
+                prop_assert_eq!(&Lifecycle { board: before.board, ..after.clone() }, &before);
             }
             if let Some((attempt, epoch)) = names_attempt(e) {
                 if attempt != before.attempt || epoch < before.epoch {
@@ -207,6 +215,17 @@ proptest! {
             }
             if after.status == Status::Unknown && before.status != Status::Unknown {
                 prop_assert!(after.hint.is_some());
+            }
+            // Deleted is for good; a board move never touches the status; and
+            // nothing that is not finished (or unknown) leaves the active board.
+            if before.board == Board::Deleted {
+                prop_assert_eq!(after.board, Board::Deleted);
+            }
+            if after.board != before.board {
+                prop_assert_eq!(after.status, before.status);
+            }
+            if after.board != Board::Active {
+                prop_assert!(after.status.is_terminal());
             }
             l = after;
         }
@@ -226,4 +245,21 @@ fn a_late_start_report_never_revives_an_attempt_its_machine_reported_lost() {
         panic!()
     };
     assert_eq!(after.status, Status::Running);
+}
+
+#[test]
+fn board_moves_only_for_finished_tasks_and_deleted_is_for_good() {
+    let l = start("completed", false);
+    let Decision::Changed(archived) = apply(&l, &Event::Archive) else { panic!() };
+    assert_eq!((archived.board, archived.status), (Board::Archived, Status::Completed));
+    let Decision::Changed(back) = apply(&archived, &Event::Unarchive) else { panic!() };
+    assert_eq!(back.board, Board::Active);
+    let Decision::Changed(deleted) = apply(&archived, &Event::Delete) else { panic!() };
+    assert_eq!(deleted.board, Board::Deleted);
+    assert_eq!(apply(&deleted, &Event::Unarchive), Decision::Unchanged(Unchanged::NotApplicable));
+    // Late evidence changes nothing on a finished task, deleted or not.
+    let late = Event::Started { attempt: Attempt(2), epoch: Epoch(5) };
+    assert_eq!(apply(&deleted, &late), Decision::Unchanged(Unchanged::Terminal));
+    // An unknown task must be settled before it leaves the board.
+    assert_eq!(apply(&start("unknown", false), &Event::Delete), Decision::Unchanged(Unchanged::NotApplicable));
 }
