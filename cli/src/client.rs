@@ -251,6 +251,9 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
             Ok(ExitCode::SUCCESS)
         }
         Command::Send { task, text, raw } => send::send(&api, task, text, raw).await,
+        Command::Archive { task } => board(&api, ApiRequest::Archive { session: api.session.clone(), task }).await,
+        Command::Unarchive { task } => board(&api, ApiRequest::Unarchive { session: api.session.clone(), task }).await,
+        Command::Delete { task } => board(&api, ApiRequest::Delete { session: api.session.clone(), task }).await,
         Command::Watch { once, json } => crate::watch::watch(api.client.clone(), api.session.clone(), once, json).await,
         Command::Coordinator { .. }
         | Command::Worker { .. }
@@ -258,6 +261,15 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
         | Command::Dev { .. }
         | Command::Monitor { .. } => bail!("not a client verb"),
     }
+}
+
+/// A board move; prints the task's id, status and board.
+async fn board(api: &Api, req: ApiRequest) -> anyhow::Result<ExitCode> {
+    let ApiResponse::Snapshot(s) = api.call(&req, API_TIMEOUT).await? else {
+        bail!("unexpected reply");
+    };
+    println!("{} {} {}", s.id, s.status, s.board.as_str());
+    Ok(ExitCode::SUCCESS)
 }
 
 /// One argument is a command line already; several are quoted and joined so

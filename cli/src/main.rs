@@ -189,6 +189,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Archive a finished task: hidden from `ls` (shown with `--all`); its files
+    /// on the worker machine are released by a durable cleanup job.
+    Archive { task: TaskId },
+    /// Bring an archived task back to the board (cancels a cleanup not yet done).
+    Unarchive { task: TaskId },
+    /// Delete a finished task: hidden for good, its record kept for audit; its
+    /// files are released like an archive's.
+    Delete { task: TaskId },
     /// Cluster view: leader epoch, workers, tasks by status.
     Status {
         #[arg(long)]

@@ -85,3 +85,49 @@ fn wait_racing_completion_and_independent_readers() {
     assert!(past.status.success());
     assert_eq!(stdout(&past), "");
 }
+
+#[test]
+fn archive_unarchive_and_delete_move_the_board_and_release_the_files() {
+    let c = Cluster::start(1);
+    let out = |task: &str| c.worker_dir("w1").join("output").join(format!("{task}.out"));
+    let listed = |c: &Cluster, all: bool| -> Vec<String> {
+        let args: &[&str] = if all { &["ls", "--all", "--json"] } else { &["ls", "--json"] };
+        let v: serde_json::Value = serde_json::from_slice(&c.cli(args).stdout).unwrap();
+        v.as_array().unwrap().iter().map(|s| s["id"].as_str().unwrap().to_owned()).collect()
+    };
+
+    // Only a finished task leaves the board.
+    let running = c.submit(&["--", "sleep 30"]);
+    c.wait_status(&running, "running", BOUND);
+    let refused = c.cli(&["archive", &running]);
+    assert!(!refused.status.success());
+    assert!(common::stderr(&refused).contains("only a finished task"), "{}", common::stderr(&refused));
+    c.cli(&["kill", &running]);
+
+    // Archive: hidden from ls, shown with --all, its output released on the worker.
+    let a = c.submit(&["--", "echo archived"]);
+    assert!(c.cli(&["wait", &a]).status.success());
+    assert!(out(&a).exists());
+    assert_eq!(stdout(&c.cli(&["archive", &a])).trim(), format!("{a} completed archived"));
+    assert!(tenure_testkit::eventually(BOUND, || c.snapshot(&a)["cleaned"].as_bool().filter(|c| *c)).is_some());
+    assert!(!out(&a).exists(), "the cleanup job released the output file");
+    assert!(!listed(&c, false).contains(&a));
+    assert!(listed(&c, true).contains(&a));
+    // Repeated archive reuses the job; unarchive brings it back (the files are gone).
+    assert!(c.cli(&["archive", &a]).status.success());
+    assert_eq!(stdout(&c.cli(&["unarchive", &a])).trim(), format!("{a} completed active"));
+    assert!(listed(&c, true).contains(&a));
+
+    // Delete: hidden for good, the record still readable for audit.
+    let d = c.submit(&["--", "echo deleted"]);
+    assert!(c.cli(&["wait", &d]).status.success());
+    assert_eq!(stdout(&c.cli(&["delete", &d])).trim(), format!("{d} completed deleted"));
+    assert!(!listed(&c, true).contains(&d));
+    assert_eq!(c.snapshot(&d)["board"], "deleted");
+    let again = c.cli(&["unarchive", &d]);
+    assert!(!again.status.success(), "a deleted task never comes back");
+    assert!(tenure_testkit::eventually(BOUND, || c.snapshot(&d)["cleaned"].as_bool().filter(|c| *c)).is_some());
+    assert!(!out(&d).exists());
+    // Another session can do none of it.
+    assert!(!c.cli_as("someone-else", &["archive", &d]).status.success());
+}

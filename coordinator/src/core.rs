@@ -16,11 +16,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use tenure_protocol::messages::{
-    ApiError, ApiReply, ApiRequest, ApiResponse, ClusterStatus, EvidenceReply, EvidenceRequest, Heartbeat, KillCommand,
-    KillResult, LeaseGrant, Refusal, Report, ReportAck, ReportEvent, SidecarHealth, SubmitRequest, TaskSnapshot,
-    WorkerCommand, WorkerReply, WorkerStatus, MAX_WAIT_MS,
+    ApiError, ApiReply, ApiRequest, ApiResponse, CleanupReply, CleanupRequest, ClusterStatus, EvidenceReply,
+    EvidenceRequest, Heartbeat, KillCommand, KillResult, LeaseGrant, Refusal, Report, ReportAck, ReportEvent,
+    SidecarHealth, SubmitRequest, TaskSnapshot, WorkerCommand, WorkerReply, WorkerStatus, MAX_WAIT_MS,
 };
-use tenure_protocol::{apply, Decision, Epoch, Event, Kind, Lifecycle, SessionId, Status, TaskId, Unchanged, WorkerId};
+use tenure_protocol::{
+    apply, Board, Decision, Epoch, Event, Kind, Lifecycle, SessionId, Status, TaskId, Unchanged, WorkerId,
+};
 use uuid::Uuid;
 
 use crate::record::TaskRecord;
@@ -81,6 +83,12 @@ pub enum Input {
         command: WorkerCommand,
         result: Result<WorkerReply, String>,
     },
+    /// A sidecar's answer to a cleanup job (or the transport failure).
+    CleanupResult {
+        worker: WorkerId,
+        request: CleanupRequest,
+        result: Result<CleanupReply, String>,
+    },
     /// The answer of a lost worker's sidecar to an evidence query, or the
     /// transport failure that says the whole machine is unreachable.
     Evidence {
@@ -101,6 +109,12 @@ pub enum Effect {
     Command {
         worker: WorkerId,
         command: WorkerCommand,
+    },
+    /// Send a cleanup job to a worker machine's sidecar; the answer comes back
+    /// as `Input::CleanupResult`.
+    Cleanup {
+        worker: WorkerId,
+        request: CleanupRequest,
     },
     /// Ask a worker machine's sidecar about an attempt; the answer comes back as
     /// `Input::Evidence`.
@@ -160,6 +174,8 @@ pub struct Core {
     waiters: HashMap<TaskId, Vec<Waiter>>,
     /// When the sidecar of a lost worker was last asked about a task.
     asked: HashMap<TaskId, Duration>,
+    /// When a task's cleanup job was last sent, and how often.
+    cleanup_tries: HashMap<TaskId, (Duration, u32)>,
 }
 
 impl Core {
@@ -180,6 +196,7 @@ impl Core {
             not_before: HashMap::new(),
             waiters: HashMap::new(),
             asked: HashMap::new(),
+            cleanup_tries: HashMap::new(),
         };
         for r in records {
             core.next_n = core.next_n.max(r.id.number() + 1);
@@ -240,6 +257,7 @@ impl Core {
                 self.command_result(worker, command, result, now, &mut fx)
             }
             Input::Evidence { worker, request, result } => self.evidence(worker, request, result, now, &mut fx),
+            Input::CleanupResult { worker, request, result } => self.cleanup_result(worker, request, result, &mut fx),
             Input::Tick => self.tick(now, &mut fx),
         }
         if !fx.iter().any(|e| matches!(e, Effect::StepDown { .. })) {
@@ -261,8 +279,16 @@ impl Core {
                     .tasks
                     .values()
                     .filter(|r| {
-                        let mine = r.owner == session || self.cfg.operators.contains(&session);
-                        mine && (all || !r.life.status.is_terminal() || !r.reported)
+                        let operator = self.cfg.operators.contains(&session);
+                        let mine = r.owner == session || operator;
+                        // The board: archived tasks show with `all`; deleted ones
+                        // only to an operator's `all` (their records stay for audit).
+                        let shown = match r.life.board {
+                            Board::Active => all || !r.life.status.is_terminal() || !r.reported,
+                            Board::Archived => all,
+                            Board::Deleted => all && operator,
+                        };
+                        mine && shown
                     })
                     .map(TaskRecord::snapshot)
                     .collect();
@@ -284,6 +310,9 @@ impl Core {
                 }
             },
             ApiRequest::Status => Ok(ApiResponse::Status(self.status(now))),
+            ApiRequest::Archive { session, task } => self.board(&session, &task, Event::Archive, now, fx),
+            ApiRequest::Unarchive { session, task } => self.board(&session, &task, Event::Unarchive, now, fx),
+            ApiRequest::Delete { session, task } => self.board(&session, &task, Event::Delete, now, fx),
             ApiRequest::MarkReported { session, task } => match self.owned(&session, &task) {
                 Err(e) => Err(e),
                 Ok(r) if !r.life.status.is_terminal() => Err(ApiError::InvalidRequest(format!(
@@ -347,6 +376,7 @@ impl Core {
             started_at_ms: None,
             finished_at_ms: None,
             reported: false,
+            cleanup: None,
         };
         self.by_key.insert((req.session, req.idempotency_key), id.clone());
         self.index(&id, None, Status::Queued);
@@ -507,6 +537,7 @@ impl Core {
     }
 
     fn tick(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        self.retry_cleanups(now, fx);
         let ttl = self.cfg.worker_ttl;
         let lost: Vec<WorkerId> = self
             .workers
@@ -715,6 +746,8 @@ impl Core {
     }
 }
 
+#[path = "board.rs"]
+mod board;
 #[path = "liveness.rs"]
 mod liveness;
 

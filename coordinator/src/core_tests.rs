@@ -2,7 +2,7 @@
 //! registry, just inputs and the effects they produce.
 
 use super::*;
-use tenure_protocol::messages::{AttemptEvidence, HeldAttempt, SidecarRefusal};
+use tenure_protocol::messages::{AttemptEvidence, CleanupRequest, HeldAttempt, SidecarRefusal};
 use tenure_protocol::{Attempt, Ending, HintTag, Outcome, TaskSpec};
 
 struct Harness {
@@ -443,4 +443,59 @@ fn an_operator_sees_and_kills_every_sessions_tasks_but_never_reports_them() {
     // Others still see nothing.
     let (_, reply) = h.api(ApiRequest::Get { session: s("bob"), task: t });
     assert!(matches!(reply, Some(Err(ApiError::NotFound(_)))));
+}
+
+fn cleanups(fx: &[Effect]) -> usize {
+    fx.iter().filter(|e| matches!(e, Effect::Cleanup { .. })).count()
+}
+
+#[test]
+fn a_cleanup_job_is_persisted_first_retried_with_backoff_and_cancelled_by_unarchive() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 1);
+    let t = h.submit("s", TaskSpec::shell("a", "true"));
+    h.heartbeat("w1", 1);
+    h.report("w1", &t, 1, completed());
+    let (fx, reply) = h.api(ApiRequest::Archive { session: s("s"), task: t.clone() });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Snapshot(_)))));
+    let persist_at =
+        fx.iter().rposition(|e| matches!(e, Effect::Persist(r) if r.cleanup.is_some())).expect("job persisted");
+    let send_at = fx.iter().position(|e| matches!(e, Effect::Cleanup { .. })).expect("job sent");
+    assert!(persist_at < send_at, "the job is durable before it is sent");
+    // Unanswered: re-sent after 2 s, then after 4 s (backoff), not before.
+    h.advance(Duration::from_millis(1500));
+    assert_eq!(cleanups(&h.input(Input::Tick)), 0);
+    h.advance(Duration::from_millis(600));
+    assert_eq!(cleanups(&h.input(Input::Tick)), 1);
+    h.advance(Duration::from_secs(3));
+    assert_eq!(cleanups(&h.input(Input::Tick)), 0);
+    h.advance(Duration::from_secs(2));
+    assert_eq!(cleanups(&h.input(Input::Tick)), 1);
+    // A repeated archive reuses the pending job.
+    let (fx, _) = h.api(ApiRequest::Archive { session: s("s"), task: t.clone() });
+    assert_eq!(cleanups(&fx), 0);
+    // Unarchive cancels it: no more sends, and a late answer changes nothing.
+    h.api(ApiRequest::Unarchive { session: s("s"), task: t.clone() });
+    h.advance(Duration::from_secs(120));
+    assert_eq!(cleanups(&h.input(Input::Tick)), 0);
+    let late = CleanupRequest { task: t.clone(), job: 1, epoch: Epoch(3) };
+    let fx = h.input(Input::CleanupResult {
+        worker: w("w1"),
+        request: late,
+        result: Ok(Ok(tenure_protocol::messages::CleanupDone { files: 1, records: 1 })),
+    });
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    assert!(!h.core.task(&t).unwrap().snapshot().cleaned);
+    // Delete starts job 2, which completes.
+    let (fx, _) = h.api(ApiRequest::Delete { session: s("s"), task: t.clone() });
+    let Some(Effect::Cleanup { request, .. }) = fx.into_iter().find(|e| matches!(e, Effect::Cleanup { .. })) else {
+        panic!("no job")
+    };
+    assert_eq!(request.job, 2);
+    h.input(Input::CleanupResult {
+        worker: w("w1"),
+        request,
+        result: Ok(Ok(tenure_protocol::messages::CleanupDone { files: 0, records: 1 })),
+    });
+    assert!(h.core.task(&t).unwrap().snapshot().cleaned);
 }

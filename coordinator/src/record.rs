@@ -20,6 +20,22 @@ pub struct TaskRecord {
     pub started_at_ms: Option<u64>,
     pub finished_at_ms: Option<u64>,
     pub reported: bool,
+    /// The durable cleanup job of an archive or delete, if any.
+    #[serde(default)]
+    pub cleanup: Option<CleanupJob>,
+}
+
+/// Releasing a finished task's files on its worker machine. Persisted (with the
+/// board move that asks for it) before anything is sent; re-sent with backoff
+/// until done; cancelled by `unarchive` while not done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CleanupJob {
+    /// Numbered within the task; a re-sent job keeps its number.
+    pub job: u32,
+    pub done: bool,
+    /// Cancelled by `unarchive` before it was done.
+    #[serde(default)]
+    pub cancelled: bool,
 }
 
 impl TaskRecord {
@@ -44,6 +60,8 @@ impl TaskRecord {
             started_at_ms: self.started_at_ms,
             finished_at_ms: self.finished_at_ms,
             reported: self.reported,
+            board: self.life.board,
+            cleaned: self.cleanup.is_some_and(|c| c.done && !c.cancelled),
         }
     }
 }

@@ -451,6 +451,18 @@ async fn execute(
             );
             Ok(())
         }
+        Effect::Cleanup { worker, request } => {
+            let subject = subjects::cleanup(&worker);
+            in_background(
+                client.clone(),
+                subject,
+                request,
+                results.clone(),
+                opts.command_timeout,
+                |request, result| Input::CleanupResult { worker, request, result },
+            );
+            Ok(())
+        }
         Effect::AskEvidence { worker, request } => {
             let subject = subjects::evidence(&worker);
             in_background(

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::ids::{Attempt, Epoch, Kind, SessionId, TaskId, WorkerId};
-use crate::lifecycle::{Outcome, RecoveryHint, Status};
+use crate::lifecycle::{Board, Outcome, RecoveryHint, Status};
 use crate::spec::TaskSpec;
 
 // ---------------------------------------------------------------- client API
@@ -40,6 +40,23 @@ pub enum ApiRequest {
     /// A surface (a finished `logs` read, `watch`) delivered the task's terminal
     /// state to its owner: mark it `reported`. Refused unless the task is terminal.
     MarkReported {
+        session: SessionId,
+        task: TaskId,
+    },
+    /// Move a finished task to the archive; its files on the worker machine are
+    /// released by a durable cleanup job.
+    Archive {
+        session: SessionId,
+        task: TaskId,
+    },
+    /// Bring an archived task back; a cleanup job not yet done is cancelled.
+    Unarchive {
+        session: SessionId,
+        task: TaskId,
+    },
+    /// Hide a finished task for good (its record stays for audit); its files
+    /// are released like an archive's.
+    Delete {
         session: SessionId,
         task: TaskId,
     },
@@ -158,6 +175,12 @@ pub struct TaskSnapshot {
     /// A kill or a wait delivered the terminal state to the owner (`get` and
     /// `ls` never set it).
     pub reported: bool,
+    /// Active, archived or deleted.
+    #[serde(default)]
+    pub board: Board,
+    /// The task's files on its worker machine were released (archive/delete).
+    #[serde(default)]
+    pub cleaned: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -464,6 +487,28 @@ pub enum AttemptEvidence {
     Unreadable(String),
 }
 
+// -------------------------------------------- coordinator → sidecar (cleanup)
+
+/// Release a finished task's files on its worker machine
+/// ([`crate::subjects::cleanup`]): its output file, attempt directories and
+/// recovery records, in that order. Idempotent; refused while any attempt of
+/// the task still runs there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CleanupRequest {
+    pub task: TaskId,
+    /// The job's number within the task (a re-sent job has the same number).
+    pub job: u32,
+    pub epoch: Epoch,
+}
+
+pub type CleanupReply = Result<CleanupDone, SidecarRefusal>;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CleanupDone {
+    pub files: u32,
+    pub records: u32,
+}
+
 // ------------------------------------------------ worker ↔ sidecar (local)
 
 /// Requests from the worker to its machine's sidecar, over a unix socket.
@@ -509,6 +554,9 @@ pub enum SidecarRefusal {
     /// it must never start on this machine.
     #[error("{task} attempt {attempt} was revoked by the leader; it must not start here")]
     Revoked { task: TaskId, attempt: Attempt },
+    /// A cleanup job met an attempt of the task whose monitor still runs.
+    #[error("{task} still runs on this machine; its files are kept")]
+    StillRunning { task: TaskId },
     #[error("malformed request: {0}")]
     Malformed(String),
 }

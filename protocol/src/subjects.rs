@@ -66,6 +66,11 @@ pub fn input(worker: &WorkerId) -> String {
     format!("tenure.sidecar.{worker}.input")
 }
 
+/// The leader's cleanup jobs for a worker machine's sidecar (request/reply).
+pub fn cleanup(worker: &WorkerId) -> String {
+    format!("tenure.sidecar.{worker}.cleanup")
+}
+
 /// The leader's evidence queries to a worker machine's sidecar (request/reply).
 pub fn evidence(worker: &WorkerId) -> String {
     format!("tenure.sidecar.{worker}.evidence")

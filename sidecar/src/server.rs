@@ -25,8 +25,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use tenure_protocol::messages::{
-    ApiError, AttemptEvidence, AttemptRecord, EvidenceReply, EvidenceRequest, OutputChunk, OutputReply, OutputRequest,
-    Phase, SidecarRefusal, SidecarReply, SidecarRequest, MAX_OUTPUT_CHUNK,
+    ApiError, AttemptEvidence, AttemptRecord, CleanupDone, CleanupReply, CleanupRequest, EvidenceReply,
+    EvidenceRequest, OutputChunk, OutputReply, OutputRequest, Phase, SidecarRefusal, SidecarReply, SidecarRequest,
+    MAX_OUTPUT_CHUNK,
 };
 use tenure_protocol::{decode, encode, subjects, SessionId, TaskId, WorkerId};
 use tokio::net::{UnixListener, UnixStream};
@@ -148,6 +149,8 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         tokio::spawn(serve_output(nats.clone(), subjects::output(&worker), handle.clone(), layout.clone()));
     let evidence_task =
         tokio::spawn(serve_evidence(nats.clone(), subjects::evidence(&worker), handle.clone(), layout.clone()));
+    let cleanup_task =
+        tokio::spawn(serve_cleanup(nats.clone(), subjects::cleanup(&worker), handle.clone(), layout.clone()));
     let input_task = tokio::spawn(crate::input::serve(nats, subjects::input(&worker), handle.clone(), layout.clone()));
     info!(worker = %worker, socket = %socket.display(), "sidecar serving");
 
@@ -191,6 +194,8 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     output_task.abort();
     evidence_task.abort();
     input_task.abort();
+    cleanup_task.abort();
+    let _ = cleanup_task.await;
     let _ = output_task.await;
     let _ = evidence_task.await;
     let _ = input_task.await;
@@ -211,6 +216,8 @@ enum Command {
     Handle(SidecarRequest, oneshot::Sender<SidecarReply>),
     /// Owner and phase of the latest attempt of a task, for output reads.
     OutputOwner(TaskId, oneshot::Sender<Option<(SessionId, Phase)>>),
+    /// A cleanup job (after the task's files were removed).
+    Cleanup(CleanupRequest, oneshot::Sender<Result<u32, SidecarRefusal>>),
     /// The leader's evidence query (which may revoke an accepted attempt).
     Evidence(EvidenceRequest, oneshot::Sender<Result<RecordView, SidecarRefusal>>),
     /// The record of the latest attempt of a task, for input deliveries.
@@ -231,6 +238,13 @@ impl StoreHandle {
             return gone();
         }
         rx.await.unwrap_or_else(|_| gone())
+    }
+
+    async fn cleanup(&self, req: CleanupRequest) -> Result<u32, SidecarRefusal> {
+        let (tx, rx) = oneshot::channel();
+        let gone = || SidecarRefusal::Storage("the sidecar is shutting down".to_owned());
+        self.tx.send(Command::Cleanup(req, tx)).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
     }
 
     async fn evidence(&self, req: EvidenceRequest) -> Result<RecordView, SidecarRefusal> {
@@ -280,6 +294,12 @@ fn own_machine(mut machine: Result<Machine<SledStore>, String>, mut commands: mp
                 let _ = reply.send(machine.evidence(&req.task, req.attempt, req.epoch));
             }
             (Command::Evidence(_, reply), Err(reason)) => {
+                let _ = reply.send(Err(SidecarRefusal::Storage(reason.clone())));
+            }
+            (Command::Cleanup(req, reply), Ok(machine)) => {
+                let _ = reply.send(machine.cleanup(&req.task, req.epoch));
+            }
+            (Command::Cleanup(_, reply), Err(reason)) => {
                 let _ = reply.send(Err(SidecarRefusal::Storage(reason.clone())));
             }
             (Command::Latest(task, reply), Ok(machine)) => {
@@ -434,6 +454,73 @@ async fn read_output(store: &StoreHandle, layout: &Layout, payload: &[u8]) -> Ou
         ApiError::Unavailable(format!("cannot read the output of {}: {error}", req.task))
     })?;
     Ok(OutputChunk { next_offset: offset + data.len() as u64, data, size, finished: phase >= Phase::Exited })
+}
+
+/// Carries out the leader's cleanup jobs until aborted: files first (output,
+/// attempt directories), then records; refused while any attempt of the task
+/// still has a live monitor here.
+async fn serve_cleanup(client: async_nats::Client, subject: String, store: StoreHandle, layout: Layout) {
+    let mut requests = match client.subscribe(subject.clone()).await {
+        Ok(sub) => sub,
+        Err(error) => {
+            error!(%error, subject, "cannot subscribe to cleanup jobs; they will not be done");
+            return;
+        }
+    };
+    while let Some(msg) = requests.next().await {
+        let Some(reply_to) = msg.reply else { continue };
+        let reply: CleanupReply = match decode::<CleanupRequest>(&msg.payload) {
+            Err(e) => Err(SidecarRefusal::Malformed(e.to_string())),
+            Ok(req) => {
+                let layout = layout.clone();
+                let task = req.task.clone();
+                let files = tokio::task::spawn_blocking(move || remove_task_files(&layout, &task)).await;
+                match files {
+                    Ok(Ok(files)) => store.cleanup(req.clone()).await.map(|records| CleanupDone { files, records }),
+                    Ok(Err(refusal)) => Err(refusal),
+                    Err(e) => Err(SidecarRefusal::Storage(e.to_string())),
+                }
+            }
+        };
+        match encode(&reply) {
+            Ok(bytes) => {
+                if let Err(error) = client.publish(reply_to, bytes.into()).await {
+                    warn!(%error, "cannot send a cleanup reply");
+                }
+            }
+            Err(error) => warn!(%error, "cleanup reply cannot be encoded"),
+        }
+    }
+}
+
+/// Removes a finished task's output file and attempt directories; refuses (and
+/// removes nothing) while any of its monitors lives.
+fn remove_task_files(layout: &Layout, task: &TaskId) -> Result<u32, SidecarRefusal> {
+    let prefix = format!("{task}.");
+    let dirs: Vec<PathBuf> = std::fs::read_dir(layout.attempts_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            e.file_name().to_str().is_some_and(|n| n.strip_prefix(&prefix).is_some_and(|a| a.parse::<u32>().is_ok()))
+        })
+        .map(|e| e.path())
+        .collect();
+    if dirs.iter().any(|d| AttemptFiles::new(d.clone()).monitor().is_some_and(|m| m.alive())) {
+        return Err(SidecarRefusal::StillRunning { task: task.clone() });
+    }
+    let mut removed = 0;
+    match std::fs::remove_file(layout.output_path(task)) {
+        Ok(()) => removed += 1,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(SidecarRefusal::Storage(format!("cannot remove the output of {task}: {e}"))),
+    }
+    for dir in dirs {
+        std::fs::remove_dir_all(&dir)
+            .map_err(|e| SidecarRefusal::Storage(format!("cannot remove {}: {e}", dir.display())))?;
+        removed += 1;
+    }
+    Ok(removed)
 }
 
 /// Answers the leader's evidence queries until aborted.

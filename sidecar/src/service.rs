@@ -304,6 +304,22 @@ impl<S: RecoveryStore> Machine<S> {
         }
     }
 
+    /// A cleanup job: forgets every record of `task` (each attempt tombstoned, so
+    /// nothing of it can be accepted again). The caller removed the task's files
+    /// first, so a crash in between leaves records that a retry finds again,
+    /// never files that nothing names.
+    pub fn cleanup(&mut self, task: &TaskId, epoch: Epoch) -> Result<u32, SidecarRefusal> {
+        self.observe(epoch)?;
+        let attempts: Vec<Attempt> = self.records.keys().filter(|(t, _)| t == task).map(|(_, a)| *a).collect();
+        for attempt in &attempts {
+            self.revoke(task, *attempt)?;
+            self.store.remove(task, *attempt).map_err(storage)?;
+            self.records.remove(&(task.clone(), *attempt));
+        }
+        info!(task = %task, records = attempts.len(), "cleaned up");
+        Ok(attempts.len() as u32)
+    }
+
     /// Persists the tombstone of a revoked attempt (idempotent).
     fn revoke(&mut self, task: &TaskId, attempt: Attempt) -> Decision {
         if self.revoked.contains(&(task.clone(), attempt)) {

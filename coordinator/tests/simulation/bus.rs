@@ -87,6 +87,8 @@ impl Msg {
     }
 }
 
+// Replies live for a tick or two in a test's queue: size does not matter here.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Reply {
     Worker(WorkerReply),

@@ -392,6 +392,10 @@ impl Cluster {
                     );
                     ctx.note(|| format!("c{s} e{epoch} → m{w} #{req} {line}: {fate}"));
                 }
+                // The model's clients never archive or delete: no cleanup jobs.
+                Effect::Cleanup { worker, request } => {
+                    ctx.note(|| format!("c{s} cleanup {}#{} for {worker} (not modelled)", request.task, request.job));
+                }
                 Effect::AskEvidence { worker, request } => {
                     let w = worker_index(&worker);
                     let line = format!("evidence? {}#{} e{}", request.task, request.attempt, request.epoch);

@@ -434,6 +434,9 @@ pub fn fmt_input(input: &Input) -> String {
         Input::CommandResult { worker, command, result } => {
             format!("{worker} answered {}: {}", fmt_command(command), clip(&format!("{result:?}")))
         }
+        Input::CleanupResult { worker, request, result } => {
+            format!("{worker} cleanup {}#{}: {}", request.task, request.job, clip(&format!("{result:?}")))
+        }
         Input::Evidence { worker, request, result } => {
             format!("{worker} evidence {}#{}: {}", request.task, request.attempt, clip(&format!("{result:?}")))
         }

@@ -1,0 +1,118 @@
+//! Board moves of finished tasks (archive, unarchive, delete) and the durable
+//! cleanup jobs that release their files on the worker machine.
+//!
+//! A job is persisted with the task before anything is sent; it is re-sent with
+//! exponential backoff (1 s doubling to 60 s) until the machine's sidecar says
+//! it is done; a repeated archive or delete reuses the pending job; `unarchive`
+//! cancels a job that is not done yet, so no later retry destroys anything. A
+//! job already on its way when it is cancelled may still land: the window is
+//! one request.
+
+use std::time::Duration;
+
+use tenure_protocol::messages::{ApiError, ApiReply, ApiResponse, CleanupReply, CleanupRequest};
+use tenure_protocol::{Board, Decision, Event, SessionId, TaskId, Unchanged, WorkerId};
+
+use super::{Core, Effect, Now};
+use crate::record::CleanupJob;
+
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const LAST_RETRY: Duration = Duration::from_secs(60);
+
+impl Core {
+    /// Applies a board event for the owner, then starts, reuses or cancels the
+    /// task's cleanup job.
+    pub(super) fn board(
+        &mut self,
+        session: &SessionId,
+        task: &TaskId,
+        event: Event,
+        now: Now,
+        fx: &mut Vec<Effect>,
+    ) -> ApiReply {
+        let status = self.owned(session, task)?.life.status;
+        let board = self.owned(session, task)?.life.board;
+        if let Some(Decision::Unchanged(Unchanged::NotApplicable)) = self.event(task, event.clone(), now, fx) {
+            let why = match (&event, board) {
+                (_, Board::Deleted) => format!("{task} is deleted"),
+                (Event::Unarchive, _) => format!("{task} is not archived"),
+                _ => format!("{task} is {status}: only a finished task can be archived or deleted"),
+            };
+            return Err(ApiError::InvalidRequest(why));
+        }
+        let Some(r) = self.tasks.get_mut(task) else { return Err(ApiError::NotFound(task.to_string())) };
+        let pending = r.cleanup.filter(|j| !j.done && !j.cancelled);
+        match event {
+            Event::Archive | Event::Delete if r.life.worker.is_some() && r.cleanup.is_none_or(|j| j.cancelled) => {
+                let job = r.cleanup.map(|j| j.job + 1).unwrap_or(1);
+                r.cleanup = Some(CleanupJob { job, done: false, cancelled: false });
+                fx.push(Effect::Persist(Box::new(r.clone())));
+                self.cleanup_tries.remove(task);
+                self.send_cleanup(task, now, fx);
+            }
+            Event::Unarchive if pending.is_some() => {
+                r.cleanup = pending.map(|j| CleanupJob { cancelled: true, ..j });
+                fx.push(Effect::Persist(Box::new(r.clone())));
+                self.cleanup_tries.remove(task);
+                tracing::info!(task = %task, "unarchived: its pending cleanup job is cancelled");
+            }
+            _ => {}
+        }
+        self.owned(session, task).map(|r| ApiResponse::Snapshot(r.snapshot()))
+    }
+
+    fn send_cleanup(&mut self, task: &TaskId, now: Now, fx: &mut Vec<Effect>) {
+        let Some(r) = self.tasks.get(task) else { return };
+        let (Some(job), Some(worker)) = (r.cleanup.filter(|j| !j.done && !j.cancelled), r.life.worker.clone()) else {
+            return;
+        };
+        let tries = self.cleanup_tries.entry(task.clone()).or_insert((now.mono, 0));
+        *tries = (now.mono, tries.1 + 1);
+        let request = CleanupRequest { task: task.clone(), job: job.job, epoch: self.epoch };
+        fx.push(Effect::Cleanup { worker, request });
+    }
+
+    /// Re-sends pending jobs whose backoff has passed.
+    pub(super) fn retry_cleanups(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        let due: Vec<TaskId> = self
+            .tasks
+            .values()
+            .filter(|r| r.cleanup.is_some_and(|j| !j.done && !j.cancelled))
+            .filter(|r| match self.cleanup_tries.get(&r.id) {
+                None => true,
+                Some((at, tries)) => {
+                    let wait = FIRST_RETRY.saturating_mul(1 << (*tries).min(6)).min(LAST_RETRY);
+                    now.mono.saturating_sub(*at) >= wait
+                }
+            })
+            .map(|r| r.id.clone())
+            .collect();
+        for task in due {
+            self.send_cleanup(&task, now, fx);
+        }
+    }
+
+    /// Marks a job done when its machine confirms it.
+    pub(super) fn cleanup_result(
+        &mut self,
+        worker: WorkerId,
+        request: CleanupRequest,
+        result: Result<CleanupReply, String>,
+        fx: &mut Vec<Effect>,
+    ) {
+        let task = request.task;
+        match result {
+            Ok(Ok(done)) => {
+                let Some(r) = self.tasks.get_mut(&task) else { return };
+                if let Some(job) = r.cleanup.filter(|j| j.job == request.job && !j.done && !j.cancelled) {
+                    r.cleanup = Some(CleanupJob { done: true, ..job });
+                    fx.push(Effect::Persist(Box::new(r.clone())));
+                    self.cleanup_tries.remove(&task);
+                    tracing::info!(task = %task, %worker, files = done.files, records = done.records, "cleanup job done");
+                }
+            }
+            Ok(Err(refusal)) => tracing::warn!(task = %task, %worker, %refusal, "cleanup job refused; will retry"),
+            Err(error) => tracing::debug!(task = %task, %worker, %error, "cleanup job not answered; will retry"),
+        }
+    }
+}
