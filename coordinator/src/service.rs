@@ -426,7 +426,7 @@ async fn execute(
     guard: &mut Guard,
     visibility: &mut Visibility,
 ) -> Result<(), Stop> {
-    let Outbox { client, notices, results, opts } = *out;
+    let Outbox { client, notices, .. } = *out;
     match effect {
         Effect::Notify(snapshot) => {
             notices.publish(*snapshot);
@@ -441,38 +441,17 @@ async fn execute(
         },
         Effect::Command { worker, command } => {
             let subject = subjects::worker_commands(&worker);
-            in_background(
-                client.clone(),
-                subject,
-                command,
-                results.clone(),
-                opts.command_timeout,
-                |command, result| Input::CommandResult { worker, command, result },
-            );
+            out.in_background(subject, command, |command, result| Input::CommandResult { worker, command, result });
             Ok(())
         }
         Effect::Cleanup { worker, request } => {
             let subject = subjects::cleanup(&worker);
-            in_background(
-                client.clone(),
-                subject,
-                request,
-                results.clone(),
-                opts.command_timeout,
-                |request, result| Input::CleanupResult { worker, request, result },
-            );
+            out.in_background(subject, request, |request, result| Input::CleanupResult { worker, request, result });
             Ok(())
         }
         Effect::AskEvidence { worker, request } => {
             let subject = subjects::evidence(&worker);
-            in_background(
-                client.clone(),
-                subject,
-                request,
-                results.clone(),
-                opts.command_timeout,
-                |request, result| Input::Evidence { worker, request, result },
-            );
+            out.in_background(subject, request, |request, result| Input::Evidence { worker, request, result });
             Ok(())
         }
         Effect::Reply { to, mut reply } => {
@@ -494,21 +473,23 @@ async fn execute(
     }
 }
 
-/// Sends a request without blocking the loop; its answer, or the transport
-/// failure, re-enters the loop as the input `back` builds from it.
-fn in_background<Req, Rep>(
-    client: async_nats::Client,
-    subject: String,
-    request: Req,
-    results: mpsc::Sender<Input>,
-    timeout: Duration,
-    back: impl FnOnce(Req, Result<Rep, String>) -> Input + Send + 'static,
-) where
-    Req: serde::Serialize + Send + Sync + 'static,
-    Rep: serde::de::DeserializeOwned + Send + 'static,
-{
-    tokio::spawn(async move {
-        let result = tenure_transport::request(&client, subject, &request, timeout).await.map_err(|e| e.to_string());
-        let _ = results.send(back(request, result)).await;
-    });
+impl Outbox<'_> {
+    /// Sends a request without blocking the loop; its answer, or the transport
+    /// failure, re-enters the loop as the input `back` builds from it.
+    fn in_background<Req, Rep>(
+        &self,
+        subject: String,
+        request: Req,
+        back: impl FnOnce(Req, Result<Rep, String>) -> Input + Send + 'static,
+    ) where
+        Req: serde::Serialize + Send + Sync + 'static,
+        Rep: serde::de::DeserializeOwned + Send + 'static,
+    {
+        let (client, results, timeout) = (self.client.clone(), self.results.clone(), self.opts.command_timeout);
+        tokio::spawn(async move {
+            let result =
+                tenure_transport::request(&client, subject, &request, timeout).await.map_err(|e| e.to_string());
+            let _ = results.send(back(request, result)).await;
+        });
+    }
 }
