@@ -147,10 +147,20 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     };
     let output_task =
         tokio::spawn(serve_output(nats.clone(), subjects::output(&worker), handle.clone(), layout.clone()));
-    let evidence_task =
-        tokio::spawn(serve_evidence(nats.clone(), subjects::evidence(&worker), handle.clone(), layout.clone()));
-    let cleanup_task =
-        tokio::spawn(serve_cleanup(nats.clone(), subjects::cleanup(&worker), handle.clone(), layout.clone()));
+    let evidence_task = {
+        let (store, layout, client, subject) =
+            (handle.clone(), layout.clone(), nats.clone(), subjects::evidence(&worker));
+        tokio::spawn(async move {
+            serve_leader(client, subject, "evidence queries", |req| evidence(req, &store, &layout)).await
+        })
+    };
+    let cleanup_task = {
+        let (store, layout, client, subject) =
+            (handle.clone(), layout.clone(), nats.clone(), subjects::cleanup(&worker));
+        tokio::spawn(
+            async move { serve_leader(client, subject, "cleanup jobs", |req| cleanup(req, &store, &layout)).await },
+        )
+    };
     let input_task = tokio::spawn(crate::input::serve(nats, subjects::input(&worker), handle.clone(), layout.clone()));
     info!(worker = %worker, socket = %socket.display(), "sidecar serving");
 
@@ -456,40 +466,49 @@ async fn read_output(store: &StoreHandle, layout: &Layout, payload: &[u8]) -> Ou
     Ok(OutputChunk { next_offset: offset + data.len() as u64, data, size, finished: phase >= Phase::Exited })
 }
 
-/// Carries out the leader's cleanup jobs until aborted: files first (output,
-/// attempt directories), then records; refused while any attempt of the task
-/// still has a live monitor here.
-async fn serve_cleanup(client: async_nats::Client, subject: String, store: StoreHandle, layout: Layout) {
+/// Answers the leader's requests on `subject`, one at a time, until aborted:
+/// each is decoded (a malformed one is refused `Malformed`), answered by
+/// `answer`, and the reply sent back encoded.
+async fn serve_leader<Req, Rep, F, Fut>(client: async_nats::Client, subject: String, what: &'static str, answer: F)
+where
+    Req: serde::de::DeserializeOwned,
+    Rep: serde::Serialize,
+    F: Fn(Req) -> Fut,
+    Fut: Future<Output = Result<Rep, SidecarRefusal>>,
+{
     let mut requests = match client.subscribe(subject.clone()).await {
         Ok(sub) => sub,
         Err(error) => {
-            error!(%error, subject, "cannot subscribe to cleanup jobs; they will not be done");
+            error!(%error, subject, what, "cannot subscribe; these requests will not be answered");
             return;
         }
     };
     while let Some(msg) = requests.next().await {
         let Some(reply_to) = msg.reply else { continue };
-        let reply: CleanupReply = match decode::<CleanupRequest>(&msg.payload) {
+        let reply = match decode::<Req>(&msg.payload) {
             Err(e) => Err(SidecarRefusal::Malformed(e.to_string())),
-            Ok(req) => {
-                let layout = layout.clone();
-                let task = req.task.clone();
-                let files = tokio::task::spawn_blocking(move || remove_task_files(&layout, &task)).await;
-                match files {
-                    Ok(Ok(files)) => store.cleanup(req.clone()).await.map(|records| CleanupDone { files, records }),
-                    Ok(Err(refusal)) => Err(refusal),
-                    Err(e) => Err(SidecarRefusal::Storage(e.to_string())),
-                }
-            }
+            Ok(req) => answer(req).await,
         };
         match encode(&reply) {
             Ok(bytes) => {
                 if let Err(error) = client.publish(reply_to, bytes.into()).await {
-                    warn!(%error, "cannot send a cleanup reply");
+                    warn!(%error, what, "cannot send a reply");
                 }
             }
-            Err(error) => warn!(%error, "cleanup reply cannot be encoded"),
+            Err(error) => warn!(%error, what, "reply cannot be encoded"),
         }
+    }
+}
+
+/// Carries out one cleanup job: files first (output, attempt directories),
+/// then records; refused while any attempt of the task still has a live
+/// monitor here.
+async fn cleanup(req: CleanupRequest, store: &StoreHandle, layout: &Layout) -> CleanupReply {
+    let (layout, task) = (layout.clone(), req.task.clone());
+    match tokio::task::spawn_blocking(move || remove_task_files(&layout, &task)).await {
+        Ok(Ok(files)) => store.cleanup(req).await.map(|records| CleanupDone { files, records }),
+        Ok(Err(refusal)) => Err(refusal),
+        Err(e) => Err(SidecarRefusal::Storage(e.to_string())),
     }
 }
 
@@ -523,37 +542,14 @@ fn remove_task_files(layout: &Layout, task: &TaskId) -> Result<u32, SidecarRefus
     Ok(removed)
 }
 
-/// Answers the leader's evidence queries until aborted.
-async fn serve_evidence(client: async_nats::Client, subject: String, store: StoreHandle, layout: Layout) {
-    let mut requests = match client.subscribe(subject.clone()).await {
-        Ok(sub) => sub,
-        Err(error) => {
-            error!(%error, subject, "cannot subscribe to evidence queries; they will not be answered");
-            return;
-        }
-    };
-    while let Some(msg) = requests.next().await {
-        let Some(reply_to) = msg.reply else { continue };
-        let reply: EvidenceReply = match decode::<EvidenceRequest>(&msg.payload) {
-            Err(e) => Err(SidecarRefusal::Malformed(e.to_string())),
-            Ok(req) => {
-                let files = AttemptFiles::new(layout.attempt_dir(&req.task, req.attempt));
-                let view = store.evidence(req.clone()).await;
-                let answer = tokio::task::spawn_blocking(move || judge(view, &files)).await;
-                let answer = answer.unwrap_or_else(|e| Err(SidecarRefusal::Storage(e.to_string())));
-                info!(task = %req.task, attempt = %req.attempt, epoch = %req.epoch, ?answer, "answered an evidence query");
-                answer
-            }
-        };
-        match encode(&reply) {
-            Ok(bytes) => {
-                if let Err(error) = client.publish(reply_to, bytes.into()).await {
-                    warn!(%error, "cannot send an evidence reply");
-                }
-            }
-            Err(error) => warn!(%error, "evidence reply cannot be encoded"),
-        }
-    }
+/// Answers one evidence query from the records and the attempt's own files.
+async fn evidence(req: EvidenceRequest, store: &StoreHandle, layout: &Layout) -> EvidenceReply {
+    let files = AttemptFiles::new(layout.attempt_dir(&req.task, req.attempt));
+    let view = store.evidence(req.clone()).await;
+    let answer = tokio::task::spawn_blocking(move || judge(view, &files)).await;
+    let answer = answer.unwrap_or_else(|e| Err(SidecarRefusal::Storage(e.to_string())));
+    info!(task = %req.task, attempt = %req.attempt, epoch = %req.epoch, ?answer, "answered an evidence query");
+    answer
 }
 
 /// Combines what the records say with what the attempt's own files prove.
