@@ -56,6 +56,10 @@ enum Command {
         /// session's tasks). A secret: at least 16 characters. Repeatable.
         #[arg(long = "operator-session", env = "TENURE_OPERATOR_SESSIONS", value_delimiter = ',')]
         operators: Vec<SessionId>,
+        /// Garbage-collect finished tasks this many seconds after they ended
+        /// (files on the worker first, then the registry record); 0 keeps them.
+        #[arg(long, default_value_t = 7 * 24 * 3600)]
+        retention_secs: u64,
     },
     /// Run a worker (needs its sidecar running on the same data dir).
     Worker {
@@ -296,6 +300,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             renew_interval_ms,
             renew_deadline_ms,
             operators,
+            retention_secs,
         } => {
             if let Some(weak) = operators.iter().find(|o| o.as_str().len() < 16) {
                 anyhow::bail!(
@@ -310,6 +315,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             let mut opts = tenure_coordinator::Options { nats_url: nats, name, replicas, lease, ..Default::default() };
             opts.core.worker_ttl = Duration::from_millis(worker_ttl_ms);
             opts.core.operators = operators;
+            opts.core.retention = (retention_secs > 0).then(|| Duration::from_secs(retention_secs));
             tenure_coordinator::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }

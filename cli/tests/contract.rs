@@ -131,3 +131,35 @@ fn archive_unarchive_and_delete_move_the_board_and_release_the_files() {
     // Another session can do none of it.
     assert!(!c.cli_as("someone-else", &["archive", &d]).status.success());
 }
+
+#[test]
+fn finished_tasks_are_garbage_collected_after_the_retention() {
+    let mut c = Cluster::start(1);
+    c.kill9("coordinator");
+    c.spawn("coordinator", &["coordinator", "--name", "gc", "--worker-ttl-ms", "3000", "--retention-secs", "1"]);
+    c.wait_workers(1);
+    let task = eventually_submit(&c, "echo collected");
+    assert!(c.cli(&["wait", &task]).status.success());
+    let out = c.worker_dir("w1").join("output").join(format!("{task}.out"));
+    assert!(out.exists());
+    let gone = tenure_testkit::eventually(BOUND, || {
+        let get = c.cli(&["get", &task]);
+        (!get.status.success() && common::stderr(&get).contains("not found")).then_some(())
+    });
+    assert!(gone.is_some(), "never collected:\n{}", c.logs());
+    assert!(!out.exists(), "the output was released before the record was compacted");
+    // Its number is never reused, even by a coordinator that loads the registry afresh.
+    c.kill9("coordinator");
+    c.spawn("coordinator", &["coordinator", "--name", "after", "--worker-ttl-ms", "3000"]);
+    let next = eventually_submit(&c, "echo next");
+    let n = |id: &str| id.rsplit_once('-').unwrap().1.parse::<u64>().unwrap();
+    assert!(n(&next) > n(&task), "{next} reuses the number of {task}");
+}
+
+fn eventually_submit(c: &Cluster, command: &str) -> String {
+    tenure_testkit::eventually(BOUND, || {
+        let out = c.cli(&["submit", "--", command]);
+        out.status.success().then(|| stdout(&out).trim().to_owned())
+    })
+    .expect("submit")
+}

@@ -18,6 +18,8 @@ use crate::record::CleanupJob;
 
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const LAST_RETRY: Duration = Duration::from_secs(60);
+/// How often the garbage collector looks for expired tasks.
+const GC_EVERY: Duration = Duration::from_secs(5);
 
 impl Core {
     /// Applies a board event for the owner, then starts, reuses or cancels the
@@ -43,13 +45,7 @@ impl Core {
         let Some(r) = self.tasks.get_mut(task) else { return Err(ApiError::NotFound(task.to_string())) };
         let pending = r.cleanup.filter(|j| !j.done && !j.cancelled);
         match event {
-            Event::Archive | Event::Delete if r.life.worker.is_some() && r.cleanup.is_none_or(|j| j.cancelled) => {
-                let job = r.cleanup.map(|j| j.job + 1).unwrap_or(1);
-                r.cleanup = Some(CleanupJob { job, done: false, cancelled: false });
-                fx.push(Effect::Persist(Box::new(r.clone())));
-                self.cleanup_tries.remove(task);
-                self.send_cleanup(task, now, fx);
-            }
+            Event::Archive | Event::Delete => self.start_cleanup(task, now, fx),
             Event::Unarchive if pending.is_some() => {
                 r.cleanup = pending.map(|j| CleanupJob { cancelled: true, ..j });
                 fx.push(Effect::Persist(Box::new(r.clone())));
@@ -59,6 +55,55 @@ impl Core {
             _ => {}
         }
         self.owned(session, task).map(|r| ApiResponse::Snapshot(r.snapshot()))
+    }
+
+    /// Starts a cleanup job for a task that ran on a worker and has none going
+    /// (or only a cancelled one): persisted first, then sent.
+    fn start_cleanup(&mut self, task: &TaskId, now: Now, fx: &mut Vec<Effect>) {
+        let Some(r) = self.tasks.get_mut(task) else { return };
+        if r.life.worker.is_none() || r.cleanup.is_some_and(|j| !j.cancelled) {
+            return;
+        }
+        let job = r.cleanup.map(|j| j.job + 1).unwrap_or(1);
+        r.cleanup = Some(CleanupJob { job, done: false, cancelled: false });
+        fx.push(Effect::Persist(Box::new(r.clone())));
+        self.cleanup_tries.remove(task);
+        self.send_cleanup(task, now, fx);
+    }
+
+    /// Garbage collection, at most every few seconds: a task finished longer
+    /// than the retention ago first has its files released (a cleanup job),
+    /// then its record compacted to a tombstone and dropped from memory. Only
+    /// terminal tasks are ever touched; a machine that cannot be reached keeps
+    /// the job pending, and the record, until it answers.
+    pub(super) fn collect_garbage(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        let Some(retention) = self.cfg.retention else { return };
+        if self.last_gc.is_some_and(|at| now.mono.saturating_sub(at) < GC_EVERY) {
+            return;
+        }
+        self.last_gc = Some(now.mono);
+        let horizon = now.wall_ms.saturating_sub(retention.as_millis() as u64);
+        let expired: Vec<TaskId> = self
+            .tasks
+            .values()
+            .filter(|r| r.life.status.is_terminal() && r.finished_at_ms.is_some_and(|at| at <= horizon))
+            .map(|r| r.id.clone())
+            .collect();
+        for task in expired {
+            let Some(r) = self.tasks.get(&task) else { continue };
+            let released = r.life.worker.is_none() || r.cleanup.is_some_and(|j| j.done && !j.cancelled);
+            if !released {
+                self.start_cleanup(&task, now, fx);
+                continue;
+            }
+            if let Some(r) = self.tasks.remove(&task) {
+                self.by_key.remove(&(r.owner.clone(), r.idempotency_key));
+                self.waiters.remove(&task);
+                self.cleanup_tries.remove(&task);
+                tracing::info!(task = %task, "garbage-collected");
+                fx.push(Effect::Forget { task, at_ms: now.wall_ms });
+            }
+        }
     }
 
     fn send_cleanup(&mut self, task: &TaskId, now: Now, fx: &mut Vec<Effect>) {

@@ -38,6 +38,10 @@ pub struct CoreConfig {
     pub kill_retry: Duration,
     /// Kinds accepted at submit even before any worker advertised them.
     pub builtin_kinds: Vec<Kind>,
+    /// Finished tasks are garbage-collected this long after they ended (their
+    /// files released on the worker machine first, then the registry record
+    /// compacted). `None` keeps them forever.
+    pub retention: Option<Duration>,
     /// Sessions with the operator role: they may get, list and kill every
     /// session's tasks (never wait on them or mark them reported). They are
     /// secrets: authorization never relies on ids, but it does on these.
@@ -52,6 +56,7 @@ impl Default for CoreConfig {
             kill_retry: Duration::from_secs(2),
             builtin_kinds: vec![Kind::shell()],
             operators: Vec::new(),
+            retention: Some(Duration::from_secs(7 * 24 * 3600)),
         }
     }
 }
@@ -130,6 +135,11 @@ pub enum Effect {
         to: String,
         ack: ReportAck,
     },
+    /// Compact a garbage-collected task's record to a tombstone (conditional).
+    Forget {
+        task: TaskId,
+        at_ms: u64,
+    },
     /// Publish the terminal notice of a task (after its record is persisted).
     Notify(Box<TaskSnapshot>),
     /// A newer leader exists: stop writing and commanding.
@@ -176,6 +186,8 @@ pub struct Core {
     asked: HashMap<TaskId, Duration>,
     /// When a task's cleanup job was last sent, and how often.
     cleanup_tries: HashMap<TaskId, (Duration, u32)>,
+    /// When the garbage collector last ran.
+    last_gc: Option<Duration>,
 }
 
 impl Core {
@@ -197,6 +209,7 @@ impl Core {
             waiters: HashMap::new(),
             asked: HashMap::new(),
             cleanup_tries: HashMap::new(),
+            last_gc: None,
         };
         for r in records {
             core.next_n = core.next_n.max(r.id.number() + 1);
@@ -538,6 +551,7 @@ impl Core {
 
     fn tick(&mut self, now: Now, fx: &mut Vec<Effect>) {
         self.retry_cleanups(now, fx);
+        self.collect_garbage(now, fx);
         let ttl = self.cfg.worker_ttl;
         let lost: Vec<WorkerId> = self
             .workers

@@ -499,3 +499,45 @@ fn a_cleanup_job_is_persisted_first_retried_with_backoff_and_cancelled_by_unarch
     });
     assert!(h.core.task(&t).unwrap().snapshot().cleaned);
 }
+
+#[test]
+fn finished_tasks_are_collected_after_their_retention_files_first() {
+    let cfg = CoreConfig { retention: Some(Duration::from_secs(60)), ..CoreConfig::default() };
+    let now = Now { mono: Duration::from_secs(1), wall_ms: 1_000_000 };
+    let mut h = Harness { core: Core::new(cfg, Epoch(3), Vec::new(), now), now };
+    // Killed while queued, before any worker: it never ran anywhere.
+    let never = h.submit("s", TaskSpec::shell("b", "sleep 9"));
+    h.api(ApiRequest::Kill { session: s("s"), task: never.clone() });
+    h.heartbeat("w1", 2);
+    let ran = h.submit("s", TaskSpec::shell("a", "true"));
+    h.heartbeat("w1", 2);
+    h.report("w1", &ran, 1, completed());
+    let live = h.submit("s", TaskSpec::shell("c", "sleep 999"));
+    // Not before the retention.
+    h.advance(Duration::from_secs(30));
+    assert!(!h.input(Input::Tick).iter().any(|e| matches!(e, Effect::Forget { .. } | Effect::Cleanup { .. })));
+    h.advance(Duration::from_secs(40));
+    let fx = h.input(Input::Tick);
+    // A task that never ran anywhere is forgotten at once; one that ran first
+    // has its files released.
+    assert!(fx.iter().any(|e| matches!(e, Effect::Forget { task, .. } if *task == never)));
+    let Some(Effect::Cleanup { request, .. }) = fx.iter().find(|e| matches!(e, Effect::Cleanup { .. })).cloned() else {
+        panic!("no cleanup job: {fx:?}")
+    };
+    assert_eq!(request.task, ran);
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Forget { task, .. } if *task == ran)));
+    h.input(Input::CleanupResult {
+        worker: w("w1"),
+        request,
+        result: Ok(Ok(tenure_protocol::messages::CleanupDone { files: 2, records: 1 })),
+    });
+    h.advance(Duration::from_secs(6));
+    let fx = h.input(Input::Tick);
+    assert!(fx.iter().any(|e| matches!(e, Effect::Forget { task, .. } if *task == ran)));
+    let (_, reply) = h.api(ApiRequest::Get { session: s("s"), task: ran.clone() });
+    assert!(matches!(reply, Some(Err(ApiError::NotFound(_)))));
+    // Live tasks are never touched, and numbers are never reused.
+    assert!(h.core.task(&live).is_some());
+    let next = h.submit("s", TaskSpec::shell("d", "true"));
+    assert!(next.number() > live.number());
+}

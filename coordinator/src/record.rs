@@ -78,5 +78,11 @@ pub struct EpochClaim {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RegistryEntry {
     Task(Box<TaskRecord>),
+    /// A task garbage-collected after its retention: its record is compacted to
+    /// this, so its number is never reused and nothing else of it remains.
+    Forgotten {
+        id: TaskId,
+        at_ms: u64,
+    },
     Epoch(EpochClaim),
 }

@@ -116,6 +116,13 @@ impl Registry {
         self.append(subjects::registry_task(&record.id), &entry).await
     }
 
+    /// Compacts a garbage-collected task's record to a tombstone (conditional,
+    /// like every append: a deposed leader cannot forget anything).
+    pub async fn forget(&mut self, id: &TaskId, at_ms: u64) -> Result<(), Error> {
+        let entry = RegistryEntry::Forgotten { id: id.clone(), at_ms };
+        self.append(subjects::registry_task(id), &entry).await
+    }
+
     async fn append(&mut self, subject: String, entry: &RegistryEntry) -> Result<(), Error> {
         let payload: bytes::Bytes = tenure_protocol::encode(entry).map_err(|e| Error::Encode(e.to_string()))?.into();
         let expected = self.last_seq;
@@ -167,6 +174,9 @@ fn load_one(loaded: &mut Loaded, subject: &str, payload: &[u8]) {
         Ok(RegistryEntry::Task(record)) => {
             loaded.highest_n = loaded.highest_n.max(record.id.number());
             loaded.records.push(*record);
+        }
+        Ok(RegistryEntry::Forgotten { id, .. }) => {
+            loaded.highest_n = loaded.highest_n.max(id.number());
         }
         Ok(RegistryEntry::Epoch(claim)) => {
             if loaded.last_claim.as_ref().is_none_or(|c| c.epoch < claim.epoch) {

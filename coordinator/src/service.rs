@@ -439,6 +439,10 @@ async fn execute(
             stored = registry.put_task(&record) => stored.map_err(Stop::from),
             reason = guard.lost() => Err(Stop::StepDown(reason)),
         },
+        Effect::Forget { task, at_ms } => tokio::select! {
+            stored = registry.forget(&task, at_ms) => stored.map_err(Stop::from),
+            reason = guard.lost() => Err(Stop::StepDown(reason)),
+        },
         Effect::Command { worker, command } => {
             let subject = subjects::worker_commands(&worker);
             out.in_background(subject, command, |command, result| Input::CommandResult { worker, command, result });

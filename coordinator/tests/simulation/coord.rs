@@ -392,6 +392,10 @@ impl Cluster {
                     );
                     ctx.note(|| format!("c{s} e{epoch} → m{w} #{req} {line}: {fate}"));
                 }
+                // Retention is days; a schedule lasts minutes: nothing is collected.
+                Effect::Forget { task, .. } => {
+                    ctx.note(|| format!("c{s} forgets {task} (not modelled)"));
+                }
                 // The model's clients never archive or delete: no cleanup jobs.
                 Effect::Cleanup { worker, request } => {
                     ctx.note(|| format!("c{s} cleanup {}#{} for {worker} (not modelled)", request.task, request.job));
