@@ -28,11 +28,11 @@ pub struct Node {
 }
 
 impl Node {
-    fn new(name: &str, program: &Path, args: Vec<String>, logs: &Path) -> Node {
+    fn new(name: &str, program: &Path, args: &[&str], logs: &Path) -> Node {
         Node {
             name: name.into(),
             program: program.to_path_buf(),
-            args,
+            args: args.iter().map(|a| a.to_string()).collect(),
             log: logs.join(format!("{name}.log")),
             child: None,
             down_until: None,
@@ -114,20 +114,8 @@ impl Cluster {
         let logs = dir.join("logs");
         std::fs::create_dir_all(&logs)?;
         let nats_port = free_port()?;
-        let mut nats = Node::new(
-            "nats",
-            nats_bin,
-            vec![
-                "-a".into(),
-                "127.0.0.1".into(),
-                "-p".into(),
-                nats_port.to_string(),
-                "-js".into(),
-                "-sd".into(),
-                dir.join("nats").display().to_string(),
-            ],
-            &logs,
-        );
+        let (port, store) = (nats_port.to_string(), dir.join("nats").display().to_string());
+        let mut nats = Node::new("nats", nats_bin, &["-a", "127.0.0.1", "-p", &port, "-js", "-sd", &store], &logs);
         nats.start()?;
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", nats_port)).is_err() {
@@ -165,7 +153,7 @@ impl Cluster {
                 "--renew-deadline-ms",
                 "1200",
             ];
-            c.coordinators.push(Node::new(&format!("c{i}"), bin, args.iter().map(|s| s.to_string()).collect(), &logs));
+            c.coordinators.push(Node::new(&format!("c{i}"), bin, &args, &logs));
             c.coordinator_links.push(p);
         }
         for i in 1..=workers {
@@ -173,12 +161,7 @@ impl Cluster {
             let data = dir.join("workers").join(&id).display().to_string();
             let ps = Proxy::start(nats_port).await?;
             let args = ["--nats", &url(&ps), "sidecar", "--worker", &id, "--data-dir", &data];
-            c.sidecars.push(Node::new(
-                &format!("sidecar-{id}"),
-                bin,
-                args.iter().map(|s| s.to_string()).collect(),
-                &logs,
-            ));
+            c.sidecars.push(Node::new(&format!("sidecar-{id}"), bin, &args, &logs));
             c.sidecar_links.push(ps);
             let pw = Proxy::start(nats_port).await?;
             let args = [
@@ -196,12 +179,7 @@ impl Cluster {
                 "--kill-grace-ms",
                 "1000",
             ];
-            c.workers.push(Node::new(
-                &format!("worker-{id}"),
-                bin,
-                args.iter().map(|s| s.to_string()).collect(),
-                &logs,
-            ));
+            c.workers.push(Node::new(&format!("worker-{id}"), bin, &args, &logs));
             c.worker_links.push(pw);
         }
         c.supervise()?;

@@ -100,8 +100,9 @@ fn after_a_simulated_reboot_a_started_task_is_unknown_not_rerun() {
     let snap = c.wait_status(&task, "unknown", BOUND);
     assert_eq!(snap["hint"]["tag"], "maybe-ran", "{snap}");
     assert_eq!(snap["attempt"], 1);
-    // Given time, it is still not run again.
-    std::thread::sleep(Duration::from_millis(1500));
+    // The machine takes new work again, and still the task is not run again.
+    let later = c.submit(&["--", "echo later"]);
+    c.wait_status(&later, "completed", BOUND);
     let snap = c.snapshot(&task);
     assert_eq!((snap["status"].as_str(), snap["attempt"].as_u64()), (Some("unknown"), Some(1)));
     assert_eq!(read(&out), "started\n");
@@ -239,7 +240,11 @@ fn an_unopenable_store_degrades_the_sidecar_instead_of_crashing_it() {
     assert!(sidecar.log_text().contains("serving degraded"), "{}", sidecar.log_text());
     // No new work starts on a machine that cannot record intents.
     let next = c.submit(&["--", "echo never-here"]);
-    std::thread::sleep(Duration::from_millis(1500));
+    let refused = eventually(BOUND, || {
+        let log = c.daemon("coordinator").log_text();
+        log.lines().any(|l| l.contains("worker refused") && l.contains(&format!("task={next} "))).then_some(())
+    });
+    assert!(refused.is_some(), "the grant never reached the worker:\n{}", c.logs());
     assert_ne!(c.snapshot(&next)["status"], "completed");
     assert!(!output_file(&c, &next).exists());
 }

@@ -32,8 +32,7 @@ impl Core {
         now: Now,
         fx: &mut Vec<Effect>,
     ) -> ApiReply {
-        let status = self.owned(session, task)?.life.status;
-        let board = self.owned(session, task)?.life.board;
+        let (status, board) = self.owned(session, task).map(|r| (r.life.status, r.life.board))?;
         if let Some(Decision::Unchanged(Unchanged::NotApplicable)) = self.event(task, event.clone(), now, fx) {
             let why = match (&event, board) {
                 (_, Board::Deleted) => format!("{task} is deleted"),
@@ -107,8 +106,12 @@ impl Core {
     }
 
     fn send_cleanup(&mut self, task: &TaskId, now: Now, fx: &mut Vec<Effect>) {
-        let Some(r) = self.tasks.get(task) else { return };
-        let (Some(job), Some(worker)) = (r.cleanup.filter(|j| !j.done && !j.cancelled), r.life.worker.clone()) else {
+        let pending = self
+            .tasks
+            .get(task)
+            .and_then(|r| Some((r.cleanup.filter(|j| !j.done && !j.cancelled)?, r.life.worker.clone()?)));
+        let Some((job, worker)) = pending else {
+            self.cleanup_tries.remove(task);
             return;
         };
         let tries = self.cleanup_tries.entry(task.clone()).or_insert((now.mono, 0));
@@ -117,20 +120,17 @@ impl Core {
         fx.push(Effect::Cleanup { worker, request });
     }
 
-    /// Re-sends pending jobs whose backoff has passed.
+    /// Re-sends pending jobs whose backoff has passed. `cleanup_tries` holds
+    /// exactly the tasks with a pending job, so this never scans the registry.
     pub(super) fn retry_cleanups(&mut self, now: Now, fx: &mut Vec<Effect>) {
         let due: Vec<TaskId> = self
-            .tasks
-            .values()
-            .filter(|r| r.cleanup.is_some_and(|j| !j.done && !j.cancelled))
-            .filter(|r| match self.cleanup_tries.get(&r.id) {
-                None => true,
-                Some((at, tries)) => {
-                    let wait = FIRST_RETRY.saturating_mul(1 << (*tries).min(6)).min(LAST_RETRY);
-                    now.mono.saturating_sub(*at) >= wait
-                }
+            .cleanup_tries
+            .iter()
+            .filter(|(_, (at, tries))| {
+                let wait = FIRST_RETRY.saturating_mul(1 << (*tries).min(6)).min(LAST_RETRY);
+                *tries == 0 || now.mono.saturating_sub(*at) >= wait
             })
-            .map(|r| r.id.clone())
+            .map(|(task, _)| task.clone())
             .collect();
         for task in due {
             self.send_cleanup(&task, now, fx);

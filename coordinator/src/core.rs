@@ -224,6 +224,10 @@ impl Core {
                 });
             }
             core.index(&r.id, None, r.life.status);
+            // A cleanup job the previous leader left pending is resumed at once.
+            if r.cleanup.is_some_and(|j| !j.done && !j.cancelled) {
+                core.cleanup_tries.insert(r.id.clone(), (now.mono, 0));
+            }
             core.tasks.insert(r.id.clone(), r);
         }
         core

@@ -380,17 +380,7 @@ impl Cluster {
                     let w = worker_index(&worker);
                     let line = if ctx.trace.enabled { fmt_command(&command) } else { String::new() };
                     let asked = Asked::Command { worker: w, command: command.clone() };
-                    let (req, fate) = ctx.bus.request(
-                        &mut ctx.rng,
-                        ctx.now,
-                        Node::Coord(s),
-                        term_id,
-                        Dest::Node(Node::Machine(w)),
-                        COMMAND_TIMEOUT,
-                        asked,
-                        |req| Msg::Command { req, command },
-                    );
-                    ctx.note(|| format!("c{s} e{epoch} → m{w} #{req} {line}: {fate}"));
+                    ask_machine(ctx, s, term_id, epoch, w, line, asked, |req| Msg::Command { req, command });
                 }
                 // Retention is days; a schedule lasts minutes: nothing is collected.
                 Effect::Forget { task, .. } => {
@@ -404,17 +394,7 @@ impl Cluster {
                     let w = worker_index(&worker);
                     let line = format!("evidence? {}#{} e{}", request.task, request.attempt, request.epoch);
                     let asked = Asked::Evidence { worker: w, request: request.clone() };
-                    let (req, fate) = ctx.bus.request(
-                        &mut ctx.rng,
-                        ctx.now,
-                        Node::Coord(s),
-                        term_id,
-                        Dest::Node(Node::Machine(w)),
-                        COMMAND_TIMEOUT,
-                        asked,
-                        |req| Msg::AskEvidence { req, request },
-                    );
-                    ctx.note(|| format!("c{s} e{epoch} → m{w} #{req} {line}: {fate}"));
+                    ask_machine(ctx, s, term_id, epoch, w, line, asked, |req| Msg::AskEvidence { req, request });
                 }
                 Effect::Reply { to, reply } => {
                     let req = to.parse().expect("the simulation's reply subjects are request ids");
@@ -461,4 +441,29 @@ impl Cluster {
 
 pub fn host_id(index: usize) -> WorkerId {
     format!("w{index}").parse().expect("w<index> is a valid worker id")
+}
+
+/// Sends a coordinator's request to machine `w` over the bus and traces its fate.
+#[allow(clippy::too_many_arguments)]
+fn ask_machine(
+    ctx: &mut Ctx,
+    s: usize,
+    term_id: u64,
+    epoch: Epoch,
+    w: usize,
+    line: String,
+    asked: Asked,
+    make: impl FnOnce(super::bus::ReqId) -> Msg,
+) {
+    let (req, fate) = ctx.bus.request(
+        &mut ctx.rng,
+        ctx.now,
+        Node::Coord(s),
+        term_id,
+        Dest::Node(Node::Machine(w)),
+        COMMAND_TIMEOUT,
+        asked,
+        make,
+    );
+    ctx.note(|| format!("c{s} e{epoch} → m{w} #{req} {line}: {fate}"));
 }
