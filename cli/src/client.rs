@@ -10,7 +10,7 @@ use tenure_protocol::messages::{
     ApiReply, ApiRequest, ApiResponse, OutputChunk, OutputReply, OutputRequest, SubmitRequest, TaskSnapshot,
     MAX_OUTPUT_CHUNK, MAX_WAIT_MS,
 };
-use tenure_protocol::{subjects, SessionId, Status, TaskId, TaskSpec};
+use tenure_protocol::{subjects, Kind, SessionId, Status, StepSpec, TaskId, TaskSpec};
 
 use crate::Command;
 
@@ -79,8 +79,11 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
     let client = tenure_transport::connect(nats, "tenure-cli", false).await?;
     let api = Api { client, session };
     match verb {
-        Command::Submit { kind, idempotent, label, cwd, env, command } => {
+        Command::Submit { kind, idempotent, label, cwd, env, pattern, steps, command } => {
             let line = command_line(&command);
+            let kind = if steps.is_empty() { kind } else { Kind::workflow() };
+            let label = label.or_else(|| (!steps.is_empty()).then(|| format!("workflow of {} steps", steps.len())));
+            let steps = steps.into_iter().map(|command| StepSpec { kind: Kind::shell(), command }).collect();
             let mut env_map = std::collections::BTreeMap::new();
             for kv in env {
                 let (k, v) = kv.split_once('=').ok_or_else(|| anyhow!("--env expects NAME=VALUE, got {kv:?}"))?;
@@ -93,6 +96,8 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
                 cwd,
                 env: env_map,
                 idempotent,
+                pattern,
+                steps,
             };
             let req = ApiRequest::Submit(SubmitRequest {
                 session: api.session.clone(),
@@ -153,6 +158,13 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
                     );
                 }
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Logs { task, follow, offset } if *task.kind() == Kind::workflow() => {
+            if offset != 0 {
+                bail!("a workflow's output is its steps' outputs: read one step with `tenure logs STEP --offset N`");
+            }
+            workflow_logs(&api, &task, follow).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Logs { task, follow, offset } => {
@@ -327,7 +339,46 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     if let Some(h) = &s.hint {
         println!("hint:       [{}] {}", h.tag.as_str(), h.message);
     }
+    if let Some(p) = &s.parent {
+        println!("workflow:   {p}");
+    }
+    if s.kind == Kind::monitor() {
+        println!("matches:    {}", s.matches);
+    }
+    for step in &s.steps {
+        let task = opt(step.task.as_ref().map(ToString::to_string));
+        let status =
+            step.status.map(|st| st.as_str()).unwrap_or(if s.status.is_terminal() { "skipped" } else { "pending" });
+        let why = step.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default();
+        println!("step {}:     {status:<9} {task:<12} {}{why}", step.index, step.command);
+        if let Some(h) = &step.hint {
+            println!("            hint [{}] {}", h.tag.as_str(), h.message);
+        }
+    }
     Ok(())
+}
+
+/// A workflow's output: each step's output in order, under a header, marked
+/// reported once the workflow ended and every step's output is out.
+async fn workflow_logs(api: &Api, task: &TaskId, follow: bool) -> anyhow::Result<()> {
+    let mut shown = 0;
+    loop {
+        let s = api.snapshot(task).await?;
+        while let Some((step, child)) = s.steps.get(shown).and_then(|st| Some((st, st.task.clone()?))) {
+            println!("== step {} of {}: {} ({child}) ==", step.index, s.steps.len(), step.command);
+            logs(api, &child, follow, 0).await?;
+            shown += 1;
+        }
+        if s.status.is_terminal() {
+            let mark = ApiRequest::MarkReported { session: api.session.clone(), task: task.clone() };
+            api.call(&mark, API_TIMEOUT).await?;
+            return Ok(());
+        }
+        if !follow {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Reads output by offset from the sidecar of the task's worker machine; with

@@ -82,8 +82,10 @@ enum Command {
         #[arg(long)]
         kill_tasks_on_exit: bool,
         /// Task kinds this worker runs and advertises, comma-separated. `agent`
-        /// tasks keep their stdin open for `tenure send`; other kinds run like `shell`.
-        #[arg(long, value_delimiter = ',', default_value = "shell,agent")]
+        /// tasks keep their stdin open for `tenure send`; `monitor` tasks raise a
+        /// notification per output line matching their pattern; other kinds run
+        /// like `shell`.
+        #[arg(long, value_delimiter = ',', default_value = "shell,agent,monitor")]
         kinds: Vec<Kind>,
     },
     /// Internal: the per-task monitor a worker starts for each attempt.
@@ -136,8 +138,16 @@ enum Command {
         /// Environment variable for the task, NAME=VALUE (repeatable).
         #[arg(long = "env", value_name = "NAME=VALUE")]
         env: Vec<String>,
+        /// For `--kind monitor`: every output line matching this regular
+        /// expression raises a notification (`tenure watch`).
+        #[arg(long)]
+        pattern: Option<String>,
+        /// A workflow step, run as a `shell` task after the previous one
+        /// completed (repeatable, in order). Makes the task a `workflow`.
+        #[arg(long = "step", value_name = "COMMAND", conflicts_with = "command")]
+        steps: Vec<String>,
         /// The command line (one argument is run as is by `sh -c`; several are quoted and joined).
-        #[arg(last = true, required = true)]
+        #[arg(last = true, required_unless_present = "steps")]
         command: Vec<String>,
     },
     /// Show one task.

@@ -5,8 +5,9 @@
 //! exponential backoff (1 s doubling to 60 s) until the machine's sidecar says
 //! it is done; a repeated archive or delete reuses the pending job; `unarchive`
 //! cancels a job that is not done yet, so no later retry destroys anything. A
-//! job already on its way when it is cancelled may still land: the window is
-//! one request.
+//! job already on its way when it is cancelled may still land (the window is
+//! one request); its answer is then recorded, so the record never claims files
+//! that are gone: `cleaned` is the truth either way.
 
 use std::time::Duration;
 
@@ -53,7 +54,11 @@ impl Core {
             }
             _ => {}
         }
-        self.owned(session, task).map(|r| ApiResponse::Snapshot(r.snapshot()))
+        // A workflow's steps move with it (each with its own cleanup job).
+        for step in self.steps_of(task) {
+            let _ = self.board(session, &step, event.clone(), now, fx);
+        }
+        self.owned(session, task).map(|r| ApiResponse::Snapshot(self.snapshot_of(r)))
     }
 
     /// Starts a cleanup job for a task that ran on a worker and has none going
@@ -90,13 +95,14 @@ impl Core {
             .collect();
         for task in expired {
             let Some(r) = self.tasks.get(&task) else { continue };
-            let released = r.life.worker.is_none() || r.cleanup.is_some_and(|j| j.done && !j.cancelled);
+            let released = r.life.worker.is_none() || r.cleanup.is_some_and(|j| j.done);
             if !released {
                 self.start_cleanup(&task, now, fx);
                 continue;
             }
             if let Some(r) = self.tasks.remove(&task) {
                 self.by_key.remove(&(r.owner.clone(), r.idempotency_key));
+                self.children.remove(&task);
                 self.waiters.remove(&task);
                 self.cleanup_tries.remove(&task);
                 tracing::info!(task = %task, "garbage-collected");
@@ -149,11 +155,15 @@ impl Core {
         match result {
             Ok(Ok(done)) => {
                 let Some(r) = self.tasks.get_mut(&task) else { return };
-                if let Some(job) = r.cleanup.filter(|j| j.job == request.job && !j.done && !j.cancelled) {
+                if let Some(job) = r.cleanup.filter(|j| j.job == request.job && !j.done) {
                     r.cleanup = Some(CleanupJob { done: true, ..job });
                     fx.push(Effect::Persist(Box::new(r.clone())));
                     self.cleanup_tries.remove(&task);
-                    tracing::info!(task = %task, %worker, files = done.files, records = done.records, "cleanup job done");
+                    if job.cancelled {
+                        tracing::warn!(task = %task, %worker, "cleanup job landed before unarchive could cancel it: the task's files are released");
+                    } else {
+                        tracing::info!(task = %task, %worker, files = done.files, records = done.records, "cleanup job done");
+                    }
                 }
             }
             Ok(Err(refusal)) => tracing::warn!(task = %task, %worker, %refusal, "cleanup job refused; will retry"),

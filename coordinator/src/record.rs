@@ -23,6 +23,23 @@ pub struct TaskRecord {
     /// The durable cleanup job of an archive or delete, if any.
     #[serde(default)]
     pub cleanup: Option<CleanupJob>,
+    /// For a workflow step: which workflow, which step.
+    #[serde(default)]
+    pub parent: Option<StepOf>,
+    /// For a monitor: the output offset up to which matched lines were
+    /// notified (a repeated report below it notifies nothing), and how many.
+    #[serde(default)]
+    pub matched_through: u64,
+    #[serde(default)]
+    pub matches: u64,
+}
+
+/// The place of a child task in its workflow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepOf {
+    pub workflow: TaskId,
+    /// 0-based index into the workflow's steps.
+    pub index: u32,
 }
 
 /// Releasing a finished task's files on its worker machine. Persisted (with the
@@ -33,7 +50,8 @@ pub struct CleanupJob {
     /// Numbered within the task; a re-sent job keeps its number.
     pub job: u32,
     pub done: bool,
-    /// Cancelled by `unarchive` before it was done.
+    /// Cancelled by `unarchive`. A job already on its way may still land: then
+    /// it is also `done`, and the files are gone.
     #[serde(default)]
     pub cancelled: bool,
 }
@@ -61,7 +79,10 @@ impl TaskRecord {
             finished_at_ms: self.finished_at_ms,
             reported: self.reported,
             board: self.life.board,
-            cleaned: self.cleanup.is_some_and(|c| c.done && !c.cancelled),
+            cleaned: self.cleanup.is_some_and(|c| c.done),
+            parent: self.parent.as_ref().map(|p| p.workflow.clone()),
+            steps: Vec::new(),
+            matches: self.matches,
         }
     }
 }

@@ -301,8 +301,8 @@ async fn lead<F: Future<Output = ()>>(
         Err(reason) => return Ok(Ended::SteppedDown { epoch, reason: format!("notice stream unavailable: {reason}") }),
     };
     for effect in core.pending_notices() {
-        if let Effect::Notify(snapshot) = effect {
-            notices.publish(*snapshot);
+        if let Effect::Notify(notice) = effect {
+            notices.publish(*notice);
         }
     }
     let mut visibility = Visibility {
@@ -428,8 +428,8 @@ async fn execute(
 ) -> Result<(), Stop> {
     let Outbox { client, notices, .. } = *out;
     match effect {
-        Effect::Notify(snapshot) => {
-            notices.publish(*snapshot);
+        Effect::Notify(notice) => {
+            notices.publish(*notice);
             Ok(())
         }
         // An append still retrying when the renew deadline passes is abandoned:

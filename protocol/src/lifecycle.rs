@@ -227,6 +227,12 @@ pub enum Event {
     /// The worker machine proved the attempt's process gone without exit
     /// evidence (its monitor died with it, or its records are unreadable).
     Lost { attempt: Attempt, epoch: Epoch, hint: RecoveryHint },
+    /// The coordinator begins a workflow's steps. A workflow never goes to a
+    /// worker: it runs (attempt 1, no worker) while its child tasks run.
+    StepsBegan { epoch: Epoch },
+    /// A workflow's steps settled it: the last one completed, one did not, or a
+    /// kill stopped them.
+    StepsEnded { outcome: Outcome },
     /// The owner archives a finished task.
     Archive,
     /// The owner brings an archived task back to the board.
@@ -377,6 +383,26 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                 _ => Keep(Unchanged::NotApplicable),
             }
         }
+        Event::StepsBegan { epoch } => match l.status {
+            // Only a task never granted: a workflow is submitted and begun at once.
+            Queued if l.attempt.0 == 0 && !l.kill_requested => {
+                next.status = Running;
+                next.attempt = l.attempt.next();
+                next.epoch = *epoch;
+                Changed(next)
+            }
+            Running if l.worker.is_none() && l.attempt.0 > 0 => Keep(Unchanged::Duplicate),
+            _ => Keep(Unchanged::NotApplicable),
+        },
+        Event::StepsEnded { outcome } => match l.status {
+            Running | Stopping if l.worker.is_none() && l.attempt.0 > 0 => {
+                next.status = outcome.ending.status();
+                next.outcome = Some(outcome.clone());
+                next.hint = None;
+                Changed(next)
+            }
+            _ => Keep(Unchanged::NotApplicable),
+        },
         Event::Archive | Event::Unarchive | Event::Delete => Keep(Unchanged::NotApplicable),
         Event::KillRequested => match l.status {
             Queued => {

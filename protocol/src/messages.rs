@@ -181,7 +181,82 @@ pub struct TaskSnapshot {
     /// The task's files on its worker machine were released (archive/delete).
     #[serde(default)]
     pub cleaned: bool,
+    /// For a workflow step: the workflow it belongs to.
+    #[serde(default)]
+    pub parent: Option<TaskId>,
+    /// For a workflow: each step, in order, with its child task once created.
+    #[serde(default)]
+    pub steps: Vec<StepView>,
+    /// For a monitor: how many output lines matched its pattern so far.
+    #[serde(default)]
+    pub matches: u64,
 }
+
+/// One step of a workflow as its snapshot shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepView {
+    /// 1-based position in the workflow.
+    pub index: u32,
+    pub command: String,
+    /// The child task running the step; `None` while the step has not begun
+    /// (and for good when an earlier step failed or the workflow was killed).
+    pub task: Option<TaskId>,
+    pub status: Option<Status>,
+    pub detail: Option<String>,
+    pub hint: Option<RecoveryHint>,
+}
+
+/// What `tenure watch` receives on a session's notice subject.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Notice {
+    /// A task ended (deduplicated by task id).
+    Ended(Box<TaskSnapshot>),
+    /// An output line of a `monitor` task matched its pattern (deduplicated by
+    /// task and byte offset).
+    Matched(MatchNotice),
+}
+
+impl Notice {
+    /// The `Nats-Msg-Id` that makes a repeat of this notice a duplicate.
+    pub fn dedupe_id(&self) -> String {
+        match self {
+            Notice::Ended(s) => s.id.to_string(),
+            Notice::Matched(m) => format!("{}@{}", m.task, m.line.offset),
+        }
+    }
+
+    pub fn owner(&self) -> &SessionId {
+        match self {
+            Notice::Ended(s) => &s.owner,
+            Notice::Matched(m) => &m.owner,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MatchNotice {
+    pub task: TaskId,
+    pub owner: SessionId,
+    pub label: String,
+    pub line: MatchedLine,
+    /// Epoch milliseconds when the leader recorded it.
+    pub at_ms: u64,
+}
+
+/// An output line of a `monitor` task that matched its pattern.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MatchedLine {
+    /// Where the line starts in the task's output stream (bytes, counting any
+    /// dropped past the output cap): unique per task, so it deduplicates.
+    pub offset: u64,
+    /// The line without its newline, at most [`MAX_MATCH_LINE_BYTES`].
+    pub text: String,
+}
+
+/// Longest matched line carried in a notice; longer ones are cut.
+pub const MAX_MATCH_LINE_BYTES: usize = 1024;
+/// Most matched lines in one report.
+pub const MAX_MATCHES_PER_REPORT: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterStatus {
@@ -302,6 +377,9 @@ pub enum ReportEvent {
     /// The attempt's process is gone and no exit status survived (its monitor
     /// died with it, or the machine's record of it is unreadable).
     Lost(RecoveryHint),
+    /// Output lines of a running `monitor` task matched its pattern. Repeats
+    /// are harmless: the leader keeps how far it has notified.
+    Matched(Vec<MatchedLine>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

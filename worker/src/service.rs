@@ -33,8 +33,9 @@ pub struct Options {
     pub slots: u32,
     pub data_dir: PathBuf,
     /// Kinds this worker runs and advertises; grants of others are refused.
-    /// `agent` tasks get an input FIFO as stdin; every other kind runs like
-    /// `shell` (`sh -c`, stdin from `/dev/null`).
+    /// `agent` tasks get an input FIFO as stdin; `monitor` tasks have their
+    /// output lines matched against their pattern; every kind runs its command
+    /// like `shell` (`sh -c`, stdin from `/dev/null` unless `agent`).
     pub kinds: Vec<Kind>,
     pub heartbeat: Duration,
     /// Time between SIGTERM and SIGKILL when a task's group is ended.
@@ -56,7 +57,7 @@ impl Options {
             id,
             slots: 4,
             data_dir,
-            kinds: vec![Kind::shell(), Kind::agent()],
+            kinds: vec![Kind::shell(), Kind::agent(), Kind::monitor()],
             heartbeat: Duration::from_millis(1000),
             kill_grace: Duration::from_secs(5),
             monitor_program: PathBuf::from("tenure"),
