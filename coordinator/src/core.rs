@@ -243,7 +243,7 @@ impl Core {
                 core.workflows_due.insert(r.id.clone());
             }
             // A cleanup job the previous leader left pending is resumed at once.
-            if r.cleanup.is_some_and(|j| !j.done && !j.cancelled) {
+            if r.cleanup.is_some_and(|j| j.unsettled()) {
                 core.cleanup_tries.insert(r.id.clone(), (now.mono, 0));
             }
             core.tasks.insert(r.id.clone(), r);

@@ -2,7 +2,7 @@
 //! registry, just inputs and the effects they produce.
 
 use super::*;
-use tenure_protocol::messages::{AttemptEvidence, CleanupRequest, HeldAttempt, SidecarRefusal};
+use tenure_protocol::messages::{AttemptEvidence, HeldAttempt, SidecarRefusal};
 use tenure_protocol::{Attempt, Ending, HintTag, Outcome, TaskSpec};
 
 struct Harness {
@@ -474,20 +474,26 @@ fn a_cleanup_job_is_persisted_first_retried_with_backoff_and_cancelled_by_unarch
     // A repeated archive reuses the pending job.
     let (fx, _) = h.api(ApiRequest::Archive { session: s("s"), task: t.clone() });
     assert_eq!(cleanups(&fx), 0);
-    // Unarchive cancels it: no more sends. An answer to a copy already on its
-    // way is recorded: the files are gone, and the record says so.
-    h.api(ApiRequest::Unarchive { session: s("s"), task: t.clone() });
-    h.advance(Duration::from_secs(120));
-    assert_eq!(cleanups(&h.input(Input::Tick)), 0);
-    let late = CleanupRequest { task: t.clone(), job: 1, epoch: Epoch(3) };
-    let fx = h.input(Input::CleanupResult {
+    // Unarchive cancels it and asks the machine what is left; once it answers
+    // that the files are there, nothing is sent again.
+    let (fx, _) = h.api(ApiRequest::Unarchive { session: s("s"), task: t.clone() });
+    let probe = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::Cleanup { request, .. } if request.cancel => Some(request.clone()),
+            _ => None,
+        })
+        .expect("the cancellation is sent");
+    assert_eq!(probe.job, 1);
+    h.input(Input::CleanupResult {
         worker: w("w1"),
-        request: late,
+        request: probe.clone(),
         result: Ok(Ok(tenure_protocol::messages::CleanupDone { files: 1, records: 1 })),
     });
-    assert!(fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    h.advance(Duration::from_secs(120));
+    assert_eq!(cleanups(&h.input(Input::Tick)), 0);
     let after = h.core.task(&t).unwrap().snapshot();
-    assert!(after.cleaned && after.board == Board::Active, "{after:?}");
+    assert!(!after.cleaned && after.board == Board::Active, "{after:?}");
     // Delete starts job 2, which completes.
     let (fx, _) = h.api(ApiRequest::Delete { session: s("s"), task: t.clone() });
     let Some(Effect::Cleanup { request, .. }) = fx.into_iter().find(|e| matches!(e, Effect::Cleanup { .. })) else {
@@ -500,6 +506,22 @@ fn a_cleanup_job_is_persisted_first_retried_with_backoff_and_cancelled_by_unarch
         result: Ok(Ok(tenure_protocol::messages::CleanupDone { files: 0, records: 1 })),
     });
     assert!(h.core.task(&t).unwrap().snapshot().cleaned);
+    // A cancellation that finds the files gone (a copy of the job ran first)
+    // records them released.
+    let u = h.submit("s", TaskSpec::shell("b", "true"));
+    h.heartbeat("w1", 1);
+    h.report("w1", &u, 1, completed());
+    h.api(ApiRequest::Archive { session: s("s"), task: u.clone() });
+    let (fx, _) = h.api(ApiRequest::Unarchive { session: s("s"), task: u.clone() });
+    let Some(Effect::Cleanup { request, .. }) = fx.into_iter().find(|e| matches!(e, Effect::Cleanup { .. })) else {
+        panic!("no cancellation")
+    };
+    h.input(Input::CleanupResult {
+        worker: w("w1"),
+        request,
+        result: Ok(Ok(tenure_protocol::messages::CleanupDone { files: 0, records: 0 })),
+    });
+    assert!(h.core.task(&u).unwrap().snapshot().cleaned);
 }
 
 #[test]

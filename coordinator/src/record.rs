@@ -5,7 +5,7 @@
 //! message holds: a task record or a leadership claim.
 
 use serde::{Deserialize, Serialize};
-use tenure_protocol::messages::TaskSnapshot;
+use tenure_protocol::messages::{CleanupState, TaskSnapshot};
 use tenure_protocol::{Epoch, Lifecycle, SessionId, TaskId, TaskSpec};
 use uuid::Uuid;
 
@@ -50,10 +50,31 @@ pub struct CleanupJob {
     /// Numbered within the task; a re-sent job keeps its number.
     pub job: u32,
     pub done: bool,
-    /// Cancelled by `unarchive`. A job already on its way may still land: then
-    /// it is also `done`, and the files are gone.
+    /// Cancelled by `unarchive`. A copy already on its way may still land:
+    /// then it is also `done`, and the files are gone.
     #[serde(default)]
     pub cancelled: bool,
+    /// The machine answered the cancellation with the files still there: no
+    /// copy of the job can remove them any more.
+    #[serde(default)]
+    pub cancel_confirmed: bool,
+}
+
+impl CleanupJob {
+    pub fn state(&self) -> CleanupState {
+        match (self.done, self.cancelled, self.cancel_confirmed) {
+            (true, _, _) => CleanupState::Done,
+            (false, false, _) => CleanupState::Pending,
+            (false, true, false) => CleanupState::Cancelling,
+            (false, true, true) => CleanupState::Cancelled,
+        }
+    }
+
+    /// Something must still be sent to the machine: the job itself, or the
+    /// cancellation that settles whether a copy of it ran.
+    pub fn unsettled(&self) -> bool {
+        !self.done && (!self.cancelled || !self.cancel_confirmed)
+    }
 }
 
 impl TaskRecord {
@@ -80,6 +101,7 @@ impl TaskRecord {
             reported: self.reported,
             board: self.life.board,
             cleaned: self.cleanup.is_some_and(|c| c.done),
+            cleanup: self.cleanup.map(|c| c.state()),
             parent: self.parent.as_ref().map(|p| p.workflow.clone()),
             steps: Vec::new(),
             matches: self.matches,

@@ -181,6 +181,9 @@ pub struct TaskSnapshot {
     /// The task's files on its worker machine were released (archive/delete).
     #[serde(default)]
     pub cleaned: bool,
+    /// Where the cleanup job of an archive or delete stands, if there is one.
+    #[serde(default)]
+    pub cleanup: Option<CleanupState>,
     /// For a workflow step: the workflow it belongs to.
     #[serde(default)]
     pub parent: Option<TaskId>,
@@ -190,6 +193,21 @@ pub struct TaskSnapshot {
     /// For a monitor: how many output lines matched its pattern so far.
     #[serde(default)]
     pub matches: u64,
+}
+
+/// Where a task's cleanup job stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CleanupState {
+    /// Sent (or being retried) until the machine answers.
+    Pending,
+    /// Cancelled by `unarchive`; waiting for the machine to say whether a copy
+    /// already ran.
+    Cancelling,
+    /// Cancelled, and the machine confirmed the files are still there.
+    Cancelled,
+    /// The files are released.
+    Done,
 }
 
 /// One step of a workflow as its snapshot shows it.
@@ -577,6 +595,13 @@ pub struct CleanupRequest {
     /// The job's number within the task (a re-sent job has the same number).
     pub job: u32,
     pub epoch: Epoch,
+    /// Sent after `unarchive` cancelled the job: removes nothing and answers
+    /// what of the task is still here ([`CleanupDone`] counts what is present).
+    /// Requests are served one at a time in the order a leader sent them, and
+    /// a deposed leader's are refused by epoch, so by the time this is answered
+    /// no copy of the job can still run: no files left means one already did.
+    #[serde(default)]
+    pub cancel: bool,
 }
 
 pub type CleanupReply = Result<CleanupDone, SidecarRefusal>;

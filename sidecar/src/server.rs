@@ -228,6 +228,8 @@ enum Command {
     OutputOwner(TaskId, oneshot::Sender<Option<(SessionId, Phase)>>),
     /// A cleanup job (after the task's files were removed).
     Cleanup(CleanupRequest, oneshot::Sender<Result<u32, SidecarRefusal>>),
+    /// The epoch fence of a cleanup request, before anything is removed.
+    CleanupFence(CleanupRequest, oneshot::Sender<Result<u32, SidecarRefusal>>),
     /// The leader's evidence query (which may revoke an accepted attempt).
     Evidence(EvidenceRequest, oneshot::Sender<Result<RecordView, SidecarRefusal>>),
     /// The record of the latest attempt of a task, for input deliveries.
@@ -250,10 +252,11 @@ impl StoreHandle {
         rx.await.unwrap_or_else(|_| gone())
     }
 
-    async fn cleanup(&self, req: CleanupRequest) -> Result<u32, SidecarRefusal> {
+    async fn cleanup(&self, req: CleanupRequest, fence_only: bool) -> Result<u32, SidecarRefusal> {
         let (tx, rx) = oneshot::channel();
         let gone = || SidecarRefusal::Storage("the sidecar is shutting down".to_owned());
-        self.tx.send(Command::Cleanup(req, tx)).await.map_err(|_| gone())?;
+        let command = if fence_only { Command::CleanupFence(req, tx) } else { Command::Cleanup(req, tx) };
+        self.tx.send(command).await.map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
     }
 
@@ -309,7 +312,10 @@ fn own_machine(mut machine: Result<Machine<SledStore>, String>, mut commands: mp
             (Command::Cleanup(req, reply), Ok(machine)) => {
                 let _ = reply.send(machine.cleanup(&req.task, req.epoch));
             }
-            (Command::Cleanup(_, reply), Err(reason)) => {
+            (Command::CleanupFence(req, reply), Ok(machine)) => {
+                let _ = reply.send(machine.cleanup_fence(&req.task, req.epoch));
+            }
+            (Command::Cleanup(_, reply) | Command::CleanupFence(_, reply), Err(reason)) => {
                 let _ = reply.send(Err(SidecarRefusal::Storage(reason.clone())));
             }
             (Command::Latest(task, reply), Ok(machine)) => {
@@ -500,21 +506,64 @@ where
     }
 }
 
-/// Carries out one cleanup job: files first (output, attempt directories),
-/// then records; refused while any attempt of the task still has a live
-/// monitor here.
+/// Carries out one cleanup job: the epoch fence first (a deposed leader's job
+/// removes nothing), then files (output, attempt directories), then records;
+/// refused while any attempt of the task still has a live monitor here. A
+/// cancellation passes the fence and counts what is here instead.
 async fn cleanup(req: CleanupRequest, store: &StoreHandle, layout: &Layout) -> CleanupReply {
-    let (layout, task) = (layout.clone(), req.task.clone());
-    match tokio::task::spawn_blocking(move || remove_task_files(&layout, &task)).await {
-        Ok(Ok(files)) => store.cleanup(req).await.map(|records| CleanupDone { files, records }),
+    let records = store.cleanup(req.clone(), true).await?;
+    let (layout, task, cancel) = (layout.clone(), req.task.clone(), req.cancel);
+    let files = tokio::task::spawn_blocking(move || {
+        let found = task_files(&layout, &task)?;
+        match cancel {
+            true => Ok(found.count()),
+            false => found.remove(&task),
+        }
+    })
+    .await;
+    match files {
+        Ok(Ok(files)) if cancel => Ok(CleanupDone { files, records }),
+        Ok(Ok(files)) => store.cleanup(req, false).await.map(|records| CleanupDone { files, records }),
         Ok(Err(refusal)) => Err(refusal),
         Err(e) => Err(SidecarRefusal::Storage(e.to_string())),
     }
 }
 
+/// The files of one task on this machine.
+struct TaskFiles {
+    output: Option<PathBuf>,
+    attempt_dirs: Vec<PathBuf>,
+}
+
+impl TaskFiles {
+    fn count(&self) -> u32 {
+        (self.output.is_some() as u32) + self.attempt_dirs.len() as u32
+    }
+
+    fn remove(self, task: &TaskId) -> Result<u32, SidecarRefusal> {
+        if self.attempt_dirs.iter().any(|d| AttemptFiles::new(d.clone()).monitor().is_some_and(|m| m.alive())) {
+            return Err(SidecarRefusal::StillRunning { task: task.clone() });
+        }
+        let mut removed = 0;
+        if let Some(output) = &self.output {
+            match std::fs::remove_file(output) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(SidecarRefusal::Storage(format!("cannot remove the output of {task}: {e}"))),
+            }
+        }
+        for dir in self.attempt_dirs {
+            std::fs::remove_dir_all(&dir)
+                .map_err(|e| SidecarRefusal::Storage(format!("cannot remove {}: {e}", dir.display())))?;
+            removed += 1;
+        }
+        Ok(removed)
+    }
+}
+
 /// Removes a finished task's output file and attempt directories; refuses (and
 /// removes nothing) while any of its monitors lives.
-fn remove_task_files(layout: &Layout, task: &TaskId) -> Result<u32, SidecarRefusal> {
+fn task_files(layout: &Layout, task: &TaskId) -> Result<TaskFiles, SidecarRefusal> {
     let prefix = format!("{task}.");
     let dirs: Vec<PathBuf> = std::fs::read_dir(layout.attempts_dir())
         .into_iter()
@@ -525,21 +574,13 @@ fn remove_task_files(layout: &Layout, task: &TaskId) -> Result<u32, SidecarRefus
         })
         .map(|e| e.path())
         .collect();
-    if dirs.iter().any(|d| AttemptFiles::new(d.clone()).monitor().is_some_and(|m| m.alive())) {
-        return Err(SidecarRefusal::StillRunning { task: task.clone() });
-    }
-    let mut removed = 0;
-    match std::fs::remove_file(layout.output_path(task)) {
-        Ok(()) => removed += 1,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(SidecarRefusal::Storage(format!("cannot remove the output of {task}: {e}"))),
-    }
-    for dir in dirs {
-        std::fs::remove_dir_all(&dir)
-            .map_err(|e| SidecarRefusal::Storage(format!("cannot remove {}: {e}", dir.display())))?;
-        removed += 1;
-    }
-    Ok(removed)
+    let output = layout.output_path(task);
+    let output = match std::fs::symlink_metadata(&output) {
+        Ok(_) => Some(output),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(SidecarRefusal::Storage(format!("cannot look at the output of {task}: {e}"))),
+    };
+    Ok(TaskFiles { output, attempt_dirs: dirs })
 }
 
 /// Answers one evidence query from the records and the attempt's own files.

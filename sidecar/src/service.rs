@@ -304,6 +304,14 @@ impl<S: RecoveryStore> Machine<S> {
         }
     }
 
+    /// The fence every cleanup request passes before anything is touched: its
+    /// epoch must not be lower than the machine's (a deposed leader's job
+    /// removes nothing). Returns how many records of `task` are held.
+    pub fn cleanup_fence(&mut self, task: &TaskId, epoch: Epoch) -> Result<u32, SidecarRefusal> {
+        self.observe(epoch)?;
+        Ok(self.records.keys().filter(|(t, _)| t == task).count() as u32)
+    }
+
     /// A cleanup job: forgets every record of `task` (each attempt tombstoned, so
     /// nothing of it can be accepted again). The caller removed the task's files
     /// first, so a crash in between leaves records that a retry finds again,
