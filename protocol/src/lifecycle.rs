@@ -129,6 +129,9 @@ pub enum HintTag {
     SidecarCorrupt,
     /// The worker cannot be reached; its sidecar's evidence will settle the task.
     WorkerUnreachable,
+    /// A kill was requested but the worker holding the task cannot be reached:
+    /// the task is not called killed until its process is proven gone.
+    KillPending,
 }
 
 impl HintTag {
@@ -138,6 +141,7 @@ impl HintTag {
             HintTag::WorkerLost => "worker-lost",
             HintTag::SidecarCorrupt => "sidecar-corrupt",
             HintTag::WorkerUnreachable => "worker-unreachable",
+            HintTag::KillPending => "kill-pending",
         }
     }
 }
@@ -432,10 +436,24 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                     next.worker = None;
                     Changed(next)
                 }
-                Leased | Running | Stopping => {
-                    if l.status != Stopping {
-                        next.status = Unknown;
+                Stopping => {
+                    next.hint = Some(RecoveryHint {
+                        tag: HintTag::KillPending,
+                        message: format!(
+                            "a kill was requested but worker {worker} and its sidecar are unreachable while holding \
+                             attempt {}; the task stays stopping until the process is proven gone: the kill is \
+                             carried out when the machine returns (or its evidence settles the task)",
+                            l.attempt
+                        ),
+                    });
+                    if next == *l {
+                        Keep(Unchanged::Duplicate)
+                    } else {
+                        Changed(next)
                     }
+                }
+                Leased | Running => {
+                    next.status = Unknown;
                     next.hint = Some(RecoveryHint {
                         tag: HintTag::WorkerUnreachable,
                         message: format!(

@@ -126,7 +126,7 @@ fn kill_of_a_stopping_task_after_a_lost_worker_keeps_the_hint() {
     let l = start("stopping+k", false);
     let Decision::Changed(after) = apply(&l, &Event::WorkerLost { worker: w("w1") }) else { panic!() };
     assert_eq!(after.status, Status::Stopping);
-    assert_eq!(after.hint.as_ref().unwrap().tag, HintTag::WorkerUnreachable);
+    assert_eq!(after.hint.as_ref().unwrap().tag, HintTag::KillPending);
     assert_eq!(apply(&after, &Event::WorkerLost { worker: w("w1") }), Decision::Unchanged(Unchanged::Duplicate));
 }
 
