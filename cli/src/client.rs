@@ -11,6 +11,7 @@ use tenure_protocol::messages::{
     MAX_OUTPUT_CHUNK, MAX_WAIT_MS,
 };
 use tenure_protocol::{subjects, Kind, SessionId, Status, StepSpec, TaskId, TaskSpec};
+use tracing::Instrument;
 
 use crate::Command;
 
@@ -99,32 +100,17 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
                 pattern,
                 steps,
             };
+            // The root span of the task's trace (exported only when configured).
+            let span = tracing::info_span!("submit", kind = %spec.kind, task = tracing::field::Empty);
             let req = ApiRequest::Submit(SubmitRequest {
                 session: api.session.clone(),
                 idempotency_key: uuid::Uuid::new_v4(),
                 spec,
             });
-            // The idempotency key makes a retry return the task the first try
-            // created, so a submit is retried through a lost reply and through a
-            // coordinator takeover — bounded, with a short backoff.
-            let deadline = Instant::now() + SUBMIT_RETRY_FOR;
-            let mut pause = Duration::from_millis(100);
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                match api.call(&req, API_TIMEOUT.min(left).max(Duration::from_millis(500))).await {
-                    Ok(ApiResponse::Submitted { task, .. }) => {
-                        println!("{task}");
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                    Ok(other) => bail!("unexpected reply {other:?}"),
-                    Err(e) if submit_retryable(&e) && Instant::now() + pause < deadline => {
-                        tracing::warn!(error = %e, "submit not answered; retrying with the same idempotency key");
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_secs(1));
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
+            let task = submit(&api, &req).instrument(span.clone()).await?;
+            span.record("task", tracing::field::display(&task));
+            println!("{task}");
+            Ok(ExitCode::SUCCESS)
         }
         Command::Get { task, json } => {
             let s = api.snapshot(&task).await?;
@@ -310,6 +296,27 @@ fn age(ms: u64) -> String {
         s if s < 120 => format!("{s}s"),
         s if s < 7200 => format!("{}m", s / 60),
         s => format!("{}h", s / 3600),
+    }
+}
+
+/// Submits, retrying with the same idempotency key through a lost reply and
+/// through a coordinator takeover (the key makes a retry return the task the
+/// first try created) — bounded, with a short backoff.
+async fn submit(api: &Api, req: &ApiRequest) -> anyhow::Result<TaskId> {
+    let deadline = Instant::now() + SUBMIT_RETRY_FOR;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match api.call(req, API_TIMEOUT.min(left).max(Duration::from_millis(500))).await {
+            Ok(ApiResponse::Submitted { task, .. }) => return Ok(task),
+            Ok(other) => bail!("unexpected reply {other:?}"),
+            Err(e) if submit_retryable(&e) && Instant::now() + pause < deadline => {
+                tracing::warn!(error = %e, "submit not answered; retrying with the same idempotency key");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 
 mod client;
 mod dev;
+mod telemetry;
 mod watch;
 
 use std::path::PathBuf;
@@ -278,11 +279,20 @@ fn main() -> ExitCode {
         };
         return ExitCode::from(tenure_worker::monitor::run(args) as u8);
     }
-    let daemon = matches!(
-        cli.command,
-        Command::Coordinator { .. } | Command::Worker { .. } | Command::Sidecar { .. } | Command::Dev { .. }
-    );
-    init_logging(daemon);
+    let (role, daemon) = match cli.command {
+        Command::Coordinator { .. } => ("coordinator", true),
+        Command::Worker { .. } => ("worker", true),
+        Command::Sidecar { .. } => ("sidecar", true),
+        Command::Dev { .. } => ("dev", true),
+        _ => ("cli", false),
+    };
+    let _telemetry = match telemetry::init(role, daemon) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -79,6 +79,9 @@ pub enum Input {
     Api {
         reply_to: Option<String>,
         request: ApiRequest,
+        /// The W3C `traceparent` of the request's span, if traced: a submitted
+        /// task keeps it, so its whole life is one trace.
+        trace: Option<String>,
     },
     Heartbeat(Heartbeat),
     Report {
@@ -280,7 +283,7 @@ impl Core {
     pub fn handle(&mut self, input: Input, now: Now) -> Vec<Effect> {
         let mut fx = Vec::new();
         match input {
-            Input::Api { reply_to, request } => self.api(reply_to, request, now, &mut fx),
+            Input::Api { reply_to, request, trace } => self.api(reply_to, request, trace, now, &mut fx),
             Input::Heartbeat(hb) => self.heartbeat(hb, now, &mut fx),
             Input::Report { reply_to, report } => {
                 let ack = self.report(report, now, &mut fx);
@@ -304,9 +307,16 @@ impl Core {
 
     // ------------------------------------------------------------ client API
 
-    fn api(&mut self, reply_to: Option<String>, request: ApiRequest, now: Now, fx: &mut Vec<Effect>) {
+    fn api(
+        &mut self,
+        reply_to: Option<String>,
+        request: ApiRequest,
+        trace: Option<String>,
+        now: Now,
+        fx: &mut Vec<Effect>,
+    ) {
         let reply = match request {
-            ApiRequest::Submit(req) => self.submit(req, now, fx),
+            ApiRequest::Submit(req) => self.submit(req, trace, now, fx),
             ApiRequest::Get { session, task } => {
                 self.visible(&session, &task).map(|r| ApiResponse::Snapshot(self.snapshot_of(r)))
             }
@@ -389,7 +399,7 @@ impl Core {
         }
     }
 
-    fn submit(&mut self, req: SubmitRequest, now: Now, fx: &mut Vec<Effect>) -> ApiReply {
+    fn submit(&mut self, req: SubmitRequest, trace: Option<String>, now: Now, fx: &mut Vec<Effect>) -> ApiReply {
         if let Some(id) = self.by_key.get(&(req.session.clone(), req.idempotency_key)) {
             return Ok(ApiResponse::Submitted { task: id.clone(), existing: true });
         }
@@ -419,6 +429,7 @@ impl Core {
             parent: None,
             matched_through: 0,
             matches: 0,
+            trace,
         };
         self.by_key.insert((req.session, req.idempotency_key), id.clone());
         self.index(&id, None, Status::Queued);

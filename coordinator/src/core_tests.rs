@@ -34,7 +34,7 @@ impl Harness {
     }
 
     fn api(&mut self, request: ApiRequest) -> (Vec<Effect>, Option<ApiReply>) {
-        let fx = self.input(Input::Api { reply_to: Some("r".into()), request });
+        let fx = self.input(Input::Api { reply_to: Some("r".into()), request, trace: None });
         let reply = fx.iter().find_map(|e| match e {
             Effect::Reply { to, reply } if to == "r" => Some(reply.clone()),
             _ => None,
@@ -159,6 +159,7 @@ fn ids_are_monotonic_across_kinds_and_restarts() {
                 idempotency_key: Uuid::new_v4(),
                 spec: TaskSpec::shell("c", "true"),
             }),
+            trace: None,
         },
         h.now,
     );

@@ -32,6 +32,10 @@ pub struct TaskRecord {
     pub matched_through: u64,
     #[serde(default)]
     pub matches: u64,
+    /// The W3C `traceparent` of the submit, when traced: grants continue that
+    /// trace, on this leader or the next.
+    #[serde(default)]
+    pub trace: Option<String>,
 }
 
 /// The place of a child task in its workflow.

@@ -21,9 +21,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::StreamExt;
 use tenure_protocol::messages::{
     ApiError, ApiReply, ApiRequest, ApiResponse, CoordinatorPresence, Heartbeat, LeaderStatus, Report, StandbyStatus,
+    WorkerCommand,
 };
 use tenure_protocol::{subjects, Epoch};
 use tokio::sync::{mpsc, watch};
+use tracing::Instrument;
 
 use crate::core::{Core, CoreConfig, Effect, Input, Now};
 use crate::elector::{self, Clock, Elector, LeaseView, Term};
@@ -335,13 +337,22 @@ async fn lead<F: Future<Output = ()>>(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     loop {
+        // The span an input is handled in: a traced client request or worker
+        // report continues its trace here.
+        let mut span = tracing::Span::none();
         let input = tokio::select! {
             _ = &mut shutdown => return Ok(Ended::Shutdown { epoch }),
             reason = guard.lost() => return Ok(Ended::SteppedDown { epoch, reason }),
             Some(msg) = api.next() => {
                 let reply_to = msg.reply.as_ref().map(|r| r.to_string());
                 match tenure_protocol::decode::<ApiRequest>(&msg.payload) {
-                    Ok(request) => Input::Api { reply_to, request },
+                    Ok(request) => {
+                        span = traced(msg.headers.as_ref(), || {
+                            tracing::info_span!("api", verb = request.verb(), epoch = %epoch)
+                        });
+                        let trace = span.in_scope(tenure_transport::trace::current_traceparent);
+                        Input::Api { reply_to, request, trace }
+                    }
                     Err(error) => {
                         tracing::warn!(%error, "malformed API request refused");
                         if let (Some(to), Ok(())) = (reply_to, guard.check()) {
@@ -362,7 +373,12 @@ async fn lead<F: Future<Output = ()>>(
             Some(msg) = reports.next() => {
                 let reply_to = msg.reply.as_ref().map(|r| r.to_string());
                 match tenure_protocol::decode::<Report>(&msg.payload) {
-                    Ok(report) => Input::Report { reply_to, report },
+                    Ok(report) => {
+                        span = traced(msg.headers.as_ref(), || {
+                            tracing::info_span!("report", task = %report.task, attempt = %report.attempt, epoch = %report.epoch, worker = %report.worker, event = report.event.name())
+                        });
+                        Input::Report { reply_to, report }
+                    }
                     Err(error) => {
                         tracing::warn!(%error, "malformed report ignored");
                         continue;
@@ -383,11 +399,12 @@ async fn lead<F: Future<Output = ()>>(
         if let Err(reason) = guard.check() {
             return Ok(Ended::SteppedDown { epoch, reason });
         }
-        for effect in core.handle(input, now()) {
+        for effect in span.in_scope(|| core.handle(input, now())) {
             if let Err(reason) = guard.check() {
                 return Ok(Ended::SteppedDown { epoch, reason });
             }
-            let step = execute(effect, &outbox, &mut registry, &mut guard, &mut visibility).await;
+            let span = effect_span(&effect, &core, epoch).unwrap_or_else(|| span.clone());
+            let step = execute(effect, &outbox, &mut registry, &mut guard, &mut visibility).instrument(span).await;
             match step {
                 Ok(()) => {}
                 Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
@@ -395,6 +412,28 @@ async fn lead<F: Future<Output = ()>>(
             }
         }
     }
+}
+
+/// A span for one input when its message carries a trace context; none
+/// otherwise (untraced traffic costs nothing).
+fn traced(headers: Option<&async_nats::HeaderMap>, make: impl FnOnce() -> tracing::Span) -> tracing::Span {
+    let cx = tenure_transport::trace::from_headers(headers);
+    if !tenure_transport::trace::is_remote(&cx) {
+        return tracing::Span::none();
+    }
+    let span = make();
+    tenure_transport::trace::continue_from(&span, cx);
+    span
+}
+
+/// The span a command to a worker is sent in: a grant continues the trace of
+/// its task's submit (stored in the record, so a new leader continues it too).
+fn effect_span(effect: &Effect, core: &Core, epoch: Epoch) -> Option<tracing::Span> {
+    let Effect::Command { worker, command: WorkerCommand::Grant(g) } = effect else { return None };
+    let trace = core.task(&g.task)?.trace.as_deref()?;
+    let span = tracing::info_span!("lease", task = %g.task, attempt = %g.attempt, epoch = %epoch, worker = %worker);
+    tenure_transport::trace::continue_from(&span, tenure_transport::trace::from_traceparent(Some(trace)));
+    Some(span)
 }
 
 /// Tells workers the new epoch at once, so their sidecars refuse the old
@@ -490,10 +529,13 @@ impl Outbox<'_> {
         Rep: serde::de::DeserializeOwned + Send + 'static,
     {
         let (client, results, timeout) = (self.client.clone(), self.results.clone(), self.opts.command_timeout);
-        tokio::spawn(async move {
-            let result =
-                tenure_transport::request(&client, subject, &request, timeout).await.map_err(|e| e.to_string());
-            let _ = results.send(back(request, result)).await;
-        });
+        tokio::spawn(
+            async move {
+                let result =
+                    tenure_transport::request(&client, subject, &request, timeout).await.map_err(|e| e.to_string());
+                let _ = results.send(back(request, result)).await;
+            }
+            .in_current_span(),
+        );
     }
 }

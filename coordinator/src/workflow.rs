@@ -122,7 +122,7 @@ impl Core {
     fn create_step(&mut self, workflow: &TaskId, index: u32, now: Now, fx: &mut Vec<Effect>) {
         let Some(w) = self.tasks.get(workflow) else { return };
         let Some(spec) = w.spec.step(index as usize) else { return };
-        let (owner, key) = (w.owner.clone(), w.idempotency_key);
+        let (owner, key, trace) = (w.owner.clone(), w.idempotency_key, w.trace.clone());
         let id = match TaskId::new(spec.kind.clone(), self.next_n) {
             Ok(id) => id,
             Err(error) => {
@@ -148,6 +148,7 @@ impl Core {
             parent: Some(of.clone()),
             matched_through: 0,
             matches: 0,
+            trace,
         };
         tracing::info!(task = %id, workflow = %workflow, step = index + 1, "workflow step created");
         self.by_key.insert((record.owner.clone(), record.idempotency_key), id.clone());

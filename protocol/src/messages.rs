@@ -67,6 +67,24 @@ pub enum ApiRequest {
 /// Longest a single `Wait` request is held by the coordinator.
 pub const MAX_WAIT_MS: u64 = 20_000;
 
+impl ApiRequest {
+    /// The verb, for logs, spans and metrics.
+    pub fn verb(&self) -> &'static str {
+        match self {
+            ApiRequest::Submit(_) => "submit",
+            ApiRequest::Get { .. } => "get",
+            ApiRequest::List { .. } => "list",
+            ApiRequest::Kill { .. } => "kill",
+            ApiRequest::Wait { .. } => "wait",
+            ApiRequest::MarkReported { .. } => "mark-reported",
+            ApiRequest::Archive { .. } => "archive",
+            ApiRequest::Unarchive { .. } => "unarchive",
+            ApiRequest::Delete { .. } => "delete",
+            ApiRequest::Status => "status",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubmitRequest {
     pub session: SessionId,
@@ -400,6 +418,19 @@ pub enum ReportEvent {
     Matched(Vec<MatchedLine>),
 }
 
+impl ReportEvent {
+    /// A short name for logs and spans.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ReportEvent::Started { .. } => "started",
+            ReportEvent::Finished(_) => "finished",
+            ReportEvent::NotStarted { .. } => "not-started",
+            ReportEvent::Lost(_) => "lost",
+            ReportEvent::Matched(_) => "matched",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ReportAck {
     /// Recorded (or already recorded): stop retrying.
@@ -622,8 +653,15 @@ pub enum SidecarRequest {
     ObserveEpoch(Epoch),
     /// Record an accepted grant (no side effect has happened yet).
     Accept(LeaseGrant),
-    /// Record that the attempt is about to start its side effects.
-    Intent { task: TaskId, attempt: Attempt, epoch: Epoch },
+    /// Record that the attempt is about to start its side effects. `trace` is
+    /// the worker's W3C `traceparent` for the attempt, if it is traced.
+    Intent {
+        task: TaskId,
+        attempt: Attempt,
+        epoch: Epoch,
+        #[serde(default)]
+        trace: Option<String>,
+    },
     /// Record the spawned process (its group id equals its pid).
     Spawned { task: TaskId, attempt: Attempt, pid: i32 },
     /// Buffer the attempt's outcome until the coordinator acknowledges it.

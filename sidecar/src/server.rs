@@ -34,7 +34,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::codec::{Framed, LengthDelimitedCodecError};
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info, warn, Instrument};
 
 use crate::attempt_files::AttemptFiles;
 use crate::frame_codec;
@@ -385,6 +385,14 @@ async fn serve_connection(stream: UnixStream, store: StoreHandle) {
             }
         };
         let reply = match decode::<SidecarRequest>(&frame) {
+            // A traced attempt's intent is a span of the task's trace: the
+            // flush that makes the attempt "may have run" is worth seeing.
+            Ok(SidecarRequest::Intent { task, attempt, epoch, trace: Some(trace) }) => {
+                let span = tracing::info_span!("intent", task = %task, attempt = %attempt, epoch = %epoch);
+                tenure_transport::trace::continue_from(&span, tenure_transport::trace::from_traceparent(Some(&trace)));
+                let req = SidecarRequest::Intent { task, attempt, epoch, trace: Some(trace) };
+                store.handle(req).instrument(span).await
+            }
             Ok(req) => store.handle(req).await,
             Err(error) => {
                 warn!(%error, "malformed request on the sidecar socket");

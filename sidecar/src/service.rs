@@ -72,7 +72,7 @@ impl<S: RecoveryStore> Machine<S> {
         let decision = match req {
             SidecarRequest::ObserveEpoch(epoch) => self.observe(epoch),
             SidecarRequest::Accept(grant) => self.accept(grant),
-            SidecarRequest::Intent { task, attempt, epoch } => self.intent(&task, attempt, epoch),
+            SidecarRequest::Intent { task, attempt, epoch, .. } => self.intent(&task, attempt, epoch),
             SidecarRequest::Spawned { task, attempt, pid } => self.spawned(&task, attempt, pid),
             SidecarRequest::Exited { task, attempt, outcome } => self.exited(&task, attempt, outcome),
             SidecarRequest::Acknowledged { task, attempt } => self.acknowledged(&task, attempt),

@@ -89,7 +89,8 @@ pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify
     // The intent carries the newest epoch this machine has seen, so a leader
     // change between accept and intent re-stamps the attempt instead of refusing it.
     let epoch = grant.epoch.max(shared.epoch_seen());
-    match sidecar_insist(&shared, SidecarRequest::Intent { task: task.clone(), attempt, epoch }).await {
+    let trace = tenure_transport::trace::current_traceparent();
+    match sidecar_insist(&shared, SidecarRequest::Intent { task: task.clone(), attempt, epoch, trace }).await {
         SidecarReply::Ok => {}
         refusal => {
             tracing::warn!(task = %task, attempt = %attempt, ?refusal, "intent refused; not starting");

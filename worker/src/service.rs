@@ -167,7 +167,15 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                 Err(error) => tracing::warn!(%error, "malformed epoch announcement ignored"),
             },
             Some(msg) = commands.next() => {
+                // A traced grant continues its task's trace; the attempt span
+                // (and everything it reports) is a child of this one.
+                let parent = tenure_transport::trace::from_headers(msg.headers.as_ref());
                 let reply = match tenure_protocol::decode::<WorkerCommand>(&msg.payload) {
+                    Ok(WorkerCommand::Grant(grant)) if tenure_transport::trace::is_remote(&parent) => {
+                        let span = tracing::info_span!("grant", task = %grant.task, attempt = %grant.attempt, epoch = %grant.epoch, worker = %shared.opts.id);
+                        tenure_transport::trace::continue_from(&span, parent);
+                        on_grant(&shared, grant).instrument(span).await
+                    }
                     Ok(WorkerCommand::Grant(grant)) => on_grant(&shared, grant).await,
                     Ok(WorkerCommand::Kill(kill)) => on_kill(&shared, kill).await,
                     Err(error) => {
@@ -289,7 +297,7 @@ async fn decide_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
     let kill = Arc::new(Notify::new());
     shared.held().insert((grant.task.clone(), grant.attempt), Held { kill: kill.clone() });
     tracing::info!(task = %grant.task, attempt = %grant.attempt, epoch = %grant.epoch, "grant accepted");
-    let span = tracing::info_span!("attempt", task = %grant.task, attempt = %grant.attempt, epoch = %grant.epoch);
+    let span = tracing::info_span!("attempt", task = %grant.task, attempt = %grant.attempt, epoch = %grant.epoch, worker = %shared.opts.id);
     tokio::spawn(attempt::run(shared.clone(), grant, kill).instrument(span));
     WorkerReply::Accepted
 }

@@ -310,7 +310,7 @@ impl Cluster {
         let input = match env.msg {
             Msg::Heartbeat(hb) => Input::Heartbeat(hb),
             Msg::Report { req, report } => Input::Report { reply_to: Some(req.to_string()), report },
-            Msg::Api { req, request } => Input::Api { reply_to: Some(req.to_string()), request },
+            Msg::Api { req, request } => Input::Api { reply_to: Some(req.to_string()), request, trace: None },
             Msg::Reply { req, reply } => {
                 let Some(waiting) = ctx.bus.claim(req, Node::Coord(s), term_id) else { return };
                 match (waiting.asked, reply) {
