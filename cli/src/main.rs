@@ -4,6 +4,7 @@
 
 mod client;
 mod dev;
+mod metrics;
 mod telemetry;
 mod watch;
 
@@ -27,6 +28,10 @@ struct Cli {
     /// Session that owns the tasks you submit (default: user-$USER).
     #[arg(long, global = true, env = "TENURE_SESSION")]
     session: Option<String>,
+    /// Daemons: serve Prometheus metrics at `http://ADDR/metrics` (e.g.
+    /// 127.0.0.1:9464). Unset: no endpoint.
+    #[arg(long, global = true, env = "TENURE_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
     #[command(subcommand)]
     command: Command,
 }
@@ -300,7 +305,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli)) {
+    match runtime.block_on(dispatch(cli, role)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -309,8 +314,13 @@ fn main() -> ExitCode {
     }
 }
 
-async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+async fn dispatch(cli: Cli, role: &str) -> anyhow::Result<ExitCode> {
     let nats = cli.nats;
+    // Kept until the daemon returns: its drop flushes the last export.
+    let _metrics = match role {
+        "coordinator" | "worker" | "sidecar" => Some(metrics::start(role, cli.metrics_addr).await?),
+        _ => None,
+    };
     match cli.command {
         Command::Coordinator {
             name,

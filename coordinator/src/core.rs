@@ -199,6 +199,9 @@ pub struct Core {
     children: HashMap<TaskId, BTreeMap<u32, TaskId>>,
     /// Workflows to advance before this input's effects are returned.
     workflows_due: BTreeSet<TaskId>,
+    /// Submit → running of tasks that started since the driver last took them
+    /// (wall-clock milliseconds, for the dispatch-latency metric).
+    dispatched_ms: Vec<u64>,
 }
 
 impl Core {
@@ -223,6 +226,7 @@ impl Core {
             last_gc: None,
             children: HashMap::new(),
             workflows_due: BTreeSet::new(),
+            dispatched_ms: Vec::new(),
         };
         for r in records {
             core.next_n = core.next_n.max(r.id.number() + 1);
@@ -278,6 +282,25 @@ impl Core {
 
     pub fn task(&self, id: &TaskId) -> Option<&TaskRecord> {
         self.tasks.get(id)
+    }
+
+    /// Tasks by status (for metrics; one pass over the registry).
+    pub fn counts(&self) -> BTreeMap<Status, u64> {
+        let mut counts = BTreeMap::new();
+        for r in self.tasks.values() {
+            *counts.entry(r.life.status).or_default() += 1;
+        }
+        counts
+    }
+
+    /// How long ago each known worker was last heard from.
+    pub fn heartbeat_ages(&self, now: Now) -> Vec<(WorkerId, Duration)> {
+        self.workers.iter().map(|(id, w)| (id.clone(), now.mono.saturating_sub(w.last_seen))).collect()
+    }
+
+    /// Submit → running latencies (ms) of the tasks started since the last call.
+    pub fn take_dispatch_latencies(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.dispatched_ms)
     }
 
     pub fn handle(&mut self, input: Input, now: Now) -> Vec<Effect> {
@@ -792,6 +815,9 @@ impl Core {
         let after = life.status;
         if after == Status::Running && record.started_at_ms.is_none() {
             record.started_at_ms = Some(now.wall_ms);
+            if self.dispatched_ms.len() < 100_000 {
+                self.dispatched_ms.push(now.wall_ms.saturating_sub(record.created_at_ms));
+            }
         }
         let parent = record.parent.as_ref().map(|p| p.workflow.clone());
         let waiters = if after.is_terminal() {

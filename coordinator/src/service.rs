@@ -27,9 +27,12 @@ use tenure_protocol::{subjects, Epoch};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
+use opentelemetry::KeyValue;
+
 use crate::core::{Core, CoreConfig, Effect, Input, Now};
 use crate::elector::{self, Clock, Elector, LeaseView, Term};
 use crate::lease::{self, ms, LeaseConfig};
+use crate::metrics;
 use crate::notices::Notices;
 use crate::registry::{self, Loaded, Registry};
 
@@ -295,6 +298,7 @@ async fn lead<F: Future<Output = ()>>(
         adopted_ms = adopted_in_ms,
         "adopted in {adopted_in_ms} ms: registry loaded, epoch claimed; leading"
     );
+    metrics::get().takeovers.add(1, &[]);
     let now = || Now { mono: clock.now(), wall_ms: wall_ms() };
     let mut core = Core::new(opts.core.clone(), epoch, loaded.records, now());
     core.reserve_through(loaded.highest_n);
@@ -334,6 +338,7 @@ async fn lead<F: Future<Output = ()>>(
     let (results_tx, mut results) = mpsc::channel::<Input>(4096);
     let outbox = Outbox { client, notices: &notices, results: &results_tx, opts };
     let mut tick = tokio::time::interval(Duration::from_millis(200));
+    let mut ticks: u64 = 0;
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     loop {
@@ -347,6 +352,7 @@ async fn lead<F: Future<Output = ()>>(
                 let reply_to = msg.reply.as_ref().map(|r| r.to_string());
                 match tenure_protocol::decode::<ApiRequest>(&msg.payload) {
                     Ok(request) => {
+                        metrics::get().api_requests.add(1, &[KeyValue::new("verb", request.verb())]);
                         span = traced(msg.headers.as_ref(), || {
                             tracing::info_span!("api", verb = request.verb(), epoch = %epoch)
                         });
@@ -393,13 +399,23 @@ async fn lead<F: Future<Output = ()>>(
                 continue;
             }
             Some(result) = results.recv() => result,
-            _ = tick.tick() => Input::Tick,
+            _ = tick.tick() => {
+                ticks += 1;
+                if ticks.is_multiple_of(5) {
+                    record_gauges(&core, now());
+                }
+                Input::Tick
+            }
         };
         // A process resumed after a pause may hold inputs it must no longer act on.
         if let Err(reason) = guard.check() {
             return Ok(Ended::SteppedDown { epoch, reason });
         }
-        for effect in span.in_scope(|| core.handle(input, now())) {
+        let effects = span.in_scope(|| core.handle(input, now()));
+        for ms in core.take_dispatch_latencies() {
+            metrics::get().dispatch.record(ms as f64 / 1000.0, &[]);
+        }
+        for effect in effects {
             if let Err(reason) = guard.check() {
                 return Ok(Ended::SteppedDown { epoch, reason });
             }
@@ -411,6 +427,19 @@ async fn lead<F: Future<Output = ()>>(
                 Err(Stop::Fatal(e)) => return Err(e),
             }
         }
+    }
+}
+
+/// The gauges sampled once a second: tasks by status, heartbeat ages.
+fn record_gauges(core: &Core, now: Now) {
+    let m = metrics::get();
+    let counts = core.counts();
+    for status in tenure_protocol::Status::ALL {
+        let n = counts.get(&status).copied().unwrap_or(0);
+        m.tasks.record(n, &[KeyValue::new("status", status.as_str())]);
+    }
+    for (worker, age) in core.heartbeat_ages(now) {
+        m.heartbeat_age.record(age.as_secs_f64(), &[KeyValue::new("worker", worker.to_string())]);
     }
 }
 
@@ -474,10 +503,15 @@ async fn execute(
         // An append still retrying when the renew deadline passes is abandoned:
         // should it land anyway, it landed conditionally on our last sequence,
         // which the next leader's claim either includes or fences.
-        Effect::Persist(record) => tokio::select! {
-            stored = registry.put_task(&record) => stored.map_err(Stop::from),
-            reason = guard.lost() => Err(Stop::StepDown(reason)),
-        },
+        Effect::Persist(record) => {
+            let started = std::time::Instant::now();
+            let stored = tokio::select! {
+                stored = registry.put_task(&record) => stored.map_err(Stop::from),
+                reason = guard.lost() => Err(Stop::StepDown(reason)),
+            };
+            metrics::get().append.record(started.elapsed().as_secs_f64(), &[]);
+            stored
+        }
         Effect::Forget { task, at_ms } => tokio::select! {
             stored = registry.forget(&task, at_ms) => stored.map_err(Stop::from),
             reason = guard.lost() => Err(Stop::StepDown(reason)),

@@ -284,6 +284,19 @@ impl StoreHandle {
     }
 }
 
+fn request_name(req: &SidecarRequest) -> &'static str {
+    match req {
+        SidecarRequest::ObserveEpoch(_) => "observe-epoch",
+        SidecarRequest::Accept(_) => "accept",
+        SidecarRequest::Intent { .. } => "intent",
+        SidecarRequest::Spawned { .. } => "spawned",
+        SidecarRequest::Exited { .. } => "exited",
+        SidecarRequest::Acknowledged { .. } => "acknowledged",
+        SidecarRequest::Abandon { .. } => "abandon",
+        SidecarRequest::List => "list",
+    }
+}
+
 /// Owns the machine: applies commands one at a time until every handle is gone,
 /// then flushes. The machine (and with it the sled database) is dropped when
 /// this returns.
@@ -291,6 +304,7 @@ fn own_machine(mut machine: Result<Machine<SledStore>, String>, mut commands: mp
     while let Some(command) = commands.blocking_recv() {
         match (command, &mut machine) {
             (Command::Handle(req, reply), Ok(machine)) => {
+                crate::metrics::get().requests.add(1, &[opentelemetry::KeyValue::new("request", request_name(&req))]);
                 let _ = reply.send(machine.handle(req));
             }
             (Command::Handle(_, reply), Err(reason)) => {

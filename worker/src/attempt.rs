@@ -229,6 +229,9 @@ impl MatchForwarder {
 /// outlived its monitor is ended first: it is ours by the recorded pgid.
 async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool) -> Evidence {
     if let Some(status) = files.status() {
+        let m = crate::metrics::get();
+        m.output_bytes.add(status.output_written, &[]);
+        m.output_dropped.add(status.outcome.output_dropped, &[]);
         return Evidence::Exited(status.outcome);
     }
     // The monitor is gone without evidence (it was killed, or the machine lost
@@ -268,6 +271,15 @@ async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool) -> Eviden
 /// Buffers the evidence in the sidecar, reports it until acknowledged, frees the slot.
 async fn finish(shared: &Shared, task: &TaskId, attempt: Attempt, epoch: Epoch, evidence: Evidence) {
     tracing::info!(task = %task, attempt = %attempt, ?evidence, "attempt ended");
+    let outcome = match &evidence {
+        Evidence::Exited(o) => match o.ending {
+            Ending::Completed => "completed",
+            Ending::Failed => "failed",
+            Ending::Killed => "killed",
+        },
+        Evidence::Lost(_) => "lost",
+    };
+    crate::metrics::get().attempts.add(1, &[opentelemetry::KeyValue::new("outcome", outcome)]);
     match evidence {
         Evidence::Exited(outcome) => {
             let exited = SidecarRequest::Exited { task: task.clone(), attempt, outcome: outcome.clone() };

@@ -254,7 +254,16 @@ pub(crate) async fn sidecar_insist(shared: &Shared, req: SidecarRequest) -> Side
 async fn on_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
     let key = (grant.task.clone(), grant.attempt);
     let reply = decide_grant(shared, grant).await;
-    if matches!(reply, WorkerReply::Refused(_)) {
+    if let WorkerReply::Refused(refusal) = &reply {
+        let reason = match refusal {
+            Refusal::StaleEpoch { .. } => "stale-epoch",
+            Refusal::NoSlot => "no-slot",
+            Refusal::UnsupportedKind(_) => "unsupported-kind",
+            Refusal::UnknownAttempt => "unknown-attempt",
+            Refusal::SidecarUnavailable(_) => "sidecar-unavailable",
+            Refusal::Malformed(_) => "malformed",
+        };
+        crate::metrics::get().refusals.add(1, &[opentelemetry::KeyValue::new("reason", reason)]);
         shared.given_back.lock().unwrap_or_else(|p| p.into_inner()).insert(key);
     }
     reply

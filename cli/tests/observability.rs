@@ -1,7 +1,8 @@
-//! One trace per task across processes: a small OTLP/HTTP (JSON) receiver on
-//! loopback collects the spans of a real cluster, and the spans of the client,
-//! the coordinator, the worker and the sidecar must share one trace id with
-//! the right parent links.
+//! Observability over a real cluster. One trace per task across processes: a
+//! small OTLP/HTTP (JSON) receiver on loopback collects the spans, and those of
+//! the client, the coordinator, the worker and the sidecar must share one trace
+//! id with the right parent links. Metrics: each daemon's Prometheus endpoint
+//! shows what the task did.
 
 mod common;
 
@@ -187,4 +188,54 @@ fn a_dead_collector_never_holds_up_a_task() {
     for t in &tasks {
         assert!(c.cli(&["wait", t, "--timeout", "30"]).status.success(), "{t}\n{}", c.logs());
     }
+}
+
+/// `GET /metrics` from a daemon's endpoint (`None` until it answers).
+fn scrape(addr: &str) -> Option<String> {
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nhost: tenure\r\n\r\n").ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    text.starts_with("HTTP/1.1 200").then_some(text)
+}
+
+/// The value of the sample line `name` (exactly, labels included).
+fn sample(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+#[test]
+fn each_daemon_serves_its_metrics_in_the_prometheus_format() {
+    let mut c = Cluster::start(0);
+    let addr = |_: &str| format!("127.0.0.1:{}", tenure_testkit::free_port());
+    let (coord, sidecar, worker) = (addr("c"), addr("s"), addr("w"));
+    c.kill9("coordinator");
+    c.spawn_env(
+        "coordinator",
+        &["coordinator", "--name", "m", "--worker-ttl-ms", "3000"],
+        &[("TENURE_METRICS_ADDR", &coord)],
+    );
+    let d = c.worker_dir("w1").display().to_string();
+    c.spawn_env("sidecar-w1", &["sidecar", "--worker", "w1", "--data-dir", &d], &[("TENURE_METRICS_ADDR", &sidecar)]);
+    let args = ["worker", "--id", "w1", "--data-dir", &d, "--heartbeat-ms", "300"];
+    c.spawn_env("worker-w1", &args, &[("TENURE_METRICS_ADDR", &worker)]);
+    c.wait_workers(1);
+    let task = c.submit(&["--", "head -c 3000 /dev/zero"]);
+    assert!(c.cli(&["wait", &task]).status.success());
+
+    let shows = |addr: &str, line: &str, at_least: f64| {
+        eventually(BOUND, || scrape(addr).filter(|t| sample(t, line).is_some_and(|v| v >= at_least))).unwrap_or_else(
+            || panic!("{addr} never showed {line} >= {at_least}:\n{}", scrape(addr).unwrap_or_default()),
+        )
+    };
+    let text = shows(&coord, "tenure_coordinator_tasks{status=\"completed\"}", 1.0);
+    assert!(text.contains("# TYPE tenure_coordinator_dispatch_duration_seconds histogram"), "{text}");
+    shows(&coord, "tenure_coordinator_dispatch_duration_seconds_count", 1.0);
+    shows(&coord, "tenure_coordinator_api_requests_total{verb=\"submit\"}", 1.0);
+    shows(&coord, "tenure_coordinator_takeovers_total", 1.0);
+    shows(&coord, "tenure_coordinator_worker_heartbeat_age_seconds{worker=\"w1\"}", 0.0);
+    shows(&worker, "tenure_worker_attempts_total{outcome=\"completed\"}", 1.0);
+    shows(&worker, "tenure_worker_output_bytes_total", 3000.0);
+    shows(&sidecar, "tenure_sidecar_flush_duration_seconds_count", 4.0);
+    shows(&sidecar, "tenure_sidecar_requests_total{request=\"intent\"}", 1.0);
 }
