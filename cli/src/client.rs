@@ -17,7 +17,7 @@ use crate::Command;
 
 mod send;
 
-const API_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const API_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long `wait` rides through a cluster with no coordinator answering.
 const NO_LEADER_PATIENCE: Duration = Duration::from_secs(30);
@@ -29,9 +29,9 @@ const EXIT_TIMEOUT: u8 = 124;
 /// takes about the lease TTL plus the registry load).
 const SUBMIT_RETRY_FOR: Duration = Duration::from_secs(20);
 
-struct Api {
-    client: async_nats::Client,
-    session: SessionId,
+pub(crate) struct Api {
+    pub(crate) client: async_nats::Client,
+    pub(crate) session: SessionId,
 }
 
 /// Nobody serves the API subject: no coordinator runs, or standbys are taking
@@ -58,7 +58,7 @@ fn submit_retryable(e: &anyhow::Error) -> bool {
 }
 
 impl Api {
-    async fn call(&self, req: &ApiRequest, timeout: Duration) -> anyhow::Result<ApiResponse> {
+    pub(crate) async fn call(&self, req: &ApiRequest, timeout: Duration) -> anyhow::Result<ApiResponse> {
         let reply: ApiReply = tenure_transport::request(&self.client, subjects::API.to_owned(), req, timeout)
             .await
             .map_err(|e| match e {
@@ -204,50 +204,7 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
             println!("{}", result.as_str());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { json } => {
-            let ApiResponse::Status(status) = api.call(&ApiRequest::Status, API_TIMEOUT).await? else {
-                bail!("unexpected reply");
-            };
-            if json {
-                println!("{}", serde_json::to_string_pretty(&status)?);
-            } else {
-                println!("leader epoch: {}", status.leader_epoch);
-                if let Some(l) = &status.leader {
-                    println!(
-                        "leader:       {} (epoch {}), lease renewed {} ms ago, {} renewals, ttl {} ms, adopted in {} ms",
-                        l.name, l.epoch, l.lease_age_ms, l.renewals, l.lease_ttl_ms, l.adopted_in_ms
-                    );
-                }
-                let standbys: Vec<String> =
-                    status.standbys.iter().map(|s| format!("{} (seen {} ms ago)", s.name, s.last_seen_ms)).collect();
-                println!("standbys:     {}", if standbys.is_empty() { "none".to_owned() } else { standbys.join(", ") });
-                println!(
-                    "{:<12} {:<6} {:<9} {:>5} {:>7} {:>9}  KINDS",
-                    "WORKER", "ALIVE", "SIDECAR", "SLOTS", "RUNNING", "LAST SEEN"
-                );
-                for w in &status.workers {
-                    let kinds: Vec<&str> = w.kinds.iter().map(|k| k.as_str()).collect();
-                    let sidecar = match w.sidecar {
-                        tenure_protocol::messages::SidecarHealth::Ok => "ok",
-                        tenure_protocol::messages::SidecarHealth::Degraded => "degraded",
-                        tenure_protocol::messages::SidecarHealth::Down => "down",
-                    };
-                    println!(
-                        "{:<12} {:<6} {:<9} {:>5} {:>7} {:>7}ms  {}",
-                        w.id.as_str(),
-                        if w.alive { "yes" } else { "no" },
-                        sidecar,
-                        w.slots,
-                        w.running,
-                        w.last_seen_ms,
-                        kinds.join(",")
-                    );
-                }
-                let counts: Vec<String> = status.tasks_by_status.iter().map(|(s, n)| format!("{s}={n}")).collect();
-                println!("tasks: {}", if counts.is_empty() { "none".to_owned() } else { counts.join(" ") });
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Status { json, once } => crate::status::status(&api, json, once).await,
         Command::Send { task, text, raw } => send::send(&api, task, text, raw).await,
         Command::Archive { task } => board(&api, ApiRequest::Archive { session: api.session.clone(), task }).await,
         Command::Unarchive { task } => board(&api, ApiRequest::Unarchive { session: api.session.clone(), task }).await,

@@ -5,6 +5,7 @@
 mod client;
 mod dev;
 mod metrics;
+mod status;
 mod telemetry;
 mod watch;
 
@@ -217,10 +218,16 @@ enum Command {
     /// Delete a finished task: hidden for good, its record kept for audit; its
     /// files are released like an archive's.
     Delete { task: TaskId },
-    /// Cluster view: leader epoch, workers, tasks by status.
+    /// Cluster view: leader, epoch and lease, standbys, workers (slots, running
+    /// tasks, heartbeat ages, sidecar health), tasks by status, your running
+    /// tasks and the NATS connection. Refreshes every second on a terminal.
     Status {
+        /// One JSON document (for scripts).
         #[arg(long)]
         json: bool,
+        /// Print one view and exit (the default when not on a terminal).
+        #[arg(long)]
+        once: bool,
     },
 }
 
