@@ -75,7 +75,7 @@ impl Api {
     }
 }
 
-pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Result<ExitCode> {
+pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb: Command) -> anyhow::Result<ExitCode> {
     let client = tenure_transport::connect(nats, "tenure-cli", false).await?;
     let api = Api { client, session };
     match verb {

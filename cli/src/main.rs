@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use tenure_protocol::{Kind, SessionId, TaskId, WorkerId};
 
 #[derive(Parser, Debug)]
@@ -20,14 +20,83 @@ use tenure_protocol::{Kind, SessionId, TaskId, WorkerId};
     about = "A distributed task runtime: tasks that outlive their callers and their nodes"
 )]
 struct Cli {
-    /// NATS server URL.
-    #[arg(long, global = true, env = "TENURE_NATS", default_value = "nats://127.0.0.1:4222")]
-    nats: String,
+    #[command(flatten)]
+    nats: NatsArgs,
     /// Session that owns the tasks you submit (default: user-$USER).
     #[arg(long, global = true, env = "TENURE_SESSION")]
     session: Option<String>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// How every tenure process reaches NATS (`tenure_transport::NatsOptions`).
+#[derive(Args, Debug)]
+#[command(next_help_heading = "NATS connection")]
+struct NatsArgs {
+    /// NATS server URLs, comma-separated: every node of the NATS cluster, so
+    /// that the process fails over between them.
+    #[arg(
+        long = "nats",
+        global = true,
+        env = "TENURE_NATS",
+        value_delimiter = ',',
+        default_value = tenure_transport::DEFAULT_SERVER
+    )]
+    servers: Vec<String>,
+    /// NATS user (with a password).
+    #[arg(long = "nats-user", global = true, env = "TENURE_NATS_USER")]
+    user: Option<String>,
+    /// Password of the NATS user (prefer the environment variable: arguments
+    /// show in `ps`). A token is read from TENURE_NATS_TOKEN only.
+    #[arg(long = "nats-password", global = true, env = "TENURE_NATS_PASSWORD", hide_env_values = true)]
+    password: Option<String>,
+    /// File holding the NATS nkey user seed.
+    #[arg(long = "nats-nkey", global = true, env = "TENURE_NATS_NKEY", value_name = "SEED_FILE")]
+    nkey: Option<PathBuf>,
+    /// NATS credentials file (user JWT and seed).
+    #[arg(long = "nats-creds", global = true, env = "TENURE_NATS_CREDS", value_name = "FILE")]
+    creds: Option<PathBuf>,
+    /// PEM file of the CAs that sign the NATS servers' certificates.
+    #[arg(long = "nats-tls-ca", global = true, env = "TENURE_NATS_TLS_CA", value_name = "PEM")]
+    tls_ca: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS (with --nats-tls-key).
+    #[arg(long = "nats-tls-cert", global = true, env = "TENURE_NATS_TLS_CERT", value_name = "PEM")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --nats-tls-cert.
+    #[arg(long = "nats-tls-key", global = true, env = "TENURE_NATS_TLS_KEY", value_name = "PEM")]
+    tls_key: Option<PathBuf>,
+    /// Refuse NATS servers that do not speak TLS.
+    #[arg(long = "nats-tls-required", global = true, env = "TENURE_NATS_TLS_REQUIRED")]
+    tls_required: bool,
+}
+
+/// The NATS token is read from the environment only (never an argument).
+const NATS_TOKEN_ENV: &str = "TENURE_NATS_TOKEN";
+
+impl NatsArgs {
+    /// The options, validated: a combination that cannot work fails here, at
+    /// start, naming the flag.
+    fn options(self) -> anyhow::Result<tenure_transport::NatsOptions> {
+        let token = match std::env::var(NATS_TOKEN_ENV) {
+            Ok(t) if !t.is_empty() => Some(tenure_transport::Secret::new(t)),
+            Ok(_) | Err(std::env::VarError::NotPresent) => None,
+            Err(std::env::VarError::NotUnicode(_)) => anyhow::bail!("{NATS_TOKEN_ENV} is not valid UTF-8"),
+        };
+        let opts = tenure_transport::NatsOptions {
+            servers: self.servers.into_iter().map(|s| s.trim().to_owned()).collect(),
+            user: self.user,
+            password: self.password.map(tenure_transport::Secret::new),
+            token,
+            nkey: self.nkey,
+            creds: self.creds,
+            tls_ca: self.tls_ca,
+            tls_cert: self.tls_cert,
+            tls_key: self.tls_key,
+            tls_required: self.tls_required,
+        };
+        opts.validate()?;
+        Ok(opts)
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -300,7 +369,12 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
-    let nats = cli.nats;
+    // `dev` runs its own nats-server and ignores the connection options.
+    let nats = if matches!(cli.command, Command::Dev { .. }) {
+        tenure_transport::NatsOptions::default()
+    } else {
+        cli.nats.options()?
+    };
     match cli.command {
         Command::Coordinator {
             name,
@@ -322,7 +396,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
                 renew_interval: Duration::from_millis(renew_interval_ms),
                 renew_deadline: Duration::from_millis(renew_deadline_ms),
             };
-            let mut opts = tenure_coordinator::Options { nats_url: nats, name, replicas, lease, ..Default::default() };
+            let mut opts = tenure_coordinator::Options { nats, name, replicas, lease, ..Default::default() };
             opts.core.worker_ttl = Duration::from_millis(worker_ttl_ms);
             opts.core.operators = operators;
             opts.core.retention = (retention_secs > 0).then(|| Duration::from_secs(retention_secs));
@@ -342,8 +416,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Sidecar { worker, data_dir } => {
-            let opts =
-                tenure_sidecar::Options { layout: tenure_sidecar::Layout::new(data_dir), worker, nats_url: nats };
+            let opts = tenure_sidecar::Options { layout: tenure_sidecar::Layout::new(data_dir), worker, nats };
             tenure_sidecar::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
