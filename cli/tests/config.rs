@@ -96,3 +96,22 @@ fn a_coordinator_runs_from_its_file() {
     let task = c.submit(&["--", "echo configured"]);
     c.wait_status(&task, "completed", std::time::Duration::from_secs(40));
 }
+
+#[test]
+fn the_shipped_example_files_are_valid() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/config");
+    for (daemon, extra) in [
+        ("coordinator", vec!["--name", "host-1"]),
+        ("worker", vec!["--id", "w1", "--data-dir", "/var/lib/tenure/w1"]),
+        ("sidecar", vec!["--worker", "w1", "--data-dir", "/var/lib/tenure/w1"]),
+    ] {
+        let file = dir.join(format!("{daemon}.toml")).display().to_string();
+        let mut args = vec![daemon, "--config", &file, "--print-config"];
+        args.extend(extra);
+        let out = tenure(&args, &[("TENURE_NATS_PASSWORD", "from-the-env-file")]);
+        assert!(out.status.success(), "{daemon}: {}", stderr(&out));
+        let shown: toml::Table = toml::from_str(&stdout(&out)).unwrap();
+        assert_eq!(shown["nats"]["servers"].as_array().map(Vec::len), Some(3), "{daemon}");
+        assert_eq!(shown["nats"]["password"].as_str(), Some("***"), "{daemon}");
+    }
+}
