@@ -81,7 +81,7 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
     let client = tenure_transport::connect(nats, "tenure-cli", false).await?;
     let api = Api { client, session };
     match verb {
-        Command::Submit { kind, idempotent, label, cwd, env, pattern, steps, command } => {
+        Command::Submit { kind, idempotent, label, cwd, env, pattern, steps, final_output, command } => {
             let line = command_line(&command);
             let kind = if steps.is_empty() { kind } else { Kind::workflow() };
             let label = label.or_else(|| (!steps.is_empty()).then(|| format!("workflow of {} steps", steps.len())));
@@ -100,6 +100,7 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
                 idempotent,
                 pattern,
                 steps,
+                final_output,
             };
             // The root span of the task's trace (exported only when configured).
             let span = tracing::info_span!("submit", kind = %spec.kind, task = tracing::field::Empty);
@@ -155,7 +156,12 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
             Ok(ExitCode::SUCCESS)
         }
         Command::Logs { task, follow, offset } => {
-            logs(&api, &task, follow, offset).await?;
+            let s = api.snapshot(&task).await?;
+            if s.final_output {
+                final_output(&api, &task, follow).await?;
+            } else {
+                logs(&api, &task, follow, offset).await?;
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Wait { task, timeout, json } => {
@@ -321,6 +327,27 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A final-output-only task's output: nothing while it runs (with `follow`,
+/// waits for its end), its final output once it ended — the same every time.
+async fn final_output(api: &Api, task: &TaskId, follow: bool) -> anyhow::Result<()> {
+    loop {
+        let req = ApiRequest::FinalOutput { session: api.session.clone(), task: task.clone() };
+        match api.call(&req, API_TIMEOUT).await? {
+            ApiResponse::FinalOutput { finished: true, text } => {
+                print!("{text}");
+                return Ok(());
+            }
+            ApiResponse::FinalOutput { finished: false, .. } if follow => {
+                let wait =
+                    ApiRequest::Wait { session: api.session.clone(), task: task.clone(), timeout_ms: MAX_WAIT_MS };
+                api.call(&wait, Duration::from_millis(MAX_WAIT_MS) + API_TIMEOUT).await?;
+            }
+            ApiResponse::FinalOutput { finished: false, .. } => return Ok(()),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
 }
 
 /// A workflow's output: each step's output in order, under a header, marked

@@ -255,6 +255,10 @@ enum Command {
         /// completed (repeatable, in order). Makes the task a `workflow`.
         #[arg(long = "step", value_name = "COMMAND", conflicts_with = "command")]
         steps: Vec<String>,
+        /// Final-output-only: no streaming while it runs; once it ended, `tenure
+        /// logs` prints its final output (the last 64 KiB), the same every time.
+        #[arg(long)]
+        final_output: bool,
         /// The command line (one argument is run as is by `sh -c`; several are quoted and joined).
         #[arg(last = true, required_unless_present = "steps")]
         command: Vec<String>,

@@ -113,3 +113,26 @@ fn a_monitors_matched_lines_are_notified_once_each_across_a_worker_restart() {
     assert_eq!(stdout(&c.cli(&["kill", &m])).trim(), "requested");
     c.wait_status(&m, "killed", BOUND);
 }
+
+#[test]
+fn a_final_output_only_task_shows_nothing_while_it_runs_and_its_final_output_every_time_after() {
+    let c = Cluster::start(1);
+    let gate = c.dir.path().join("final-gate");
+    let script = format!("echo working; while [ ! -e {} ]; do sleep 0.1; done; echo the answer is 42", gate.display());
+    let task = c.submit(&["--final-output", "--", &script]);
+    c.wait_status(&task, "running", BOUND);
+    let live = c.cli(&["logs", &task]);
+    assert!(live.status.success(), "{}", common::stderr(&live));
+    assert_eq!(stdout(&live), "", "a final-output-only task streamed while running");
+    assert_eq!(c.snapshot(&task)["reported"], false);
+    std::fs::write(&gate, b"").unwrap();
+    // A follower waits for the end and prints the final output once.
+    let followed = c.cli(&["logs", "--follow", &task]);
+    assert_eq!(stdout(&followed), "working\nthe answer is 42\n");
+    assert_eq!(c.snapshot(&task)["reported"], true, "reading the final output reports the task");
+    // Idempotent: never consumed.
+    assert_eq!(stdout(&c.cli(&["logs", &task])), "working\nthe answer is 42\n");
+    // Refused where it makes no sense.
+    let refused = c.cli(&["submit", "--kind", "agent", "--final-output", "--", "cat"]);
+    assert!(common::stderr(&refused).contains("cannot be final-output-only"), "{}", common::stderr(&refused));
+}

@@ -383,6 +383,20 @@ impl Core {
             ApiRequest::Archive { session, task } => self.board(&session, &task, Event::Archive, now, fx),
             ApiRequest::Unarchive { session, task } => self.board(&session, &task, Event::Unarchive, now, fx),
             ApiRequest::Delete { session, task } => self.board(&session, &task, Event::Delete, now, fx),
+            ApiRequest::FinalOutput { session, task } => match self.owned(&session, &task) {
+                Err(e) => Err(e),
+                Ok(r) if !r.spec.final_output => Err(ApiError::InvalidRequest(format!(
+                    "{task} streams its output: read it with `tenure logs` from its worker machine"
+                ))),
+                Ok(r) if !r.life.status.is_terminal() => {
+                    Ok(ApiResponse::FinalOutput { finished: false, text: String::new() })
+                }
+                Ok(r) => {
+                    let text = r.life.outcome.as_ref().and_then(|o| o.output.clone()).unwrap_or_default();
+                    // Its owner has the end: that reports the task.
+                    self.mark_reported(&task, fx).map(|_| ApiResponse::FinalOutput { finished: true, text })
+                }
+            },
             ApiRequest::MarkReported { session, task } => match self.owned(&session, &task) {
                 Err(e) => Err(e),
                 Ok(r) if !r.life.status.is_terminal() => Err(ApiError::InvalidRequest(format!(

@@ -820,3 +820,31 @@ fn right_after_a_takeover_an_unknown_kind_is_not_known_yet_rather_than_refused()
     let (_, reply) = submit(&mut h);
     assert!(matches!(reply, Some(Err(ApiError::UnknownKind { .. }))), "{reply:?}");
 }
+
+#[test]
+fn a_final_output_is_empty_while_live_then_the_same_every_read_and_reads_report_the_task() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let task = h.submit("alice", TaskSpec { final_output: true, ..TaskSpec::shell("f", "echo 42") });
+    let read = |h: &mut Harness, t: &TaskId| h.api(ApiRequest::FinalOutput { session: s("alice"), task: t.clone() }).1;
+    assert!(
+        matches!(read(&mut h, &task), Some(Ok(ApiResponse::FinalOutput { finished: false, ref text })) if text.is_empty())
+    );
+    let mut outcome = Outcome::new(Ending::Completed, Some(0), None);
+    outcome.output = Some("42\n".into());
+    h.report("w1", &task, 1, ReportEvent::Finished(outcome));
+    for _ in 0..2 {
+        let reply = read(&mut h, &task);
+        assert!(
+            matches!(reply, Some(Ok(ApiResponse::FinalOutput { finished: true, ref text })) if text == "42\n"),
+            "{reply:?}"
+        );
+    }
+    assert!(h.core.task(&task).unwrap().reported);
+    assert!(matches!(
+        h.api(ApiRequest::FinalOutput { session: s("bob"), task: task.clone() }).1,
+        Some(Err(ApiError::NotFound(_)))
+    ));
+    let streamed = h.submit("alice", TaskSpec::shell("s", "echo"));
+    assert!(matches!(read(&mut h, &streamed), Some(Err(ApiError::InvalidRequest(_)))));
+}

@@ -109,6 +109,7 @@ impl TaskRecord {
             parent: self.parent.as_ref().map(|p| p.workflow.clone()),
             steps: Vec::new(),
             matches: self.matches,
+            final_output: self.spec.final_output,
         }
     }
 }

@@ -109,11 +109,14 @@ pub struct Outcome {
     /// Output bytes dropped past the per-task cap.
     #[serde(default)]
     pub output_dropped: u64,
+    /// The final output of a final-output-only task (its output's tail).
+    #[serde(default)]
+    pub output: Option<String>,
 }
 
 impl Outcome {
     pub fn new(ending: Ending, exit_code: Option<i32>, detail: Option<String>) -> Outcome {
-        Outcome { ending, exit_code, detail, output_dropped: 0 }
+        Outcome { ending, exit_code, detail, output_dropped: 0, output: None }
     }
 }
 

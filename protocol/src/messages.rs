@@ -62,6 +62,12 @@ pub enum ApiRequest {
     },
     /// Cluster view: leader epoch and workers.
     Status,
+    /// The final output of a final-output-only task: empty while it runs,
+    /// its final output once it ended (idempotent; it reports the task).
+    FinalOutput {
+        session: SessionId,
+        task: TaskId,
+    },
 }
 
 /// Longest a single `Wait` request is held by the coordinator.
@@ -81,6 +87,7 @@ impl ApiRequest {
             ApiRequest::Unarchive { .. } => "unarchive",
             ApiRequest::Delete { .. } => "delete",
             ApiRequest::Status => "status",
+            ApiRequest::FinalOutput { .. } => "final-output",
         }
     }
 }
@@ -114,6 +121,10 @@ pub enum ApiResponse {
         snapshot: TaskSnapshot,
     },
     Status(ClusterStatus),
+    FinalOutput {
+        finished: bool,
+        text: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -211,6 +222,9 @@ pub struct TaskSnapshot {
     /// For a monitor: how many output lines matched its pattern so far.
     #[serde(default)]
     pub matches: u64,
+    /// A final-output-only task: read it with `FinalOutput`, not from the sidecar.
+    #[serde(default)]
+    pub final_output: bool,
 }
 
 /// Where a task's cleanup job stands.

@@ -47,7 +47,17 @@ pub struct TaskSpec {
     /// (1 to [`MAX_STEPS`]) for `workflow`, refused for every other kind.
     #[serde(default)]
     pub steps: Vec<StepSpec>,
+    /// A final-output-only task: its output is not streamed to readers while
+    /// it runs; when it ends, the last [`MAX_FINAL_OUTPUT_BYTES`] of it become
+    /// its final output, kept in the registry and read (idempotently) from the
+    /// coordinator. Not for `agent`, `monitor` or `workflow` tasks.
+    #[serde(default)]
+    pub final_output: bool,
 }
+
+/// Most bytes of a final-output-only task's output kept as its final output
+/// (the tail; a note says how much came before).
+pub const MAX_FINAL_OUTPUT_BYTES: usize = 64 * 1024;
 
 /// One step of a workflow. It runs as a child task of its own kind, with the
 /// workflow's cwd, env and idempotence.
@@ -69,6 +79,7 @@ impl TaskSpec {
             idempotent: false,
             pattern: None,
             steps: Vec::new(),
+            final_output: false,
         }
     }
 
@@ -91,6 +102,7 @@ impl TaskSpec {
             idempotent: self.idempotent,
             pattern: None,
             steps: Vec::new(),
+            final_output: false,
         })
     }
 
@@ -118,6 +130,10 @@ impl TaskSpec {
     /// The rules tied to a kind: a `monitor` needs a valid pattern, a
     /// `workflow` its steps (none of them a workflow), and no other kind has either.
     fn validate_kind_fields(&self) -> Result<(), SpecError> {
+        let streams = [Kind::agent(), Kind::monitor(), Kind::workflow()];
+        if self.final_output && streams.contains(&self.kind) {
+            return Err(SpecError::FinalOutput(self.kind.to_string()));
+        }
         let monitor = self.kind == Kind::monitor();
         match &self.pattern {
             None if monitor => return Err(SpecError::Pattern("a monitor task needs a pattern".into())),
@@ -205,6 +221,8 @@ pub enum SpecError {
     Steps(&'static str),
     #[error("step {index}: {error}")]
     Step { index: usize, error: Box<SpecError> },
+    #[error("a {0} task streams its output; it cannot be final-output-only")]
+    FinalOutput(String),
 }
 
 #[cfg(test)]
@@ -250,6 +268,8 @@ mod tests {
                 (TaskSpec { pattern: Some("x".into()), ..base.clone() }, |e| matches!(e, SpecError::Pattern(_))),
                 (TaskSpec { steps: flow.steps.clone(), ..base.clone() }, |e| matches!(e, SpecError::Steps(_))),
                 (TaskSpec { steps: vec![], ..flow.clone() }, |e| matches!(e, SpecError::Steps(_))),
+                (TaskSpec { final_output: true, ..monitor.clone() }, |e| matches!(e, SpecError::FinalOutput(_))),
+                (TaskSpec { final_output: true, ..flow.clone() }, |e| matches!(e, SpecError::FinalOutput(_))),
                 (TaskSpec::workflow("w", (0..=MAX_STEPS).map(|_| "true".to_owned())), |e| {
                     matches!(e, SpecError::TooLarge { field: "steps", .. })
                 }),

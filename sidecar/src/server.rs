@@ -225,7 +225,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
 enum Command {
     Handle(SidecarRequest, oneshot::Sender<SidecarReply>),
     /// Owner and phase of the latest attempt of a task, for output reads.
-    OutputOwner(TaskId, oneshot::Sender<Option<(SessionId, Phase)>>),
+    OutputOwner(TaskId, oneshot::Sender<Option<(SessionId, Phase, bool)>>),
     /// A cleanup job (after the task's files were removed).
     Cleanup(CleanupRequest, oneshot::Sender<Result<u32, SidecarRefusal>>),
     /// The epoch fence of a cleanup request, before anything is removed.
@@ -276,7 +276,8 @@ impl StoreHandle {
         rx.await.map_err(|_| gone())
     }
 
-    async fn output_owner(&self, task: TaskId) -> Result<Option<(SessionId, Phase)>, ApiError> {
+    /// Owner, phase, and whether the task is final-output-only.
+    async fn output_owner(&self, task: TaskId) -> Result<Option<(SessionId, Phase, bool)>, ApiError> {
         let (tx, rx) = oneshot::channel();
         let gone = || ApiError::Unavailable("the sidecar is shutting down".to_owned());
         self.tx.send(Command::OutputOwner(task, tx)).await.map_err(|_| gone())?;
@@ -311,7 +312,9 @@ fn own_machine(mut machine: Result<Machine<SledStore>, String>, mut commands: mp
                 let _ = reply.send(SidecarReply::Refused(SidecarRefusal::Storage(reason.clone())));
             }
             (Command::OutputOwner(task, reply), Ok(machine)) => {
-                let owner = machine.record_for_output(&task).map(|r| (r.grant.owner.clone(), r.phase));
+                let owner = machine
+                    .record_for_output(&task)
+                    .map(|r| (r.grant.owner.clone(), r.phase, r.grant.spec.final_output));
                 let _ = reply.send(owner);
             }
             (Command::OutputOwner(_, reply), Err(_)) => {
@@ -461,11 +464,17 @@ async fn read_output(store: &StoreHandle, layout: &Layout, payload: &[u8]) -> Ou
     let not_found = || ApiError::NotFound(req.task.to_string());
     // The phase is read before the file: if the attempt had exited by then, every
     // byte it wrote is already in the file, so `finished` never hides a tail.
-    let Some((owner, phase)) = store.output_owner(req.task.clone()).await? else {
+    let Some((owner, phase, final_output)) = store.output_owner(req.task.clone()).await? else {
         return Err(not_found());
     };
     if owner != req.session {
         return Err(not_found());
+    }
+    if final_output {
+        return Err(ApiError::InvalidRequest(format!(
+            "{} is final-output-only: its output is read from the coordinator once it ended",
+            req.task
+        )));
     }
     let path = layout.output_path(&req.task);
     let (offset, want) = (req.offset, req.max.min(MAX_OUTPUT_CHUNK) as usize);

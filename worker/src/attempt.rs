@@ -232,7 +232,13 @@ async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool) -> Eviden
         let m = crate::metrics::get();
         m.output_bytes.add(status.output_written, &[]);
         m.output_dropped.add(status.outcome.output_dropped, &[]);
-        return Evidence::Exited(status.outcome);
+        let mut outcome = status.outcome;
+        if let Ok(grant) = files.read_grant().map(|g| (g.spec.final_output, g.task)) {
+            if grant.0 {
+                outcome.output = Some(final_output(&shared.layout.output_path(&grant.1)));
+            }
+        }
+        return Evidence::Exited(outcome);
     }
     // The monitor is gone without evidence (it was killed, or the machine lost
     // it). A surviving group is ended only when confirmed ours: its processes
@@ -266,6 +272,26 @@ async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool) -> Eviden
                 .into(),
         },
     })
+}
+
+/// The final output of a final-output-only task: the tail of its output
+/// file, at most `MAX_FINAL_OUTPUT_BYTES`, as text (invalid UTF-8 replaced),
+/// with a note when earlier bytes were left out.
+fn final_output(path: &std::path::Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let max = tenure_protocol::MAX_FINAL_OUTPUT_BYTES as u64;
+    let Ok(mut file) = std::fs::File::open(path) else { return String::new() };
+    let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let skip = size.saturating_sub(max);
+    let mut tail = Vec::new();
+    if file.seek(SeekFrom::Start(skip)).is_err() || file.take(max).read_to_end(&mut tail).is_err() {
+        return format!("[tenure: the output of this task could not be read from {}]", path.display());
+    }
+    let text = String::from_utf8_lossy(&tail);
+    match skip {
+        0 => text.into_owned(),
+        n => format!("[tenure: {n} earlier bytes of output left out]\n{text}"),
+    }
 }
 
 /// Buffers the evidence in the sidecar, reports it until acknowledged, frees the slot.
