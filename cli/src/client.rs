@@ -247,6 +247,9 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
                 }
                 let counts: Vec<String> = status.tasks_by_status.iter().map(|(s, n)| format!("{s}={n}")).collect();
                 println!("tasks: {}", if counts.is_empty() { "none".to_owned() } else { counts.join(" ") });
+                if status.unconfirmed > 0 {
+                    println!("unconfirmed:  {} tasks on workers not yet confirmed by a heartbeat", status.unconfirmed);
+                }
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -82,8 +82,10 @@ enum Command {
         #[arg(long)]
         kill_tasks_on_exit: bool,
         /// Task kinds this worker runs and advertises, comma-separated. `agent`
-        /// tasks keep their stdin open for `tenure send`; other kinds run like `shell`.
-        #[arg(long, value_delimiter = ',', default_value = "shell,agent")]
+        /// tasks keep their stdin open for `tenure send`; `noop` (completes at
+        /// once) and `sleep` (COMMAND milliseconds, killable) run inside the
+        /// worker without a process; other kinds run like `shell`.
+        #[arg(long, value_delimiter = ',', default_value = "shell,agent,noop,sleep")]
         kinds: Vec<Kind>,
     },
     /// Internal: the per-task monitor a worker starts for each attempt.

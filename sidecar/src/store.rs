@@ -181,6 +181,19 @@ impl SledStore {
         Ok(SledStore { db, meta, attempts, revoked, epoch_mirror: path.with_extension("epoch") })
     }
 
+    /// Inserts or replaces many records with one flush: durable together when it
+    /// returns `Ok`. For bulk loads (the benchmarks fill a store with it); the
+    /// sidecar itself writes one record per request.
+    pub fn put_many(&mut self, records: &[AttemptRecord]) -> Result<(), Error> {
+        let mut batch = sled::Batch::default();
+        for record in records {
+            batch.insert(attempt_key(&record.grant.task, record.grant.attempt).as_bytes(), seal(record)?);
+        }
+        self.attempts.apply_batch(batch)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
     /// Flushes everything to disk. Every write already does; this is for shutdown.
     pub fn flush(&self) -> Result<(), Error> {
         self.db.flush()?;

@@ -7,6 +7,7 @@
 //! facts and the leader's lifecycle table decides.
 
 mod attempt;
+pub mod builtin;
 pub mod monitor;
 pub mod process;
 pub mod service;

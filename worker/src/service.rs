@@ -33,8 +33,9 @@ pub struct Options {
     pub slots: u32,
     pub data_dir: PathBuf,
     /// Kinds this worker runs and advertises; grants of others are refused.
-    /// `agent` tasks get an input FIFO as stdin; every other kind runs like
-    /// `shell` (`sh -c`, stdin from `/dev/null`).
+    /// `agent` tasks get an input FIFO as stdin; `noop` and `sleep` run inside
+    /// the worker ([`crate::builtin`]); every other kind runs like `shell`
+    /// (`sh -c`, stdin from `/dev/null`).
     pub kinds: Vec<Kind>,
     pub heartbeat: Duration,
     /// Time between SIGTERM and SIGKILL when a task's group is ended.
@@ -56,7 +57,7 @@ impl Options {
             id,
             slots: 4,
             data_dir,
-            kinds: vec![Kind::shell(), Kind::agent()],
+            kinds: ["shell", "agent", "noop", "sleep"].iter().filter_map(|k| k.parse().ok()).collect(),
             heartbeat: Duration::from_millis(1000),
             kill_grace: Duration::from_secs(5),
             monitor_program: PathBuf::from("tenure"),
