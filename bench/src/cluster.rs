@@ -344,3 +344,51 @@ pub fn pids_with_arg(needle: &str) -> Vec<i32> {
     }
     out
 }
+
+/// CPU time a process used, and what its reaped children used, in milliseconds
+/// (`utime + stime`, `cutime + cstime` of `/proc/PID/stat`); zeros when gone.
+pub fn cpu_ms(pid: i32) -> (f64, f64) {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return (0.0, 0.0) };
+    let Some((_, rest)) = stat.rsplit_once(')') else { return (0.0, 0.0) };
+    // Fields after the command: state is field 3; utime is field 14.
+    let f: Vec<u64> = rest.split_whitespace().skip(11).take(4).filter_map(|v| v.parse().ok()).collect();
+    if f.len() < 4 {
+        return (0.0, 0.0);
+    }
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) }.max(1) as f64;
+    (((f[0] + f[1]) as f64) * 1000.0 / hz, ((f[2] + f[3]) as f64) * 1000.0 / hz)
+}
+
+/// CPU use of a cluster's daemons (and of this process) over a stretch of work.
+pub struct CpuMeter {
+    start: Vec<(String, i32, (f64, f64))>,
+}
+
+impl CpuMeter {
+    pub fn start(cluster: &Cluster) -> CpuMeter {
+        let me = std::process::id() as i32;
+        let mut pids: Vec<(String, i32)> =
+            cluster.procs.iter().filter_map(|p| Some((p.name.clone(), p.pid()?))).collect();
+        pids.push(("bench".into(), me));
+        CpuMeter { start: pids.into_iter().map(|(n, p)| (n, p, cpu_ms(p))).collect() }
+    }
+
+    /// Milliseconds of CPU per item since `start`, by process (children, such
+    /// as a worker's task monitors, under `<name> children`).
+    pub fn per_item(&self, items: u64) -> serde_json::Value {
+        let mut out = serde_json::Map::new();
+        let n = items.max(1) as f64;
+        for (name, pid, (own, children)) in &self.start {
+            let (own2, children2) = cpu_ms(*pid);
+            out.insert(name.clone(), serde_json::Value::from(((own2 - own) / n * 1000.0).round() / 1000.0));
+            if children2 > *children {
+                out.insert(
+                    format!("{name} children"),
+                    serde_json::Value::from(((children2 - children) / n * 1000.0).round() / 1000.0),
+                );
+            }
+        }
+        serde_json::Value::Object(out)
+    }
+}

@@ -14,7 +14,7 @@ use serde_json::json;
 
 use crate::api::Api;
 use crate::baseline::{self, Bare, NOOP_TASK};
-use crate::cluster::{Cluster, Spec};
+use crate::cluster::{Cluster, CpuMeter, Spec};
 use crate::report::{Better, Figure};
 use crate::Ctx;
 
@@ -77,7 +77,9 @@ async fn noop_levels(ctx: &mut Ctx, cluster: &Cluster, levels: &[(u64, u64)], no
     bare.throughput(NOOP_TASK, 50, 8).await?;
     for &(concurrency, total) in levels {
         let pb = ctx.bar(total, format!("noop tasks, {concurrency} in flight{note}"));
+        let cpu = CpuMeter::start(cluster);
         let tenure = drive(&cluster.api, "noop", "-", total, concurrency, Some(&pb)).await?;
+        let cpu = cpu.per_item(total);
         pb.set_message(format!("bare baseline, {concurrency} in flight{note}"));
         let bare_rate = bare.throughput(NOOP_TASK, total, concurrency).await?;
         pb.finish_and_clear();
@@ -90,6 +92,7 @@ async fn noop_levels(ctx: &mut Ctx, cluster: &Cluster, levels: &[(u64, u64)], no
                     "tasks": total,
                     "concurrency": concurrency,
                     "jetstream_sync_always": !note.is_empty(),
+                    "cpu_ms_per_task": cpu,
                     "per_task": {
                         "round_trips": baseline::count(steps, &[baseline::Step::RoundTrip]),
                         "appends": baseline::count(steps, &[baseline::Step::Append, baseline::Step::AppendBehind]),
@@ -112,7 +115,9 @@ pub async fn shell(ctx: &mut Ctx) -> anyhow::Result<()> {
         spawn_rate(20, 4).await?;
         for &(concurrency, total) in &levels {
             let pb = ctx.bar(total, format!("sh -c true tasks, {concurrency} in flight"));
+            let cpu = CpuMeter::start(&cluster);
             let tenure = drive(&cluster.api, "shell", "true", total, concurrency, Some(&pb)).await?;
+            let cpu = cpu.per_item(total);
             pb.set_message(format!("spawning sh -c true, {concurrency} in flight"));
             let raw = spawn_rate(total, concurrency).await?;
             pb.finish_and_clear();
@@ -120,7 +125,7 @@ pub async fn shell(ctx: &mut Ctx) -> anyhow::Result<()> {
                 Figure::new("throughput-shell", format!("{concurrency} in flight"), "tasks/s", tenure, Better::Higher)
                     .baseline("spawn+reap sh -c true", raw)
                     .ratio_target(0.50)
-                    .details(json!({ "tasks": total, "concurrency": concurrency })),
+                    .details(json!({ "tasks": total, "concurrency": concurrency, "cpu_ms_per_task": cpu })),
             )?;
         }
         anyhow::Ok(())
