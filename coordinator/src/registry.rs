@@ -10,10 +10,27 @@
 //! per-process nonce and the expected sequence), so a write whose ack was lost is
 //! deduplicated instead of being mistaken for fencing; JetStream checks ids before
 //! sequences, which is why ids must never collide across coordinators.
+//!
+//! **Pipelining.** The leader's appends are pipelined ([`Registry::start_put_task`],
+//! [`Registry::settle`]): append *k* after the last durable one is sent expecting
+//! the stream's last sequence to be `last + k - 1`, without waiting for the acks
+//! before it. This holds because the leader is the only writer and its appends
+//! travel in order on one connection. The fence is unchanged: an append is
+//! judged fenced only when it fails its expected sequence while every append
+//! before it was already durable (a failure behind an append that did not land
+//! is repaired by sending it again, with the same message id, once it is the
+//! oldest). Appends become durable in order; the caller releases what depends
+//! on an append only once [`Registry::settle`] has counted it.
+
+use std::collections::VecDeque;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, context::PublishErrorKind, stream};
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::publish::PublishAck;
+use async_nats::jetstream::{self, consumer, stream};
 use futures::StreamExt;
 use tenure_protocol::{subjects, Epoch, TaskId};
 
@@ -43,12 +60,43 @@ pub struct Loaded {
 
 pub struct Registry {
     js: jetstream::Context,
+    /// The stream's last sequence as of the last durable append.
     last_seq: u64,
     epoch: Epoch,
     /// Unique per process: message ids of two coordinators never collide, so
     /// deduplication can only ever match this process's own retries.
     nonce: uuid::Uuid,
+    /// Pipelined appends not yet acknowledged, oldest first.
+    in_flight: VecDeque<InFlight>,
+    /// Appends started since the registry was opened (tickets are 1, 2, …).
+    started: u64,
+    /// Appends acknowledged, in order: tickets up to this one are durable.
+    durable: u64,
 }
+
+type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
+
+/// One pipelined append.
+struct InFlight {
+    subject: String,
+    payload: bytes::Bytes,
+    /// The stream's last sequence this append expects: it lands at `expected + 1`.
+    expected: u64,
+    /// Same for every send of this append, so a retry is deduplicated.
+    msg_id: String,
+    /// The ack of the last send; `None` when it must be sent (again).
+    ack: Option<AckFuture>,
+    /// Sent while every append before it was durable: a wrong-sequence answer
+    /// to that send means another writer moved the registry (fenced).
+    sent_as_oldest: bool,
+    /// A transient failure's pause before the next send.
+    pause: Option<Pin<Box<tokio::time::Sleep>>>,
+    delay: Duration,
+    first_sent: tokio::time::Instant,
+}
+
+/// Most appends in flight at once; the leader waits for the oldest past it.
+pub const MAX_IN_FLIGHT: usize = 256;
 
 /// How long one append keeps retrying through a NATS outage before giving up.
 const APPEND_RETRY_FOR: Duration = Duration::from_secs(30);
@@ -91,7 +139,16 @@ impl Registry {
             }
         }
         let epoch = loaded.last_claim.as_ref().map(|c| c.epoch).unwrap_or_default();
-        Ok((Registry { js, last_seq: state.last_sequence, epoch, nonce: uuid::Uuid::new_v4() }, loaded))
+        let registry = Registry {
+            js,
+            last_seq: state.last_sequence,
+            epoch,
+            nonce: uuid::Uuid::new_v4(),
+            in_flight: VecDeque::new(),
+            started: 0,
+            durable: 0,
+        };
+        Ok((registry, loaded))
     }
 
     /// Claims the next epoch, and at least `at_least` (the epoch of the leader
@@ -110,19 +167,110 @@ impl Registry {
         self.epoch
     }
 
-    /// Durably stores the latest version of a task.
-    pub async fn put_task(&mut self, record: &TaskRecord) -> Result<(), Error> {
+    /// Starts storing the latest version of a task (pipelined); its ticket.
+    /// It is durable once [`Registry::settle`] has counted the ticket.
+    pub async fn start_put_task(&mut self, record: &TaskRecord) -> Result<u64, Error> {
         let entry = RegistryEntry::Task(Box::new(record.clone()));
-        self.append(subjects::registry_task(&record.id), &entry).await
+        self.start_append(subjects::registry_task(&record.id), &entry).await
     }
 
-    /// Compacts a garbage-collected task's record to a tombstone (conditional,
-    /// like every append: a deposed leader cannot forget anything).
-    pub async fn forget(&mut self, id: &TaskId, at_ms: u64) -> Result<(), Error> {
+    /// Starts compacting a garbage-collected task's record to a tombstone
+    /// (conditional, like every append: a deposed leader cannot forget
+    /// anything); its ticket, as [`Registry::start_put_task`].
+    pub async fn start_forget(&mut self, id: &TaskId, at_ms: u64) -> Result<u64, Error> {
         let entry = RegistryEntry::Forgotten { id: id.clone(), at_ms };
-        self.append(subjects::registry_task(id), &entry).await
+        self.start_append(subjects::registry_task(id), &entry).await
     }
 
+    /// Appends started and not yet durable.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// The ticket of the newest append started (0 before any).
+    pub fn last_ticket(&self) -> u64 {
+        self.started
+    }
+
+    async fn start_append(&mut self, subject: String, entry: &RegistryEntry) -> Result<u64, Error> {
+        let payload: bytes::Bytes = tenure_protocol::encode(entry).map_err(|e| Error::Encode(e.to_string()))?.into();
+        let expected = self.last_seq + self.in_flight.len() as u64;
+        let mut append = InFlight {
+            subject,
+            payload,
+            expected,
+            msg_id: format!("{}:{}", self.nonce, expected),
+            ack: None,
+            sent_as_oldest: self.in_flight.is_empty(),
+            pause: None,
+            delay: Duration::from_millis(50),
+            first_sent: tokio::time::Instant::now(),
+        };
+        // A send that fails here is sent again once the append is the oldest.
+        match send(&self.js, &append).await {
+            Ok(ack) => append.ack = Some(ack),
+            Err(error) => tracing::warn!(%error, "registry append not sent; retrying"),
+        }
+        self.in_flight.push_back(append);
+        self.started += 1;
+        Ok(self.started)
+    }
+
+    /// Drives the oldest append in flight until it is durable; returns the
+    /// ticket it had (every ticket up to it is durable). Retries a transient
+    /// failure for up to 30 s with the same message id; fails with
+    /// [`Error::Fenced`] when another writer moved the registry.
+    ///
+    /// Cancel-safe: the state of the oldest append lives in the registry, so a
+    /// call dropped mid-way resumes where it stopped. With nothing in flight it
+    /// never returns.
+    pub async fn settle(&mut self) -> Result<u64, Error> {
+        loop {
+            let Some(oldest) = self.in_flight.front_mut() else {
+                return std::future::pending().await;
+            };
+            if let Some(pause) = oldest.pause.as_mut() {
+                pause.await;
+                oldest.pause = None;
+            }
+            let Some(ack) = oldest.ack.as_mut() else {
+                // Everything before it is durable: this send's answer is final.
+                oldest.sent_as_oldest = true;
+                match send(&self.js, oldest).await {
+                    Ok(ack) => oldest.ack = Some(ack),
+                    Err(e) => transient(oldest, e)?,
+                }
+                continue;
+            };
+            let result = ack.await;
+            oldest.ack = None;
+            match result {
+                Ok(ack) => {
+                    // A duplicate is our own earlier send whose ack was lost; it
+                    // must have landed exactly where we expected.
+                    if ack.duplicate && ack.sequence != oldest.expected + 1 {
+                        return Err(Error::Fenced { expected: oldest.expected });
+                    }
+                    self.last_seq = ack.sequence;
+                    self.in_flight.pop_front();
+                    self.durable += 1;
+                    return Ok(self.durable);
+                }
+                Err(e) => match e.kind() {
+                    PublishErrorKind::WrongLastSequence if oldest.sent_as_oldest => {
+                        return Err(Error::Fenced { expected: oldest.expected })
+                    }
+                    // Sent behind an append that had not landed: send it again now.
+                    PublishErrorKind::WrongLastSequence => {}
+                    PublishErrorKind::MaxPayloadExceeded => return Err(Error::Encode(e.to_string())),
+                    _ => transient(oldest, e)?,
+                },
+            }
+        }
+    }
+
+    /// One append, acknowledged before it returns (the epoch claim; nothing
+    /// may be in flight).
     async fn append(&mut self, subject: String, entry: &RegistryEntry) -> Result<(), Error> {
         let payload: bytes::Bytes = tenure_protocol::encode(entry).map_err(|e| Error::Encode(e.to_string()))?.into();
         let expected = self.last_seq;
@@ -151,6 +299,26 @@ impl Registry {
         self.last_seq = seq;
         Ok(())
     }
+}
+
+async fn send(js: &jetstream::Context, append: &InFlight) -> Result<AckFuture, PublishError> {
+    let publish = jetstream::message::PublishMessage::build()
+        .payload(append.payload.clone())
+        .expected_last_sequence(append.expected)
+        .message_id(&append.msg_id);
+    Ok(js.send_publish(append.subject.clone(), publish).await?.into_future())
+}
+
+/// Schedules the next send of an append after a transient failure, or gives up
+/// once it has been failing for [`APPEND_RETRY_FOR`].
+fn transient(append: &mut InFlight, e: PublishError) -> Result<(), Error> {
+    if append.first_sent.elapsed() > APPEND_RETRY_FOR {
+        return Err(Error::Unavailable(e.to_string()));
+    }
+    tracing::warn!(error = %e, "registry append failed; retrying");
+    append.pause = Some(Box::pin(tokio::time::sleep(append.delay)));
+    append.delay = (append.delay * 2).min(Duration::from_secs(1));
+    Ok(())
 }
 
 fn classify(e: async_nats::jetstream::context::PublishError, expected: u64) -> backoff::Error<Error> {
