@@ -150,6 +150,8 @@ pub struct SledStore {
     revoked: sled::Tree,
     /// `<db path>.epoch`: a second copy of the highest epoch seen.
     epoch_mirror: PathBuf,
+    /// Record writes leave the flush to the caller ([`SledStore::defer_flush`]).
+    deferred: bool,
 }
 
 impl SledStore {
@@ -178,7 +180,7 @@ impl SledStore {
                 }
             }
         }
-        Ok(SledStore { db, meta, attempts, revoked, epoch_mirror: path.with_extension("epoch") })
+        Ok(SledStore { db, meta, attempts, revoked, epoch_mirror: path.with_extension("epoch"), deferred: false })
     }
 
     /// Inserts or replaces many records with one flush: durable together when it
@@ -194,7 +196,22 @@ impl SledStore {
         Ok(())
     }
 
-    /// Flushes everything to disk. Every write already does; this is for shutdown.
+    /// Group commit: while on, writes of attempt records and revocations are
+    /// not flushed by themselves, and are durable only once [`SledStore::flush`]
+    /// returns `Ok` — the caller must not acknowledge them before. Epoch writes
+    /// are always flushed at once (with their mirror).
+    pub fn defer_flush(&mut self, on: bool) {
+        self.deferred = on;
+    }
+
+    fn flush_unless_deferred(&self) -> Result<(), Error> {
+        if !self.deferred {
+            self.db.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Flushes everything to disk: what deferred writes wait for, and shutdown.
     pub fn flush(&self) -> Result<(), Error> {
         self.db.flush()?;
         Ok(())
@@ -243,20 +260,17 @@ impl RecoveryStore for SledStore {
     fn put(&mut self, record: &AttemptRecord) -> Result<(), Error> {
         let value = seal(record)?;
         self.attempts.insert(attempt_key(&record.grant.task, record.grant.attempt), value)?;
-        self.db.flush()?;
-        Ok(())
+        self.flush_unless_deferred()
     }
 
     fn remove(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
         self.attempts.remove(attempt_key(task, attempt))?;
-        self.db.flush()?;
-        Ok(())
+        self.flush_unless_deferred()
     }
 
     fn put_revoked(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
         self.revoked.insert(attempt_key(task, attempt), &[])?;
-        self.db.flush()?;
-        Ok(())
+        self.flush_unless_deferred()
     }
 }
 
