@@ -167,10 +167,12 @@ fn main() -> ExitCode {
             }
         }
     });
-    // Whatever is still running (an interrupted or failed benchmark) stops here.
+    // Whatever is still running (an interrupted or failed benchmark) stops here;
+    // in-process work still writing to the scratch directory (a store being
+    // filled) ends with the runtime, before the directory goes.
     cluster::stop_everything();
+    runtime.shutdown_timeout(Duration::from_secs(10));
     let _ = std::fs::remove_dir_all(&root);
-    runtime.shutdown_timeout(Duration::from_secs(1));
     code
 }
 
