@@ -29,14 +29,7 @@ impl Api {
 
     /// Submits a task of `kind` running `command`; its id.
     pub async fn submit(&self, kind: &str, command: &str) -> anyhow::Result<TaskId> {
-        let spec = TaskSpec {
-            kind: kind.parse()?,
-            label: String::new(),
-            command: command.to_owned(),
-            cwd: None,
-            env: Default::default(),
-            idempotent: false,
-        };
+        let spec = TaskSpec { kind: kind.parse()?, ..TaskSpec::shell("", command) };
         let req = ApiRequest::Submit(SubmitRequest {
             session: self.session.clone(),
             idempotency_key: uuid::Uuid::new_v4(),

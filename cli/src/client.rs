@@ -10,13 +10,14 @@ use tenure_protocol::messages::{
     ApiReply, ApiRequest, ApiResponse, OutputChunk, OutputReply, OutputRequest, SubmitRequest, TaskSnapshot,
     MAX_OUTPUT_CHUNK, MAX_WAIT_MS,
 };
-use tenure_protocol::{subjects, SessionId, Status, TaskId, TaskSpec};
+use tenure_protocol::{subjects, Kind, SessionId, Status, StepSpec, TaskId, TaskSpec};
+use tracing::Instrument;
 
 use crate::Command;
 
 mod send;
 
-const API_TIMEOUT: Duration = Duration::from_secs(5);
+pub(crate) const API_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long `wait` rides through a cluster with no coordinator answering.
 const NO_LEADER_PATIENCE: Duration = Duration::from_secs(30);
@@ -28,9 +29,9 @@ const EXIT_TIMEOUT: u8 = 124;
 /// takes about the lease TTL plus the registry load).
 const SUBMIT_RETRY_FOR: Duration = Duration::from_secs(20);
 
-struct Api {
-    client: async_nats::Client,
-    session: SessionId,
+pub(crate) struct Api {
+    pub(crate) client: async_nats::Client,
+    pub(crate) session: SessionId,
 }
 
 /// Nobody serves the API subject: no coordinator runs, or standbys are taking
@@ -57,7 +58,7 @@ fn submit_retryable(e: &anyhow::Error) -> bool {
 }
 
 impl Api {
-    async fn call(&self, req: &ApiRequest, timeout: Duration) -> anyhow::Result<ApiResponse> {
+    pub(crate) async fn call(&self, req: &ApiRequest, timeout: Duration) -> anyhow::Result<ApiResponse> {
         let reply: ApiReply = tenure_transport::request(&self.client, subjects::API.to_owned(), req, timeout)
             .await
             .map_err(|e| match e {
@@ -79,8 +80,11 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
     let client = tenure_transport::connect(nats, "tenure-cli", false).await?;
     let api = Api { client, session };
     match verb {
-        Command::Submit { kind, idempotent, label, cwd, env, command } => {
+        Command::Submit { kind, idempotent, label, cwd, env, pattern, steps, command } => {
             let line = command_line(&command);
+            let kind = if steps.is_empty() { kind } else { Kind::workflow() };
+            let label = label.or_else(|| (!steps.is_empty()).then(|| format!("workflow of {} steps", steps.len())));
+            let steps = steps.into_iter().map(|command| StepSpec { kind: Kind::shell(), command }).collect();
             let mut env_map = std::collections::BTreeMap::new();
             for kv in env {
                 let (k, v) = kv.split_once('=').ok_or_else(|| anyhow!("--env expects NAME=VALUE, got {kv:?}"))?;
@@ -93,33 +97,20 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
                 cwd,
                 env: env_map,
                 idempotent,
+                pattern,
+                steps,
             };
+            // The root span of the task's trace (exported only when configured).
+            let span = tracing::info_span!("submit", kind = %spec.kind, task = tracing::field::Empty);
             let req = ApiRequest::Submit(SubmitRequest {
                 session: api.session.clone(),
                 idempotency_key: uuid::Uuid::new_v4(),
                 spec,
             });
-            // The idempotency key makes a retry return the task the first try
-            // created, so a submit is retried through a lost reply and through a
-            // coordinator takeover — bounded, with a short backoff.
-            let deadline = Instant::now() + SUBMIT_RETRY_FOR;
-            let mut pause = Duration::from_millis(100);
-            loop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                match api.call(&req, API_TIMEOUT.min(left).max(Duration::from_millis(500))).await {
-                    Ok(ApiResponse::Submitted { task, .. }) => {
-                        println!("{task}");
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                    Ok(other) => bail!("unexpected reply {other:?}"),
-                    Err(e) if submit_retryable(&e) && Instant::now() + pause < deadline => {
-                        tracing::warn!(error = %e, "submit not answered; retrying with the same idempotency key");
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_secs(1));
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
+            let task = submit(&api, &req).instrument(span.clone()).await?;
+            span.record("task", tracing::field::display(&task));
+            println!("{task}");
+            Ok(ExitCode::SUCCESS)
         }
         Command::Get { task, json } => {
             let s = api.snapshot(&task).await?;
@@ -153,6 +144,13 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
                     );
                 }
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Logs { task, follow, offset } if *task.kind() == Kind::workflow() => {
+            if offset != 0 {
+                bail!("a workflow's output is its steps' outputs: read one step with `tenure logs STEP --offset N`");
+            }
+            workflow_logs(&api, &task, follow).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Logs { task, follow, offset } => {
@@ -206,53 +204,7 @@ pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Resul
             println!("{}", result.as_str());
             Ok(ExitCode::SUCCESS)
         }
-        Command::Status { json } => {
-            let ApiResponse::Status(status) = api.call(&ApiRequest::Status, API_TIMEOUT).await? else {
-                bail!("unexpected reply");
-            };
-            if json {
-                println!("{}", serde_json::to_string_pretty(&status)?);
-            } else {
-                println!("leader epoch: {}", status.leader_epoch);
-                if let Some(l) = &status.leader {
-                    println!(
-                        "leader:       {} (epoch {}), lease renewed {} ms ago, {} renewals, ttl {} ms, adopted in {} ms",
-                        l.name, l.epoch, l.lease_age_ms, l.renewals, l.lease_ttl_ms, l.adopted_in_ms
-                    );
-                }
-                let standbys: Vec<String> =
-                    status.standbys.iter().map(|s| format!("{} (seen {} ms ago)", s.name, s.last_seen_ms)).collect();
-                println!("standbys:     {}", if standbys.is_empty() { "none".to_owned() } else { standbys.join(", ") });
-                println!(
-                    "{:<12} {:<6} {:<9} {:>5} {:>7} {:>9}  KINDS",
-                    "WORKER", "ALIVE", "SIDECAR", "SLOTS", "RUNNING", "LAST SEEN"
-                );
-                for w in &status.workers {
-                    let kinds: Vec<&str> = w.kinds.iter().map(|k| k.as_str()).collect();
-                    let sidecar = match w.sidecar {
-                        tenure_protocol::messages::SidecarHealth::Ok => "ok",
-                        tenure_protocol::messages::SidecarHealth::Degraded => "degraded",
-                        tenure_protocol::messages::SidecarHealth::Down => "down",
-                    };
-                    println!(
-                        "{:<12} {:<6} {:<9} {:>5} {:>7} {:>7}ms  {}",
-                        w.id.as_str(),
-                        if w.alive { "yes" } else { "no" },
-                        sidecar,
-                        w.slots,
-                        w.running,
-                        w.last_seen_ms,
-                        kinds.join(",")
-                    );
-                }
-                let counts: Vec<String> = status.tasks_by_status.iter().map(|(s, n)| format!("{s}={n}")).collect();
-                println!("tasks: {}", if counts.is_empty() { "none".to_owned() } else { counts.join(" ") });
-                if status.unconfirmed > 0 {
-                    println!("unconfirmed:  {} tasks on workers not yet confirmed by a heartbeat", status.unconfirmed);
-                }
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Command::Status { json, once } => crate::status::status(&api, json, once).await,
         Command::Send { task, text, raw } => send::send(&api, task, text, raw).await,
         Command::Archive { task } => board(&api, ApiRequest::Archive { session: api.session.clone(), task }).await,
         Command::Unarchive { task } => board(&api, ApiRequest::Unarchive { session: api.session.clone(), task }).await,
@@ -304,6 +256,27 @@ fn age(ms: u64) -> String {
     }
 }
 
+/// Submits, retrying with the same idempotency key through a lost reply and
+/// through a coordinator takeover (the key makes a retry return the task the
+/// first try created) — bounded, with a short backoff.
+async fn submit(api: &Api, req: &ApiRequest) -> anyhow::Result<TaskId> {
+    let deadline = Instant::now() + SUBMIT_RETRY_FOR;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match api.call(req, API_TIMEOUT.min(left).max(Duration::from_millis(500))).await {
+            Ok(ApiResponse::Submitted { task, .. }) => return Ok(task),
+            Ok(other) => bail!("unexpected reply {other:?}"),
+            Err(e) if submit_retryable(&e) && Instant::now() + pause < deadline => {
+                tracing::warn!(error = %e, "submit not answered; retrying with the same idempotency key");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(s)?);
@@ -330,7 +303,46 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     if let Some(h) = &s.hint {
         println!("hint:       [{}] {}", h.tag.as_str(), h.message);
     }
+    if let Some(p) = &s.parent {
+        println!("workflow:   {p}");
+    }
+    if s.kind == Kind::monitor() {
+        println!("matches:    {}", s.matches);
+    }
+    for step in &s.steps {
+        let task = opt(step.task.as_ref().map(ToString::to_string));
+        let status =
+            step.status.map(|st| st.as_str()).unwrap_or(if s.status.is_terminal() { "skipped" } else { "pending" });
+        let why = step.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default();
+        println!("step {}:     {status:<9} {task:<12} {}{why}", step.index, step.command);
+        if let Some(h) = &step.hint {
+            println!("            hint [{}] {}", h.tag.as_str(), h.message);
+        }
+    }
     Ok(())
+}
+
+/// A workflow's output: each step's output in order, under a header, marked
+/// reported once the workflow ended and every step's output is out.
+async fn workflow_logs(api: &Api, task: &TaskId, follow: bool) -> anyhow::Result<()> {
+    let mut shown = 0;
+    loop {
+        let s = api.snapshot(task).await?;
+        while let Some((step, child)) = s.steps.get(shown).and_then(|st| Some((st, st.task.clone()?))) {
+            println!("== step {} of {}: {} ({child}) ==", step.index, s.steps.len(), step.command);
+            logs(api, &child, follow, 0).await?;
+            shown += 1;
+        }
+        if s.status.is_terminal() {
+            let mark = ApiRequest::MarkReported { session: api.session.clone(), task: task.clone() };
+            api.call(&mark, API_TIMEOUT).await?;
+            return Ok(());
+        }
+        if !follow {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Reads output by offset from the sidecar of the task's worker machine; with

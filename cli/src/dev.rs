@@ -194,6 +194,8 @@ fn spawn(argv: &[String], log: &Path) -> anyhow::Result<Child> {
     let (bin, args) = argv.split_first().ok_or_else(|| anyhow!("empty command"))?;
     Ok(Command::new(bin)
         .args(args)
+        // One metrics address cannot serve every component of the cluster.
+        .env_remove("TENURE_METRICS_ADDR")
         .stdin(Stdio::null())
         .stdout(Stdio::from(file))
         .stderr(Stdio::from(err))

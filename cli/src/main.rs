@@ -4,6 +4,9 @@
 
 mod client;
 mod dev;
+mod metrics;
+mod status;
+mod telemetry;
 mod watch;
 
 use std::path::PathBuf;
@@ -26,6 +29,10 @@ struct Cli {
     /// Session that owns the tasks you submit (default: user-$USER).
     #[arg(long, global = true, env = "TENURE_SESSION")]
     session: Option<String>,
+    /// Daemons: serve Prometheus metrics at `http://ADDR/metrics` (e.g.
+    /// 127.0.0.1:9464). Unset: no endpoint.
+    #[arg(long, global = true, env = "TENURE_METRICS_ADDR")]
+    metrics_addr: Option<std::net::SocketAddr>,
     #[command(subcommand)]
     command: Command,
 }
@@ -82,10 +89,11 @@ enum Command {
         #[arg(long)]
         kill_tasks_on_exit: bool,
         /// Task kinds this worker runs and advertises, comma-separated. `agent`
-        /// tasks keep their stdin open for `tenure send`; `noop` (completes at
-        /// once) and `sleep` (COMMAND milliseconds, killable) run inside the
-        /// worker without a process; other kinds run like `shell`.
-        #[arg(long, value_delimiter = ',', default_value = "shell,agent,noop,sleep")]
+        /// tasks keep their stdin open for `tenure send`; `monitor` tasks raise a
+        /// notification per output line matching their pattern; `noop`
+        /// (completes at once) and `sleep` (COMMAND milliseconds, killable) run
+        /// inside the worker without a process; other kinds run like `shell`.
+        #[arg(long, value_delimiter = ',', default_value = "shell,agent,monitor,noop,sleep")]
         kinds: Vec<Kind>,
     },
     /// Internal: the per-task monitor a worker starts for each attempt.
@@ -138,8 +146,16 @@ enum Command {
         /// Environment variable for the task, NAME=VALUE (repeatable).
         #[arg(long = "env", value_name = "NAME=VALUE")]
         env: Vec<String>,
+        /// For `--kind monitor`: every output line matching this regular
+        /// expression raises a notification (`tenure watch`).
+        #[arg(long)]
+        pattern: Option<String>,
+        /// A workflow step, run as a `shell` task after the previous one
+        /// completed (repeatable, in order). Makes the task a `workflow`.
+        #[arg(long = "step", value_name = "COMMAND", conflicts_with = "command")]
+        steps: Vec<String>,
         /// The command line (one argument is run as is by `sh -c`; several are quoted and joined).
-        #[arg(last = true, required = true)]
+        #[arg(last = true, required_unless_present = "steps")]
         command: Vec<String>,
     },
     /// Show one task.
@@ -203,10 +219,16 @@ enum Command {
     /// Delete a finished task: hidden for good, its record kept for audit; its
     /// files are released like an archive's.
     Delete { task: TaskId },
-    /// Cluster view: leader epoch, workers, tasks by status.
+    /// Cluster view: leader, epoch and lease, standbys, workers (slots, running
+    /// tasks, heartbeat ages, sidecar health), tasks by status, your running
+    /// tasks and the NATS connection. Refreshes every second on a terminal.
     Status {
+        /// One JSON document (for scripts).
         #[arg(long)]
         json: bool,
+        /// Print one view and exit (the default when not on a terminal).
+        #[arg(long)]
+        once: bool,
     },
 }
 
@@ -270,11 +292,20 @@ fn main() -> ExitCode {
         };
         return ExitCode::from(tenure_worker::monitor::run(args) as u8);
     }
-    let daemon = matches!(
-        cli.command,
-        Command::Coordinator { .. } | Command::Worker { .. } | Command::Sidecar { .. } | Command::Dev { .. }
-    );
-    init_logging(daemon);
+    let (role, daemon) = match cli.command {
+        Command::Coordinator { .. } => ("coordinator", true),
+        Command::Worker { .. } => ("worker", true),
+        Command::Sidecar { .. } => ("sidecar", true),
+        Command::Dev { .. } => ("dev", true),
+        _ => ("cli", false),
+    };
+    let _telemetry = match telemetry::init(role, daemon) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -282,7 +313,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli)) {
+    match runtime.block_on(dispatch(cli, role)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -291,8 +322,13 @@ fn main() -> ExitCode {
     }
 }
 
-async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+async fn dispatch(cli: Cli, role: &str) -> anyhow::Result<ExitCode> {
     let nats = cli.nats;
+    // Kept until the daemon returns: its drop flushes the last export.
+    let _metrics = match role {
+        "coordinator" | "worker" | "sidecar" => Some(metrics::start(role, cli.metrics_addr).await?),
+        _ => None,
+    };
     match cli.command {
         Command::Coordinator {
             name,

@@ -1,5 +1,6 @@
 //! `tenure watch`: terminal notices of one session's tasks that no other
-//! surface reported, each shown once, resuming where the last watch stopped.
+//! surface reported, each shown once, and the matched lines of its `monitor`
+//! tasks, resuming where the last watch stopped.
 //!
 //! It reads the JetStream notice stream through a durable consumer named after
 //! the session (so a restarted watch, or one after a coordinator failover,
@@ -15,7 +16,7 @@ use std::time::Duration;
 use anyhow::Context;
 use async_nats::jetstream::{self, consumer};
 use futures::StreamExt;
-use tenure_protocol::messages::{ApiError, ApiReply, ApiRequest, ApiResponse, TaskSnapshot};
+use tenure_protocol::messages::{ApiError, ApiReply, ApiRequest, ApiResponse, MatchNotice, Notice, TaskSnapshot};
 use tenure_protocol::{subjects, SessionId};
 
 /// The durable consumer of a session: stable across versions and machines, and
@@ -60,12 +61,15 @@ pub async fn watch(client: async_nats::Client, session: SessionId, once: bool, j
         while let Some(msg) = batch.next().await {
             let msg = msg.map_err(|e| anyhow::anyhow!("reading a notice: {e}"))?;
             any = true;
-            match tenure_protocol::decode::<TaskSnapshot>(&msg.payload) {
-                Ok(notice) => {
+            match tenure_protocol::decode::<Notice>(&msg.payload) {
+                Ok(Notice::Ended(notice)) => {
                     if let Some(snapshot) = claim(&client, &session, &notice).await? {
                         show(&snapshot, json)?;
                     }
                 }
+                // A matched line is shown once per session: the durable
+                // consumer's acknowledgement is what remembers it.
+                Ok(Notice::Matched(m)) => show_match(&m, json)?,
                 Err(error) => tracing::warn!(%error, "malformed notice skipped"),
             }
             msg.ack().await.map_err(|e| anyhow::anyhow!("acknowledging a notice: {e}"))?;
@@ -121,6 +125,15 @@ fn show(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
         let exit = s.exit_code.map(|c| format!(" exit {c}")).unwrap_or_default();
         let detail = s.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default();
         println!("{} {}{exit}{detail}  {}", s.id, s.status, s.label);
+    }
+    Ok(())
+}
+
+fn show_match(m: &MatchNotice, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(&Notice::Matched(m.clone()))?);
+    } else {
+        println!("{} matched at {}: {}", m.task, m.line.offset, m.line.text);
     }
     Ok(())
 }

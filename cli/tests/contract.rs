@@ -6,6 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{stdout, Cluster};
+use nix::sys::signal::Signal;
 
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -162,4 +163,93 @@ fn eventually_submit(c: &Cluster, command: &str) -> String {
         out.status.success().then(|| stdout(&out).trim().to_owned())
     })
     .expect("submit")
+}
+
+/// The output file of `task` on worker `w1`.
+fn output_file(c: &Cluster, task: &str) -> std::path::PathBuf {
+    c.worker_dir("w1").join("output").join(format!("{task}.out"))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Machine {
+    /// The sidecar answers at once: the job most likely runs before unarchive.
+    Live,
+    /// The sidecar is paused: the job is on its way when unarchive cancels it.
+    Paused,
+    /// The sidecar is down: nothing is on its way when unarchive cancels it.
+    Down,
+}
+
+#[test]
+fn unarchive_racing_the_cleanup_job_leaves_a_record_that_tells_the_truth() {
+    let mut c = Cluster::start(1);
+    let races = [Machine::Down, Machine::Paused, Machine::Live, Machine::Down, Machine::Paused, Machine::Live];
+    let tasks: Vec<String> = (0..races.len()).map(|i| c.submit(&["--", &format!("echo {i}")])).collect();
+    for t in &tasks {
+        assert!(c.cli(&["wait", t]).status.success());
+    }
+    for (t, machine) in tasks.iter().zip(races) {
+        match machine {
+            Machine::Paused => c.signal("sidecar-w1", Signal::SIGSTOP),
+            Machine::Down => c.kill9("sidecar-w1"),
+            Machine::Live => {}
+        }
+        assert!(c.cli(&["archive", t]).status.success());
+        assert!(c.cli(&["unarchive", t]).status.success());
+        match machine {
+            Machine::Paused => c.signal("sidecar-w1", Signal::SIGCONT),
+            Machine::Down => {
+                c.spawn_sidecar("w1");
+            }
+            Machine::Live => {}
+        }
+        // The race settles once the machine answered the cancellation: the
+        // record says `cleaned` exactly when the files are gone.
+        let settled = tenure_testkit::eventually(BOUND, || {
+            let s = c.snapshot(t);
+            let settled = s["cleanup"] == "cancelled" || s["cleanup"] == "done";
+            (settled && s["board"] == "active").then(|| s["cleaned"].as_bool()).flatten()
+        });
+        let cleaned = settled.unwrap_or_else(|| panic!("{t} never settled: {}\n{}", c.snapshot(t), c.logs()));
+        assert_eq!(cleaned, !output_file(&c, t).exists(), "{t} ({machine:?}): the record lies about its files");
+        match machine {
+            // Nothing was on its way: the cancellation won, the files stay.
+            Machine::Down => assert!(!cleaned, "{t}: a cancelled job removed files"),
+            // The copy in the paused sidecar's queue runs before the
+            // cancellation behind it, which then finds the files gone.
+            Machine::Paused => assert!(cleaned, "{t}: {}", c.snapshot(t)),
+            Machine::Live => {}
+        }
+    }
+}
+
+#[test]
+fn garbage_collection_during_a_worker_outage_keeps_the_record_until_the_files_are_released() {
+    let mut c = Cluster::start(1);
+    let task = c.submit(&["--", "echo kept"]);
+    assert!(c.cli(&["wait", &task]).status.success());
+    // The machine goes away; the coordinator restarts with a 1 s retention.
+    c.kill9("worker-w1");
+    c.kill9("sidecar-w1");
+    c.kill9("coordinator");
+    c.spawn("coordinator", &["coordinator", "--name", "gc", "--worker-ttl-ms", "3000", "--retention-secs", "1"]);
+    // The collector tries (its cleanup job is pending) but nothing is lost:
+    // the record stays while the files cannot be released.
+    let tried = tenure_testkit::eventually(BOUND, || c.try_snapshot(&task).filter(|s| s["cleanup"] == "pending"));
+    assert!(tried.is_some(), "the collector never started releasing the files\n{}", c.logs());
+    let retried = tenure_testkit::eventually(BOUND, || c.logs().contains("cleanup job not answered").then_some(()));
+    assert!(retried.is_some(), "{}", c.logs());
+    for _ in 0..3 {
+        let s = c.try_snapshot(&task).unwrap_or_else(|| panic!("{task} vanished during the outage\n{}", c.logs()));
+        assert_eq!(s["status"], "completed");
+        assert!(output_file(&c, &task).exists());
+    }
+    // The machine returns: files released first, then the record compacted.
+    c.start_worker("w1");
+    let gone = tenure_testkit::eventually(BOUND, || {
+        let get = c.cli(&["get", &task]);
+        (!get.status.success() && common::stderr(&get).contains("not found")).then_some(())
+    });
+    assert!(gone.is_some(), "never collected:\n{}", c.logs());
+    assert!(!output_file(&c, &task).exists(), "the output was released before the record was compacted");
 }

@@ -86,3 +86,29 @@ fn an_idempotent_task_moves_and_the_returning_worker_stops_its_copy() {
     );
     c.cli(&["kill", &task]);
 }
+
+/// A kill of a task whose machine cannot be reached is remembered: the task
+/// stays `stopping` (`kill-pending`) — never called killed while its process
+/// may live — and the kill is carried out when the machine returns.
+#[test]
+fn a_kill_waits_as_kill_pending_until_the_unreachable_machine_returns() {
+    let mut c = Cluster::start(1);
+    let task = c.submit(&["--", "echo $$; sleep 60"]);
+    c.wait_status(&task, "running", BOUND);
+    let out = c.worker_dir("w1").join("output").join(format!("{task}.out"));
+    let pgid: i32 = eventually(BOUND, || std::fs::read_to_string(&out).ok()?.trim().parse().ok()).expect("pgid");
+    signal(&mut c, "worker-w1", Signal::SIGSTOP);
+    signal(&mut c, "sidecar-w1", Signal::SIGSTOP);
+    assert_eq!(common::stdout(&c.cli(&["kill", &task])).trim(), "requested");
+    let snap = eventually(BOUND, || c.try_snapshot(&task).filter(|s| s["hint"]["tag"] == "kill-pending"))
+        .unwrap_or_else(|| panic!("no kill-pending hint: {:?}\n{}", c.try_snapshot(&task), c.logs()));
+    assert_eq!(snap["status"], "stopping", "{snap}");
+    assert!(group_alive(pgid), "the task runs on while its machine is unreachable");
+    // Repeated kills change nothing.
+    assert_eq!(common::stdout(&c.cli(&["kill", &task])).trim(), "requested");
+    signal(&mut c, "sidecar-w1", Signal::SIGCONT);
+    signal(&mut c, "worker-w1", Signal::SIGCONT);
+    let snap = c.wait_status(&task, "killed", BOUND);
+    assert!(snap["hint"].is_null(), "{snap}");
+    assert!(!group_alive(pgid), "reported killed while its process group lives");
+}

@@ -4,9 +4,11 @@
 //! A job is persisted with the task before anything is sent; it is re-sent with
 //! exponential backoff (1 s doubling to 60 s) until the machine's sidecar says
 //! it is done; a repeated archive or delete reuses the pending job; `unarchive`
-//! cancels a job that is not done yet, so no later retry destroys anything. A
-//! job already on its way when it is cancelled may still land: the window is
-//! one request.
+//! cancels a job that is not done yet, so no later retry destroys anything.
+//! A copy already on its way when the job is cancelled may still land, so the
+//! cancellation itself is sent to the machine (with the same backoff) until it
+//! answers: the sidecar serves requests in order, so its answer says for
+//! certain whether the files are still there. `cleaned` is the truth either way.
 
 use std::time::Duration;
 
@@ -50,10 +52,15 @@ impl Core {
                 fx.push(Effect::Persist(Box::new(r.clone())));
                 self.cleanup_tries.remove(task);
                 tracing::info!(task = %task, "unarchived: its pending cleanup job is cancelled");
+                self.send_cleanup(task, now, fx);
             }
             _ => {}
         }
-        self.owned(session, task).map(|r| ApiResponse::Snapshot(r.snapshot()))
+        // A workflow's steps move with it (each with its own cleanup job).
+        for step in self.steps_of(task) {
+            let _ = self.board(session, &step, event.clone(), now, fx);
+        }
+        self.owned(session, task).map(|r| ApiResponse::Snapshot(self.snapshot_of(r)))
     }
 
     /// Starts a cleanup job for a task that ran on a worker and has none going
@@ -64,7 +71,7 @@ impl Core {
             return;
         }
         let job = r.cleanup.map(|j| j.job + 1).unwrap_or(1);
-        r.cleanup = Some(CleanupJob { job, done: false, cancelled: false });
+        r.cleanup = Some(CleanupJob { job, done: false, cancelled: false, cancel_confirmed: false });
         fx.push(Effect::Persist(Box::new(r.clone())));
         self.cleanup_tries.remove(task);
         self.send_cleanup(task, now, fx);
@@ -90,13 +97,14 @@ impl Core {
             .collect();
         for task in expired {
             let Some(r) = self.tasks.get(&task) else { continue };
-            let released = r.life.worker.is_none() || r.cleanup.is_some_and(|j| j.done && !j.cancelled);
+            let released = r.life.worker.is_none() || r.cleanup.is_some_and(|j| j.done);
             if !released {
                 self.start_cleanup(&task, now, fx);
                 continue;
             }
             if let Some(r) = self.tasks.remove(&task) {
                 self.by_key.remove(&(r.owner.clone(), r.idempotency_key));
+                self.children.remove(&task);
                 self.waiters.remove(&task);
                 self.cleanup_tries.remove(&task);
                 tracing::info!(task = %task, "garbage-collected");
@@ -106,22 +114,20 @@ impl Core {
     }
 
     fn send_cleanup(&mut self, task: &TaskId, now: Now, fx: &mut Vec<Effect>) {
-        let pending = self
-            .tasks
-            .get(task)
-            .and_then(|r| Some((r.cleanup.filter(|j| !j.done && !j.cancelled)?, r.life.worker.clone()?)));
+        let pending =
+            self.tasks.get(task).and_then(|r| Some((r.cleanup.filter(CleanupJob::unsettled)?, r.life.worker.clone()?)));
         let Some((job, worker)) = pending else {
             self.cleanup_tries.remove(task);
             return;
         };
         let tries = self.cleanup_tries.entry(task.clone()).or_insert((now.mono, 0));
         *tries = (now.mono, tries.1 + 1);
-        let request = CleanupRequest { task: task.clone(), job: job.job, epoch: self.epoch };
+        let request = CleanupRequest { task: task.clone(), job: job.job, epoch: self.epoch, cancel: job.cancelled };
         fx.push(Effect::Cleanup { worker, request });
     }
 
-    /// Re-sends pending jobs whose backoff has passed. `cleanup_tries` holds
-    /// exactly the tasks with a pending job, so this never scans the registry.
+    /// Re-sends unsettled jobs whose backoff has passed. `cleanup_tries` holds
+    /// exactly the tasks with an unsettled job, so this never scans the registry.
     pub(super) fn retry_cleanups(&mut self, now: Now, fx: &mut Vec<Effect>) {
         let due: Vec<TaskId> = self
             .cleanup_tries
@@ -149,15 +155,26 @@ impl Core {
         match result {
             Ok(Ok(done)) => {
                 let Some(r) = self.tasks.get_mut(&task) else { return };
-                if let Some(job) = r.cleanup.filter(|j| j.job == request.job && !j.done && !j.cancelled) {
-                    r.cleanup = Some(CleanupJob { done: true, ..job });
-                    fx.push(Effect::Persist(Box::new(r.clone())));
-                    self.cleanup_tries.remove(&task);
-                    tracing::info!(task = %task, %worker, files = done.files, records = done.records, "cleanup job done");
+                let Some(job) = r.cleanup.filter(|j| j.job == request.job && !j.done) else { return };
+                // A job's answer, or a cancellation that found the files gone
+                // (a copy of the job landed first): released. A cancellation
+                // that found them: they stay, and nothing will remove them.
+                let released = !request.cancel || done.files == 0;
+                r.cleanup = Some(CleanupJob { done: released, cancel_confirmed: request.cancel, ..job });
+                fx.push(Effect::Persist(Box::new(r.clone())));
+                self.cleanup_tries.remove(&task);
+                match (request.cancel, released) {
+                    (false, _) => {
+                        tracing::info!(task = %task, %worker, files = done.files, records = done.records, "cleanup job done")
+                    }
+                    (true, true) => {
+                        tracing::warn!(task = %task, %worker, "a copy of the cancelled cleanup job ran first: the files are released")
+                    }
+                    (true, false) => tracing::info!(task = %task, %worker, "cleanup job cancelled; the files stay"),
                 }
             }
             Ok(Err(refusal)) => tracing::warn!(task = %task, %worker, %refusal, "cleanup job refused; will retry"),
-            Err(error) => tracing::debug!(task = %task, %worker, %error, "cleanup job not answered; will retry"),
+            Err(error) => tracing::info!(task = %task, %worker, %error, "cleanup job not answered; will retry"),
         }
     }
 }

@@ -17,8 +17,9 @@ use std::time::Duration;
 
 use tenure_protocol::messages::{
     ApiError, ApiReply, ApiRequest, ApiResponse, CleanupReply, CleanupRequest, ClusterStatus, EvidenceReply,
-    EvidenceRequest, Heartbeat, KillCommand, KillResult, LeaseGrant, Refusal, Report, ReportAck, ReportEvent,
-    SidecarHealth, SubmitRequest, TaskSnapshot, WorkerCommand, WorkerReply, WorkerStatus, MAX_WAIT_MS,
+    EvidenceRequest, Heartbeat, KillCommand, KillResult, LeaseGrant, MatchNotice, MatchedLine, Notice, Refusal, Report,
+    ReportAck, ReportEvent, SidecarHealth, SubmitRequest, TaskSnapshot, WorkerCommand, WorkerReply, WorkerStatus,
+    MAX_MATCHES_PER_REPORT, MAX_MATCH_LINE_BYTES, MAX_WAIT_MS,
 };
 use tenure_protocol::{
     apply, Board, Decision, Epoch, Event, Kind, Lifecycle, SessionId, Status, TaskId, Unchanged, WorkerId,
@@ -54,7 +55,9 @@ impl Default for CoreConfig {
             worker_ttl: Duration::from_secs(6),
             grant_retry: Duration::from_secs(1),
             kill_retry: Duration::from_secs(2),
-            builtin_kinds: vec![Kind::shell()],
+            // tenure's own kinds, accepted right after a takeover before any
+            // worker's heartbeat arrived (a worker that lacks one refuses it).
+            builtin_kinds: vec![Kind::shell(), Kind::agent(), Kind::monitor()],
             operators: Vec::new(),
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
         }
@@ -76,6 +79,9 @@ pub enum Input {
     Api {
         reply_to: Option<String>,
         request: ApiRequest,
+        /// The W3C `traceparent` of the request's span, if traced: a submitted
+        /// task keeps it, so its whole life is one trace.
+        trace: Option<String>,
     },
     Heartbeat(Heartbeat),
     Report {
@@ -140,8 +146,9 @@ pub enum Effect {
         task: TaskId,
         at_ms: u64,
     },
-    /// Publish the terminal notice of a task (after its record is persisted).
-    Notify(Box<TaskSnapshot>),
+    /// Publish a notice (after the record that justifies it is persisted): a
+    /// task's end, or a monitor's matched line.
+    Notify(Box<Notice>),
     /// A newer leader exists: stop writing and commanding.
     StepDown {
         reason: String,
@@ -192,6 +199,13 @@ pub struct Core {
     cleanup_tries: HashMap<TaskId, (Duration, u32)>,
     /// When the garbage collector last ran.
     last_gc: Option<Duration>,
+    /// The steps of each workflow: step index → child task.
+    children: HashMap<TaskId, BTreeMap<u32, TaskId>>,
+    /// Workflows to advance before this input's effects are returned.
+    workflows_due: BTreeSet<TaskId>,
+    /// Submit → running of tasks that started since the driver last took them
+    /// (wall-clock milliseconds, for the dispatch-latency metric).
+    dispatched_ms: Vec<u64>,
 }
 
 impl Core {
@@ -215,6 +229,9 @@ impl Core {
             asked: HashMap::new(),
             cleanup_tries: HashMap::new(),
             last_gc: None,
+            children: HashMap::new(),
+            workflows_due: BTreeSet::new(),
+            dispatched_ms: Vec::new(),
         };
         for r in records {
             core.next_n = core.next_n.max(r.id.number() + 1);
@@ -229,8 +246,16 @@ impl Core {
                 });
             }
             core.index(&r.id, None, r.life.status);
+            if let Some(of) = &r.parent {
+                core.index_child(&r.id, of);
+            }
+            // A workflow is advanced at once: the last leader may have died
+            // between a step's end and the workflow's next move.
+            if !r.spec.steps.is_empty() && !r.life.status.is_terminal() {
+                core.workflows_due.insert(r.id.clone());
+            }
             // A cleanup job the previous leader left pending is resumed at once.
-            if r.cleanup.is_some_and(|j| !j.done && !j.cancelled) {
+            if r.cleanup.is_some_and(|j| j.unsettled()) {
                 core.cleanup_tries.insert(r.id.clone(), (now.mono, 0));
             }
             core.tasks.insert(r.id.clone(), r);
@@ -247,7 +272,7 @@ impl Core {
         let mut ended: Vec<&TaskRecord> =
             self.tasks.values().filter(|r| r.life.status.is_terminal() && !r.reported).collect();
         ended.sort_by_key(|r| r.id.number());
-        ended.into_iter().map(|r| Effect::Notify(Box::new(r.snapshot()))).collect()
+        ended.into_iter().map(|r| Effect::Notify(Box::new(Notice::Ended(Box::new(self.snapshot_of(r)))))).collect()
     }
 
     /// Never allocate task numbers at or below `n` (seen in the registry, even in
@@ -264,10 +289,29 @@ impl Core {
         self.tasks.get(id)
     }
 
+    /// Tasks by status (for metrics; one pass over the registry).
+    pub fn counts(&self) -> BTreeMap<Status, u64> {
+        let mut counts = BTreeMap::new();
+        for r in self.tasks.values() {
+            *counts.entry(r.life.status).or_default() += 1;
+        }
+        counts
+    }
+
+    /// How long ago each known worker was last heard from.
+    pub fn heartbeat_ages(&self, now: Now) -> Vec<(WorkerId, Duration)> {
+        self.workers.iter().map(|(id, w)| (id.clone(), now.mono.saturating_sub(w.last_seen))).collect()
+    }
+
+    /// Submit → running latencies (ms) of the tasks started since the last call.
+    pub fn take_dispatch_latencies(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.dispatched_ms)
+    }
+
     pub fn handle(&mut self, input: Input, now: Now) -> Vec<Effect> {
         let mut fx = Vec::new();
         match input {
-            Input::Api { reply_to, request } => self.api(reply_to, request, now, &mut fx),
+            Input::Api { reply_to, request, trace } => self.api(reply_to, request, trace, now, &mut fx),
             Input::Heartbeat(hb) => self.heartbeat(hb, now, &mut fx),
             Input::Report { reply_to, report } => {
                 let ack = self.report(report, now, &mut fx);
@@ -283,6 +327,7 @@ impl Core {
             Input::Tick => self.tick(now, &mut fx),
         }
         if !fx.iter().any(|e| matches!(e, Effect::StepDown { .. })) {
+            self.advance_due_workflows(now, &mut fx);
             self.schedule(now, &mut fx);
         }
         fx
@@ -290,11 +335,18 @@ impl Core {
 
     // ------------------------------------------------------------ client API
 
-    fn api(&mut self, reply_to: Option<String>, request: ApiRequest, now: Now, fx: &mut Vec<Effect>) {
+    fn api(
+        &mut self,
+        reply_to: Option<String>,
+        request: ApiRequest,
+        trace: Option<String>,
+        now: Now,
+        fx: &mut Vec<Effect>,
+    ) {
         let reply = match request {
-            ApiRequest::Submit(req) => self.submit(req, now, fx),
+            ApiRequest::Submit(req) => self.submit(req, trace, now, fx),
             ApiRequest::Get { session, task } => {
-                self.visible(&session, &task).map(|r| ApiResponse::Snapshot(r.snapshot()))
+                self.visible(&session, &task).map(|r| ApiResponse::Snapshot(self.snapshot_of(r)))
             }
             ApiRequest::List { session, all } => {
                 let mut list: Vec<TaskSnapshot> = self
@@ -312,7 +364,7 @@ impl Core {
                         };
                         mine && shown
                     })
-                    .map(TaskRecord::snapshot)
+                    .map(|r| self.snapshot_of(r))
                     .collect();
                 list.sort_by_key(|s| s.id.number());
                 Ok(ApiResponse::List(list))
@@ -354,6 +406,8 @@ impl Core {
     /// no worker runs any more is refused rather than queued forever.
     fn known_kinds(&self) -> BTreeSet<Kind> {
         let mut kinds: BTreeSet<Kind> = self.cfg.builtin_kinds.iter().cloned().collect();
+        // The leader runs workflows itself.
+        kinds.insert(Kind::workflow());
         kinds.extend(self.workers.values().flat_map(|w| w.kinds.iter().cloned()));
         kinds
     }
@@ -373,15 +427,16 @@ impl Core {
         }
     }
 
-    fn submit(&mut self, req: SubmitRequest, now: Now, fx: &mut Vec<Effect>) -> ApiReply {
+    fn submit(&mut self, req: SubmitRequest, trace: Option<String>, now: Now, fx: &mut Vec<Effect>) -> ApiReply {
         if let Some(id) = self.by_key.get(&(req.session.clone(), req.idempotency_key)) {
             return Ok(ApiResponse::Submitted { task: id.clone(), existing: true });
         }
         req.spec.validate().map_err(|e| ApiError::InvalidSpec(e.to_string()))?;
         let known = self.known_kinds();
-        if !known.contains(&req.spec.kind) {
+        let kinds = std::iter::once(&req.spec.kind).chain(req.spec.steps.iter().map(|s| &s.kind));
+        if let Some(unknown) = kinds.into_iter().find(|k| !known.contains(*k)) {
             return Err(ApiError::UnknownKind {
-                kind: req.spec.kind.to_string(),
+                kind: unknown.to_string(),
                 known: known.iter().map(ToString::to_string).collect(),
             });
         }
@@ -399,11 +454,19 @@ impl Core {
             finished_at_ms: None,
             reported: false,
             cleanup: None,
+            parent: None,
+            matched_through: 0,
+            matches: 0,
+            trace,
         };
         self.by_key.insert((req.session, req.idempotency_key), id.clone());
         self.index(&id, None, Status::Queued);
+        let workflow = !record.spec.steps.is_empty();
         fx.push(Effect::Persist(Box::new(record.clone())));
         self.tasks.insert(id.clone(), record);
+        if workflow {
+            self.begin_workflow(&id, now, fx);
+        }
         Ok(ApiResponse::Submitted { task: id, existing: false })
     }
 
@@ -417,12 +480,16 @@ impl Core {
         if status == Status::Stopping {
             self.send_kill(task, now, fx);
         }
+        if self.children.contains_key(task) {
+            // A workflow: its current step is stopped by the advance.
+            self.workflows_due.insert(task.clone());
+        }
         // Only the owner receiving the end counts as reported.
         if status.is_terminal() && by_owner {
             let snapshot = self.mark_reported(task, fx)?;
             return Ok(ApiResponse::Kill { result, snapshot });
         }
-        let snapshot = self.visible(session, task)?.snapshot();
+        let snapshot = self.snapshot_of(self.visible(session, task)?);
         Ok(ApiResponse::Kill { result, snapshot })
     }
 
@@ -433,7 +500,8 @@ impl Core {
             r.reported = true;
             fx.push(Effect::Persist(Box::new(r.clone())));
         }
-        Ok(r.snapshot())
+        let r = self.tasks.get(task).ok_or_else(|| ApiError::NotFound(task.to_string()))?;
+        Ok(self.snapshot_of(r))
     }
 
     fn status(&self, now: Now) -> ClusterStatus {
@@ -500,6 +568,7 @@ impl Core {
             return ReportAck::Stale;
         }
         let event = match report.event {
+            ReportEvent::Matched(lines) => return self.matched(&report.task, lines, now, fx),
             ReportEvent::Started { .. } => Event::Started { attempt: report.attempt, epoch: report.epoch },
             ReportEvent::Finished(outcome) => Event::Finished { attempt: report.attempt, epoch: report.epoch, outcome },
             ReportEvent::NotStarted { .. } => Event::Refused { attempt: report.attempt, epoch: report.epoch },
@@ -512,6 +581,47 @@ impl Core {
             }
             Some(Decision::Unchanged(Unchanged::Stale)) | None => ReportAck::Stale,
         }
+    }
+
+    /// Records how far a monitor's matched lines were notified and publishes
+    /// the new ones. Lines at or below the recorded offset are repeats.
+    fn matched(&mut self, task: &TaskId, lines: Vec<MatchedLine>, now: Now, fx: &mut Vec<Effect>) -> ReportAck {
+        let Some(r) = self.tasks.get_mut(task).filter(|r| r.spec.pattern.is_some()) else { return ReportAck::Stale };
+        let through = r.matched_through;
+        let mut lines = lines;
+        lines.sort_by_key(|l| l.offset);
+        lines.dedup_by_key(|l| l.offset);
+        let fresh: Vec<MatchedLine> = lines
+            .into_iter()
+            .filter(|l| l.offset >= through)
+            .take(MAX_MATCHES_PER_REPORT)
+            .map(|mut l| {
+                if l.text.len() > MAX_MATCH_LINE_BYTES {
+                    let mut cut = MAX_MATCH_LINE_BYTES;
+                    while !l.text.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    l.text.truncate(cut);
+                }
+                l
+            })
+            .collect();
+        let Some(last) = fresh.iter().map(|l| l.offset).max() else { return ReportAck::Ack };
+        r.matched_through = last + 1;
+        r.matches += fresh.len() as u64;
+        fx.push(Effect::Persist(Box::new(r.clone())));
+        for line in fresh {
+            tracing::info!(task = %task, offset = line.offset, "monitor line matched");
+            let notice = MatchNotice {
+                task: task.clone(),
+                owner: r.owner.clone(),
+                label: r.spec.label.clone(),
+                line,
+                at_ms: now.wall_ms,
+            };
+            fx.push(Effect::Notify(Box::new(Notice::Matched(notice))));
+        }
+        ReportAck::Ack
     }
 
     fn command_result(
@@ -592,7 +702,7 @@ impl Core {
             for w in due {
                 let reply = self
                     .owned(&w.session, &task)
-                    .map(|r| ApiResponse::Waited { finished: false, snapshot: r.snapshot() });
+                    .map(|r| ApiResponse::Waited { finished: false, snapshot: self.snapshot_of(r) });
                 fx.push(Effect::Reply { to: w.to, reply });
             }
         }
@@ -711,11 +821,16 @@ impl Core {
         let after = life.status;
         if after == Status::Running && record.started_at_ms.is_none() {
             record.started_at_ms = Some(now.wall_ms);
+            if self.dispatched_ms.len() < 100_000 {
+                self.dispatched_ms.push(now.wall_ms.saturating_sub(record.created_at_ms));
+            }
         }
+        let parent = record.parent.as_ref().map(|p| p.workflow.clone());
         let waiters = if after.is_terminal() {
             record.finished_at_ms = Some(now.wall_ms);
             let ws = self.waiters.remove(task).unwrap_or_default();
-            if !ws.is_empty() {
+            // A step's end is reported by its workflow.
+            if !ws.is_empty() || parent.is_some() {
                 record.reported = true;
             }
             ws
@@ -724,9 +839,14 @@ impl Core {
         };
         tracing::info!(task = %task, attempt = %life.attempt, epoch = %life.epoch, from = %before, to = %after, "task transition");
         fx.push(Effect::Persist(Box::new(record.clone())));
-        let snapshot = record.snapshot();
+        let snapshot = self.snapshot_of(&self.tasks[task]);
         if after.is_terminal() && !before.is_terminal() {
-            fx.push(Effect::Notify(Box::new(snapshot.clone())));
+            match parent {
+                Some(workflow) => {
+                    self.workflows_due.insert(workflow);
+                }
+                None => fx.push(Effect::Notify(Box::new(Notice::Ended(Box::new(snapshot.clone()))))),
+            }
         }
         for w in waiters {
             fx.push(Effect::Reply {
@@ -763,7 +883,8 @@ impl Core {
             Status::Queued => {
                 self.queue.insert((task.number(), task.clone()));
             }
-            s if s.is_on_worker() => {
+            // A workflow holds no slot: its steps do.
+            s if s.is_on_worker() && *task.kind() != Kind::workflow() => {
                 self.on_worker.insert(task.clone());
             }
             _ => {}
@@ -775,6 +896,8 @@ impl Core {
 mod board;
 #[path = "liveness.rs"]
 mod liveness;
+#[path = "workflow.rs"]
+mod workflow;
 
 #[cfg(test)]
 #[path = "core_tests.rs"]

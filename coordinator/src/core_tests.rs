@@ -2,7 +2,7 @@
 //! registry, just inputs and the effects they produce.
 
 use super::*;
-use tenure_protocol::messages::{AttemptEvidence, CleanupRequest, HeldAttempt, SidecarRefusal};
+use tenure_protocol::messages::{AttemptEvidence, HeldAttempt, SidecarRefusal};
 use tenure_protocol::{Attempt, Ending, HintTag, Outcome, TaskSpec};
 
 struct Harness {
@@ -34,7 +34,7 @@ impl Harness {
     }
 
     fn api(&mut self, request: ApiRequest) -> (Vec<Effect>, Option<ApiReply>) {
-        let fx = self.input(Input::Api { reply_to: Some("r".into()), request });
+        let fx = self.input(Input::Api { reply_to: Some("r".into()), request, trace: None });
         let reply = fx.iter().find_map(|e| match e {
             Effect::Reply { to, reply } if to == "r" => Some(reply.clone()),
             _ => None,
@@ -159,6 +159,7 @@ fn ids_are_monotonic_across_kinds_and_restarts() {
                 idempotency_key: Uuid::new_v4(),
                 spec: TaskSpec::shell("c", "true"),
             }),
+            trace: None,
         },
         h.now,
     );
@@ -474,18 +475,26 @@ fn a_cleanup_job_is_persisted_first_retried_with_backoff_and_cancelled_by_unarch
     // A repeated archive reuses the pending job.
     let (fx, _) = h.api(ApiRequest::Archive { session: s("s"), task: t.clone() });
     assert_eq!(cleanups(&fx), 0);
-    // Unarchive cancels it: no more sends, and a late answer changes nothing.
-    h.api(ApiRequest::Unarchive { session: s("s"), task: t.clone() });
-    h.advance(Duration::from_secs(120));
-    assert_eq!(cleanups(&h.input(Input::Tick)), 0);
-    let late = CleanupRequest { task: t.clone(), job: 1, epoch: Epoch(3) };
-    let fx = h.input(Input::CleanupResult {
+    // Unarchive cancels it and asks the machine what is left; once it answers
+    // that the files are there, nothing is sent again.
+    let (fx, _) = h.api(ApiRequest::Unarchive { session: s("s"), task: t.clone() });
+    let probe = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::Cleanup { request, .. } if request.cancel => Some(request.clone()),
+            _ => None,
+        })
+        .expect("the cancellation is sent");
+    assert_eq!(probe.job, 1);
+    h.input(Input::CleanupResult {
         worker: w("w1"),
-        request: late,
+        request: probe.clone(),
         result: Ok(Ok(tenure_protocol::messages::CleanupDone { files: 1, records: 1 })),
     });
-    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
-    assert!(!h.core.task(&t).unwrap().snapshot().cleaned);
+    h.advance(Duration::from_secs(120));
+    assert_eq!(cleanups(&h.input(Input::Tick)), 0);
+    let after = h.core.task(&t).unwrap().snapshot();
+    assert!(!after.cleaned && after.board == Board::Active, "{after:?}");
     // Delete starts job 2, which completes.
     let (fx, _) = h.api(ApiRequest::Delete { session: s("s"), task: t.clone() });
     let Some(Effect::Cleanup { request, .. }) = fx.into_iter().find(|e| matches!(e, Effect::Cleanup { .. })) else {
@@ -498,6 +507,22 @@ fn a_cleanup_job_is_persisted_first_retried_with_backoff_and_cancelled_by_unarch
         result: Ok(Ok(tenure_protocol::messages::CleanupDone { files: 0, records: 1 })),
     });
     assert!(h.core.task(&t).unwrap().snapshot().cleaned);
+    // A cancellation that finds the files gone (a copy of the job ran first)
+    // records them released.
+    let u = h.submit("s", TaskSpec::shell("b", "true"));
+    h.heartbeat("w1", 1);
+    h.report("w1", &u, 1, completed());
+    h.api(ApiRequest::Archive { session: s("s"), task: u.clone() });
+    let (fx, _) = h.api(ApiRequest::Unarchive { session: s("s"), task: u.clone() });
+    let Some(Effect::Cleanup { request, .. }) = fx.into_iter().find(|e| matches!(e, Effect::Cleanup { .. })) else {
+        panic!("no cancellation")
+    };
+    h.input(Input::CleanupResult {
+        worker: w("w1"),
+        request,
+        result: Ok(Ok(tenure_protocol::messages::CleanupDone { files: 0, records: 0 })),
+    });
+    assert!(h.core.task(&u).unwrap().snapshot().cleaned);
 }
 
 #[test]
@@ -540,4 +565,227 @@ fn finished_tasks_are_collected_after_their_retention_files_first() {
     assert!(h.core.task(&live).is_some());
     let next = h.submit("s", TaskSpec::shell("d", "true"));
     assert!(next.number() > live.number());
+}
+
+// ------------------------------------------------------------- workflows
+
+fn notices(fx: &[Effect]) -> Vec<Notice> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Notify(n) => Some((**n).clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn finish(h: &mut Harness, worker: &str, g: &LeaseGrant, ending: Ending) -> Vec<Effect> {
+    assert_eq!(h.report(worker, &g.task, g.attempt.0, ReportEvent::Started { pid: 7 }), ReportAck::Ack);
+    let fx = h.input(Input::Report {
+        reply_to: None,
+        report: Report {
+            worker: w(worker),
+            task: g.task.clone(),
+            attempt: g.attempt,
+            epoch: Epoch(3),
+            event: ReportEvent::Finished(Outcome::new(ending, None, Some(format!("{ending:?}")))),
+        },
+    });
+    fx
+}
+
+/// Submits a workflow; its first step is granted in the same turn.
+fn start_flow(h: &mut Harness, spec: TaskSpec) -> (TaskId, Vec<(WorkerId, LeaseGrant)>) {
+    let (fx, reply) =
+        h.api(ApiRequest::Submit(SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec }));
+    match reply {
+        Some(Ok(ApiResponse::Submitted { task, .. })) => (task, grants(&fx)),
+        other => panic!("submit failed: {other:?}"),
+    }
+}
+
+fn snapshot(h: &mut Harness, task: &TaskId) -> TaskSnapshot {
+    match h.api(ApiRequest::Get { session: s("alice"), task: task.clone() }).1 {
+        Some(Ok(ApiResponse::Snapshot(s))) => s,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_workflow_runs_its_steps_in_order_as_child_tasks_and_reports_once() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let (flow, g) = start_flow(&mut h, TaskSpec::workflow("build", ["make".to_owned(), "make test".to_owned()]));
+    assert_eq!(flow.to_string(), "workflow-1");
+    assert_eq!(h.status(&flow), Status::Running);
+    assert_eq!(g.len(), 1, "only the first step runs: {g:?}");
+    assert_eq!((g[0].1.task.to_string(), g[0].1.spec.command.as_str()), ("shell-2".to_owned(), "make"));
+    // The workflow holds no worker slot of its own.
+    assert_eq!(h.core.load().get(&w("w1")), Some(&1));
+
+    let fx = finish(&mut h, "w1", &g[0].1.clone(), Ending::Completed);
+    assert!(notices(&fx).is_empty(), "a step's end raises no notice: {fx:?}");
+    let g2 = grants(&fx);
+    assert_eq!(g2.len(), 1, "the second step is created and granted at once");
+    assert_eq!(g2[0].1.task.to_string(), "shell-3");
+    let view = snapshot(&mut h, &flow);
+    let steps: Vec<_> = view.steps.iter().map(|s| (s.task.clone().map(|t| t.to_string()), s.status)).collect();
+    assert_eq!(
+        steps,
+        [(Some("shell-2".into()), Some(Status::Completed)), (Some("shell-3".into()), Some(Status::Leased))]
+    );
+    assert!(h.core.task(&g[0].1.task).unwrap().reported, "the workflow reports for its steps");
+    assert_eq!(snapshot(&mut h, &g[0].1.task).parent, Some(flow.clone()));
+
+    let fx = finish(&mut h, "w1", &g2[0].1.clone(), Ending::Completed);
+    assert_eq!(h.status(&flow), Status::Completed);
+    let n = notices(&fx);
+    assert!(matches!(&n[..], [Notice::Ended(s)] if s.id == flow && s.steps.len() == 2), "{n:?}");
+}
+
+#[test]
+fn a_workflow_fails_fast_and_later_steps_never_begin() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let (flow, g) = start_flow(&mut h, TaskSpec::workflow("f", ["false".to_owned(), "echo never".to_owned()]));
+    let fx = finish(&mut h, "w1", &g[0].1.clone(), Ending::Failed);
+    assert!(grants(&fx).is_empty());
+    assert_eq!(h.status(&flow), Status::Failed);
+    let view = snapshot(&mut h, &flow);
+    assert!(view.detail.as_deref().is_some_and(|d| d.contains("step 1 of 2 (shell-2) failed")), "{view:?}");
+    assert_eq!((view.steps[1].task.clone(), view.steps[1].status), (None, None));
+}
+
+#[test]
+fn killing_a_workflow_stops_its_current_step_and_completion_can_still_win() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let (flow, g) = start_flow(&mut h, TaskSpec::workflow("k", ["sleep 100".to_owned(), "echo never".to_owned()]));
+    let step = g[0].1.task.clone();
+    assert_eq!(h.report("w1", &step, 1, ReportEvent::Started { pid: 7 }), ReportAck::Ack);
+    let (fx, reply) = h.api(ApiRequest::Kill { session: s("alice"), task: flow.clone() });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Kill { result: KillResult::Requested, .. }))), "{reply:?}");
+    assert!(
+        fx.iter().any(|e| matches!(e, Effect::Command { command: WorkerCommand::Kill(k), .. } if k.task == step)),
+        "the current step is killed: {fx:?}"
+    );
+    assert_eq!((h.status(&flow), h.status(&step)), (Status::Stopping, Status::Stopping));
+    let fx = finish(&mut h, "w1", &g[0].1.clone(), Ending::Killed);
+    assert!(grants(&fx).is_empty(), "no later step begins");
+    assert_eq!(h.status(&flow), Status::Killed);
+    let (_, reply) = h.api(ApiRequest::Kill { session: s("alice"), task: flow.clone() });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Kill { result: KillResult::AlreadyFinished, .. }))), "{reply:?}");
+
+    // The last step completing before the kill lands: the workflow completed.
+    let (flow, g) = start_flow(&mut h, TaskSpec::workflow("k2", ["true".to_owned()]));
+    finish(&mut h, "w1", &g[0].1.clone(), Ending::Completed);
+    let (_, reply) = h.api(ApiRequest::Kill { session: s("alice"), task: flow.clone() });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Kill { result: KillResult::AlreadyFinished, .. }))), "{reply:?}");
+    assert_eq!(h.status(&flow), Status::Completed);
+}
+
+#[test]
+fn a_new_leader_resumes_a_workflow_from_its_children_alone() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let (flow, g) = start_flow(&mut h, TaskSpec::workflow("r", ["true".to_owned(), "true".to_owned()]));
+    // The leader dies right after persisting the end of step 1, before creating step 2.
+    let mut durable: Vec<TaskRecord> = h.core.tasks.values().cloned().collect();
+    let step1 = durable.iter_mut().find(|r| r.id == g[0].1.task).unwrap();
+    step1.life.status = Status::Completed;
+    step1.life.outcome = Some(Outcome::new(Ending::Completed, Some(0), None));
+    let mut next = Core::new(CoreConfig::default(), Epoch(4), durable, h.now);
+    let fx = next.handle(Input::Tick, h.now);
+    let created: Vec<_> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Persist(r) if r.parent.is_some() => Some((r.id.to_string(), r.life.status)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(created, [("shell-3".to_owned(), Status::Queued)]);
+    // A second advance creates nothing more.
+    let fx = next.handle(Input::Tick, h.now);
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(r) if r.parent.is_some())), "{fx:?}");
+    assert_eq!(next.task(&flow).unwrap().life.status, Status::Running);
+}
+
+#[test]
+fn a_workflow_naming_an_unknown_step_kind_is_refused_and_creates_nothing() {
+    let mut h = Harness::new();
+    let mut spec = TaskSpec::workflow("x", ["true".to_owned()]);
+    spec.steps[0].kind = "nosuch".parse().unwrap();
+    let (fx, reply) =
+        h.api(ApiRequest::Submit(SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec }));
+    assert!(matches!(reply, Some(Err(ApiError::UnknownKind { ref kind, .. })) if kind == "nosuch"), "{reply:?}");
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+}
+
+#[test]
+fn archiving_a_workflow_archives_its_steps() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let (flow, g) = start_flow(&mut h, TaskSpec::workflow("a", ["true".to_owned()]));
+    finish(&mut h, "w1", &g[0].1.clone(), Ending::Completed);
+    let (fx, reply) = h.api(ApiRequest::Archive { session: s("alice"), task: flow.clone() });
+    assert!(matches!(reply, Some(Ok(_))), "{reply:?}");
+    assert_eq!(h.core.task(&g[0].1.task).unwrap().life.board, Board::Archived);
+    assert!(fx.iter().any(|e| matches!(e, Effect::Cleanup { request, .. } if request.task == g[0].1.task)));
+}
+
+// ---------------------------------------------------------------- monitors
+
+#[test]
+fn matched_lines_are_notified_once_each_and_repeats_change_nothing() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let spec = TaskSpec { kind: Kind::monitor(), pattern: Some("ERR".into()), ..TaskSpec::shell("m", "tail -f log") };
+    let task = h.submit("alice", spec);
+    let g = grants(&h.input(Input::Tick));
+    assert_eq!(g.len(), 0, "no worker advertised monitor yet");
+    let fx = h.input(Input::Heartbeat(Heartbeat {
+        worker: w("w1"),
+        instance: Uuid::nil(),
+        slots: 4,
+        kinds: vec![Kind::shell(), Kind::monitor()],
+        epoch_seen: Epoch(3),
+        attempts: Vec::new(),
+        sidecar: Default::default(),
+    }));
+    assert_eq!(grants(&fx).len(), 1);
+    let line = |offset: u64| MatchedLine { offset, text: format!("ERR at {offset}") };
+    let report = |h: &mut Harness, lines: Vec<MatchedLine>| {
+        h.input(Input::Report {
+            reply_to: Some("ack".into()),
+            report: Report {
+                worker: w("w1"),
+                task: task.clone(),
+                attempt: Attempt(1),
+                epoch: Epoch(3),
+                event: ReportEvent::Matched(lines),
+            },
+        })
+    };
+    let fx = report(&mut h, vec![line(0), line(40)]);
+    assert_eq!(notices(&fx).len(), 2);
+    assert!(matches!(fx[0], Effect::Persist(ref r) if r.matched_through == 41 && r.matches == 2), "{fx:?}");
+    // A retry after a lost ack, and a restarted worker re-reading from the start.
+    let fx = report(&mut h, vec![line(40), line(0), line(90)]);
+    let n = notices(&fx);
+    assert!(matches!(&n[..], [Notice::Matched(m)] if m.line.offset == 90), "{n:?}");
+    assert_eq!(snapshot(&mut h, &task).matches, 3);
+    let fx = report(&mut h, vec![line(90)]);
+    assert!(notices(&fx).is_empty() && !fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    assert!(fx.iter().any(|e| matches!(e, Effect::Ack { ack: ReportAck::Ack, .. })));
+    // Another worker's report is stale.
+    let stale = h.input(Input::Report {
+        reply_to: Some("ack".into()),
+        report: Report {
+            worker: w("w9"),
+            task: task.clone(),
+            attempt: Attempt(1),
+            epoch: Epoch(3),
+            event: ReportEvent::Matched(vec![line(200)]),
+        },
+    });
+    assert!(stale.iter().any(|e| matches!(e, Effect::Ack { ack: ReportAck::Stale, .. })));
 }

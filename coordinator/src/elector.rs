@@ -376,14 +376,16 @@ impl Driver {
     }
 
     async fn write(&self, w: &Write) -> Observation {
-        match self.cas(w).await {
-            Ok(Ok(revision)) => Observation::Written { revision },
-            Ok(Err(())) => Observation::Conflict,
+        let (observation, result) = match self.cas(w).await {
+            Ok(Ok(revision)) => (Observation::Written { revision }, "written"),
+            Ok(Err(())) => (Observation::Conflict, "conflict"),
             Err(reason) => {
                 tracing::warn!(%reason, revision = w.expected, "leader lease write unanswered");
-                Observation::WriteFailed
+                (Observation::WriteFailed, "failed")
             }
-        }
+        };
+        crate::metrics::get().lease_writes.add(1, &[opentelemetry::KeyValue::new("result", result)]);
+        observation
     }
 
     /// One compare-and-set: `Ok(Ok(revision))` landed, `Ok(Err(()))` refused

@@ -11,6 +11,7 @@
 pub mod core;
 pub mod elector;
 pub mod lease;
+mod metrics;
 pub mod notices;
 pub mod record;
 pub mod registry;

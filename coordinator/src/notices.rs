@@ -1,17 +1,18 @@
-//! Terminal notices: one message per task that ended, carrying its snapshot,
-//! on the JetStream stream `TENURE_NOTICES` under the owner's subject, so a
-//! `tenure watch` of that session can resume where it stopped, across watcher
-//! restarts and coordinator failovers.
+//! Notices: one message per task that ended, carrying its snapshot, and one
+//! per matched output line of a `monitor` task, on the JetStream stream
+//! `TENURE_NOTICES` under the owner's subject, so a `tenure watch` of that
+//! session can resume where it stopped, across watcher restarts and
+//! coordinator failovers.
 //!
 //! Publishing is best effort and never blocks the leader's loop; every notice
-//! carries `Nats-Msg-Id = <task id>`, so repeats (a retry, a new leader
+//! carries `Nats-Msg-Id = <task id>` (`<task id>@<offset>` for a match), so repeats (a retry, a new leader
 //! republishing unreported tasks) are dropped by the stream within its
 //! duplicate window, and watchers skip tasks already `reported` beyond it.
 
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
-use tenure_protocol::messages::TaskSnapshot;
+use tenure_protocol::messages::Notice;
 use tenure_protocol::subjects;
 
 /// How long the stream remembers message ids for deduplication.
@@ -42,31 +43,31 @@ impl Notices {
     }
 
     /// Publishes in the background, retrying for a while through an outage.
-    pub fn publish(&self, snapshot: TaskSnapshot) {
+    pub fn publish(&self, notice: Notice) {
         let js = self.js.clone();
         tokio::spawn(async move {
-            let payload: bytes::Bytes = match tenure_protocol::encode(&snapshot) {
+            let id = notice.dedupe_id();
+            let payload: bytes::Bytes = match tenure_protocol::encode(&notice) {
                 Ok(b) => b.into(),
-                Err(error) => return tracing::error!(task = %snapshot.id, %error, "notice cannot be encoded"),
+                Err(error) => return tracing::error!(notice = %id, %error, "notice cannot be encoded"),
             };
-            let subject = subjects::notices(&snapshot.owner);
+            let subject = subjects::notices(notice.owner());
             let mut delay = Duration::from_millis(100);
             for _ in 0..8 {
-                let publish = jetstream::message::PublishMessage::build()
-                    .payload(payload.clone())
-                    .message_id(snapshot.id.to_string());
+                let publish =
+                    jetstream::message::PublishMessage::build().payload(payload.clone()).message_id(id.clone());
                 let acked = match js.send_publish(subject.clone(), publish).await {
                     Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
                     Err(e) => Err(e.to_string()),
                 };
                 match acked {
                     Ok(()) => return,
-                    Err(error) => tracing::warn!(task = %snapshot.id, %error, "notice not published yet; retrying"),
+                    Err(error) => tracing::warn!(notice = %id, %error, "notice not published yet; retrying"),
                 }
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
-            tracing::error!(task = %snapshot.id, "notice not published; the next leader republishes it if still unreported");
+            tracing::error!(notice = %id, "notice not published; the next leader republishes an end notice if still unreported");
         });
     }
 }

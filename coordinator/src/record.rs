@@ -5,7 +5,7 @@
 //! message holds: a task record or a leadership claim.
 
 use serde::{Deserialize, Serialize};
-use tenure_protocol::messages::TaskSnapshot;
+use tenure_protocol::messages::{CleanupState, TaskSnapshot};
 use tenure_protocol::{Epoch, Lifecycle, SessionId, TaskId, TaskSpec};
 use uuid::Uuid;
 
@@ -23,6 +23,27 @@ pub struct TaskRecord {
     /// The durable cleanup job of an archive or delete, if any.
     #[serde(default)]
     pub cleanup: Option<CleanupJob>,
+    /// For a workflow step: which workflow, which step.
+    #[serde(default)]
+    pub parent: Option<StepOf>,
+    /// For a monitor: the output offset up to which matched lines were
+    /// notified (a repeated report below it notifies nothing), and how many.
+    #[serde(default)]
+    pub matched_through: u64,
+    #[serde(default)]
+    pub matches: u64,
+    /// The W3C `traceparent` of the submit, when traced: grants continue that
+    /// trace, on this leader or the next.
+    #[serde(default)]
+    pub trace: Option<String>,
+}
+
+/// The place of a child task in its workflow.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepOf {
+    pub workflow: TaskId,
+    /// 0-based index into the workflow's steps.
+    pub index: u32,
 }
 
 /// Releasing a finished task's files on its worker machine. Persisted (with the
@@ -33,9 +54,31 @@ pub struct CleanupJob {
     /// Numbered within the task; a re-sent job keeps its number.
     pub job: u32,
     pub done: bool,
-    /// Cancelled by `unarchive` before it was done.
+    /// Cancelled by `unarchive`. A copy already on its way may still land:
+    /// then it is also `done`, and the files are gone.
     #[serde(default)]
     pub cancelled: bool,
+    /// The machine answered the cancellation with the files still there: no
+    /// copy of the job can remove them any more.
+    #[serde(default)]
+    pub cancel_confirmed: bool,
+}
+
+impl CleanupJob {
+    pub fn state(&self) -> CleanupState {
+        match (self.done, self.cancelled, self.cancel_confirmed) {
+            (true, _, _) => CleanupState::Done,
+            (false, false, _) => CleanupState::Pending,
+            (false, true, false) => CleanupState::Cancelling,
+            (false, true, true) => CleanupState::Cancelled,
+        }
+    }
+
+    /// Something must still be sent to the machine: the job itself, or the
+    /// cancellation that settles whether a copy of it ran.
+    pub fn unsettled(&self) -> bool {
+        !self.done && (!self.cancelled || !self.cancel_confirmed)
+    }
 }
 
 impl TaskRecord {
@@ -61,7 +104,11 @@ impl TaskRecord {
             finished_at_ms: self.finished_at_ms,
             reported: self.reported,
             board: self.life.board,
-            cleaned: self.cleanup.is_some_and(|c| c.done && !c.cancelled),
+            cleaned: self.cleanup.is_some_and(|c| c.done),
+            cleanup: self.cleanup.map(|c| c.state()),
+            parent: self.parent.as_ref().map(|p| p.workflow.clone()),
+            steps: Vec::new(),
+            matches: self.matches,
         }
     }
 }

@@ -252,6 +252,7 @@ impl Registry {
                         return Err(Error::Fenced { expected: oldest.expected });
                     }
                     self.last_seq = ack.sequence;
+                    crate::metrics::get().append.record(oldest.first_sent.elapsed().as_secs_f64(), &[]);
                     self.in_flight.pop_front();
                     self.durable += 1;
                     return Ok(self.durable);

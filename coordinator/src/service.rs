@@ -21,13 +21,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use futures::StreamExt;
 use tenure_protocol::messages::{
     ApiError, ApiReply, ApiRequest, ApiResponse, CoordinatorPresence, Heartbeat, LeaderStatus, Report, StandbyStatus,
+    WorkerCommand,
 };
 use tenure_protocol::{subjects, Epoch};
 use tokio::sync::{mpsc, watch};
+use tracing::Instrument;
+
+use opentelemetry::KeyValue;
 
 use crate::core::{Core, CoreConfig, Effect, Input, Now};
 use crate::elector::{self, Clock, Elector, LeaseView, Term};
 use crate::lease::{self, ms, LeaseConfig};
+use crate::metrics;
 use crate::notices::Notices;
 use crate::registry::{self, Loaded, Registry};
 
@@ -293,6 +298,7 @@ async fn lead<F: Future<Output = ()>>(
         adopted_ms = adopted_in_ms,
         "adopted in {adopted_in_ms} ms: registry loaded, epoch claimed; leading"
     );
+    metrics::get().takeovers.add(1, &[]);
     let now = || Now { mono: clock.now(), wall_ms: wall_ms() };
     let mut core = Core::new(opts.core.clone(), epoch, loaded.records, now());
     core.reserve_through(loaded.highest_n);
@@ -301,8 +307,8 @@ async fn lead<F: Future<Output = ()>>(
         Err(reason) => return Ok(Ended::SteppedDown { epoch, reason: format!("notice stream unavailable: {reason}") }),
     };
     for effect in core.pending_notices() {
-        if let Effect::Notify(snapshot) = effect {
-            notices.publish(*snapshot);
+        if let Effect::Notify(notice) = effect {
+            notices.publish(*notice);
         }
     }
     let mut visibility = Visibility {
@@ -333,16 +339,27 @@ async fn lead<F: Future<Output = ()>>(
     let outbox = Outbox { client, notices: &notices, results: &results_tx, opts };
     let mut pipeline = Pipeline::default();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
+    let mut ticks: u64 = 0;
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     loop {
+        // The span an input is handled in: a traced client request or worker
+        // report continues its trace here.
+        let mut span = tracing::Span::none();
         let input = tokio::select! {
             _ = &mut shutdown => return Ok(Ended::Shutdown { epoch }),
             reason = guard.lost() => return Ok(Ended::SteppedDown { epoch, reason }),
             Some(msg) = api.next() => {
                 let reply_to = msg.reply.as_ref().map(|r| r.to_string());
                 match tenure_protocol::decode::<ApiRequest>(&msg.payload) {
-                    Ok(request) => Input::Api { reply_to, request },
+                    Ok(request) => {
+                        metrics::get().api_requests.add(1, &[KeyValue::new("verb", request.verb())]);
+                        span = traced(msg.headers.as_ref(), || {
+                            tracing::info_span!("api", verb = request.verb(), epoch = %epoch)
+                        });
+                        let trace = span.in_scope(tenure_transport::trace::current_traceparent);
+                        Input::Api { reply_to, request, trace }
+                    }
                     Err(error) => {
                         tracing::warn!(%error, "malformed API request refused");
                         if let (Some(to), Ok(())) = (reply_to, guard.check()) {
@@ -363,7 +380,12 @@ async fn lead<F: Future<Output = ()>>(
             Some(msg) = reports.next() => {
                 let reply_to = msg.reply.as_ref().map(|r| r.to_string());
                 match tenure_protocol::decode::<Report>(&msg.payload) {
-                    Ok(report) => Input::Report { reply_to, report },
+                    Ok(report) => {
+                        span = traced(msg.headers.as_ref(), || {
+                            tracing::info_span!("report", task = %report.task, attempt = %report.attempt, epoch = %report.epoch, worker = %report.worker, event = report.event.name())
+                        });
+                        Input::Report { reply_to, report }
+                    }
                     Err(error) => {
                         tracing::warn!(%error, "malformed report ignored");
                         continue;
@@ -378,7 +400,13 @@ async fn lead<F: Future<Output = ()>>(
                 continue;
             }
             Some(result) = results.recv() => result,
-            _ = tick.tick() => Input::Tick,
+            _ = tick.tick() => {
+                ticks += 1;
+                if ticks.is_multiple_of(5) {
+                    record_gauges(&core, now());
+                }
+                Input::Tick
+            }
             // An append may still be retrying when the renew deadline passes: the
             // term ends by `guard.lost()`; should it land anyway, it landed
             // conditionally on our sequence, which the next claim includes or fences.
@@ -398,11 +426,16 @@ async fn lead<F: Future<Output = ()>>(
         if let Err(reason) = guard.check() {
             return Ok(Ended::SteppedDown { epoch, reason });
         }
-        for effect in core.handle(input, now()) {
+        let effects = span.in_scope(|| core.handle(input, now()));
+        for ms in core.take_dispatch_latencies() {
+            metrics::get().dispatch.record(ms as f64 / 1000.0, &[]);
+        }
+        for effect in effects {
             if let Err(reason) = guard.check() {
                 return Ok(Ended::SteppedDown { epoch, reason });
             }
-            let step = pipeline.effect(effect, &outbox, &mut registry, &mut guard, &mut visibility).await;
+            let span = effect_span(&effect, &core, epoch).unwrap_or_else(|| span.clone());
+            let step = pipeline.effect(effect, span, &outbox, &mut registry, &mut guard, &mut visibility).await;
             match step {
                 Ok(()) => {}
                 Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
@@ -419,14 +452,16 @@ async fn lead<F: Future<Output = ()>>(
 /// durable — the same guarantee as awaiting each append, without the wait.
 #[derive(Default)]
 struct Pipeline {
-    /// Effects waiting for the registry, with the ticket they wait for.
-    held: std::collections::VecDeque<(u64, Effect)>,
+    /// Effects waiting for the registry, with the ticket they wait for and
+    /// the span they are carried out in.
+    held: std::collections::VecDeque<(u64, Effect, tracing::Span)>,
 }
 
 impl Pipeline {
     async fn effect(
         &mut self,
         effect: Effect,
+        span: tracing::Span,
         out: &Outbox<'_>,
         registry: &mut Registry,
         guard: &mut Guard,
@@ -444,9 +479,9 @@ impl Pipeline {
                 Ok(())
             }
             Effect::StepDown { reason } => Err(Stop::StepDown(reason)),
-            other if registry.in_flight() == 0 => execute(other, out, guard, visibility).await,
+            other if registry.in_flight() == 0 => execute(other, out, guard, visibility).instrument(span).await,
             other => {
-                self.held.push_back((registry.last_ticket(), other));
+                self.held.push_back((registry.last_ticket(), other, span));
                 Ok(())
             }
         }
@@ -489,13 +524,48 @@ impl Pipeline {
         guard: &mut Guard,
         visibility: &mut Visibility,
     ) -> Result<(), Stop> {
-        while self.held.front().is_some_and(|(ticket, _)| *ticket <= durable) {
-            let Some((_, effect)) = self.held.pop_front() else { break };
+        while self.held.front().is_some_and(|(ticket, _, _)| *ticket <= durable) {
+            let Some((_, effect, span)) = self.held.pop_front() else { break };
             guard.check().map_err(Stop::StepDown)?;
-            execute(effect, out, guard, visibility).await?;
+            execute(effect, out, guard, visibility).instrument(span).await?;
         }
         Ok(())
     }
+}
+
+/// The gauges sampled once a second: tasks by status, heartbeat ages.
+fn record_gauges(core: &Core, now: Now) {
+    let m = metrics::get();
+    let counts = core.counts();
+    for status in tenure_protocol::Status::ALL {
+        let n = counts.get(&status).copied().unwrap_or(0);
+        m.tasks.record(n, &[KeyValue::new("status", status.as_str())]);
+    }
+    for (worker, age) in core.heartbeat_ages(now) {
+        m.heartbeat_age.record(age.as_secs_f64(), &[KeyValue::new("worker", worker.to_string())]);
+    }
+}
+
+/// A span for one input when its message carries a trace context; none
+/// otherwise (untraced traffic costs nothing).
+fn traced(headers: Option<&async_nats::HeaderMap>, make: impl FnOnce() -> tracing::Span) -> tracing::Span {
+    let cx = tenure_transport::trace::from_headers(headers);
+    if !tenure_transport::trace::is_remote(&cx) {
+        return tracing::Span::none();
+    }
+    let span = make();
+    tenure_transport::trace::continue_from(&span, cx);
+    span
+}
+
+/// The span a command to a worker is sent in: a grant continues the trace of
+/// its task's submit (stored in the record, so a new leader continues it too).
+fn effect_span(effect: &Effect, core: &Core, epoch: Epoch) -> Option<tracing::Span> {
+    let Effect::Command { worker, command: WorkerCommand::Grant(g) } = effect else { return None };
+    let trace = core.task(&g.task)?.trace.as_deref()?;
+    let span = tracing::info_span!("lease", task = %g.task, attempt = %g.attempt, epoch = %epoch, worker = %worker);
+    tenure_transport::trace::continue_from(&span, tenure_transport::trace::from_traceparent(Some(trace)));
+    Some(span)
 }
 
 /// Tells workers the new epoch at once, so their sidecars refuse the old
@@ -525,8 +595,8 @@ struct Outbox<'a> {
 async fn execute(effect: Effect, out: &Outbox<'_>, guard: &mut Guard, visibility: &mut Visibility) -> Result<(), Stop> {
     let Outbox { client, notices, .. } = *out;
     match effect {
-        Effect::Notify(snapshot) => {
-            notices.publish(*snapshot);
+        Effect::Notify(notice) => {
+            notices.publish(*notice);
             Ok(())
         }
         // Never reached: the pipeline sends appends. Were one to arrive here,
@@ -581,10 +651,13 @@ impl Outbox<'_> {
         Rep: serde::de::DeserializeOwned + Send + 'static,
     {
         let (client, results, timeout) = (self.client.clone(), self.results.clone(), self.opts.command_timeout);
-        tokio::spawn(async move {
-            let result =
-                tenure_transport::request(&client, subject, &request, timeout).await.map_err(|e| e.to_string());
-            let _ = results.send(back(request, result)).await;
-        });
+        tokio::spawn(
+            async move {
+                let result =
+                    tenure_transport::request(&client, subject, &request, timeout).await.map_err(|e| e.to_string());
+                let _ = results.send(back(request, result)).await;
+            }
+            .in_current_span(),
+        );
     }
 }

@@ -58,6 +58,18 @@ impl Kind {
         Kind("agent".to_owned())
     }
 
+    /// The kind of never-ending watchers: run like `shell`; every output line
+    /// matching the task's pattern raises a notification.
+    pub fn monitor() -> Kind {
+        Kind("monitor".to_owned())
+    }
+
+    /// The kind of ordered step lists run by the coordinator itself, each step a
+    /// child task with its own id. No worker runs a workflow.
+    pub fn workflow() -> Kind {
+        Kind("workflow".to_owned())
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }

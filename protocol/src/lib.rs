@@ -17,4 +17,4 @@ pub use ids::{Attempt, Epoch, IdError, Kind, SessionId, TaskId, WorkerId};
 pub use lifecycle::{
     apply, Board, Decision, Ending, Event, HintTag, Lifecycle, Outcome, RecoveryHint, Status, Unchanged,
 };
-pub use spec::{SpecError, TaskSpec};
+pub use spec::{SpecError, StepSpec, TaskSpec};

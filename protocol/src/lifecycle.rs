@@ -129,6 +129,9 @@ pub enum HintTag {
     SidecarCorrupt,
     /// The worker cannot be reached; its sidecar's evidence will settle the task.
     WorkerUnreachable,
+    /// A kill was requested but the worker holding the task cannot be reached:
+    /// the task is not called killed until its process is proven gone.
+    KillPending,
 }
 
 impl HintTag {
@@ -138,6 +141,7 @@ impl HintTag {
             HintTag::WorkerLost => "worker-lost",
             HintTag::SidecarCorrupt => "sidecar-corrupt",
             HintTag::WorkerUnreachable => "worker-unreachable",
+            HintTag::KillPending => "kill-pending",
         }
     }
 }
@@ -227,6 +231,12 @@ pub enum Event {
     /// The worker machine proved the attempt's process gone without exit
     /// evidence (its monitor died with it, or its records are unreadable).
     Lost { attempt: Attempt, epoch: Epoch, hint: RecoveryHint },
+    /// The coordinator begins a workflow's steps. A workflow never goes to a
+    /// worker: it runs (attempt 1, no worker) while its child tasks run.
+    StepsBegan { epoch: Epoch },
+    /// A workflow's steps settled it: the last one completed, one did not, or a
+    /// kill stopped them.
+    StepsEnded { outcome: Outcome },
     /// The owner archives a finished task.
     Archive,
     /// The owner brings an archived task back to the board.
@@ -377,6 +387,26 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                 _ => Keep(Unchanged::NotApplicable),
             }
         }
+        Event::StepsBegan { epoch } => match l.status {
+            // Only a task never granted: a workflow is submitted and begun at once.
+            Queued if l.attempt.0 == 0 && !l.kill_requested => {
+                next.status = Running;
+                next.attempt = l.attempt.next();
+                next.epoch = *epoch;
+                Changed(next)
+            }
+            Running if l.worker.is_none() && l.attempt.0 > 0 => Keep(Unchanged::Duplicate),
+            _ => Keep(Unchanged::NotApplicable),
+        },
+        Event::StepsEnded { outcome } => match l.status {
+            Running | Stopping if l.worker.is_none() && l.attempt.0 > 0 => {
+                next.status = outcome.ending.status();
+                next.outcome = Some(outcome.clone());
+                next.hint = None;
+                Changed(next)
+            }
+            _ => Keep(Unchanged::NotApplicable),
+        },
         Event::Archive | Event::Unarchive | Event::Delete => Keep(Unchanged::NotApplicable),
         Event::KillRequested => match l.status {
             Queued => {
@@ -406,10 +436,24 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                     next.worker = None;
                     Changed(next)
                 }
-                Leased | Running | Stopping => {
-                    if l.status != Stopping {
-                        next.status = Unknown;
+                Stopping => {
+                    next.hint = Some(RecoveryHint {
+                        tag: HintTag::KillPending,
+                        message: format!(
+                            "a kill was requested but worker {worker} and its sidecar are unreachable while holding \
+                             attempt {}; the task stays stopping until the process is proven gone: the kill is \
+                             carried out when the machine returns (or its evidence settles the task)",
+                            l.attempt
+                        ),
+                    });
+                    if next == *l {
+                        Keep(Unchanged::Duplicate)
+                    } else {
+                        Changed(next)
                     }
+                }
+                Leased | Running => {
+                    next.status = Unknown;
                     next.hint = Some(RecoveryHint {
                         tag: HintTag::WorkerUnreachable,
                         message: format!(

@@ -40,6 +40,8 @@ fn events() -> Vec<(&'static str, Event)> {
         ("archive", Event::Archive),
         ("unarchive", Event::Unarchive),
         ("delete", Event::Delete),
+        ("steps-began", Event::StepsBegan { epoch: e }),
+        ("steps-ended", Event::StepsEnded { outcome: outcome(Ending::Completed) }),
     ]
 }
 
@@ -48,15 +50,15 @@ fn events() -> Vec<(&'static str, Event)> {
 /// idempotent one. A cell is the resulting status letter, or `.` for "unchanged".
 /// Q queued, L leased, R running, S stopping, C completed, K killed, F failed, U unknown.
 const TABLE: &str = "
-    queued     L . . . . R . C F K . K . . . . . . .  |  L . . . . R . C F K . K . . . . . . .
-    leased     . . Q . . R . C F K . S U . U . . . .  |  . . Q . . R . C F K . S Q . U . . . .
-    running    . . . . . . . C F K . S U . U . . . .  |  . . . . . . . C F K . S Q . U . . . .
-    stopping+k . . K . . . . C F K . . S . U . . . .  |  . . K . . . . C F K . . S . U . . . .
-    completed  . . . . . . . . . . . . . . . . C . C  |  . . . . . . . . . . . . . . . . C . C
-    killed     . . . . . . . . . . . . . . . . K . K  |  . . . . . . . . . . . . . . . . K . K
-    failed     . . . . . . . . . . . . . . . . F . F  |  . . . . . . . . . . . . . . . . F . F
-    unknown    . . Q . . R . C F K . U . . U . . . .  |  . . Q . . R . C F K . U . . U . . . .
-    unknown+k  . . K . . S . C F K . . . . U . . . .  |  . . K . . S . C F K . . . . U . . . .
+    queued     L . . . . R . C F K . K . . . . . . . . .  |  L . . . . R . C F K . K . . . . . . . . .
+    leased     . . Q . . R . C F K . S U . U . . . . . .  |  . . Q . . R . C F K . S Q . U . . . . . .
+    running    . . . . . . . C F K . S U . U . . . . . .  |  . . . . . . . C F K . S Q . U . . . . . .
+    stopping+k . . K . . . . C F K . . S . U . . . . . .  |  . . K . . . . C F K . . S . U . . . . . .
+    completed  . . . . . . . . . . . . . . . . C . C . .  |  . . . . . . . . . . . . . . . . C . C . .
+    killed     . . . . . . . . . . . . . . . . K . K . .  |  . . . . . . . . . . . . . . . . K . K . .
+    failed     . . . . . . . . . . . . . . . . F . F . .  |  . . . . . . . . . . . . . . . . F . F . .
+    unknown    . . Q . . R . C F K . U . . U . . . . . .  |  . . Q . . R . C F K . U . . U . . . . . .
+    unknown+k  . . K . . S . C F K . . . . U . . . . . .  |  . . K . . S . C F K . . . . U . . . . . .
 ";
 
 fn letter(s: Status) -> char {
@@ -116,7 +118,7 @@ fn every_status_event_pair_matches_the_table() {
             }
         }
     }
-    assert_eq!(checked, 9 * 19 * 2);
+    assert_eq!(checked, 9 * 21 * 2);
 }
 
 #[test]
@@ -124,7 +126,7 @@ fn kill_of_a_stopping_task_after_a_lost_worker_keeps_the_hint() {
     let l = start("stopping+k", false);
     let Decision::Changed(after) = apply(&l, &Event::WorkerLost { worker: w("w1") }) else { panic!() };
     assert_eq!(after.status, Status::Stopping);
-    assert_eq!(after.hint.as_ref().unwrap().tag, HintTag::WorkerUnreachable);
+    assert_eq!(after.hint.as_ref().unwrap().tag, HintTag::KillPending);
     assert_eq!(apply(&after, &Event::WorkerLost { worker: w("w1") }), Decision::Unchanged(Unchanged::Duplicate));
 }
 
@@ -175,6 +177,9 @@ fn arb_event() -> impl Strategy<Value = Event> {
         Just(Event::Archive),
         Just(Event::Unarchive),
         Just(Event::Delete),
+        (0u64..4).prop_map(|e| Event::StepsBegan { epoch: Epoch(e) }),
+        prop_oneof![Just(Ending::Completed), Just(Ending::Failed), Just(Ending::Killed)]
+            .prop_map(|ending| Event::StepsEnded { outcome: outcome(ending) }),
     ]
 }
 
@@ -262,4 +267,27 @@ fn board_moves_only_for_finished_tasks_and_deleted_is_for_good() {
     assert_eq!(apply(&deleted, &late), Decision::Unchanged(Unchanged::Terminal));
     // An unknown task must be settled before it leaves the board.
     assert_eq!(apply(&start("unknown", false), &Event::Delete), Decision::Unchanged(Unchanged::NotApplicable));
+}
+
+#[test]
+fn a_workflow_runs_without_a_worker_and_settles_only_by_its_steps() {
+    let l = Lifecycle::queued(false);
+    let Decision::Changed(running) = apply(&l, &Event::StepsBegan { epoch: Epoch(3) }) else { panic!() };
+    assert_eq!(
+        (running.status, running.attempt, running.epoch, running.worker.clone()),
+        (Status::Running, Attempt(1), Epoch(3), None)
+    );
+    assert_eq!(apply(&running, &Event::StepsBegan { epoch: Epoch(3) }), Decision::Unchanged(Unchanged::Duplicate));
+    // No worker holds it: a lost worker or a late worker report means nothing.
+    assert_eq!(apply(&running, &Event::WorkerLost { worker: w("w1") }), Decision::Unchanged(Unchanged::NotApplicable));
+    let Decision::Changed(stopping) = apply(&running, &Event::KillRequested) else { panic!() };
+    assert_eq!(stopping.status, Status::Stopping);
+    let ended = Event::StepsEnded { outcome: outcome(Ending::Killed) };
+    let Decision::Changed(killed) = apply(&stopping, &ended) else { panic!() };
+    assert_eq!(killed.status, Status::Killed);
+    assert_eq!(apply(&killed, &ended), Decision::Unchanged(Unchanged::Terminal));
+    // A task on a worker never ends by steps, and a requeued one never begins them.
+    assert_eq!(apply(&start("running", false), &ended), Decision::Unchanged(Unchanged::NotApplicable));
+    let requeued = Lifecycle { attempt: Attempt(1), ..Lifecycle::queued(true) };
+    assert_eq!(apply(&requeued, &Event::StepsBegan { epoch: Epoch(3) }), Decision::Unchanged(Unchanged::NotApplicable));
 }

@@ -67,6 +67,24 @@ pub enum ApiRequest {
 /// Longest a single `Wait` request is held by the coordinator.
 pub const MAX_WAIT_MS: u64 = 20_000;
 
+impl ApiRequest {
+    /// The verb, for logs, spans and metrics.
+    pub fn verb(&self) -> &'static str {
+        match self {
+            ApiRequest::Submit(_) => "submit",
+            ApiRequest::Get { .. } => "get",
+            ApiRequest::List { .. } => "list",
+            ApiRequest::Kill { .. } => "kill",
+            ApiRequest::Wait { .. } => "wait",
+            ApiRequest::MarkReported { .. } => "mark-reported",
+            ApiRequest::Archive { .. } => "archive",
+            ApiRequest::Unarchive { .. } => "unarchive",
+            ApiRequest::Delete { .. } => "delete",
+            ApiRequest::Status => "status",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SubmitRequest {
     pub session: SessionId,
@@ -181,7 +199,100 @@ pub struct TaskSnapshot {
     /// The task's files on its worker machine were released (archive/delete).
     #[serde(default)]
     pub cleaned: bool,
+    /// Where the cleanup job of an archive or delete stands, if there is one.
+    #[serde(default)]
+    pub cleanup: Option<CleanupState>,
+    /// For a workflow step: the workflow it belongs to.
+    #[serde(default)]
+    pub parent: Option<TaskId>,
+    /// For a workflow: each step, in order, with its child task once created.
+    #[serde(default)]
+    pub steps: Vec<StepView>,
+    /// For a monitor: how many output lines matched its pattern so far.
+    #[serde(default)]
+    pub matches: u64,
 }
+
+/// Where a task's cleanup job stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CleanupState {
+    /// Sent (or being retried) until the machine answers.
+    Pending,
+    /// Cancelled by `unarchive`; waiting for the machine to say whether a copy
+    /// already ran.
+    Cancelling,
+    /// Cancelled, and the machine confirmed the files are still there.
+    Cancelled,
+    /// The files are released.
+    Done,
+}
+
+/// One step of a workflow as its snapshot shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepView {
+    /// 1-based position in the workflow.
+    pub index: u32,
+    pub command: String,
+    /// The child task running the step; `None` while the step has not begun
+    /// (and for good when an earlier step failed or the workflow was killed).
+    pub task: Option<TaskId>,
+    pub status: Option<Status>,
+    pub detail: Option<String>,
+    pub hint: Option<RecoveryHint>,
+}
+
+/// What `tenure watch` receives on a session's notice subject.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Notice {
+    /// A task ended (deduplicated by task id).
+    Ended(Box<TaskSnapshot>),
+    /// An output line of a `monitor` task matched its pattern (deduplicated by
+    /// task and byte offset).
+    Matched(MatchNotice),
+}
+
+impl Notice {
+    /// The `Nats-Msg-Id` that makes a repeat of this notice a duplicate.
+    pub fn dedupe_id(&self) -> String {
+        match self {
+            Notice::Ended(s) => s.id.to_string(),
+            Notice::Matched(m) => format!("{}@{}", m.task, m.line.offset),
+        }
+    }
+
+    pub fn owner(&self) -> &SessionId {
+        match self {
+            Notice::Ended(s) => &s.owner,
+            Notice::Matched(m) => &m.owner,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MatchNotice {
+    pub task: TaskId,
+    pub owner: SessionId,
+    pub label: String,
+    pub line: MatchedLine,
+    /// Epoch milliseconds when the leader recorded it.
+    pub at_ms: u64,
+}
+
+/// An output line of a `monitor` task that matched its pattern.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MatchedLine {
+    /// Where the line starts in the task's output stream (bytes, counting any
+    /// dropped past the output cap): unique per task, so it deduplicates.
+    pub offset: u64,
+    /// The line without its newline, at most [`MAX_MATCH_LINE_BYTES`].
+    pub text: String,
+}
+
+/// Longest matched line carried in a notice; longer ones are cut.
+pub const MAX_MATCH_LINE_BYTES: usize = 1024;
+/// Most matched lines in one report.
+pub const MAX_MATCHES_PER_REPORT: usize = 64;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterStatus {
@@ -308,6 +419,22 @@ pub enum ReportEvent {
     /// The attempt's process is gone and no exit status survived (its monitor
     /// died with it, or the machine's record of it is unreadable).
     Lost(RecoveryHint),
+    /// Output lines of a running `monitor` task matched its pattern. Repeats
+    /// are harmless: the leader keeps how far it has notified.
+    Matched(Vec<MatchedLine>),
+}
+
+impl ReportEvent {
+    /// A short name for logs and spans.
+    pub fn name(&self) -> &'static str {
+        match self {
+            ReportEvent::Started { .. } => "started",
+            ReportEvent::Finished(_) => "finished",
+            ReportEvent::NotStarted { .. } => "not-started",
+            ReportEvent::Lost(_) => "lost",
+            ReportEvent::Matched(_) => "matched",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -505,6 +632,13 @@ pub struct CleanupRequest {
     /// The job's number within the task (a re-sent job has the same number).
     pub job: u32,
     pub epoch: Epoch,
+    /// Sent after `unarchive` cancelled the job: removes nothing and answers
+    /// what of the task is still here ([`CleanupDone`] counts what is present).
+    /// Requests are served one at a time in the order a leader sent them, and
+    /// a deposed leader's are refused by epoch, so by the time this is answered
+    /// no copy of the job can still run: no files left means one already did.
+    #[serde(default)]
+    pub cancel: bool,
 }
 
 pub type CleanupReply = Result<CleanupDone, SidecarRefusal>;
@@ -525,8 +659,15 @@ pub enum SidecarRequest {
     ObserveEpoch(Epoch),
     /// Record an accepted grant (no side effect has happened yet).
     Accept(LeaseGrant),
-    /// Record that the attempt is about to start its side effects.
-    Intent { task: TaskId, attempt: Attempt, epoch: Epoch },
+    /// Record that the attempt is about to start its side effects. `trace` is
+    /// the worker's W3C `traceparent` for the attempt, if it is traced.
+    Intent {
+        task: TaskId,
+        attempt: Attempt,
+        epoch: Epoch,
+        #[serde(default)]
+        trace: Option<String>,
+    },
     /// Record the spawned process (its group id equals its pid).
     Spawned { task: TaskId, attempt: Attempt, pid: i32 },
     /// Buffer the attempt's outcome until the coordinator acknowledges it.

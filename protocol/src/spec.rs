@@ -19,6 +19,11 @@ pub const MAX_ENV_VARS: usize = 256;
 pub const MAX_ENV_BYTES: usize = 64 * 1024;
 /// Longest working directory path (bytes).
 pub const MAX_CWD_BYTES: usize = 4096;
+/// Most steps a workflow may list.
+pub const MAX_STEPS: usize = 64;
+/// Longest `monitor` pattern (bytes). Patterns are regular expressions with
+/// linear-time matching (no backtracking), so a hostile one cannot stall a worker.
+pub const MAX_PATTERN_BYTES: usize = 1024;
 
 /// A unit of work as submitted. Immutable once the task exists.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -34,6 +39,22 @@ pub struct TaskSpec {
     pub env: BTreeMap<String, String>,
     /// May the system run this task again if its worker is lost? Default false.
     pub idempotent: bool,
+    /// For `monitor`: the regular expression an output line must match to raise
+    /// a notification. Required for `monitor`, refused for every other kind.
+    #[serde(default)]
+    pub pattern: Option<String>,
+    /// For `workflow`: the steps, run in order, each as a child task. Required
+    /// (1 to [`MAX_STEPS`]) for `workflow`, refused for every other kind.
+    #[serde(default)]
+    pub steps: Vec<StepSpec>,
+}
+
+/// One step of a workflow. It runs as a child task of its own kind, with the
+/// workflow's cwd, env and idempotence.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepSpec {
+    pub kind: Kind,
+    pub command: String,
 }
 
 impl TaskSpec {
@@ -46,11 +67,44 @@ impl TaskSpec {
             cwd: None,
             env: BTreeMap::new(),
             idempotent: false,
+            pattern: None,
+            steps: Vec::new(),
         }
+    }
+
+    /// A workflow of `steps`, each a shell command.
+    pub fn workflow(label: impl Into<String>, steps: impl IntoIterator<Item = String>) -> TaskSpec {
+        let steps: Vec<StepSpec> = steps.into_iter().map(|command| StepSpec { kind: Kind::shell(), command }).collect();
+        TaskSpec { kind: Kind::workflow(), steps, ..TaskSpec::shell(label, "") }
+    }
+
+    /// The spec of step `index` of this workflow: its own kind and command, the
+    /// workflow's cwd, env and idempotence.
+    pub fn step(&self, index: usize) -> Option<TaskSpec> {
+        let step = self.steps.get(index)?;
+        Some(TaskSpec {
+            kind: step.kind.clone(),
+            label: format!("step {} of {}: {}", index + 1, self.steps.len(), first_line(&step.command)),
+            command: step.command.clone(),
+            cwd: self.cwd.clone(),
+            env: self.env.clone(),
+            idempotent: self.idempotent,
+            pattern: None,
+            steps: Vec::new(),
+        })
     }
 
     /// Checks every limit and shape rule; the first violation is returned.
     pub fn validate(&self) -> Result<(), SpecError> {
+        self.validate_kind_fields()?;
+        if self.kind == Kind::workflow() {
+            // The command of a workflow is unused; its steps carry the work.
+            for i in 0..self.steps.len() {
+                let step = self.step(i).ok_or(SpecError::Steps("missing step"))?;
+                step.validate().map_err(|e| SpecError::Step { index: i + 1, error: Box::new(e) })?;
+            }
+            return self.validate_common();
+        }
         if self.command.trim().is_empty() {
             return Err(SpecError::EmptyCommand);
         }
@@ -58,6 +112,39 @@ impl TaskSpec {
             return Err(SpecError::NulByte("command"));
         }
         too_large("command", self.command.len(), MAX_COMMAND_BYTES)?;
+        self.validate_common()
+    }
+
+    /// The rules tied to a kind: a `monitor` needs a valid pattern, a
+    /// `workflow` its steps (none of them a workflow), and no other kind has either.
+    fn validate_kind_fields(&self) -> Result<(), SpecError> {
+        let monitor = self.kind == Kind::monitor();
+        match &self.pattern {
+            None if monitor => return Err(SpecError::Pattern("a monitor task needs a pattern".into())),
+            Some(_) if !monitor => return Err(SpecError::Pattern(format!("a {} task takes no pattern", self.kind))),
+            Some(p) => {
+                too_large("pattern", p.len(), MAX_PATTERN_BYTES)?;
+                regex::Regex::new(p).map_err(|e| SpecError::Pattern(e.to_string()))?;
+            }
+            None => {}
+        }
+        if self.kind != Kind::workflow() {
+            return match self.steps.is_empty() {
+                true => Ok(()),
+                false => Err(SpecError::Steps("only a workflow task has steps")),
+            };
+        }
+        if self.steps.is_empty() {
+            return Err(SpecError::Steps("a workflow needs at least one step"));
+        }
+        too_large("steps", self.steps.len(), MAX_STEPS)?;
+        if self.steps.iter().any(|s| s.kind == Kind::workflow()) {
+            return Err(SpecError::Steps("a workflow step cannot be a workflow"));
+        }
+        Ok(())
+    }
+
+    fn validate_common(&self) -> Result<(), SpecError> {
         too_large("label", self.label.len(), MAX_LABEL_BYTES)?;
         if self.label.contains('\n') || self.label.contains('\0') {
             return Err(SpecError::NulByte("label"));
@@ -83,6 +170,14 @@ impl TaskSpec {
     }
 }
 
+fn first_line(s: &str) -> String {
+    let line = s.lines().next().unwrap_or("");
+    match line.char_indices().nth(80) {
+        Some((i, _)) => format!("{}…", &line[..i]),
+        None => line.to_owned(),
+    }
+}
+
 fn too_large(field: &'static str, size: usize, max: usize) -> Result<(), SpecError> {
     if size > max {
         Err(SpecError::TooLarge { field, size, max })
@@ -104,6 +199,12 @@ pub enum SpecError {
     RelativeCwd(String),
     #[error("invalid environment variable name {0:?}")]
     EnvName(String),
+    #[error("pattern: {0}")]
+    Pattern(String),
+    #[error("steps: {0}")]
+    Steps(&'static str),
+    #[error("step {index}: {error}")]
+    Step { index: usize, error: Box<SpecError> },
 }
 
 #[cfg(test)]
@@ -136,6 +237,31 @@ mod tests {
                 matches!(e, SpecError::EnvName(_))
             }),
         ];
+        let monitor = TaskSpec { kind: Kind::monitor(), pattern: Some("ERROR".into()), ..base.clone() };
+        assert_eq!(monitor.validate(), Ok(()));
+        let flow = TaskSpec::workflow("w", ["echo a".to_owned(), "echo b".to_owned()]);
+        assert_eq!(flow.validate(), Ok(()));
+        assert_eq!(flow.step(1).map(|s| s.command), Some("echo b".to_owned()));
+        let cases: Vec<(TaskSpec, Check)> = cases
+            .into_iter()
+            .chain([
+                (TaskSpec { pattern: None, ..monitor.clone() }, (|e| matches!(e, SpecError::Pattern(_))) as Check),
+                (TaskSpec { pattern: Some("(".into()), ..monitor.clone() }, |e| matches!(e, SpecError::Pattern(_))),
+                (TaskSpec { pattern: Some("x".into()), ..base.clone() }, |e| matches!(e, SpecError::Pattern(_))),
+                (TaskSpec { steps: flow.steps.clone(), ..base.clone() }, |e| matches!(e, SpecError::Steps(_))),
+                (TaskSpec { steps: vec![], ..flow.clone() }, |e| matches!(e, SpecError::Steps(_))),
+                (TaskSpec::workflow("w", (0..=MAX_STEPS).map(|_| "true".to_owned())), |e| {
+                    matches!(e, SpecError::TooLarge { field: "steps", .. })
+                }),
+                (TaskSpec::workflow("w", ["true".to_owned(), " ".to_owned()]), |e| {
+                    matches!(e, SpecError::Step { index: 2, .. })
+                }),
+                (
+                    TaskSpec { steps: vec![StepSpec { kind: Kind::workflow(), command: "x".into() }], ..flow.clone() },
+                    |e| matches!(e, SpecError::Steps(_)),
+                ),
+            ])
+            .collect();
         for (spec, check) in cases {
             let err = spec.validate().unwrap_err();
             assert!(check(&err), "unexpected {err:?}");

@@ -8,6 +8,7 @@
 //! | `pgid`        | monitor    | right after spawning        | the task's process group |
 //! | `status`      | monitor    | after the group is gone     | the exit evidence ([`MonitorStatus`]) |
 //! | `input`       | monitor    | before spawning an `agent` task; removed when its group is gone | the task's stdin, a FIFO (mode 0600) |
+//! | `matches`     | monitor    | as a `monitor` task's output lines match its pattern | one JSON [`MatchedLine`] per line, append-only |
 //!
 //! `status` is written to a temporary file, fsynced, renamed into place and the
 //! directory fsynced: it is either absent or complete. Readers treat a missing
@@ -31,7 +32,7 @@ use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 
 use serde::{Deserialize, Serialize};
-use tenure_protocol::messages::LeaseGrant;
+use tenure_protocol::messages::{LeaseGrant, MatchedLine};
 use tenure_protocol::Outcome;
 
 /// The exit evidence a monitor leaves behind.
@@ -193,6 +194,44 @@ impl AttemptFiles {
         open_fifo(&self.input_path(), OpenOptions::new().write(true), true)
     }
 
+    /// For the monitor: opens the matched-lines file for appending (created
+    /// if absent, never through a symlink).
+    pub fn open_matches_for_append(&self) -> io::Result<File> {
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(self.dir.join(MATCHES))
+    }
+
+    /// Matched lines recorded past byte `from` of the matches file, and the
+    /// position after the last complete one. A line being written (no newline
+    /// yet) is left for the next read; an unreadable line is skipped.
+    pub fn read_matches(&self, from: u64, max: usize) -> io::Result<(Vec<MatchedLine>, u64)> {
+        use std::io::{BufRead, BufReader, Seek, SeekFrom};
+        let file = match File::open(self.dir.join(MATCHES)) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), from)),
+            Err(e) => return Err(e),
+        };
+        let mut reader = BufReader::new(file);
+        reader.seek(SeekFrom::Start(from))?;
+        let (mut lines, mut pos, mut buf) = (Vec::new(), from, Vec::new());
+        while lines.len() < max {
+            buf.clear();
+            let n = reader.read_until(b'\n', &mut buf)?;
+            if n == 0 || buf.last() != Some(&b'\n') {
+                break;
+            }
+            pos += n as u64;
+            if let Ok(line) = serde_json::from_slice::<MatchedLine>(&buf) {
+                lines.push(line);
+            }
+        }
+        Ok((lines, pos))
+    }
+
     /// Removes the input FIFO once the task's group is gone. Absent is fine;
     /// anything but a FIFO at the path is not ours and is left alone.
     pub fn remove_input(&self) -> io::Result<()> {
@@ -208,6 +247,8 @@ impl AttemptFiles {
 
 /// File name of the input FIFO in an attempt directory.
 const INPUT: &str = "input";
+/// File name of a monitor task's matched lines.
+const MATCHES: &str = "matches";
 
 /// The two ends of an `agent` attempt's input FIFO, as its monitor holds them.
 #[derive(Debug)]

@@ -27,6 +27,7 @@ pub mod attempt_files;
 pub mod client;
 pub mod input;
 pub mod layout;
+mod metrics;
 pub mod server;
 pub mod service;
 pub mod store;

@@ -35,7 +35,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
 use tokio_util::codec::{Framed, LengthDelimitedCodecError};
-use tracing::{debug, error, info, warn};
+use tracing::{debug, error, info, warn, Instrument};
 
 use crate::attempt_files::AttemptFiles;
 use crate::frame_codec;
@@ -229,6 +229,8 @@ enum Command {
     OutputOwner(TaskId, oneshot::Sender<Option<(SessionId, Phase)>>),
     /// A cleanup job (after the task's files were removed).
     Cleanup(CleanupRequest, oneshot::Sender<Result<u32, SidecarRefusal>>),
+    /// The epoch fence of a cleanup request, before anything is removed.
+    CleanupFence(CleanupRequest, oneshot::Sender<Result<u32, SidecarRefusal>>),
     /// The leader's evidence query (which may revoke an accepted attempt).
     Evidence(EvidenceRequest, oneshot::Sender<Result<RecordView, SidecarRefusal>>),
     /// The record of the latest attempt of a task, for input deliveries.
@@ -251,10 +253,11 @@ impl StoreHandle {
         rx.await.unwrap_or_else(|_| gone())
     }
 
-    async fn cleanup(&self, req: CleanupRequest) -> Result<u32, SidecarRefusal> {
+    async fn cleanup(&self, req: CleanupRequest, fence_only: bool) -> Result<u32, SidecarRefusal> {
         let (tx, rx) = oneshot::channel();
         let gone = || SidecarRefusal::Storage("the sidecar is shutting down".to_owned());
-        self.tx.send(Command::Cleanup(req, tx)).await.map_err(|_| gone())?;
+        let command = if fence_only { Command::CleanupFence(req, tx) } else { Command::Cleanup(req, tx) };
+        self.tx.send(command).await.map_err(|_| gone())?;
         rx.await.map_err(|_| gone())?
     }
 
@@ -284,6 +287,19 @@ impl StoreHandle {
 
 /// Most requests committed by one flush.
 const MAX_BATCH: usize = 64;
+
+fn request_name(req: &SidecarRequest) -> &'static str {
+    match req {
+        SidecarRequest::ObserveEpoch(_) => "observe-epoch",
+        SidecarRequest::Accept(_) => "accept",
+        SidecarRequest::Intent { .. } => "intent",
+        SidecarRequest::Spawned { .. } => "spawned",
+        SidecarRequest::Exited { .. } => "exited",
+        SidecarRequest::Acknowledged { .. } => "acknowledged",
+        SidecarRequest::Abandon { .. } => "abandon",
+        SidecarRequest::List => "list",
+    }
+}
 
 /// Owns the machine: applies commands one at a time until every handle is gone,
 /// then flushes. The machine (and with it the sled database) is dropped when
@@ -339,7 +355,8 @@ enum Answer {
     OutputOwner(Option<(SessionId, Phase)>, oneshot::Sender<Option<(SessionId, Phase)>>),
     Cleanup(Result<u32, SidecarRefusal>, oneshot::Sender<Result<u32, SidecarRefusal>>),
     Evidence(Result<RecordView, SidecarRefusal>, oneshot::Sender<Result<RecordView, SidecarRefusal>>),
-    Latest(Option<AttemptRecord>, oneshot::Sender<Option<AttemptRecord>>),
+    /// Boxed: a record is much larger than every other answer.
+    Latest(Option<Box<AttemptRecord>>, oneshot::Sender<Option<AttemptRecord>>),
 }
 
 impl Answer {
@@ -349,7 +366,7 @@ impl Answer {
             Answer::OutputOwner(v, tx) => tx.send(v).map_err(drop),
             Answer::Cleanup(v, tx) => tx.send(v).map_err(drop),
             Answer::Evidence(v, tx) => tx.send(v).map_err(drop),
-            Answer::Latest(v, tx) => tx.send(v).map_err(drop),
+            Answer::Latest(v, tx) => tx.send(v.map(|r| *r)).map_err(drop),
         };
     }
 
@@ -369,7 +386,10 @@ impl Answer {
 /// Applies one command to the machine (or refuses it when the store is unusable).
 fn apply(command: Command, machine: &mut Result<Machine<SledStore>, String>) -> Answer {
     match (command, machine) {
-        (Command::Handle(req, reply), Ok(machine)) => Answer::Handle(machine.handle(req), reply),
+        (Command::Handle(req, reply), Ok(machine)) => {
+            crate::metrics::get().requests.add(1, &[opentelemetry::KeyValue::new("request", request_name(&req))]);
+            Answer::Handle(machine.handle(req), reply)
+        }
         (Command::Handle(_, reply), Err(reason)) => {
             Answer::Handle(SidecarReply::Refused(SidecarRefusal::Storage(reason.clone())), reply)
         }
@@ -385,10 +405,15 @@ fn apply(command: Command, machine: &mut Result<Machine<SledStore>, String>) -> 
             Answer::Evidence(Err(SidecarRefusal::Storage(reason.clone())), reply)
         }
         (Command::Cleanup(req, reply), Ok(machine)) => Answer::Cleanup(machine.cleanup(&req.task, req.epoch), reply),
-        (Command::Cleanup(_, reply), Err(reason)) => {
+        (Command::CleanupFence(req, reply), Ok(machine)) => {
+            Answer::Cleanup(machine.cleanup_fence(&req.task, req.epoch), reply)
+        }
+        (Command::Cleanup(_, reply) | Command::CleanupFence(_, reply), Err(reason)) => {
             Answer::Cleanup(Err(SidecarRefusal::Storage(reason.clone())), reply)
         }
-        (Command::Latest(task, reply), Ok(machine)) => Answer::Latest(machine.record_for_output(&task).cloned(), reply),
+        (Command::Latest(task, reply), Ok(machine)) => {
+            Answer::Latest(machine.record_for_output(&task).cloned().map(Box::new), reply)
+        }
         (Command::Latest(_, reply), Err(_)) => Answer::Latest(None, reply),
     }
 }
@@ -445,6 +470,14 @@ async fn serve_connection(stream: UnixStream, store: StoreHandle) {
             }
         };
         let reply = match decode::<SidecarRequest>(&frame) {
+            // A traced attempt's intent is a span of the task's trace: the
+            // flush that makes the attempt "may have run" is worth seeing.
+            Ok(SidecarRequest::Intent { task, attempt, epoch, trace: Some(trace) }) => {
+                let span = tracing::info_span!("intent", task = %task, attempt = %attempt, epoch = %epoch);
+                tenure_transport::trace::continue_from(&span, tenure_transport::trace::from_traceparent(Some(&trace)));
+                let req = SidecarRequest::Intent { task, attempt, epoch, trace: Some(trace) };
+                store.handle(req).instrument(span).await
+            }
             Ok(req) => store.handle(req).await,
             Err(error) => {
                 warn!(%error, "malformed request on the sidecar socket");
@@ -566,21 +599,64 @@ where
     }
 }
 
-/// Carries out one cleanup job: files first (output, attempt directories),
-/// then records; refused while any attempt of the task still has a live
-/// monitor here.
+/// Carries out one cleanup job: the epoch fence first (a deposed leader's job
+/// removes nothing), then files (output, attempt directories), then records;
+/// refused while any attempt of the task still has a live monitor here. A
+/// cancellation passes the fence and counts what is here instead.
 async fn cleanup(req: CleanupRequest, store: &StoreHandle, layout: &Layout) -> CleanupReply {
-    let (layout, task) = (layout.clone(), req.task.clone());
-    match tokio::task::spawn_blocking(move || remove_task_files(&layout, &task)).await {
-        Ok(Ok(files)) => store.cleanup(req).await.map(|records| CleanupDone { files, records }),
+    let records = store.cleanup(req.clone(), true).await?;
+    let (layout, task, cancel) = (layout.clone(), req.task.clone(), req.cancel);
+    let files = tokio::task::spawn_blocking(move || {
+        let found = task_files(&layout, &task)?;
+        match cancel {
+            true => Ok(found.count()),
+            false => found.remove(&task),
+        }
+    })
+    .await;
+    match files {
+        Ok(Ok(files)) if cancel => Ok(CleanupDone { files, records }),
+        Ok(Ok(files)) => store.cleanup(req, false).await.map(|records| CleanupDone { files, records }),
         Ok(Err(refusal)) => Err(refusal),
         Err(e) => Err(SidecarRefusal::Storage(e.to_string())),
     }
 }
 
+/// The files of one task on this machine.
+struct TaskFiles {
+    output: Option<PathBuf>,
+    attempt_dirs: Vec<PathBuf>,
+}
+
+impl TaskFiles {
+    fn count(&self) -> u32 {
+        (self.output.is_some() as u32) + self.attempt_dirs.len() as u32
+    }
+
+    fn remove(self, task: &TaskId) -> Result<u32, SidecarRefusal> {
+        if self.attempt_dirs.iter().any(|d| AttemptFiles::new(d.clone()).monitor().is_some_and(|m| m.alive())) {
+            return Err(SidecarRefusal::StillRunning { task: task.clone() });
+        }
+        let mut removed = 0;
+        if let Some(output) = &self.output {
+            match std::fs::remove_file(output) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(SidecarRefusal::Storage(format!("cannot remove the output of {task}: {e}"))),
+            }
+        }
+        for dir in self.attempt_dirs {
+            std::fs::remove_dir_all(&dir)
+                .map_err(|e| SidecarRefusal::Storage(format!("cannot remove {}: {e}", dir.display())))?;
+            removed += 1;
+        }
+        Ok(removed)
+    }
+}
+
 /// Removes a finished task's output file and attempt directories; refuses (and
 /// removes nothing) while any of its monitors lives.
-fn remove_task_files(layout: &Layout, task: &TaskId) -> Result<u32, SidecarRefusal> {
+fn task_files(layout: &Layout, task: &TaskId) -> Result<TaskFiles, SidecarRefusal> {
     let prefix = format!("{task}.");
     let dirs: Vec<PathBuf> = std::fs::read_dir(layout.attempts_dir())
         .into_iter()
@@ -591,21 +667,13 @@ fn remove_task_files(layout: &Layout, task: &TaskId) -> Result<u32, SidecarRefus
         })
         .map(|e| e.path())
         .collect();
-    if dirs.iter().any(|d| AttemptFiles::new(d.clone()).monitor().is_some_and(|m| m.alive())) {
-        return Err(SidecarRefusal::StillRunning { task: task.clone() });
-    }
-    let mut removed = 0;
-    match std::fs::remove_file(layout.output_path(task)) {
-        Ok(()) => removed += 1,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(SidecarRefusal::Storage(format!("cannot remove the output of {task}: {e}"))),
-    }
-    for dir in dirs {
-        std::fs::remove_dir_all(&dir)
-            .map_err(|e| SidecarRefusal::Storage(format!("cannot remove {}: {e}", dir.display())))?;
-        removed += 1;
-    }
-    Ok(removed)
+    let output = layout.output_path(task);
+    let output = match std::fs::symlink_metadata(&output) {
+        Ok(_) => Some(output),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+        Err(e) => return Err(SidecarRefusal::Storage(format!("cannot look at the output of {task}: {e}"))),
+    };
+    Ok(TaskFiles { output, attempt_dirs: dirs })
 }
 
 /// Answers one evidence query from the records and the attempt's own files.

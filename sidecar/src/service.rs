@@ -72,7 +72,7 @@ impl<S: RecoveryStore> Machine<S> {
         let decision = match req {
             SidecarRequest::ObserveEpoch(epoch) => self.observe(epoch),
             SidecarRequest::Accept(grant) => self.accept(grant),
-            SidecarRequest::Intent { task, attempt, epoch } => self.intent(&task, attempt, epoch),
+            SidecarRequest::Intent { task, attempt, epoch, .. } => self.intent(&task, attempt, epoch),
             SidecarRequest::Spawned { task, attempt, pid } => self.spawned(&task, attempt, pid),
             SidecarRequest::Exited { task, attempt, outcome } => self.exited(&task, attempt, outcome),
             SidecarRequest::Acknowledged { task, attempt } => self.acknowledged(&task, attempt),
@@ -307,6 +307,14 @@ impl<S: RecoveryStore> Machine<S> {
             (Phase::Exited | Phase::Acknowledged, Some(outcome)) => Ok(RecordView::Ended(outcome)),
             (phase, _) => Ok(RecordView::Started(phase)),
         }
+    }
+
+    /// The fence every cleanup request passes before anything is touched: its
+    /// epoch must not be lower than the machine's (a deposed leader's job
+    /// removes nothing). Returns how many records of `task` are held.
+    pub fn cleanup_fence(&mut self, task: &TaskId, epoch: Epoch) -> Result<u32, SidecarRefusal> {
+        self.observe(epoch)?;
+        Ok(self.records.keys().filter(|(t, _)| t == task).count() as u32)
     }
 
     /// A cleanup job: forgets every record of `task` (each attempt tombstoned, so

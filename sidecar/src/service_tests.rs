@@ -31,7 +31,7 @@ fn o2() -> Outcome {
 }
 
 fn intent(epoch: u64) -> SidecarRequest {
-    SidecarRequest::Intent { task: task(), attempt: Attempt(2), epoch: Epoch(epoch) }
+    SidecarRequest::Intent { task: task(), attempt: Attempt(2), epoch: Epoch(epoch), trace: None }
 }
 
 fn spawned(pid: i32) -> SidecarRequest {
@@ -367,7 +367,12 @@ fn corrupt_records_are_refused_not_forgotten() {
     // Abandoning it could give back an attempt that ran; a new grant of it or of
     // an older attempt could hide it.
     assert!(storage(m.handle(three(|task, attempt| SidecarRequest::Abandon { task, attempt }))));
-    assert!(storage(m.handle(three(|task, attempt| SidecarRequest::Intent { task, attempt, epoch: Epoch(5) }))));
+    assert!(storage(m.handle(three(|task, attempt| SidecarRequest::Intent {
+        task,
+        attempt,
+        epoch: Epoch(5),
+        trace: None
+    }))));
     assert!(storage(m.handle(three(|task, attempt| SidecarRequest::Acknowledged { task, attempt }))));
     assert!(storage(m.handle(SidecarRequest::Accept(grant(3, 5)))));
     assert!(storage(m.handle(SidecarRequest::Accept(grant(2, 5)))));
@@ -395,7 +400,7 @@ fn an_evidence_query_revokes_an_accepted_attempt_and_describes_the_others() {
     assert_eq!(m.evidence(&task(), Attempt(7), Epoch(5)), Ok(RecordView::Absent));
     // Past its intent: never revoked.
     assert_eq!(m.handle(SidecarRequest::Accept(grant(3, 5))), SidecarReply::Ok);
-    let intent3 = SidecarRequest::Intent { task: task(), attempt: Attempt(3), epoch: Epoch(5) };
+    let intent3 = SidecarRequest::Intent { task: task(), attempt: Attempt(3), epoch: Epoch(5), trace: None };
     assert_eq!(m.handle(intent3), SidecarReply::Ok);
     assert_eq!(m.evidence(&task(), Attempt(3), Epoch(5)), Ok(RecordView::Started(Phase::Intent)));
     let exited3 = SidecarRequest::Exited { task: task(), attempt: Attempt(3), outcome: o2() };

@@ -46,7 +46,7 @@ async fn output_reads_by_offset_for_the_owner_only() -> anyhow::Result<()> {
 
     let task: TaskId = "shell-5".parse()?;
     ok(&client, SidecarRequest::Accept(grant("shell-5", 1, 1, "alice"))).await;
-    ok(&client, SidecarRequest::Intent { task: task.clone(), attempt: Attempt(1), epoch: Epoch(1) }).await;
+    ok(&client, SidecarRequest::Intent { task: task.clone(), attempt: Attempt(1), epoch: Epoch(1), trace: None }).await;
     std::fs::write(sidecar.layout.output_path(&task), b"hello world")?;
 
     let chunk =

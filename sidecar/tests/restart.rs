@@ -21,7 +21,7 @@ async fn records_are_durable_across_a_restart() -> anyhow::Result<()> {
     let outcome = Outcome::new(Ending::Completed, Some(0), None);
     ok(&client, SidecarRequest::ObserveEpoch(Epoch(3))).await;
     ok(&client, SidecarRequest::Accept(grant("shell-1", 1, 3, "alice"))).await;
-    ok(&client, SidecarRequest::Intent { task: task.clone(), attempt, epoch: Epoch(3) }).await;
+    ok(&client, SidecarRequest::Intent { task: task.clone(), attempt, epoch: Epoch(3), trace: None }).await;
     ok(&client, SidecarRequest::Spawned { task: task.clone(), attempt, pid: 4321 }).await;
     ok(&client, SidecarRequest::Exited { task: task.clone(), attempt, outcome: outcome.clone() }).await;
     let before = client.call(&SidecarRequest::List).await?;

@@ -7,6 +7,8 @@
 
 use std::time::Duration;
 
+pub mod trace;
+
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tenure_protocol::CodecError;
@@ -62,7 +64,11 @@ pub async fn request<Req: Serialize, Rep: DeserializeOwned>(
     timeout: Duration,
 ) -> Result<Rep, Error> {
     let payload = tenure_protocol::encode(req).map_err(|source| Error::Codec { subject: subject.clone(), source })?;
-    let fut = client.request(subject.clone(), payload.into());
+    let mut request = async_nats::Request::new().payload(payload.into());
+    if let Some(headers) = trace::current_headers() {
+        request = request.headers(headers);
+    }
+    let fut = client.send_request(subject.clone(), request);
     let msg = match tokio::time::timeout(timeout, fut).await {
         Err(_) => return Err(Error::Timeout { subject, timeout }),
         Ok(Err(e)) => {

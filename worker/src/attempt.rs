@@ -13,7 +13,7 @@ use std::time::Duration;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tenure_protocol::messages::{
-    LeaseGrant, Phase, ReportAck, ReportEvent, SidecarRefusal, SidecarReply, SidecarRequest,
+    LeaseGrant, Phase, ReportAck, ReportEvent, SidecarRefusal, SidecarReply, SidecarRequest, MAX_MATCHES_PER_REPORT,
 };
 use tenure_protocol::{subjects, Attempt, Ending, Epoch, HintTag, Outcome, RecoveryHint, TaskId};
 use tokio::process::Child;
@@ -90,7 +90,8 @@ pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify
     // The intent carries the newest epoch this machine has seen, so a leader
     // change between accept and intent re-stamps the attempt instead of refusing it.
     let epoch = grant.epoch.max(shared.epoch_seen());
-    match sidecar_insist(&shared, SidecarRequest::Intent { task: task.clone(), attempt, epoch }).await {
+    let trace = tenure_transport::trace::current_traceparent();
+    match sidecar_insist(&shared, SidecarRequest::Intent { task: task.clone(), attempt, epoch, trace }).await {
         SidecarReply::Ok => {}
         refusal => {
             tracing::warn!(task = %task, attempt = %attempt, ?refusal, "intent refused; not starting");
@@ -178,8 +179,13 @@ fn start_monitor(shared: &Shared, grant: &LeaseGrant, files: &AttemptFiles) -> R
 }
 
 /// Waits for the monitor to end (forwarding kills to it) and reads its evidence.
+/// A `monitor` attempt's matched lines are forwarded this often.
+const FORWARD_MATCHES_EVERY: Duration = Duration::from_millis(250);
+
 async fn watch(shared: &Shared, files: &AttemptFiles, mut monitor: Monitor, kill_req: &Notify) -> Evidence {
     let mut killed = false;
+    let mut matches = files.read_grant().ok().filter(|g| g.spec.pattern.is_some()).map(MatchForwarder::new);
+    let mut tick = tokio::time::interval(FORWARD_MATCHES_EVERY);
     loop {
         tokio::select! {
             _ = monitor.exited(files) => break,
@@ -188,15 +194,70 @@ async fn watch(shared: &Shared, files: &AttemptFiles, mut monitor: Monitor, kill
                 // The monitor ends the group (SIGTERM, grace, SIGKILL) and records it.
                 monitor.request_kill();
             }
+            _ = tick.tick(), if matches.is_some() => {
+                if let Some(m) = matches.as_mut() {
+                    m.forward(shared, files, false).await;
+                }
+            }
         }
     }
+    // Every matched line reaches the leader before the attempt's end does.
+    if let Some(m) = matches.as_mut() {
+        m.forward(shared, files, true).await;
+    }
     evidence(shared, files, killed).await
+}
+
+/// Sends a `monitor` attempt's matched lines (from its `matches` file) to the
+/// leader, advancing past a batch only once the leader acknowledged it. It
+/// starts from the beginning after a worker restart: the leader drops lines
+/// it already notified.
+struct MatchForwarder {
+    grant: LeaseGrant,
+    pos: u64,
+    /// The leader said the attempt is no longer current: nothing to forward.
+    stale: bool,
+}
+
+impl MatchForwarder {
+    fn new(grant: LeaseGrant) -> MatchForwarder {
+        MatchForwarder { grant, pos: 0, stale: false }
+    }
+
+    /// Forwards what is recorded; with `insist`, retries until acknowledged,
+    /// otherwise leaves a failed batch for the next call.
+    async fn forward(&mut self, shared: &Shared, files: &AttemptFiles, insist: bool) {
+        while !self.stale {
+            let (lines, next) = match files.read_matches(self.pos, MAX_MATCHES_PER_REPORT) {
+                Ok(read) => read,
+                Err(error) => return tracing::warn!(task = %self.grant.task, %error, "cannot read matched lines"),
+            };
+            if lines.is_empty() {
+                self.pos = next;
+                return;
+            }
+            let (task, attempt, epoch) = (&self.grant.task, self.grant.attempt, self.grant.epoch);
+            let event = ReportEvent::Matched(lines);
+            let ack = match insist {
+                true => Some(report_until_acked(shared, task, attempt, epoch, event).await),
+                false => report_once(shared, task, attempt, epoch, event).await,
+            };
+            match ack {
+                Some(ReportAck::Ack) => self.pos = next,
+                Some(ReportAck::Stale) => self.stale = true,
+                Some(ReportAck::NotLeader) | None => return,
+            }
+        }
+    }
 }
 
 /// What the attempt's files prove once its monitor is gone. A group that
 /// outlived its monitor is ended first: it is ours by the recorded pgid.
 async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool) -> Evidence {
     if let Some(status) = files.status() {
+        let m = crate::metrics::get();
+        m.output_bytes.add(status.output_written, &[]);
+        m.output_dropped.add(status.outcome.output_dropped, &[]);
         return Evidence::Exited(status.outcome);
     }
     // The monitor is gone without evidence (it was killed, or the machine lost
@@ -236,6 +297,15 @@ async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool) -> Eviden
 /// Buffers the evidence in the sidecar, reports it until acknowledged, frees the slot.
 async fn finish(shared: &Shared, task: &TaskId, attempt: Attempt, epoch: Epoch, evidence: Evidence) {
     tracing::info!(task = %task, attempt = %attempt, ?evidence, "attempt ended");
+    let outcome = match &evidence {
+        Evidence::Exited(o) => match o.ending {
+            Ending::Completed => "completed",
+            Ending::Failed => "failed",
+            Ending::Killed => "killed",
+        },
+        Evidence::Lost(_) => "lost",
+    };
+    crate::metrics::get().attempts.add(1, &[opentelemetry::KeyValue::new("outcome", outcome)]);
     match evidence {
         Evidence::Exited(outcome) => {
             let exited = SidecarRequest::Exited { task: task.clone(), attempt, outcome: outcome.clone() };
@@ -248,19 +318,46 @@ async fn finish(shared: &Shared, task: &TaskId, attempt: Attempt, epoch: Epoch, 
         }
         // No outcome to buffer: a restarted worker finds the same absence of
         // evidence and reports the same thing again.
-        Evidence::Lost(hint) => report_until_acked(shared, task, attempt, epoch, ReportEvent::Lost(hint)).await,
+        Evidence::Lost(hint) => {
+            report_until_acked(shared, task, attempt, epoch, ReportEvent::Lost(hint)).await;
+        }
     }
     shared.held().remove(&(task.clone(), attempt));
 }
 
-/// Sends a report until the leader acknowledges it (or says it is stale).
+/// Sends a report until the leader acknowledges it (or says it is stale);
+/// returns which of the two it was.
 pub(crate) async fn report_until_acked(
     shared: &Shared,
     task: &TaskId,
     attempt: Attempt,
     epoch: Epoch,
     event: ReportEvent,
-) {
+) -> ReportAck {
+    let mut delay = Duration::from_millis(50);
+    loop {
+        match report_once(shared, task, attempt, epoch, event.clone()).await {
+            Some(ReportAck::Ack) => return ReportAck::Ack,
+            Some(ReportAck::Stale) => {
+                tracing::info!(task = %task, attempt = %attempt, "report is stale; the leader settled it otherwise");
+                return ReportAck::Stale;
+            }
+            Some(ReportAck::NotLeader) | None => {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+}
+
+/// Sends a report once; `None` when no leader answered.
+async fn report_once(
+    shared: &Shared,
+    task: &TaskId,
+    attempt: Attempt,
+    epoch: Epoch,
+    event: ReportEvent,
+) -> Option<ReportAck> {
     let report = tenure_protocol::messages::Report {
         worker: shared.opts.id.clone(),
         task: task.clone(),
@@ -268,23 +365,7 @@ pub(crate) async fn report_until_acked(
         epoch: shared.epoch_seen().max(epoch),
         event,
     };
-    let mut delay = Duration::from_millis(50);
-    loop {
-        let result: Result<ReportAck, _> =
-            tenure_transport::request(&shared.client, subjects::REPORT.to_owned(), &report, Duration::from_secs(2))
-                .await;
-        match result {
-            Ok(ReportAck::Ack) => return,
-            Ok(ReportAck::Stale) => {
-                tracing::info!(task = %task, attempt = %attempt, "report is stale; the leader settled it otherwise");
-                return;
-            }
-            Ok(ReportAck::NotLeader) | Err(_) => {
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
-            }
-        }
-    }
+    tenure_transport::request(&shared.client, subjects::REPORT.to_owned(), &report, Duration::from_secs(2)).await.ok()
 }
 
 /// Start-up recovery from the sidecar's records and the attempts' files.

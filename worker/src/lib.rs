@@ -8,6 +8,7 @@
 
 mod attempt;
 pub mod builtin;
+mod metrics;
 pub mod monitor;
 pub mod process;
 pub mod service;

@@ -15,6 +15,10 @@
 //! task). The sidecar writes `tenure send` input into it; the worker is not
 //! involved, so input reaches the task while the worker is down.
 //!
+//! For a `monitor` task it also scans every output line (those past the cap
+//! too) against the task's pattern and appends the matching ones to the
+//! attempt's `matches` file, which the worker forwards to the leader.
+//!
 //! It never talks to NATS or the sidecar: the worker reads what it leaves behind,
 //! whether the worker is the monitor's parent or a restarted worker that
 //! re-attaches to it.
@@ -24,6 +28,7 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use tenure_protocol::messages::{MatchedLine, MAX_MATCH_LINE_BYTES};
 use tenure_protocol::{Attempt, Ending, Kind, Outcome, TaskId};
 use tenure_sidecar::Layout;
 
@@ -133,11 +138,20 @@ async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) ->
         eprintln!("monitor: cannot record the process group: {error}");
     }
     let cap = args.output_cap;
+    let matcher = match spec.pattern.as_deref().map(|p| LineMatcher::new(p, files)) {
+        None => None,
+        Some(Ok(m)) => Some(m),
+        // Validated at submit; a failure here is the matches file.
+        Some(Err(e)) => {
+            eprintln!("monitor: matched lines will not be recorded: {e}");
+            None
+        }
+    };
     // The pump's result comes back on a channel, so the monitor learns the
     // moment it ends (a bounded wait below, without polling).
     let (pumped_tx, pumped) = std::sync::mpsc::sync_channel(1);
     std::thread::spawn(move || {
-        let _ = pumped_tx.send(pump(reader, output, cap));
+        let _ = pumped_tx.send(pump(reader, output, cap, matcher));
     });
 
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -172,7 +186,12 @@ async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) ->
 /// Copies the pipe into the output file until the pipe ends. Past `cap` bytes
 /// the pipe keeps draining (the task never blocks on output) but bytes are
 /// dropped, counted, and one notice is appended.
-fn pump(mut reader: std::io::PipeReader, mut output: std::fs::File, cap: u64) -> (u64, u64) {
+fn pump(
+    mut reader: std::io::PipeReader,
+    mut output: std::fs::File,
+    cap: u64,
+    mut matcher: Option<LineMatcher>,
+) -> (u64, u64) {
     let mut buf = vec![0u8; 64 * 1024];
     let (mut written, mut dropped) = (0u64, 0u64);
     loop {
@@ -182,6 +201,9 @@ fn pump(mut reader: std::io::PipeReader, mut output: std::fs::File, cap: u64) ->
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(_) => break,
         };
+        if let Some(m) = matcher.as_mut() {
+            m.feed(&buf[..n]);
+        }
         let room = cap.saturating_sub(written).min(n as u64) as usize;
         if room > 0 {
             if output.write_all(&buf[..room]).is_err() {
@@ -199,6 +221,107 @@ fn pump(mut reader: std::io::PipeReader, mut output: std::fs::File, cap: u64) ->
             dropped += over;
         }
     }
+    if let Some(m) = matcher.as_mut() {
+        m.end();
+    }
     let _ = output.sync_data();
     (written, dropped)
+}
+
+/// Bytes of one line kept for matching; the rest of a longer line is ignored.
+const MAX_LINE_SCAN: usize = 64 * 1024;
+/// Matched lines recorded per attempt; later ones are counted, not recorded.
+const MAX_RECORDED_MATCHES: u64 = 100_000;
+
+/// Finds the output lines of a `monitor` task that match its pattern and
+/// appends each to the attempt's `matches` file (one JSON line, with the
+/// line's offset in the output stream, so the leader can deduplicate).
+struct LineMatcher {
+    regex: regex::Regex,
+    out: std::fs::File,
+    line: Vec<u8>,
+    line_start: u64,
+    seen: u64,
+    recorded: u64,
+}
+
+impl LineMatcher {
+    fn new(pattern: &str, files: &AttemptFiles) -> Result<LineMatcher, String> {
+        let regex = regex::Regex::new(pattern).map_err(|e| e.to_string())?;
+        let out = files.open_matches_for_append().map_err(|e| format!("cannot open the matches file: {e}"))?;
+        Ok(LineMatcher { regex, out, line: Vec::new(), line_start: 0, seen: 0, recorded: 0 })
+    }
+
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let (part, newline) = match bytes.iter().position(|b| *b == b'\n') {
+                Some(i) => (&bytes[..i], true),
+                None => (bytes, false),
+            };
+            let room = MAX_LINE_SCAN.saturating_sub(self.line.len()).min(part.len());
+            self.line.extend_from_slice(&part[..room]);
+            self.seen += part.len() as u64;
+            bytes = &bytes[part.len()..];
+            if newline {
+                self.seen += 1;
+                bytes = &bytes[1..];
+                self.end();
+            }
+        }
+    }
+
+    /// Ends the current line (at a newline, or at the end of the output).
+    fn end(&mut self) {
+        let text = String::from_utf8_lossy(&self.line);
+        let text = text.strip_suffix('\r').unwrap_or(&text);
+        if !self.line.is_empty() && self.regex.is_match(text) && self.recorded < MAX_RECORDED_MATCHES {
+            let mut cut = text.len().min(MAX_MATCH_LINE_BYTES);
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            let matched = MatchedLine { offset: self.line_start, text: text[..cut].to_owned() };
+            if let Ok(mut json) = serde_json::to_vec(&matched) {
+                json.push(b'\n');
+                // One write per line: a reader never sees half of one.
+                if self.out.write_all(&json).is_ok() {
+                    self.recorded += 1;
+                }
+            }
+        }
+        self.line.clear();
+        self.line_start = self.seen;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matched(pattern: &str, chunks: &[&[u8]]) -> Vec<MatchedLine> {
+        let dir = tempfile::tempdir().unwrap();
+        let files = AttemptFiles::new(dir.path().to_path_buf());
+        let mut m = LineMatcher::new(pattern, &files).unwrap();
+        for c in chunks {
+            m.feed(c);
+        }
+        m.end();
+        files.read_matches(0, 1000).unwrap().0
+    }
+
+    #[test]
+    fn lines_match_across_reads_with_their_stream_offsets() {
+        let got = matched("ERR", &[b"ok\nERR one", b"\nfine\r\nan ERR\r\n", b"last ERR"]);
+        let got: Vec<(u64, &str)> = got.iter().map(|l| (l.offset, l.text.as_str())).collect();
+        assert_eq!(got, [(3, "ERR one"), (17, "an ERR"), (25, "last ERR")]);
+    }
+
+    #[test]
+    fn long_lines_are_cut_and_binary_is_tolerated() {
+        let long = format!("{}ERR", "x".repeat(MAX_MATCH_LINE_BYTES * 2));
+        let got = matched("^x+ERR$", &[long.as_bytes(), b"\n\xff\xfeERR\n"]);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].text.len(), MAX_MATCH_LINE_BYTES);
+        assert_eq!(matched("ERR$", &[b"\xffERR\n"]).len(), 1);
+        assert!(matched("nothing", &[b"a\nb\n"]).is_empty());
+    }
 }

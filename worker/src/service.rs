@@ -33,9 +33,10 @@ pub struct Options {
     pub slots: u32,
     pub data_dir: PathBuf,
     /// Kinds this worker runs and advertises; grants of others are refused.
-    /// `agent` tasks get an input FIFO as stdin; `noop` and `sleep` run inside
-    /// the worker ([`crate::builtin`]); every other kind runs like `shell`
-    /// (`sh -c`, stdin from `/dev/null`).
+    /// `agent` tasks get an input FIFO as stdin; `monitor` tasks have their
+    /// output lines matched against their pattern; `noop` and `sleep` run
+    /// inside the worker ([`crate::builtin`]); every other kind runs its
+    /// command like `shell` (`sh -c`, stdin from `/dev/null` unless `agent`).
     pub kinds: Vec<Kind>,
     pub heartbeat: Duration,
     /// Time between SIGTERM and SIGKILL when a task's group is ended.
@@ -57,7 +58,7 @@ impl Options {
             id,
             slots: 4,
             data_dir,
-            kinds: ["shell", "agent", "noop", "sleep"].iter().filter_map(|k| k.parse().ok()).collect(),
+            kinds: ["shell", "agent", "monitor", "noop", "sleep"].iter().filter_map(|k| k.parse().ok()).collect(),
             heartbeat: Duration::from_millis(1000),
             kill_grace: Duration::from_secs(5),
             monitor_program: PathBuf::from("tenure"),
@@ -167,7 +168,15 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                 Err(error) => tracing::warn!(%error, "malformed epoch announcement ignored"),
             },
             Some(msg) = commands.next() => {
+                // A traced grant continues its task's trace; the attempt span
+                // (and everything it reports) is a child of this one.
+                let parent = tenure_transport::trace::from_headers(msg.headers.as_ref());
                 let reply = match tenure_protocol::decode::<WorkerCommand>(&msg.payload) {
+                    Ok(WorkerCommand::Grant(grant)) if tenure_transport::trace::is_remote(&parent) => {
+                        let span = tracing::info_span!("grant", task = %grant.task, attempt = %grant.attempt, epoch = %grant.epoch, worker = %shared.opts.id);
+                        tenure_transport::trace::continue_from(&span, parent);
+                        on_grant(&shared, grant).instrument(span).await
+                    }
                     Ok(WorkerCommand::Grant(grant)) => on_grant(&shared, grant).await,
                     Ok(WorkerCommand::Kill(kill)) => on_kill(&shared, kill).await,
                     Err(error) => {
@@ -246,7 +255,16 @@ pub(crate) async fn sidecar_insist(shared: &Shared, req: SidecarRequest) -> Side
 async fn on_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
     let key = (grant.task.clone(), grant.attempt);
     let reply = decide_grant(shared, grant).await;
-    if matches!(reply, WorkerReply::Refused(_)) {
+    if let WorkerReply::Refused(refusal) = &reply {
+        let reason = match refusal {
+            Refusal::StaleEpoch { .. } => "stale-epoch",
+            Refusal::NoSlot => "no-slot",
+            Refusal::UnsupportedKind(_) => "unsupported-kind",
+            Refusal::UnknownAttempt => "unknown-attempt",
+            Refusal::SidecarUnavailable(_) => "sidecar-unavailable",
+            Refusal::Malformed(_) => "malformed",
+        };
+        crate::metrics::get().refusals.add(1, &[opentelemetry::KeyValue::new("reason", reason)]);
         shared.given_back.lock().unwrap_or_else(|p| p.into_inner()).insert(key);
     }
     reply
@@ -289,7 +307,7 @@ async fn decide_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
     let kill = Arc::new(Notify::new());
     shared.held().insert((grant.task.clone(), grant.attempt), Held { kill: kill.clone() });
     tracing::info!(task = %grant.task, attempt = %grant.attempt, epoch = %grant.epoch, "grant accepted");
-    let span = tracing::info_span!("attempt", task = %grant.task, attempt = %grant.attempt, epoch = %grant.epoch);
+    let span = tracing::info_span!("attempt", task = %grant.task, attempt = %grant.attempt, epoch = %grant.epoch, worker = %shared.opts.id);
     tokio::spawn(attempt::run(shared.clone(), grant, kill).instrument(span));
     WorkerReply::Accepted
 }

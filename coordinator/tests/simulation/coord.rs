@@ -22,6 +22,7 @@ use std::time::Duration;
 use rand::Rng;
 use tenure_coordinator::core::{Core, CoreConfig, Effect, Input, Now};
 use tenure_coordinator::record::TaskRecord;
+use tenure_protocol::messages::Notice;
 use tenure_protocol::{Epoch, TaskId, WorkerId};
 
 use super::bus::{Asked, Dest, Envelope, Msg, Node, Reply};
@@ -309,7 +310,7 @@ impl Cluster {
         let input = match env.msg {
             Msg::Heartbeat(hb) => Input::Heartbeat(hb),
             Msg::Report { req, report } => Input::Report { reply_to: Some(req.to_string()), report },
-            Msg::Api { req, request } => Input::Api { reply_to: Some(req.to_string()), request },
+            Msg::Api { req, request } => Input::Api { reply_to: Some(req.to_string()), request, trace: None },
             Msg::Reply { req, reply } => {
                 let Some(waiting) = ctx.bus.claim(req, Node::Coord(s), term_id) else { return };
                 match (waiting.asked, reply) {
@@ -407,9 +408,11 @@ impl Cluster {
                     let fate = ctx.bus.reply(&mut ctx.rng, ctx.now, Node::Coord(s), req, Reply::Ack(ack.clone()));
                     ctx.note(|| format!("c{s} e{epoch} ack #{req} {ack:?}: {fate}"));
                 }
-                Effect::Notify(snapshot) => {
-                    ctx.check.notified(&snapshot, self.registry.records.get(&snapshot.id));
-                    ctx.note(|| format!("c{s} e{epoch} notice {} {}", snapshot.id, snapshot.status));
+                Effect::Notify(notice) => {
+                    if let Notice::Ended(snapshot) = *notice {
+                        ctx.check.notified(&snapshot, self.registry.records.get(&snapshot.id));
+                        ctx.note(|| format!("c{s} e{epoch} notice {} {}", snapshot.id, snapshot.status));
+                    }
                 }
                 Effect::StepDown { reason } => {
                     self.end_term(ctx, s, &reason);

@@ -649,7 +649,7 @@ impl Host {
         match h.step {
             Step::Intent => {
                 let epoch = h.grant.epoch.max(self.w().epoch_seen);
-                match self.side.call(ctx, i, SidecarRequest::Intent { task, attempt, epoch }) {
+                match self.side.call(ctx, i, SidecarRequest::Intent { task, attempt, epoch, trace: None }) {
                     None => {}
                     Some(SidecarReply::Ok) => self.update(&key, |h| {
                         h.step = Step::Spawn;
@@ -749,7 +749,7 @@ fn fmt_sidecar(req: &SidecarRequest) -> String {
     match req {
         SidecarRequest::ObserveEpoch(e) => format!("observe e{e}"),
         SidecarRequest::Accept(g) => format!("accept {}#{} e{}", g.task, g.attempt, g.epoch),
-        SidecarRequest::Intent { task, attempt, epoch } => format!("intent {task}#{attempt} e{epoch}"),
+        SidecarRequest::Intent { task, attempt, epoch, .. } => format!("intent {task}#{attempt} e{epoch}"),
         SidecarRequest::Spawned { task, attempt, pid } => format!("spawned {task}#{attempt} pid {pid}"),
         SidecarRequest::Exited { task, attempt, outcome } => format!("exited {task}#{attempt} {:?}", outcome.ending),
         SidecarRequest::Acknowledged { task, attempt } => format!("acknowledged {task}#{attempt}"),

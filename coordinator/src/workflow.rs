@@ -1,0 +1,171 @@
+//! Workflows: an ordered list of steps, each run as a child task with its own
+//! id, driven by the leader itself (no worker ever holds a workflow).
+//!
+//! The workflow's progress is never stored apart from its children: each child
+//! record names its workflow and step ([`StepOf`]), so a new leader rebuilds
+//! the step list from the registry and resumes with [`Core::advance`], which
+//! looks only at durable facts. That makes every crash window safe: a step is
+//! created only after the previous one is terminal in the registry, and a
+//! repeated advance creates nothing twice (the next step exists, or the
+//! workflow is terminal).
+//!
+//! Rules: the workflow fails fast (the first step that does not complete ends
+//! it `failed`, later steps never begin); a kill stops the current step and
+//! ends the workflow `killed`; the last step completing completes it. The
+//! workflow's notice stands for its steps: a step that ends is `reported` with
+//! it and raises no notice of its own.
+
+use std::collections::BTreeMap;
+
+use tenure_protocol::messages::{StepView, TaskSnapshot};
+use tenure_protocol::{Ending, Event, Lifecycle, Outcome, Status, TaskId};
+
+use super::{Core, Effect, Now};
+use crate::record::{StepOf, TaskRecord};
+
+impl Core {
+    /// A fresh snapshot of `r`, with its steps when it is a workflow.
+    pub(super) fn snapshot_of(&self, r: &TaskRecord) -> TaskSnapshot {
+        let mut s = r.snapshot();
+        if !r.spec.steps.is_empty() {
+            let children = self.children.get(&r.id);
+            s.steps = r
+                .spec
+                .steps
+                .iter()
+                .enumerate()
+                .map(|(i, step)| {
+                    let child = children.and_then(|c| c.get(&(i as u32))).and_then(|id| self.tasks.get(id));
+                    StepView {
+                        index: i as u32 + 1,
+                        command: step.command.clone(),
+                        task: children.and_then(|c| c.get(&(i as u32))).cloned(),
+                        status: child.map(|c| c.life.status),
+                        detail: child.and_then(|c| c.life.outcome.as_ref()).and_then(|o| o.detail.clone()),
+                        hint: child.and_then(|c| c.life.hint.clone()),
+                    }
+                })
+                .collect();
+        }
+        s
+    }
+
+    /// Remembers a child task under its workflow (at load and at creation).
+    pub(super) fn index_child(&mut self, child: &TaskId, of: &StepOf) {
+        self.children.entry(of.workflow.clone()).or_default().insert(of.index, child.clone());
+    }
+
+    /// Begins a just-submitted workflow: running at once, first step created.
+    pub(super) fn begin_workflow(&mut self, workflow: &TaskId, now: Now, fx: &mut Vec<Effect>) {
+        self.event(workflow, Event::StepsBegan { epoch: self.epoch }, now, fx);
+        self.advance(workflow, now, fx);
+    }
+
+    /// Advances every workflow something happened to since the last call.
+    pub(super) fn advance_due_workflows(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        while let Some(workflow) = self.workflows_due.pop_first() {
+            self.advance(&workflow, now, fx);
+        }
+    }
+
+    /// Moves one workflow forward from what the registry says: create the next
+    /// step, stop the current one for a kill, or settle the workflow.
+    pub(super) fn advance(&mut self, workflow: &TaskId, now: Now, fx: &mut Vec<Effect>) {
+        let Some(w) = self.tasks.get(workflow) else { return };
+        if w.spec.steps.is_empty() || !matches!(w.life.status, Status::Running | Status::Stopping) {
+            return;
+        }
+        let (steps, killing) = (w.spec.steps.len() as u32, w.life.kill_requested);
+        let current = self.children.get(workflow).and_then(|c| c.last_key_value()).map(|(i, t)| (*i, t.clone()));
+        let Some((index, child)) = current else {
+            return match killing {
+                true => self.end_workflow(workflow, Ending::Killed, "killed before its first step".into(), now, fx),
+                false => self.create_step(workflow, 0, now, fx),
+            };
+        };
+        let Some(c) = self.tasks.get(&child) else {
+            // The step was garbage-collected (the workflow outlived its retention
+            // without settling, which `advance` on every step end prevents).
+            let detail = format!("step {} ({child}) is gone", index + 1);
+            return self.end_workflow(workflow, Ending::Failed, detail, now, fx);
+        };
+        let (status, child_killed) = (c.life.status, c.life.kill_requested);
+        let detail = c.life.outcome.as_ref().and_then(|o| o.detail.clone());
+        let step = |what: &str| {
+            let why = detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default();
+            format!("step {} of {steps} ({child}) {what}{why}", index + 1)
+        };
+        match status {
+            Status::Completed if index + 1 == steps => {
+                self.end_workflow(workflow, Ending::Completed, format!("all {steps} steps completed"), now, fx)
+            }
+            Status::Completed if killing => {
+                let detail = format!("killed after step {} of {steps}", index + 1);
+                self.end_workflow(workflow, Ending::Killed, detail, now, fx)
+            }
+            Status::Completed => self.create_step(workflow, index + 1, now, fx),
+            Status::Killed if killing => self.end_workflow(workflow, Ending::Killed, step("was killed"), now, fx),
+            Status::Killed => self.end_workflow(workflow, Ending::Failed, step("was killed"), now, fx),
+            Status::Failed => self.end_workflow(workflow, Ending::Failed, step("failed"), now, fx),
+            // Not settled yet (running, or unknown until evidence arrives): a
+            // kill of the workflow is carried to the step, once.
+            _ if killing && !child_killed => {
+                self.event(&child, Event::KillRequested, now, fx);
+                if self.tasks.get(&child).is_some_and(|c| c.life.status == Status::Stopping) {
+                    self.send_kill(&child, now, fx);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn create_step(&mut self, workflow: &TaskId, index: u32, now: Now, fx: &mut Vec<Effect>) {
+        let Some(w) = self.tasks.get(workflow) else { return };
+        let Some(spec) = w.spec.step(index as usize) else { return };
+        let (owner, key, trace) = (w.owner.clone(), w.idempotency_key, w.trace.clone());
+        let id = match TaskId::new(spec.kind.clone(), self.next_n) {
+            Ok(id) => id,
+            Err(error) => {
+                let detail = format!("step {} cannot be created: {error}", index + 1);
+                return self.end_workflow(workflow, Ending::Failed, detail, now, fx);
+            }
+        };
+        self.next_n += 1;
+        let of = StepOf { workflow: workflow.clone(), index };
+        let record = TaskRecord {
+            id: id.clone(),
+            owner,
+            // Derived from the workflow's key: unique per step, and no client
+            // can submit it (a client's key is its own random uuid).
+            idempotency_key: uuid::Uuid::new_v5(&key, &index.to_be_bytes()),
+            life: Lifecycle::queued(spec.idempotent),
+            spec,
+            created_at_ms: now.wall_ms,
+            started_at_ms: None,
+            finished_at_ms: None,
+            reported: false,
+            cleanup: None,
+            parent: Some(of.clone()),
+            matched_through: 0,
+            matches: 0,
+            trace,
+        };
+        tracing::info!(task = %id, workflow = %workflow, step = index + 1, "workflow step created");
+        self.by_key.insert((record.owner.clone(), record.idempotency_key), id.clone());
+        self.index(&id, None, Status::Queued);
+        self.index_child(&id, &of);
+        fx.push(Effect::Persist(Box::new(record.clone())));
+        self.tasks.insert(id, record);
+    }
+
+    fn end_workflow(&mut self, workflow: &TaskId, ending: Ending, detail: String, now: Now, fx: &mut Vec<Effect>) {
+        let exit_code = (ending == Ending::Completed).then_some(0);
+        let outcome = Outcome::new(ending, exit_code, Some(detail));
+        self.event(workflow, Event::StepsEnded { outcome }, now, fx);
+    }
+
+    /// The children of a workflow, in step order.
+    pub(super) fn steps_of(&self, workflow: &TaskId) -> Vec<TaskId> {
+        self.children.get(workflow).map(|c: &BTreeMap<u32, TaskId>| c.values().cloned().collect()).unwrap_or_default()
+    }
+}
