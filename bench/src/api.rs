@@ -18,7 +18,7 @@ pub struct Api {
 
 impl Api {
     pub async fn connect(url: &str) -> anyhow::Result<Api> {
-        let client = tenure_transport::connect(url, "tenure-bench", true).await?;
+        let client = tenure_transport::connect(&tenure_transport::NatsOptions::url(url), "tenure-bench", true).await?;
         Ok(Api { client, session: "bench-owner".parse()? })
     }
 

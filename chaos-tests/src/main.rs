@@ -182,7 +182,9 @@ async fn run(
     ));
 
     let mut cluster = Cluster::start(&bin, &nats_bin, &dir, o.coordinators, o.workers).await?;
-    let client = tenure_transport::connect(&cluster.nats_url(), "tenure-chaos", true).await?;
+    let client =
+        tenure_transport::connect(&tenure_transport::NatsOptions::url(cluster.nats_url()), "tenure-chaos", true)
+            .await?;
     let up = wait_until(Duration::from_secs(60), || async {
         let Some(ApiResponse::Status(s)) = api(&client, &ApiRequest::Status, Duration::from_secs(2)).await else {
             return false;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context};
 use tenure_protocol::messages::{
-    ApiReply, ApiRequest, ApiResponse, OutputChunk, OutputReply, OutputRequest, SubmitRequest, TaskSnapshot,
+    ApiError, ApiReply, ApiRequest, ApiResponse, OutputChunk, OutputReply, OutputRequest, SubmitRequest, TaskSnapshot,
     MAX_OUTPUT_CHUNK, MAX_WAIT_MS,
 };
 use tenure_protocol::{subjects, Kind, SessionId, Status, StepSpec, TaskId, TaskSpec};
@@ -51,6 +51,7 @@ impl std::error::Error for NoCoordinator {}
 /// the reply did not come back (a paused or dying leader, a lost reply).
 fn submit_retryable(e: &anyhow::Error) -> bool {
     e.is::<NoCoordinator>()
+        || matches!(e.downcast_ref::<ApiError>(), Some(ApiError::Unavailable(_)))
         || matches!(
             e.downcast_ref::<tenure_transport::Error>(),
             Some(tenure_transport::Error::Timeout { .. } | tenure_transport::Error::Nats { .. })
@@ -76,7 +77,7 @@ impl Api {
     }
 }
 
-pub async fn run(nats: &str, session: SessionId, verb: Command) -> anyhow::Result<ExitCode> {
+pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb: Command) -> anyhow::Result<ExitCode> {
     let client = tenure_transport::connect(nats, "tenure-cli", false).await?;
     let api = Api { client, session };
     match verb {

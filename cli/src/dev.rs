@@ -192,7 +192,15 @@ fn spawn(argv: &[String], log: &Path) -> anyhow::Result<Child> {
     let file = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
     let err = file.try_clone()?;
     let (bin, args) = argv.split_first().ok_or_else(|| anyhow!("empty command"))?;
-    Ok(Command::new(bin)
+    let mut command = Command::new(bin);
+    // The local nats-server has no users and no TLS: NATS connection settings
+    // of the caller's environment are meant for another cluster.
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(|n| n.starts_with("TENURE_NATS") && n != "TENURE_NATS_SERVER") {
+            command.env_remove(name);
+        }
+    }
+    Ok(command
         .args(args)
         // One metrics address cannot serve every component of the cluster.
         .env_remove("TENURE_METRICS_ADDR")

@@ -3,6 +3,8 @@
 //! is a library crate, every client verb a request over NATS.
 
 mod client;
+#[macro_use]
+mod config;
 mod dev;
 mod metrics;
 mod status;
@@ -13,7 +15,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use config::Validate as _;
 use tenure_protocol::{Kind, SessionId, TaskId, WorkerId};
 
 #[derive(Parser, Debug)]
@@ -23,9 +26,8 @@ use tenure_protocol::{Kind, SessionId, TaskId, WorkerId};
     about = "A distributed task runtime: tasks that outlive their callers and their nodes"
 )]
 struct Cli {
-    /// NATS server URL.
-    #[arg(long, global = true, env = "TENURE_NATS", default_value = "nats://127.0.0.1:4222")]
-    nats: String,
+    #[command(flatten)]
+    nats: NatsArgs,
     /// Session that owns the tasks you submit (default: user-$USER).
     #[arg(long, global = true, env = "TENURE_SESSION")]
     session: Option<String>,
@@ -37,65 +39,170 @@ struct Cli {
     command: Command,
 }
 
+/// How every tenure process reaches NATS (`tenure_transport::NatsOptions`).
+#[derive(Args, Debug)]
+#[command(next_help_heading = "NATS connection")]
+struct NatsArgs {
+    /// NATS server URLs, comma-separated: every node of the NATS cluster, so
+    /// that the process fails over between them.
+    #[arg(
+        long = "nats",
+        global = true,
+        env = "TENURE_NATS",
+        value_delimiter = ',',
+        default_value = tenure_transport::DEFAULT_SERVER
+    )]
+    servers: Vec<String>,
+    /// NATS user (with a password).
+    #[arg(long = "nats-user", global = true, env = "TENURE_NATS_USER")]
+    user: Option<String>,
+    /// Password of the NATS user (prefer the environment variable: arguments
+    /// show in `ps`). A token is read from TENURE_NATS_TOKEN only.
+    #[arg(long = "nats-password", global = true, env = "TENURE_NATS_PASSWORD", hide_env_values = true)]
+    password: Option<String>,
+    /// File holding the NATS nkey user seed.
+    #[arg(long = "nats-nkey", global = true, env = "TENURE_NATS_NKEY", value_name = "SEED_FILE")]
+    nkey: Option<PathBuf>,
+    /// NATS credentials file (user JWT and seed).
+    #[arg(long = "nats-creds", global = true, env = "TENURE_NATS_CREDS", value_name = "FILE")]
+    creds: Option<PathBuf>,
+    /// PEM file of the CAs that sign the NATS servers' certificates.
+    #[arg(long = "nats-tls-ca", global = true, env = "TENURE_NATS_TLS_CA", value_name = "PEM")]
+    tls_ca: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS (with --nats-tls-key).
+    #[arg(long = "nats-tls-cert", global = true, env = "TENURE_NATS_TLS_CERT", value_name = "PEM")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --nats-tls-cert.
+    #[arg(long = "nats-tls-key", global = true, env = "TENURE_NATS_TLS_KEY", value_name = "PEM")]
+    tls_key: Option<PathBuf>,
+    /// Refuse NATS servers that do not speak TLS.
+    #[arg(long = "nats-tls-required", global = true, env = "TENURE_NATS_TLS_REQUIRED")]
+    tls_required: bool,
+}
+
+/// The NATS token is read from the environment only (never an argument).
+const NATS_TOKEN_ENV: &str = "TENURE_NATS_TOKEN";
+
+impl NatsArgs {
+    /// The options, validated: a combination that cannot work fails here, at
+    /// start, naming the flag.
+    fn options(self) -> anyhow::Result<tenure_transport::NatsOptions> {
+        let opts = self.unvalidated()?;
+        opts.validate()?;
+        Ok(opts)
+    }
+
+    /// The options as given, for a daemon to merge with its file before
+    /// validating the result.
+    fn unvalidated(self) -> anyhow::Result<tenure_transport::NatsOptions> {
+        let token = match std::env::var(NATS_TOKEN_ENV) {
+            Ok(t) if !t.is_empty() => Some(tenure_transport::Secret::new(t)),
+            Ok(_) | Err(std::env::VarError::NotPresent) => None,
+            Err(std::env::VarError::NotUnicode(_)) => anyhow::bail!("{NATS_TOKEN_ENV} is not valid UTF-8"),
+        };
+        let opts = tenure_transport::NatsOptions {
+            servers: self.servers.into_iter().map(|s| s.trim().to_owned()).collect(),
+            user: self.user,
+            password: self.password.map(tenure_transport::Secret::new),
+            token,
+            nkey: self.nkey,
+            creds: self.creds,
+            tls_ca: self.tls_ca,
+            tls_cert: self.tls_cert,
+            tls_key: self.tls_key,
+            tls_required: self.tls_required,
+        };
+        Ok(opts)
+    }
+}
+
+/// `tenure coordinator`: every flag also reads a TENURE_* variable, and both
+/// override the `--config` file (see `config.rs`).
+#[derive(Args, Debug)]
+struct CoordinatorArgs {
+    #[command(flatten)]
+    config: config::ConfigArgs,
+    /// Name recorded in the leader lease, the epoch claims and the standby presence.
+    #[arg(long, env = "TENURE_COORDINATOR_NAME", default_value = "coordinator")]
+    name: String,
+    /// A worker silent for this long is judged lost.
+    #[arg(long, env = "TENURE_WORKER_TTL_MS", default_value_t = 6000)]
+    worker_ttl_ms: u64,
+    /// JetStream replicas of the registry, notices and lease bucket (3 on a 3-node NATS cluster).
+    #[arg(long, env = "TENURE_REPLICAS", default_value_t = 1)]
+    replicas: usize,
+    /// A standby takes over once the leader lease has not changed for this long (its own clock).
+    #[arg(long, env = "TENURE_LEASE_TTL_MS", default_value_t = 6000)]
+    lease_ttl_ms: u64,
+    /// The leader renews its lease this often.
+    #[arg(long, env = "TENURE_RENEW_INTERVAL_MS", default_value_t = 2000)]
+    renew_interval_ms: u64,
+    /// The leader stops acting when no renewal succeeded for this long (below the TTL).
+    #[arg(long, env = "TENURE_RENEW_DEADLINE_MS", default_value_t = 4000)]
+    renew_deadline_ms: u64,
+    /// A session with the operator role (may get, list and kill every
+    /// session's tasks). A secret: at least 16 characters. Repeatable.
+    #[arg(long = "operator-session", env = "TENURE_OPERATOR_SESSIONS", value_delimiter = ',', hide_env_values = true)]
+    operator_sessions: Vec<SessionId>,
+    /// Garbage-collect finished tasks this many seconds after they ended
+    /// (files on the worker first, then the registry record); 0 keeps them.
+    #[arg(long, env = "TENURE_RETENTION_SECS", default_value_t = 7 * 24 * 3600)]
+    retention_secs: u64,
+}
+
+/// `tenure worker`.
+#[derive(Args, Debug)]
+struct WorkerArgs {
+    #[command(flatten)]
+    config: config::ConfigArgs,
+    /// This machine's worker id.
+    #[arg(long, env = "TENURE_WORKER_ID")]
+    id: Option<WorkerId>,
+    #[arg(long, env = "TENURE_SLOTS", default_value_t = 4)]
+    slots: u32,
+    /// The machine's data directory (shared with its sidecar).
+    #[arg(long, env = "TENURE_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Time between SIGTERM and SIGKILL when a task is killed.
+    #[arg(long, env = "TENURE_KILL_GRACE_MS", default_value_t = 5000)]
+    kill_grace_ms: u64,
+    #[arg(long, env = "TENURE_HEARTBEAT_MS", default_value_t = 1000)]
+    heartbeat_ms: u64,
+    /// Output bytes kept per task; past it bytes are dropped and counted.
+    #[arg(long, env = "TENURE_OUTPUT_CAP", default_value_t = tenure_worker::monitor::DEFAULT_OUTPUT_CAP)]
+    output_cap: u64,
+    /// End running tasks when the worker stops (default: they keep running
+    /// under their monitors and a restarted worker re-attaches to them).
+    #[arg(long, env = "TENURE_KILL_TASKS_ON_EXIT")]
+    kill_tasks_on_exit: bool,
+    /// Task kinds this worker runs and advertises, comma-separated. `agent`
+    /// tasks keep their stdin open for `tenure send`; `monitor` tasks raise a
+    /// notification per output line matching their pattern; `noop` (completes
+    /// at once) and `sleep` (COMMAND milliseconds, killable) run inside the
+    /// worker without a process; other kinds run like `shell`.
+    #[arg(long, env = "TENURE_KINDS", value_delimiter = ',', default_value = "shell,agent,monitor,noop,sleep")]
+    kinds: Vec<Kind>,
+}
+
+/// `tenure sidecar`.
+#[derive(Args, Debug)]
+struct SidecarArgs {
+    #[command(flatten)]
+    config: config::ConfigArgs,
+    /// The worker id of this machine.
+    #[arg(long, env = "TENURE_WORKER_ID")]
+    worker: Option<WorkerId>,
+    /// The machine's data directory (shared with its worker).
+    #[arg(long, env = "TENURE_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a coordinator (leader of the registry).
-    Coordinator {
-        /// Name recorded in the leader lease, the epoch claims and the standby presence.
-        #[arg(long, default_value = "coordinator")]
-        name: String,
-        /// A worker silent for this long is judged lost.
-        #[arg(long, default_value_t = 6000)]
-        worker_ttl_ms: u64,
-        /// JetStream replicas of the registry and the lease bucket (3 on a 3-node NATS cluster).
-        #[arg(long, default_value_t = 1)]
-        replicas: usize,
-        /// A standby takes over once the leader lease has not changed for this long (its own clock).
-        #[arg(long, default_value_t = 6000)]
-        lease_ttl_ms: u64,
-        /// The leader renews its lease this often.
-        #[arg(long, default_value_t = 2000)]
-        renew_interval_ms: u64,
-        /// The leader stops acting when no renewal succeeded for this long (below the TTL).
-        #[arg(long, default_value_t = 4000)]
-        renew_deadline_ms: u64,
-        /// A session with the operator role (may get, list and kill every
-        /// session's tasks). A secret: at least 16 characters. Repeatable.
-        #[arg(long = "operator-session", env = "TENURE_OPERATOR_SESSIONS", value_delimiter = ',')]
-        operators: Vec<SessionId>,
-        /// Garbage-collect finished tasks this many seconds after they ended
-        /// (files on the worker first, then the registry record); 0 keeps them.
-        #[arg(long, default_value_t = 7 * 24 * 3600)]
-        retention_secs: u64,
-    },
+    Coordinator(CoordinatorArgs),
     /// Run a worker (needs its sidecar running on the same data dir).
-    Worker {
-        #[arg(long)]
-        id: WorkerId,
-        #[arg(long, default_value_t = 4)]
-        slots: u32,
-        #[arg(long)]
-        data_dir: PathBuf,
-        /// Time between SIGTERM and SIGKILL when a task is killed.
-        #[arg(long, default_value_t = 5000)]
-        kill_grace_ms: u64,
-        #[arg(long, default_value_t = 1000)]
-        heartbeat_ms: u64,
-        /// Output bytes kept per task; past it bytes are dropped and counted.
-        #[arg(long, default_value_t = tenure_worker::monitor::DEFAULT_OUTPUT_CAP)]
-        output_cap: u64,
-        /// End running tasks when the worker stops (default: they keep running
-        /// under their monitors and a restarted worker re-attaches to them).
-        #[arg(long)]
-        kill_tasks_on_exit: bool,
-        /// Task kinds this worker runs and advertises, comma-separated. `agent`
-        /// tasks keep their stdin open for `tenure send`; `monitor` tasks raise a
-        /// notification per output line matching their pattern; `noop`
-        /// (completes at once) and `sleep` (COMMAND milliseconds, killable) run
-        /// inside the worker without a process; other kinds run like `shell`.
-        #[arg(long, value_delimiter = ',', default_value = "shell,agent,monitor,noop,sleep")]
-        kinds: Vec<Kind>,
-    },
+    Worker(WorkerArgs),
     /// Internal: the per-task monitor a worker starts for each attempt.
     #[command(hide = true)]
     Monitor {
@@ -111,12 +218,7 @@ enum Command {
         kill_grace_ms: u64,
     },
     /// Run a worker machine's sidecar (its recovery store).
-    Sidecar {
-        #[arg(long)]
-        worker: WorkerId,
-        #[arg(long)]
-        data_dir: PathBuf,
-    },
+    Sidecar(SidecarArgs),
     /// Start a whole local cluster: nats-server, coordinators (one leads, the rest stand by), workers with sidecars.
     Dev {
         #[arg(long, default_value = ".tenure-dev")]
@@ -267,11 +369,13 @@ async fn shutdown_signal() {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if !matches!(
-        cli.command,
-        Command::Coordinator { .. } | Command::Worker { .. } | Command::Sidecar { .. } | Command::Dev { .. }
-    ) {
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    if !matches!(cli.command, Command::Coordinator(_) | Command::Worker(_) | Command::Sidecar(_) | Command::Dev { .. })
+    {
         // A client verb piped into `head` ends quietly on a closed pipe, as
         // command-line tools do, instead of panicking in `println!`.
         // SAFETY: restoring the default disposition before any thread starts.
@@ -293,9 +397,9 @@ fn main() -> ExitCode {
         return ExitCode::from(tenure_worker::monitor::run(args) as u8);
     }
     let (role, daemon) = match cli.command {
-        Command::Coordinator { .. } => ("coordinator", true),
-        Command::Worker { .. } => ("worker", true),
-        Command::Sidecar { .. } => ("sidecar", true),
+        Command::Coordinator(_) => ("coordinator", true),
+        Command::Worker(_) => ("worker", true),
+        Command::Sidecar(_) => ("sidecar", true),
         Command::Dev { .. } => ("dev", true),
         _ => ("cli", false),
     };
@@ -313,7 +417,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli, role)) {
+    match runtime.block_on(dispatch(cli, &matches, role)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -322,56 +426,78 @@ fn main() -> ExitCode {
     }
 }
 
-async fn dispatch(cli: Cli, role: &str) -> anyhow::Result<ExitCode> {
-    let nats = cli.nats;
-    // Kept until the daemon returns: its drop flushes the last export.
-    let _metrics = match role {
-        "coordinator" | "worker" | "sidecar" => Some(metrics::start(role, cli.metrics_addr).await?),
-        _ => None,
-    };
+async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::Result<ExitCode> {
+    let sub = matches.subcommand().map(|(_, m)| m).unwrap_or(matches);
+    // A daemon's value was given when its flag or variable was, wherever clap
+    // recorded the (global) argument.
+    let given_global = |id: &str| config::given(matches, id) || config::given(sub, id);
+    let invalid = |e: anyhow::Error| anyhow::anyhow!("invalid configuration: {e:#}");
     match cli.command {
-        Command::Coordinator {
-            name,
-            worker_ttl_ms,
-            replicas,
-            lease_ttl_ms,
-            renew_interval_ms,
-            renew_deadline_ms,
-            operators,
-            retention_secs,
-        } => {
-            if let Some(weak) = operators.iter().find(|o| o.as_str().len() < 16) {
-                anyhow::bail!(
-                    "invalid configuration: operator session {weak:?} is guessable; use at least 16 characters"
-                );
+        Command::Coordinator(args) => {
+            let mut cfg: config::CoordinatorConfig = config::load(args.config.config.as_deref()).map_err(invalid)?;
+            override_given!(sub, cfg, args, name, worker_ttl_ms, replicas, lease_ttl_ms, renew_interval_ms);
+            override_given!(sub, cfg, args, renew_deadline_ms, operator_sessions, retention_secs);
+            daemon_common(&given_global, &mut cfg.metrics_addr, &mut cfg.nats, cli.metrics_addr, cli.nats)?;
+            cfg.validate().map_err(invalid)?;
+            if args.config.print_config {
+                print!("{}", config::print(&cfg, |c| &mut c.nats)?);
+                return Ok(ExitCode::SUCCESS);
             }
+            let _metrics = metrics::start(role, cfg.metrics_addr).await?;
             let lease = tenure_coordinator::LeaseConfig {
-                ttl: Duration::from_millis(lease_ttl_ms),
-                renew_interval: Duration::from_millis(renew_interval_ms),
-                renew_deadline: Duration::from_millis(renew_deadline_ms),
+                ttl: Duration::from_millis(cfg.lease_ttl_ms),
+                renew_interval: Duration::from_millis(cfg.renew_interval_ms),
+                renew_deadline: Duration::from_millis(cfg.renew_deadline_ms),
             };
-            let mut opts = tenure_coordinator::Options { nats_url: nats, name, replicas, lease, ..Default::default() };
-            opts.core.worker_ttl = Duration::from_millis(worker_ttl_ms);
-            opts.core.operators = operators;
-            opts.core.retention = (retention_secs > 0).then(|| Duration::from_secs(retention_secs));
+            let mut opts = tenure_coordinator::Options {
+                nats: cfg.nats,
+                name: cfg.name,
+                replicas: cfg.replicas,
+                lease,
+                ..Default::default()
+            };
+            opts.core.worker_ttl = Duration::from_millis(cfg.worker_ttl_ms);
+            opts.core.operators = cfg.operator_sessions;
+            opts.core.retention = (cfg.retention_secs > 0).then(|| Duration::from_secs(cfg.retention_secs));
             tenure_coordinator::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Worker { id, slots, data_dir, kill_grace_ms, heartbeat_ms, output_cap, kill_tasks_on_exit, kinds } => {
-            let mut opts = tenure_worker::Options::new(nats, id, data_dir);
-            opts.kinds = kinds.into_iter().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
-            opts.slots = slots;
-            opts.kill_grace = Duration::from_millis(kill_grace_ms);
-            opts.heartbeat = Duration::from_millis(heartbeat_ms.max(50));
-            opts.output_cap = output_cap;
-            opts.kill_tasks_on_exit = kill_tasks_on_exit;
+        Command::Worker(args) => {
+            let mut cfg: config::WorkerConfig = config::load(args.config.config.as_deref()).map_err(invalid)?;
+            override_given!(sub, cfg, args, id, slots, data_dir, kill_grace_ms, heartbeat_ms, output_cap);
+            override_given!(sub, cfg, args, kill_tasks_on_exit, kinds);
+            daemon_common(&given_global, &mut cfg.metrics_addr, &mut cfg.nats, cli.metrics_addr, cli.nats)?;
+            cfg.validate().map_err(invalid)?;
+            if args.config.print_config {
+                print!("{}", config::print(&cfg, |c| &mut c.nats)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let _metrics = metrics::start(role, cfg.metrics_addr).await?;
+            let (Some(id), Some(data_dir)) = (cfg.id, cfg.data_dir) else { unreachable!("validated") };
+            let mut opts = tenure_worker::Options::new(cfg.nats, id, data_dir);
+            opts.kinds = cfg.kinds.into_iter().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+            opts.slots = cfg.slots;
+            opts.kill_grace = Duration::from_millis(cfg.kill_grace_ms);
+            opts.heartbeat = Duration::from_millis(cfg.heartbeat_ms);
+            opts.output_cap = cfg.output_cap;
+            opts.kill_tasks_on_exit = cfg.kill_tasks_on_exit;
             opts.monitor_program = std::env::current_exe()?;
             tenure_worker::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Sidecar { worker, data_dir } => {
+        Command::Sidecar(args) => {
+            let mut cfg: config::SidecarConfig = config::load(args.config.config.as_deref()).map_err(invalid)?;
+            override_given!(sub, cfg, args, worker, data_dir);
+            daemon_common(&given_global, &mut cfg.metrics_addr, &mut cfg.nats, cli.metrics_addr, cli.nats)?;
+            cfg.validate().map_err(invalid)?;
+            if args.config.print_config {
+                print!("{}", config::print(&cfg, |c| &mut c.nats)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let _metrics = metrics::start(role, cfg.metrics_addr).await?;
+            let (Some(worker), Some(data_dir)) = (cfg.worker, cfg.data_dir) else { unreachable!("validated") };
             let opts =
-                tenure_sidecar::Options { layout: tenure_sidecar::Layout::new(data_dir), worker, nats_url: nats };
+                tenure_sidecar::Options { layout: tenure_sidecar::Layout::new(data_dir), worker, nats: cfg.nats };
             tenure_sidecar::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
@@ -379,8 +505,25 @@ async fn dispatch(cli: Cli, role: &str) -> anyhow::Result<ExitCode> {
             dev::run(dev::DevOptions { data_dir, nats_port, workers, slots, coordinators }, shutdown_signal()).await
         }
         verb => {
+            let nats = cli.nats.options()?;
             let session = session(cli.session)?;
             client::run(&nats, session, verb).await
         }
     }
+}
+
+/// The settings every daemon shares: given flags and variables override the
+/// file's `metrics_addr` and `[nats]`.
+fn daemon_common(
+    given: &dyn Fn(&str) -> bool,
+    metrics_addr: &mut Option<std::net::SocketAddr>,
+    nats: &mut tenure_transport::NatsOptions,
+    flag_metrics_addr: Option<std::net::SocketAddr>,
+    flag_nats: NatsArgs,
+) -> anyhow::Result<()> {
+    if given("metrics_addr") {
+        *metrics_addr = flag_metrics_addr;
+    }
+    config::override_nats(given, nats, flag_nats.unvalidated()?);
+    Ok(())
 }

@@ -230,7 +230,7 @@ fn an_agent_task_is_refused_while_no_worker_runs_agents() {
     let out = c.cli(&["submit", "--kind", "agent", "--", ECHO_AGENT]);
     assert!(!out.status.success(), "{}", stdout(&out));
     assert!(
-        stderr(&out).contains(r#"unknown kind "agent": no worker runs it (kinds known: shell)"#),
+        stderr(&out).contains(r#"unknown kind "agent": no worker runs it (kinds known: shell, workflow)"#),
         "{}",
         stderr(&out)
     );

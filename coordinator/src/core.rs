@@ -55,9 +55,7 @@ impl Default for CoreConfig {
             worker_ttl: Duration::from_secs(6),
             grant_retry: Duration::from_secs(1),
             kill_retry: Duration::from_secs(2),
-            // tenure's own kinds, accepted right after a takeover before any
-            // worker's heartbeat arrived (a worker that lacks one refuses it).
-            builtin_kinds: vec![Kind::shell(), Kind::agent(), Kind::monitor()],
+            builtin_kinds: vec![Kind::shell()],
             operators: Vec::new(),
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
         }
@@ -206,6 +204,8 @@ pub struct Core {
     /// Submit → running of tasks that started since the driver last took them
     /// (wall-clock milliseconds, for the dispatch-latency metric).
     dispatched_ms: Vec<u64>,
+    /// When this core was built (the leader's term began).
+    started: Duration,
 }
 
 impl Core {
@@ -232,6 +232,7 @@ impl Core {
             children: HashMap::new(),
             workflows_due: BTreeSet::new(),
             dispatched_ms: Vec::new(),
+            started: now.mono,
         };
         for r in records {
             core.next_n = core.next_n.max(r.id.number() + 1);
@@ -435,6 +436,14 @@ impl Core {
         let known = self.known_kinds();
         let kinds = std::iter::once(&req.spec.kind).chain(req.spec.steps.iter().map(|s| &s.kind));
         if let Some(unknown) = kinds.into_iter().find(|k| !known.contains(*k)) {
+            // A leader that just took over has not heard every worker's kinds:
+            // "unknown" is not known yet; the client retries.
+            if now.mono < self.started + self.cfg.worker_ttl {
+                return Err(ApiError::Unavailable(format!(
+                    "kind {:?} is not known to this leader yet: workers report their kinds within the worker TTL of a takeover; retry",
+                    unknown.as_str()
+                )));
+            }
             return Err(ApiError::UnknownKind {
                 kind: unknown.to_string(),
                 known: known.iter().map(ToString::to_string).collect(),
@@ -819,11 +828,14 @@ impl Core {
         let before = record.life.status;
         record.life = life.clone();
         let after = life.status;
+        // Dispatched: the process started — or ended before its start report
+        // was seen (a short task).
+        let dispatched = after == Status::Running || (before == Status::Leased && after.is_terminal());
+        if dispatched && record.started_at_ms.is_none() && self.dispatched_ms.len() < 100_000 {
+            self.dispatched_ms.push(now.wall_ms.saturating_sub(record.created_at_ms));
+        }
         if after == Status::Running && record.started_at_ms.is_none() {
             record.started_at_ms = Some(now.wall_ms);
-            if self.dispatched_ms.len() < 100_000 {
-                self.dispatched_ms.push(now.wall_ms.saturating_sub(record.created_at_ms));
-            }
         }
         let parent = record.parent.as_ref().map(|p| p.workflow.clone());
         let waiters = if after.is_terminal() {

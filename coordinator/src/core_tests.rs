@@ -19,9 +19,14 @@ fn w(x: &str) -> WorkerId {
 }
 
 impl Harness {
+    /// A leader that has led for longer than the worker TTL (past the grace
+    /// in which an unknown kind is "not known yet").
     fn new() -> Harness {
-        let now = Now { mono: Duration::from_secs(100), wall_ms: 1_000_000 };
-        Harness { core: Core::new(CoreConfig::default(), Epoch(3), Vec::new(), now), now }
+        let start = Now { mono: Duration::from_secs(100), wall_ms: 1_000_000 };
+        let core = Core::new(CoreConfig::default(), Epoch(3), Vec::new(), start);
+        let mut h = Harness { core, now: start };
+        h.advance(CoreConfig::default().worker_ttl);
+        h
     }
 
     fn advance(&mut self, d: Duration) {
@@ -739,10 +744,13 @@ fn matched_lines_are_notified_once_each_and_repeats_change_nothing() {
     let mut h = Harness::new();
     h.heartbeat("w1", 4);
     let spec = TaskSpec { kind: Kind::monitor(), pattern: Some("ERR".into()), ..TaskSpec::shell("m", "tail -f log") };
-    let task = h.submit("alice", spec);
-    let g = grants(&h.input(Input::Tick));
-    assert_eq!(g.len(), 0, "no worker advertised monitor yet");
-    let fx = h.input(Input::Heartbeat(Heartbeat {
+    let (_, reply) = h.api(ApiRequest::Submit(SubmitRequest {
+        session: s("alice"),
+        idempotency_key: Uuid::new_v4(),
+        spec: spec.clone(),
+    }));
+    assert!(matches!(reply, Some(Err(ApiError::UnknownKind { .. }))), "no worker advertised monitor: {reply:?}");
+    h.input(Input::Heartbeat(Heartbeat {
         worker: w("w1"),
         instance: Uuid::nil(),
         slots: 4,
@@ -751,6 +759,9 @@ fn matched_lines_are_notified_once_each_and_repeats_change_nothing() {
         attempts: Vec::new(),
         sidecar: Default::default(),
     }));
+    let (fx, reply) =
+        h.api(ApiRequest::Submit(SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec }));
+    let Some(Ok(ApiResponse::Submitted { task, .. })) = reply else { panic!("{reply:?}") };
     assert_eq!(grants(&fx).len(), 1);
     let line = |offset: u64| MatchedLine { offset, text: format!("ERR at {offset}") };
     let report = |h: &mut Harness, lines: Vec<MatchedLine>| {
@@ -788,4 +799,24 @@ fn matched_lines_are_notified_once_each_and_repeats_change_nothing() {
         },
     });
     assert!(stale.iter().any(|e| matches!(e, Effect::Ack { ack: ReportAck::Stale, .. })));
+}
+
+#[test]
+fn right_after_a_takeover_an_unknown_kind_is_not_known_yet_rather_than_refused() {
+    let now = Now { mono: Duration::from_secs(100), wall_ms: 1_000_000 };
+    let mut h = Harness { core: Core::new(CoreConfig::default(), Epoch(3), Vec::new(), now), now };
+    let spec = TaskSpec { kind: Kind::agent(), ..TaskSpec::shell("a", "cat") };
+    let submit = |h: &mut Harness| {
+        h.api(ApiRequest::Submit(SubmitRequest {
+            session: s("s"),
+            idempotency_key: Uuid::new_v4(),
+            spec: spec.clone(),
+        }))
+    };
+    let (fx, reply) = submit(&mut h);
+    assert!(matches!(reply, Some(Err(ApiError::Unavailable(_)))), "{reply:?}");
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    h.advance(CoreConfig::default().worker_ttl);
+    let (_, reply) = submit(&mut h);
+    assert!(matches!(reply, Some(Err(ApiError::UnknownKind { .. }))), "{reply:?}");
 }

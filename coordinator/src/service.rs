@@ -39,7 +39,8 @@ use crate::registry::{self, Loaded, Registry};
 /// How the coordinator is run.
 #[derive(Debug, Clone)]
 pub struct Options {
-    pub nats_url: String,
+    /// How to reach NATS (servers, credentials, TLS).
+    pub nats: tenure_transport::NatsOptions,
     /// Human name of this coordinator (in its lease, epoch claims and presence).
     pub name: String,
     pub core: CoreConfig,
@@ -54,7 +55,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            nats_url: "nats://127.0.0.1:4222".into(),
+            nats: tenure_transport::NatsOptions::default(),
             name: "coordinator".into(),
             core: CoreConfig::default(),
             replicas: 1,
@@ -91,7 +92,7 @@ fn wall_ms() -> u64 {
 /// until `shutdown` resolves (the lease is then released) or a fatal error.
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     opts.lease.validate()?;
-    let client = tenure_transport::connect(&opts.nats_url, &format!("tenure-coordinator-{}", opts.name), true).await?;
+    let client = tenure_transport::connect(&opts.nats, &format!("tenure-coordinator-{}", opts.name), true).await?;
     let clock = Clock::new();
     let holder = format!("{}:{}", opts.name, uuid::Uuid::new_v4().simple());
     let elector = Elector::start(client.clone(), opts.replicas, &opts.name, holder, opts.lease, clock).await?;

@@ -50,8 +50,8 @@ pub struct Options {
     pub layout: Layout,
     /// This machine's worker id: names the output subject.
     pub worker: WorkerId,
-    /// Where to reach NATS for output reads, e.g. `nats://127.0.0.1:4222`.
-    pub nats_url: String,
+    /// How to reach NATS for output reads, input, evidence and cleanup jobs.
+    pub nats: tenure_transport::NatsOptions,
 }
 
 /// Why the sidecar could not start or stopped abnormally.
@@ -72,9 +72,9 @@ pub enum Error {
     /// The socket could not be created.
     #[error("cannot listen on {path}: {source}")]
     Listen { path: PathBuf, source: io::Error },
-    /// The NATS address is invalid (connection failures are retried instead).
-    #[error("invalid NATS address {url:?}: {reason}")]
-    Nats { url: String, reason: String },
+    /// The NATS options are invalid (connection failures are retried instead).
+    #[error(transparent)]
+    Nats(#[from] tenure_transport::Error),
     /// The store thread ended before shutdown (it panicked).
     #[error("the sidecar's store thread stopped unexpectedly: {0}")]
     StoreThread(String),
@@ -87,7 +87,7 @@ pub enum Error {
 /// Dropping the returned future instead of completing `shutdown` also stops
 /// everything, but leaves the socket file for the next run to replace.
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
-    let Options { layout, worker, nats_url } = opts;
+    let Options { layout, worker, nats } = opts;
     layout.create_dirs()?;
 
     let db_dir = layout.db_dir();
@@ -137,13 +137,13 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
             return Err(e);
         }
     };
-    let nats = match connect_nats(&worker, &nats_url).await {
+    let nats = match tenure_transport::connect(&nats, &format!("tenure-sidecar-{worker}"), true).await {
         Ok(nats) => nats,
         Err(e) => {
             drop((handle, listener));
             let _ = store_task.await;
             remove_socket(&socket);
-            return Err(e);
+            return Err(e.into());
         }
     };
     let output_task =
@@ -498,21 +498,6 @@ async fn serve_connection(stream: UnixStream, store: StoreHandle) {
 }
 
 // ------------------------------------------------------------ output reads
-
-async fn connect_nats(worker: &WorkerId, url: &str) -> Result<async_nats::Client, Error> {
-    async_nats::ConnectOptions::new()
-        .retry_on_initial_connect()
-        .name(format!("tenure-sidecar-{worker}"))
-        .event_callback(|event| async move {
-            match event {
-                async_nats::Event::Connected => info!(%event, "nats"),
-                _ => warn!(%event, "nats"),
-            }
-        })
-        .connect(url)
-        .await
-        .map_err(|e| Error::Nats { url: url.to_owned(), reason: e.to_string() })
-}
 
 /// Answers output reads until aborted. Each request is decoded, checked against
 /// the owner of the task's latest attempt, and answered from the output file.

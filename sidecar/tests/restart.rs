@@ -52,7 +52,11 @@ async fn a_second_sidecar_on_the_same_directory_is_refused() -> anyhow::Result<(
     let dir = tempfile::tempdir()?;
     let first = Running::start(dir.path(), "w1", &nats.url).await?;
     // `run` itself must fail (a readiness probe would reach the first sidecar).
-    let opts = Options { layout: Layout::new(dir.path()), worker: "w1".parse()?, nats_url: nats.url.clone() };
+    let opts = Options {
+        layout: Layout::new(dir.path()),
+        worker: "w1".parse()?,
+        nats: tenure_transport::NatsOptions::url(nats.url.clone()),
+    };
     let second = tokio::time::timeout(BOUND, tenure_sidecar::run(opts, std::future::pending())).await?;
     match second {
         Err(server::Error::Store(e)) => assert!(e.to_string().contains("cannot open"), "{e}"),

@@ -1,7 +1,10 @@
 //! Test support shared by the integration tests: a real `nats-server` with
 //! JetStream on a free loopback port and its own store directory, stopped (by its
-//! pid, which this kit started) when the handle drops; plus `eventually`, the
-//! bounded condition wait every test uses instead of sleeping.
+//! pid, which this kit started) when the handle drops; the same from a shipped
+//! configuration file (users, permissions), or a whole 3-node cluster from the
+//! shipped cluster configurations, every port moved to a free loopback one;
+//! plus `eventually`, the bounded condition wait every test uses instead of
+//! sleeping.
 //!
 //! Never used by the daemons themselves.
 
@@ -17,7 +20,9 @@ pub struct NatsServer {
     child: Child,
     pub port: u16,
     pub url: String,
-    _store: tempfile::TempDir,
+    /// The monitoring port, when the configuration has one.
+    pub http_port: Option<u16>,
+    store: tempfile::TempDir,
 }
 
 /// Finds the nats-server binary: `TENURE_NATS_SERVER`, then the project's own
@@ -55,15 +60,188 @@ impl NatsServer {
             .stderr(Stdio::null())
             .spawn()
             .context("starting nats-server (run deploy/install-nats.sh or put nats-server >= 2.11 on PATH)")?;
-        let server = NatsServer { child, port, url: format!("nats://127.0.0.1:{port}"), _store: store };
+        let server = NatsServer { child, port, url: format!("nats://127.0.0.1:{port}"), http_port: None, store };
+        server.wait_listening()?;
+        Ok(server)
+    }
+
+    /// Starts nats-server from a shipped configuration file: every
+    /// `127.0.0.1:PORT` in it moved to a free port, `store_dir` to a directory
+    /// of its own, the files it includes copied next to it, `env` set (e.g. the
+    /// passwords it reads), its log in [`NatsServer::log`]. Waits until it
+    /// accepts connections.
+    pub fn start_from_config(config: &Path, env: &[(&str, &str)]) -> anyhow::Result<NatsServer> {
+        let mut ports = PortMap::default();
+        Self::spawn_config(config, &mut ports, env)?.wait_listening_then()
+    }
+
+    fn spawn_config(config: &Path, ports: &mut PortMap, env: &[(&str, &str)]) -> anyhow::Result<NatsServer> {
+        let text = std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
+        let store = tempfile::tempdir()?;
+        let (text, listen, http) = rewrite_config(&text, ports, &store.path().join("jetstream"));
+        let source_dir = config.parent().unwrap_or(Path::new("."));
+        for line in text.lines() {
+            if let Some(name) = line.trim().strip_prefix("include ") {
+                let name = name.trim().trim_matches('"');
+                std::fs::copy(source_dir.join(name), store.path().join(name))
+                    .with_context(|| format!("copying included {name}"))?;
+            }
+        }
+        let conf = store.path().join("nats.conf");
+        std::fs::write(&conf, text)?;
+        let port = listen.with_context(|| format!("{} has no listen address", config.display()))?;
+        let child = Command::new(nats_server_binary())
+            .arg("-c")
+            .arg(&conf)
+            .arg("-l")
+            .arg(store.path().join("nats.log"))
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting nats-server (run deploy/install-nats.sh or put nats-server >= 2.11 on PATH)")?;
+        Ok(NatsServer { child, port, url: format!("nats://127.0.0.1:{port}"), http_port: http, store })
+    }
+
+    fn wait_listening_then(self) -> anyhow::Result<NatsServer> {
+        self.wait_listening()?;
+        Ok(self)
+    }
+
+    fn wait_listening(&self) -> anyhow::Result<()> {
+        let port = self.port;
         let ready = eventually(Duration::from_secs(20), || {
             std::net::TcpStream::connect(("127.0.0.1", port)).is_ok().then_some(())
         });
         if ready.is_none() {
-            bail!("nats-server did not listen on port {port} within 20s");
+            bail!("nats-server did not listen on port {port} within 20s:\n{}", self.log());
         }
-        Ok(server)
+        Ok(())
     }
+
+    /// The server's pid (this kit started it).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILLs the server and reaps it; its store stays.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// What the server logged (only for servers started from a configuration).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.store.path().join("nats.log")).unwrap_or_default()
+    }
+
+    /// `GET /healthz` on the monitoring port answered 200: the server is up and
+    /// its JetStream is current (in a cluster: it follows a meta leader).
+    pub fn healthy(&self) -> bool {
+        use std::io::{Read, Write};
+        let Some(port) = self.http_port else { return false };
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        if s.write_all(b"GET /healthz HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
+            return false;
+        }
+        let mut reply = String::new();
+        let _ = s.read_to_string(&mut reply);
+        reply.starts_with("HTTP/1.0 200") || reply.starts_with("HTTP/1.1 200")
+    }
+}
+
+/// Several nats-server nodes forming one cluster (or a single node), with the
+/// URL list a tenure process is given (`--nats a,b,c`).
+pub struct NatsCluster {
+    pub nodes: Vec<NatsServer>,
+    /// Every node's client URL, comma-separated.
+    pub url: String,
+}
+
+impl NatsCluster {
+    /// One node as a "cluster" of one.
+    pub fn single(server: NatsServer) -> NatsCluster {
+        let url = server.url.clone();
+        NatsCluster { nodes: vec![server], url }
+    }
+
+    /// Starts one node per shipped configuration (e.g. `deploy/nats/cluster-{1,2,3}.conf`),
+    /// with every loopback port moved to a free one consistently across the
+    /// files (so the routes still name each other), and waits until every node
+    /// reports JetStream healthy.
+    pub fn start_from_configs(configs: &[PathBuf], env: &[(&str, &str)]) -> anyhow::Result<NatsCluster> {
+        let mut ports = PortMap::default();
+        let mut nodes = Vec::new();
+        for config in configs {
+            nodes.push(NatsServer::spawn_config(config, &mut ports, env)?);
+        }
+        for node in &nodes {
+            node.wait_listening()?;
+        }
+        let healthy = eventually(Duration::from_secs(30), || nodes.iter().all(NatsServer::healthy).then_some(()));
+        if healthy.is_none() {
+            let logs: String = nodes.iter().map(|n| format!("---- nats {} ----\n{}", n.port, n.log())).collect();
+            bail!("the NATS cluster did not become healthy within 30s:\n{logs}");
+        }
+        let url = nodes.iter().map(|n| n.url.clone()).collect::<Vec<_>>().join(",");
+        Ok(NatsCluster { nodes, url })
+    }
+
+    /// Every node's log, for failure messages.
+    pub fn logs(&self) -> String {
+        self.nodes.iter().map(|n| format!("---- nats {} ----\n{}", n.port, n.log())).collect()
+    }
+}
+
+/// Original port → free port, shared by the files of one cluster.
+#[derive(Default)]
+struct PortMap(std::collections::HashMap<u16, u16>);
+
+impl PortMap {
+    fn get(&mut self, original: u16) -> u16 {
+        *self.0.entry(original).or_insert_with(free_port)
+    }
+}
+
+/// Moves every `127.0.0.1:PORT` to a free port and `store_dir` to `store`;
+/// returns the text, the client port (`listen`) and the monitoring port (`http`).
+fn rewrite_config(text: &str, ports: &mut PortMap, store: &Path) -> (String, Option<u16>, Option<u16>) {
+    const HOST: &str = "127.0.0.1:";
+    let (mut listen, mut http) = (None, None);
+    let mut out = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("store_dir") {
+            out.push_str(&format!("  store_dir: \"{}\"\n", store.display()));
+            continue;
+        }
+        let mut rest = line;
+        let mut new = String::new();
+        while let Some(i) = rest.find(HOST) {
+            let after = &rest[i + HOST.len()..];
+            let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+            new.push_str(&rest[..i + HOST.len()]);
+            match after[..digits].parse::<u16>() {
+                Ok(original) => {
+                    let port = ports.get(original);
+                    if trimmed.starts_with("listen") && !line.starts_with(' ') && !line.starts_with('\t') {
+                        listen = Some(port);
+                    }
+                    if trimmed.starts_with("http") {
+                        http = Some(port);
+                    }
+                    new.push_str(&port.to_string());
+                }
+                Err(_) => new.push_str(&after[..digits]),
+            }
+            rest = &after[digits..];
+        }
+        new.push_str(rest);
+        out.push_str(&new);
+        out.push('\n');
+    }
+    (out, listen, http)
 }
 
 impl Drop for NatsServer {

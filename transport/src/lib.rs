@@ -1,9 +1,9 @@
 //! The NATS seam shared by every tenure process: how to connect, and typed
 //! request/reply over the [`tenure_protocol::codec`].
 //!
-//! It owns connection policy (names, reconnect delays) so that every daemon and
-//! client behaves the same during an outage. It never decides anything about
-//! tasks.
+//! It owns connection policy (server list, credentials, TLS, names, reconnect
+//! delays; [`NatsOptions`]) so that every daemon and client authenticates and
+//! behaves the same during an outage. It never decides anything about tasks.
 
 use std::time::Duration;
 
@@ -13,12 +13,19 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tenure_protocol::CodecError;
 
+mod options;
+
+pub use options::{InvalidOption, NatsOptions, Secret, DEFAULT_SERVER};
+
 /// Longest pause between reconnect attempts. async-nats grows its default delay
 /// to 4 s; a task runtime wants to notice a returning server sooner.
 pub const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(1);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The options cannot work; nothing was attempted.
+    #[error(transparent)]
+    Config(#[from] InvalidOption),
     #[error("cannot connect to NATS at {url}: {reason}")]
     Connect { url: String, reason: String },
     #[error("no reply from {subject} within {timeout:?}")]
@@ -31,17 +38,95 @@ pub enum Error {
     Nats { subject: String, reason: String },
 }
 
-/// Connects with tenure's reconnect policy. With `wait_for_server`, a server that
-/// is not up yet is retried instead of failing at once (daemons); clients fail fast.
-pub async fn connect(url: &str, name: &str, wait_for_server: bool) -> Result<async_nats::Client, Error> {
-    let mut opts = async_nats::ConnectOptions::new()
+/// The async-nats options for `opts` with tenure's policy (name, timeouts,
+/// reconnect delays, credentials, TLS), without an event callback. For callers
+/// that need their own callback (tests); everyone else uses [`connect`].
+pub async fn connect_options(
+    opts: &NatsOptions,
+    name: &str,
+    wait_for_server: bool,
+) -> Result<async_nats::ConnectOptions, Error> {
+    opts.validate()?;
+    let mut o = async_nats::ConnectOptions::new()
         .name(name)
         .connection_timeout(Duration::from_secs(5))
         .reconnect_delay_callback(reconnect_delay);
     if wait_for_server {
-        opts = opts.retry_on_initial_connect();
+        o = o.retry_on_initial_connect();
     }
-    opts.connect(url).await.map_err(|e| Error::Connect { url: url.to_owned(), reason: e.to_string() })
+    if let (Some(user), Some(password)) = (&opts.user, &opts.password) {
+        o = o.user_and_password(user.clone(), password.expose().to_owned());
+    }
+    if let Some(token) = &opts.token {
+        o = o.token(token.expose().to_owned());
+    }
+    if let Some(path) = &opts.nkey {
+        let seed = std::fs::read_to_string(path).map_err(|e| InvalidOption {
+            field: "nkey",
+            flag: "--nats-nkey",
+            reason: format!("cannot read {}: {e}", path.display()),
+        })?;
+        o = o.nkey(seed.trim().to_owned());
+    }
+    if let Some(path) = &opts.creds {
+        o = o.credentials_file(path).await.map_err(|e| InvalidOption {
+            field: "creds",
+            flag: "--nats-creds",
+            reason: format!("cannot use {}: {e}", path.display()),
+        })?;
+    }
+    if let Some(ca) = &opts.tls_ca {
+        o = o.add_root_certificates(ca.clone());
+    }
+    if let (Some(cert), Some(key)) = (&opts.tls_cert, &opts.tls_key) {
+        o = o.add_client_certificate(cert.clone(), key.clone());
+    }
+    if opts.tls_required {
+        o = o.require_tls(true);
+    }
+    Ok(o)
+}
+
+/// Connects with tenure's policy (see [`connect_options`]) to any of the
+/// configured servers. With `wait_for_server`, servers that are not up yet are
+/// retried instead of failing at once (daemons); clients fail fast. Invalid
+/// options fail at once either way. Connection events — including the
+/// server's refusals such as permission violations — are logged.
+pub async fn connect(opts: &NatsOptions, name: &str, wait_for_server: bool) -> Result<async_nats::Client, Error> {
+    let servers = opts.server_list();
+    let o = connect_options(opts, name, wait_for_server).await?.event_callback(|event| async move {
+        let kind = match &event {
+            async_nats::Event::Connected => "connected",
+            async_nats::Event::Disconnected => "disconnected",
+            async_nats::Event::LameDuckMode => "lame-duck",
+            async_nats::Event::Draining => "draining",
+            async_nats::Event::Closed => "closed",
+            async_nats::Event::SlowConsumer(_) => "slow-consumer",
+            async_nats::Event::ServerError(_) => "server-error",
+            async_nats::Event::ClientError(_) => "client-error",
+        };
+        connection_events().add(1, &[opentelemetry::KeyValue::new("event", kind)]);
+        match event {
+            async_nats::Event::Connected => tracing::info!(%event, "nats"),
+            async_nats::Event::Draining | async_nats::Event::Closed => tracing::debug!(%event, "nats"),
+            _ => tracing::warn!(%event, "nats"),
+        }
+    });
+    o.connect(servers.as_slice())
+        .await
+        .map_err(|e| Error::Connect { url: opts.redacted_servers(), reason: e.to_string() })
+}
+
+/// `tenure.nats.connection.events` by `event` (`connected` after a
+/// `disconnected` is a reconnect); a no-op unless a meter provider is installed.
+fn connection_events() -> &'static opentelemetry::metrics::Counter<u64> {
+    static EVENTS: std::sync::OnceLock<opentelemetry::metrics::Counter<u64>> = std::sync::OnceLock::new();
+    EVENTS.get_or_init(|| {
+        opentelemetry::global::meter("tenure-nats")
+            .u64_counter("tenure.nats.connection.events")
+            .with_description("NATS connection events by kind")
+            .build()
+    })
 }
 
 /// The pause before connection attempt number `attempts` (counted from 1).

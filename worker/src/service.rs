@@ -28,7 +28,8 @@ use crate::{attempt, process};
 
 #[derive(Debug, Clone)]
 pub struct Options {
-    pub nats_url: String,
+    /// How to reach NATS (servers, credentials, TLS).
+    pub nats: tenure_transport::NatsOptions,
     pub id: WorkerId,
     pub slots: u32,
     pub data_dir: PathBuf,
@@ -52,9 +53,9 @@ pub struct Options {
 }
 
 impl Options {
-    pub fn new(nats_url: String, id: WorkerId, data_dir: PathBuf) -> Options {
+    pub fn new(nats: tenure_transport::NatsOptions, id: WorkerId, data_dir: PathBuf) -> Options {
         Options {
-            nats_url,
+            nats,
             id,
             slots: 4,
             data_dir,
@@ -119,7 +120,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     process::become_subreaper();
     let layout = Layout::new(&opts.data_dir);
     layout.create_dirs().map_err(|e| Error::Layout(e.to_string()))?;
-    let client = tenure_transport::connect(&opts.nats_url, &format!("tenure-worker-{}", opts.id), true).await?;
+    let client = tenure_transport::connect(&opts.nats, &format!("tenure-worker-{}", opts.id), true).await?;
     let sidecar = SidecarClient::new(layout.socket_path());
     let shared = Arc::new(Shared {
         layout,

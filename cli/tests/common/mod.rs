@@ -1,7 +1,8 @@
 //! A real cluster for integration tests: a nats-server of the test's own (free
-//! loopback port, own store), and the real `tenure` binary as coordinator,
-//! sidecar and worker processes. Every process is started here and stopped here,
-//! by its own handle, when the cluster drops.
+//! loopback port, own store) — or several, from the shipped configurations, with
+//! per-role users — and the real `tenure` binary as coordinator, sidecar and
+//! worker processes. Every process is started here and stopped here, by its own
+//! handle, when the cluster drops.
 
 #![allow(dead_code)]
 
@@ -9,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use tenure_testkit::{eventually, NatsServer};
+use tenure_testkit::{eventually, NatsCluster, NatsServer};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_tenure");
 
@@ -52,18 +53,100 @@ impl Drop for Daemon {
 }
 
 pub struct Cluster {
-    pub nats: NatsServer,
+    /// The NATS node(s); `nats.url` is what `--nats` gets.
+    pub nats: NatsCluster,
     pub dir: tempfile::TempDir,
     pub daemons: Vec<Daemon>,
     pub session: String,
+    /// Per-role NATS users, when the servers run with `deploy/nats/auth.conf`.
+    pub auth: Option<RoleAuth>,
+}
+
+/// The roles of `deploy/nats/auth.conf`, each with its user `tenure-<role>`.
+pub const ROLES: [&str; 4] = ["coordinator", "worker", "sidecar", "client"];
+
+/// One fresh password per role, for servers started from the shipped configs.
+#[derive(Clone, Debug)]
+pub struct RoleAuth {
+    passwords: Vec<(&'static str, String)>,
+}
+
+impl RoleAuth {
+    pub fn generate() -> RoleAuth {
+        RoleAuth { passwords: ROLES.iter().map(|r| (*r, format!("{r}-{}", uuid::Uuid::new_v4().simple()))).collect() }
+    }
+
+    pub fn password(&self, role: &str) -> &str {
+        self.passwords.iter().find(|(r, _)| *r == role).map(|(_, p)| p.as_str()).expect("known role")
+    }
+
+    /// nats-server's environment: the passwords `auth.conf` reads.
+    pub fn server_env(&self) -> Vec<(String, String)> {
+        self.passwords
+            .iter()
+            .map(|(role, pw)| (format!("TENURE_NATS_{}_PASSWORD", role.to_uppercase()), pw.clone()))
+            .collect()
+    }
+
+    /// A tenure process's environment for `role`.
+    pub fn process_env(&self, role: &str) -> Vec<(String, String)> {
+        vec![
+            ("TENURE_NATS_USER".to_owned(), format!("tenure-{role}")),
+            ("TENURE_NATS_PASSWORD".to_owned(), self.password(role).to_owned()),
+        ]
+    }
+}
+
+/// The shipped NATS configurations (`deploy/nats/NAME`).
+pub fn deploy_config(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nats").join(name)
+}
+
+/// The role a tenure command line runs as.
+fn role_of(args: &[&str]) -> &'static str {
+    match args.first() {
+        Some(&"coordinator") => "coordinator",
+        Some(&"worker") => "worker",
+        Some(&"sidecar") => "sidecar",
+        _ => "client",
+    }
 }
 
 impl Cluster {
+    /// An empty cluster on `nats`: start its daemons with the `spawn_*` methods.
+    pub fn on(nats: NatsCluster, auth: Option<RoleAuth>) -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        Cluster { nats, dir, daemons: Vec::new(), session: "test-owner".into(), auth }
+    }
+
+    /// A single nats-server from `deploy/nats/single.conf` (users and
+    /// permissions of `auth.conf`, one fresh password per role) and nothing else.
+    pub fn secured() -> Cluster {
+        let auth = RoleAuth::generate();
+        let env = auth.server_env();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let server = NatsServer::start_from_config(&deploy_config("single.conf"), &env).expect("nats-server");
+        Cluster::on(NatsCluster::single(server), Some(auth))
+    }
+
+    /// NATS options for an in-test connection as `role` (no credentials when
+    /// the servers run without users).
+    pub fn nats_options(&self, role: &str) -> tenure_transport::NatsOptions {
+        let mut o = tenure_transport::NatsOptions {
+            servers: self.nats.url.split(',').map(str::to_owned).collect(),
+            ..Default::default()
+        };
+        if let Some(auth) = &self.auth {
+            o.user = Some(format!("tenure-{role}"));
+            o.password = Some(tenure_transport::Secret::new(auth.password(role)));
+        }
+        o
+    }
+
     /// nats-server, one coordinator, and `workers` workers with their sidecars.
     pub fn start(workers: usize) -> Cluster {
-        let nats = NatsServer::start().expect("nats-server");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut c = Cluster { nats, dir, daemons: Vec::new(), session: "test-owner".into() };
+        let nats = NatsCluster::single(NatsServer::start().expect("nats-server"));
+        let mut c = Cluster::on(nats, None);
         c.spawn("coordinator", &["coordinator", "--name", "c1", "--worker-ttl-ms", "3000"]);
         for i in 1..=workers {
             c.start_worker(&format!("w{i}"));
@@ -117,11 +200,13 @@ impl Cluster {
     pub fn spawn_env(&mut self, name: &str, args: &[&str], env: &[(&str, &str)]) -> &mut Daemon {
         let log = self.dir.path().join(format!("{name}-{}.log", self.daemons.len()));
         let file = std::fs::File::create(&log).expect("log file");
+        let role_env = self.auth.as_ref().map(|a| a.process_env(role_of(args))).unwrap_or_default();
         let child = Command::new(BIN)
             .arg("--nats")
             .arg(&self.nats.url)
             .args(args)
             .env("RUST_LOG", "info")
+            .envs(role_env)
             .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("dup"))
@@ -142,12 +227,14 @@ impl Cluster {
     }
 
     pub fn cli_as(&self, session: &str, args: &[&str]) -> Output {
+        let role_env = self.auth.as_ref().map(|a| a.process_env("client")).unwrap_or_default();
         Command::new(BIN)
             .arg("--nats")
             .arg(&self.nats.url)
             .arg("--session")
             .arg(session)
             .args(args)
+            .envs(role_env)
             .stdin(Stdio::null())
             .output()
             .expect("run tenure")
@@ -191,7 +278,16 @@ impl Cluster {
 
     /// Every daemon's log, for failure messages.
     pub fn logs(&self) -> String {
-        self.daemons.iter().map(|d| format!("---- {} ----\n{}", d.name, d.log_text())).collect()
+        let daemons: String = self.daemons.iter().map(|d| format!("---- {} ----\n{}", d.name, d.log_text())).collect();
+        let nats: String = self
+            .nats
+            .nodes
+            .iter()
+            .map(|n| n.log())
+            .filter(|l| !l.is_empty())
+            .map(|l| format!("---- nats ----\n{l}"))
+            .collect();
+        daemons + &nats
     }
 }
 
@@ -237,9 +333,8 @@ impl Cluster {
     /// with `extra` flags), and `workers` workers with their sidecars. `c1` is
     /// started alone and leads before the others start as standbys.
     pub fn start_coordinators(coordinators: usize, workers: usize, extra: &[&str]) -> Cluster {
-        let nats = NatsServer::start().expect("nats-server");
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut c = Cluster { nats, dir, daemons: Vec::new(), session: "test-owner".into() };
+        let nats = NatsCluster::single(NatsServer::start().expect("nats-server"));
+        let mut c = Cluster::on(nats, None);
         c.spawn_coordinator("c1", extra);
         c.wait_leader("c1");
         for i in 2..=coordinators {
@@ -282,7 +377,8 @@ impl Cluster {
     pub fn api_responders(&self) -> usize {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         rt.block_on(async {
-            let client = async_nats::connect(&self.nats.url).await.expect("connect");
+            let client =
+                tenure_transport::connect(&self.nats_options("client"), "tenure-test", false).await.expect("connect");
             let inbox = client.new_inbox();
             let mut replies = client.subscribe(inbox.clone()).await.expect("subscribe");
             let request = tenure_protocol::encode(&tenure_protocol::messages::ApiRequest::Status).expect("encode");

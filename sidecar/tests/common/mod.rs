@@ -27,7 +27,11 @@ impl Running {
     /// Starts a sidecar on `root` and waits until its socket answers.
     pub async fn start(root: &Path, worker: &str, nats_url: &str) -> anyhow::Result<Running> {
         let layout = Layout::new(root);
-        let opts = Options { layout: layout.clone(), worker: worker.parse()?, nats_url: nats_url.to_owned() };
+        let opts = Options {
+            layout: layout.clone(),
+            worker: worker.parse()?,
+            nats: tenure_transport::NatsOptions::url(nats_url),
+        };
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(tenure_sidecar::run(opts, async move {
             let _ = stopped.await;

@@ -1,0 +1,327 @@
+//! The daemons' configuration: a TOML file (`--config FILE`), overridden by
+//! environment variables (`TENURE_*`), overridden by command-line flags; with
+//! `--print-config` the effective result is printed (secrets masked) and the
+//! daemon does not start.
+//!
+//! Every file is read into a struct with `deny_unknown_fields`, so a misspelt
+//! key fails at start naming it; then [`Validate`] checks what no type can
+//! (a renew deadline below the lease TTL, a worker with slots, …). A daemon
+//! never starts on a configuration it would have to guess about.
+//!
+//! Precedence is decided from where clap found each value: a flag or variable
+//! that was given wins over the file; a clap default never does.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _};
+use clap::parser::ValueSource;
+use clap::ArgMatches;
+use serde::{Deserialize, Serialize};
+use tenure_protocol::{Kind, SessionId, WorkerId};
+use tenure_transport::{NatsOptions, Secret};
+
+/// What a daemon's flags share: where its file is, and whether to print the
+/// effective configuration instead of running.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ConfigArgs {
+    /// A TOML configuration file (flags and TENURE_* variables override it).
+    #[arg(long, env = "TENURE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration (file, then environment, then flags;
+    /// secrets masked) and exit without starting.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+/// `tenure coordinator`'s configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CoordinatorConfig {
+    /// Name in the leader lease, the epoch claims and the standby presence.
+    pub name: String,
+    /// A worker silent for this long is judged lost.
+    pub worker_ttl_ms: u64,
+    /// JetStream replicas of the registry, the notice stream and the lease
+    /// bucket (3 on a 3-node NATS cluster; applied when they are created).
+    pub replicas: usize,
+    /// A standby takes over once the lease has not changed for this long.
+    pub lease_ttl_ms: u64,
+    /// The leader renews its lease this often.
+    pub renew_interval_ms: u64,
+    /// The leader stops acting when no renewal succeeded for this long.
+    pub renew_deadline_ms: u64,
+    /// Sessions with the operator role (secrets, ≥ 16 characters).
+    pub operator_sessions: Vec<SessionId>,
+    /// Finished tasks are garbage-collected this long after they ended; 0 keeps them.
+    pub retention_secs: u64,
+    /// Serve Prometheus metrics at `http://ADDR/metrics`.
+    pub metrics_addr: Option<SocketAddr>,
+    pub nats: NatsOptions,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        CoordinatorConfig {
+            name: "coordinator".into(),
+            worker_ttl_ms: 6000,
+            replicas: 1,
+            lease_ttl_ms: 6000,
+            renew_interval_ms: 2000,
+            renew_deadline_ms: 4000,
+            operator_sessions: Vec::new(),
+            retention_secs: 7 * 24 * 3600,
+            metrics_addr: None,
+            nats: NatsOptions::default(),
+        }
+    }
+}
+
+/// `tenure worker`'s configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerConfig {
+    /// This machine's worker id (required).
+    pub id: Option<WorkerId>,
+    /// Attempts run at once.
+    pub slots: u32,
+    /// The machine's data directory, shared with its sidecar (required).
+    pub data_dir: Option<PathBuf>,
+    /// Time between SIGTERM and SIGKILL when a task is ended.
+    pub kill_grace_ms: u64,
+    pub heartbeat_ms: u64,
+    /// Output bytes kept per task; past it bytes are dropped and counted.
+    pub output_cap: u64,
+    /// End running tasks when the worker stops (off: they outlive it).
+    pub kill_tasks_on_exit: bool,
+    /// Kinds this worker runs and advertises.
+    pub kinds: Vec<Kind>,
+    pub metrics_addr: Option<SocketAddr>,
+    pub nats: NatsOptions,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            id: None,
+            slots: 4,
+            data_dir: None,
+            kill_grace_ms: 5000,
+            heartbeat_ms: 1000,
+            output_cap: tenure_worker::monitor::DEFAULT_OUTPUT_CAP,
+            kill_tasks_on_exit: false,
+            kinds: ["shell", "agent", "monitor", "noop", "sleep"].iter().filter_map(|k| k.parse().ok()).collect(),
+            metrics_addr: None,
+            nats: NatsOptions::default(),
+        }
+    }
+}
+
+/// `tenure sidecar`'s configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SidecarConfig {
+    /// The worker id of this machine (required).
+    pub worker: Option<WorkerId>,
+    /// The machine's data directory, shared with its worker (required).
+    pub data_dir: Option<PathBuf>,
+    pub metrics_addr: Option<SocketAddr>,
+    pub nats: NatsOptions,
+}
+
+/// The checks no type can make; the message names the key.
+pub trait Validate {
+    fn validate(&self) -> anyhow::Result<()>;
+}
+
+impl Validate for CoordinatorConfig {
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.name.trim().is_empty() {
+            bail!("name must not be empty");
+        }
+        if self.worker_ttl_ms == 0 || self.lease_ttl_ms == 0 || self.renew_interval_ms == 0 {
+            bail!("worker_ttl_ms, lease_ttl_ms and renew_interval_ms must be above 0");
+        }
+        if self.renew_deadline_ms >= self.lease_ttl_ms {
+            bail!(
+                "renew_deadline_ms ({}) must be below lease_ttl_ms ({}): the leader must stop acting before a standby can judge its lease expired",
+                self.renew_deadline_ms,
+                self.lease_ttl_ms
+            );
+        }
+        if self.renew_interval_ms >= self.renew_deadline_ms {
+            bail!(
+                "renew_interval_ms ({}) must be below renew_deadline_ms ({}): a leader must get to renew before it has to step down",
+                self.renew_interval_ms,
+                self.renew_deadline_ms
+            );
+        }
+        if !(1..=5).contains(&self.replicas) {
+            bail!("replicas ({}) must be 1 to 5", self.replicas);
+        }
+        if let Some(weak) = self.operator_sessions.iter().find(|o| o.as_str().len() < 16) {
+            bail!("operator_sessions: {weak:?} is guessable; use at least 16 characters");
+        }
+        self.nats.validate().context("nats")
+    }
+}
+
+impl Validate for WorkerConfig {
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.id.is_none() {
+            bail!("id is required (--id, TENURE_WORKER_ID or `id` in the file)");
+        }
+        if self.data_dir.is_none() {
+            bail!("data_dir is required (--data-dir, TENURE_DATA_DIR or `data_dir` in the file)");
+        }
+        if self.slots == 0 {
+            bail!("slots must be at least 1");
+        }
+        if self.heartbeat_ms < 50 {
+            bail!("heartbeat_ms ({}) must be at least 50", self.heartbeat_ms);
+        }
+        if self.output_cap == 0 {
+            bail!("output_cap must be above 0");
+        }
+        if self.kinds.is_empty() {
+            bail!("kinds must name at least one kind");
+        }
+        if self.kinds.contains(&Kind::workflow()) {
+            bail!("kinds: `workflow` is run by the coordinator, not by workers");
+        }
+        self.nats.validate().context("nats")
+    }
+}
+
+impl Validate for SidecarConfig {
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.worker.is_none() {
+            bail!("worker is required (--worker, TENURE_WORKER_ID or `worker` in the file)");
+        }
+        if self.data_dir.is_none() {
+            bail!("data_dir is required (--data-dir, TENURE_DATA_DIR or `data_dir` in the file)");
+        }
+        self.nats.validate().context("nats")
+    }
+}
+
+/// Reads `path` (or the defaults without one). Unknown keys and bad values
+/// are refused with the file, the key and the position.
+pub fn load<T: for<'de> Deserialize<'de> + Default>(path: Option<&Path>) -> anyhow::Result<T> {
+    let Some(path) = path else { return Ok(T::default()) };
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// Was this argument given (flag or environment), rather than defaulted?
+pub fn given(m: &ArgMatches, id: &str) -> bool {
+    matches!(m.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable))
+}
+
+/// Overrides `cfg.field` with `args.field` for each field that was given.
+#[macro_export]
+macro_rules! override_given {
+    ($m:expr, $cfg:expr, $args:expr, $($field:ident),+ $(,)?) => {
+        $( if $crate::config::given($m, stringify!($field)) { $cfg.$field = $args.$field.clone().into(); } )+
+    };
+}
+
+/// The NATS flags and variables that were given override the file's `[nats]`.
+pub fn override_nats(given: &dyn Fn(&str) -> bool, file: &mut NatsOptions, flags: NatsOptions) {
+    if given("servers") {
+        file.servers = flags.servers;
+    }
+    if given("user") {
+        file.user = flags.user;
+    }
+    if given("password") {
+        file.password = flags.password;
+    }
+    if flags.token.is_some() {
+        file.token = flags.token;
+    }
+    if given("nkey") {
+        file.nkey = flags.nkey;
+    }
+    if given("creds") {
+        file.creds = flags.creds;
+    }
+    if given("tls_ca") {
+        file.tls_ca = flags.tls_ca;
+    }
+    if given("tls_cert") {
+        file.tls_cert = flags.tls_cert;
+    }
+    if given("tls_key") {
+        file.tls_key = flags.tls_key;
+    }
+    if given("tls_required") {
+        file.tls_required = flags.tls_required;
+    }
+}
+
+/// The effective configuration as TOML, with passwords and tokens masked.
+pub fn print<T: Serialize + Clone>(cfg: &T, nats: impl Fn(&mut T) -> &mut NatsOptions) -> anyhow::Result<String> {
+    let mut shown = cfg.clone();
+    let n = nats(&mut shown);
+    for secret in [&mut n.password, &mut n.token] {
+        if secret.is_some() {
+            *secret = Some(Secret::new("***".to_owned()));
+        }
+    }
+    toml::to_string(&shown).context("the configuration cannot be shown as TOML")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse<T: for<'de> Deserialize<'de>>(text: &str) -> Result<T, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_by_name() {
+        let err = parse::<CoordinatorConfig>("worker_tt_ms = 3").unwrap_err();
+        assert!(err.contains("worker_tt_ms"), "{err}");
+        let err = parse::<WorkerConfig>("[nats]\nservers = []\npasword = 'x'").unwrap_err();
+        assert!(err.contains("pasword"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_a_reason() {
+        assert!(parse::<WorkerConfig>("id = 'Not An Id'").is_err());
+        let c: CoordinatorConfig = parse("lease_ttl_ms = 3000\nrenew_deadline_ms = 3000").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("renew_deadline_ms"));
+        let c: CoordinatorConfig = parse("operator_sessions = ['short']").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("operator_sessions"));
+        let w: WorkerConfig = parse("id = 'w1'\ndata_dir = '/tmp/x'\nslots = 0").unwrap();
+        assert!(w.validate().unwrap_err().to_string().contains("slots"));
+        let w: WorkerConfig = parse("data_dir = '/tmp/x'").unwrap();
+        assert!(w.validate().unwrap_err().to_string().contains("id is required"));
+        let w: WorkerConfig = parse("id = 'w1'\ndata_dir = '/tmp/x'\nkinds = ['workflow']").unwrap();
+        assert!(w.validate().is_err());
+    }
+
+    #[test]
+    fn a_full_file_round_trips_and_secrets_are_masked_when_printed() {
+        let text = r#"
+            name = "c7"
+            replicas = 3
+            operator_sessions = ["a-long-operator-secret-1"]
+            metrics_addr = "127.0.0.1:9464"
+            [nats]
+            servers = ["nats://a:4222", "nats://b:4222"]
+            user = "tenure-coordinator"
+            password = "hunter2-hunter2"
+        "#;
+        let c: CoordinatorConfig = parse(text).unwrap();
+        c.validate().unwrap();
+        assert_eq!((c.name.as_str(), c.replicas, c.lease_ttl_ms), ("c7", 3, 6000));
+        let shown = print(&c, |c| &mut c.nats).unwrap();
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("password = \"***\""), "{shown}");
+        let back: CoordinatorConfig = parse(&shown).unwrap();
+        assert_eq!(back.nats.servers, c.nats.servers);
+    }
+}
