@@ -110,7 +110,7 @@ impl Default for WorkerConfig {
             heartbeat_ms: 1000,
             output_cap: tenure_worker::monitor::DEFAULT_OUTPUT_CAP,
             kill_tasks_on_exit: false,
-            kinds: vec![Kind::shell(), Kind::agent(), Kind::monitor()],
+            kinds: ["shell", "agent", "monitor", "noop", "sleep"].iter().filter_map(|k| k.parse().ok()).collect(),
             metrics_addr: None,
             nats: NatsOptions::default(),
         }

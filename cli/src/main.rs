@@ -177,9 +177,10 @@ struct WorkerArgs {
     kill_tasks_on_exit: bool,
     /// Task kinds this worker runs and advertises, comma-separated. `agent`
     /// tasks keep their stdin open for `tenure send`; `monitor` tasks raise a
-    /// notification per output line matching their pattern; other kinds run
-    /// like `shell`.
-    #[arg(long, env = "TENURE_KINDS", value_delimiter = ',', default_value = "shell,agent,monitor")]
+    /// notification per output line matching their pattern; `noop` (completes
+    /// at once) and `sleep` (COMMAND milliseconds, killable) run inside the
+    /// worker without a process; other kinds run like `shell`.
+    #[arg(long, env = "TENURE_KINDS", value_delimiter = ',', default_value = "shell,agent,monitor,noop,sleep")]
     kinds: Vec<Kind>,
 }
 

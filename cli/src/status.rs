@@ -136,6 +136,9 @@ pub fn render(s: &ClusterStatus, mine: &[TaskSnapshot], nats: &str) -> String {
     }
     let counts: Vec<String> = s.tasks_by_status.iter().map(|(st, n)| format!("{st}={n}")).collect();
     let _ = writeln!(out, "\ntasks     {}", if counts.is_empty() { "none".to_owned() } else { counts.join(" ") });
+    if s.unconfirmed > 0 {
+        let _ = writeln!(out, "          {} on workers not yet confirmed by a heartbeat to this leader", s.unconfirmed);
+    }
     if !mine.is_empty() {
         let _ = writeln!(out, "\n{:<16} {:<9} {:<10} {:>7}  LABEL", "YOUR TASK", "STATUS", "WORKER", "ATTEMPT");
         for t in mine.iter().take(20) {

@@ -12,7 +12,7 @@
 //! effects in order and stops at the first failed persist, so no reply, grant or
 //! kill ever reflects state that is not durable.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use tenure_protocol::messages::{
@@ -179,6 +179,10 @@ pub struct Core {
     queue: BTreeSet<(u64, TaskId)>,
     /// Tasks that hold a worker slot (leased, running, stopping).
     on_worker: BTreeSet<TaskId>,
+    /// Tasks of `on_worker` whose worker listed their current attempt in a
+    /// heartbeat to this leader since they last changed status: adopted, as
+    /// far as this leader can see. Only for the status view.
+    confirmed: HashSet<TaskId>,
     workers: BTreeMap<WorkerId, WorkerState>,
     next_n: u64,
     /// When a grant or kill was last sent for a task.
@@ -216,6 +220,7 @@ impl Core {
             by_key: HashMap::new(),
             queue: BTreeSet::new(),
             on_worker: BTreeSet::new(),
+            confirmed: HashSet::new(),
             workers: BTreeMap::new(),
             next_n: 1,
             sent: HashMap::new(),
@@ -544,6 +549,7 @@ impl Core {
                 })
                 .collect(),
             tasks_by_status: counts.into_iter().collect(),
+            unconfirmed: self.on_worker.iter().filter(|t| !self.confirmed.contains(*t)).count() as u64,
             // Filled in by the driver, which owns the lease.
             leader: None,
             standbys: Vec::new(),
@@ -894,6 +900,7 @@ impl Core {
                 }
                 s if s.is_on_worker() => {
                     self.on_worker.remove(task);
+                    self.confirmed.remove(task);
                 }
                 _ => {}
             }

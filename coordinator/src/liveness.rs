@@ -96,12 +96,15 @@ impl Core {
     /// past (an idempotent task re-run elsewhere, a task settled meanwhile): its
     /// lease on them is gone, so it is told to stop them — at every heartbeat
     /// that still lists them (kills are idempotent).
-    pub(super) fn stop_stale_copies(&self, worker: &WorkerId, held: &[HeldAttempt], fx: &mut Vec<Effect>) {
+    pub(super) fn stop_stale_copies(&mut self, worker: &WorkerId, held: &[HeldAttempt], fx: &mut Vec<Effect>) {
         for h in held {
             let Some(r) = self.tasks.get(&h.task) else { continue };
             // The current attempt (even if already terminal: the worker is still
             // finishing its report) is the worker's to keep.
             if r.life.attempt == h.attempt && r.life.worker.as_ref() == Some(worker) {
+                if self.on_worker.contains(&h.task) {
+                    self.confirmed.insert(h.task.clone());
+                }
                 continue;
             }
             tracing::info!(%worker, task = %h.task, attempt = %h.attempt, current = %r.life.attempt, "stopping a stale copy");

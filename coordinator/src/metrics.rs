@@ -11,7 +11,7 @@ pub(crate) struct Metrics {
     pub tasks: Gauge<u64>,
     /// Submit → running, per task (`s`).
     pub dispatch: Histogram<f64>,
-    /// Registry appends as the driver waited for them (`s`).
+    /// Registry appends, from sent to acknowledged (`s`; pipelined, so they overlap).
     pub append: Histogram<f64>,
     /// Leader lease writes by `result` (`renewed`, `conflict`, `failed`).
     pub lease_writes: Counter<u64>,

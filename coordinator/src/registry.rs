@@ -10,10 +10,34 @@
 //! per-process nonce and the expected sequence), so a write whose ack was lost is
 //! deduplicated instead of being mistaken for fencing; JetStream checks ids before
 //! sequences, which is why ids must never collide across coordinators.
+//!
+//! **Pipelining.** The leader's appends are pipelined ([`Registry::start_put_task`],
+//! [`Registry::settle`]): append *k* after the last durable one is sent expecting
+//! the stream's last sequence to be `last + k - 1`, without waiting for the acks
+//! before it. This holds because the leader is the only writer and its appends
+//! travel in order on one connection. The fence is unchanged: an append is
+//! judged fenced only when it fails its expected sequence while every append
+//! before it was already durable (a failure behind an append that did not land
+//! is repaired by sending it again, with the same message id, once it is the
+//! oldest). Appends become durable in order; the caller releases what depends
+//! on an append only once [`Registry::settle`] has counted it.
+//!
+//! An expected sequence alone is not a fence for append *k > 1*: another
+//! writer appending exactly *k − 1* messages (a new leader's claim, while our
+//! earlier appends were lost in a disconnect) would make a late copy of ours
+//! land after its claim. So every append also expects the stream's last
+//! message to be our own previous one (`Nats-Expected-Last-Msg-Id`: the append
+//! before it in the pipeline, or our last durable one, our epoch claim first).
+
+use std::collections::VecDeque;
+use std::future::{Future, IntoFuture};
+use std::pin::Pin;
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, context::PublishErrorKind, stream};
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
+use async_nats::jetstream::publish::PublishAck;
+use async_nats::jetstream::{self, consumer, stream};
 use futures::StreamExt;
 use tenure_protocol::{subjects, Epoch, TaskId};
 
@@ -43,12 +67,50 @@ pub struct Loaded {
 
 pub struct Registry {
     js: jetstream::Context,
+    /// The stream's last sequence as of the last durable append.
     last_seq: u64,
     epoch: Epoch,
     /// Unique per process: message ids of two coordinators never collide, so
     /// deduplication can only ever match this process's own retries.
     nonce: uuid::Uuid,
+    /// Pipelined appends not yet acknowledged, oldest first.
+    in_flight: VecDeque<InFlight>,
+    /// Appends started since the registry was opened (tickets are 1, 2, …).
+    started: u64,
+    /// Appends acknowledged, in order: tickets up to this one are durable.
+    durable: u64,
+    /// The message id of this process's last durable append (its epoch claim
+    /// first): the next append expects it as the stream's last message.
+    last_msg_id: Option<String>,
 }
+
+type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
+
+/// One pipelined append.
+struct InFlight {
+    subject: String,
+    payload: bytes::Bytes,
+    /// The stream's last sequence this append expects: it lands at `expected + 1`.
+    expected: u64,
+    /// Same for every send of this append, so a retry is deduplicated.
+    msg_id: String,
+    /// The message id of the append before it (ours): it lands only right
+    /// after that one, never after another writer's message that happens to
+    /// sit at the expected sequence.
+    after_msg_id: Option<String>,
+    /// The ack of the last send; `None` when it must be sent (again).
+    ack: Option<AckFuture>,
+    /// Sent while every append before it was durable: a wrong-sequence answer
+    /// to that send means another writer moved the registry (fenced).
+    sent_as_oldest: bool,
+    /// A transient failure's pause before the next send.
+    pause: Option<Pin<Box<tokio::time::Sleep>>>,
+    delay: Duration,
+    first_sent: tokio::time::Instant,
+}
+
+/// Most appends in flight at once; the leader waits for the oldest past it.
+pub const MAX_IN_FLIGHT: usize = 256;
 
 /// How long one append keeps retrying through a NATS outage before giving up.
 const APPEND_RETRY_FOR: Duration = Duration::from_secs(30);
@@ -91,7 +153,17 @@ impl Registry {
             }
         }
         let epoch = loaded.last_claim.as_ref().map(|c| c.epoch).unwrap_or_default();
-        Ok((Registry { js, last_seq: state.last_sequence, epoch, nonce: uuid::Uuid::new_v4() }, loaded))
+        let registry = Registry {
+            js,
+            last_seq: state.last_sequence,
+            epoch,
+            nonce: uuid::Uuid::new_v4(),
+            in_flight: VecDeque::new(),
+            started: 0,
+            durable: 0,
+            last_msg_id: None,
+        };
+        Ok((registry, loaded))
     }
 
     /// Claims the next epoch, and at least `at_least` (the epoch of the leader
@@ -110,19 +182,116 @@ impl Registry {
         self.epoch
     }
 
-    /// Durably stores the latest version of a task.
-    pub async fn put_task(&mut self, record: &TaskRecord) -> Result<(), Error> {
+    /// Starts storing the latest version of a task (pipelined); its ticket.
+    /// It is durable once [`Registry::settle`] has counted the ticket.
+    pub async fn start_put_task(&mut self, record: &TaskRecord) -> Result<u64, Error> {
         let entry = RegistryEntry::Task(Box::new(record.clone()));
-        self.append(subjects::registry_task(&record.id), &entry).await
+        self.start_append(subjects::registry_task(&record.id), &entry).await
     }
 
-    /// Compacts a garbage-collected task's record to a tombstone (conditional,
-    /// like every append: a deposed leader cannot forget anything).
-    pub async fn forget(&mut self, id: &TaskId, at_ms: u64) -> Result<(), Error> {
+    /// Starts compacting a garbage-collected task's record to a tombstone
+    /// (conditional, like every append: a deposed leader cannot forget
+    /// anything); its ticket, as [`Registry::start_put_task`].
+    pub async fn start_forget(&mut self, id: &TaskId, at_ms: u64) -> Result<u64, Error> {
         let entry = RegistryEntry::Forgotten { id: id.clone(), at_ms };
-        self.append(subjects::registry_task(id), &entry).await
+        self.start_append(subjects::registry_task(id), &entry).await
     }
 
+    /// Appends started and not yet durable.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// The ticket of the newest append started (0 before any).
+    pub fn last_ticket(&self) -> u64 {
+        self.started
+    }
+
+    async fn start_append(&mut self, subject: String, entry: &RegistryEntry) -> Result<u64, Error> {
+        let payload: bytes::Bytes = tenure_protocol::encode(entry).map_err(|e| Error::Encode(e.to_string()))?.into();
+        let expected = self.last_seq + self.in_flight.len() as u64;
+        let after_msg_id = self.in_flight.back().map(|a| a.msg_id.clone()).or_else(|| self.last_msg_id.clone());
+        let mut append = InFlight {
+            subject,
+            payload,
+            expected,
+            msg_id: format!("{}:{}", self.nonce, expected),
+            after_msg_id,
+            ack: None,
+            sent_as_oldest: self.in_flight.is_empty(),
+            pause: None,
+            delay: Duration::from_millis(50),
+            first_sent: tokio::time::Instant::now(),
+        };
+        // A send that fails here is sent again once the append is the oldest.
+        match send(&self.js, &append).await {
+            Ok(ack) => append.ack = Some(ack),
+            Err(error) => tracing::warn!(%error, "registry append not sent; retrying"),
+        }
+        self.in_flight.push_back(append);
+        self.started += 1;
+        Ok(self.started)
+    }
+
+    /// Drives the oldest append in flight until it is durable; returns the
+    /// ticket it had (every ticket up to it is durable). Retries a transient
+    /// failure for up to 30 s with the same message id; fails with
+    /// [`Error::Fenced`] when another writer moved the registry.
+    ///
+    /// Cancel-safe: the state of the oldest append lives in the registry, so a
+    /// call dropped mid-way resumes where it stopped. With nothing in flight it
+    /// never returns.
+    pub async fn settle(&mut self) -> Result<u64, Error> {
+        loop {
+            let Some(oldest) = self.in_flight.front_mut() else {
+                return std::future::pending().await;
+            };
+            if let Some(pause) = oldest.pause.as_mut() {
+                pause.await;
+                oldest.pause = None;
+            }
+            let Some(ack) = oldest.ack.as_mut() else {
+                // Everything before it is durable: this send's answer is final.
+                oldest.sent_as_oldest = true;
+                match send(&self.js, oldest).await {
+                    Ok(ack) => oldest.ack = Some(ack),
+                    Err(e) => transient(oldest, e)?,
+                }
+                continue;
+            };
+            let result = ack.await;
+            oldest.ack = None;
+            match result {
+                Ok(ack) => {
+                    // A duplicate is our own earlier send whose ack was lost; it
+                    // must have landed exactly where we expected.
+                    if ack.duplicate && ack.sequence != oldest.expected + 1 {
+                        return Err(Error::Fenced { expected: oldest.expected });
+                    }
+                    self.last_seq = ack.sequence;
+                    self.last_msg_id = Some(oldest.msg_id.clone());
+                    crate::metrics::get().append.record(oldest.first_sent.elapsed().as_secs_f64(), &[]);
+                    self.in_flight.pop_front();
+                    self.durable += 1;
+                    return Ok(self.durable);
+                }
+                Err(e) => match e.kind() {
+                    PublishErrorKind::WrongLastSequence | PublishErrorKind::WrongLastMessageId
+                        if oldest.sent_as_oldest =>
+                    {
+                        return Err(Error::Fenced { expected: oldest.expected })
+                    }
+                    // Sent behind an append that had not landed: send it again now.
+                    PublishErrorKind::WrongLastSequence | PublishErrorKind::WrongLastMessageId => {}
+                    PublishErrorKind::MaxPayloadExceeded => return Err(Error::Encode(e.to_string())),
+                    _ => transient(oldest, e)?,
+                },
+            }
+        }
+    }
+
+    /// One append, acknowledged before it returns (the epoch claim; nothing
+    /// may be in flight).
     async fn append(&mut self, subject: String, entry: &RegistryEntry) -> Result<(), Error> {
         let payload: bytes::Bytes = tenure_protocol::encode(entry).map_err(|e| Error::Encode(e.to_string()))?.into();
         let expected = self.last_seq;
@@ -149,8 +318,32 @@ impl Registry {
         })
         .await?;
         self.last_seq = seq;
+        self.last_msg_id = Some(msg_id);
         Ok(())
     }
+}
+
+async fn send(js: &jetstream::Context, append: &InFlight) -> Result<AckFuture, PublishError> {
+    let mut publish = jetstream::message::PublishMessage::build()
+        .payload(append.payload.clone())
+        .expected_last_sequence(append.expected)
+        .message_id(&append.msg_id);
+    if let Some(after) = &append.after_msg_id {
+        publish = publish.expected_last_message_id(after);
+    }
+    Ok(js.send_publish(append.subject.clone(), publish).await?.into_future())
+}
+
+/// Schedules the next send of an append after a transient failure, or gives up
+/// once it has been failing for [`APPEND_RETRY_FOR`].
+fn transient(append: &mut InFlight, e: PublishError) -> Result<(), Error> {
+    if append.first_sent.elapsed() > APPEND_RETRY_FOR {
+        return Err(Error::Unavailable(e.to_string()));
+    }
+    tracing::warn!(error = %e, "registry append failed; retrying");
+    append.pause = Some(Box::pin(tokio::time::sleep(append.delay)));
+    append.delay = (append.delay * 2).min(Duration::from_secs(1));
+    Ok(())
 }
 
 fn classify(e: async_nats::jetstream::context::PublishError, expected: u64) -> backoff::Error<Error> {
@@ -187,5 +380,77 @@ fn load_one(loaded: &mut Loaded, subject: &str, payload: &[u8]) {
             tracing::error!(%subject, error = %e, "corrupt registry record kept aside");
             loaded.corrupt.push((subject.to_owned(), e.to_string()));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::TaskRecord;
+    use tenure_protocol::{Lifecycle, TaskSpec};
+
+    fn record(n: u64) -> TaskRecord {
+        TaskRecord {
+            id: TaskId::new(tenure_protocol::Kind::shell(), n).unwrap(),
+            owner: "s".parse().unwrap(),
+            idempotency_key: uuid::Uuid::new_v4(),
+            spec: TaskSpec::shell("t", "true"),
+            life: Lifecycle::queued(false),
+            created_at_ms: 0,
+            started_at_ms: None,
+            finished_at_ms: None,
+            reported: false,
+            cleanup: None,
+            parent: None,
+            matched_through: 0,
+            matches: 0,
+            trace: None,
+        }
+    }
+
+    /// A deposed leader's append *k* whose predecessors were lost must not
+    /// land after a new leader's claim that happens to sit at the sequence it
+    /// expects.
+    #[test]
+    fn a_pipelined_append_never_lands_after_another_writers_message_at_its_expected_sequence() {
+        let nats = tenure_testkit::NatsServer::start().expect("nats-server");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let client = async_nats::connect(&nats.url).await.unwrap();
+            let js = jetstream::new(client);
+            let (mut old, _) = Registry::open(js.clone(), 1).await.unwrap();
+            old.claim("old", Epoch(1), 0).await.unwrap();
+            old.start_put_task(&record(1)).await.unwrap();
+            old.settle().await.unwrap();
+            // Append 1 of the next batch is lost (never reaches the server)…
+            let lost = RegistryEntry::Task(Box::new(record(2)));
+            let payload: bytes::Bytes = tenure_protocol::encode(&lost).unwrap().into();
+            old.in_flight.push_back(InFlight {
+                subject: subjects::registry_task(&record(2).id),
+                payload,
+                expected: old.last_seq,
+                msg_id: format!("{}:{}", old.nonce, old.last_seq),
+                after_msg_id: old.last_msg_id.clone(),
+                ack: None,
+                sent_as_oldest: true,
+                pause: None,
+                delay: Duration::from_millis(50),
+                first_sent: tokio::time::Instant::now(),
+            });
+            old.started += 1;
+            // …a new leader loads and claims: exactly one message lands…
+            let (mut new, _) = Registry::open(js.clone(), 1).await.unwrap();
+            new.claim("new", Epoch(2), 0).await.unwrap();
+            // …and the old leader's append 2 expects exactly that sequence.
+            old.start_put_task(&record(3)).await.unwrap();
+            let verdict = old.settle().await;
+            assert!(matches!(verdict, Err(Error::Fenced { .. })), "{verdict:?}");
+            let stream = js.get_stream(subjects::REGISTRY_STREAM).await.unwrap();
+            let landed = stream.get_last_raw_message_by_subject(&subjects::registry_task(&record(3).id)).await;
+            assert!(landed.is_err(), "the deposed leader's append landed after the new claim");
+            // The new leader goes on writing.
+            new.start_put_task(&record(4)).await.unwrap();
+            new.settle().await.unwrap();
+        });
     }
 }

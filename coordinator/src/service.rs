@@ -338,6 +338,7 @@ async fn lead<F: Future<Output = ()>>(
     };
     let (results_tx, mut results) = mpsc::channel::<Input>(4096);
     let outbox = Outbox { client, notices: &notices, results: &results_tx, opts };
+    let mut pipeline = Pipeline::default();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     let mut ticks: u64 = 0;
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -407,6 +408,20 @@ async fn lead<F: Future<Output = ()>>(
                 }
                 Input::Tick
             }
+            // An append may still be retrying when the renew deadline passes: the
+            // term ends by `guard.lost()`; should it land anyway, it landed
+            // conditionally on our sequence, which the next claim includes or fences.
+            durable = registry.settle(), if registry.in_flight() > 0 => {
+                let released = match durable {
+                    Ok(durable) => pipeline.release(durable, &outbox, &mut guard, &mut visibility).await,
+                    Err(e) => Err(Stop::from(e)),
+                };
+                match released {
+                    Ok(()) => continue,
+                    Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
+                    Err(Stop::Fatal(e)) => return Err(e),
+                }
+            }
         };
         // A process resumed after a pause may hold inputs it must no longer act on.
         if let Err(reason) = guard.check() {
@@ -421,13 +436,101 @@ async fn lead<F: Future<Output = ()>>(
                 return Ok(Ended::SteppedDown { epoch, reason });
             }
             let span = effect_span(&effect, &core, epoch).unwrap_or_else(|| span.clone());
-            let step = execute(effect, &outbox, &mut registry, &mut guard, &mut visibility).instrument(span).await;
+            let step = pipeline.effect(effect, span, &outbox, &mut registry, &mut guard, &mut visibility).await;
             match step {
                 Ok(()) => {}
                 Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
                 Err(Stop::Fatal(e)) => return Err(e),
             }
         }
+    }
+}
+
+/// Orders a term's effects around its pipelined registry appends: a persist is
+/// sent at once, without waiting for the ones before it; every other effect
+/// (reply, grant, kill, notice, ack) is held until every append started before
+/// it is durable, so nothing that leaves the leader reflects state that is not
+/// durable — the same guarantee as awaiting each append, without the wait.
+#[derive(Default)]
+struct Pipeline {
+    /// Effects waiting for the registry, with the ticket they wait for and
+    /// the span they are carried out in.
+    held: std::collections::VecDeque<(u64, Effect, tracing::Span)>,
+}
+
+impl Pipeline {
+    async fn effect(
+        &mut self,
+        effect: Effect,
+        span: tracing::Span,
+        out: &Outbox<'_>,
+        registry: &mut Registry,
+        guard: &mut Guard,
+        visibility: &mut Visibility,
+    ) -> Result<(), Stop> {
+        match effect {
+            Effect::Persist(record) => {
+                self.make_room(out, registry, guard, visibility).await?;
+                registry.start_put_task(&record).await?;
+                Ok(())
+            }
+            Effect::Forget { task, at_ms } => {
+                self.make_room(out, registry, guard, visibility).await?;
+                registry.start_forget(&task, at_ms).await?;
+                Ok(())
+            }
+            Effect::StepDown { reason } => Err(Stop::StepDown(reason)),
+            other if registry.in_flight() == 0 => execute(other, out, guard, visibility).instrument(span).await,
+            other => {
+                self.held.push_back((registry.last_ticket(), other, span));
+                Ok(())
+            }
+        }
+    }
+
+    /// Waits while [`registry::MAX_IN_FLIGHT`] appends are in flight.
+    async fn make_room(
+        &mut self,
+        out: &Outbox<'_>,
+        registry: &mut Registry,
+        guard: &mut Guard,
+        visibility: &mut Visibility,
+    ) -> Result<(), Stop> {
+        while registry.in_flight() >= registry::MAX_IN_FLIGHT {
+            self.settle(out, registry, guard, visibility).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until the oldest append is durable (or the term ends), then
+    /// carries out the effects that waited for it.
+    async fn settle(
+        &mut self,
+        out: &Outbox<'_>,
+        registry: &mut Registry,
+        guard: &mut Guard,
+        visibility: &mut Visibility,
+    ) -> Result<(), Stop> {
+        let durable = tokio::select! {
+            durable = registry.settle() => durable?,
+            reason = guard.lost() => return Err(Stop::StepDown(reason)),
+        };
+        self.release(durable, out, guard, visibility).await
+    }
+
+    async fn release(
+        &mut self,
+        durable: u64,
+        out: &Outbox<'_>,
+        guard: &mut Guard,
+        visibility: &mut Visibility,
+    ) -> Result<(), Stop> {
+        while self.held.front().is_some_and(|(ticket, _, _)| *ticket <= durable) {
+            let Some((_, effect, span)) = self.held.pop_front() else { break };
+            guard.check().map_err(Stop::StepDown)?;
+            execute(effect, out, guard, visibility).instrument(span).await?;
+        }
+        Ok(())
     }
 }
 
@@ -488,35 +591,20 @@ struct Outbox<'a> {
     opts: &'a Options,
 }
 
-async fn execute(
-    effect: Effect,
-    out: &Outbox<'_>,
-    registry: &mut Registry,
-    guard: &mut Guard,
-    visibility: &mut Visibility,
-) -> Result<(), Stop> {
+/// Carries out an effect that changes no durable state (the registry's are
+/// [`Pipeline::effect`]'s).
+async fn execute(effect: Effect, out: &Outbox<'_>, guard: &mut Guard, visibility: &mut Visibility) -> Result<(), Stop> {
     let Outbox { client, notices, .. } = *out;
     match effect {
         Effect::Notify(notice) => {
             notices.publish(*notice);
             Ok(())
         }
-        // An append still retrying when the renew deadline passes is abandoned:
-        // should it land anyway, it landed conditionally on our last sequence,
-        // which the next leader's claim either includes or fences.
-        Effect::Persist(record) => {
-            let started = std::time::Instant::now();
-            let stored = tokio::select! {
-                stored = registry.put_task(&record) => stored.map_err(Stop::from),
-                reason = guard.lost() => Err(Stop::StepDown(reason)),
-            };
-            metrics::get().append.record(started.elapsed().as_secs_f64(), &[]);
-            stored
+        // Never reached: the pipeline sends appends. Were one to arrive here,
+        // acting without it durable is not an option; ending the term is safe.
+        Effect::Persist(_) | Effect::Forget { .. } => {
+            Err(Stop::StepDown("a registry append bypassed the pipeline".to_owned()))
         }
-        Effect::Forget { task, at_ms } => tokio::select! {
-            stored = registry.forget(&task, at_ms) => stored.map_err(Stop::from),
-            reason = guard.lost() => Err(Stop::StepDown(reason)),
-        },
         Effect::Command { worker, command } => {
             let subject = subjects::worker_commands(&worker);
             out.in_background(subject, command, |command, result| Input::CommandResult { worker, command, result });

@@ -313,6 +313,12 @@ pub struct ClusterStatus {
     pub leader_epoch: Epoch,
     pub workers: Vec<WorkerStatus>,
     pub tasks_by_status: Vec<(Status, u64)>,
+    /// Tasks the registry places on a worker (leased, running, stopping) that
+    /// their worker has not yet listed in a heartbeat to this leader since
+    /// their last status change. Zero after a takeover means every running
+    /// task was adopted: its worker holds it and reports to the new leader.
+    #[serde(default)]
+    pub unconfirmed: u64,
     /// The coordinator that answered (the leader) and its lease.
     #[serde(default)]
     pub leader: Option<LeaderStatus>,

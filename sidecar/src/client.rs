@@ -1,5 +1,6 @@
 //! [`SidecarClient`]: the worker's side of the local socket. One request, one
-//! reply, in order, over a lazily (re)connected unix stream.
+//! reply, in order, over lazily (re)connected unix streams — one per call in
+//! flight, so that concurrent calls reach the sidecar together.
 //!
 //! It never retries by itself: every failure is reported as [`Error::Unavailable`]
 //! and the caller decides (requests are idempotent, so retrying is safe). An
@@ -14,7 +15,7 @@ use futures::{SinkExt, StreamExt};
 use tenure_protocol::messages::{SidecarReply, SidecarRequest};
 use tenure_protocol::{decode, encode, CodecError};
 use tokio::net::UnixStream;
-use tokio::sync::Mutex;
+use tokio::sync::Semaphore;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
 use crate::frame_codec;
@@ -41,20 +42,33 @@ pub enum Error {
 
 type Connection = Framed<UnixStream, LengthDelimitedCodec>;
 
-/// A connection to the machine's sidecar, shared by the worker's tasks. Calls
-/// are serialized: one request is in flight at a time.
+/// Most calls in flight at once, each on its own connection. Concurrent calls
+/// let the sidecar commit them with one flush (it replies to each only after
+/// that flush); a call beyond this waits for a free connection.
+pub const MAX_CONNECTIONS: usize = 16;
+
+/// Connections to the machine's sidecar, shared by the worker's tasks. Each
+/// call has a connection to itself for its whole exchange (one request, one
+/// reply); up to [`MAX_CONNECTIONS`] calls are in flight at once.
 #[derive(Debug)]
 pub struct SidecarClient {
     path: PathBuf,
     timeout: Duration,
-    conn: Mutex<Option<Connection>>,
+    /// Connections not in use by a call.
+    idle: std::sync::Mutex<Vec<Connection>>,
+    slots: Semaphore,
 }
 
 impl SidecarClient {
     /// A client for the socket at `socket_path`; nothing is connected until the
     /// first call.
     pub fn new(socket_path: impl Into<PathBuf>) -> SidecarClient {
-        SidecarClient { path: socket_path.into(), timeout: DEFAULT_CALL_TIMEOUT, conn: Mutex::new(None) }
+        SidecarClient {
+            path: socket_path.into(),
+            timeout: DEFAULT_CALL_TIMEOUT,
+            idle: std::sync::Mutex::new(Vec::new()),
+            slots: Semaphore::new(MAX_CONNECTIONS),
+        }
     }
 
     /// Sets the bound on one call (connect, send and reply together).
@@ -75,9 +89,10 @@ impl SidecarClient {
     /// next call to mistake for its own.
     pub async fn call(&self, req: &SidecarRequest) -> Result<SidecarReply, Error> {
         let frame = Bytes::from(encode(req).map_err(Error::Encode)?);
-        let mut slot = self.conn.lock().await;
+        let _slot = self.slots.acquire().await.map_err(|e| Error::Unavailable(e.to_string()))?;
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let exchange = async {
-            let mut conn = match slot.take() {
+            let mut conn = match idle {
                 Some(conn) => conn,
                 None => {
                     let stream = UnixStream::connect(&self.path)
@@ -97,7 +112,7 @@ impl SidecarClient {
         };
         match tokio::time::timeout(self.timeout, exchange).await {
             Ok(Ok((conn, reply))) => {
-                *slot = Some(conn);
+                self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(conn);
                 Ok(reply)
             }
             Ok(Err(e)) => Err(e),
@@ -146,6 +161,38 @@ mod tests {
         let (second, _conn) =
             tokio::join!(client.call(&SidecarRequest::ObserveEpoch(tenure_protocol::Epoch(1))), server);
         assert_eq!(second, Ok(SidecarReply::Ok));
+    }
+
+    #[tokio::test]
+    async fn concurrent_calls_reach_the_sidecar_together() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("s.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let client = SidecarClient::new(&path).with_timeout(Duration::from_secs(5));
+        // The server answers only once both requests are in: with one request
+        // in flight at a time, the second would never arrive.
+        let server = async {
+            let mut conns = Vec::new();
+            for _ in 0..2 {
+                let (stream, _) = listener.accept().await.unwrap();
+                let mut conn = Framed::new(stream, frame_codec());
+                let req: SidecarRequest = decode(&conn.next().await.unwrap().unwrap()).unwrap();
+                conns.push((conn, req));
+            }
+            for (conn, req) in &mut conns {
+                let answer = match req {
+                    SidecarRequest::ObserveEpoch(_) => SidecarReply::Ok,
+                    _ => SidecarReply::Refused(tenure_protocol::messages::SidecarRefusal::Malformed("list".into())),
+                };
+                reply(conn, &answer).await.unwrap();
+            }
+            conns
+        };
+        let epoch = SidecarRequest::ObserveEpoch(tenure_protocol::Epoch(1));
+        let (a, b, _conns) = tokio::join!(client.call(&epoch), client.call(&SidecarRequest::List), server);
+        // Each got its own answer.
+        assert_eq!(a, Ok(SidecarReply::Ok));
+        assert!(matches!(b, Ok(SidecarReply::Refused(_))), "{b:?}");
     }
 
     #[tokio::test]

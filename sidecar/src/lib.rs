@@ -9,6 +9,7 @@
 //!
 //! - **Every mutating request is flushed to disk before the sidecar replies.** An
 //!   `Ok` means durable; a storage failure is a refusal that changed nothing.
+//!   Requests that arrive together share one flush (group commit).
 //! - **It refuses lower epochs.** The highest epoch seen is persisted, and any
 //!   request carrying a lower one is refused with `StaleEpoch`.
 //! - **It never starts or kills processes.** It records what the worker did and

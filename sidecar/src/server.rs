@@ -7,8 +7,9 @@
 //! encode; every decision is [`Machine::handle`]'s. The machine lives on a
 //! dedicated blocking thread fed by a channel (the "store thread"), so sled's
 //! fsyncs never stall the async runtime, requests from all connections are
-//! applied one at a time, and shutdown is deterministic: once the thread has
-//! returned, the database is flushed and closed.
+//! applied one at a time (those waiting together are committed by one flush,
+//! and each is answered only after it), and shutdown is deterministic: once
+//! the thread has returned, the database is flushed and closed.
 //!
 //! NATS is optional at runtime: the client connects (and reconnects) in the
 //! background, and the socket keeps serving the worker while NATS is down.
@@ -285,6 +286,9 @@ impl StoreHandle {
     }
 }
 
+/// Most requests committed by one flush.
+const MAX_BATCH: usize = 64;
+
 fn request_name(req: &SidecarRequest) -> &'static str {
     match req {
         SidecarRequest::ObserveEpoch(_) => "observe-epoch",
@@ -301,45 +305,41 @@ fn request_name(req: &SidecarRequest) -> &'static str {
 /// Owns the machine: applies commands one at a time until every handle is gone,
 /// then flushes. The machine (and with it the sled database) is dropped when
 /// this returns.
+///
+/// **Group commit.** Every command waiting in the channel is taken at once (up
+/// to [`MAX_BATCH`]), applied in order with the store's flush deferred, then
+/// one flush commits them all, and only then is any of them answered: an `Ok`
+/// still means durable. Should that flush fail, nothing of the batch is known
+/// to be durable: every command of it is refused, and the sidecar serves
+/// degraded (refusing everything) until it is restarted and reloads its store.
 fn own_machine(mut machine: Result<Machine<SledStore>, String>, mut commands: mpsc::Receiver<Command>) {
-    while let Some(command) = commands.blocking_recv() {
-        match (command, &mut machine) {
-            (Command::Handle(req, reply), Ok(machine)) => {
-                crate::metrics::get().requests.add(1, &[opentelemetry::KeyValue::new("request", request_name(&req))]);
-                let _ = reply.send(machine.handle(req));
+    while let Some(first) = commands.blocking_recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match commands.try_recv() {
+                Ok(command) => batch.push(command),
+                Err(_) => break,
             }
-            (Command::Handle(_, reply), Err(reason)) => {
-                let _ = reply.send(SidecarReply::Refused(SidecarRefusal::Storage(reason.clone())));
+        }
+        if let Ok(m) = &mut machine {
+            m.store_mut().defer_flush(true);
+        }
+        let answers: Vec<Answer> = batch.into_iter().map(|c| apply(c, &mut machine)).collect();
+        let flushed = match &mut machine {
+            Ok(m) => {
+                m.store_mut().defer_flush(false);
+                m.store().flush().map_err(|e| format!("flushing the recovery store failed: {e}"))
             }
-            (Command::OutputOwner(task, reply), Ok(machine)) => {
-                let owner = machine
-                    .record_for_output(&task)
-                    .map(|r| (r.grant.owner.clone(), r.phase, r.grant.spec.final_output));
-                let _ = reply.send(owner);
-            }
-            (Command::OutputOwner(_, reply), Err(_)) => {
-                let _ = reply.send(None);
-            }
-            (Command::Evidence(req, reply), Ok(machine)) => {
-                let _ = reply.send(machine.evidence(&req.task, req.attempt, req.epoch));
-            }
-            (Command::Evidence(_, reply), Err(reason)) => {
-                let _ = reply.send(Err(SidecarRefusal::Storage(reason.clone())));
-            }
-            (Command::Cleanup(req, reply), Ok(machine)) => {
-                let _ = reply.send(machine.cleanup(&req.task, req.epoch));
-            }
-            (Command::CleanupFence(req, reply), Ok(machine)) => {
-                let _ = reply.send(machine.cleanup_fence(&req.task, req.epoch));
-            }
-            (Command::Cleanup(_, reply) | Command::CleanupFence(_, reply), Err(reason)) => {
-                let _ = reply.send(Err(SidecarRefusal::Storage(reason.clone())));
-            }
-            (Command::Latest(task, reply), Ok(machine)) => {
-                let _ = reply.send(machine.record_for_output(&task).cloned());
-            }
-            (Command::Latest(_, reply), Err(_)) => {
-                let _ = reply.send(None);
+            Err(_) => Ok(()),
+        };
+        match flushed {
+            Ok(()) => answers.into_iter().for_each(Answer::send),
+            Err(reason) => {
+                error!(%reason, "serving degraded until restarted");
+                for answer in answers {
+                    answer.refuse(&reason);
+                }
+                machine = Err(reason);
             }
         }
     }
@@ -347,6 +347,76 @@ fn own_machine(mut machine: Result<Machine<SledStore>, String>, mut commands: mp
         if let Err(error) = machine.store().flush() {
             warn!(%error, "final flush of the recovery store failed");
         }
+    }
+}
+
+/// A command's answer, held until its batch is flushed.
+enum Answer {
+    Handle(SidecarReply, oneshot::Sender<SidecarReply>),
+    OutputOwner(Option<(SessionId, Phase, bool)>, oneshot::Sender<Option<(SessionId, Phase, bool)>>),
+    Cleanup(Result<u32, SidecarRefusal>, oneshot::Sender<Result<u32, SidecarRefusal>>),
+    Evidence(Result<RecordView, SidecarRefusal>, oneshot::Sender<Result<RecordView, SidecarRefusal>>),
+    /// Boxed: a record is much larger than every other answer.
+    Latest(Option<Box<AttemptRecord>>, oneshot::Sender<Option<AttemptRecord>>),
+}
+
+impl Answer {
+    fn send(self) {
+        let _ = match self {
+            Answer::Handle(v, tx) => tx.send(v).map_err(drop),
+            Answer::OutputOwner(v, tx) => tx.send(v).map_err(drop),
+            Answer::Cleanup(v, tx) => tx.send(v).map_err(drop),
+            Answer::Evidence(v, tx) => tx.send(v).map_err(drop),
+            Answer::Latest(v, tx) => tx.send(v.map(|r| *r)).map_err(drop),
+        };
+    }
+
+    /// The answer when the batch's flush failed: a refusal, or nothing known.
+    fn refuse(self, reason: &str) {
+        let storage = || SidecarRefusal::Storage(reason.to_owned());
+        let _ = match self {
+            Answer::Handle(_, tx) => tx.send(SidecarReply::Refused(storage())).map_err(drop),
+            Answer::OutputOwner(_, tx) => tx.send(None).map_err(drop),
+            Answer::Cleanup(_, tx) => tx.send(Err(storage())).map_err(drop),
+            Answer::Evidence(_, tx) => tx.send(Err(storage())).map_err(drop),
+            Answer::Latest(_, tx) => tx.send(None).map_err(drop),
+        };
+    }
+}
+
+/// Applies one command to the machine (or refuses it when the store is unusable).
+fn apply(command: Command, machine: &mut Result<Machine<SledStore>, String>) -> Answer {
+    match (command, machine) {
+        (Command::Handle(req, reply), Ok(machine)) => {
+            crate::metrics::get().requests.add(1, &[opentelemetry::KeyValue::new("request", request_name(&req))]);
+            Answer::Handle(machine.handle(req), reply)
+        }
+        (Command::Handle(_, reply), Err(reason)) => {
+            Answer::Handle(SidecarReply::Refused(SidecarRefusal::Storage(reason.clone())), reply)
+        }
+        (Command::OutputOwner(task, reply), Ok(machine)) => {
+            let owner =
+                machine.record_for_output(&task).map(|r| (r.grant.owner.clone(), r.phase, r.grant.spec.final_output));
+            Answer::OutputOwner(owner, reply)
+        }
+        (Command::OutputOwner(_, reply), Err(_)) => Answer::OutputOwner(None, reply),
+        (Command::Evidence(req, reply), Ok(machine)) => {
+            Answer::Evidence(machine.evidence(&req.task, req.attempt, req.epoch), reply)
+        }
+        (Command::Evidence(_, reply), Err(reason)) => {
+            Answer::Evidence(Err(SidecarRefusal::Storage(reason.clone())), reply)
+        }
+        (Command::Cleanup(req, reply), Ok(machine)) => Answer::Cleanup(machine.cleanup(&req.task, req.epoch), reply),
+        (Command::CleanupFence(req, reply), Ok(machine)) => {
+            Answer::Cleanup(machine.cleanup_fence(&req.task, req.epoch), reply)
+        }
+        (Command::Cleanup(_, reply) | Command::CleanupFence(_, reply), Err(reason)) => {
+            Answer::Cleanup(Err(SidecarRefusal::Storage(reason.clone())), reply)
+        }
+        (Command::Latest(task, reply), Ok(machine)) => {
+            Answer::Latest(machine.record_for_output(&task).cloned().map(Box::new), reply)
+        }
+        (Command::Latest(_, reply), Err(_)) => Answer::Latest(None, reply),
     }
 }
 

@@ -128,6 +128,11 @@ impl<S: RecoveryStore> Machine<S> {
         &self.store
     }
 
+    /// The store, to switch its flush mode (group commit in the server).
+    pub fn store_mut(&mut self) -> &mut S {
+        &mut self.store
+    }
+
     pub fn into_store(self) -> S {
         self.store
     }

@@ -150,6 +150,8 @@ pub struct SledStore {
     revoked: sled::Tree,
     /// `<db path>.epoch`: a second copy of the highest epoch seen.
     epoch_mirror: PathBuf,
+    /// Record writes leave the flush to the caller ([`SledStore::defer_flush`]).
+    deferred: bool,
 }
 
 impl SledStore {
@@ -178,12 +180,40 @@ impl SledStore {
                 }
             }
         }
-        Ok(SledStore { db, meta, attempts, revoked, epoch_mirror: path.with_extension("epoch") })
+        Ok(SledStore { db, meta, attempts, revoked, epoch_mirror: path.with_extension("epoch"), deferred: false })
     }
 
-    /// Flushes everything to disk. Every write already does; this is for shutdown.
-    /// Makes every write so far durable (timed: the flush is the cost of
-    /// every acknowledgement the sidecar gives).
+    /// Inserts or replaces many records with one flush: durable together when it
+    /// returns `Ok`. For bulk loads (the benchmarks fill a store with it); the
+    /// sidecar itself writes one record per request.
+    pub fn put_many(&mut self, records: &[AttemptRecord]) -> Result<(), Error> {
+        let mut batch = sled::Batch::default();
+        for record in records {
+            batch.insert(attempt_key(&record.grant.task, record.grant.attempt).as_bytes(), seal(record)?);
+        }
+        self.attempts.apply_batch(batch)?;
+        self.db.flush()?;
+        Ok(())
+    }
+
+    /// Group commit: while on, writes of attempt records and revocations are
+    /// not flushed by themselves, and are durable only once [`SledStore::flush`]
+    /// returns `Ok` — the caller must not acknowledge them before. Epoch writes
+    /// are always flushed at once (with their mirror).
+    pub fn defer_flush(&mut self, on: bool) {
+        self.deferred = on;
+    }
+
+    fn flush_unless_deferred(&self) -> Result<(), Error> {
+        if !self.deferred {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Makes every write so far durable: what deferred writes wait for, and
+    /// shutdown (timed: the flush is the cost of every acknowledgement the
+    /// sidecar gives).
     pub fn flush(&self) -> Result<(), Error> {
         let started = std::time::Instant::now();
         self.db.flush()?;
@@ -234,20 +264,17 @@ impl RecoveryStore for SledStore {
     fn put(&mut self, record: &AttemptRecord) -> Result<(), Error> {
         let value = seal(record)?;
         self.attempts.insert(attempt_key(&record.grant.task, record.grant.attempt), value)?;
-        self.flush()?;
-        Ok(())
+        self.flush_unless_deferred()
     }
 
     fn remove(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
         self.attempts.remove(attempt_key(task, attempt))?;
-        self.flush()?;
-        Ok(())
+        self.flush_unless_deferred()
     }
 
     fn put_revoked(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
         self.revoked.insert(attempt_key(task, attempt), &[])?;
-        self.flush()?;
-        Ok(())
+        self.flush_unless_deferred()
     }
 }
 

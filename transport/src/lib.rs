@@ -50,10 +50,7 @@ pub async fn connect_options(
     let mut o = async_nats::ConnectOptions::new()
         .name(name)
         .connection_timeout(Duration::from_secs(5))
-        .reconnect_delay_callback(|attempts| {
-            let ms = 50u64.saturating_mul(1 << attempts.min(5) as u64);
-            Duration::from_millis(ms).min(MAX_RECONNECT_DELAY)
-        });
+        .reconnect_delay_callback(reconnect_delay);
     if wait_for_server {
         o = o.retry_on_initial_connect();
     }
@@ -132,6 +129,18 @@ fn connection_events() -> &'static opentelemetry::metrics::Counter<u64> {
     })
 }
 
+/// The pause before connection attempt number `attempts` (counted from 1).
+/// async-nats asks for a delay before every attempt, the very first connect of
+/// a process included: that one, and the first retry after a lost connection,
+/// go at once; later ones back off from 100 ms up to [`MAX_RECONNECT_DELAY`].
+fn reconnect_delay(attempts: usize) -> Duration {
+    if attempts <= 1 {
+        return Duration::ZERO;
+    }
+    let ms = 50u64.saturating_mul(1 << (attempts - 1).min(5) as u64);
+    Duration::from_millis(ms).min(MAX_RECONNECT_DELAY)
+}
+
 /// Sends `req` and decodes the reply, within `timeout`.
 pub async fn request<Req: Serialize, Rep: DeserializeOwned>(
     client: &async_nats::Client,
@@ -168,5 +177,19 @@ pub async fn reply<T: Serialize>(client: &async_nats::Client, to: String, msg: &
             }
         }
         Err(error) => tracing::error!(%error, "reply could not be encoded"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn first_connect_is_not_delayed_and_retries_back_off() {
+        assert_eq!(reconnect_delay(0), Duration::ZERO);
+        assert_eq!(reconnect_delay(1), Duration::ZERO);
+        assert_eq!(reconnect_delay(2), Duration::from_millis(100));
+        assert_eq!(reconnect_delay(3), Duration::from_millis(200));
+        assert_eq!(reconnect_delay(50), MAX_RECONNECT_DELAY);
     }
 }

@@ -19,6 +19,7 @@ use tenure_protocol::{subjects, Attempt, Ending, Epoch, HintTag, Outcome, Recove
 use tokio::process::Child;
 use tokio::sync::Notify;
 
+use crate::builtin::Builtin;
 use crate::monitor::MonitorArgs;
 use crate::process;
 use crate::service::{sidecar_insist, Held, Shared};
@@ -103,6 +104,9 @@ pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify
     }
     crash_point("after-intent");
     // From here on the attempt may have run: it is never given back.
+    if let Some(builtin) = Builtin::of(&grant.spec.kind) {
+        return run_builtin(&shared, builtin, &grant, epoch, &kill).await;
+    }
     let files = AttemptFiles::new(shared.layout.attempt_dir(&task, attempt));
     let evidence = match start_monitor(&shared, &grant, &files) {
         Err(detail) => Evidence::Exited(Outcome::new(Ending::Failed, None, Some(detail))),
@@ -123,6 +127,28 @@ pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify
         }
     };
     finish(&shared, &task, attempt, epoch, evidence).await;
+}
+
+/// A built-in attempt after its intent: it runs in this process, then its
+/// outcome goes the way of any other (buffered, reported, acknowledged). There
+/// is no monitor and no pid to record (`spawned` is skipped, as for an attempt
+/// whose monitor could not start). A `sleep` reports started while it runs,
+/// naming the worker's own pid (the process it runs in); a `noop` is over
+/// before there is anything to report but its end (leased → completed).
+async fn run_builtin(shared: &Arc<Shared>, builtin: Builtin, grant: &LeaseGrant, epoch: Epoch, kill: &Notify) {
+    let (task, attempt) = (grant.task.clone(), grant.attempt);
+    let reporter = (builtin != Builtin::Noop).then(|| {
+        let pid = i32::try_from(std::process::id()).unwrap_or(0);
+        let (shared, task) = (shared.clone(), task.clone());
+        tokio::spawn(
+            async move { report_until_acked(&shared, &task, attempt, epoch, ReportEvent::Started { pid }).await },
+        )
+    });
+    let outcome = builtin.run(&grant.spec.command, kill).await;
+    if let Some(reporter) = reporter {
+        reporter.abort();
+    }
+    finish(shared, &task, attempt, epoch, Evidence::Exited(outcome)).await;
 }
 
 fn start_monitor(shared: &Shared, grant: &LeaseGrant, files: &AttemptFiles) -> Result<(Child, i32), String> {

@@ -7,6 +7,7 @@
 //! facts and the leader's lifecycle table decides.
 
 mod attempt;
+pub mod builtin;
 mod metrics;
 pub mod monitor;
 pub mod process;

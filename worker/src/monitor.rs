@@ -147,7 +147,12 @@ async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) ->
             None
         }
     };
-    let pump = std::thread::spawn(move || pump(reader, output, cap, matcher));
+    // The pump's result comes back on a channel, so the monitor learns the
+    // moment it ends (a bounded wait below, without polling).
+    let (pumped_tx, pumped) = std::sync::mpsc::sync_channel(1);
+    std::thread::spawn(move || {
+        let _ = pumped_tx.send(pump(reader, output, cap, matcher));
+    });
 
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => Some(s),
@@ -173,7 +178,7 @@ async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) ->
     // Every writer of the pipe is gone with the group; the pump sees its end.
     // A process that left the group (setsid) may still hold the pipe: do not
     // wait for it forever.
-    let (written, dropped) = wait_thread(pump, Duration::from_secs(5)).unwrap_or((0, 0));
+    let (written, dropped) = pumped.recv_timeout(Duration::from_secs(5)).unwrap_or((0, 0));
     outcome.output_dropped = dropped;
     MonitorStatus { outcome, output_written: written }
 }
@@ -286,17 +291,6 @@ impl LineMatcher {
         self.line.clear();
         self.line_start = self.seen;
     }
-}
-
-fn wait_thread<T: Send + 'static>(handle: std::thread::JoinHandle<T>, bound: Duration) -> Option<T> {
-    let deadline = std::time::Instant::now() + bound;
-    while !handle.is_finished() {
-        if std::time::Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    handle.join().ok()
 }
 
 #[cfg(test)]

@@ -35,8 +35,9 @@ pub struct Options {
     pub data_dir: PathBuf,
     /// Kinds this worker runs and advertises; grants of others are refused.
     /// `agent` tasks get an input FIFO as stdin; `monitor` tasks have their
-    /// output lines matched against their pattern; every kind runs its command
-    /// like `shell` (`sh -c`, stdin from `/dev/null` unless `agent`).
+    /// output lines matched against their pattern; `noop` and `sleep` run
+    /// inside the worker ([`crate::builtin`]); every other kind runs its
+    /// command like `shell` (`sh -c`, stdin from `/dev/null` unless `agent`).
     pub kinds: Vec<Kind>,
     pub heartbeat: Duration,
     /// Time between SIGTERM and SIGKILL when a task's group is ended.
@@ -58,7 +59,7 @@ impl Options {
             id,
             slots: 4,
             data_dir,
-            kinds: vec![Kind::shell(), Kind::agent(), Kind::monitor()],
+            kinds: ["shell", "agent", "monitor", "noop", "sleep"].iter().filter_map(|k| k.parse().ok()).collect(),
             heartbeat: Duration::from_millis(1000),
             kill_grace: Duration::from_secs(5),
             monitor_program: PathBuf::from("tenure"),

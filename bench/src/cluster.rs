@@ -1,0 +1,394 @@
+//! The cluster under measurement: a nats-server on a free loopback port with
+//! its own store, coordinators, and workers with their sidecars — the real
+//! `tenure` binary, each a child process of the bench. Every process is
+//! started here and stopped here by its own pid: in reverse order at the end of
+//! a benchmark, and by [`stop_everything`] on Ctrl-C.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::api::Api;
+
+/// Processes started and not yet stopped, for the Ctrl-C path.
+static LIVE: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+
+fn live() -> std::sync::MutexGuard<'static, Vec<i32>> {
+    LIVE.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Stops every process this bench started and is still running: SIGTERM
+/// (workers end their tasks, newest first), a bounded wait, then SIGKILL.
+pub fn stop_everything() {
+    let pids: Vec<i32> = live().iter().rev().copied().collect();
+    for pid in &pids {
+        let _ = kill(Pid::from_raw(*pid), Signal::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline && pids.iter().any(|p| alive(*p)) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for pid in pids {
+        if alive(pid) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Alive and not a zombie.
+fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// The programs the bench runs.
+#[derive(Debug, Clone)]
+pub struct Tools {
+    pub tenure: PathBuf,
+    pub nats_server: PathBuf,
+}
+
+impl Tools {
+    /// `tenure` beside this binary (same build) unless given; nats-server from
+    /// `TENURE_NATS_SERVER`, `PATH`, or `.tools/nats/bin` under the current dir.
+    pub fn find(tenure: Option<PathBuf>, nats: Option<PathBuf>) -> anyhow::Result<Tools> {
+        let tenure = match tenure {
+            Some(p) => p,
+            None => std::env::current_exe()?.with_file_name("tenure"),
+        };
+        if !tenure.is_file() {
+            bail!("{} not found; build it (cargo build --release -p tenure-cli) or pass --tenure", tenure.display());
+        }
+        let nats_server = nats
+            .or_else(|| std::env::var_os("TENURE_NATS_SERVER").map(PathBuf::from))
+            .into_iter()
+            .chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths).map(|p| p.join("nats-server")))
+            .chain(std::env::current_dir().ok().map(|d| d.join(".tools/nats/bin/nats-server")))
+            .find(|p| p.is_file())
+            .context("nats-server not found: put nats-server >= 2.11 on PATH or set TENURE_NATS_SERVER")?;
+        Ok(Tools { tenure, nats_server })
+    }
+}
+
+/// How the cluster is laid out.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub coordinators: u32,
+    pub workers: u32,
+    pub slots: u32,
+    /// Written to the nats-server config as `jetstream.sync_interval` ("always");
+    /// `None` keeps the server's default (fsync every 2 minutes).
+    pub sync_always: bool,
+    pub worker_extra: Vec<String>,
+}
+
+impl Spec {
+    pub fn new(workers: u32, slots: u32) -> Spec {
+        Spec { coordinators: 1, workers, slots, sync_always: false, worker_extra: Vec::new() }
+    }
+}
+
+/// Lease timings of the bench's coordinators (the defaults are 6000/2000/4000).
+pub const LEASE_TTL_MS: u64 = 2000;
+const LEASE_FLAGS: [&str; 6] = ["--lease-ttl-ms", "2000", "--renew-interval-ms", "500", "--renew-deadline-ms", "1500"];
+/// Worker heartbeat of the bench (default 1000 ms).
+pub const HEARTBEAT_MS: u64 = 250;
+
+pub struct Proc {
+    pub name: String,
+    program: PathBuf,
+    args: Vec<String>,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Proc {
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
+    fn start(&mut self) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        let child = Command::new(&self.program)
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            // Own process group: a Ctrl-C in the terminal reaches the bench
+            // only, which then stops the cluster in order.
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("starting {}", self.name))?;
+        live().push(child.id() as i32);
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn forget(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+            let pid = child.id() as i32;
+            live().retain(|p| *p != pid);
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+        }
+        self.forget();
+    }
+
+    async fn stop(&mut self, bound: Duration) {
+        let Some(pid) = self.pid() else { return };
+        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        let deadline = Instant::now() + bound;
+        while Instant::now() < deadline {
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.kill9();
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+}
+
+pub struct Cluster {
+    pub dir: PathBuf,
+    pub url: String,
+    pub procs: Vec<Proc>,
+    pub api: Api,
+    tools: Tools,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl Cluster {
+    /// Starts nats-server, the coordinators (`c1` first, leading before the
+    /// others start) and the workers with their sidecars; returns once every
+    /// worker is alive in the leader's view.
+    pub async fn start(tools: &Tools, root: &Path, name: &str, spec: &Spec) -> anyhow::Result<Cluster> {
+        let dir = root.join(name);
+        std::fs::create_dir_all(dir.join("logs"))?;
+        let port = free_port()?;
+        let url = format!("nats://127.0.0.1:{port}");
+        let conf = dir.join("nats.conf");
+        let store = dir.join("nats");
+        let sync = if spec.sync_always { "\n  sync_interval: always" } else { "" };
+        std::fs::write(
+            &conf,
+            format!("listen: \"127.0.0.1:{port}\"\njetstream {{\n  store_dir: {:?}{sync}\n}}\n", store.display()),
+        )?;
+        let mut procs = Vec::new();
+        let mut nats = Proc {
+            name: "nats".into(),
+            program: tools.nats_server.clone(),
+            args: vec!["-c".into(), conf.display().to_string()],
+            log: dir.join("logs/nats.log"),
+            child: None,
+        };
+        nats.start()?;
+        procs.push(nats);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if Instant::now() > deadline {
+                bail!("nats-server did not listen on 127.0.0.1:{port} within 20 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let api = Api::connect(&url).await?;
+        let mut c = Cluster { dir, url, procs, api, tools: tools.clone() };
+        c.spawn_coordinator("c1")?;
+        c.wait_leader(Duration::from_secs(30)).await?;
+        for i in 2..=spec.coordinators {
+            c.spawn_coordinator(&format!("c{i}"))?;
+        }
+        for i in 1..=spec.workers {
+            let id = format!("w{i}");
+            let data = c.dir.join("workers").join(&id).display().to_string();
+            c.spawn(&format!("sidecar-{id}"), &["sidecar", "--worker", &id, "--data-dir", &data])?;
+            let slots = spec.slots.to_string();
+            let hb = HEARTBEAT_MS.to_string();
+            let mut args = vec!["worker", "--id", &id, "--slots", &slots, "--data-dir", &data];
+            args.extend(["--heartbeat-ms", &hb, "--kill-grace-ms", "1000", "--kill-tasks-on-exit"]);
+            args.extend(spec.worker_extra.iter().map(String::as_str));
+            c.spawn(&format!("worker-{id}"), &args)?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let alive = match c.api.status().await {
+                Ok(s) => s.workers.iter().filter(|w| w.alive).count() as u32,
+                Err(_) => 0,
+            };
+            if alive >= spec.workers {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("workers did not join within 30 s:\n{}", c.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(c)
+    }
+
+    pub fn spawn_coordinator(&mut self, name: &str) -> anyhow::Result<()> {
+        let mut args = vec!["coordinator", "--name", name];
+        args.extend(LEASE_FLAGS);
+        self.spawn(&format!("coordinator-{name}"), &args)
+    }
+
+    fn spawn(&mut self, name: &str, args: &[&str]) -> anyhow::Result<()> {
+        let mut all = vec!["--nats".to_owned(), self.url.clone()];
+        all.extend(args.iter().map(|a| a.to_string()));
+        let mut p = Proc {
+            name: name.into(),
+            program: self.tools.tenure.clone(),
+            args: all,
+            log: self.dir.join(format!("logs/{name}.log")),
+            child: None,
+        };
+        p.start()?;
+        self.procs.push(p);
+        Ok(())
+    }
+
+    pub fn proc(&mut self, name: &str) -> anyhow::Result<&mut Proc> {
+        self.procs.iter_mut().find(|p| p.name == name).with_context(|| format!("no process {name}"))
+    }
+
+    pub fn pid(&self, name: &str) -> Option<i32> {
+        self.procs.iter().find(|p| p.name == name).and_then(Proc::pid)
+    }
+
+    /// Starts a stopped process again with the same command line.
+    pub fn restart(&mut self, name: &str) -> anyhow::Result<()> {
+        self.proc(name)?.start()
+    }
+
+    /// Waits until some coordinator answers as the leader; its name.
+    pub async fn wait_leader(&self, bound: Duration) -> anyhow::Result<String> {
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Ok(s) = self.api.status_within(Duration::from_millis(500)).await {
+                if let Some(l) = s.leader {
+                    return Ok(l.name);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("no leader within {bound:?}:\n{}", self.logs());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn worker_dir(&self, id: &str) -> PathBuf {
+        self.dir.join("workers").join(id)
+    }
+
+    /// The last lines of every log, for failure messages.
+    pub fn logs(&self) -> String {
+        self.procs.iter().map(|p| format!("---- {} ----\n{}\n", p.name, p.log_tail())).collect()
+    }
+
+    /// Stops everything in reverse start order (workers end their tasks first,
+    /// NATS last) and removes the cluster's files.
+    pub async fn stop(mut self) {
+        while let Some(mut p) = self.procs.pop() {
+            p.stop(Duration::from_secs(10)).await;
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Resident set size of a process, in bytes (0 when it is gone).
+pub fn rss(pid: i32) -> u64 {
+    status_field(pid, "VmRSS:")
+}
+
+fn status_field(pid: i32, field: &str) -> u64 {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) else { return 0 };
+    text.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+        .map(|kib| kib * 1024)
+        .unwrap_or(0)
+}
+
+/// Processes whose command line contains `needle` (the task monitors of one
+/// cluster name its data directory).
+pub fn pids_with_arg(needle: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        if String::from_utf8_lossy(&cmd).contains(needle) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// CPU time a process used, and what its reaped children used, in milliseconds
+/// (`utime + stime`, `cutime + cstime` of `/proc/PID/stat`); zeros when gone.
+pub fn cpu_ms(pid: i32) -> (f64, f64) {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return (0.0, 0.0) };
+    let Some((_, rest)) = stat.rsplit_once(')') else { return (0.0, 0.0) };
+    // Fields after the command: state is field 3; utime is field 14.
+    let f: Vec<u64> = rest.split_whitespace().skip(11).take(4).filter_map(|v| v.parse().ok()).collect();
+    if f.len() < 4 {
+        return (0.0, 0.0);
+    }
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { nix::libc::sysconf(nix::libc::_SC_CLK_TCK) }.max(1) as f64;
+    (((f[0] + f[1]) as f64) * 1000.0 / hz, ((f[2] + f[3]) as f64) * 1000.0 / hz)
+}
+
+/// CPU use of a cluster's daemons (and of this process) over a stretch of work.
+pub struct CpuMeter {
+    start: Vec<(String, i32, (f64, f64))>,
+}
+
+impl CpuMeter {
+    pub fn start(cluster: &Cluster) -> CpuMeter {
+        let me = std::process::id() as i32;
+        let mut pids: Vec<(String, i32)> =
+            cluster.procs.iter().filter_map(|p| Some((p.name.clone(), p.pid()?))).collect();
+        pids.push(("bench".into(), me));
+        CpuMeter { start: pids.into_iter().map(|(n, p)| (n, p, cpu_ms(p))).collect() }
+    }
+
+    /// Milliseconds of CPU per item since `start`, by process (children, such
+    /// as a worker's task monitors, under `<name> children`).
+    pub fn per_item(&self, items: u64) -> serde_json::Value {
+        let mut out = serde_json::Map::new();
+        let n = items.max(1) as f64;
+        for (name, pid, (own, children)) in &self.start {
+            let (own2, children2) = cpu_ms(*pid);
+            out.insert(name.clone(), serde_json::Value::from(((own2 - own) / n * 1000.0).round() / 1000.0));
+            if children2 > *children {
+                out.insert(
+                    format!("{name} children"),
+                    serde_json::Value::from(((children2 - children) / n * 1000.0).round() / 1000.0),
+                );
+            }
+        }
+        serde_json::Value::Object(out)
+    }
+}

@@ -1,0 +1,161 @@
+//! Throughput: tasks submitted and driven to `completed` per second, end to
+//! end through the durable path, with N tasks in flight (each in-flight slot
+//! submits a task and waits for its end, then the next).
+//!
+//! - `noop` tasks vs the bare NATS + JetStream + sled program doing the same
+//!   round trips, appends and flushes per task ([`crate::baseline::NOOP_TASK`]).
+//! - `sh -c true` tasks vs spawning and reaping `sh -c true` from one process.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::json;
+
+use crate::api::Api;
+use crate::baseline::{self, Bare, NOOP_TASK};
+use crate::cluster::{Cluster, CpuMeter, Spec};
+use crate::report::{Better, Figure};
+use crate::Ctx;
+
+/// Drives `total` tasks with `concurrency` in flight; tasks per second.
+pub async fn drive(
+    api: &Api,
+    kind: &'static str,
+    command: &'static str,
+    total: u64,
+    concurrency: u64,
+    pb: Option<&indicatif::ProgressBar>,
+) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let left = Arc::new(AtomicU64::new(total));
+    let mut loops = Vec::new();
+    for _ in 0..concurrency {
+        let (api, left, pb) = (api.clone(), left.clone(), pb.cloned());
+        loops.push(tokio::spawn(async move {
+            while left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok() {
+                api.run(kind, command).await?;
+                if let Some(pb) = &pb {
+                    pb.inc(1);
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for l in loops {
+        l.await??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+pub async fn noop(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let levels: Vec<(u64, u64)> =
+        ctx.size(vec![(1, 150), (16, 800), (64, 1500)], vec![(1, 500), (16, 4000), (64, 8000)]);
+    let pb = ctx.spinner("throughput-noop: starting a cluster (1 worker, 64 slots)");
+    let cluster = Cluster::start(&ctx.tools, &ctx.root, "throughput-noop", &Spec::new(1, 64)).await?;
+    let result = noop_levels(ctx, &cluster, &levels, "").await;
+    pb.finish_and_clear();
+    cluster.stop().await;
+    result?;
+
+    // The same at 16 in flight with JetStream fsyncing every write.
+    let pb = ctx.spinner("throughput-noop: starting a cluster with sync_interval: always");
+    let mut spec = Spec::new(1, 64);
+    spec.sync_always = true;
+    let cluster = Cluster::start(&ctx.tools, &ctx.root, "throughput-noop-sync", &spec).await?;
+    let n = ctx.size(400, 2000);
+    let result = noop_levels(ctx, &cluster, &[(16, n)], ", sync always").await;
+    pb.finish_and_clear();
+    cluster.stop().await;
+    result
+}
+
+async fn noop_levels(ctx: &mut Ctx, cluster: &Cluster, levels: &[(u64, u64)], note: &str) -> anyhow::Result<()> {
+    let (bare, responder) = Bare::start(&cluster.url, &cluster.dir).await?;
+    // Warm up both: connections, streams, allocator, page cache.
+    drive(&cluster.api, "noop", "-", 50, 8, None).await?;
+    bare.throughput(NOOP_TASK, 50, 8).await?;
+    for &(concurrency, total) in levels {
+        let pb = ctx.bar(total, format!("noop tasks, {concurrency} in flight{note}"));
+        let cpu = CpuMeter::start(cluster);
+        let tenure = drive(&cluster.api, "noop", "-", total, concurrency, Some(&pb)).await?;
+        let cpu = cpu.per_item(total);
+        pb.set_message(format!("bare baseline, {concurrency} in flight{note}"));
+        let bare_rate = bare.throughput(NOOP_TASK, total, concurrency).await?;
+        pb.finish_and_clear();
+        let steps = NOOP_TASK;
+        ctx.record(
+            Figure::new("throughput-noop", format!("{concurrency} in flight{note}"), "tasks/s", tenure, Better::Higher)
+                .baseline("bare NATS+JetStream+sled ops/task", bare_rate)
+                .ratio_target(0.30)
+                .details(json!({
+                    "tasks": total,
+                    "concurrency": concurrency,
+                    "jetstream_sync_always": !note.is_empty(),
+                    "cpu_ms_per_task": cpu,
+                    "per_task": {
+                        "round_trips": baseline::count(steps, &[baseline::Step::RoundTrip]),
+                        "appends": baseline::count(steps, &[baseline::Step::Append, baseline::Step::AppendBehind]),
+                        "flushes": baseline::count(steps, &[baseline::Step::Flush, baseline::Step::FlushBehind]),
+                    },
+                })),
+        )?;
+    }
+    responder.abort();
+    Ok(())
+}
+
+pub async fn shell(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let levels: Vec<(u64, u64)> = ctx.size(vec![(1, 30), (16, 200)], vec![(1, 100), (16, 1000)]);
+    let pb = ctx.spinner("throughput-shell: starting a cluster (1 worker, 16 slots)");
+    let cluster = Cluster::start(&ctx.tools, &ctx.root, "throughput-shell", &Spec::new(1, 16)).await?;
+    pb.finish_and_clear();
+    let result = async {
+        drive(&cluster.api, "shell", "true", 20, 4, None).await?;
+        spawn_rate(20, 4).await?;
+        for &(concurrency, total) in &levels {
+            let pb = ctx.bar(total, format!("sh -c true tasks, {concurrency} in flight"));
+            let cpu = CpuMeter::start(&cluster);
+            let tenure = drive(&cluster.api, "shell", "true", total, concurrency, Some(&pb)).await?;
+            let cpu = cpu.per_item(total);
+            pb.set_message(format!("spawning sh -c true, {concurrency} in flight"));
+            let raw = spawn_rate(total, concurrency).await?;
+            pb.finish_and_clear();
+            ctx.record(
+                Figure::new("throughput-shell", format!("{concurrency} in flight"), "tasks/s", tenure, Better::Higher)
+                    .baseline("spawn+reap sh -c true", raw)
+                    .ratio_target(0.50)
+                    .details(json!({ "tasks": total, "concurrency": concurrency, "cpu_ms_per_task": cpu })),
+            )?;
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    cluster.stop().await;
+    result
+}
+
+/// Spawns and reaps `sh -c true` `total` times, `concurrency` at a time; per second.
+async fn spawn_rate(total: u64, concurrency: u64) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let left = Arc::new(AtomicU64::new(total));
+    let mut loops = Vec::new();
+    for _ in 0..concurrency {
+        let left = left.clone();
+        loops.push(tokio::spawn(async move {
+            while left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok() {
+                let status = tokio::process::Command::new("sh")
+                    .args(["-c", "true"])
+                    .stdin(std::process::Stdio::null())
+                    .status()
+                    .await?;
+                anyhow::ensure!(status.success(), "sh -c true failed: {status}");
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for l in loops {
+        l.await??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
