@@ -59,6 +59,24 @@ fn submit_retryable(e: &anyhow::Error) -> bool {
 }
 
 impl Api {
+    /// Every task `ls` shows (or `ls --all`), page by page.
+    pub(crate) async fn list(&self, all: bool) -> anyhow::Result<Vec<TaskSnapshot>> {
+        let (mut list, mut after) = (Vec::new(), None);
+        loop {
+            let req = ApiRequest::ListPage { session: self.session.clone(), all, after };
+            match self.call(&req, API_TIMEOUT).await? {
+                ApiResponse::Page { tasks, next } => {
+                    list.extend(tasks);
+                    match next {
+                        Some(n) => after = Some(n),
+                        None => return Ok(list),
+                    }
+                }
+                other => bail!("unexpected reply {other:?}"),
+            }
+        }
+    }
+
     pub(crate) async fn call(&self, req: &ApiRequest, timeout: Duration) -> anyhow::Result<ApiResponse> {
         let reply: ApiReply = tenure_transport::request(&self.client, subjects::API.to_owned(), req, timeout)
             .await
@@ -120,11 +138,7 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
             Ok(ExitCode::SUCCESS)
         }
         Command::Ls { all, json } => {
-            let ApiResponse::List(list) =
-                api.call(&ApiRequest::List { session: api.session.clone(), all }, API_TIMEOUT).await?
-            else {
-                bail!("unexpected reply");
-            };
+            let list = api.list(all).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&list)?);
             } else {

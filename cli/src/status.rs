@@ -61,13 +61,8 @@ async fn fetch(api: &Api) -> anyhow::Result<ClusterStatus> {
 }
 
 async fn own_running(api: &Api) -> anyhow::Result<Vec<TaskSnapshot>> {
-    match api.call(&ApiRequest::List { session: api.session.clone(), all: false }, API_TIMEOUT).await? {
-        ApiResponse::List(list) => Ok(list
-            .into_iter()
-            .filter(|t| matches!(t.status, Status::Leased | Status::Running | Status::Stopping))
-            .collect()),
-        other => anyhow::bail!("unexpected reply {other:?}"),
-    }
+    let list = api.list(false).await?;
+    Ok(list.into_iter().filter(|t| matches!(t.status, Status::Leased | Status::Running | Status::Stopping)).collect())
 }
 
 fn nats_line(api: &Api) -> String {

@@ -19,7 +19,7 @@ use tenure_protocol::messages::{
     ApiError, ApiReply, ApiRequest, ApiResponse, CleanupReply, CleanupRequest, ClusterStatus, EvidenceReply,
     EvidenceRequest, Heartbeat, KillCommand, KillResult, LeaseGrant, MatchNotice, MatchedLine, Notice, Refusal, Report,
     ReportAck, ReportEvent, SidecarHealth, SubmitRequest, TaskSnapshot, WorkerCommand, WorkerReply, WorkerStatus,
-    MAX_MATCHES_PER_REPORT, MAX_MATCH_LINE_BYTES, MAX_WAIT_MS,
+    MAX_LIST_PAGE_BYTES, MAX_MATCHES_PER_REPORT, MAX_MATCH_LINE_BYTES, MAX_WAIT_MS,
 };
 use tenure_protocol::{
     apply, Board, Decision, Epoch, Event, Kind, Lifecycle, SessionId, Status, TaskId, Unchanged, WorkerId,
@@ -350,25 +350,26 @@ impl Core {
                 self.visible(&session, &task).map(|r| ApiResponse::Snapshot(self.snapshot_of(r)))
             }
             ApiRequest::List { session, all } => {
-                let mut list: Vec<TaskSnapshot> = self
-                    .tasks
-                    .values()
-                    .filter(|r| {
-                        let operator = self.cfg.operators.contains(&session);
-                        let mine = r.owner == session || operator;
-                        // The board: archived tasks show with `all`; deleted ones
-                        // only to an operator's `all` (their records stay for audit).
-                        let shown = match r.life.board {
-                            Board::Active => all || !r.life.status.is_terminal() || !r.reported,
-                            Board::Archived => all,
-                            Board::Deleted => all && operator,
-                        };
-                        mine && shown
-                    })
-                    .map(|r| self.snapshot_of(r))
-                    .collect();
+                let mut list: Vec<TaskSnapshot> = self.listed(&session, all).map(|r| self.snapshot_of(r)).collect();
                 list.sort_by_key(|s| s.id.number());
                 Ok(ApiResponse::List(list))
+            }
+            ApiRequest::ListPage { session, all, after } => {
+                let mut listed: Vec<&TaskRecord> =
+                    self.listed(&session, all).filter(|r| after.is_none_or(|a| r.id.number() > a)).collect();
+                listed.sort_by_key(|r| r.id.number());
+                let (mut tasks, mut bytes, mut next) = (Vec::new(), 0usize, None);
+                for r in listed {
+                    let snapshot = self.snapshot_of(r);
+                    let size = tenure_protocol::encode(&snapshot).map(|b| b.len()).unwrap_or(usize::MAX);
+                    if !tasks.is_empty() && bytes.saturating_add(size) > MAX_LIST_PAGE_BYTES {
+                        next = tasks.last().map(|s: &TaskSnapshot| s.id.number());
+                        break;
+                    }
+                    bytes = bytes.saturating_add(size);
+                    tasks.push(snapshot);
+                }
+                Ok(ApiResponse::Page { tasks, next })
             }
             ApiRequest::Kill { session, task } => self.kill(&session, &task, now, fx),
             ApiRequest::Wait { session, task, timeout_ms } => match self.owned(&session, &task) {
@@ -414,6 +415,21 @@ impl Core {
         if let Some(to) = reply_to {
             fx.push(Effect::Reply { to, reply });
         }
+    }
+
+    /// The tasks a `List` of `session` shows: its own (every session's for an
+    /// operator), by board — archived ones with `all`, deleted ones only to an
+    /// operator's `all` (their records stay for audit).
+    fn listed<'a>(&'a self, session: &'a SessionId, all: bool) -> impl Iterator<Item = &'a TaskRecord> + 'a {
+        let operator = self.cfg.operators.contains(session);
+        self.tasks.values().filter(move |r| {
+            let shown = match r.life.board {
+                Board::Active => all || !r.life.status.is_terminal() || !r.reported,
+                Board::Archived => all,
+                Board::Deleted => all && operator,
+            };
+            (&r.owner == session || operator) && shown
+        })
     }
 
     /// Kinds a submit may name: the builtin ones and those advertised by the

@@ -848,3 +848,31 @@ fn a_final_output_is_empty_while_live_then_the_same_every_read_and_reads_report_
     let streamed = h.submit("alice", TaskSpec::shell("s", "echo"));
     assert!(matches!(read(&mut h, &streamed), Some(Err(ApiError::InvalidRequest(_)))));
 }
+
+#[test]
+fn list_pages_cover_every_task_once_each_page_within_the_message_limit() {
+    let mut h = Harness::new();
+    let n = 3000u64;
+    for i in 0..n {
+        h.submit("s", TaskSpec::shell(format!("{i}-{}", "l".repeat(300)), "true"));
+    }
+    let (mut seen, mut after, mut pages) = (Vec::new(), None, 0);
+    loop {
+        let (_, reply) = h.api(ApiRequest::ListPage { session: s("s"), all: true, after });
+        let reply = reply.expect("a reply");
+        let bytes = tenure_protocol::encode(&reply).expect("a page always fits a message").len();
+        assert!(bytes <= tenure_protocol::MAX_MESSAGE_BYTES);
+        let Ok(ApiResponse::Page { tasks, next }) = reply else { panic!("{reply:?}") };
+        pages += 1;
+        seen.extend(tasks.iter().map(|t| t.id.number()));
+        match next {
+            Some(last) => after = Some(last),
+            None => break,
+        }
+    }
+    assert!(pages > 2, "{pages} pages");
+    assert_eq!(seen, (1..=n).collect::<Vec<_>>());
+    // Another session's pages are empty.
+    let (_, reply) = h.api(ApiRequest::ListPage { session: s("other"), all: true, after: None });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Page { ref tasks, next: None })) if tasks.is_empty()));
+}

@@ -38,7 +38,8 @@ impl Core {
                     let child = children.and_then(|c| c.get(&(i as u32))).and_then(|id| self.tasks.get(id));
                     StepView {
                         index: i as u32 + 1,
-                        command: step.command.clone(),
+                        // The first line, cut: a snapshot stays small whatever the steps.
+                        command: step.command.lines().next().unwrap_or("").chars().take(120).collect(),
                         task: children.and_then(|c| c.get(&(i as u32))).cloned(),
                         status: child.map(|c| c.life.status),
                         detail: child.and_then(|c| c.life.outcome.as_ref()).and_then(|o| o.detail.clone()),

@@ -22,9 +22,18 @@ pub enum ApiRequest {
         session: SessionId,
         task: TaskId,
     },
+    /// The whole list in one reply (refused as too large past about a
+    /// thousand tasks: use `ListPage`).
     List {
         session: SessionId,
         all: bool,
+    },
+    /// One page of the list, by task number, after `after`: at most
+    /// [`MAX_LIST_PAGE_BYTES`] of snapshots; `next` continues it.
+    ListPage {
+        session: SessionId,
+        all: bool,
+        after: Option<u64>,
     },
     Kill {
         session: SessionId,
@@ -79,7 +88,7 @@ impl ApiRequest {
         match self {
             ApiRequest::Submit(_) => "submit",
             ApiRequest::Get { .. } => "get",
-            ApiRequest::List { .. } => "list",
+            ApiRequest::List { .. } | ApiRequest::ListPage { .. } => "list",
             ApiRequest::Kill { .. } => "kill",
             ApiRequest::Wait { .. } => "wait",
             ApiRequest::MarkReported { .. } => "mark-reported",
@@ -111,6 +120,10 @@ pub enum ApiResponse {
     },
     Snapshot(TaskSnapshot),
     List(Vec<TaskSnapshot>),
+    Page {
+        tasks: Vec<TaskSnapshot>,
+        next: Option<u64>,
+    },
     Kill {
         result: KillResult,
         snapshot: TaskSnapshot,
@@ -692,12 +705,28 @@ pub enum SidecarRequest {
     Abandon { task: TaskId, attempt: Attempt },
     /// Every record held, for recovery.
     List,
+    /// The next page of records, after `(task, attempt)`.
+    ListFrom { task: TaskId, attempt: Attempt },
 }
+
+/// Most encoded bytes of records in one `Records` page: a machine holds any
+/// number of records (every acknowledged attempt until cleanup), and no reply
+/// may exceed the message limit.
+pub const MAX_LIST_PAGE_BYTES: usize = 256 * 1024;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SidecarReply {
     Ok,
-    Records { epoch: Epoch, records: Vec<AttemptRecord>, corrupt: Vec<CorruptAttempt> },
+    /// One page of the machine's records, in (task, attempt) order, within
+    /// [`MAX_LIST_PAGE_BYTES`]; `next` names the last record of the page when
+    /// more follow (ask `ListFrom` it). `corrupt` comes with the first page.
+    Records {
+        epoch: Epoch,
+        records: Vec<AttemptRecord>,
+        corrupt: Vec<CorruptAttempt>,
+        #[serde(default)]
+        next: Option<(TaskId, Attempt)>,
+    },
     Refused(SidecarRefusal),
 }
 

@@ -298,7 +298,7 @@ fn request_name(req: &SidecarRequest) -> &'static str {
         SidecarRequest::Exited { .. } => "exited",
         SidecarRequest::Acknowledged { .. } => "acknowledged",
         SidecarRequest::Abandon { .. } => "abandon",
-        SidecarRequest::List => "list",
+        SidecarRequest::List | SidecarRequest::ListFrom { .. } => "list",
     }
 }
 

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 
 use tenure_protocol::messages::{
-    AttemptRecord, CorruptAttempt, LeaseGrant, Phase, SidecarRefusal, SidecarReply, SidecarRequest,
+    AttemptRecord, CorruptAttempt, LeaseGrant, Phase, SidecarRefusal, SidecarReply, SidecarRequest, MAX_LIST_PAGE_BYTES,
 };
 use tenure_protocol::{Attempt, Epoch, Outcome, TaskId};
 use tracing::{debug, info, warn};
@@ -77,21 +77,8 @@ impl<S: RecoveryStore> Machine<S> {
             SidecarRequest::Exited { task, attempt, outcome } => self.exited(&task, attempt, outcome),
             SidecarRequest::Acknowledged { task, attempt } => self.acknowledged(&task, attempt),
             SidecarRequest::Abandon { task, attempt } => self.abandon(&task, attempt),
-            SidecarRequest::List => {
-                return SidecarReply::Records {
-                    epoch: self.epoch,
-                    records: self.records.values().cloned().collect(),
-                    corrupt: self
-                        .corrupt
-                        .iter()
-                        .map(|c| CorruptAttempt {
-                            key: c.key.clone(),
-                            attempt: c.attempt.clone(),
-                            reason: c.reason.clone(),
-                        })
-                        .collect(),
-                }
-            }
+            SidecarRequest::List => return self.page(None),
+            SidecarRequest::ListFrom { task, attempt } => return self.page(Some((task, attempt))),
         };
         match decision {
             Ok(()) => SidecarReply::Ok,
@@ -117,6 +104,36 @@ impl<S: RecoveryStore> Machine<S> {
     /// may read the task's output, and whose phase says if the output is final.
     pub fn record_for_output(&self, task: &TaskId) -> Option<&AttemptRecord> {
         self.latest(task)
+    }
+
+    /// One page of records after `after` (from the start with `None`), within
+    /// `MAX_LIST_PAGE_BYTES` of encoded records (at least one record, which
+    /// fits a message by the spec limits); the unreadable ones with the first.
+    fn page(&self, after: Option<(TaskId, Attempt)>) -> SidecarReply {
+        use std::ops::Bound;
+        let from = match &after {
+            Some(key) => Bound::Excluded(key.clone()),
+            None => Bound::Unbounded,
+        };
+        let (mut records, mut bytes, mut next) = (Vec::new(), 0usize, None);
+        for record in self.records.range((from, Bound::Unbounded)).map(|(_, r)| r) {
+            let size = tenure_protocol::encode(record).map(|b| b.len()).unwrap_or(usize::MAX);
+            if !records.is_empty() && bytes.saturating_add(size) > MAX_LIST_PAGE_BYTES {
+                next = records.last().map(|r: &AttemptRecord| (r.grant.task.clone(), r.grant.attempt));
+                break;
+            }
+            bytes = bytes.saturating_add(size);
+            records.push(record.clone());
+        }
+        let corrupt = match after {
+            Some(_) => Vec::new(),
+            None => self
+                .corrupt
+                .iter()
+                .map(|c| CorruptAttempt { key: c.key.clone(), attempt: c.attempt.clone(), reason: c.reason.clone() })
+                .collect(),
+        };
+        SidecarReply::Records { epoch: self.epoch, records, corrupt, next }
     }
 
     /// Records that could not be read at load time.

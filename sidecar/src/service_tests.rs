@@ -446,3 +446,32 @@ fn an_abandoned_attempt_is_never_accepted_again() {
     ));
     assert!(matches!(m.handle(intent(5)), SidecarReply::Refused(SidecarRefusal::Revoked { .. })));
 }
+
+#[test]
+fn list_pages_through_any_number_of_records_each_page_within_the_message_limit() {
+    let mut m = Machine::restore(MemoryStore::new()).unwrap();
+    let big = "x".repeat(20 * 1024);
+    let n = 200;
+    for i in 1..=n {
+        let mut g = grant(1, 5);
+        g.task = format!("shell-{i}").parse().unwrap();
+        g.spec = TaskSpec::shell("l", big.clone());
+        assert_eq!(m.handle(SidecarRequest::Accept(g)), SidecarReply::Ok);
+    }
+    let (mut seen, mut request, mut pages) = (Vec::new(), SidecarRequest::List, 0);
+    loop {
+        let reply = m.handle(request.clone());
+        let bytes = tenure_protocol::encode(&reply).expect("a page always fits a message").len();
+        assert!(bytes <= tenure_protocol::MAX_MESSAGE_BYTES, "page of {bytes} bytes");
+        let SidecarReply::Records { records, next, .. } = reply else { panic!("{reply:?}") };
+        pages += 1;
+        seen.extend(records.into_iter().map(|r| r.grant.task.to_string()));
+        match next {
+            Some((task, attempt)) => request = SidecarRequest::ListFrom { task, attempt },
+            None => break,
+        }
+    }
+    assert!(pages > 1, "{n} records of 20 KiB fit one page?");
+    let expected: Vec<String> = (1..=n).map(|i| format!("shell-{i}")).collect();
+    assert_eq!(seen, expected, "every record exactly once, in task order");
+}

@@ -409,9 +409,20 @@ async fn report_once(
 /// Attempt directories that no record names are removed only when their monitor
 /// and group are confirmed gone; otherwise kept, with a warning saying why.
 pub(crate) async fn recover(shared: &Arc<Shared>) {
-    let (epoch, records, corrupt) = loop {
-        match shared.sidecar.call(&SidecarRequest::List).await {
-            Ok(SidecarReply::Records { epoch, records, corrupt }) => break (epoch, records, corrupt),
+    // Every record, page by page (a machine can hold more than one message).
+    let (mut epoch, mut records, mut corrupt, mut request) = (Epoch(0), Vec::new(), Vec::new(), SidecarRequest::List);
+    loop {
+        match shared.sidecar.call(&request).await {
+            Ok(SidecarReply::Records { epoch: e, records: page, corrupt: bad, next }) => {
+                epoch = epoch.max(e);
+                records.extend(page);
+                corrupt.extend(bad);
+                match next {
+                    Some((task, attempt)) => request = SidecarRequest::ListFrom { task, attempt },
+                    None => break,
+                }
+                continue;
+            }
             Ok(SidecarReply::Refused(SidecarRefusal::Storage(reason))) => {
                 return recover_without_records(shared, &reason);
             }
@@ -419,7 +430,7 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
             Err(error) => tracing::warn!(%error, "waiting for the sidecar"),
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    }
     shared.observe_epoch(epoch);
     let mut known = std::collections::HashSet::new();
     for record in records {

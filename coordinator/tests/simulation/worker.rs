@@ -754,6 +754,6 @@ fn fmt_sidecar(req: &SidecarRequest) -> String {
         SidecarRequest::Exited { task, attempt, outcome } => format!("exited {task}#{attempt} {:?}", outcome.ending),
         SidecarRequest::Acknowledged { task, attempt } => format!("acknowledged {task}#{attempt}"),
         SidecarRequest::Abandon { task, attempt } => format!("abandon {task}#{attempt}"),
-        SidecarRequest::List => "list".into(),
+        SidecarRequest::List | SidecarRequest::ListFrom { .. } => "list".into(),
     }
 }
