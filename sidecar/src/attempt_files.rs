@@ -10,9 +10,14 @@
 //! | `input`       | monitor    | before spawning an `agent` task; removed when its group is gone | the task's stdin, a FIFO (mode 0600) |
 //! | `matches`     | monitor    | as a `monitor` task's output lines match its pattern | one JSON [`MatchedLine`] per line, append-only |
 //!
-//! `status` is written to a temporary file, fsynced, renamed into place and the
-//! directory fsynced: it is either absent or complete. Readers treat a missing
-//! or unreadable file as "no evidence", never as an outcome.
+//! `grant` and `status` are written to a temporary file, fsynced, renamed into
+//! place and the directory fsynced: each is either absent or complete, also
+//! after a machine crash. `monitor.pid` and `pgid` are renamed into place
+//! without fsync: they name live processes, which matter only while the machine
+//! runs (a worker or sidecar crash leaves the page cache intact), and a machine
+//! crash ends those processes anyway — a file lost or empty after a reboot
+//! reads as "no process", which is the truth. Readers treat a missing or
+//! unreadable file as "no evidence", never as an outcome.
 //!
 //! `input` is a FIFO the monitor holds open read-write for the attempt's whole
 //! life, so the task never reads end-of-file while nobody writes and a writer
@@ -132,7 +137,7 @@ impl AttemptFiles {
     }
 
     pub fn write_monitor(&self, id: ProcessId) -> io::Result<()> {
-        write_atomic(&self.dir, "monitor.pid", format!("{} {}\n", id.pid, id.start_time).as_bytes())
+        write_replace(&self.dir, "monitor.pid", format!("{} {}\n", id.pid, id.start_time).as_bytes(), false)
     }
 
     /// The recorded monitor, if its file exists and is readable.
@@ -143,7 +148,7 @@ impl AttemptFiles {
     }
 
     pub fn write_pgid(&self, pgid: i32) -> io::Result<()> {
-        write_atomic(&self.dir, "pgid", format!("{pgid}\n").as_bytes())
+        write_replace(&self.dir, "pgid", format!("{pgid}\n").as_bytes(), false)
     }
 
     pub fn pgid(&self) -> Option<i32> {
@@ -307,15 +312,28 @@ fn open_fifo(path: &Path, options: &mut OpenOptions, nonblock: bool) -> Result<F
 
 /// Writes `name` in `dir` so that it is either absent or complete, even across a
 /// power loss: temporary file, fsync, rename, fsync of the directory.
+/// Writes `name` complete or not at all (temporary file, then rename), and
+/// durably (file and directory fsynced).
 fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    write_replace(dir, name, bytes, true)
+}
+
+/// Writes `name` complete or not at all; with `durable`, also fsynced so that
+/// it survives a machine crash.
+fn write_replace(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
     let tmp = dir.join(format!(".{name}.tmp"));
     {
         let mut f = File::create(&tmp)?;
         f.write_all(bytes)?;
-        f.sync_all()?;
+        if durable {
+            f.sync_all()?;
+        }
     }
     fs::rename(&tmp, dir.join(name))?;
-    File::open(dir)?.sync_all()
+    if durable {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
