@@ -22,6 +22,8 @@ const FIRST_RETRY: Duration = Duration::from_secs(1);
 const LAST_RETRY: Duration = Duration::from_secs(60);
 /// How often the garbage collector looks for expired tasks.
 const GC_EVERY: Duration = Duration::from_secs(5);
+/// How long after its task ended a submit's idempotency key is remembered.
+pub(super) const KEEP_KEYS: Duration = Duration::from_secs(600);
 
 impl Core {
     /// Applies a board event for the owner, then starts, reuses or cancels the
@@ -83,11 +85,12 @@ impl Core {
     /// terminal tasks are ever touched; a machine that cannot be reached keeps
     /// the job pending, and the record, until it answers.
     pub(super) fn collect_garbage(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        let Some(retention) = self.cfg.retention else { return };
         if self.last_gc.is_some_and(|at| now.mono.saturating_sub(at) < GC_EVERY) {
             return;
         }
         self.last_gc = Some(now.mono);
+        self.forget_old_keys(now);
+        let Some(retention) = self.cfg.retention else { return };
         let horizon = now.wall_ms.saturating_sub(retention.as_millis() as u64);
         let expired: Vec<TaskId> = self
             .tasks
@@ -111,6 +114,19 @@ impl Core {
                 fx.push(Effect::Forget { task, at_ms: now.wall_ms });
             }
         }
+    }
+
+    /// A submit's idempotency key is remembered until its task has been
+    /// finished for [`KEEP_KEYS`] (a client retries a lost reply within
+    /// seconds); past that it is only memory. The key stays in the record.
+    fn forget_old_keys(&mut self, now: Now) {
+        let horizon = now.wall_ms.saturating_sub(KEEP_KEYS.as_millis() as u64);
+        let tasks = &self.tasks;
+        self.by_key.retain(|_, id| {
+            tasks
+                .get(id)
+                .is_some_and(|r| !r.life.status.is_terminal() || r.finished_at_ms.is_none_or(|at| at > horizon))
+        });
     }
 
     fn send_cleanup(&mut self, task: &TaskId, now: Now, fx: &mut Vec<Effect>) {

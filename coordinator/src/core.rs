@@ -236,7 +236,9 @@ impl Core {
         };
         for r in records {
             core.next_n = core.next_n.max(r.id.number() + 1);
-            core.by_key.insert((r.owner.clone(), r.idempotency_key), r.id.clone());
+            if r.parent.is_none() {
+                core.by_key.insert((r.owner.clone(), r.idempotency_key), r.id.clone());
+            }
             if let (true, Some(w)) = (r.life.status.is_on_worker(), &r.life.worker) {
                 core.workers.entry(w.clone()).or_insert(WorkerState {
                     slots: 0,
@@ -870,6 +872,8 @@ impl Core {
         let parent = record.parent.as_ref().map(|p| p.workflow.clone());
         let waiters = if after.is_terminal() {
             record.finished_at_ms = Some(now.wall_ms);
+            // Only grants continue a task's trace: a finished task needs none.
+            record.trace = None;
             let ws = self.waiters.remove(task).unwrap_or_default();
             // A step's end is reported by its workflow.
             if !ws.is_empty() || parent.is_some() {

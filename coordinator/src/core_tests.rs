@@ -876,3 +876,27 @@ fn list_pages_cover_every_task_once_each_page_within_the_message_limit() {
     let (_, reply) = h.api(ApiRequest::ListPage { session: s("other"), all: true, after: None });
     assert!(matches!(reply, Some(Ok(ApiResponse::Page { ref tasks, next: None })) if tasks.is_empty()));
 }
+
+#[test]
+fn an_idempotency_key_is_remembered_while_its_task_runs_and_for_a_while_after() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 1);
+    let key = Uuid::new_v4();
+    let submit = |h: &mut Harness| {
+        let req = SubmitRequest { session: s("s"), idempotency_key: key, spec: TaskSpec::shell("k", "true") };
+        match h.api(ApiRequest::Submit(req)).1 {
+            Some(Ok(ApiResponse::Submitted { task, existing })) => (task, existing),
+            other => panic!("{other:?}"),
+        }
+    };
+    let (task, existing) = submit(&mut h);
+    assert!(!existing);
+    h.report("w1", &task, 1, completed());
+    h.advance(Duration::from_secs(60));
+    h.input(Input::Tick);
+    assert_eq!(submit(&mut h), (task.clone(), true), "a retry a minute after the end is the same task");
+    h.advance(super::board::KEEP_KEYS);
+    h.input(Input::Tick);
+    let (again, existing) = submit(&mut h);
+    assert!(!existing && again != task, "the key was forgotten after KEEP_KEYS");
+}

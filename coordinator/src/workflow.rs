@@ -152,7 +152,6 @@ impl Core {
             trace,
         };
         tracing::info!(task = %id, workflow = %workflow, step = index + 1, "workflow step created");
-        self.by_key.insert((record.owner.clone(), record.idempotency_key), id.clone());
         self.index(&id, None, Status::Queued);
         self.index_child(&id, &of);
         fx.push(Effect::Persist(Box::new(record.clone())));
