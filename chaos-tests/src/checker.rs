@@ -22,6 +22,11 @@ pub struct Final {
     pub label: String,
     pub status: String,
     pub hint: Option<String>,
+    /// A workflow step: its workflow's id (steps are judged like tasks).
+    pub parent: Option<String>,
+    pub idempotent: bool,
+    /// A workflow: it has no effect of its own, its steps do.
+    pub workflow: bool,
 }
 
 /// A live process that carries this run's marker.
@@ -100,6 +105,8 @@ pub fn check(
             "failed" => c.failed += 1,
             "killed" => c.killed += 1,
             "unknown" => c.unknown += 1,
+            // A workflow waiting on an unknown step (its hint says which).
+            "running" | "stopping" if f.workflow && f.hint.is_some() => c.unknown += 1,
             other => {
                 c.lost += 1;
                 violation("unsettled", &f.id, format!("still {other} after quiescence"));
@@ -109,7 +116,7 @@ pub fn check(
             c.double_executed += 1;
             violation("double-executed", &f.id, format!("ran {count} times: attempts {:?}", runs[f.id.as_str()]));
         }
-        if f.status == "completed" && count == 0 {
+        if f.status == "completed" && count == 0 && !f.workflow {
             violation("completed-without-effect", &f.id, "completed but never appended to the ledger".into());
         }
         if f.status == "unknown" {
@@ -119,6 +126,29 @@ pub fn check(
             if !s.idempotent && count > 1 {
                 violation("untruthful-hint", &f.id, format!("unknown ({:?}) but ran {count} times", f.hint));
             }
+        }
+    }
+    // Workflow steps: each is a task of its own, created by the leader.
+    for f in finals.iter().filter(|f| f.parent.is_some()) {
+        let count = runs.get(f.id.as_str()).map(Vec::len).unwrap_or(0);
+        if !f.idempotent && count > 1 {
+            c.double_executed += 1;
+            violation(
+                "double-executed",
+                &f.id,
+                format!("workflow step ran {count} times: attempts {:?}", runs[f.id.as_str()]),
+            );
+        }
+        if f.status == "completed" && count == 0 {
+            violation(
+                "completed-without-effect",
+                &f.id,
+                "workflow step completed but never appended to the ledger".into(),
+            );
+        }
+        let parent = f.parent.as_deref().and_then(|p| by_id.get(p));
+        if parent.is_some_and(|p| p.status == "completed") && f.status != "completed" {
+            violation("workflow", &f.id, format!("its workflow completed while the step is {}", f.status));
         }
     }
     for task in runs.keys() {
@@ -154,7 +184,36 @@ mod tests {
 
     fn fin(id: &str, label: &str, status: &str) -> Final {
         let hint = (status == "unknown").then(|| "maybe-ran".to_string());
-        Final { id: id.into(), label: label.into(), status: status.into(), hint }
+        Final {
+            id: id.into(),
+            label: label.into(),
+            status: status.into(),
+            hint,
+            parent: None,
+            idempotent: false,
+            workflow: false,
+        }
+    }
+
+    #[test]
+    fn workflow_steps_are_judged_like_tasks() {
+        let submitted = vec![sub("w", "workflow-1", false)];
+        let step = |id: &str, status: &str| Final { parent: Some("workflow-1".into()), ..fin(id, "step", status) };
+        let clean = vec![
+            Final { workflow: true, ..fin("workflow-1", "w", "completed") },
+            step("shell-2", "completed"),
+            step("shell-3", "completed"),
+        ];
+        let ledger = vec![("shell-2".into(), 1), ("shell-3".into(), 1)];
+        let (_, v) = check(&submitted, &clean, &ledger, &[], &[]);
+        assert!(v.is_empty(), "{v:?}");
+        let twice = vec![("shell-2".into(), 1), ("shell-2".into(), 2), ("shell-3".into(), 1)];
+        let (c, v) = check(&submitted, &clean, &twice, &[], &[]);
+        assert_eq!(c.double_executed, 1, "{v:?}");
+        let mut unfinished = clean.clone();
+        unfinished[2].status = "failed".into();
+        let (_, v) = check(&submitted, &unfinished, &ledger, &[], &[]);
+        assert!(v.iter().any(|x| x.kind == "workflow"), "{v:?}");
     }
 
     #[test]

@@ -255,10 +255,13 @@ async fn run(
             Some(ApiResponse::List(list)) => list
                 .into_iter()
                 .map(|s| Final {
+                    workflow: !s.steps.is_empty(),
                     id: s.id.to_string(),
                     label: s.label,
                     status: s.status.as_str().to_owned(),
                     hint: s.hint.map(|h| h.tag.as_str().to_owned()),
+                    parent: s.parent.map(|p| p.to_string()),
+                    idempotent: s.idempotent,
                 })
                 .collect(),
             _ => anyhow::bail!("cannot list the registry at the end of the run"),
@@ -466,7 +469,14 @@ async fn load(
         } else {
             format!("{append}; sleep {}.{:03}", sleep_ms / 1000, sleep_ms % 1000)
         };
-        let mut spec = TaskSpec::shell(label.clone(), command);
+        // One submission in ten is a workflow of two or three such steps.
+        let mut spec = if !planted && rng.gen_bool(0.1) {
+            let steps =
+                (0..rng.gen_range(2..=3)).map(|i| format!("{append}; sleep 0.{}", (sleep_ms / 3 + i * 100) % 1000));
+            TaskSpec::workflow(label.clone(), steps.collect::<Vec<_>>())
+        } else {
+            TaskSpec::shell(label.clone(), command)
+        };
         spec.idempotent = idempotent && !planted;
         spec.env.insert("TENURE_CHAOS_RUN".into(), run_id.clone());
         let req =
@@ -527,7 +537,13 @@ async fn settled(client: &async_nats::Client, submitted: &Arc<Mutex<Vec<Submitte
     else {
         return false;
     };
-    all_answered && list.iter().all(|s| s.status.is_terminal() || s.status == tenure_protocol::Status::Unknown)
+    // A workflow waiting on an unknown step is as settled as that step.
+    let settled = |s: &tenure_protocol::messages::TaskSnapshot| {
+        s.status.is_terminal()
+            || s.status == tenure_protocol::Status::Unknown
+            || (!s.steps.is_empty() && s.hint.is_some())
+    };
+    all_answered && list.iter().all(settled)
 }
 
 /// Live processes carrying this run's marker, with their task and parent.

@@ -900,3 +900,25 @@ fn an_idempotency_key_is_remembered_while_its_task_runs_and_for_a_while_after() 
     let (again, existing) = submit(&mut h);
     assert!(!existing && again != task, "the key was forgotten after KEEP_KEYS");
 }
+
+#[test]
+fn a_workflow_waiting_on_an_unknown_step_says_so_and_goes_on_when_the_step_settles() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let (flow, g) = start_flow(&mut h, TaskSpec::workflow("u", ["true".to_owned(), "true".to_owned()]));
+    let step = g[0].1.task.clone();
+    h.report("w1", &step, 1, ReportEvent::Started { pid: 1 });
+    for request in lose_w1(&mut h) {
+        answer(&mut h, &request, Err("no responders".into()));
+    }
+    assert_eq!(h.status(&step), Status::Unknown);
+    let view = snapshot(&mut h, &flow);
+    assert_eq!(view.status, Status::Running);
+    let hint = view.hint.expect("the workflow says what it waits on");
+    assert_eq!(hint.tag, HintTag::WorkerUnreachable);
+    assert!(hint.message.contains(&format!("step 1 ({step})")), "{}", hint.message);
+    // Late evidence settles the step; the workflow goes on.
+    assert_eq!(h.report("w1", &step, 1, completed()), ReportAck::Ack);
+    let view = snapshot(&mut h, &flow);
+    assert!(view.hint.is_none() && view.steps[1].task.is_some(), "{view:?}");
+}

@@ -18,7 +18,7 @@
 use std::collections::BTreeMap;
 
 use tenure_protocol::messages::{StepView, TaskSnapshot};
-use tenure_protocol::{Ending, Event, Lifecycle, Outcome, Status, TaskId};
+use tenure_protocol::{Ending, Event, HintTag, Lifecycle, Outcome, RecoveryHint, Status, TaskId};
 
 use super::{Core, Effect, Now};
 use crate::record::{StepOf, TaskRecord};
@@ -47,6 +47,22 @@ impl Core {
                     }
                 })
                 .collect();
+            // A workflow waiting on an unknown step says so: that step needs a
+            // person (or its machine's evidence) before anything moves.
+            if s.hint.is_none() && !s.status.is_terminal() {
+                let stuck = s.steps.iter().rev().find(|st| st.status == Some(Status::Unknown));
+                if let Some(step) = stuck {
+                    let why = step.hint.as_ref().map(|h| h.message.as_str()).unwrap_or("its outcome is not proved");
+                    s.hint = Some(RecoveryHint {
+                        tag: step.hint.as_ref().map(|h| h.tag).unwrap_or(HintTag::MaybeRan),
+                        message: format!(
+                            "waiting on step {} ({}), which is unknown: {why}",
+                            step.index,
+                            step.task.as_ref().map(ToString::to_string).unwrap_or_default()
+                        ),
+                    });
+                }
+            }
         }
         s
     }
