@@ -134,6 +134,68 @@ pub trait Validate {
     fn validate(&self) -> anyhow::Result<()>;
 }
 
+/// A daemon's configuration: what every daemon shares.
+pub trait DaemonConfig: Validate + Serialize + Clone + Default + for<'de> Deserialize<'de> {
+    fn shared(&mut self) -> (&mut Option<SocketAddr>, &mut NatsOptions);
+}
+
+impl DaemonConfig for CoordinatorConfig {
+    fn shared(&mut self) -> (&mut Option<SocketAddr>, &mut NatsOptions) {
+        (&mut self.metrics_addr, &mut self.nats)
+    }
+}
+
+impl DaemonConfig for WorkerConfig {
+    fn shared(&mut self) -> (&mut Option<SocketAddr>, &mut NatsOptions) {
+        (&mut self.metrics_addr, &mut self.nats)
+    }
+}
+
+impl DaemonConfig for SidecarConfig {
+    fn shared(&mut self) -> (&mut Option<SocketAddr>, &mut NatsOptions) {
+        (&mut self.metrics_addr, &mut self.nats)
+    }
+}
+
+/// The flags every daemon shares, as given on the command line.
+pub struct SharedFlags {
+    pub metrics_addr: Option<SocketAddr>,
+    pub nats: NatsOptions,
+}
+
+/// A daemon's effective configuration: its file (or the defaults), then the
+/// given flags and variables (`overrides` for the daemon's own, `shared` for
+/// the rest), validated. `None` when `--print-config` printed it instead.
+pub fn resolve<C: DaemonConfig>(
+    args: &ConfigArgs,
+    given: &dyn Fn(&str) -> bool,
+    shared: SharedFlags,
+    overrides: impl FnOnce(&mut C),
+) -> anyhow::Result<Option<C>> {
+    let invalid = |e: anyhow::Error| anyhow::anyhow!("invalid configuration: {e:#}");
+    let mut cfg: C = load(args.config.as_deref()).map_err(invalid)?;
+    overrides(&mut cfg);
+    let (metrics_addr, nats) = cfg.shared();
+    if given("metrics_addr") {
+        *metrics_addr = shared.metrics_addr;
+    }
+    override_nats(given, nats, shared.nats);
+    cfg.validate().map_err(invalid)?;
+    if args.print_config {
+        print!("{}", print(&cfg)?);
+        return Ok(None);
+    }
+    Ok(Some(cfg))
+}
+
+/// `Some` or the error saying how to give `key`.
+fn required<T>(value: &Option<T>, key: &str, flag: &str, env: &str) -> anyhow::Result<()> {
+    match value {
+        Some(_) => Ok(()),
+        None => bail!("{key} is required ({flag}, {env} or `{key}` in the file)"),
+    }
+}
+
 impl Validate for CoordinatorConfig {
     fn validate(&self) -> anyhow::Result<()> {
         if self.name.trim().is_empty() {
@@ -168,12 +230,8 @@ impl Validate for CoordinatorConfig {
 
 impl Validate for WorkerConfig {
     fn validate(&self) -> anyhow::Result<()> {
-        if self.id.is_none() {
-            bail!("id is required (--id, TENURE_WORKER_ID or `id` in the file)");
-        }
-        if self.data_dir.is_none() {
-            bail!("data_dir is required (--data-dir, TENURE_DATA_DIR or `data_dir` in the file)");
-        }
+        required(&self.id, "id", "--id", "TENURE_WORKER_ID")?;
+        required(&self.data_dir, "data_dir", "--data-dir", "TENURE_DATA_DIR")?;
         if self.slots == 0 {
             bail!("slots must be at least 1");
         }
@@ -195,12 +253,8 @@ impl Validate for WorkerConfig {
 
 impl Validate for SidecarConfig {
     fn validate(&self) -> anyhow::Result<()> {
-        if self.worker.is_none() {
-            bail!("worker is required (--worker, TENURE_WORKER_ID or `worker` in the file)");
-        }
-        if self.data_dir.is_none() {
-            bail!("data_dir is required (--data-dir, TENURE_DATA_DIR or `data_dir` in the file)");
-        }
+        required(&self.worker, "worker", "--worker", "TENURE_WORKER_ID")?;
+        required(&self.data_dir, "data_dir", "--data-dir", "TENURE_DATA_DIR")?;
         self.nats.validate().context("nats")
     }
 }
@@ -222,7 +276,7 @@ pub fn given(m: &ArgMatches, id: &str) -> bool {
 #[macro_export]
 macro_rules! override_given {
     ($m:expr, $cfg:expr, $args:expr, $($field:ident),+ $(,)?) => {
-        $( if $crate::config::given($m, stringify!($field)) { $cfg.$field = $args.$field.clone().into(); } )+
+        { $( if $crate::config::given($m, stringify!($field)) { $cfg.$field = $args.$field.clone().into(); } )+ }
     };
 }
 
@@ -261,9 +315,9 @@ pub fn override_nats(given: &dyn Fn(&str) -> bool, file: &mut NatsOptions, flags
 }
 
 /// The effective configuration as TOML, with passwords and tokens masked.
-pub fn print<T: Serialize + Clone>(cfg: &T, nats: impl Fn(&mut T) -> &mut NatsOptions) -> anyhow::Result<String> {
+pub fn print<C: DaemonConfig>(cfg: &C) -> anyhow::Result<String> {
     let mut shown = cfg.clone();
-    let n = nats(&mut shown);
+    let (_, n) = shown.shared();
     for secret in [&mut n.password, &mut n.token] {
         if secret.is_some() {
             *secret = Some(Secret::new("***".to_owned()));
@@ -318,7 +372,7 @@ mod tests {
         let c: CoordinatorConfig = parse(text).unwrap();
         c.validate().unwrap();
         assert_eq!((c.name.as_str(), c.replicas, c.lease_ttl_ms), ("c7", 3, 6000));
-        let shown = print(&c, |c| &mut c.nats).unwrap();
+        let shown = print(&c).unwrap();
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("password = \"***\""), "{shown}");
         let back: CoordinatorConfig = parse(&shown).unwrap();

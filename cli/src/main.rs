@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use config::Validate as _;
+use config::SharedFlags;
 use tenure_protocol::{Kind, SessionId, TaskId, WorkerId};
 
 #[derive(Parser, Debug)]
@@ -84,16 +84,8 @@ struct NatsArgs {
 const NATS_TOKEN_ENV: &str = "TENURE_NATS_TOKEN";
 
 impl NatsArgs {
-    /// The options, validated: a combination that cannot work fails here, at
-    /// start, naming the flag.
-    fn options(self) -> anyhow::Result<tenure_transport::NatsOptions> {
-        let opts = self.unvalidated()?;
-        opts.validate()?;
-        Ok(opts)
-    }
-
-    /// The options as given, for a daemon to merge with its file before
-    /// validating the result.
+    /// The options as given, not validated yet: a daemon merges them with its
+    /// file first; a client verb validates them as they are.
     fn unvalidated(self) -> anyhow::Result<tenure_transport::NatsOptions> {
         let token = match std::env::var(NATS_TOKEN_ENV) {
             Ok(t) if !t.is_empty() => Some(tenure_transport::Secret::new(t)),
@@ -435,18 +427,15 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
     // A daemon's value was given when its flag or variable was, wherever clap
     // recorded the (global) argument.
     let given_global = |id: &str| config::given(matches, id) || config::given(sub, id);
-    let invalid = |e: anyhow::Error| anyhow::anyhow!("invalid configuration: {e:#}");
+    let shared = SharedFlags { metrics_addr: cli.metrics_addr, nats: cli.nats.unvalidated()? };
+    let printed = || Ok(ExitCode::SUCCESS);
     match cli.command {
         Command::Coordinator(args) => {
-            let mut cfg: config::CoordinatorConfig = config::load(args.config.config.as_deref()).map_err(invalid)?;
-            override_given!(sub, cfg, args, name, worker_ttl_ms, replicas, lease_ttl_ms, renew_interval_ms);
-            override_given!(sub, cfg, args, renew_deadline_ms, operator_sessions, retention_secs);
-            daemon_common(&given_global, &mut cfg.metrics_addr, &mut cfg.nats, cli.metrics_addr, cli.nats)?;
-            cfg.validate().map_err(invalid)?;
-            if args.config.print_config {
-                print!("{}", config::print(&cfg, |c| &mut c.nats)?);
-                return Ok(ExitCode::SUCCESS);
-            }
+            let overrides = |cfg: &mut config::CoordinatorConfig| {
+                override_given!(sub, cfg, args, name, worker_ttl_ms, replicas, lease_ttl_ms, renew_interval_ms);
+                override_given!(sub, cfg, args, renew_deadline_ms, operator_sessions, retention_secs);
+            };
+            let Some(cfg) = config::resolve(&args.config, &given_global, shared, overrides)? else { return printed() };
             let _metrics = metrics::start(role, cfg.metrics_addr).await?;
             let lease = tenure_coordinator::LeaseConfig {
                 ttl: Duration::from_millis(cfg.lease_ttl_ms),
@@ -467,15 +456,11 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             Ok(ExitCode::SUCCESS)
         }
         Command::Worker(args) => {
-            let mut cfg: config::WorkerConfig = config::load(args.config.config.as_deref()).map_err(invalid)?;
-            override_given!(sub, cfg, args, id, slots, data_dir, kill_grace_ms, heartbeat_ms, output_cap);
-            override_given!(sub, cfg, args, kill_tasks_on_exit, kinds);
-            daemon_common(&given_global, &mut cfg.metrics_addr, &mut cfg.nats, cli.metrics_addr, cli.nats)?;
-            cfg.validate().map_err(invalid)?;
-            if args.config.print_config {
-                print!("{}", config::print(&cfg, |c| &mut c.nats)?);
-                return Ok(ExitCode::SUCCESS);
-            }
+            let overrides = |cfg: &mut config::WorkerConfig| {
+                override_given!(sub, cfg, args, id, slots, data_dir, kill_grace_ms, heartbeat_ms, output_cap);
+                override_given!(sub, cfg, args, kill_tasks_on_exit, kinds);
+            };
+            let Some(cfg) = config::resolve(&args.config, &given_global, shared, overrides)? else { return printed() };
             let _metrics = metrics::start(role, cfg.metrics_addr).await?;
             let (Some(id), Some(data_dir)) = (cfg.id, cfg.data_dir) else { unreachable!("validated") };
             let mut opts = tenure_worker::Options::new(cfg.nats, id, data_dir);
@@ -490,14 +475,8 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             Ok(ExitCode::SUCCESS)
         }
         Command::Sidecar(args) => {
-            let mut cfg: config::SidecarConfig = config::load(args.config.config.as_deref()).map_err(invalid)?;
-            override_given!(sub, cfg, args, worker, data_dir);
-            daemon_common(&given_global, &mut cfg.metrics_addr, &mut cfg.nats, cli.metrics_addr, cli.nats)?;
-            cfg.validate().map_err(invalid)?;
-            if args.config.print_config {
-                print!("{}", config::print(&cfg, |c| &mut c.nats)?);
-                return Ok(ExitCode::SUCCESS);
-            }
+            let overrides = |cfg: &mut config::SidecarConfig| override_given!(sub, cfg, args, worker, data_dir);
+            let Some(cfg) = config::resolve(&args.config, &given_global, shared, overrides)? else { return printed() };
             let _metrics = metrics::start(role, cfg.metrics_addr).await?;
             let (Some(worker), Some(data_dir)) = (cfg.worker, cfg.data_dir) else { unreachable!("validated") };
             let opts =
@@ -509,25 +488,10 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             dev::run(dev::DevOptions { data_dir, nats_port, workers, slots, coordinators }, shutdown_signal()).await
         }
         verb => {
-            let nats = cli.nats.options()?;
+            shared.nats.validate()?;
+            let nats = shared.nats;
             let session = session(cli.session)?;
             client::run(&nats, session, verb).await
         }
     }
-}
-
-/// The settings every daemon shares: given flags and variables override the
-/// file's `metrics_addr` and `[nats]`.
-fn daemon_common(
-    given: &dyn Fn(&str) -> bool,
-    metrics_addr: &mut Option<std::net::SocketAddr>,
-    nats: &mut tenure_transport::NatsOptions,
-    flag_metrics_addr: Option<std::net::SocketAddr>,
-    flag_nats: NatsArgs,
-) -> anyhow::Result<()> {
-    if given("metrics_addr") {
-        *metrics_addr = flag_metrics_addr;
-    }
-    config::override_nats(given, nats, flag_nats.unvalidated()?);
-    Ok(())
 }
