@@ -136,6 +136,11 @@ impl<S: RecoveryStore> Machine<S> {
         SidecarReply::Records { epoch: self.epoch, records, corrupt, next }
     }
 
+    /// Whether `(task, attempt)` is tombstoned: it can never be accepted here.
+    pub fn is_revoked(&self, task: &TaskId, attempt: Attempt) -> bool {
+        self.revoked.contains(&(task.clone(), attempt))
+    }
+
     /// Records that could not be read at load time.
     pub fn corrupt(&self) -> &[CorruptRecord] {
         &self.corrupt
@@ -285,7 +290,10 @@ impl<S: RecoveryStore> Machine<S> {
     fn abandon(&mut self, task: &TaskId, attempt: Attempt) -> Decision {
         self.refuse_corrupt(task, |a| a == attempt)?;
         let Some(held) = self.records.get(&(task.clone(), attempt)) else {
-            return Ok(());
+            // An attempt given back before it was recorded (the worker refused
+            // its grant): tombstoned, so a late copy of the grant is refused
+            // here even after the worker restarts and forgets it refused.
+            return self.revoke(task, attempt);
         };
         if held.phase != Phase::Accepted {
             return Err(wrong_phase(held, "abandon it: its intent is recorded, it may have run"));

@@ -73,9 +73,10 @@ fn requests() -> Vec<(&'static str, SidecarRequest)> {
 /// Rows: the record's starting phase, then one cell per request column.
 /// `.` Ok and nothing changed; `A I S E K` Ok and the record is now Accepted,
 /// Intent, Spawned, Exited, Acknowledged; `-` Ok and the record is gone;
-/// `u` UnknownAttempt; `w` WrongPhase; `e` StaleEpoch.
+/// `u` UnknownAttempt; `w` WrongPhase; `e` StaleEpoch; `t` Ok and the attempt
+/// tombstoned (it can never be accepted).
 const TABLE: &str = "
-    absent        A A e u e u u u u u .
+    absent        A A e u e u u u u u t
     accepted      . w e I e w w w w w -
     intent        w w e . e S S E E w w
     spawned       w w e . e . w E E w w
@@ -116,8 +117,8 @@ fn phase_letter(p: Phase) -> char {
 }
 
 /// Everything observable about a machine.
-fn state<S: RecoveryStore>(m: &Machine<S>) -> (Epoch, Vec<AttemptRecord>) {
-    (m.epoch(), m.records().cloned().collect())
+fn state<S: RecoveryStore>(m: &Machine<S>) -> (Epoch, Vec<AttemptRecord>, bool) {
+    (m.epoch(), m.records().cloned().collect(), m.is_revoked(&task(), Attempt(2)))
 }
 
 fn target<S: RecoveryStore>(m: &Machine<S>) -> Option<AttemptRecord> {
@@ -136,6 +137,7 @@ fn apply(m: &mut Machine<MemoryStore>, req: SidecarRequest) -> char {
     assert_eq!(state(&restored), after, "store does not mirror memory");
     let letter = match reply {
         SidecarReply::Ok if after == before => '.',
+        SidecarReply::Ok if after.2 && !before.2 && after.1 == before.1 => 't',
         SidecarReply::Ok => match target(m) {
             None => '-',
             Some(r) => phase_letter(r.phase),
@@ -148,7 +150,7 @@ fn apply(m: &mut Machine<MemoryStore>, req: SidecarRequest) -> char {
     if matches!(letter, '.' | 'u' | 'w' | 'e') {
         assert_eq!(after, before, "refusal or no-op changed state");
         assert_eq!(m.store().writes(), writes_before, "refusal or no-op wrote");
-    } else if target_before.as_ref().map(|r| r.phase) == target(m).map(|r| r.phase) {
+    } else if letter != 't' && target_before.as_ref().map(|r| r.phase) == target(m).map(|r| r.phase) {
         panic!("a change letter without a phase change");
     }
     letter

@@ -266,6 +266,13 @@ async fn on_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
             Refusal::Malformed(_) => "malformed",
         };
         crate::metrics::get().refusals.add(1, &[opentelemetry::KeyValue::new("reason", reason)]);
+        // The leader gives the attempt back on this refusal: the machine
+        // tombstones it (best effort, bounded), so that a late copy of the grant
+        // is refused even by a restarted worker; this process remembers too.
+        if !matches!(refusal, Refusal::SidecarUnavailable(_) | Refusal::UnknownAttempt) {
+            let abandon = SidecarRequest::Abandon { task: key.0.clone(), attempt: key.1 };
+            let _ = tokio::time::timeout(Duration::from_secs(1), shared.sidecar.call(&abandon)).await;
+        }
         shared.given_back.lock().unwrap_or_else(|p| p.into_inner()).insert(key);
     }
     reply
