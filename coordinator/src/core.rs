@@ -271,9 +271,15 @@ impl Core {
     /// task's end and publishing its notice; the stream deduplicates repeats by
     /// task id, and watchers skip tasks reported meanwhile, so a notice is never
     /// shown twice and never lost.
-    pub fn pending_notices(&self) -> Vec<Effect> {
+    ///
+    /// With `since_ms` (wall clock: the previous leader's claim, less a margin
+    /// for clock skew), only tasks that ended since are republished: earlier
+    /// ones had their notices published by the leader that ended them, or
+    /// republished by the one after it. Without it (no previous claim), all.
+    pub fn pending_notices(&self, since_ms: Option<u64>) -> Vec<Effect> {
+        let recent = |r: &&TaskRecord| since_ms.is_none_or(|since| r.finished_at_ms.is_none_or(|at| at >= since));
         let mut ended: Vec<&TaskRecord> =
-            self.tasks.values().filter(|r| r.life.status.is_terminal() && !r.reported).collect();
+            self.tasks.values().filter(|r| r.life.status.is_terminal() && !r.reported).filter(recent).collect();
         ended.sort_by_key(|r| r.id.number());
         ended.into_iter().map(|r| Effect::Notify(Box::new(Notice::Ended(Box::new(self.snapshot_of(r)))))).collect()
     }

@@ -922,3 +922,30 @@ fn a_workflow_waiting_on_an_unknown_step_says_so_and_goes_on_when_the_step_settl
     let view = snapshot(&mut h, &flow);
     assert!(view.hint.is_none() && view.steps[1].task.is_some(), "{view:?}");
 }
+
+#[test]
+fn a_new_leader_republishes_the_notices_of_recent_unreported_ends_only() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let old = h.submit("s", TaskSpec::shell("old", "true"));
+    h.report("w1", &old, 1, completed());
+    h.advance(Duration::from_secs(3600));
+    let claim_ms = h.now.wall_ms;
+    let recent = h.submit("s", TaskSpec::shell("recent", "true"));
+    h.report("w1", &recent, 1, completed());
+    let records: Vec<TaskRecord> = [&old, &recent].iter().map(|t| h.core.task(t).unwrap().clone()).collect();
+    let next = Core::new(CoreConfig::default(), Epoch(4), records, h.now);
+    let ids = |fx: Vec<Effect>| -> Vec<String> {
+        fx.into_iter()
+            .filter_map(|e| match e {
+                Effect::Notify(n) => match *n {
+                    Notice::Ended(s) => Some(s.id.to_string()),
+                    Notice::Matched(_) => None,
+                },
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(ids(next.pending_notices(Some(claim_ms - 1000))), [recent.to_string()]);
+    assert_eq!(ids(next.pending_notices(None)), [old.to_string(), recent.to_string()]);
+}

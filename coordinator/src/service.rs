@@ -307,7 +307,10 @@ async fn lead<F: Future<Output = ()>>(
         Ok(n) => n,
         Err(reason) => return Ok(Ended::SteppedDown { epoch, reason: format!("notice stream unavailable: {reason}") }),
     };
-    for effect in core.pending_notices() {
+    // Ends since the previous leader's term began (less a margin for clock
+    // skew) may lack their notice; earlier ones were published in their time.
+    let since = loaded.last_claim.as_ref().map(|c| c.at_ms.saturating_sub(NOTICE_SKEW.as_millis() as u64));
+    for effect in core.pending_notices(since) {
         if let Effect::Notify(notice) = effect {
             notices.publish(*notice);
         }
@@ -533,6 +536,10 @@ impl Pipeline {
         Ok(())
     }
 }
+
+/// How far before the previous leader's claim unreported ends are still
+/// republished at a takeover (the claim's time is another machine's clock).
+const NOTICE_SKEW: Duration = Duration::from_secs(600);
 
 /// The gauges sampled once a second: tasks by status, heartbeat ages.
 fn record_gauges(core: &Core, now: Now) {
