@@ -174,7 +174,7 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
             if s.final_output {
                 final_output(&api, &task, follow).await?;
             } else {
-                logs(&api, &task, follow, offset).await?;
+                logs(&api, s, follow, offset).await?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -372,7 +372,7 @@ async fn workflow_logs(api: &Api, task: &TaskId, follow: bool) -> anyhow::Result
         let s = api.snapshot(task).await?;
         while let Some((step, child)) = s.steps.get(shown).and_then(|st| Some((st, st.task.clone()?))) {
             println!("== step {} of {}: {} ({child}) ==", step.index, s.steps.len(), step.command);
-            logs(api, &child, follow, 0).await?;
+            logs(api, api.snapshot(&child).await?, follow, 0).await?;
             shown += 1;
         }
         if s.status.is_terminal() {
@@ -389,10 +389,10 @@ async fn workflow_logs(api: &Api, task: &TaskId, follow: bool) -> anyhow::Result
 
 /// Reads output by offset from the sidecar of the task's worker machine; with
 /// `follow`, keeps reading until the attempt has ended and every byte is out.
-async fn logs(api: &Api, task: &TaskId, follow: bool, mut offset: u64) -> anyhow::Result<()> {
+async fn logs(api: &Api, mut snapshot: TaskSnapshot, follow: bool, mut offset: u64) -> anyhow::Result<()> {
     const IDLE_MAX: Duration = Duration::from_millis(250);
+    let task = &snapshot.id.clone(); // `snapshot` is refreshed below
     let mut stdout = std::io::stdout().lock();
-    let mut snapshot = api.snapshot(task).await?;
     let mut idle = Duration::from_millis(20);
     loop {
         let Some(worker) = snapshot.worker.clone() else {

@@ -16,7 +16,6 @@ use opentelemetry::KeyValue;
 use opentelemetry_sdk::metrics::data::{AggregatedMetrics, MetricData, ResourceMetrics};
 use opentelemetry_sdk::metrics::reader::MetricReader;
 use opentelemetry_sdk::metrics::{InstrumentKind, ManualReader, Pipeline, SdkMeterProvider, Temporality};
-use opentelemetry_sdk::Resource;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The Prometheus reader, shared between the meter provider and the endpoint.
@@ -65,11 +64,7 @@ pub async fn start(role: &str, addr: Option<SocketAddr>) -> anyhow::Result<Metri
     if addr.is_none() && !otlp {
         return Ok(Metrics { provider: None });
     }
-    let mut resource = Resource::builder();
-    if std::env::var("OTEL_SERVICE_NAME").is_err() {
-        resource = resource.with_service_name(format!("tenure-{role}"));
-    }
-    let mut builder = SdkMeterProvider::builder().with_resource(resource.build());
+    let mut builder = SdkMeterProvider::builder().with_resource(crate::telemetry::resource(role));
     if otlp {
         let exporter = opentelemetry_otlp::MetricExporter::builder()
             .with_http()

@@ -71,6 +71,16 @@ pub fn init(role: &str, daemon: bool) -> anyhow::Result<Telemetry> {
     Ok(Telemetry { provider })
 }
 
+/// What every exported span and metric says of its process: the `OTEL_*`
+/// resource variables, and `service.name` `tenure-<role>` unless set.
+pub fn resource(role: &str) -> Resource {
+    let mut resource = Resource::builder();
+    if env("OTEL_SERVICE_NAME").is_none() {
+        resource = resource.with_service_name(format!("tenure-{role}"));
+    }
+    resource.build()
+}
+
 /// The OTLP trace pipeline, or `None` when no endpoint is configured.
 fn tracer_provider(role: &str) -> anyhow::Result<Option<SdkTracerProvider>> {
     let endpoint = env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"));
@@ -90,10 +100,6 @@ fn tracer_provider(role: &str) -> anyhow::Result<Option<SdkTracerProvider>> {
         .with_protocol(protocol)
         .build()
         .map_err(|e| anyhow::anyhow!("invalid configuration: OTLP trace exporter: {e}"))?;
-    let mut resource = Resource::builder();
-    if env("OTEL_SERVICE_NAME").is_none() {
-        resource = resource.with_service_name(format!("tenure-{role}"));
-    }
-    let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource.build()).build();
+    let provider = SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource(role)).build();
     Ok(Some(provider))
 }

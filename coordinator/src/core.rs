@@ -21,9 +21,7 @@ use tenure_protocol::messages::{
     ReportAck, ReportEvent, SidecarHealth, SubmitRequest, TaskSnapshot, WorkerCommand, WorkerReply, WorkerStatus,
     MAX_LIST_PAGE_BYTES, MAX_MATCHES_PER_REPORT, MAX_MATCH_LINE_BYTES, MAX_WAIT_MS,
 };
-use tenure_protocol::{
-    apply, Board, Decision, Epoch, Event, Kind, Lifecycle, SessionId, Status, TaskId, Unchanged, WorkerId,
-};
+use tenure_protocol::{apply, Board, Decision, Epoch, Event, Kind, SessionId, Status, TaskId, Unchanged, WorkerId};
 use uuid::Uuid;
 
 use crate::record::TaskRecord;
@@ -491,20 +489,8 @@ impl Core {
             TaskId::new(req.spec.kind.clone(), self.next_n).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
         self.next_n += 1;
         let record = TaskRecord {
-            id: id.clone(),
-            owner: req.session.clone(),
-            idempotency_key: req.idempotency_key,
-            life: Lifecycle::queued(req.spec.idempotent),
-            spec: req.spec,
-            created_at_ms: now.wall_ms,
-            started_at_ms: None,
-            finished_at_ms: None,
-            reported: false,
-            cleanup: None,
-            parent: None,
-            matched_through: 0,
-            matches: 0,
             trace,
+            ..TaskRecord::new(id.clone(), req.session.clone(), req.idempotency_key, req.spec, now.wall_ms)
         };
         self.by_key.insert((req.session, req.idempotency_key), id.clone());
         self.index(&id, None, Status::Queued);
@@ -552,10 +538,7 @@ impl Core {
     }
 
     fn status(&self, now: Now) -> ClusterStatus {
-        let mut counts: BTreeMap<Status, u64> = BTreeMap::new();
-        for r in self.tasks.values() {
-            *counts.entry(r.life.status).or_default() += 1;
-        }
+        let counts = self.counts();
         let load = self.load();
         ClusterStatus {
             leader_epoch: self.epoch,
@@ -891,20 +874,24 @@ impl Core {
         };
         tracing::info!(task = %task, attempt = %life.attempt, epoch = %life.epoch, from = %before, to = %after, "task transition");
         fx.push(Effect::Persist(Box::new(record.clone())));
-        let snapshot = self.snapshot_of(&self.tasks[task]);
-        if after.is_terminal() && !before.is_terminal() {
-            match parent {
-                Some(workflow) => {
-                    self.workflows_due.insert(workflow);
-                }
-                None => fx.push(Effect::Notify(Box::new(Notice::Ended(Box::new(snapshot.clone()))))),
-            }
+        let ended = after.is_terminal() && !before.is_terminal();
+        // A snapshot only for a notice or a waiter: most transitions need none.
+        let notify = ended && parent.is_none();
+        let snapshot = match notify || !waiters.is_empty() {
+            true => self.tasks.get(task).map(|r| self.snapshot_of(r)),
+            false => None,
+        };
+        if let (true, Some(workflow)) = (ended, parent) {
+            self.workflows_due.insert(workflow);
         }
-        for w in waiters {
-            fx.push(Effect::Reply {
-                to: w.to,
-                reply: Ok(ApiResponse::Waited { finished: true, snapshot: snapshot.clone() }),
-            });
+        if let (true, Some(s)) = (notify, &snapshot) {
+            fx.push(Effect::Notify(Box::new(Notice::Ended(Box::new(s.clone())))));
+        }
+        if let Some(snapshot) = &snapshot {
+            for w in waiters {
+                let reply = Ok(ApiResponse::Waited { finished: true, snapshot: snapshot.clone() });
+                fx.push(Effect::Reply { to: w.to, reply });
+            }
         }
         if before != after {
             self.index(task, Some(before), after);

@@ -82,6 +82,26 @@ impl CleanupJob {
 }
 
 impl TaskRecord {
+    /// A newly submitted (or created) task: queued, nothing run, nothing reported.
+    pub fn new(id: TaskId, owner: SessionId, idempotency_key: Uuid, spec: TaskSpec, created_at_ms: u64) -> TaskRecord {
+        TaskRecord {
+            id,
+            owner,
+            idempotency_key,
+            life: Lifecycle::queued(spec.idempotent),
+            spec,
+            created_at_ms,
+            started_at_ms: None,
+            finished_at_ms: None,
+            reported: false,
+            cleanup: None,
+            parent: None,
+            matched_through: 0,
+            matches: 0,
+            trace: None,
+        }
+    }
+
     pub fn snapshot(&self) -> TaskSnapshot {
         let outcome = self.life.outcome.as_ref();
         TaskSnapshot {

@@ -387,25 +387,11 @@ fn load_one(loaded: &mut Loaded, subject: &str, payload: &[u8]) {
 mod tests {
     use super::*;
     use crate::record::TaskRecord;
-    use tenure_protocol::{Lifecycle, TaskSpec};
+    use tenure_protocol::TaskSpec;
 
     fn record(n: u64) -> TaskRecord {
-        TaskRecord {
-            id: TaskId::new(tenure_protocol::Kind::shell(), n).unwrap(),
-            owner: "s".parse().unwrap(),
-            idempotency_key: uuid::Uuid::new_v4(),
-            spec: TaskSpec::shell("t", "true"),
-            life: Lifecycle::queued(false),
-            created_at_ms: 0,
-            started_at_ms: None,
-            finished_at_ms: None,
-            reported: false,
-            cleanup: None,
-            parent: None,
-            matched_through: 0,
-            matches: 0,
-            trace: None,
-        }
+        let id = TaskId::new(tenure_protocol::Kind::shell(), n).unwrap();
+        TaskRecord::new(id, "s".parse().unwrap(), uuid::Uuid::new_v4(), TaskSpec::shell("t", "true"), 0)
     }
 
     /// A deposed leader's append *k* whose predecessors were lost must not

@@ -15,10 +15,8 @@
 //! workflow's notice stands for its steps: a step that ends is `reported` with
 //! it and raises no notice of its own.
 
-use std::collections::BTreeMap;
-
 use tenure_protocol::messages::{StepView, TaskSnapshot};
-use tenure_protocol::{Ending, Event, HintTag, Lifecycle, Outcome, RecoveryHint, Status, TaskId};
+use tenure_protocol::{Ending, Event, HintTag, Outcome, RecoveryHint, Status, TaskId};
 
 use super::{Core, Effect, Now};
 use crate::record::{StepOf, TaskRecord};
@@ -35,12 +33,13 @@ impl Core {
                 .iter()
                 .enumerate()
                 .map(|(i, step)| {
-                    let child = children.and_then(|c| c.get(&(i as u32))).and_then(|id| self.tasks.get(id));
+                    let task = children.and_then(|c| c.get(&(i as u32)));
+                    let child = task.and_then(|id| self.tasks.get(id));
                     StepView {
                         index: i as u32 + 1,
                         // The first line, cut: a snapshot stays small whatever the steps.
                         command: step.command.lines().next().unwrap_or("").chars().take(120).collect(),
-                        task: children.and_then(|c| c.get(&(i as u32))).cloned(),
+                        task: task.cloned(),
                         status: child.map(|c| c.life.status),
                         detail: child.and_then(|c| c.life.outcome.as_ref()).and_then(|o| o.detail.clone()),
                         hint: child.and_then(|c| c.life.hint.clone()),
@@ -149,23 +148,13 @@ impl Core {
         };
         self.next_n += 1;
         let of = StepOf { workflow: workflow.clone(), index };
+        // The key is derived from the workflow's: unique per step, and no
+        // client can submit it (a client's key is its own random uuid).
+        let key = uuid::Uuid::new_v5(&key, &index.to_be_bytes());
         let record = TaskRecord {
-            id: id.clone(),
-            owner,
-            // Derived from the workflow's key: unique per step, and no client
-            // can submit it (a client's key is its own random uuid).
-            idempotency_key: uuid::Uuid::new_v5(&key, &index.to_be_bytes()),
-            life: Lifecycle::queued(spec.idempotent),
-            spec,
-            created_at_ms: now.wall_ms,
-            started_at_ms: None,
-            finished_at_ms: None,
-            reported: false,
-            cleanup: None,
             parent: Some(of.clone()),
-            matched_through: 0,
-            matches: 0,
             trace,
+            ..TaskRecord::new(id.clone(), owner, key, spec, now.wall_ms)
         };
         tracing::info!(task = %id, workflow = %workflow, step = index + 1, "workflow step created");
         self.index(&id, None, Status::Queued);
@@ -182,6 +171,6 @@ impl Core {
 
     /// The children of a workflow, in step order.
     pub(super) fn steps_of(&self, workflow: &TaskId) -> Vec<TaskId> {
-        self.children.get(workflow).map(|c: &BTreeMap<u32, TaskId>| c.values().cloned().collect()).unwrap_or_default()
+        self.children.get(workflow).map(|c| c.values().cloned().collect()).unwrap_or_default()
     }
 }

@@ -23,7 +23,7 @@ use crate::builtin::Builtin;
 use crate::monitor::MonitorArgs;
 use crate::process;
 use crate::service::{sidecar_insist, Held, Shared};
-use tenure_sidecar::attempt_files::{group_in_session, AttemptFiles, ProcessId};
+use tenure_sidecar::attempt_files::{group_in_session, AttemptFiles, MonitorStatus, ProcessId};
 
 /// Test hook for the named crash windows: when `TENURE_CRASH_AT` names this
 /// point, the worker dies on the spot (SIGABRT), exactly as a SIGKILL there
@@ -255,16 +255,7 @@ impl MatchForwarder {
 /// outlived its monitor is ended first: it is ours by the recorded pgid.
 async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool) -> Evidence {
     if let Some(status) = files.status() {
-        let m = crate::metrics::get();
-        m.output_bytes.add(status.output_written, &[]);
-        m.output_dropped.add(status.outcome.output_dropped, &[]);
-        let mut outcome = status.outcome;
-        if let Ok(grant) = files.read_grant().map(|g| (g.spec.final_output, g.task)) {
-            if grant.0 {
-                outcome.output = Some(final_output(&shared.layout.output_path(&grant.1)));
-            }
-        }
-        return Evidence::Exited(outcome);
+        return exited(shared, files, status);
     }
     // The monitor is gone without evidence (it was killed, or the machine lost
     // it). A surviving group is ended only when confirmed ours: its processes
@@ -298,6 +289,20 @@ async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool) -> Eviden
                 .into(),
         },
     })
+}
+
+/// The outcome the monitor recorded, completed with what only the worker adds
+/// (a final-output-only task's final output), and counted. Every path that
+/// settles an attempt from its `status` file goes through here.
+fn exited(shared: &Shared, files: &AttemptFiles, status: MonitorStatus) -> Evidence {
+    let m = crate::metrics::get();
+    m.output_bytes.add(status.output_written, &[]);
+    m.output_dropped.add(status.outcome.output_dropped, &[]);
+    let mut outcome = status.outcome;
+    if let Some(grant) = files.read_grant().ok().filter(|g| g.spec.final_output) {
+        outcome.output = Some(final_output(&shared.layout.output_path(&grant.task)));
+    }
+    Evidence::Exited(outcome)
 }
 
 /// The final output of a final-output-only task: the tail of its output
@@ -457,7 +462,7 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
             Phase::Intent | Phase::Spawned => {
                 if let Some(status) = files.status() {
                     tracing::info!(task = %task, attempt = %attempt, "attempt ended while the worker was down");
-                    adopt(shared, &grant, |_, _| async move { Evidence::Exited(status.outcome) });
+                    adopt(shared, &grant, move |shared, _| async move { exited(&shared, &files, status) });
                 } else if let Some(id) = files.monitor().filter(ProcessId::alive) {
                     tracing::info!(task = %task, attempt = %attempt, monitor = id.pid, "re-attaching to a running attempt");
                     adopt(shared, &grant, move |shared, kill| async move {
