@@ -360,6 +360,22 @@ pub fn cpu_ms(pid: i32) -> (f64, f64) {
     (((f[0] + f[1]) as f64) * 1000.0 / hz, ((f[2] + f[3]) as f64) * 1000.0 / hz)
 }
 
+/// `cpu_ms(pid)`, with the CPU of its live children (and of their reaped
+/// children) counted among its children's: a worker's monitor launcher lives
+/// as long as the worker, and the monitors it forks are its children.
+fn cpu_ms_with_live_children(pid: i32) -> (f64, f64) {
+    let (own, mut children) = cpu_ms(pid);
+    // Children are listed under the thread that started them.
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
+    let listed: String =
+        threads.filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok()).collect::<Vec<_>>().join(" ");
+    for child in listed.split_whitespace().filter_map(|c| c.parse::<i32>().ok()) {
+        let (c_own, c_children) = cpu_ms(child);
+        children += c_own + c_children;
+    }
+    (own, children)
+}
+
 /// CPU use of a cluster's daemons (and of this process) over a stretch of work.
 pub struct CpuMeter {
     start: Vec<(String, i32, (f64, f64))>,
@@ -368,10 +384,14 @@ pub struct CpuMeter {
 impl CpuMeter {
     pub fn start(cluster: &Cluster) -> CpuMeter {
         let me = std::process::id() as i32;
-        let mut pids: Vec<(String, i32)> =
-            cluster.procs.iter().filter_map(|p| Some((p.name.clone(), p.pid()?))).collect();
-        pids.push(("bench".into(), me));
-        CpuMeter { start: pids.into_iter().map(|(n, p)| (n, p, cpu_ms(p))).collect() }
+        let mut start: Vec<_> = cluster
+            .procs
+            .iter()
+            .filter_map(|p| p.pid().map(|pid| (p.name.clone(), pid, cpu_ms_with_live_children(pid))))
+            .collect();
+        // The bench's own children are the daemons, counted above.
+        start.push(("bench".into(), me, cpu_ms(me)));
+        CpuMeter { start }
     }
 
     /// Milliseconds of CPU per item since `start`, by process (children, such
@@ -379,8 +399,9 @@ impl CpuMeter {
     pub fn per_item(&self, items: u64) -> serde_json::Value {
         let mut out = serde_json::Map::new();
         let n = items.max(1) as f64;
+        let me = std::process::id() as i32;
         for (name, pid, (own, children)) in &self.start {
-            let (own2, children2) = cpu_ms(*pid);
+            let (own2, children2) = if *pid == me { cpu_ms(me) } else { cpu_ms_with_live_children(*pid) };
             out.insert(name.clone(), serde_json::Value::from(((own2 - own) / n * 1000.0).round() / 1000.0));
             if children2 > *children {
                 out.insert(

@@ -195,20 +195,9 @@ enum Command {
     Coordinator(CoordinatorArgs),
     /// Run a worker (needs its sidecar running on the same data dir).
     Worker(WorkerArgs),
-    /// Internal: the per-task monitor a worker starts for each attempt.
+    /// Internal: the process a worker starts to fork each attempt's monitor.
     #[command(hide = true)]
-    Monitor {
-        #[arg(long)]
-        data_dir: PathBuf,
-        #[arg(long)]
-        task: TaskId,
-        #[arg(long)]
-        attempt: u32,
-        #[arg(long)]
-        output_cap: u64,
-        #[arg(long)]
-        kill_grace_ms: u64,
-    },
+    MonitorLauncher,
     /// Run a worker machine's sidecar (its recovery store).
     Sidecar(SidecarArgs),
     /// Start a whole local cluster: nats-server, coordinators (one leads, the rest stand by), workers with sidecars.
@@ -370,8 +359,14 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    if !matches!(cli.command, Command::Coordinator(_) | Command::Worker(_) | Command::Sidecar(_) | Command::Dev { .. })
-    {
+    if !matches!(
+        cli.command,
+        Command::Coordinator(_)
+            | Command::Worker(_)
+            | Command::Sidecar(_)
+            | Command::Dev { .. }
+            | Command::MonitorLauncher
+    ) {
         // A client verb piped into `head` ends quietly on a closed pipe, as
         // command-line tools do, instead of panicking in `println!`.
         // SAFETY: restoring the default disposition before any thread starts.
@@ -379,18 +374,13 @@ fn main() -> ExitCode {
             nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl)
         };
     }
-    // The monitor runs its own small runtime after detaching; it must not start
-    // inside this process's multi-threaded one.
-    if let Command::Monitor { data_dir, task, attempt, output_cap, kill_grace_ms } = cli.command {
-        init_logging(false);
-        let args = tenure_worker::monitor::MonitorArgs {
-            data_dir,
-            task,
-            attempt: tenure_protocol::Attempt(attempt),
-            output_cap,
-            kill_grace: Duration::from_millis(kill_grace_ms),
-        };
-        return ExitCode::from(tenure_worker::monitor::run(args) as u8);
+    // The launcher forks monitors: it must stay single-threaded, so it runs
+    // before (and instead of) this process's multi-threaded runtime.
+    // Its monitors log to the worker's stderr, which may be gone: SIGPIPE stays
+    // ignored there (above), and a failed log write is dropped.
+    if let Command::MonitorLauncher = cli.command {
+        init_logging(true);
+        return ExitCode::from(tenure_worker::launcher::serve() as u8);
     }
     let (role, daemon) = match cli.command {
         Command::Coordinator(_) => ("coordinator", true),

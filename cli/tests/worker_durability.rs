@@ -380,3 +380,38 @@ fn status_shows_sidecar_health() {
     c.spawn_sidecar("w1");
     assert!(eventually(BOUND, || (health(&c).as_deref() == Some("ok")).then_some(())).is_some());
 }
+
+/// The worker's child that forks the monitors (its monitor launcher) of `worker`, if any.
+fn monitor_launcher(worker: i32) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        let ppid: i32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+        (ppid == worker && cmdline.split(|b| *b == 0).any(|a| a == b"monitor-launcher")).then_some(pid)
+    })
+}
+
+/// Mid-run, the process that forks monitors is killed. Running tasks never
+/// depended on it: they finish under their monitors and are reported once; the
+/// worker starts another launcher for the next task.
+#[test]
+fn a_killed_monitor_launcher_is_replaced_and_running_tasks_go_on() {
+    let mut c = Cluster::start(1);
+    let task = c.submit(&["--", "for i in $(seq 1 10); do echo tick-$i; sleep 0.1; done"]);
+    c.wait_status(&task, "running", BOUND);
+    let worker = c.daemon("worker-w1").pid();
+    let launcher = eventually(BOUND, || monitor_launcher(worker)).expect("the worker runs a monitor launcher");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher), nix::sys::signal::Signal::SIGKILL).unwrap();
+
+    let snap = c.wait_status(&task, "completed", BOUND);
+    assert_eq!((snap["attempt"].as_u64(), snap["exit_code"].as_i64()), (Some(1), Some(0)));
+    let expected: String = (1..=10).map(|i| format!("tick-{i}\n")).collect();
+    assert_eq!(read(&output_file(&c, &task)), expected);
+
+    let next = c.submit(&["--", "echo after"]);
+    c.wait_status(&next, "completed", BOUND);
+    assert_eq!(stdout(&c.cli(&["logs", &next])), "after\n");
+    let again = monitor_launcher(worker).expect("a new launcher");
+    assert_ne!(again, launcher);
+}

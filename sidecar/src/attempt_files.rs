@@ -64,6 +64,12 @@ impl ProcessId {
         Ok(ProcessId { pid, start_time })
     }
 
+    /// The process that has `pid` now, zombies included; `None` if there is none
+    /// (or `/proc` cannot say).
+    pub fn of(pid: i32) -> Option<ProcessId> {
+        Some(ProcessId { pid, start_time: start_time(pid).ok()?? })
+    }
+
     /// True while this very process exists and has not exited (zombies count as gone).
     pub fn alive(&self) -> bool {
         matches!(proc_stat(self.pid), Ok(Some((state, start))) if start == self.start_time && state != 'Z' && state != 'X')

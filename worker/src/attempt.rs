@@ -7,6 +7,7 @@
 //! behind (`status`) is the only exit evidence; a monitor gone without it means
 //! the outcome is lost, and that is reported as such, never guessed.
 
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,10 +17,12 @@ use tenure_protocol::messages::{
     LeaseGrant, Phase, ReportAck, ReportEvent, SidecarRefusal, SidecarReply, SidecarRequest, MAX_MATCHES_PER_REPORT,
 };
 use tenure_protocol::{subjects, Attempt, Ending, Epoch, HintTag, Outcome, RecoveryHint, TaskId};
-use tokio::process::Child;
+use tokio::io::unix::AsyncFd;
+use tokio::io::Interest;
 use tokio::sync::Notify;
 
 use crate::builtin::Builtin;
+use crate::launcher::{LaunchError, Launched};
 use crate::monitor::MonitorArgs;
 use crate::process;
 use crate::service::{sidecar_insist, Held, Shared};
@@ -46,37 +49,54 @@ pub enum Evidence {
     Lost(RecoveryHint),
 }
 
-/// How the worker observes a monitor.
-enum Monitor {
-    /// Started by this worker process: its exit is awaited directly.
-    Child(Child, i32),
-    /// Found alive at start-up: observed by identity (pid and start time).
-    Attached(ProcessId),
+/// How the worker observes a monitor: by its identity (pid and start time,
+/// never a recycled pid) and, where the kernel has them, through a pidfd that
+/// becomes readable the moment the monitor exits.
+struct Monitor {
+    id: ProcessId,
+    pidfd: Option<AsyncFd<OwnedFd>>,
 }
 
 impl Monitor {
-    /// Asks the monitor to end the task. An attached monitor is signalled only
-    /// while it is still the very process recorded (never a recycled pid).
+    /// Must be called within the runtime (the pidfd is registered with it).
+    fn new(id: ProcessId, pidfd: Option<OwnedFd>) -> Monitor {
+        // SAFETY: an `OwnedFd` is open, owned, and always the same descriptor
+        // until the `AsyncFd` that owns it drops it.
+        let pidfd = pidfd.and_then(|fd| unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.ok());
+        Monitor { id, pidfd }
+    }
+
+    /// A monitor found at start-up, if it still runs. Its pidfd is opened
+    /// first and the identity checked second: a recorded process alive after
+    /// the open had the pid before it, so the pidfd names it.
+    fn attach(id: ProcessId) -> Option<Monitor> {
+        let pidfd = rustix::process::Pid::from_raw(id.pid)
+            .and_then(|pid| rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok());
+        id.alive().then(|| Monitor::new(id, pidfd))
+    }
+
+    /// Asks the monitor to end the task; never signals a recycled pid.
     fn request_kill(&self) {
-        let pid = match self {
-            Monitor::Child(_, pid) => *pid,
-            Monitor::Attached(id) if id.alive() => id.pid,
-            Monitor::Attached(_) => return,
-        };
-        if pid > 1 {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        match &self.pidfd {
+            Some(fd) => {
+                let _ = rustix::process::pidfd_send_signal(fd.get_ref(), rustix::process::Signal::TERM);
+            }
+            None if self.id.alive() && self.id.pid > 1 => {
+                let _ = kill(Pid::from_raw(self.id.pid), Signal::SIGTERM);
+            }
+            None => {}
         }
     }
 
-    async fn exited(&mut self, files: &AttemptFiles) {
-        match self {
-            Monitor::Child(child, _) => {
-                let _ = child.wait().await;
+    async fn exited(&self, files: &AttemptFiles) {
+        match &self.pidfd {
+            Some(fd) => {
+                let _ = fd.readable().await;
             }
-            Monitor::Attached(id) => {
-                // Not our child: poll. The status file ends the wait as soon as
-                // it exists, even if the monitor lingers as a zombie of another parent.
-                while id.alive() && files.status().is_none() {
+            // No pidfd: poll. The status file ends the wait as soon as it
+            // exists, even if the monitor lingers as a zombie.
+            None => {
+                while self.id.alive() && files.status().is_none() {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             }
@@ -108,9 +128,14 @@ pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify
         return run_builtin(&shared, builtin, &grant, epoch, &kill).await;
     }
     let files = AttemptFiles::new(shared.layout.attempt_dir(&task, attempt));
-    let evidence = match start_monitor(&shared, &grant, &files) {
-        Err(detail) => Evidence::Exited(Outcome::new(Ending::Failed, None, Some(detail))),
-        Ok((child, pid)) => {
+    let evidence = match start_monitor(&shared, &grant, &files).await {
+        Err(LaunchError::NotStarted(detail)) => Evidence::Exited(Outcome::new(Ending::Failed, None, Some(detail))),
+        Err(LaunchError::Unknown(detail)) => {
+            tracing::warn!(task = %task, attempt = %attempt, %detail, "no word whether the monitor started; looking for it");
+            unseen_monitor(&shared, &files, &kill).await
+        }
+        Ok(launched) => {
+            let pid = launched.id.pid;
             tracing::info!(task = %task, attempt = %attempt, monitor = pid, "monitor started");
             let _ = sidecar_insist(&shared, SidecarRequest::Spawned { task: task.clone(), attempt, pid }).await;
             let reporter = {
@@ -119,7 +144,7 @@ pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify
                     report_until_acked(&shared, &task, attempt, epoch, ReportEvent::Started { pid }).await
                 })
             };
-            let evidence = watch(&shared, &files, Monitor::Child(child, pid), &kill).await;
+            let evidence = watch(&shared, &files, Monitor::new(launched.id, launched.pidfd), &kill).await;
             // Nothing waits on the network before the outcome is buffered; the
             // final report supersedes a started report still being retried.
             reporter.abort();
@@ -151,38 +176,51 @@ async fn run_builtin(shared: &Arc<Shared>, builtin: Builtin, grant: &LeaseGrant,
     finish(shared, &task, attempt, epoch, Evidence::Exited(outcome)).await;
 }
 
-fn start_monitor(shared: &Shared, grant: &LeaseGrant, files: &AttemptFiles) -> Result<(Child, i32), String> {
-    files.create().map_err(|e| format!("cannot create {}: {e}", files.dir().display()))?;
-    files.write_grant(grant).map_err(|e| format!("cannot write the task's grant: {e}"))?;
-    let args = MonitorArgs {
-        data_dir: shared.layout.root().to_path_buf(),
-        task: grant.task.clone(),
-        attempt: grant.attempt,
-        output_cap: shared.opts.output_cap,
-        kill_grace: shared.opts.kill_grace,
-    };
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(files.dir().join("monitor.log"))
-        .map_err(|e| format!("cannot open the monitor log: {e}"))?;
-    let child = tokio::process::Command::new(&shared.opts.monitor_program)
-        .args(args.to_args())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(log)
-        .kill_on_drop(false)
-        .spawn()
-        .map_err(|e| format!("cannot start the task monitor {}: {e}", shared.opts.monitor_program.display()))?;
-    let pid = child.id().and_then(|p| i32::try_from(p).ok()).ok_or("the monitor has no pid")?;
-    Ok((child, pid))
+/// Writes the attempt's `grant` and has the launcher fork its monitor (file
+/// writes, fsyncs and a fork: on a blocking thread).
+async fn start_monitor(
+    shared: &Arc<Shared>,
+    grant: &LeaseGrant,
+    files: &AttemptFiles,
+) -> Result<Launched, LaunchError> {
+    let (shared, grant, files) = (shared.clone(), grant.clone(), files.clone());
+    let started = tokio::task::spawn_blocking(move || {
+        let not_started = LaunchError::NotStarted;
+        files.create().map_err(|e| not_started(format!("cannot create {}: {e}", files.dir().display())))?;
+        files.write_grant(&grant).map_err(|e| not_started(format!("cannot write the task's grant: {e}")))?;
+        shared.launcher.launch(&MonitorArgs {
+            data_dir: shared.layout.root().to_path_buf(),
+            task: grant.task.clone(),
+            attempt: grant.attempt,
+            output_cap: shared.opts.output_cap,
+            kill_grace: shared.opts.kill_grace,
+        })
+    });
+    started.await.unwrap_or_else(|e| Err(LaunchError::NotStarted(format!("the monitor start was interrupted: {e}"))))
+}
+
+/// How long a monitor whose launch went unanswered is looked for.
+const UNSEEN_MONITOR_BOUND: Duration = Duration::from_secs(2);
+
+/// The launcher ended between a request and its answer: a monitor may run.
+/// It is watched if it shows itself (its `monitor.pid` or its `status`) in
+/// time; otherwise the attempt is settled as one whose monitor is gone.
+async fn unseen_monitor(shared: &Shared, files: &AttemptFiles, kill: &Notify) -> Evidence {
+    let deadline = tokio::time::Instant::now() + UNSEEN_MONITOR_BOUND;
+    while tokio::time::Instant::now() < deadline && files.status().is_none() {
+        if let Some(monitor) = files.monitor().and_then(Monitor::attach) {
+            return watch(shared, files, monitor, kill).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    evidence(shared, files, false).await
 }
 
 /// Waits for the monitor to end (forwarding kills to it) and reads its evidence.
 /// A `monitor` attempt's matched lines are forwarded this often.
 const FORWARD_MATCHES_EVERY: Duration = Duration::from_millis(250);
 
-async fn watch(shared: &Shared, files: &AttemptFiles, mut monitor: Monitor, kill_req: &Notify) -> Evidence {
+async fn watch(shared: &Shared, files: &AttemptFiles, monitor: Monitor, kill_req: &Notify) -> Evidence {
     let mut killed = false;
     let mut matches = files.read_grant().ok().filter(|g| g.spec.pattern.is_some()).map(MatchForwarder::new);
     let mut tick = tokio::time::interval(FORWARD_MATCHES_EVERY);
@@ -463,11 +501,13 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
                 if let Some(status) = files.status() {
                     tracing::info!(task = %task, attempt = %attempt, "attempt ended while the worker was down");
                     adopt(shared, &grant, move |shared, _| async move { exited(&shared, &files, status) });
-                } else if let Some(id) = files.monitor().filter(ProcessId::alive) {
-                    tracing::info!(task = %task, attempt = %attempt, monitor = id.pid, "re-attaching to a running attempt");
-                    adopt(shared, &grant, move |shared, kill| async move {
-                        watch(&shared, &files, Monitor::Attached(id), &kill).await
-                    });
+                } else if let Some(monitor) = files.monitor().and_then(Monitor::attach) {
+                    tracing::info!(task = %task, attempt = %attempt, monitor = monitor.id.pid, "re-attaching to a running attempt");
+                    adopt(
+                        shared,
+                        &grant,
+                        move |shared, kill| async move { watch(&shared, &files, monitor, &kill).await },
+                    );
                 } else {
                     tracing::warn!(task = %task, attempt = %attempt, "attempt's monitor is gone without evidence");
                     adopt(shared, &grant, move |shared, _| async move { evidence(&shared, &files, false).await });
@@ -527,8 +567,8 @@ fn settle_from_files(shared: &Arc<Shared>, task: TaskId, attempt: Attempt, files
     shared.held().insert((task.clone(), attempt), Held { kill: kill.clone() });
     let shared = shared.clone();
     tokio::spawn(async move {
-        let evidence = match files.monitor().filter(ProcessId::alive) {
-            Some(id) if files.status().is_none() => watch(&shared, &files, Monitor::Attached(id), &kill).await,
+        let evidence = match files.monitor().and_then(Monitor::attach) {
+            Some(monitor) if files.status().is_none() => watch(&shared, &files, monitor, &kill).await,
             _ => evidence(&shared, &files, false).await,
         };
         let epoch = files.read_grant().map(|g| g.epoch).unwrap_or_default().max(shared.epoch_seen());

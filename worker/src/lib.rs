@@ -8,6 +8,7 @@
 
 mod attempt;
 pub mod builtin;
+pub mod launcher;
 mod metrics;
 pub mod monitor;
 pub mod process;

@@ -28,6 +28,7 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
 use tenure_protocol::messages::{MatchedLine, MAX_MATCH_LINE_BYTES};
 use tenure_protocol::{Attempt, Ending, Kind, Outcome, TaskId};
 use tenure_sidecar::Layout;
@@ -38,8 +39,9 @@ use tenure_sidecar::attempt_files::{AttemptFiles, InputFifo, MonitorStatus, Proc
 /// Default output cap per task.
 pub const DEFAULT_OUTPUT_CAP: u64 = 64 * 1024 * 1024;
 
-/// What the monitor is told on its command line.
-#[derive(Debug, Clone)]
+/// What the monitor is told: which attempt, and the worker's settings for it
+/// (the rest — what to run — it reads from the attempt's `grant` file).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MonitorArgs {
     pub data_dir: PathBuf,
     pub task: TaskId,
@@ -48,29 +50,11 @@ pub struct MonitorArgs {
     pub kill_grace: Duration,
 }
 
-impl MonitorArgs {
-    /// The command-line arguments after the program name (`monitor …`).
-    pub fn to_args(&self) -> Vec<String> {
-        vec![
-            "monitor".into(),
-            "--data-dir".into(),
-            self.data_dir.display().to_string(),
-            "--task".into(),
-            self.task.to_string(),
-            "--attempt".into(),
-            self.attempt.0.to_string(),
-            "--output-cap".into(),
-            self.output_cap.to_string(),
-            "--kill-grace-ms".into(),
-            self.kill_grace.as_millis().to_string(),
-        ]
-    }
-}
-
 /// Runs the monitor to completion. Returns the process exit code: 0 when the
 /// exit evidence was recorded, 1 when it could not be (the worker then treats
 /// the attempt as having no evidence).
-pub fn run(args: MonitorArgs) -> i32 {
+pub fn run(args: &MonitorArgs) -> i32 {
+    let _span = tracing::info_span!("monitor", task = %args.task, attempt = %args.attempt).entered();
     // A new session: the worker's death, its terminal, or a signal to its
     // process group never reaches the monitor.
     let _ = nix::unistd::setsid();
@@ -79,25 +63,25 @@ pub fn run(args: MonitorArgs) -> i32 {
     let files = AttemptFiles::new(layout.attempt_dir(&args.task, args.attempt));
     let recorded = ProcessId::current().and_then(|me| files.write_monitor(me));
     if let Err(error) = recorded {
-        eprintln!("monitor: cannot record itself in {}: {error}", files.dir().display());
+        tracing::error!(dir = %files.dir().display(), %error, "monitor cannot record itself; not starting the task");
         return 1;
     }
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(error) => {
-            eprintln!("monitor: cannot start a runtime: {error}");
+            tracing::error!(%error, "monitor cannot start a runtime; not starting the task");
             return 1;
         }
     };
-    let status = runtime.block_on(supervise(&args, &layout, &files));
+    let status = runtime.block_on(supervise(args, &layout, &files));
     // Also when the task could not be spawned after its FIFO was created.
     if let Err(error) = files.remove_input() {
-        eprintln!("monitor: cannot remove the input pipe: {error}");
+        tracing::warn!(%error, "monitor cannot remove the input pipe");
     }
     match files.write_status(&status) {
         Ok(()) => 0,
         Err(error) => {
-            eprintln!("monitor: cannot record the exit status: {error}");
+            tracing::error!(%error, "monitor cannot record the exit status");
             1
         }
     }
@@ -135,7 +119,7 @@ async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) ->
         Err(e) => return failed(format!("spawn failed: {e}")),
     };
     if let Err(error) = files.write_pgid(running.pid) {
-        eprintln!("monitor: cannot record the process group: {error}");
+        tracing::warn!(%error, "monitor cannot record the process group");
     }
     let cap = args.output_cap;
     let matcher = match spec.pattern.as_deref().map(|p| LineMatcher::new(p, files)) {
@@ -143,7 +127,7 @@ async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) ->
         Some(Ok(m)) => Some(m),
         // Validated at submit; a failure here is the matches file.
         Some(Err(e)) => {
-            eprintln!("monitor: matched lines will not be recorded: {e}");
+            tracing::warn!(error = %e, "monitor cannot record matched lines");
             None
         }
     };
@@ -157,7 +141,7 @@ async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) ->
     let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
         Ok(s) => Some(s),
         Err(error) => {
-            eprintln!("monitor: cannot watch SIGTERM: {error}; kills will escalate through the worker");
+            tracing::warn!(%error, "monitor cannot watch SIGTERM; kills will escalate through the worker");
             None
         }
     };
@@ -173,7 +157,7 @@ async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) ->
     // Nobody reads the input any more: a sender now finds no pipe and is told
     // the task ended (the FIFO goes before its keeper is let go).
     if let Err(error) = files.remove_input() {
-        eprintln!("monitor: cannot remove the input pipe: {error}");
+        tracing::warn!(%error, "monitor cannot remove the input pipe");
     }
     // Every writer of the pipe is gone with the group; the pump sees its end.
     // A process that left the group (setsid) may still hold the pipe: do not

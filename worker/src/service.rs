@@ -24,7 +24,8 @@ use tokio::sync::Notify;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::{attempt, process};
+use crate::attempt;
+use crate::launcher::Launcher;
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -42,8 +43,8 @@ pub struct Options {
     pub heartbeat: Duration,
     /// Time between SIGTERM and SIGKILL when a task's group is ended.
     pub kill_grace: Duration,
-    /// The program started as each attempt's monitor (`PROGRAM monitor …`):
-    /// the `tenure` binary itself.
+    /// The program whose `monitor-launcher` forks each attempt's monitor
+    /// ([`crate::launcher`]): the `tenure` binary itself.
     pub monitor_program: PathBuf,
     /// Output bytes kept per task; the rest is dropped and counted.
     pub output_cap: u64,
@@ -87,6 +88,7 @@ pub(crate) struct Held {
 
 pub(crate) struct Shared {
     pub opts: Options,
+    pub launcher: Launcher,
     pub layout: Layout,
     pub client: async_nats::Client,
     pub sidecar: SidecarClient,
@@ -117,12 +119,12 @@ impl Shared {
 /// Runs the worker until `shutdown` resolves. Running tasks keep running under
 /// their monitors unless `kill_tasks_on_exit` is set.
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
-    process::become_subreaper();
     let layout = Layout::new(&opts.data_dir);
     layout.create_dirs().map_err(|e| Error::Layout(e.to_string()))?;
     let client = tenure_transport::connect(&opts.nats, &format!("tenure-worker-{}", opts.id), true).await?;
     let sidecar = SidecarClient::new(layout.socket_path());
     let shared = Arc::new(Shared {
+        launcher: Launcher::new(opts.monitor_program.clone()),
         layout,
         client: client.clone(),
         sidecar,

@@ -1,0 +1,271 @@
+//! The monitor launcher: a small single-threaded process the worker starts once
+//! and asks to fork each attempt's monitor (the fork-server, or zygote, idea).
+//!
+//! Starting a monitor by `exec` of the `tenure` binary cost about 1.5 ms of CPU
+//! per attempt on top of the monitor's own work (dynamic loading and
+//! relocation, CPU feature probing, argument parsing), as much again as the
+//! task's `sh -c` itself. A fork of the launcher — already loaded, one thread,
+//! a few MiB — costs a fraction of that, and the forked monitor is the same
+//! per-task process as before: its own session, subreaper of its task, writing
+//! the same attempt files. Forking the worker itself is not an option: it is
+//! multi-threaded, and after a fork only async-signal-safe code may run.
+//!
+//! The worker talks to the launcher over a `SOCK_SEQPACKET` socket pair (the
+//! launcher's end is its stdin): one request, one reply. A request names the
+//! attempt ([`MonitorArgs`]); the reply carries the monitor's pid and start
+//! time, and its pidfd as `SCM_RIGHTS`, opened by the launcher before it can
+//! reap the child, so the worker observes exactly that process — never a
+//! recycled pid — and learns of its exit without polling.
+//!
+//! The launcher reaps its monitors (it is their parent). When the worker goes,
+//! the launcher reads end-of-file and exits; its monitors, which never depended
+//! on it, are re-parented and keep supervising their tasks. When the launcher
+//! dies, the worker starts another on its next request. A request whose reply
+//! never came may or may not have forked a monitor: the caller treats that
+//! attempt as one whose monitor it cannot see, never starts it again.
+
+use std::io::{IoSlice, IoSliceMut};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use rustix::net::{
+    recvmsg, sendmsg, socketpair, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags,
+    SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
+};
+use serde::{Deserialize, Serialize};
+use tenure_sidecar::attempt_files::ProcessId;
+
+use crate::monitor::{self, MonitorArgs};
+
+/// Largest request or reply: an attempt's paths and names, far below this.
+const MAX_MESSAGE: usize = 16 * 1024;
+
+/// The launcher's answer to one request.
+#[derive(Debug, Serialize, Deserialize)]
+enum Reply {
+    /// The monitor runs; its pidfd rides along when the kernel has pidfds.
+    Forked { pid: i32, start_time: u64 },
+    /// Nothing was forked.
+    Failed(String),
+    /// A monitor was forked but cannot be identified: treated like a reply
+    /// that never came.
+    Unidentified(String),
+}
+
+/// A forked monitor, as the worker holds it.
+#[derive(Debug)]
+pub struct Launched {
+    pub id: ProcessId,
+    /// Readable once the monitor has exited. `None` on kernels without pidfds:
+    /// the worker then watches `id`.
+    pub pidfd: Option<OwnedFd>,
+}
+
+/// Why a monitor could not be launched.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// Nothing was forked: the attempt's task did not start.
+    #[error("the task monitor was not started: {0}")]
+    NotStarted(String),
+    /// The request reached the launcher but no answer came back: a monitor may
+    /// have been forked.
+    #[error("the monitor launcher ended while starting the task monitor: {0}")]
+    Unknown(String),
+}
+
+/// The worker's side: starts the launcher on first use and again after it died.
+pub struct Launcher {
+    program: PathBuf,
+    conn: Mutex<Option<Conn>>,
+}
+
+struct Conn {
+    sock: OwnedFd,
+    child: Child,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // Closing the socket ends the launcher; reap it so no zombie stays.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Launcher {
+    /// A launcher run as `PROGRAM monitor-launcher` (the `tenure` binary).
+    pub fn new(program: PathBuf) -> Launcher {
+        Launcher { program, conn: Mutex::new(None) }
+    }
+
+    /// Forks the monitor of one attempt. Blocking (a fork and two socket
+    /// calls): call it from a blocking thread.
+    pub fn launch(&self, args: &MonitorArgs) -> Result<Launched, LaunchError> {
+        let request = tenure_protocol::encode(args).map_err(|e| LaunchError::NotStarted(e.to_string()))?;
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        // A launcher found dead when the request is sent never received it: one
+        // fresh launcher is tried before giving up.
+        for fresh in [false, true] {
+            if conn.is_none() || fresh {
+                *conn = None;
+                *conn = Some(self.start().map_err(LaunchError::NotStarted)?);
+            }
+            let Some(c) = conn.as_ref() else { continue };
+            if let Err(error) =
+                sendmsg(&c.sock, &[IoSlice::new(&request)], &mut SendAncillaryBuffer::default(), SendFlags::NOSIGNAL)
+            {
+                tracing::warn!(%error, "monitor launcher gone; starting another");
+                continue;
+            }
+            return match receive(&c.sock) {
+                Ok((Reply::Forked { pid, start_time }, pidfd)) => {
+                    Ok(Launched { id: ProcessId { pid, start_time }, pidfd })
+                }
+                Ok((Reply::Failed(reason), _)) => Err(LaunchError::NotStarted(reason)),
+                Ok((Reply::Unidentified(reason), _)) => Err(LaunchError::Unknown(reason)),
+                Err(reason) => {
+                    *conn = None;
+                    Err(LaunchError::Unknown(reason))
+                }
+            };
+        }
+        Err(LaunchError::NotStarted("the monitor launcher does not take requests".into()))
+    }
+
+    fn start(&self) -> Result<Conn, String> {
+        let flags = SocketFlags::CLOEXEC;
+        let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, flags, None)
+            .map_err(|e| format!("cannot create the launcher socket: {e}"))?;
+        let child = Command::new(&self.program)
+            .arg("monitor-launcher")
+            .stdin(Stdio::from(theirs))
+            .stdout(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("cannot start the monitor launcher {}: {e}", self.program.display()))?;
+        tracing::info!(launcher = child.id(), "monitor launcher started");
+        Ok(Conn { sock: ours, child })
+    }
+}
+
+/// One reply and the pidfd that may ride with it.
+fn receive(sock: &OwnedFd) -> Result<(Reply, Option<OwnedFd>), String> {
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = recvmsg(sock, &mut [IoSliceMut::new(&mut buf)], &mut control, RecvFlags::CMSG_CLOEXEC)
+        .map_err(|e| e.to_string())?;
+    let mut pidfd = None;
+    for message in control.drain() {
+        if let RecvAncillaryMessage::ScmRights(fds) = message {
+            for fd in fds {
+                pidfd.get_or_insert(fd);
+            }
+        }
+    }
+    if got.bytes == 0 {
+        return Err("the launcher closed its socket".into());
+    }
+    let reply = tenure_protocol::decode(&buf[..got.bytes]).map_err(|e| format!("malformed launcher reply: {e}"))?;
+    Ok((reply, pidfd))
+}
+
+/// The launcher process (`tenure monitor-launcher`): serves requests on its
+/// stdin until the worker closes it. Returns the exit code.
+///
+/// It must stay single-threaded (it forks): no runtime, no logging threads.
+pub fn serve() -> i32 {
+    // SAFETY: the worker passed the launcher's end of the socket pair as stdin;
+    // nothing else in this process uses fd 0.
+    let sock = unsafe { OwnedFd::from_raw_fd(0) };
+    // Wake up now and then to reap monitors that ended (no signal handling
+    // needed: a zombie monitor already reads as exited through its pidfd).
+    if let Err(error) = rustix::net::sockopt::set_socket_timeout(
+        &sock,
+        rustix::net::sockopt::Timeout::Recv,
+        Some(Duration::from_millis(200)),
+    ) {
+        tracing::warn!(%error, "monitor launcher cannot set a receive timeout; monitors are reaped per request");
+    }
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    loop {
+        reap();
+        let got = match rustix::net::recv(&sock, &mut buf, RecvFlags::empty()) {
+            Ok((0, _)) => return 0,
+            Ok((n, _)) => n,
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => continue,
+            Err(error) => {
+                tracing::error!(%error, "monitor launcher cannot read requests");
+                return 1;
+            }
+        };
+        let (reply, pidfd) = match tenure_protocol::decode::<MonitorArgs>(&buf[..got]) {
+            Ok(args) => fork_monitor(&args),
+            Err(error) => (Reply::Failed(format!("malformed launch request: {error}")), None),
+        };
+        let bytes = match tenure_protocol::encode(&reply) {
+            Ok(b) => b,
+            Err(error) => {
+                tracing::error!(%error, "monitor launcher cannot encode a reply");
+                return 1;
+            }
+        };
+        let fds: Vec<_> = pidfd.iter().map(|fd| fd.as_fd()).collect();
+        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !fds.is_empty() {
+            control.push(SendAncillaryMessage::ScmRights(&fds));
+        }
+        if let Err(error) = sendmsg(&sock, &[IoSlice::new(&bytes)], &mut control, SendFlags::NOSIGNAL) {
+            // The worker is gone; the monitor runs on regardless.
+            tracing::warn!(%error, "monitor launcher cannot answer the worker");
+            return 0;
+        }
+    }
+}
+
+/// Reaps every monitor that has ended, without waiting.
+fn reap() {
+    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            return;
+        }
+    }
+}
+
+/// Forks one attempt's monitor; in the child, runs it and exits.
+fn fork_monitor(args: &MonitorArgs) -> (Reply, Option<OwnedFd>) {
+    // Opened before the fork, so a failure is answered instead of lost.
+    let null = match std::fs::File::open("/dev/null") {
+        Ok(f) => f,
+        Err(error) => return (Reply::Failed(format!("cannot open /dev/null: {error}")), None),
+    };
+    // SAFETY: this process has one thread (it runs no runtime and starts no
+    // thread), so the child may run any code, not only async-signal-safe code.
+    match unsafe { nix::unistd::fork() } {
+        Err(error) => (Reply::Failed(format!("fork failed: {error}")), None),
+        Ok(nix::unistd::ForkResult::Child) => {
+            // Stdin (the worker's socket) and stdout become /dev/null; stderr
+            // stays the worker's log, where the monitor's few lines belong.
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&null);
+            let redirected = nix::unistd::dup2(fd, 0).is_ok() && nix::unistd::dup2(fd, 1).is_ok();
+            drop(null);
+            let code = if redirected { monitor::run(args) } else { 1 };
+            std::process::exit(code)
+        }
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            let pid = child.as_raw();
+            // Still unreaped here, so the pid names this child and nothing else.
+            let pidfd = rustix::process::Pid::from_raw(pid)
+                .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
+            match ProcessId::of(pid) {
+                Some(id) => (Reply::Forked { pid, start_time: id.start_time }, pidfd),
+                None => (Reply::Unidentified(format!("monitor {pid} forked but not found in /proc")), None),
+            }
+        }
+    }
+}
