@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
+use tenure_sidecar::attempt_files::AttemptFiles;
 
 use crate::proxy::{Mode, Proxy};
 use crate::schedule::Link;
@@ -233,12 +234,9 @@ impl Cluster {
         let mut out = Vec::new();
         let Ok(entries) = std::fs::read_dir(self.worker_dir(i).join("attempts")) else { return out };
         for e in entries.flatten() {
-            let pid = std::fs::read_to_string(e.path().join("monitor.pid"))
-                .ok()
-                .and_then(|t| t.split_whitespace().next()?.parse::<i32>().ok());
-            let pgid = std::fs::read_to_string(e.path().join("pgid")).ok().and_then(|t| t.trim().parse::<i32>().ok());
-            if let Some(pid) = pid.filter(|p| kill(Pid::from_raw(*p), None).is_ok()) {
-                out.push((pid, pgid));
+            let files = AttemptFiles::new(e.path());
+            if let Some(monitor) = files.monitor().filter(|m| m.alive()) {
+                out.push((monitor.pid, files.pgid()));
             }
         }
         out

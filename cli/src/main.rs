@@ -197,7 +197,10 @@ enum Command {
     Worker(WorkerArgs),
     /// Internal: the process a worker starts to fork each attempt's monitor.
     #[command(hide = true)]
-    MonitorLauncher,
+    MonitorLauncher {
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
     /// Run a worker machine's sidecar (its recovery store).
     Sidecar(SidecarArgs),
     /// Start a whole local cluster: nats-server, coordinators (one leads, the rest stand by), workers with sidecars.
@@ -365,7 +368,7 @@ fn main() -> ExitCode {
             | Command::Worker(_)
             | Command::Sidecar(_)
             | Command::Dev { .. }
-            | Command::MonitorLauncher
+            | Command::MonitorLauncher { .. }
     ) {
         // A client verb piped into `head` ends quietly on a closed pipe, as
         // command-line tools do, instead of panicking in `println!`.
@@ -378,9 +381,9 @@ fn main() -> ExitCode {
     // before (and instead of) this process's multi-threaded runtime.
     // Its monitors log to the worker's stderr, which may be gone: SIGPIPE stays
     // ignored there (above), and a failed log write is dropped.
-    if let Command::MonitorLauncher = cli.command {
+    if let Command::MonitorLauncher { data_dir } = &cli.command {
         init_logging(true);
-        return ExitCode::from(tenure_worker::launcher::serve() as u8);
+        return ExitCode::from(tenure_worker::launcher::serve(data_dir) as u8);
     }
     let (role, daemon) = match cli.command {
         Command::Coordinator(_) => ("coordinator", true),

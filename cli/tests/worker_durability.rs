@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::{group_alive, stdout, Cluster};
+use tenure_sidecar::attempt_files::AttemptFiles;
 use tenure_testkit::eventually;
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -24,16 +25,16 @@ fn attempt_dir(c: &Cluster, task: &str) -> PathBuf {
     c.worker_dir("w1").join("attempts").join(format!("{task}.1"))
 }
 
+fn attempt_files(c: &Cluster, task: &str) -> AttemptFiles {
+    AttemptFiles::new(attempt_dir(c, task))
+}
+
 fn monitor_pid(c: &Cluster, task: &str) -> i32 {
-    let text = eventually(BOUND, || std::fs::read_to_string(attempt_dir(c, task).join("monitor.pid")).ok())
-        .expect("monitor.pid written");
-    text.split_whitespace().next().and_then(|p| p.parse().ok()).expect("pid")
+    eventually(BOUND, || attempt_files(c, task).monitor()).expect("monitor recorded").pid
 }
 
 fn task_pgid(c: &Cluster, task: &str) -> i32 {
-    let text =
-        eventually(BOUND, || std::fs::read_to_string(attempt_dir(c, task).join("pgid")).ok()).expect("pgid written");
-    text.trim().parse().expect("pgid")
+    eventually(BOUND, || attempt_files(c, task).pgid()).expect("pgid recorded")
 }
 
 /// Window: mid-run. The worker dies; the task keeps running and writing under
@@ -71,9 +72,9 @@ fn a_task_that_finished_while_the_worker_was_down_is_reported_from_its_status() 
     let mut c = Cluster::start(1);
     let task = c.submit(&["--", "sleep 1; echo bye; exit 7"]);
     c.wait_status(&task, "running", BOUND);
-    let dir = attempt_dir(&c, &task);
+    let files = attempt_files(&c, &task);
     c.kill9("worker-w1");
-    eventually(BOUND, || dir.join("status").exists().then_some(())).expect("monitor recorded the exit");
+    eventually(BOUND, || files.status()).expect("monitor recorded the exit");
     c.spawn_worker("w1", &[]);
     let snap = c.wait_status(&task, "failed", BOUND);
     assert_eq!((snap["exit_code"].as_i64(), snap["attempt"].as_u64()), (Some(7), Some(1)));

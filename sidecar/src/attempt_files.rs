@@ -1,23 +1,35 @@
 //! The files one attempt's monitor shares with the worker, in the attempt's
 //! directory (`<data>/attempts/<task>.<attempt>/`):
 //!
-//! | file          | written by | when                        | meaning |
-//! |---------------|------------|-----------------------------|---------|
-//! | `grant`       | worker     | before spawning the monitor | the lease: what to run, owner, epoch |
-//! | `monitor.pid` | monitor    | first thing it does         | the monitor's pid and start time |
-//! | `pgid`        | monitor    | right after spawning        | the task's process group |
-//! | `status`      | monitor    | after the group is gone     | the exit evidence ([`MonitorStatus`]) |
-//! | `input`       | monitor    | before spawning an `agent` task; removed when its group is gone | the task's stdin, a FIFO (mode 0600) |
-//! | `matches`     | monitor    | as a `monitor` task's output lines match its pattern | one JSON [`MatchedLine`] per line, append-only |
+//! | file      | written by | when | meaning |
+//! |-----------|------------|------|---------|
+//! | `journal` | worker, then monitor | see below | the attempt's facts, one checksummed entry each |
+//! | `input`   | monitor    | before spawning an `agent` task; removed when its group is gone | the task's stdin, a FIFO (mode 0600) |
+//! | `matches` | monitor    | as a `monitor` task's output lines match its pattern | one JSON [`MatchedLine`] per line, append-only |
 //!
-//! `grant` and `status` are written to a temporary file, fsynced, renamed into
-//! place and the directory fsynced: each is either absent or complete, also
-//! after a machine crash. `monitor.pid` and `pgid` are renamed into place
-//! without fsync: they name live processes, which matter only while the machine
-//! runs (a worker or sidecar crash leaves the page cache intact), and a machine
-//! crash ends those processes anyway — a file lost or empty after a reboot
-//! reads as "no process", which is the truth. Readers treat a missing or
-//! unreadable file as "no evidence", never as an outcome.
+//! The `journal` is append-only; each entry is its length, its CRC-32 and the
+//! encoded [`Entry`], written with one `write`. In order:
+//!
+//! | entry     | written by | when                        | durable |
+//! |-----------|------------|-----------------------------|---------|
+//! | `Grant`   | worker     | before the monitor exists   | yes: file and directory fsynced |
+//! | `Monitor` | monitor    | first thing it does         | no |
+//! | `Pgid`    | monitor    | right after spawning        | no |
+//! | `Status`  | monitor    | after the group is gone     | yes: data fsynced before the monitor exits |
+//!
+//! The monitor's identity and its task's process group are not fsynced: they
+//! name live processes, which matter only while the machine runs (a worker or
+//! sidecar crash leaves the page cache intact), and a machine crash ends those
+//! processes anyway — an entry lost after a reboot reads as "no process",
+//! which is the truth. A reader takes the entries up to the first incomplete
+//! or damaged one (a write cut short, a torn tail after power loss): a missing
+//! or unreadable fact is "no evidence", never an outcome. A failed append is
+//! cut off again, so nothing written later hides behind it.
+//!
+//! One file instead of one per fact: creating files is the costly part of an
+//! attempt's bookkeeping (each is a new inode, and `grant`/`status` were also
+//! written beside a temporary file and renamed), so an attempt creates its
+//! directory, its journal and its output file, and nothing else.
 //!
 //! `input` is a FIFO the monitor holds open read-write for the attempt's whole
 //! life, so the task never reads end-of-file while nobody writes and a writer
@@ -133,42 +145,116 @@ impl AttemptFiles {
         fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir)
     }
 
+    /// Starts the journal with the grant, durably (the file and the directory
+    /// that names it are fsynced).
     pub fn write_grant(&self, grant: &LeaseGrant) -> io::Result<()> {
-        let bytes = tenure_protocol::encode(grant).map_err(io::Error::other)?;
-        write_atomic(&self.dir, "grant", &bytes)
+        self.append(&Entry::Grant(grant.clone()), Sync::FileAndDir)
     }
 
     pub fn read_grant(&self) -> io::Result<LeaseGrant> {
-        tenure_protocol::decode(&fs::read(self.dir.join("grant"))?).map_err(io::Error::other)
+        self.entries()?
+            .into_iter()
+            .rev()
+            .find_map(|e| match e {
+                Entry::Grant(g) => Some(g),
+                _ => None,
+            })
+            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no readable grant in the attempt's journal"))
     }
 
     pub fn write_monitor(&self, id: ProcessId) -> io::Result<()> {
-        write_replace(&self.dir, "monitor.pid", format!("{} {}\n", id.pid, id.start_time).as_bytes(), false)
+        self.append(&Entry::Monitor { pid: id.pid, start_time: id.start_time }, Sync::No)
     }
 
-    /// The recorded monitor, if its file exists and is readable.
+    /// The recorded monitor, if its entry exists and is readable.
     pub fn monitor(&self) -> Option<ProcessId> {
-        let text = fs::read_to_string(self.dir.join("monitor.pid")).ok()?;
-        let mut parts = text.split_whitespace();
-        Some(ProcessId { pid: parts.next()?.parse().ok()?, start_time: parts.next()?.parse().ok()? })
+        self.last(|e| match e {
+            Entry::Monitor { pid, start_time } => Some(ProcessId { pid, start_time }),
+            _ => None,
+        })
     }
 
     pub fn write_pgid(&self, pgid: i32) -> io::Result<()> {
-        write_replace(&self.dir, "pgid", format!("{pgid}\n").as_bytes(), false)
+        self.append(&Entry::Pgid(pgid), Sync::No)
     }
 
     pub fn pgid(&self) -> Option<i32> {
-        fs::read_to_string(self.dir.join("pgid")).ok()?.trim().parse().ok().filter(|p: &i32| *p > 1)
+        self.last(|e| match e {
+            Entry::Pgid(p) if p > 1 => Some(p),
+            _ => None,
+        })
     }
 
+    /// Records the exit evidence, durably.
     pub fn write_status(&self, status: &MonitorStatus) -> io::Result<()> {
-        let bytes = tenure_protocol::encode(status).map_err(io::Error::other)?;
-        write_atomic(&self.dir, "status", &bytes)
+        self.append(&Entry::Status(status.clone()), Sync::Data)
     }
 
     /// The exit evidence, if complete and readable.
     pub fn status(&self) -> Option<MonitorStatus> {
-        tenure_protocol::decode(&fs::read(self.dir.join("status")).ok()?).ok()
+        self.last(|e| match e {
+            Entry::Status(s) => Some(s),
+            _ => None,
+        })
+    }
+
+    fn journal_path(&self) -> PathBuf {
+        self.dir.join(JOURNAL)
+    }
+
+    /// Appends one entry with a single write; on failure the journal is cut
+    /// back to where it was, so a torn entry never hides a later one.
+    fn append(&self, entry: &Entry, sync: Sync) -> io::Result<()> {
+        let payload = tenure_protocol::encode(entry).map_err(io::Error::other)?;
+        let len = u32::try_from(payload.len()).map_err(|_| io::Error::other("journal entry too large"))?;
+        let mut bytes = Vec::with_capacity(ENTRY_HEADER + payload.len());
+        bytes.extend_from_slice(&len.to_le_bytes());
+        bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+        bytes.extend_from_slice(&payload);
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(self.journal_path())?;
+        let before = file.metadata()?.len();
+        if let Err(error) = file.write_all(&bytes) {
+            let _ = file.set_len(before);
+            return Err(error);
+        }
+        match sync {
+            Sync::No => {}
+            Sync::Data => file.sync_data()?,
+            Sync::FileAndDir => {
+                file.sync_all()?;
+                File::open(&self.dir)?.sync_all()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every complete, intact entry, in order, up to the first that is not.
+    fn entries(&self) -> io::Result<Vec<Entry>> {
+        let bytes = fs::read(self.journal_path())?;
+        let mut rest = bytes.as_slice();
+        let mut entries = Vec::new();
+        while rest.len() >= ENTRY_HEADER {
+            let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+            let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
+            let Some(payload) = rest.get(ENTRY_HEADER..ENTRY_HEADER + len) else { break };
+            if crc32fast::hash(payload) != crc {
+                break;
+            }
+            let Ok(entry) = tenure_protocol::decode(payload) else { break };
+            entries.push(entry);
+            rest = &rest[ENTRY_HEADER + len..];
+        }
+        Ok(entries)
+    }
+
+    /// The last entry `pick` accepts; `None` when there is none or no journal.
+    fn last<T>(&self, pick: impl FnMut(Entry) -> Option<T>) -> Option<T> {
+        self.entries().ok()?.into_iter().rev().find_map(pick)
     }
 
     /// Where an `agent` attempt's input FIFO lives.
@@ -256,6 +342,26 @@ impl AttemptFiles {
     }
 }
 
+/// One fact in an attempt's journal.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+enum Entry {
+    Grant(LeaseGrant),
+    Monitor { pid: i32, start_time: u64 },
+    Pgid(i32),
+    Status(MonitorStatus),
+}
+
+/// How far an append is made durable.
+enum Sync {
+    No,
+    Data,
+    FileAndDir,
+}
+
+/// Length and CRC-32 before each journal entry.
+const ENTRY_HEADER: usize = 8;
+/// File name of an attempt's journal.
+const JOURNAL: &str = "journal";
 /// File name of the input FIFO in an attempt directory.
 const INPUT: &str = "input";
 /// File name of a monitor task's matched lines.
@@ -316,32 +422,6 @@ fn open_fifo(path: &Path, options: &mut OpenOptions, nonblock: bool) -> Result<F
     Ok(file)
 }
 
-/// Writes `name` in `dir` so that it is either absent or complete, even across a
-/// power loss: temporary file, fsync, rename, fsync of the directory.
-/// Writes `name` complete or not at all (temporary file, then rename), and
-/// durably (file and directory fsynced).
-fn write_atomic(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
-    write_replace(dir, name, bytes, true)
-}
-
-/// Writes `name` complete or not at all; with `durable`, also fsynced so that
-/// it survives a machine crash.
-fn write_replace(dir: &Path, name: &str, bytes: &[u8], durable: bool) -> io::Result<()> {
-    let tmp = dir.join(format!(".{name}.tmp"));
-    {
-        let mut f = File::create(&tmp)?;
-        f.write_all(bytes)?;
-        if durable {
-            f.sync_all()?;
-        }
-    }
-    fs::rename(&tmp, dir.join(name))?;
-    if durable {
-        File::open(dir)?.sync_all()?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -372,8 +452,35 @@ mod tests {
         let status = MonitorStatus { outcome: Outcome::new(Ending::Completed, Some(0), None), output_written: 3 };
         files.write_status(&status).unwrap();
         assert_eq!(files.status(), Some(status));
-        std::fs::write(files.dir().join("status"), b"\x01garbage").unwrap();
-        assert!(files.status().is_none(), "a damaged status is no evidence");
+    }
+
+    #[test]
+    fn a_torn_or_damaged_entry_hides_itself_and_what_follows_never_what_precedes() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = AttemptFiles::new(dir.path().join("shell-1.1"));
+        files.create().unwrap();
+        let me = ProcessId::current().unwrap();
+        files.write_monitor(me).unwrap();
+        files.write_pgid(4242).unwrap();
+        let status = MonitorStatus { outcome: Outcome::new(Ending::Completed, Some(0), None), output_written: 3 };
+        files.write_status(&status).unwrap();
+        let whole = std::fs::read(files.journal_path()).unwrap();
+        // Every cut of the status entry (a crash mid-write) reads as no status.
+        let status_at =
+            whole.len() - (ENTRY_HEADER + tenure_protocol::encode(&Entry::Status(status.clone())).unwrap().len());
+        for cut in status_at..whole.len() {
+            std::fs::write(files.journal_path(), &whole[..cut]).unwrap();
+            assert_eq!(files.status(), None, "cut at {cut}");
+            assert_eq!((files.monitor(), files.pgid()), (Some(me), Some(4242)));
+        }
+        // A flipped bit in the pgid entry hides it and the status after it.
+        let mut flipped = whole.clone();
+        flipped[status_at - 1] ^= 0x40;
+        std::fs::write(files.journal_path(), &flipped).unwrap();
+        assert_eq!((files.monitor(), files.pgid(), files.status()), (Some(me), None, None));
+        // Garbage is no evidence, and no panic.
+        std::fs::write(files.journal_path(), b"\xff\xff\xff\xff\x01garbage").unwrap();
+        assert!(files.status().is_none() && files.monitor().is_none() && files.read_grant().is_err());
     }
 
     fn attempt_dir() -> (tempfile::TempDir, AttemptFiles) {

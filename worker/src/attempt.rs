@@ -203,7 +203,7 @@ async fn start_monitor(
 const UNSEEN_MONITOR_BOUND: Duration = Duration::from_secs(2);
 
 /// The launcher ended between a request and its answer: a monitor may run.
-/// It is watched if it shows itself (its `monitor.pid` or its `status`) in
+/// It is watched if it shows itself (its identity or its status in the journal) in
 /// time; otherwise the attempt is settled as one whose monitor is gone.
 async fn unseen_monitor(shared: &Shared, files: &AttemptFiles, kill: &Notify) -> Evidence {
     let deadline = tokio::time::Instant::now() + UNSEEN_MONITOR_BOUND;

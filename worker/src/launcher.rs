@@ -80,6 +80,7 @@ pub enum LaunchError {
 /// The worker's side: starts the launcher on first use and again after it died.
 pub struct Launcher {
     program: PathBuf,
+    data_dir: PathBuf,
     conn: Mutex<Option<Conn>>,
 }
 
@@ -97,9 +98,10 @@ impl Drop for Conn {
 }
 
 impl Launcher {
-    /// A launcher run as `PROGRAM monitor-launcher` (the `tenure` binary).
-    pub fn new(program: PathBuf) -> Launcher {
-        Launcher { program, conn: Mutex::new(None) }
+    /// A launcher run as `PROGRAM monitor-launcher --data-dir DATA_DIR` (the
+    /// `tenure` binary), forking monitors for the attempts under `data_dir`.
+    pub fn new(program: PathBuf, data_dir: PathBuf) -> Launcher {
+        Launcher { program, data_dir, conn: Mutex::new(None) }
     }
 
     /// Forks the monitor of one attempt. Blocking (a fork and two socket
@@ -142,6 +144,8 @@ impl Launcher {
             .map_err(|e| format!("cannot create the launcher socket: {e}"))?;
         let child = Command::new(&self.program)
             .arg("monitor-launcher")
+            .arg("--data-dir")
+            .arg(&self.data_dir)
             .stdin(Stdio::from(theirs))
             .stdout(Stdio::null())
             .spawn()
@@ -174,10 +178,12 @@ fn receive(sock: &OwnedFd) -> Result<(Reply, Option<OwnedFd>), String> {
 }
 
 /// The launcher process (`tenure monitor-launcher`): serves requests on its
-/// stdin until the worker closes it. Returns the exit code.
+/// stdin until the worker closes it, for attempts under `data_dir` only (the
+/// monitors it forks show the same command line, so `ps` says whose they are).
+/// Returns the exit code.
 ///
 /// It must stay single-threaded (it forks): no runtime, no logging threads.
-pub fn serve() -> i32 {
+pub fn serve(data_dir: &std::path::Path) -> i32 {
     // SAFETY: the worker passed the launcher's end of the socket pair as stdin;
     // nothing else in this process uses fd 0.
     let sock = unsafe { OwnedFd::from_raw_fd(0) };
@@ -203,6 +209,9 @@ pub fn serve() -> i32 {
             }
         };
         let (reply, pidfd) = match tenure_protocol::decode::<MonitorArgs>(&buf[..got]) {
+            Ok(args) if args.data_dir != data_dir => {
+                (Reply::Failed(format!("{} is not this launcher's data dir", args.data_dir.display())), None)
+            }
             Ok(args) => fork_monitor(&args),
             Err(error) => (Reply::Failed(format!("malformed launch request: {error}")), None),
         };

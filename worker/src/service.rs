@@ -124,7 +124,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     let client = tenure_transport::connect(&opts.nats, &format!("tenure-worker-{}", opts.id), true).await?;
     let sidecar = SidecarClient::new(layout.socket_path());
     let shared = Arc::new(Shared {
-        launcher: Launcher::new(opts.monitor_program.clone()),
+        launcher: Launcher::new(opts.monitor_program.clone(), layout.root().to_path_buf()),
         layout,
         client: client.clone(),
         sidecar,
