@@ -235,7 +235,10 @@ impl AttemptFiles {
 
     /// Every complete, intact entry, in order, up to the first that is not.
     fn entries(&self) -> io::Result<Vec<Entry>> {
-        let bytes = fs::read(self.journal_path())?;
+        let bytes = match fs::read(self.journal_path()) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return self.legacy_entries(),
+            read => read?,
+        };
         let mut rest = bytes.as_slice();
         let mut entries = Vec::new();
         while rest.len() >= ENTRY_HEADER {
@@ -249,6 +252,24 @@ impl AttemptFiles {
             entries.push(entry);
             rest = &rest[ENTRY_HEADER + len..];
         }
+        Ok(entries)
+    }
+
+    /// The facts of an attempt started by an earlier version (one file each:
+    /// `grant`, `monitor.pid`, `pgid`, `status`), so that a worker upgraded
+    /// while tasks run re-attaches to them and reads their evidence.
+    fn legacy_entries(&self) -> io::Result<Vec<Entry>> {
+        let read = |name: &str| fs::read(self.dir.join(name)).ok();
+        let text = |name: &str| read(name).and_then(|b| String::from_utf8(b).ok());
+        let grant = read(LEGACY_GRANT).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no attempt journal"))?;
+        let mut entries: Vec<Entry> = tenure_protocol::decode(&grant).ok().map(Entry::Grant).into_iter().collect();
+        let monitor = text("monitor.pid").and_then(|t| {
+            let mut parts = t.split_whitespace();
+            Some(Entry::Monitor { pid: parts.next()?.parse().ok()?, start_time: parts.next()?.parse().ok()? })
+        });
+        entries.extend(monitor);
+        entries.extend(text("pgid").and_then(|t| t.trim().parse().ok()).map(Entry::Pgid));
+        entries.extend(read("status").and_then(|b| tenure_protocol::decode(&b).ok()).map(Entry::Status));
         Ok(entries)
     }
 
@@ -362,6 +383,9 @@ enum Sync {
 const ENTRY_HEADER: usize = 8;
 /// File name of an attempt's journal.
 const JOURNAL: &str = "journal";
+/// The grant's own file, before the journal: an attempt directory of an
+/// earlier version has it.
+const LEGACY_GRANT: &str = "grant";
 /// File name of the input FIFO in an attempt directory.
 const INPUT: &str = "input";
 /// File name of a monitor task's matched lines.
@@ -451,6 +475,30 @@ mod tests {
         assert_eq!(files.pgid(), Some(4242));
         let status = MonitorStatus { outcome: Outcome::new(Ending::Completed, Some(0), None), output_written: 3 };
         files.write_status(&status).unwrap();
+        assert_eq!(files.status(), Some(status));
+    }
+
+    #[test]
+    fn an_attempt_of_the_earlier_one_file_per_fact_layout_is_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = AttemptFiles::new(dir.path().join("shell-1.1"));
+        files.create().unwrap();
+        assert!(files.read_grant().is_err() && files.monitor().is_none());
+        let grant = LeaseGrant {
+            task: "shell-1".parse().unwrap(),
+            attempt: tenure_protocol::Attempt(1),
+            epoch: tenure_protocol::Epoch(2),
+            owner: "o".parse().unwrap(),
+            spec: tenure_protocol::TaskSpec::shell("l", "echo hi"),
+        };
+        let status = MonitorStatus { outcome: Outcome::new(Ending::Failed, Some(3), None), output_written: 9 };
+        std::fs::write(files.dir().join(LEGACY_GRANT), tenure_protocol::encode(&grant).unwrap()).unwrap();
+        std::fs::write(files.dir().join("monitor.pid"), "4321 99\n").unwrap();
+        std::fs::write(files.dir().join("pgid"), "4322\n").unwrap();
+        assert_eq!(files.read_grant().unwrap(), grant);
+        assert_eq!(files.monitor(), Some(ProcessId { pid: 4321, start_time: 99 }));
+        assert_eq!((files.pgid(), files.status()), (Some(4322), None));
+        std::fs::write(files.dir().join("status"), tenure_protocol::encode(&status).unwrap()).unwrap();
         assert_eq!(files.status(), Some(status));
     }
 

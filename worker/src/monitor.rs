@@ -24,9 +24,16 @@
 //! re-attaches to it.
 
 use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
 
 use serde::{Deserialize, Serialize};
 use tenure_protocol::messages::{MatchedLine, MAX_MATCH_LINE_BYTES};
@@ -53,6 +60,10 @@ pub struct MonitorArgs {
 /// Runs the monitor to completion. Returns the process exit code: 0 when the
 /// exit evidence was recorded, 1 when it could not be (the worker then treats
 /// the attempt as having no evidence).
+///
+/// It is one thread and no runtime: a `poll` over the output pipe and a
+/// signalfd (SIGCHLD, SIGTERM) drives everything, because it runs once per
+/// attempt and every page it touches after its fork is a copy.
 pub fn run(args: &MonitorArgs) -> i32 {
     let _span = tracing::info_span!("monitor", task = %args.task, attempt = %args.attempt).entered();
     // A new session: the worker's death, its terminal, or a signal to its
@@ -66,14 +77,7 @@ pub fn run(args: &MonitorArgs) -> i32 {
         tracing::error!(dir = %files.dir().display(), %error, "monitor cannot record itself; not starting the task");
         return 1;
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(error) => {
-            tracing::error!(%error, "monitor cannot start a runtime; not starting the task");
-            return 1;
-        }
-    };
-    let status = runtime.block_on(supervise(args, &layout, &files));
+    let status = supervise(args, &layout, &files);
     // Also when the task could not be spawned after its FIFO was created.
     if let Err(error) = files.remove_input() {
         tracing::warn!(%error, "monitor cannot remove the input pipe");
@@ -87,7 +91,7 @@ pub fn run(args: &MonitorArgs) -> i32 {
     }
 }
 
-async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> MonitorStatus {
+fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> MonitorStatus {
     let failed =
         |detail: String| MonitorStatus { outcome: Outcome::new(Ending::Failed, None, Some(detail)), output_written: 0 };
     let spec = match files.read_grant() {
@@ -112,16 +116,24 @@ async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) ->
         Ok(p) => p,
         Err(e) => return failed(format!("cannot create the output pipe: {e}")),
     };
+    // Blocked before the task exists, so no SIGCHLD or SIGTERM is missed: they
+    // are read from the signalfd (the task itself starts with none blocked).
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGCHLD);
+    signals.add(Signal::SIGTERM);
+    let signalfd = match signals.thread_block().and_then(|()| SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK)) {
+        Ok(fd) => fd,
+        Err(e) => return failed(format!("cannot watch signals: {e}")),
+    };
     // Every process of the task can say which task and attempt it belongs to.
     let identity = [("TENURE_TASK_ID", args.task.to_string()), ("TENURE_ATTEMPT", args.attempt.0.to_string())];
-    let running = match process::spawn(&spec, &identity, stdin, writer, layout.root()) {
-        Ok(r) => r,
+    let leader = match process::spawn(&spec, &identity, stdin, writer, layout.root()) {
+        Ok(pid) => pid,
         Err(e) => return failed(format!("spawn failed: {e}")),
     };
-    if let Err(error) = files.write_pgid(running.pid) {
+    if let Err(error) = files.write_pgid(leader) {
         tracing::warn!(%error, "monitor cannot record the process group");
     }
-    let cap = args.output_cap;
     let matcher = match spec.pattern.as_deref().map(|p| LineMatcher::new(p, files)) {
         None => None,
         Some(Ok(m)) => Some(m),
@@ -131,85 +143,201 @@ async fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) ->
             None
         }
     };
-    // The pump's result comes back on a channel, so the monitor learns the
-    // moment it ends (a bounded wait below, without polling).
-    let (pumped_tx, pumped) = std::sync::mpsc::sync_channel(1);
-    std::thread::spawn(move || {
-        let _ = pumped_tx.send(pump(reader, output, cap, matcher));
-    });
-
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => Some(s),
-        Err(error) => {
-            tracing::warn!(%error, "monitor cannot watch SIGTERM; kills will escalate through the worker");
-            None
+    let mut pump = Pump { reader: Some(reader), output, cap: args.output_cap, matcher, written: 0, dropped: 0 };
+    let mut group = Group::new(leader, args.kill_grace);
+    while !group.done(pump.reader.is_none()) {
+        let timeout = group.wake_in();
+        let mut fds = vec![PollFd::new(signalfd.as_fd(), PollFlags::POLLIN)];
+        if let Some(r) = pump.reader.as_ref() {
+            fds.push(PollFd::new(r.as_fd(), PollFlags::POLLIN));
         }
-    };
-    let kill = async move {
-        match term.as_mut() {
-            Some(t) => {
-                t.recv().await;
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(Errno::EINTR) => {}
+            Err(e) => {
+                tracing::error!(error = %e, "monitor cannot wait; ending the task");
+                group.kill_requested();
             }
-            None => std::future::pending().await,
         }
-    };
-    let mut outcome = running.finish(kill, args.kill_grace).await;
+        let output_ready = fds.get(1).and_then(|f| f.revents()).is_some_and(|r| !r.is_empty());
+        drop(fds);
+        if output_ready {
+            pump.step();
+        }
+        while let Ok(Some(info)) = signalfd.read_signal() {
+            if info.ssi_signo == Signal::SIGTERM as u32 {
+                group.kill_requested();
+            }
+        }
+        group.reap();
+        group.advance();
+    }
     // Nobody reads the input any more: a sender now finds no pipe and is told
     // the task ended (the FIFO goes before its keeper is let go).
     if let Err(error) = files.remove_input() {
         tracing::warn!(%error, "monitor cannot remove the input pipe");
     }
-    // Every writer of the pipe is gone with the group; the pump sees its end.
-    // A process that left the group (setsid) may still hold the pipe: do not
-    // wait for it forever.
-    let (written, dropped) = pumped.recv_timeout(Duration::from_secs(5)).unwrap_or((0, 0));
+    let (written, dropped) = pump.finish();
+    let mut outcome = group.outcome();
     outcome.output_dropped = dropped;
     MonitorStatus { outcome, output_written: written }
 }
 
-/// Copies the pipe into the output file until the pipe ends. Past `cap` bytes
-/// the pipe keeps draining (the task never blocks on output) but bytes are
-/// dropped, counted, and one notice is appended.
-fn pump(
-    mut reader: std::io::PipeReader,
-    mut output: std::fs::File,
-    cap: u64,
-    mut matcher: Option<LineMatcher>,
-) -> (u64, u64) {
-    let mut buf = vec![0u8; 64 * 1024];
-    let (mut written, mut dropped) = (0u64, 0u64);
-    loop {
-        let n = match reader.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
+/// How long the output pipe may stay open after the task's group is gone: a
+/// process that left the group (setsid) may still hold it; it is not waited
+/// for forever.
+const PIPE_AFTER_GROUP: Duration = Duration::from_secs(5);
+/// How often a group being ended is looked at again.
+const ENDING_CHECK: Duration = Duration::from_millis(10);
+
+/// The task's process group, from spawn to empty.
+///
+/// **Invariant:** [`Group::done`] is not true while any process of the group
+/// lives: the leader's exit is only the beginning of the end. Ending it is
+/// SIGTERM to the group, the grace period, then SIGKILL — on a kill request
+/// at once, otherwise once the leader has exited and others remain.
+struct Group {
+    pgid: i32,
+    grace: Duration,
+    leader: Option<WaitStatus>,
+    killed: bool,
+    /// When SIGTERM went to the group.
+    terminated_at: Option<Instant>,
+    /// When the group was found empty.
+    gone_at: Option<Instant>,
+}
+
+impl Group {
+    fn new(pgid: i32, grace: Duration) -> Group {
+        Group { pgid, grace, leader: None, killed: false, terminated_at: None, gone_at: None }
+    }
+
+    fn kill_requested(&mut self) {
+        self.killed = true;
+    }
+
+    /// Reaps every child that ended (the leader, and descendants re-parented
+    /// to this subreaper), keeping the leader's status.
+    fn reap(&mut self) {
+        loop {
+            match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) | Err(_) => return,
+                Ok(status) if status.pid() == Some(Pid::from_raw(self.pgid)) => self.leader = Some(status),
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Moves the ending along: SIGTERM when it is time, SIGKILL after grace.
+    fn advance(&mut self) {
+        if self.gone_at.is_some() {
+            return;
+        }
+        if self.leader.is_some() && !process::group_alive(self.pgid) {
+            self.gone_at = Some(Instant::now());
+            return;
+        }
+        let start_ending = self.killed || self.leader.is_some();
+        match self.terminated_at {
+            None if start_ending => {
+                process::signal_group(self.pgid, Signal::SIGTERM);
+                self.terminated_at = Some(Instant::now());
+            }
+            Some(at) if at.elapsed() >= self.grace => process::signal_group(self.pgid, Signal::SIGKILL),
+            _ => {}
+        }
+    }
+
+    fn done(&self, pipe_closed: bool) -> bool {
+        self.gone_at.is_some_and(|at| pipe_closed || at.elapsed() >= PIPE_AFTER_GROUP)
+    }
+
+    /// How long `poll` may sleep: until the next event while the task runs,
+    /// briefly while its group is being ended, until the pipe's bound after.
+    fn wake_in(&self) -> PollTimeout {
+        let wait = match (self.gone_at, self.terminated_at) {
+            (Some(at), _) => PIPE_AFTER_GROUP.saturating_sub(at.elapsed()),
+            (None, Some(_)) => ENDING_CHECK,
+            (None, None) => return PollTimeout::NONE,
         };
-        if let Some(m) = matcher.as_mut() {
+        PollTimeout::try_from(wait).unwrap_or(PollTimeout::MAX)
+    }
+
+    fn outcome(&self) -> Outcome {
+        match (self.leader, self.killed) {
+            (Some(WaitStatus::Exited(_, 0)), false) => Outcome::new(Ending::Completed, Some(0), None),
+            (Some(WaitStatus::Exited(_, code)), false) => {
+                Outcome::new(Ending::Failed, Some(code), Some(format!("exit code: {code}")))
+            }
+            (Some(WaitStatus::Exited(_, code)), true) => {
+                Outcome::new(Ending::Killed, Some(code), Some(format!("exit code: {code}")))
+            }
+            (Some(WaitStatus::Signaled(_, signal, _)), killed) => {
+                let ending = if killed { Ending::Killed } else { Ending::Failed };
+                Outcome::new(ending, None, Some(format!("signal {}", signal as i32)))
+            }
+            (other, _) => Outcome::new(Ending::Failed, None, Some(format!("unexpected wait status: {other:?}"))),
+        }
+    }
+}
+
+/// Copies the pipe into the output file. Past `cap` bytes the pipe keeps
+/// draining (the task never blocks on output) but bytes are dropped, counted,
+/// and one notice is appended.
+struct Pump {
+    reader: Option<std::io::PipeReader>,
+    output: std::fs::File,
+    cap: u64,
+    matcher: Option<LineMatcher>,
+    written: u64,
+    dropped: u64,
+}
+
+impl Pump {
+    /// One read of what the pipe holds (it was ready); the end of the pipe
+    /// closes it.
+    fn step(&mut self) {
+        let Some(reader) = self.reader.as_mut() else { return };
+        let mut buf = [0u8; 64 * 1024];
+        let n = match reader.read(&mut buf) {
+            Ok(0) => return self.close(),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return,
+            Err(_) => return self.close(),
+        };
+        if let Some(m) = self.matcher.as_mut() {
             m.feed(&buf[..n]);
         }
-        let room = cap.saturating_sub(written).min(n as u64) as usize;
+        let room = self.cap.saturating_sub(self.written).min(n as u64) as usize;
         if room > 0 {
-            if output.write_all(&buf[..room]).is_err() {
-                dropped += room as u64;
+            if self.output.write_all(&buf[..room]).is_err() {
+                self.dropped += room as u64;
             } else {
-                written += room as u64;
+                self.written += room as u64;
             }
         }
         let over = (n - room) as u64;
         if over > 0 {
-            if dropped == 0 {
-                let notice = format!("\n[tenure: output cap of {cap} bytes reached; further output is dropped]\n");
-                let _ = output.write_all(notice.as_bytes());
+            if self.dropped == 0 {
+                let notice =
+                    format!("\n[tenure: output cap of {} bytes reached; further output is dropped]\n", self.cap);
+                let _ = self.output.write_all(notice.as_bytes());
             }
-            dropped += over;
+            self.dropped += over;
         }
     }
-    if let Some(m) = matcher.as_mut() {
-        m.end();
+
+    fn close(&mut self) {
+        self.reader = None;
     }
-    let _ = output.sync_data();
-    (written, dropped)
+
+    /// Ends matching and makes the output durable; written and dropped bytes.
+    fn finish(mut self) -> (u64, u64) {
+        if let Some(m) = self.matcher.as_mut() {
+            m.end();
+        }
+        let _ = self.output.sync_data();
+        (self.written, self.dropped)
+    }
 }
 
 /// Bytes of one line kept for matching; the rest of a longer line is ignored.

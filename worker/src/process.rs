@@ -3,24 +3,21 @@
 //! The task is `sh -c COMMAND` as the leader of a new process group, stdout and
 //! stderr appended to one output file (the same open file description, so their
 //! order is the order they were written), stdin from `/dev/null` or, for an
-//! `agent` task, from its input FIFO. The worker is a child subreaper, so
-//! descendants that double-fork inside the group are re-parented to the worker,
-//! never to PID 1, and are reaped here.
-//!
-//! **Invariant:** [`Running::finish`] does not return while any process of the
-//! group lives: the leader's exit is only the beginning of the end.
+//! `agent` task, from its input FIFO. Its monitor ([`crate::monitor`]) is a
+//! child subreaper, so descendants that double-fork inside the group are
+//! re-parented to the monitor, never to PID 1, and are reaped there.
 
 use std::os::fd::OwnedFd;
+use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use tenure_protocol::{Ending, Outcome, TaskSpec};
-use tokio::process::{Child, Command};
+use tenure_protocol::TaskSpec;
 
 /// Makes this process the reaper of orphaned descendants (Linux), so that the
 /// processes of a task never end up under PID 1.
@@ -30,28 +27,23 @@ pub fn become_subreaper() {
     }
 }
 
-/// A spawned task process group.
-pub struct Running {
-    child: Child,
-    pub pid: i32,
-}
-
-/// Spawns `sh -c spec.command` in a new process group, stdout and stderr both
-/// going to `output` (a file or a pipe), stdin from `stdin` (`/dev/null` when
-/// `None`). `identity` adds variables that name the task to its processes (they
-/// override the spec's own).
+/// Spawns `sh -c spec.command` as the leader of a new process group, stdout
+/// and stderr both going to `output` (a file or a pipe), stdin from `stdin`
+/// (`/dev/null` when `None`). `identity` adds variables that name the task to
+/// its processes (they override the spec's own). Returns the leader's pid,
+/// which is also the group's id; the caller reaps it.
 pub fn spawn(
     spec: &TaskSpec,
     identity: &[(&str, String)],
     stdin: Option<OwnedFd>,
     output: impl Into<OwnedFd>,
     default_cwd: &Path,
-) -> std::io::Result<Running> {
+) -> std::io::Result<i32> {
     let output: OwnedFd = output.into();
     let err = output.try_clone()?;
     let stdin = stdin.map(Stdio::from).unwrap_or_else(Stdio::null);
-    let mut cmd = Command::new("/bin/sh");
-    cmd.arg("-c")
+    let child = Command::new("/bin/sh")
+        .arg("-c")
         .arg(&spec.command)
         .current_dir(spec.cwd.as_deref().map(Path::new).unwrap_or(default_cwd))
         .envs(&spec.env)
@@ -60,64 +52,15 @@ pub fn spawn(
         .stdout(Stdio::from(output))
         .stderr(Stdio::from(err))
         .process_group(0)
-        .kill_on_drop(false);
-    let child = cmd.spawn()?;
-    let pid = child
-        .id()
-        .and_then(|p| i32::try_from(p).ok())
-        .ok_or_else(|| std::io::Error::other("spawned process has no pid"))?;
-    Ok(Running { child, pid })
+        .spawn()?;
+    i32::try_from(child.id()).map_err(|_| std::io::Error::other("spawned process has no valid pid"))
 }
 
-impl Running {
-    /// Waits for the leader to exit, or for `kill` to fire; then ends the whole
-    /// group (SIGTERM, `grace`, SIGKILL) and returns the outcome.
-    pub async fn finish(mut self, kill: impl std::future::Future<Output = ()>, grace: Duration) -> Outcome {
-        let pgid = Pid::from_raw(self.pid);
-        let mut killed = false;
-        let status = tokio::select! {
-            status = self.child.wait() => status,
-            _ = kill => {
-                killed = true;
-                signal_group(pgid, Signal::SIGTERM);
-                match tokio::time::timeout(grace, self.child.wait()).await {
-                    Ok(status) => status,
-                    Err(_) => {
-                        signal_group(pgid, Signal::SIGKILL);
-                        self.child.wait().await
-                    }
-                }
-            }
-        };
-        // The leader is gone; make sure nothing else of the group survives it.
-        end_group(pgid, grace).await;
-        outcome(status, killed)
-    }
-}
-
-fn outcome(status: std::io::Result<std::process::ExitStatus>, killed: bool) -> Outcome {
-    use std::os::unix::process::ExitStatusExt;
-    match status {
-        Err(e) => Outcome::new(Ending::Failed, None, Some(format!("wait failed: {e}"))),
-        Ok(s) => match (s.code(), s.signal()) {
-            (Some(0), _) if !killed => Outcome::new(Ending::Completed, Some(0), None),
-            (Some(code), _) if !killed => Outcome::new(Ending::Failed, Some(code), Some(format!("exit code: {code}"))),
-            (code, signal) => {
-                let detail = match signal {
-                    Some(sig) => format!("signal {sig}"),
-                    None => format!("exit code: {}", code.unwrap_or(-1)),
-                };
-                let ending = if killed { Ending::Killed } else { Ending::Failed };
-                Outcome::new(ending, code, Some(detail))
-            }
-        },
-    }
-}
-
-fn signal_group(pgid: Pid, signal: Signal) {
-    match killpg(pgid, signal) {
+/// Signals every process of group `pgid`; an empty group is not an error.
+pub fn signal_group(pgid: i32, signal: Signal) {
+    match killpg(Pid::from_raw(pgid), signal) {
         Ok(()) | Err(Errno::ESRCH) => {}
-        Err(error) => tracing::warn!(pgid = pgid.as_raw(), %error, ?signal, "cannot signal process group"),
+        Err(error) => tracing::warn!(pgid, %error, ?signal, "cannot signal process group"),
     }
 }
 
@@ -143,7 +86,7 @@ pub async fn end_group(pgid: Pid, grace: Duration) {
     if !group_alive(pgid.as_raw()) {
         return;
     }
-    signal_group(pgid, Signal::SIGTERM);
+    signal_group(pgid.as_raw(), Signal::SIGTERM);
     let deadline = tokio::time::Instant::now() + grace;
     let mut step = Duration::from_millis(5);
     loop {
@@ -152,7 +95,7 @@ pub async fn end_group(pgid: Pid, grace: Duration) {
             return;
         }
         if tokio::time::Instant::now() >= deadline {
-            signal_group(pgid, Signal::SIGKILL);
+            signal_group(pgid.as_raw(), Signal::SIGKILL);
         }
         tokio::time::sleep(step).await;
         step = (step * 2).min(Duration::from_millis(100));
