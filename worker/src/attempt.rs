@@ -137,13 +137,15 @@ pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify
         Ok(launched) => {
             let pid = launched.id.pid;
             tracing::info!(task = %task, attempt = %attempt, monitor = pid, "monitor started");
-            let _ = sidecar_insist(&shared, SidecarRequest::Spawned { task: task.clone(), attempt, pid }).await;
+            // The started report does not wait for the `spawned` record: recovery
+            // treats an attempt with its intent alike with or without it.
             let reporter = {
                 let (shared, task) = (shared.clone(), task.clone());
                 tokio::spawn(async move {
                     report_until_acked(&shared, &task, attempt, epoch, ReportEvent::Started { pid }).await
                 })
             };
+            let _ = sidecar_insist(&shared, SidecarRequest::Spawned { task: task.clone(), attempt, pid }).await;
             let evidence = watch(&shared, &files, Monitor::new(launched.id, launched.pidfd), &kill).await;
             // Nothing waits on the network before the outcome is buffered; the
             // final report supersedes a started report still being retried.
