@@ -160,7 +160,7 @@ impl Core {
         self.index(&id, None, Status::Queued);
         self.index_child(&id, &of);
         fx.push(Effect::Persist(Box::new(record.clone())));
-        self.tasks.insert(id, record);
+        self.tasks.insert(record);
     }
 
     fn end_workflow(&mut self, workflow: &TaskId, ending: Ending, detail: String, now: Now, fx: &mut Vec<Effect>) {
