@@ -403,7 +403,8 @@ impl Core {
                 Ok(r) => {
                     let text = r.life.outcome.as_ref().and_then(|o| o.output.clone()).unwrap_or_default();
                     // Its owner has the end: that reports the task.
-                    self.mark_reported(&task, fx).map(|_| ApiResponse::FinalOutput { finished: true, text })
+                    self.mark_reported(&task, fx)
+                        .map(|_| ApiResponse::FinalOutput { finished: true, text: text.into() })
                 }
             },
             ApiRequest::MarkReported { session, task } => match self.owned(&session, &task) {
@@ -493,7 +494,7 @@ impl Core {
             TaskId::new(req.spec.kind.clone(), self.next_n).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
         self.next_n += 1;
         let record = TaskRecord {
-            trace,
+            trace: trace.map(String::into_boxed_str),
             ..TaskRecord::new(id.clone(), req.session.clone(), req.idempotency_key, req.spec, now.wall_ms)
         };
         self.by_key.insert((req.session, req.idempotency_key), id.number());

@@ -82,4 +82,13 @@ mod tests {
         assert!(tasks.remove(&"noop-7".parse().unwrap()).is_some());
         assert!(tasks.by_number(7).is_none());
     }
+
+    /// Every kept task pays for its record's size: a field that grows it
+    /// should be boxed or justified (400 bytes at the time of writing).
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_record_stays_small() {
+        let size = std::mem::size_of::<TaskRecord>();
+        assert!(size <= 400, "TaskRecord is {size} bytes");
+    }
 }
