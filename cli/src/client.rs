@@ -113,10 +113,10 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
                 kind,
                 label: label.unwrap_or_else(|| line.lines().next().unwrap_or("").chars().take(120).collect()),
                 command: line,
-                cwd,
+                cwd: cwd.map(Into::into),
                 env: env_map,
                 idempotent,
-                pattern,
+                pattern: pattern.map(Into::into),
                 steps,
                 final_output,
             };

@@ -106,7 +106,7 @@ impl Core {
                 continue;
             }
             if let Some(r) = self.tasks.remove(&task) {
-                self.by_key.remove(&(r.owner.clone(), r.idempotency_key));
+                self.by_key.remove(&(r.owner, r.idempotency_key));
                 self.children.remove(&task);
                 self.waiters.remove(&task);
                 self.cleanup_tries.remove(&task);
@@ -122,9 +122,9 @@ impl Core {
     fn forget_old_keys(&mut self, now: Now) {
         let horizon = now.wall_ms.saturating_sub(KEEP_KEYS.as_millis() as u64);
         let tasks = &self.tasks;
-        self.by_key.retain(|_, id| {
+        self.by_key.retain(|_, n| {
             tasks
-                .get(id)
+                .by_number(*n)
                 .is_some_and(|r| !r.life.status.is_terminal() || r.finished_at_ms.is_none_or(|at| at > horizon))
         });
     }

@@ -25,6 +25,7 @@ use tenure_protocol::{apply, Board, Decision, Epoch, Event, Kind, SessionId, Sta
 use uuid::Uuid;
 
 use crate::record::TaskRecord;
+use crate::tasks::Tasks;
 
 /// Timing rules of the core. Durations are measured on the leader's monotonic clock.
 #[derive(Debug, Clone)]
@@ -171,8 +172,10 @@ struct Waiter {
 pub struct Core {
     cfg: CoreConfig,
     epoch: Epoch,
-    tasks: HashMap<TaskId, TaskRecord>,
-    by_key: HashMap<(SessionId, Uuid), TaskId>,
+    tasks: Tasks,
+    /// Submits' idempotency keys → task number, while remembered (see
+    /// `forget_old_keys`). Steps are not here: no client submitted them.
+    by_key: HashMap<(SessionId, Uuid), u64>,
     /// Queued tasks in submission order.
     queue: BTreeSet<(u64, TaskId)>,
     /// Tasks that hold a worker slot (leased, running, stopping).
@@ -214,7 +217,7 @@ impl Core {
         let mut core = Core {
             cfg,
             epoch,
-            tasks: HashMap::new(),
+            tasks: Tasks::default(),
             by_key: HashMap::new(),
             queue: BTreeSet::new(),
             on_worker: BTreeSet::new(),
@@ -235,7 +238,7 @@ impl Core {
         for r in records {
             core.next_n = core.next_n.max(r.id.number() + 1);
             if r.parent.is_none() {
-                core.by_key.insert((r.owner.clone(), r.idempotency_key), r.id.clone());
+                core.by_key.insert((r.owner.clone(), r.idempotency_key), r.id.number());
             }
             if let (true, Some(w)) = (r.life.status.is_on_worker(), &r.life.worker) {
                 core.workers.entry(w.clone()).or_insert(WorkerState {
@@ -259,7 +262,7 @@ impl Core {
             if r.cleanup.is_some_and(|j| j.unsettled()) {
                 core.cleanup_tries.insert(r.id.clone(), (now.mono, 0));
             }
-            core.tasks.insert(r.id.clone(), r);
+            core.tasks.insert(r);
         }
         core
     }
@@ -276,10 +279,9 @@ impl Core {
     /// republished by the one after it. Without it (no previous claim), all.
     pub fn pending_notices(&self, since_ms: Option<u64>) -> Vec<Effect> {
         let recent = |r: &&TaskRecord| since_ms.is_none_or(|since| r.finished_at_ms.is_none_or(|at| at >= since));
-        let mut ended: Vec<&TaskRecord> =
-            self.tasks.values().filter(|r| r.life.status.is_terminal() && !r.reported).filter(recent).collect();
-        ended.sort_by_key(|r| r.id.number());
-        ended.into_iter().map(|r| Effect::Notify(Box::new(Notice::Ended(Box::new(self.snapshot_of(r)))))).collect()
+        // In task number order.
+        let ended = self.tasks.values().filter(|r| r.life.status.is_terminal() && !r.reported).filter(recent);
+        ended.map(|r| Effect::Notify(Box::new(Notice::Ended(Box::new(self.snapshot_of(r)))))).collect()
     }
 
     /// Never allocate task numbers at or below `n` (seen in the registry, even in
@@ -356,16 +358,11 @@ impl Core {
                 self.visible(&session, &task).map(|r| ApiResponse::Snapshot(self.snapshot_of(r)))
             }
             ApiRequest::List { session, all } => {
-                let mut list: Vec<TaskSnapshot> = self.listed(&session, all).map(|r| self.snapshot_of(r)).collect();
-                list.sort_by_key(|s| s.id.number());
-                Ok(ApiResponse::List(list))
+                Ok(ApiResponse::List(self.listed(&session, all, 0).map(|r| self.snapshot_of(r)).collect()))
             }
             ApiRequest::ListPage { session, all, after } => {
-                let mut listed: Vec<&TaskRecord> =
-                    self.listed(&session, all).filter(|r| after.is_none_or(|a| r.id.number() > a)).collect();
-                listed.sort_by_key(|r| r.id.number());
                 let (mut tasks, mut bytes, mut next) = (Vec::new(), 0usize, None);
-                for r in listed {
+                for r in self.listed(&session, all, after.unwrap_or(0)) {
                     let snapshot = self.snapshot_of(r);
                     let size = tenure_protocol::encode(&snapshot).map(|b| b.len()).unwrap_or(usize::MAX);
                     if !tasks.is_empty() && bytes.saturating_add(size) > MAX_LIST_PAGE_BYTES {
@@ -406,7 +403,8 @@ impl Core {
                 Ok(r) => {
                     let text = r.life.outcome.as_ref().and_then(|o| o.output.clone()).unwrap_or_default();
                     // Its owner has the end: that reports the task.
-                    self.mark_reported(&task, fx).map(|_| ApiResponse::FinalOutput { finished: true, text })
+                    self.mark_reported(&task, fx)
+                        .map(|_| ApiResponse::FinalOutput { finished: true, text: text.into() })
                 }
             },
             ApiRequest::MarkReported { session, task } => match self.owned(&session, &task) {
@@ -425,10 +423,16 @@ impl Core {
 
     /// The tasks a `List` of `session` shows: its own (every session's for an
     /// operator), by board — archived ones with `all`, deleted ones only to an
-    /// operator's `all` (their records stay for audit).
-    fn listed<'a>(&'a self, session: &'a SessionId, all: bool) -> impl Iterator<Item = &'a TaskRecord> + 'a {
+    /// operator's `all` (their records stay for audit). Numbered above
+    /// `after`, in task number order.
+    fn listed<'a>(
+        &'a self,
+        session: &'a SessionId,
+        all: bool,
+        after: u64,
+    ) -> impl Iterator<Item = &'a TaskRecord> + 'a {
         let operator = self.cfg.operators.contains(session);
-        self.tasks.values().filter(move |r| {
+        self.tasks.after(after).filter(move |r| {
             let shown = match r.life.board {
                 Board::Active => all || !r.life.status.is_terminal() || !r.reported,
                 Board::Archived => all,
@@ -465,8 +469,9 @@ impl Core {
     }
 
     fn submit(&mut self, req: SubmitRequest, trace: Option<String>, now: Now, fx: &mut Vec<Effect>) -> ApiReply {
-        if let Some(id) = self.by_key.get(&(req.session.clone(), req.idempotency_key)) {
-            return Ok(ApiResponse::Submitted { task: id.clone(), existing: true });
+        let existing = self.by_key.get(&(req.session.clone(), req.idempotency_key));
+        if let Some(r) = existing.and_then(|n| self.tasks.by_number(*n)) {
+            return Ok(ApiResponse::Submitted { task: r.id.clone(), existing: true });
         }
         req.spec.validate().map_err(|e| ApiError::InvalidSpec(e.to_string()))?;
         let known = self.known_kinds();
@@ -489,14 +494,14 @@ impl Core {
             TaskId::new(req.spec.kind.clone(), self.next_n).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
         self.next_n += 1;
         let record = TaskRecord {
-            trace,
+            trace: trace.map(String::into_boxed_str),
             ..TaskRecord::new(id.clone(), req.session.clone(), req.idempotency_key, req.spec, now.wall_ms)
         };
-        self.by_key.insert((req.session, req.idempotency_key), id.clone());
+        self.by_key.insert((req.session, req.idempotency_key), id.number());
         self.index(&id, None, Status::Queued);
         let workflow = !record.spec.steps.is_empty();
         fx.push(Effect::Persist(Box::new(record.clone())));
-        self.tasks.insert(id.clone(), record);
+        self.tasks.insert(record);
         if workflow {
             self.begin_workflow(&id, now, fx);
         }

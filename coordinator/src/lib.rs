@@ -16,6 +16,7 @@ pub mod notices;
 pub mod record;
 pub mod registry;
 pub mod service;
+mod tasks;
 
 pub use lease::LeaseConfig;
 pub use service::{run, Error, Options};

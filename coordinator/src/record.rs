@@ -24,8 +24,9 @@ pub struct TaskRecord {
     #[serde(default)]
     pub cleanup: Option<CleanupJob>,
     /// For a workflow step: which workflow, which step.
+    /// Boxed: rarely set, and every kept task carries the field.
     #[serde(default)]
-    pub parent: Option<StepOf>,
+    pub parent: Option<Box<StepOf>>,
     /// For a monitor: the output offset up to which matched lines were
     /// notified (a repeated report below it notifies nothing), and how many.
     #[serde(default)]
@@ -35,7 +36,7 @@ pub struct TaskRecord {
     /// The W3C `traceparent` of the submit, when traced: grants continue that
     /// trace, on this leader or the next.
     #[serde(default)]
-    pub trace: Option<String>,
+    pub trace: Option<Box<str>>,
 }
 
 /// The place of a child task in its workflow.
@@ -110,7 +111,7 @@ impl TaskRecord {
             label: self.spec.label.clone(),
             owner: self.owner.clone(),
             status: self.life.status,
-            detail: outcome.and_then(|o| o.detail.clone()),
+            detail: outcome.and_then(|o| o.detail.as_deref().map(Into::into)),
             exit_code: outcome.and_then(|o| o.exit_code),
             output_dropped: outcome.map(|o| o.output_dropped).unwrap_or(0),
             attempt: self.life.attempt,
@@ -118,7 +119,7 @@ impl TaskRecord {
             worker: self.life.worker.clone(),
             idempotent: self.life.idempotent,
             kill_requested: self.life.kill_requested,
-            hint: self.life.hint.clone(),
+            hint: self.life.hint.as_deref().cloned(),
             created_at_ms: self.created_at_ms,
             started_at_ms: self.started_at_ms,
             finished_at_ms: self.finished_at_ms,
@@ -153,4 +154,62 @@ pub enum RegistryEntry {
         at_ms: u64,
     },
     Epoch(EpochClaim),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tenure_protocol::{Attempt, Ending, HintTag, Status};
+
+    /// A registry record as written before kinds, sessions and worker ids were
+    /// interned and the hint, step and trace fields boxed: an unknown step
+    /// with every rarely-set field present (hex of the whole registry message).
+    const OLD_RECORD: &[&str] = &[
+        "0181a45461736b8ea26964a77368656c6c2d38a56f776e6572aa616c69636540686f7374af6964656d706f74656e6379",
+        "5f6b6579c41000000000000000000000000000001234a47370656389a46b696e64a57368656c6ca56c6162656cb47374",
+        "65702031206f6620323a206563686f206869a7636f6d6d616e64a76563686f206869a3637764a42f746d70a3656e7681",
+        "a141a131aa6964656d706f74656e74c2a77061747465726ec0a5737465707390ac66696e616c5f6f7574707574c2a46c",
+        "69666589a6737461747573a7756e6b6e6f776ea7617474656d707402a565706f636803a6776f726b6572a27731aa6964",
+        "656d706f74656e74c2ae6b696c6c5f726571756573746564c2a468696e7482a3746167b2776f726b65722d756e726561",
+        "636861626c65a76d657373616765a461776179a76f7574636f6d6585a6656e64696e67a66661696c6564a9657869745f",
+        "636f646503a664657461696cac6578697420636f64653a2033ae6f75747075745f64726f7070656400a66f7574707574",
+        "c0a5626f617264a6616374697665ad637265617465645f61745f6d73cf0000018bcfe56800ad737461727465645f6174",
+        "5f6d73cf0000018bcfe56864ae66696e69736865645f61745f6d73c0a87265706f72746564c2a7636c65616e757084a3",
+        "6a6f6201a4646f6e65c2a963616e63656c6c6564c3b063616e63656c5f636f6e6669726d6564c2a6706172656e7482a8",
+        "776f726b666c6f77aa776f726b666c6f772d37a5696e64657800af6d6174636865645f7468726f75676800a76d617463",
+        "68657300a57472616365d93730302d30616637363531393136636434336464383434386562323131633830333139632d",
+        "623761643662373136393230333333312d3031",
+    ];
+
+    #[test]
+    fn records_written_before_the_compact_layout_still_decode_to_the_same_bytes() {
+        let hex: String = OLD_RECORD.concat();
+        let bytes: Vec<u8> =
+            (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+        let Ok(RegistryEntry::Task(r)) = tenure_protocol::decode::<RegistryEntry>(&bytes) else {
+            panic!("the old record does not decode")
+        };
+        assert_eq!(r.id.to_string(), "shell-8");
+        assert_eq!(r.owner.as_str(), "alice@host");
+        assert_eq!(r.idempotency_key, Uuid::from_u128(0x1234));
+        assert_eq!((r.spec.command.as_str(), r.spec.cwd.as_deref()), ("echo hi", Some("/tmp")));
+        assert_eq!(r.spec.env.get("A").map(String::as_str), Some("1"));
+        assert_eq!((r.life.status, r.life.attempt, r.life.epoch), (Status::Unknown, Attempt(2), Epoch(3)));
+        assert_eq!(r.life.worker.as_ref().map(|w| w.as_str()), Some("w1"));
+        assert_eq!(
+            r.life.hint.as_ref().map(|h| (h.tag, h.message.as_str())),
+            Some((HintTag::WorkerUnreachable, "away"))
+        );
+        let outcome = r.life.outcome.as_ref().unwrap();
+        assert_eq!(
+            (outcome.ending, outcome.exit_code, outcome.detail.as_deref()),
+            (Ending::Failed, Some(3), Some("exit code: 3"))
+        );
+        assert_eq!(r.parent.as_deref(), Some(&StepOf { workflow: "workflow-7".parse().unwrap(), index: 0 }));
+        assert_eq!(r.trace.as_deref(), Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"));
+        assert_eq!(r.cleanup.map(|c| c.state()), Some(CleanupState::Cancelling));
+        assert_eq!(r.started_at_ms, Some(1_700_000_000_100));
+        // Nothing was lost or reshaped: the record encodes to the same bytes.
+        assert_eq!(tenure_protocol::encode(&RegistryEntry::Task(r)).unwrap(), bytes);
+    }
 }

@@ -41,8 +41,10 @@ impl Core {
                         command: step.command.lines().next().unwrap_or("").chars().take(120).collect(),
                         task: task.cloned(),
                         status: child.map(|c| c.life.status),
-                        detail: child.and_then(|c| c.life.outcome.as_ref()).and_then(|o| o.detail.clone()),
-                        hint: child.and_then(|c| c.life.hint.clone()),
+                        detail: child
+                            .and_then(|c| c.life.outcome.as_ref())
+                            .and_then(|o| o.detail.as_deref().map(Into::into)),
+                        hint: child.and_then(|c| c.life.hint.as_deref().cloned()),
                     }
                 })
                 .collect();
@@ -152,7 +154,7 @@ impl Core {
         // client can submit it (a client's key is its own random uuid).
         let key = uuid::Uuid::new_v5(&key, &index.to_be_bytes());
         let record = TaskRecord {
-            parent: Some(of.clone()),
+            parent: Some(Box::new(of.clone())),
             trace,
             ..TaskRecord::new(id.clone(), owner, key, spec, now.wall_ms)
         };
@@ -160,7 +162,7 @@ impl Core {
         self.index(&id, None, Status::Queued);
         self.index_child(&id, &of);
         fx.push(Effect::Persist(Box::new(record.clone())));
-        self.tasks.insert(id, record);
+        self.tasks.insert(record);
     }
 
     fn end_workflow(&mut self, workflow: &TaskId, ending: Ending, detail: String, now: Now, fx: &mut Vec<Effect>) {

@@ -7,8 +7,15 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
+
+use crate::intern::Interner;
+
+static KINDS: Interner = Interner::new();
+static WORKERS: Interner = Interner::new();
+static SESSIONS: Interner = Interner::new();
 
 /// Longest kind name accepted (`shell`, `agent`, …).
 pub const MAX_KIND_LEN: usize = 32;
@@ -41,33 +48,34 @@ fn shorten(s: &str) -> String {
 }
 
 /// A producer namespace (`shell`, `agent`, …). Opaque to the registry; it is also
-/// the task id prefix.
+/// the task id prefix. Interned: every `noop` in the process shares one
+/// allocation, and a clone (of a `TaskId` too) allocates nothing.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct Kind(String);
+pub struct Kind(Arc<str>);
 
 impl Kind {
     /// The kind of plain command lines run with `sh -c`.
     pub fn shell() -> Kind {
-        Kind("shell".to_owned())
+        Kind(KINDS.intern("shell"))
     }
 
     /// The kind of long-running interactive processes (CLI coding agents): run
     /// like `shell`, with a stdin that stays open for `tenure send`.
     pub fn agent() -> Kind {
-        Kind("agent".to_owned())
+        Kind(KINDS.intern("agent"))
     }
 
     /// The kind of never-ending watchers: run like `shell`; every output line
     /// matching the task's pattern raises a notification.
     pub fn monitor() -> Kind {
-        Kind("monitor".to_owned())
+        Kind(KINDS.intern("monitor"))
     }
 
     /// The kind of ordered step lists run by the coordinator itself, each step a
     /// child task with its own id. No worker runs a workflow.
     pub fn workflow() -> Kind {
-        Kind("workflow".to_owned())
+        Kind(KINDS.intern("workflow"))
     }
 
     pub fn as_str(&self) -> &str {
@@ -82,7 +90,7 @@ impl FromStr for Kind {
         let first_ok = chars.next().is_some_and(|c| c.is_ascii_lowercase());
         let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-');
         if first_ok && rest_ok && s.len() <= MAX_KIND_LEN {
-            Ok(Kind(s.to_owned()))
+            Ok(Kind(KINDS.intern(s)))
         } else {
             Err(IdError::Kind(shorten(s)))
         }
@@ -140,10 +148,11 @@ impl fmt::Display for TaskId {
 }
 
 /// A worker machine's name. Used verbatim in NATS subjects and directory names,
-/// hence the narrow alphabet (no `.`, `*`, `>`, `/` or whitespace).
+/// hence the narrow alphabet (no `.`, `*`, `>`, `/` or whitespace). Interned,
+/// like [`Kind`]: every task record names its worker.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct WorkerId(String);
+pub struct WorkerId(Arc<str>);
 
 impl WorkerId {
     pub fn as_str(&self) -> &str {
@@ -158,17 +167,19 @@ impl FromStr for WorkerId {
             && s.len() <= MAX_WORKER_ID_LEN
             && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
         if ok {
-            Ok(WorkerId(s.to_owned()))
+            Ok(WorkerId(WORKERS.intern(s)))
         } else {
             Err(IdError::Worker(shorten(s)))
         }
     }
 }
 
-/// The session that owns a task. Authorization compares sessions for equality.
+/// The session that owns a task. Authorization compares sessions for equality
+/// (of the strings; interning only shares their memory between the records,
+/// keys and requests of one session).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct SessionId(String);
+pub struct SessionId(Arc<str>);
 
 impl SessionId {
     pub fn as_str(&self) -> &str {
@@ -182,7 +193,7 @@ impl FromStr for SessionId {
         let ok =
             !s.is_empty() && s.len() <= MAX_SESSION_LEN && s.chars().all(|c| !c.is_whitespace() && !c.is_control());
         if ok {
-            Ok(SessionId(s.to_owned()))
+            Ok(SessionId(SESSIONS.intern(s)))
         } else {
             Err(IdError::Session(shorten(s)))
         }
@@ -321,6 +332,31 @@ mod tests {
         assert!(rmp_serde::from_slice::<TaskId>(&bytes).is_err());
         let bytes = rmp_serde::to_vec("shell-3").unwrap();
         assert_eq!(rmp_serde::from_slice::<TaskId>(&bytes).unwrap().number(), 3);
+    }
+
+    #[test]
+    fn interned_ids_travel_as_plain_strings_and_share_memory() {
+        let id: TaskId = "noop-1".parse().unwrap();
+        let bytes = rmp_serde::to_vec(&id).unwrap();
+        assert_eq!(bytes, rmp_serde::to_vec("noop-1").unwrap(), "the wire shape is a string");
+        let back: TaskId = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(back, id);
+        assert!(std::ptr::eq(back.kind().as_str(), id.kind().as_str()), "one allocation per kind");
+        let clone = back.clone();
+        assert!(std::ptr::eq(clone.kind().as_str(), id.kind().as_str()), "a clone allocates nothing");
+
+        let kind: Kind = rmp_serde::from_slice(&rmp_serde::to_vec("shell").unwrap()).unwrap();
+        assert_eq!(kind, Kind::shell());
+        assert!(std::ptr::eq(kind.as_str(), Kind::shell().as_str()));
+        assert!(rmp_serde::from_slice::<Kind>(&rmp_serde::to_vec("Shell").unwrap()).is_err());
+
+        let session: SessionId = rmp_serde::from_slice(&rmp_serde::to_vec("alice@host").unwrap()).unwrap();
+        assert_eq!(session.as_str(), "alice@host");
+        assert!(std::ptr::eq(session.as_str(), "alice@host".parse::<SessionId>().unwrap().as_str()));
+        assert_ne!(session, "bob@host".parse().unwrap());
+        let worker: WorkerId = rmp_serde::from_slice(&rmp_serde::to_vec("w1").unwrap()).unwrap();
+        assert!(std::ptr::eq(worker.as_str(), "w1".parse::<WorkerId>().unwrap().as_str()));
+        assert_eq!(worker.to_string(), "w1");
     }
 
     proptest! {

@@ -7,6 +7,7 @@
 
 pub mod codec;
 pub mod ids;
+mod intern;
 pub mod lifecycle;
 pub mod messages;
 pub mod spec;

@@ -105,18 +105,20 @@ pub struct Outcome {
     /// Exit code when the process exited normally.
     pub exit_code: Option<i32>,
     /// Kind-specific detail ("exit code: 3", "signal 9", "spawn failed: …").
-    pub detail: Option<String>,
+    /// `Box<str>` rather than `String` here and below: the same on the wire,
+    /// 8 bytes less in every finished task the coordinator keeps.
+    pub detail: Option<Box<str>>,
     /// Output bytes dropped past the per-task cap.
     #[serde(default)]
     pub output_dropped: u64,
     /// The final output of a final-output-only task (its output's tail).
     #[serde(default)]
-    pub output: Option<String>,
+    pub output: Option<Box<str>>,
 }
 
 impl Outcome {
     pub fn new(ending: Ending, exit_code: Option<i32>, detail: Option<String>) -> Outcome {
-        Outcome { ending, exit_code, detail, output_dropped: 0, output: None }
+        Outcome { ending, exit_code, detail: detail.map(String::into_boxed_str), output_dropped: 0, output: None }
     }
 }
 
@@ -168,7 +170,8 @@ pub struct Lifecycle {
     pub worker: Option<WorkerId>,
     pub idempotent: bool,
     pub kill_requested: bool,
-    pub hint: Option<RecoveryHint>,
+    /// Boxed: rarely set, and every kept task carries the field.
+    pub hint: Option<Box<RecoveryHint>>,
     pub outcome: Option<Outcome>,
     /// Where the task shows on the board; orthogonal to its status.
     #[serde(default)]
@@ -380,7 +383,7 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                 // not: the task waits, unknown, for an operator or late evidence.
                 Leased | Running | Stopping | Unknown => {
                     next.status = Unknown;
-                    next.hint = Some(hint.clone());
+                    next.hint = Some(Box::new(hint.clone()));
                     if next == *l {
                         Keep(Unchanged::Duplicate)
                     } else {
@@ -440,7 +443,7 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                     Changed(next)
                 }
                 Stopping => {
-                    next.hint = Some(RecoveryHint {
+                    next.hint = Some(Box::new(RecoveryHint {
                         tag: HintTag::KillPending,
                         message: format!(
                             "a kill was requested but worker {worker} and its sidecar are unreachable while holding \
@@ -448,7 +451,7 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                              carried out when the machine returns (or its evidence settles the task)",
                             l.attempt
                         ),
-                    });
+                    }));
                     if next == *l {
                         Keep(Unchanged::Duplicate)
                     } else {
@@ -457,7 +460,7 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                 }
                 Leased | Running => {
                     next.status = Unknown;
-                    next.hint = Some(RecoveryHint {
+                    next.hint = Some(Box::new(RecoveryHint {
                         tag: HintTag::WorkerUnreachable,
                         message: format!(
                             "worker {worker} and its sidecar are unreachable while holding attempt {}; the task is \
@@ -466,7 +469,7 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                              run.",
                             l.attempt
                         ),
-                    });
+                    }));
                     if next == *l {
                         Keep(Unchanged::Duplicate)
                     } else {

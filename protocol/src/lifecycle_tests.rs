@@ -240,12 +240,12 @@ proptest! {
 #[test]
 fn a_late_start_report_never_revives_an_attempt_its_machine_reported_lost() {
     let mut l = start("unknown", false);
-    l.hint = Some(hint());
+    l.hint = Some(Box::new(hint()));
     assert_eq!(
         apply(&l, &Event::Started { attempt: Attempt(2), epoch: Epoch(5) }),
         Decision::Unchanged(Unchanged::NotApplicable)
     );
-    l.hint = Some(RecoveryHint { tag: HintTag::WorkerUnreachable, message: "away".into() });
+    l.hint = Some(Box::new(RecoveryHint { tag: HintTag::WorkerUnreachable, message: "away".into() }));
     let Decision::Changed(after) = apply(&l, &Event::Started { attempt: Attempt(2), epoch: Epoch(5) }) else {
         panic!()
     };

@@ -34,7 +34,9 @@ pub struct TaskSpec {
     /// For `shell`: a command line run as `sh -c COMMAND`.
     pub command: String,
     /// Working directory on the worker machine; the worker's data dir when absent.
-    pub cwd: Option<String>,
+    /// `Box<str>` for this and `pattern`: the same on the wire, 8 bytes less in
+    /// every task the coordinator keeps, with or without them.
+    pub cwd: Option<Box<str>>,
     /// Variables added to the worker's environment for this task.
     pub env: BTreeMap<String, String>,
     /// May the system run this task again if its worker is lost? Default false.
@@ -42,7 +44,7 @@ pub struct TaskSpec {
     /// For `monitor`: the regular expression an output line must match to raise
     /// a notification. Required for `monitor`, refused for every other kind.
     #[serde(default)]
-    pub pattern: Option<String>,
+    pub pattern: Option<Box<str>>,
     /// For `workflow`: the steps, run in order, each as a child task. Required
     /// (1 to [`MAX_STEPS`]) for `workflow`, refused for every other kind.
     #[serde(default)]

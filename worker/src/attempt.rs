@@ -340,7 +340,7 @@ fn exited(shared: &Shared, files: &AttemptFiles, status: MonitorStatus) -> Evide
     m.output_dropped.add(status.outcome.output_dropped, &[]);
     let mut outcome = status.outcome;
     if let Some(grant) = files.read_grant().ok().filter(|g| g.spec.final_output) {
-        outcome.output = Some(final_output(&shared.layout.output_path(&grant.task)));
+        outcome.output = Some(final_output(&shared.layout.output_path(&grant.task)).into());
     }
     Evidence::Exited(outcome)
 }
