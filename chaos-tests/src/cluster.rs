@@ -242,6 +242,19 @@ impl Cluster {
         out
     }
 
+    /// The monitor launcher of machine `i`'s worker: its child running
+    /// `monitor-launcher`.
+    pub fn launcher(&self, i: usize) -> Option<i32> {
+        let worker = self.workers[i].pid()?;
+        std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            let ppid: i32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            (ppid == worker && cmdline.split(|b| *b == 0).any(|a| a == b"monitor-launcher")).then_some(pid)
+        })
+    }
+
     /// A machine crash: the worker, the sidecar, every monitor and task group.
     pub fn kill_machine(&mut self, i: usize, down: Duration) {
         self.workers[i].kill9(down);

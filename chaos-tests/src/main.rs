@@ -401,6 +401,13 @@ async fn inject(
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
             format!("kill-monitor w{} monitor pid {pid} SIGKILL", worker + 1)
         }
+        Fault::KillLauncher { worker } => match c.launcher(*worker) {
+            None => format!("kill-launcher w{}: no launcher running", worker + 1),
+            Some(pid) => {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+                format!("kill-launcher w{} launcher pid {pid} SIGKILL", worker + 1)
+            }
+        },
         Fault::KillMachine { worker, down_ms } => {
             let tasks = c.monitors(*worker).len();
             c.kill_machine(*worker, ms(*down_ms));

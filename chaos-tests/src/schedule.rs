@@ -43,6 +43,10 @@ pub enum Fault {
     KillMonitor {
         worker: usize,
     },
+    /// SIGKILL the worker's monitor launcher (the process that forks monitors).
+    KillLauncher {
+        worker: usize,
+    },
     /// Worker, sidecar, every monitor and task process of the machine: a reboot.
     KillMachine {
         worker: usize,
@@ -78,6 +82,7 @@ impl Fault {
             Fault::KillWorker { .. } => "kill-worker",
             Fault::KillSidecar { .. } => "kill-sidecar",
             Fault::KillMonitor { .. } => "kill-monitor",
+            Fault::KillLauncher { .. } => "kill-launcher",
             Fault::KillMachine { .. } => "kill-machine",
             Fault::PauseWorker { .. } => "pause-worker",
             Fault::KillNats { .. } => "kill-nats",
@@ -106,13 +111,14 @@ pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize) ->
     while at + 3000 < duration_ms {
         let w = rng.gen_range(0..workers.max(1));
         let down = rng.gen_range(300..2500);
-        let fault = match rng.gen_range(0..14) {
+        let fault = match rng.gen_range(0..15) {
             0 | 1 => Fault::KillLeader { down_ms: down },
             2 if coordinators > 1 => Fault::KillStandby { down_ms: down },
             3 if coordinators > 1 => Fault::PauseLeader { ms: rng.gen_range(3000..6000) },
             4 => Fault::KillWorker { worker: w, down_ms: down },
             5 => Fault::KillSidecar { worker: w, down_ms: down },
             6 => Fault::KillMonitor { worker: w },
+            12 => Fault::KillLauncher { worker: w },
             7 => Fault::KillMachine { worker: w, down_ms: down },
             8 => Fault::PauseWorker { worker: w, ms: rng.gen_range(500..5000) },
             9 => Fault::KillNats { down_ms: rng.gen_range(300..1500) },
@@ -162,6 +168,7 @@ mod tests {
             "kill-worker",
             "kill-sidecar",
             "kill-monitor",
+            "kill-launcher",
             "kill-machine",
             "pause-worker",
             "kill-nats",
