@@ -89,17 +89,15 @@ impl Monitor {
     }
 
     async fn exited(&self, files: &AttemptFiles) {
-        match &self.pidfd {
-            Some(fd) => {
-                let _ = fd.readable().await;
+        if let Some(fd) = &self.pidfd {
+            if fd.readable().await.is_ok() {
+                return;
             }
-            // No pidfd: poll. The status file ends the wait as soon as it
-            // exists, even if the monitor lingers as a zombie.
-            None => {
-                while self.id.alive() && files.status().is_none() {
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
+        }
+        // No pidfd (or it failed): poll. The recorded status ends the wait as
+        // soon as it exists, even if the monitor lingers as a zombie.
+        while self.id.alive() && files.status().is_none() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 }

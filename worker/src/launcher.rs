@@ -43,6 +43,8 @@ use crate::monitor::{self, MonitorArgs};
 
 /// Largest request or reply: an attempt's paths and names, far below this.
 const MAX_MESSAGE: usize = 16 * 1024;
+/// How long the worker waits for the launcher's answer to one request (a fork).
+const REPLY_BOUND: Duration = Duration::from_secs(10);
 
 /// The launcher's answer to one request.
 #[derive(Debug, Serialize, Deserialize)]
@@ -142,6 +144,10 @@ impl Launcher {
         let flags = SocketFlags::CLOEXEC;
         let (ours, theirs) = socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, flags, None)
             .map_err(|e| format!("cannot create the launcher socket: {e}"))?;
+        // A launcher that does not answer (stopped, wedged) is given up on and
+        // replaced rather than waited for forever.
+        rustix::net::sockopt::set_socket_timeout(&ours, rustix::net::sockopt::Timeout::Recv, Some(REPLY_BOUND))
+            .map_err(|e| format!("cannot bound the launcher's answers: {e}"))?;
         let child = Command::new(&self.program)
             .arg("monitor-launcher")
             .arg("--data-dir")

@@ -155,7 +155,8 @@ fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> Monit
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => {
                 tracing::error!(error = %e, "monitor cannot wait; ending the task");
-                group.kill_requested();
+                group.abort(format!("the monitor could not wait for the task: {e}"));
+                std::thread::sleep(ENDING_CHECK);
             }
         }
         let output_ready = fds.get(1).and_then(|f| f.revents()).is_some_and(|r| !r.is_empty());
@@ -200,6 +201,8 @@ struct Group {
     grace: Duration,
     leader: Option<WaitStatus>,
     killed: bool,
+    /// Why the monitor itself ended the task, if it had to.
+    aborted: Option<String>,
     /// When SIGTERM went to the group.
     terminated_at: Option<Instant>,
     /// When the group was found empty.
@@ -208,11 +211,16 @@ struct Group {
 
 impl Group {
     fn new(pgid: i32, grace: Duration) -> Group {
-        Group { pgid, grace, leader: None, killed: false, terminated_at: None, gone_at: None }
+        Group { pgid, grace, leader: None, killed: false, aborted: None, terminated_at: None, gone_at: None }
     }
 
     fn kill_requested(&mut self) {
         self.killed = true;
+    }
+
+    /// Ends the task for a reason of the monitor's own: it fails with it.
+    fn abort(&mut self, reason: String) {
+        self.aborted.get_or_insert(reason);
     }
 
     /// Reaps every child that ended (the leader, and descendants re-parented
@@ -236,7 +244,7 @@ impl Group {
             self.gone_at = Some(Instant::now());
             return;
         }
-        let start_ending = self.killed || self.leader.is_some();
+        let start_ending = self.killed || self.aborted.is_some() || self.leader.is_some();
         match self.terminated_at {
             None if start_ending => {
                 process::signal_group(self.pgid, Signal::SIGTERM);
@@ -263,6 +271,9 @@ impl Group {
     }
 
     fn outcome(&self) -> Outcome {
+        if let Some(reason) = &self.aborted {
+            return Outcome::new(Ending::Failed, None, Some(reason.clone()));
+        }
         match (self.leader, self.killed) {
             (Some(WaitStatus::Exited(_, 0)), false) => Outcome::new(Ending::Completed, Some(0), None),
             (Some(WaitStatus::Exited(_, code)), false) => {
