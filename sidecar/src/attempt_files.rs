@@ -451,19 +451,28 @@ mod tests {
     use super::*;
     use tenure_protocol::Ending;
 
-    #[test]
-    fn files_round_trip_and_absent_means_no_evidence() {
+    fn shell_attempt_dir() -> (tempfile::TempDir, AttemptFiles) {
         let dir = tempfile::tempdir().unwrap();
         let files = AttemptFiles::new(dir.path().join("shell-1.1"));
         files.create().unwrap();
-        assert!(files.status().is_none() && files.monitor().is_none() && files.pgid().is_none());
-        let grant = LeaseGrant {
+        (dir, files)
+    }
+
+    fn grant() -> LeaseGrant {
+        LeaseGrant {
             task: "shell-1".parse().unwrap(),
             attempt: tenure_protocol::Attempt(1),
             epoch: tenure_protocol::Epoch(2),
             owner: "o".parse().unwrap(),
             spec: tenure_protocol::TaskSpec::shell("l", "echo hi"),
-        };
+        }
+    }
+
+    #[test]
+    fn files_round_trip_and_absent_means_no_evidence() {
+        let (_dir, files) = shell_attempt_dir();
+        assert!(files.status().is_none() && files.monitor().is_none() && files.pgid().is_none());
+        let grant = grant();
         files.write_grant(&grant).unwrap();
         assert_eq!(files.read_grant().unwrap(), grant);
         let me = ProcessId::current().unwrap();
@@ -480,17 +489,9 @@ mod tests {
 
     #[test]
     fn an_attempt_of_the_earlier_one_file_per_fact_layout_is_still_read() {
-        let dir = tempfile::tempdir().unwrap();
-        let files = AttemptFiles::new(dir.path().join("shell-1.1"));
-        files.create().unwrap();
+        let (_dir, files) = shell_attempt_dir();
         assert!(files.read_grant().is_err() && files.monitor().is_none());
-        let grant = LeaseGrant {
-            task: "shell-1".parse().unwrap(),
-            attempt: tenure_protocol::Attempt(1),
-            epoch: tenure_protocol::Epoch(2),
-            owner: "o".parse().unwrap(),
-            spec: tenure_protocol::TaskSpec::shell("l", "echo hi"),
-        };
+        let grant = grant();
         let status = MonitorStatus { outcome: Outcome::new(Ending::Failed, Some(3), None), output_written: 9 };
         std::fs::write(files.dir().join(LEGACY_GRANT), tenure_protocol::encode(&grant).unwrap()).unwrap();
         std::fs::write(files.dir().join("monitor.pid"), "4321 99\n").unwrap();
@@ -504,9 +505,7 @@ mod tests {
 
     #[test]
     fn a_torn_or_damaged_entry_hides_itself_and_what_follows_never_what_precedes() {
-        let dir = tempfile::tempdir().unwrap();
-        let files = AttemptFiles::new(dir.path().join("shell-1.1"));
-        files.create().unwrap();
+        let (_dir, files) = shell_attempt_dir();
         let me = ProcessId::current().unwrap();
         files.write_monitor(me).unwrap();
         files.write_pgid(4242).unwrap();

@@ -115,6 +115,7 @@ impl Launcher {
         // fresh launcher is tried before giving up.
         for fresh in [false, true] {
             if conn.is_none() || fresh {
+                // The old launcher, if any, is ended and reaped first.
                 *conn = None;
                 *conn = Some(self.start().map_err(LaunchError::NotStarted)?);
             }
