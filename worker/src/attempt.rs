@@ -1,11 +1,13 @@
 //! One attempt's life on the worker, from intent to acknowledged outcome, and
 //! the start-up recovery that picks attempts up again after a worker restart.
 //!
-//! The worker never runs a task itself: it records the intent, starts the
-//! attempt's monitor ([`crate::monitor`]), and watches it — as the monitor's
-//! parent, or, after a restart, by its recorded identity. What the monitor left
-//! behind (`status`) is the only exit evidence; a monitor gone without it means
-//! the outcome is lost, and that is reported as such, never guessed.
+//! The worker never runs a task itself: it records the intent, has its
+//! launcher fork the attempt's monitor ([`crate::launcher`],
+//! [`crate::monitor`]), and watches it — through the pidfd the launcher
+//! handed over, or, after a restart, one opened for its recorded identity. The
+//! status the monitor records in the attempt's journal is the only exit
+//! evidence; a monitor gone without it means the outcome is lost, and that is
+//! reported as such, never guessed.
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -331,7 +333,7 @@ async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool) -> Eviden
 
 /// The outcome the monitor recorded, completed with what only the worker adds
 /// (a final-output-only task's final output), and counted. Every path that
-/// settles an attempt from its `status` file goes through here.
+/// settles an attempt from its recorded status goes through here.
 fn exited(shared: &Shared, files: &AttemptFiles, status: MonitorStatus) -> Evidence {
     let m = crate::metrics::get();
     m.output_bytes.add(status.output_written, &[]);
@@ -442,7 +444,7 @@ async fn report_once(
 /// | record      | found on the machine                 | done |
 /// |-------------|--------------------------------------|------|
 /// | accepted    | —                                    | nothing ran: abandon, report not-started |
-/// | intent/spawned | `status` file                     | the monitor's evidence: buffer and report it |
+/// | intent/spawned | a status in the journal            | the monitor's evidence: buffer and report it |
 /// | intent/spawned | monitor alive                     | re-attach: watch it as if it were ours |
 /// | intent/spawned | neither                           | end any orphaned group; report lost (`maybe-ran`) |
 /// | exited      | —                                    | buffered completion: report it again |

@@ -1,17 +1,18 @@
 //! The per-task monitor: a small process, one per attempt, that owns the task's
 //! process group so that the task outlives the worker (the containerd-shim /
-//! Nomad executor idea).
+//! Nomad executor idea). The worker's monitor launcher forks it
+//! ([`crate::launcher`]); from then on it depends on neither.
 //!
 //! It detaches into its own session, becomes the child subreaper of everything
 //! the task forks, spawns `sh -c COMMAND` as the leader of a new process group,
 //! pumps the group's stdout and stderr (one pipe, so their order is kept) into
 //! the task's output file up to a cap, and when the leader exits — or SIGTERM
 //! asks it to stop the task — ends the whole group and records the exit evidence
-//! in the attempt's `status` file. Then it exits.
+//! in the attempt's journal. Then it exits.
 //!
 //! For an `agent` task it first creates the attempt's input FIFO, gives its read
 //! end to the task as stdin and holds it open read-write until the group is
-//! gone, then removes it (before `status`, so nobody can write to an ended
+//! gone, then removes it (before the status, so nobody can write to an ended
 //! task). The sidecar writes `tenure send` input into it; the worker is not
 //! involved, so input reaches the task while the worker is down.
 //!
@@ -19,8 +20,8 @@
 //! too) against the task's pattern and appends the matching ones to the
 //! attempt's `matches` file, which the worker forwards to the leader.
 //!
-//! It never talks to NATS or the sidecar: the worker reads what it leaves behind,
-//! whether the worker is the monitor's parent or a restarted worker that
+//! It never talks to NATS or the sidecar: the worker reads what it leaves
+//! behind, whether it is the worker that launched it or a restarted one that
 //! re-attaches to it.
 
 use std::io::{Read, Write};
