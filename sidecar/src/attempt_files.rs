@@ -152,13 +152,8 @@ impl AttemptFiles {
     }
 
     pub fn read_grant(&self) -> io::Result<LeaseGrant> {
-        self.entries()?
-            .into_iter()
-            .rev()
-            .find_map(|e| match e {
-                Entry::Grant(g) => Some(g),
-                _ => None,
-            })
+        self.journal()?
+            .grant
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no readable grant in the attempt's journal"))
     }
 
@@ -168,10 +163,7 @@ impl AttemptFiles {
 
     /// The recorded monitor, if its entry exists and is readable.
     pub fn monitor(&self) -> Option<ProcessId> {
-        self.last(|e| match e {
-            Entry::Monitor { pid, start_time } => Some(ProcessId { pid, start_time }),
-            _ => None,
-        })
+        self.journal().ok()?.monitor
     }
 
     pub fn write_pgid(&self, pgid: i32) -> io::Result<()> {
@@ -179,10 +171,7 @@ impl AttemptFiles {
     }
 
     pub fn pgid(&self) -> Option<i32> {
-        self.last(|e| match e {
-            Entry::Pgid(p) if p > 1 => Some(p),
-            _ => None,
-        })
+        self.journal().ok()?.pgid
     }
 
     /// Records the exit evidence, durably.
@@ -192,10 +181,23 @@ impl AttemptFiles {
 
     /// The exit evidence, if complete and readable.
     pub fn status(&self) -> Option<MonitorStatus> {
-        self.last(|e| match e {
-            Entry::Status(s) => Some(s),
-            _ => None,
-        })
+        self.journal().ok()?.status
+    }
+
+    /// Every fact of the attempt, from one read of its journal: for a caller
+    /// that needs more than one. An absent journal is an error (`NotFound`).
+    pub fn journal(&self) -> io::Result<Journal> {
+        let mut journal = Journal::default();
+        for entry in self.entries()? {
+            match entry {
+                Entry::Grant(g) => journal.grant = Some(g),
+                Entry::Monitor { pid, start_time } => journal.monitor = Some(ProcessId { pid, start_time }),
+                Entry::Pgid(p) if p > 1 => journal.pgid = Some(p),
+                Entry::Pgid(_) => {}
+                Entry::Status(s) => journal.status = Some(s),
+            }
+        }
+        Ok(journal)
     }
 
     fn journal_path(&self) -> PathBuf {
@@ -271,11 +273,6 @@ impl AttemptFiles {
         entries.extend(text("pgid").and_then(|t| t.trim().parse().ok()).map(Entry::Pgid));
         entries.extend(read("status").and_then(|b| tenure_protocol::decode(&b).ok()).map(Entry::Status));
         Ok(entries)
-    }
-
-    /// The last entry `pick` accepts; `None` when there is none or no journal.
-    fn last<T>(&self, pick: impl FnMut(Entry) -> Option<T>) -> Option<T> {
-        self.entries().ok()?.into_iter().rev().find_map(pick)
     }
 
     /// Where an `agent` attempt's input FIFO lives.
@@ -361,6 +358,17 @@ impl AttemptFiles {
             Err(e) => Err(e),
         }
     }
+}
+
+/// What an attempt's journal says, each fact as last recorded; a fact not
+/// (readably) recorded is `None`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Journal {
+    pub grant: Option<LeaseGrant>,
+    pub monitor: Option<ProcessId>,
+    /// The task's process group (never 0 or 1).
+    pub pgid: Option<i32>,
+    pub status: Option<MonitorStatus>,
 }
 
 /// One fact in an attempt's journal.

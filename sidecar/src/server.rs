@@ -683,16 +683,17 @@ async fn evidence(req: EvidenceRequest, store: &StoreHandle, layout: &Layout) ->
 /// "Never started" is said only when no intent was recorded (or an accepted
 /// attempt was just revoked) and no monitor could have been started.
 fn judge(view: Result<RecordView, SidecarRefusal>, files: &AttemptFiles) -> EvidenceReply {
+    let journal = files.journal().unwrap_or_default();
+    let has_grant = journal.grant.is_some();
     let from_files = |unproven: AttemptEvidence| {
-        if let Some(status) = files.status() {
+        if let Some(status) = journal.status {
             AttemptEvidence::Exited(status.outcome)
-        } else if files.monitor().is_some_and(|m| m.alive()) {
+        } else if journal.monitor.is_some_and(|m| m.alive()) {
             AttemptEvidence::Running
         } else {
             unproven
         }
     };
-    let has_grant = files.read_grant().is_ok();
     Ok(match view {
         Ok(RecordView::Ended(outcome)) => AttemptEvidence::Exited(outcome),
         Ok(RecordView::Started(_)) => from_files(AttemptEvidence::NoEvidence),

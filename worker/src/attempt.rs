@@ -132,7 +132,7 @@ pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify
         Err(LaunchError::NotStarted(detail)) => Evidence::Exited(Outcome::new(Ending::Failed, None, Some(detail))),
         Err(LaunchError::Unknown(detail)) => {
             tracing::warn!(task = %task, attempt = %attempt, %detail, "no word whether the monitor started; looking for it");
-            unseen_monitor(&shared, &files, &kill).await
+            unseen_monitor(&shared, &grant, &files, &kill).await
         }
         Ok(launched) => {
             let pid = launched.id.pid;
@@ -146,7 +146,8 @@ pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify
                 })
             };
             let _ = sidecar_insist(&shared, SidecarRequest::Spawned { task: task.clone(), attempt, pid }).await;
-            let evidence = watch(&shared, &files, Monitor::new(launched.id, launched.pidfd), &kill).await;
+            let monitor = Monitor::new(launched.id, launched.pidfd);
+            let evidence = watch(&shared, Some(&grant), &files, monitor, &kill).await;
             // Nothing waits on the network before the outcome is buffered; the
             // final report supersedes a started report still being retried.
             reporter.abort();
@@ -207,11 +208,15 @@ const UNSEEN_MONITOR_BOUND: Duration = Duration::from_secs(2);
 /// The launcher ended between a request and its answer: a monitor may run.
 /// It is watched if it shows itself (its identity or its status in the journal) in
 /// time; otherwise the attempt is settled as one whose monitor is gone.
-async fn unseen_monitor(shared: &Shared, files: &AttemptFiles, kill: &Notify) -> Evidence {
+async fn unseen_monitor(shared: &Shared, grant: &LeaseGrant, files: &AttemptFiles, kill: &Notify) -> Evidence {
     let deadline = tokio::time::Instant::now() + UNSEEN_MONITOR_BOUND;
-    while tokio::time::Instant::now() < deadline && files.status().is_none() {
-        if let Some(monitor) = files.monitor().and_then(Monitor::attach) {
-            return watch(shared, files, monitor, kill).await;
+    while tokio::time::Instant::now() < deadline {
+        let journal = files.journal().unwrap_or_default();
+        if journal.status.is_some() {
+            break;
+        }
+        if let Some(monitor) = journal.monitor.and_then(Monitor::attach) {
+            return watch(shared, Some(grant), files, monitor, kill).await;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -222,9 +227,17 @@ async fn unseen_monitor(shared: &Shared, files: &AttemptFiles, kill: &Notify) ->
 /// A `monitor` attempt's matched lines are forwarded this often.
 const FORWARD_MATCHES_EVERY: Duration = Duration::from_millis(250);
 
-async fn watch(shared: &Shared, files: &AttemptFiles, monitor: Monitor, kill_req: &Notify) -> Evidence {
+/// `grant` is the attempt's, when known (a `monitor` attempt's matched lines
+/// are forwarded only with it).
+async fn watch(
+    shared: &Shared,
+    grant: Option<&LeaseGrant>,
+    files: &AttemptFiles,
+    monitor: Monitor,
+    kill_req: &Notify,
+) -> Evidence {
     let mut killed = false;
-    let mut matches = files.read_grant().ok().filter(|g| g.spec.pattern.is_some()).map(MatchForwarder::new);
+    let mut matches = grant.filter(|g| g.spec.pattern.is_some()).cloned().map(MatchForwarder::new);
     let mut tick = tokio::time::interval(FORWARD_MATCHES_EVERY);
     loop {
         tokio::select! {
@@ -294,15 +307,16 @@ impl MatchForwarder {
 /// What the attempt's files prove once its monitor is gone. A group that
 /// outlived its monitor is ended first: it is ours by the recorded pgid.
 async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool) -> Evidence {
-    if let Some(status) = files.status() {
-        return exited(shared, files, status);
+    let journal = files.journal().unwrap_or_default();
+    if let Some(status) = journal.status {
+        return exited(shared, journal.grant.as_ref(), status);
     }
     // The monitor is gone without evidence (it was killed, or the machine lost
     // it). A surviving group is ended only when confirmed ours: its processes
     // sit in the monitor's session. A stranger reusing the number is left alone.
-    let group = files.pgid();
+    let group = journal.pgid;
     if let Some(pgid) = group.filter(|p| process::group_alive(*p)) {
-        let ours = files.monitor().is_some_and(|m| group_in_session(pgid, m.pid));
+        let ours = journal.monitor.is_some_and(|m| group_in_session(pgid, m.pid));
         if ours {
             tracing::warn!(pgid, dir = %files.dir().display(), "monitor gone; ending its orphaned process group");
             process::end_group(Pid::from_raw(pgid), shared.opts.kill_grace).await;
@@ -333,13 +347,14 @@ async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool) -> Eviden
 
 /// The outcome the monitor recorded, completed with what only the worker adds
 /// (a final-output-only task's final output), and counted. Every path that
-/// settles an attempt from its recorded status goes through here.
-fn exited(shared: &Shared, files: &AttemptFiles, status: MonitorStatus) -> Evidence {
+/// settles an attempt from its recorded status goes through here; `grant` is
+/// the attempt's, when known.
+fn exited(shared: &Shared, grant: Option<&LeaseGrant>, status: MonitorStatus) -> Evidence {
     let m = crate::metrics::get();
     m.output_bytes.add(status.output_written, &[]);
     m.output_dropped.add(status.outcome.output_dropped, &[]);
     let mut outcome = status.outcome;
-    if let Some(grant) = files.read_grant().ok().filter(|g| g.spec.final_output) {
+    if let Some(grant) = grant.filter(|g| g.spec.final_output) {
         outcome.output = Some(final_output(&shared.layout.output_path(&grant.task)).into());
     }
     Evidence::Exited(outcome)
@@ -500,16 +515,17 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
                 adopt(shared, &grant, |_, _| async move { Evidence::Exited(outcome) });
             }
             Phase::Intent | Phase::Spawned => {
-                if let Some(status) = files.status() {
+                let journal = files.journal().unwrap_or_default();
+                if let Some(status) = journal.status {
                     tracing::info!(task = %task, attempt = %attempt, "attempt ended while the worker was down");
-                    adopt(shared, &grant, move |shared, _| async move { exited(&shared, &files, status) });
-                } else if let Some(monitor) = files.monitor().and_then(Monitor::attach) {
+                    let known = grant.clone();
+                    adopt(shared, &grant, move |shared, _| async move { exited(&shared, Some(&known), status) });
+                } else if let Some(monitor) = journal.monitor.and_then(Monitor::attach) {
                     tracing::info!(task = %task, attempt = %attempt, monitor = monitor.id.pid, "re-attaching to a running attempt");
-                    adopt(
-                        shared,
-                        &grant,
-                        move |shared, kill| async move { watch(&shared, &files, monitor, &kill).await },
-                    );
+                    let known = grant.clone();
+                    adopt(shared, &grant, move |shared, kill| async move {
+                        watch(&shared, Some(&known), &files, monitor, &kill).await
+                    });
                 } else {
                     tracing::warn!(task = %task, attempt = %attempt, "attempt's monitor is gone without evidence");
                     adopt(shared, &grant, move |shared, _| async move { evidence(&shared, &files, false).await });
@@ -525,7 +541,8 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
         known.insert(format!("{task}.{attempt}"));
         // The record is lost, but the monitor's own files may still prove what happened.
         let files = AttemptFiles::new(shared.layout.attempt_dir(&task, attempt));
-        if files.status().is_some() || files.monitor().is_some_and(|m| m.alive()) {
+        let journal = files.journal().unwrap_or_default();
+        if journal.status.is_some() || journal.monitor.is_some_and(|m| m.alive()) {
             tracing::warn!(task = %task, attempt = %attempt, reason = %c.reason, "unreadable record; settling from the monitor's evidence");
             settle_from_files(shared, task, attempt, files);
             continue;
@@ -569,11 +586,13 @@ fn settle_from_files(shared: &Arc<Shared>, task: TaskId, attempt: Attempt, files
     shared.held().insert((task.clone(), attempt), Held { kill: kill.clone() });
     let shared = shared.clone();
     tokio::spawn(async move {
-        let evidence = match files.monitor().and_then(Monitor::attach) {
-            Some(monitor) if files.status().is_none() => watch(&shared, &files, monitor, &kill).await,
-            _ => evidence(&shared, &files, false).await,
+        let journal = files.journal().unwrap_or_default();
+        let grant = journal.grant.as_ref();
+        let evidence = match journal.monitor.filter(|_| journal.status.is_none()).and_then(Monitor::attach) {
+            Some(monitor) => watch(&shared, grant, &files, monitor, &kill).await,
+            None => evidence(&shared, &files, false).await,
         };
-        let epoch = files.read_grant().map(|g| g.epoch).unwrap_or_default().max(shared.epoch_seen());
+        let epoch = grant.map(|g| g.epoch).unwrap_or_default().max(shared.epoch_seen());
         finish(&shared, &task, attempt, epoch, evidence).await;
     });
 }
@@ -605,15 +624,14 @@ async fn sweep_unknown_attempt_dirs(shared: &Arc<Shared>, known: &std::collectio
             continue;
         }
         let files = AttemptFiles::new(entry.path());
-        if let Ok(grant) = files.read_grant() {
-            if name == format!("{}.{}", grant.task, grant.attempt) {
-                tracing::warn!(dir = %name, "attempt directory without a record: the record was lost; settling from the monitor's files");
-                settle_from_files(shared, grant.task, grant.attempt, files);
-                continue;
-            }
+        let journal = files.journal().unwrap_or_default();
+        if let Some(grant) = journal.grant.filter(|g| name == format!("{}.{}", g.task, g.attempt)) {
+            tracing::warn!(dir = %name, "attempt directory without a record: the record was lost; settling from the monitor's files");
+            settle_from_files(shared, grant.task, grant.attempt, files);
+            continue;
         }
-        let monitor_alive = files.monitor().is_some_and(|m| m.alive());
-        let group_alive = files.pgid().is_some_and(process::group_alive);
+        let monitor_alive = journal.monitor.is_some_and(|m| m.alive());
+        let group_alive = journal.pgid.is_some_and(process::group_alive);
         if monitor_alive || group_alive {
             tracing::warn!(dir = %name, monitor_alive, group_alive, "attempt directory without a record but with live processes: kept");
         } else {

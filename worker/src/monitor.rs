@@ -148,11 +148,15 @@ fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> Monit
     let mut group = Group::new(leader, args.kill_grace);
     while !group.done(pump.reader.is_none()) {
         let timeout = group.wake_in();
-        let mut fds = vec![PollFd::new(signalfd.as_fd(), PollFlags::POLLIN)];
-        if let Some(r) = pump.reader.as_ref() {
-            fds.push(PollFd::new(r.as_fd(), PollFlags::POLLIN));
-        }
-        match poll(&mut fds, timeout) {
+        // The signalfd, then the pipe while it is open (the second slot only
+        // counts then).
+        let pipe = pump.reader.as_ref().map(|r| r.as_fd());
+        let watched = if pipe.is_some() { 2 } else { 1 };
+        let mut fds = [
+            PollFd::new(signalfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(pipe.unwrap_or(signalfd.as_fd()), PollFlags::POLLIN),
+        ];
+        match poll(&mut fds[..watched], timeout) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => {
                 tracing::error!(error = %e, "monitor cannot wait; ending the task");
@@ -160,8 +164,7 @@ fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> Monit
                 std::thread::sleep(ENDING_CHECK);
             }
         }
-        let output_ready = fds.get(1).and_then(|f| f.revents()).is_some_and(|r| !r.is_empty());
-        drop(fds);
+        let output_ready = watched == 2 && fds[1].revents().is_some_and(|r| !r.is_empty());
         if output_ready {
             pump.step();
         }
