@@ -630,15 +630,9 @@ impl Core {
             .into_iter()
             .filter(|l| l.offset >= through)
             .take(MAX_MATCHES_PER_REPORT)
-            .map(|mut l| {
-                if l.text.len() > MAX_MATCH_LINE_BYTES {
-                    let mut cut = MAX_MATCH_LINE_BYTES;
-                    while !l.text.is_char_boundary(cut) {
-                        cut -= 1;
-                    }
-                    l.text.truncate(cut);
-                }
-                l
+            .map(|l| match l.text.len() > MAX_MATCH_LINE_BYTES {
+                true => MatchedLine::new(l.offset, &l.text),
+                false => l,
             })
             .collect();
         let Some(last) = fresh.iter().map(|l| l.offset).max() else { return ReportAck::Ack };

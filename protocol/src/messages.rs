@@ -316,6 +316,18 @@ pub struct MatchedLine {
     pub text: String,
 }
 
+impl MatchedLine {
+    /// The line at `offset`, cut to [`MAX_MATCH_LINE_BYTES`] on a character
+    /// boundary.
+    pub fn new(offset: u64, text: &str) -> MatchedLine {
+        let mut cut = text.len().min(MAX_MATCH_LINE_BYTES);
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        MatchedLine { offset, text: text[..cut].to_owned() }
+    }
+}
+
 /// Longest matched line carried in a notice; longer ones are cut.
 pub const MAX_MATCH_LINE_BYTES: usize = 1024;
 /// Most matched lines in one report.

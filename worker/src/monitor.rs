@@ -37,7 +37,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use serde::{Deserialize, Serialize};
-use tenure_protocol::messages::{MatchedLine, MAX_MATCH_LINE_BYTES};
+use tenure_protocol::messages::MatchedLine;
 use tenure_protocol::{Attempt, Ending, Kind, Outcome, TaskId};
 use tenure_sidecar::Layout;
 
@@ -402,11 +402,7 @@ impl LineMatcher {
         let text = String::from_utf8_lossy(&self.line);
         let text = text.strip_suffix('\r').unwrap_or(&text);
         if !self.line.is_empty() && self.regex.is_match(text) && self.recorded < MAX_RECORDED_MATCHES {
-            let mut cut = text.len().min(MAX_MATCH_LINE_BYTES);
-            while !text.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            let matched = MatchedLine { offset: self.line_start, text: text[..cut].to_owned() };
+            let matched = MatchedLine::new(self.line_start, text);
             if let Ok(mut json) = serde_json::to_vec(&matched) {
                 json.push(b'\n');
                 // One write per line: a reader never sees half of one.
@@ -423,6 +419,7 @@ impl LineMatcher {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tenure_protocol::messages::MAX_MATCH_LINE_BYTES;
 
     fn matched(pattern: &str, chunks: &[&[u8]]) -> Vec<MatchedLine> {
         let dir = tempfile::tempdir().unwrap();
