@@ -23,6 +23,11 @@ pub const MAX_KIND_LEN: usize = 32;
 pub const MAX_WORKER_ID_LEN: usize = 64;
 /// Longest session id accepted.
 pub const MAX_SESSION_LEN: usize = 128;
+/// Longest authenticated identity accepted.
+pub const MAX_IDENTITY_LEN: usize = 64;
+/// Separates the authenticated identity from the session label its caller
+/// chose, in an owner: `alice/ci-7`.
+pub const IDENTITY_SEPARATOR: char = '/';
 
 /// Why an identifier was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -41,6 +46,10 @@ pub enum IdError {
     /// The session id is empty, too long, or holds whitespace or control characters.
     #[error("invalid session id {0:?}: expected 1-128 printable non-space chars")]
     Session(String),
+    /// The authenticated identity (a NATS user name) is empty, longer than 64
+    /// bytes, or has a character outside `[A-Za-z0-9_.@-]`.
+    #[error("invalid identity {0:?}: expected 1-64 chars of letters, digits, '_', '.', '@' or '-'")]
+    Identity(String),
 }
 
 fn shorten(s: &str) -> String {
@@ -185,6 +194,27 @@ impl SessionId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The owner of what `identity` — a name the transport authenticated, never
+    /// one a message claims — does under the session label it chose:
+    /// `identity/label`. The label may hold `/` itself; the identity never does,
+    /// so no label can reach another identity's owners.
+    pub fn scoped(identity: &str, label: &SessionId) -> Result<SessionId, IdError> {
+        let valid = !identity.is_empty()
+            && identity.len() <= MAX_IDENTITY_LEN
+            && identity.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'@' | b'-'));
+        if !valid {
+            return Err(IdError::Identity(shorten(identity)));
+        }
+        format!("{identity}{IDENTITY_SEPARATOR}{}", label.as_str()).parse()
+    }
+
+    /// Who this owner is: the identity before the first `/`. On a cluster
+    /// without authentication a session is whatever its client claimed, and one
+    /// without `/` is its own identity.
+    pub fn identity(&self) -> &str {
+        self.0.split(IDENTITY_SEPARATOR).next().unwrap_or(&self.0)
+    }
 }
 
 impl FromStr for SessionId {
@@ -272,6 +302,20 @@ impl fmt::Display for Attempt {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn owners_are_scoped_under_their_identity() {
+        let label: SessionId = "ci/7".parse().unwrap();
+        let owner = SessionId::scoped("alice", &label).unwrap();
+        assert_eq!(owner.as_str(), "alice/ci/7");
+        assert_eq!(owner.identity(), "alice");
+        assert_eq!("bob".parse::<SessionId>().unwrap().identity(), "bob");
+        for bad in ["", "a/b", "a b", "a*", &"x".repeat(65)] {
+            assert!(matches!(SessionId::scoped(bad, &label), Err(IdError::Identity(_))), "{bad:?}");
+        }
+        let long: SessionId = "s".repeat(MAX_SESSION_LEN).parse().unwrap();
+        assert!(matches!(SessionId::scoped("alice", &long), Err(IdError::Session(_))));
+    }
 
     #[test]
     fn task_ids_round_trip() {
