@@ -166,7 +166,7 @@ pub async fn worker_restart(ctx: &mut Ctx) -> anyhow::Result<()> {
 /// SIGKILLs the worker, starts it again, and times until a heartbeat of the new
 /// instance holds `n` attempts.
 async fn restart_once(cluster: &mut Cluster, n: usize) -> anyhow::Result<Duration> {
-    let mut beats = cluster.api.client.subscribe(tenure_protocol::subjects::HEARTBEAT).await?;
+    let mut beats = cluster.api.client.subscribe(tenure_protocol::subjects::HEARTBEAT_ALL).await?;
     let old = loop {
         let msg = tokio::time::timeout(Duration::from_secs(5), beats.next()).await?.context("heartbeats ended")?;
         let hb: Heartbeat = tenure_protocol::decode(&msg.payload)?;

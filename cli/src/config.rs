@@ -51,8 +51,8 @@ pub struct CoordinatorConfig {
     pub renew_interval_ms: u64,
     /// The leader stops acting when no renewal succeeded for this long.
     pub renew_deadline_ms: u64,
-    /// Sessions with the operator role (secrets, ≥ 16 characters).
-    pub operator_sessions: Vec<SessionId>,
+    /// Identities (authenticated NATS users) with the operator role.
+    pub operators: Vec<String>,
     /// Finished tasks are garbage-collected this long after they ended; 0 keeps them.
     pub retention_secs: u64,
     /// Serve Prometheus metrics at `http://ADDR/metrics`.
@@ -69,7 +69,7 @@ impl Default for CoordinatorConfig {
             lease_ttl_ms: 6000,
             renew_interval_ms: 2000,
             renew_deadline_ms: 4000,
-            operator_sessions: Vec::new(),
+            operators: Vec::new(),
             retention_secs: 7 * 24 * 3600,
             metrics_addr: None,
             nats: NatsOptions::default(),
@@ -221,8 +221,9 @@ impl Validate for CoordinatorConfig {
         if !(1..=5).contains(&self.replicas) {
             bail!("replicas ({}) must be 1 to 5", self.replicas);
         }
-        if let Some(weak) = self.operator_sessions.iter().find(|o| o.as_str().len() < 16) {
-            bail!("operator_sessions: {weak:?} is guessable; use at least 16 characters");
+        for name in &self.operators {
+            let label: SessionId = "x".parse()?;
+            SessionId::scoped(name, &label).with_context(|| format!("operators: {name:?}"))?;
         }
         self.nats.validate().context("nats")
     }
@@ -347,8 +348,8 @@ mod tests {
         assert!(parse::<WorkerConfig>("id = 'Not An Id'").is_err());
         let c: CoordinatorConfig = parse("lease_ttl_ms = 3000\nrenew_deadline_ms = 3000").unwrap();
         assert!(c.validate().unwrap_err().to_string().contains("renew_deadline_ms"));
-        let c: CoordinatorConfig = parse("operator_sessions = ['short']").unwrap();
-        assert!(c.validate().unwrap_err().to_string().contains("operator_sessions"));
+        let c: CoordinatorConfig = parse("operators = ['a/b']").unwrap();
+        assert!(format!("{:#}", c.validate().unwrap_err()).contains("operators"));
         let w: WorkerConfig = parse("id = 'w1'\ndata_dir = '/tmp/x'\nslots = 0").unwrap();
         assert!(w.validate().unwrap_err().to_string().contains("slots"));
         let w: WorkerConfig = parse("data_dir = '/tmp/x'").unwrap();
@@ -362,7 +363,7 @@ mod tests {
         let text = r#"
             name = "c7"
             replicas = 3
-            operator_sessions = ["a-long-operator-secret-1"]
+            operators = ["ops"]
             metrics_addr = "127.0.0.1:9464"
             [nats]
             servers = ["nats://a:4222", "nats://b:4222"]

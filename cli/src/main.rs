@@ -132,10 +132,10 @@ struct CoordinatorArgs {
     /// The leader stops acting when no renewal succeeded for this long (below the TTL).
     #[arg(long, env = "TENURE_RENEW_DEADLINE_MS", default_value_t = 4000)]
     renew_deadline_ms: u64,
-    /// A session with the operator role (may get, list and kill every
-    /// session's tasks). A secret: at least 16 characters. Repeatable.
-    #[arg(long = "operator-session", env = "TENURE_OPERATOR_SESSIONS", value_delimiter = ',', hide_env_values = true)]
-    operator_sessions: Vec<SessionId>,
+    /// An identity (authenticated NATS user) with the operator role: it may
+    /// get, list and kill every identity's tasks. Repeatable.
+    #[arg(long = "operator", env = "TENURE_OPERATORS", value_delimiter = ',')]
+    operators: Vec<String>,
     /// Garbage-collect finished tasks this many seconds after they ended
     /// (files on the worker first, then the registry record); 0 keeps them.
     #[arg(long, env = "TENURE_RETENTION_SECS", default_value_t = 7 * 24 * 3600)]
@@ -426,7 +426,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
         Command::Coordinator(args) => {
             let overrides = |cfg: &mut config::CoordinatorConfig| {
                 override_given!(sub, cfg, args, name, worker_ttl_ms, replicas, lease_ttl_ms, renew_interval_ms);
-                override_given!(sub, cfg, args, renew_deadline_ms, operator_sessions, retention_secs);
+                override_given!(sub, cfg, args, renew_deadline_ms, operators, retention_secs);
             };
             let Some(cfg) = config::resolve(&args.config, &given_global, shared, overrides)? else { return printed() };
             let _metrics = metrics::start(role, cfg.metrics_addr).await?;
@@ -443,7 +443,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
                 ..Default::default()
             };
             opts.core.worker_ttl = Duration::from_millis(cfg.worker_ttl_ms);
-            opts.core.operators = cfg.operator_sessions;
+            opts.core.operators = cfg.operators;
             opts.core.retention = (cfg.retention_secs > 0).then(|| Duration::from_secs(cfg.retention_secs));
             tenure_coordinator::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)

@@ -2,80 +2,51 @@
 //! surface reported, each shown once, and the matched lines of its `monitor`
 //! tasks, resuming where the last watch stopped.
 //!
-//! It reads the JetStream notice stream through a durable consumer named after
-//! the session (so a restarted watch, or one after a coordinator failover,
-//! continues from its last acknowledged notice). Before showing a notice it asks
-//! the leader whether the task was reported meanwhile (by `wait`, `kill`, a
-//! finished `logs`, or another watch); if not, it marks it reported, shows it and
-//! acknowledges. A task is therefore shown at most once per session; it can be
-//! missed only if the watch dies between marking and printing.
+//! The leader reads the notice stream for it (`ApiRequest::Notices`) through
+//! the durable consumer it keeps for the caller's owner, so a restarted watch,
+//! or one after a coordinator failover, continues from its last acknowledged
+//! notice, and a client never touches JetStream. Before showing an end notice
+//! it asks the leader whether the task was reported meanwhile (by `wait`,
+//! `kill`, a finished `logs`, or another watch); if not, it marks it reported
+//! and shows it. The notices of a batch are acknowledged with the next request,
+//! sent as soon as the batch is shown: a task is shown at most once per
+//! session, and a matched line is shown again only if the watch dies between
+//! showing it and that request.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Context;
-use async_nats::jetstream::{self, consumer};
-use futures::StreamExt;
 use tenure_protocol::messages::{ApiError, ApiReply, ApiRequest, ApiResponse, MatchNotice, Notice, TaskSnapshot};
 use tenure_protocol::{subjects, SessionId};
 
-/// The durable consumer of a session: stable across versions and machines, and
-/// a valid consumer name whatever characters the session holds.
-pub fn consumer_name(session: &SessionId) -> String {
-    let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, session.as_str().as_bytes());
-    format!("watch-{}", id.simple())
-}
+/// How long one request waits for a first notice.
+const WAIT_MS: u64 = 2_000;
 
 pub async fn watch(client: async_nats::Client, session: SessionId, once: bool, json: bool) -> anyhow::Result<ExitCode> {
-    let js = jetstream::new(client.clone());
-    let stream = loop {
-        match js.get_stream(subjects::NOTICES_STREAM).await {
-            Ok(s) => break s,
-            Err(_) if !once => tokio::time::sleep(Duration::from_secs(1)).await,
-            Err(e) => return Err(e).context("the notice stream does not exist yet (no coordinator has led)"),
-        }
-    };
-    let name = consumer_name(&session);
-    let consumer: consumer::PullConsumer = stream
-        .get_or_create_consumer(
-            &name,
-            consumer::pull::Config {
-                durable_name: Some(name.clone()),
-                filter_subject: subjects::notices(&session),
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: Duration::from_secs(30),
-                ..Default::default()
-            },
-        )
-        .await
-        .context("opening this session's notice consumer")?;
+    let mut acks: Vec<String> = Vec::new();
     loop {
-        let mut batch = consumer
-            .fetch()
-            .max_messages(64)
-            .expires(Duration::from_secs(1))
-            .messages()
-            .await
-            .context("reading notices")?;
-        let mut any = false;
-        while let Some(msg) = batch.next().await {
-            let msg = msg.map_err(|e| anyhow::anyhow!("reading a notice: {e}"))?;
-            any = true;
-            match tenure_protocol::decode::<Notice>(&msg.payload) {
-                Ok(Notice::Ended(notice)) => {
-                    if let Some(snapshot) = claim(&client, &session, &notice).await? {
+        let wait_ms = if once { 0 } else { WAIT_MS };
+        let req = ApiRequest::Notices { session: session.clone(), acks: std::mem::take(&mut acks), max: 64, wait_ms };
+        let items = match call(&client, &req).await? {
+            Ok(ApiResponse::Notices(items)) => items,
+            Err(e) => anyhow::bail!("reading notices: {e}"),
+            Ok(other) => anyhow::bail!("unexpected reply {other:?}"),
+        };
+        if once && items.is_empty() {
+            return Ok(ExitCode::SUCCESS);
+        }
+        for item in items {
+            match &item.notice {
+                Notice::Ended(notice) => {
+                    if let Some(snapshot) = claim(&client, &session, notice).await? {
                         show(&snapshot, json)?;
                     }
                 }
                 // A matched line is shown once per session: the durable
                 // consumer's acknowledgement is what remembers it.
-                Ok(Notice::Matched(m)) => show_match(&m, json)?,
-                Err(error) => tracing::warn!(%error, "malformed notice skipped"),
+                Notice::Matched(m) => show_match(m, json)?,
             }
-            msg.ack().await.map_err(|e| anyhow::anyhow!("acknowledging a notice: {e}"))?;
-        }
-        if once && !any {
-            return Ok(ExitCode::SUCCESS);
+            acks.push(item.ack);
         }
     }
 }
@@ -136,20 +107,4 @@ fn show_match(m: &MatchNotice, json: bool) -> anyhow::Result<()> {
         println!("{} matched at {}: {}", m.task, m.line.offset, m.line.text);
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn consumer_names_are_valid_and_distinct() {
-        let a = consumer_name(&"alice".parse().unwrap());
-        let b = consumer_name(&"a.b*>c".parse().unwrap());
-        assert_ne!(a, b);
-        for n in [&a, &b] {
-            assert!(n.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-'), "{n}");
-        }
-        assert_eq!(a, consumer_name(&"alice".parse().unwrap()));
-    }
 }

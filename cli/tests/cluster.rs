@@ -184,8 +184,8 @@ fn garbage_on_every_subject_gets_a_typed_error_and_breaks_nothing() {
             assert!(matches!(input, Err(tenure_protocol::messages::ApiError::InvalidRequest(_))), "{input:?}");
 
             // Fire-and-forget subjects log and drop it.
-            client.publish(tenure_protocol::subjects::HEARTBEAT, payload.clone()).await.unwrap();
-            client.publish(tenure_protocol::subjects::REPORT, payload.clone()).await.unwrap();
+            client.publish(tenure_protocol::subjects::heartbeat(&w1), payload.clone()).await.unwrap();
+            client.publish(tenure_protocol::subjects::report(&w1), payload.clone()).await.unwrap();
         }
         client.flush().await.unwrap();
     });

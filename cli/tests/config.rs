@@ -34,7 +34,7 @@ name = "from-file"
 worker_ttl_ms = 1234
 renew_interval_ms = 1000
 lease_ttl_ms = 5000
-operator_sessions = ["an-operator-secret-of-length"]
+operators = ["ops"]
 [nats]
 servers = ["nats://127.0.0.1:4999"]
 user = "tenure-coordinator"

@@ -42,10 +42,12 @@ pub struct CoreConfig {
     /// files released on the worker machine first, then the registry record
     /// compacted). `None` keeps them forever.
     pub retention: Option<Duration>,
-    /// Sessions with the operator role: they may get, list and kill every
-    /// session's tasks (never wait on them or mark them reported). They are
-    /// secrets: authorization never relies on ids, but it does on these.
-    pub operators: Vec<SessionId>,
+    /// Identities with the operator role: every owner under them may get, list
+    /// and kill every owner's tasks (never wait on them or mark them
+    /// reported). An identity is what the transport authenticated (the part of
+    /// an owner before its `/`); on a cluster without authentication it is
+    /// whatever a client claims, so the role protects nothing there.
+    pub operators: Vec<String>,
 }
 
 impl Default for CoreConfig {
@@ -392,6 +394,10 @@ impl Core {
             ApiRequest::Archive { session, task } => self.board(&session, &task, Event::Archive, now, fx),
             ApiRequest::Unarchive { session, task } => self.board(&session, &task, Event::Unarchive, now, fx),
             ApiRequest::Delete { session, task } => self.board(&session, &task, Event::Delete, now, fx),
+            // Served by the driver from the notice stream, never by the core.
+            ApiRequest::Notices { .. } => {
+                Err(ApiError::InvalidRequest("notices are read from the notice stream, not the registry".into()))
+            }
             ApiRequest::FinalOutput { session, task } => match self.owned(&session, &task) {
                 Err(e) => Err(e),
                 Ok(r) if !r.spec.final_output => Err(ApiError::InvalidRequest(format!(
@@ -431,7 +437,7 @@ impl Core {
         all: bool,
         after: u64,
     ) -> impl Iterator<Item = &'a TaskRecord> + 'a {
-        let operator = self.cfg.operators.contains(session);
+        let operator = self.is_operator(session);
         self.tasks.after(after).filter(move |r| {
             let shown = match r.life.board {
                 Board::Active => all || !r.life.status.is_terminal() || !r.reported,
@@ -453,10 +459,15 @@ impl Core {
         kinds
     }
 
+    /// Whether `session` acts for an identity with the operator role.
+    fn is_operator(&self, session: &SessionId) -> bool {
+        self.cfg.operators.iter().any(|o| o == session.identity())
+    }
+
     /// The task if `session` owns it or holds the operator role.
     fn visible(&self, session: &SessionId, task: &TaskId) -> Result<&TaskRecord, ApiError> {
         match self.tasks.get(task) {
-            Some(r) if &r.owner == session || self.cfg.operators.contains(session) => Ok(r),
+            Some(r) if &r.owner == session || self.is_operator(session) => Ok(r),
             _ => Err(ApiError::NotFound(task.to_string())),
         }
     }

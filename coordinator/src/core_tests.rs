@@ -431,8 +431,8 @@ fn unanswered_grants_are_resent_until_answered() {
 
 #[test]
 fn an_operator_sees_and_kills_every_sessions_tasks_but_never_reports_them() {
-    let op: SessionId = "op-7f3c9a0e5b2d4c18".parse().unwrap();
-    let cfg = CoreConfig { operators: vec![op.clone()], ..CoreConfig::default() };
+    let op: SessionId = "ops/console".parse().unwrap();
+    let cfg = CoreConfig { operators: vec!["ops".into()], ..CoreConfig::default() };
     let now = Now { mono: Duration::from_secs(1), wall_ms: 1 };
     let mut h = Harness { core: Core::new(cfg, Epoch(3), Vec::new(), now), now };
     let t = h.submit("alice", TaskSpec::shell("a", "sleep 9"));

@@ -8,12 +8,20 @@
 //! carries `Nats-Msg-Id = <task id>` (`<task id>@<offset>` for a match), so repeats (a retry, a new leader
 //! republishing unreported tasks) are dropped by the stream within its
 //! duplicate window, and watchers skip tasks already `reported` beyond it.
+//!
+//! Clients never touch the stream: the leader reads it for them
+//! ([`Notices::serve`]) through one durable consumer per owner that only it
+//! defines, so no client can create consumers, read or acknowledge another
+//! owner's notices, or reach JetStream at all.
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, stream};
-use tenure_protocol::messages::Notice;
-use tenure_protocol::subjects;
+use async_nats::jetstream::{self, consumer, stream};
+use futures::StreamExt;
+use tenure_protocol::messages::{
+    ApiError, ApiReply, ApiResponse, Notice, NoticeItem, MAX_NOTICES, MAX_NOTICE_ACKS, MAX_NOTICE_WAIT_MS,
+};
+use tenure_protocol::{subjects, SessionId};
 
 /// How long the stream remembers message ids for deduplication.
 const DEDUPE_WINDOW: Duration = Duration::from_secs(3600);
@@ -69,5 +77,109 @@ impl Notices {
             }
             tracing::error!(notice = %id, "notice not published; the next leader republishes an end notice if still unreported");
         });
+    }
+}
+
+/// How long a delivered notice waits for its acknowledgement before the
+/// stream delivers it again.
+const ACK_WAIT: Duration = Duration::from_secs(30);
+/// Notices delivered and not yet acknowledged, per owner.
+const MAX_ACK_PENDING: i64 = 1024;
+
+impl Notices {
+    /// Serves one `Notices` request of `owner` (already authenticated by the
+    /// driver): acknowledges the tokens of `owner`'s own consumer (any other
+    /// token is refused, so no one acknowledges — and hides — another owner's
+    /// notices), then reads up to `max` notices from the durable consumer the
+    /// leader keeps for `owner`, waiting at most `wait` for the first.
+    pub async fn serve(&self, owner: &SessionId, acks: &[String], max: u32, wait: Duration) -> ApiReply {
+        let name = subjects::notice_consumer(owner);
+        if acks.len() > MAX_NOTICE_ACKS {
+            return Err(ApiError::InvalidRequest(format!("at most {MAX_NOTICE_ACKS} acknowledgements per request")));
+        }
+        let prefix = subjects::notice_ack_prefix(&name);
+        if let Some(bad) = acks.iter().find(|a| !is_ack_of(a, &prefix)) {
+            return Err(ApiError::InvalidRequest(format!(
+                "{:?} is not an acknowledgement of one of your notices",
+                bad.chars().take(80).collect::<String>()
+            )));
+        }
+        let unavailable = |what: &str, e: &dyn std::fmt::Display| ApiError::Unavailable(format!("{what}: {e}"));
+        let client = self.js.client();
+        for ack in acks {
+            client.publish(ack.clone(), "+ACK".into()).await.map_err(|e| unavailable("acknowledging", &e))?;
+        }
+        if max == 0 {
+            // Acknowledgements only: make sure they reached the server first.
+            client.flush().await.map_err(|e| unavailable("acknowledging", &e))?;
+            return Ok(ApiResponse::Notices(Vec::new()));
+        }
+        let stream = self.js.get_stream(subjects::NOTICES_STREAM).await.map_err(|e| unavailable("notice stream", &e))?;
+        let consumer: consumer::PullConsumer = stream
+            .get_or_create_consumer(
+                &name,
+                consumer::pull::Config {
+                    durable_name: Some(name.clone()),
+                    filter_subject: subjects::notices(owner),
+                    ack_policy: consumer::AckPolicy::Explicit,
+                    ack_wait: ACK_WAIT,
+                    max_ack_pending: MAX_ACK_PENDING,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| unavailable("notice consumer", &e))?;
+        let max = max.min(MAX_NOTICES) as usize;
+        let batch = if wait.is_zero() {
+            consumer.fetch().max_messages(max).messages().await
+        } else {
+            consumer.batch().max_messages(max).expires(wait.min(MAX_WAIT)).messages().await
+        };
+        let mut batch = batch.map_err(|e| unavailable("reading notices", &e))?;
+        let mut items = Vec::new();
+        while let Some(msg) = batch.next().await {
+            let msg = msg.map_err(|e| unavailable("reading notices", &e))?;
+            let Some(ack) = msg.reply.as_ref().map(|r| r.to_string()) else { continue };
+            match tenure_protocol::decode::<Notice>(&msg.payload) {
+                Ok(notice) if notice.owner() == owner => items.push(NoticeItem { ack, notice }),
+                // Not this owner's (it cannot be, by the filter) or unreadable:
+                // acknowledged so it never blocks the consumer, and logged.
+                other => {
+                    tracing::warn!(consumer = %name, ok = other.is_ok(), "notice skipped: unreadable or not this owner's");
+                    let _ = client.publish(ack, "+ACK".into()).await;
+                }
+            }
+        }
+        Ok(ApiResponse::Notices(items))
+    }
+}
+
+/// Longest a `Notices` request waits.
+const MAX_WAIT: Duration = Duration::from_millis(MAX_NOTICE_WAIT_MS);
+
+/// Whether `token` acknowledges a delivery of the consumer whose prefix is
+/// `prefix`: that prefix, then the delivery's tokens (no wildcard, no space).
+fn is_ack_of(token: &str, prefix: &str) -> bool {
+    token.len() <= 256
+        && token.strip_prefix(prefix).is_some_and(|rest| {
+            !rest.is_empty() && rest.split('.').all(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric()))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_acknowledgements_of_the_owners_consumer_are_taken() {
+        let alice = subjects::notice_ack_prefix(&subjects::notice_consumer(&"alice/s".parse().unwrap()));
+        let bob = subjects::notice_ack_prefix(&subjects::notice_consumer(&"bob/s".parse().unwrap()));
+        let token = format!("{alice}1.7.3.1764587000000000000.0");
+        assert!(is_ack_of(&token, &alice));
+        assert!(!is_ack_of(&token, &bob));
+        for bad in [alice.clone(), format!("{alice}>"), format!("{alice}1.*"), format!("{alice}1..2"), format!("{alice}1 2")] {
+            assert!(!is_ack_of(&bad, &alice), "{bad}");
+        }
+        assert!(!is_ack_of("$JS.API.STREAM.PURGE.TENURE_REGISTRY", &alice));
     }
 }

@@ -24,6 +24,7 @@ use tenure_protocol::messages::{
     WorkerCommand,
 };
 use tenure_protocol::{subjects, Epoch};
+use tenure_transport::identity::{self, Trust};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
 
@@ -93,6 +94,7 @@ fn wall_ms() -> u64 {
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     opts.lease.validate()?;
     let client = tenure_transport::connect(&opts.nats, &format!("tenure-coordinator-{}", opts.name), true).await?;
+    Trust::of(&client).announce("coordinator");
     let clock = Clock::new();
     let holder = format!("{}:{}", opts.name, uuid::Uuid::new_v4().simple());
     let elector = Elector::start(client.clone(), opts.replicas, &opts.name, holder, opts.lease, clock).await?;
@@ -323,6 +325,7 @@ async fn lead<F: Future<Output = ()>>(
         standbys: HashMap::new(),
     };
 
+    let trust = Trust::of(client);
     let subscribe = |s: &'static str| {
         let client = client.clone();
         async move { client.subscribe(s).await }
@@ -330,8 +333,8 @@ async fn lead<F: Future<Output = ()>>(
     let subscribed = async {
         Ok::<_, async_nats::SubscribeError>((
             subscribe(subjects::API).await?,
-            subscribe(subjects::HEARTBEAT).await?,
-            subscribe(subjects::REPORT).await?,
+            subscribe(subjects::HEARTBEAT_ALL).await?,
+            subscribe(subjects::REPORT_ALL).await?,
             subscribe(subjects::COORD_PRESENCE).await?,
         ))
     };
@@ -354,8 +357,22 @@ async fn lead<F: Future<Output = ()>>(
             _ = &mut shutdown => return Ok(Ended::Shutdown { epoch }),
             reason = guard.lost() => return Ok(Ended::SteppedDown { epoch, reason }),
             Some(msg) = api.next() => {
-                let reply_to = msg.reply.as_ref().map(|r| r.to_string());
-                match tenure_protocol::decode::<ApiRequest>(&msg.payload) {
+                let reply_to = tenure_transport::identity::reply_to(&msg);
+                let request = tenure_protocol::decode::<ApiRequest>(&msg.payload)
+                    .map_err(|error| ApiError::InvalidRequest(error.to_string()))
+                    .and_then(|request| authenticate(trust, msg.headers.as_ref(), request));
+                match request {
+                    Ok(ApiRequest::Notices { session, acks, max, wait_ms }) => {
+                        // Read from the stream, not the core: served beside the loop.
+                        let (client, notices) = (client.clone(), notices.clone());
+                        tokio::spawn(async move {
+                            let reply = notices.serve(&session, &acks, max, Duration::from_millis(wait_ms)).await;
+                            if let Some(to) = reply_to {
+                                tenure_transport::reply(&client, to, &reply).await;
+                            }
+                        });
+                        continue;
+                    }
                     Ok(request) => {
                         metrics::get().api_requests.add(1, &[KeyValue::new("verb", request.verb())]);
                         span = traced(msg.headers.as_ref(), || {
@@ -365,31 +382,32 @@ async fn lead<F: Future<Output = ()>>(
                         Input::Api { reply_to, request, trace }
                     }
                     Err(error) => {
-                        tracing::warn!(%error, "malformed API request refused");
+                        tracing::warn!(%error, "API request refused");
                         if let (Some(to), Ok(())) = (reply_to, guard.check()) {
-                            let reply: ApiReply = Err(ApiError::InvalidRequest(error.to_string()));
-                            tenure_transport::reply(client, to, &reply).await;
+                            tenure_transport::reply(client, to, &ApiReply::Err(error)).await;
                         }
                         continue;
                     }
                 }
             }
             Some(msg) = heartbeats.next() => match tenure_protocol::decode::<Heartbeat>(&msg.payload) {
-                Ok(hb) => Input::Heartbeat(hb),
+                Ok(hb) if speaks_for_itself(&msg.subject, &hb.worker) => Input::Heartbeat(hb),
+                Ok(_) => continue,
                 Err(error) => {
                     tracing::warn!(%error, "malformed heartbeat ignored");
                     continue;
                 }
             },
             Some(msg) = reports.next() => {
-                let reply_to = msg.reply.as_ref().map(|r| r.to_string());
+                let reply_to = tenure_transport::identity::reply_to(&msg);
                 match tenure_protocol::decode::<Report>(&msg.payload) {
-                    Ok(report) => {
+                    Ok(report) if speaks_for_itself(&msg.subject, &report.worker) => {
                         span = traced(msg.headers.as_ref(), || {
                             tracing::info_span!("report", task = %report.task, attempt = %report.attempt, epoch = %report.epoch, worker = %report.worker, event = report.event.name())
                         });
                         Input::Report { reply_to, report }
                     }
+                    Ok(_) => continue,
                     Err(error) => {
                         tracing::warn!(%error, "malformed report ignored");
                         continue;
@@ -447,6 +465,27 @@ async fn lead<F: Future<Output = ()>>(
             }
         }
     }
+}
+
+/// Replaces the owner a request claims with the one the transport vouches for
+/// (see [`tenure_transport::identity`]); refused when there is none.
+fn authenticate(trust: Trust, headers: Option<&async_nats::HeaderMap>, mut request: ApiRequest) -> Result<ApiRequest, ApiError> {
+    if let Some(session) = request.session_mut() {
+        *session = identity::owner(trust, headers, session).map_err(|e| ApiError::Unauthenticated(e.to_string()))?;
+    }
+    Ok(request)
+}
+
+/// Whether a message on a machine-named subject speaks for the machine the
+/// subject names. NATS lets each machine's credential publish only on its own
+/// subjects; a body that names another worker is a forgery (or a
+/// misconfigured machine) and is dropped.
+fn speaks_for_itself(subject: &str, worker: &tenure_protocol::WorkerId) -> bool {
+    let ok = subjects::machine_of(subject).as_ref() == Some(worker);
+    if !ok {
+        tracing::warn!(subject, claimed = %worker, "message from one machine speaking for another dropped");
+    }
+    ok
 }
 
 /// Orders a term's effects around its pipelined registry appends: a persist is

@@ -47,8 +47,9 @@ pub enum IdError {
     #[error("invalid session id {0:?}: expected 1-128 printable non-space chars")]
     Session(String),
     /// The authenticated identity (a NATS user name) is empty, longer than 64
-    /// bytes, or has a character outside `[A-Za-z0-9_.@-]`.
-    #[error("invalid identity {0:?}: expected 1-64 chars of letters, digits, '_', '.', '@' or '-'")]
+    /// bytes, or has a character outside `[A-Za-z0-9_@-]` (no `.`: an identity
+    /// is also an inbox prefix, `_INBOX_<identity>`, and must be one token).
+    #[error("invalid identity {0:?}: expected 1-64 chars of letters, digits, '_', '@' or '-'")]
     Identity(String),
 }
 
@@ -202,7 +203,7 @@ impl SessionId {
     pub fn scoped(identity: &str, label: &SessionId) -> Result<SessionId, IdError> {
         let valid = !identity.is_empty()
             && identity.len() <= MAX_IDENTITY_LEN
-            && identity.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'@' | b'-'));
+            && identity.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'@' | b'-'));
         if !valid {
             return Err(IdError::Identity(shorten(identity)));
         }
@@ -310,7 +311,7 @@ mod tests {
         assert_eq!(owner.as_str(), "alice/ci/7");
         assert_eq!(owner.identity(), "alice");
         assert_eq!("bob".parse::<SessionId>().unwrap().identity(), "bob");
-        for bad in ["", "a/b", "a b", "a*", &"x".repeat(65)] {
+        for bad in ["", "a/b", "a b", "a*", "a.b", &"x".repeat(65)] {
             assert!(matches!(SessionId::scoped(bad, &label), Err(IdError::Identity(_))), "{bad:?}");
         }
         let long: SessionId = "s".repeat(MAX_SESSION_LEN).parse().unwrap();

@@ -77,10 +77,29 @@ pub enum ApiRequest {
         session: SessionId,
         task: TaskId,
     },
+    /// The caller's notices (task ends, monitor matches), read from the
+    /// durable consumer the leader keeps for the caller's owner — clients never
+    /// define consumers. First acknowledges `acks` (tokens of notices the
+    /// caller handled; a token of another owner's consumer is refused), then
+    /// returns up to `max` (capped at [`MAX_NOTICES`]) unacknowledged notices,
+    /// waiting at most `wait_ms` (capped at [`MAX_NOTICE_WAIT_MS`]) for the
+    /// first. A notice not acknowledged within 30 s is delivered again.
+    Notices {
+        session: SessionId,
+        acks: Vec<String>,
+        max: u32,
+        wait_ms: u64,
+    },
 }
 
 /// Longest a single `Wait` request is held by the coordinator.
 pub const MAX_WAIT_MS: u64 = 20_000;
+/// Most notices one `Notices` reply carries.
+pub const MAX_NOTICES: u32 = 64;
+/// Longest a `Notices` request waits for a first notice.
+pub const MAX_NOTICE_WAIT_MS: u64 = 5_000;
+/// Most acknowledgement tokens one `Notices` request may carry.
+pub const MAX_NOTICE_ACKS: usize = 256;
 
 impl ApiRequest {
     /// The verb, for logs, spans and metrics.
@@ -97,6 +116,29 @@ impl ApiRequest {
             ApiRequest::Delete { .. } => "delete",
             ApiRequest::Status => "status",
             ApiRequest::FinalOutput { .. } => "final-output",
+            ApiRequest::Notices { .. } => "notices",
+        }
+    }
+}
+
+impl ApiRequest {
+    /// The owner the request claims to act for; the leader replaces it with
+    /// the owner the transport vouches for before acting on it.
+    pub fn session_mut(&mut self) -> Option<&mut SessionId> {
+        match self {
+            ApiRequest::Submit(req) => Some(&mut req.session),
+            ApiRequest::Get { session, .. }
+            | ApiRequest::List { session, .. }
+            | ApiRequest::ListPage { session, .. }
+            | ApiRequest::Kill { session, .. }
+            | ApiRequest::Wait { session, .. }
+            | ApiRequest::MarkReported { session, .. }
+            | ApiRequest::Archive { session, .. }
+            | ApiRequest::Unarchive { session, .. }
+            | ApiRequest::Delete { session, .. }
+            | ApiRequest::FinalOutput { session, .. }
+            | ApiRequest::Notices { session, .. } => Some(session),
+            ApiRequest::Status => None,
         }
     }
 }
@@ -138,6 +180,16 @@ pub enum ApiResponse {
         finished: bool,
         text: String,
     },
+    /// Notices of the caller's owner, oldest first, each with the token that
+    /// acknowledges it.
+    Notices(Vec<NoticeItem>),
+}
+
+/// One notice delivered to its owner, and the token that acknowledges it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NoticeItem {
+    pub ack: String,
+    pub notice: Notice,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -190,6 +242,11 @@ pub enum ApiError {
     /// this message. Nothing of the message was delivered.
     #[error("input buffer of task {task} is full (the task is not reading its input); nothing was sent")]
     InputFull { task: String },
+    /// The request did not come with an identity the transport vouches for
+    /// (on an authenticating cluster, only requests through the clients'
+    /// account do).
+    #[error("unauthenticated: {0}")]
+    Unauthenticated(String),
 }
 
 /// A fresh read-only projection of one task.
@@ -400,7 +457,7 @@ pub struct WorkerStatus {
 
 // ----------------------------------------------------- worker → coordinator
 
-/// Published every heartbeat interval on [`crate::subjects::HEARTBEAT`].
+/// Published every heartbeat interval on [`crate::subjects::heartbeat`] of its worker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Heartbeat {
     pub worker: WorkerId,
@@ -436,7 +493,7 @@ pub struct HeldAttempt {
     pub attempt: Attempt,
 }
 
-/// A worker's report about one attempt (request on [`crate::subjects::REPORT`]),
+/// A worker's report about one attempt (request on [`crate::subjects::report`] of its worker),
 /// retried until acknowledged. Reports are idempotent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Report {

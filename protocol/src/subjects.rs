@@ -6,10 +6,10 @@ use crate::ids::{SessionId, TaskId, WorkerId};
 
 /// Client API requests to the leader coordinator.
 pub const API: &str = "tenure.api.v1";
-/// Worker heartbeats (publish).
-pub const HEARTBEAT: &str = "tenure.coord.heartbeat";
-/// Worker reports about attempts (request/reply).
-pub const REPORT: &str = "tenure.coord.report";
+/// Every machine's heartbeats (the leader's subscription).
+pub const HEARTBEAT_ALL: &str = "tenure.coord.heartbeat.*";
+/// Every machine's reports (the leader's subscription).
+pub const REPORT_ALL: &str = "tenure.coord.report.*";
 /// Standby coordinators announce themselves here every second (publish); the
 /// leader lists the ones it heard from recently in the cluster status.
 pub const COORD_PRESENCE: &str = "tenure.coord.presence";
@@ -31,6 +31,19 @@ pub fn notices(session: &SessionId) -> String {
     format!("tenure.notices.{hex}")
 }
 
+/// The durable consumer of the notice stream that the leader keeps for one
+/// owner: a valid consumer name whatever characters the owner holds, stable
+/// across versions, leaders and machines.
+pub fn notice_consumer(owner: &SessionId) -> String {
+    let id = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, owner.as_str().as_bytes());
+    format!("watch-{}", id.simple())
+}
+
+/// The prefix of every acknowledgement subject of `consumer`'s deliveries.
+pub fn notice_ack_prefix(consumer: &str) -> String {
+    format!("$JS.ACK.{NOTICES_STREAM}.{consumer}.")
+}
+
 /// The JetStream stream holding the task registry: the last record of every task
 /// plus epoch claims. Every write to it is conditional on its last sequence.
 pub const REGISTRY_STREAM: &str = "TENURE_REGISTRY";
@@ -48,6 +61,25 @@ pub const LEADER_KEY: &str = "leader";
 /// The registry subject holding the latest record of `task`.
 pub fn registry_task(task: &TaskId) -> String {
     format!("tenure.registry.task.{task}")
+}
+
+/// The heartbeats of one worker (publish). The subject names the machine, so
+/// that NATS can refuse a machine's credential that speaks for another, and
+/// the leader drops a heartbeat whose body names another worker.
+pub fn heartbeat(worker: &WorkerId) -> String {
+    format!("tenure.coord.heartbeat.{worker}")
+}
+
+/// The reports of one worker about its attempts (request/reply); machine-named
+/// like [`heartbeat`].
+pub fn report(worker: &WorkerId) -> String {
+    format!("tenure.coord.report.{worker}")
+}
+
+/// The worker a machine-named subject ([`heartbeat`], [`report`]) was published
+/// on: its last token, if it is a valid worker id.
+pub fn machine_of(subject: &str) -> Option<WorkerId> {
+    subject.rsplit('.').next()?.parse().ok()
 }
 
 /// Commands from the leader to one worker (request/reply).
@@ -88,11 +120,22 @@ mod tests {
         assert_eq!(worker_commands(&w), "tenure.worker.w-1.cmd");
         assert_eq!(output(&w), "tenure.sidecar.w-1.output");
         assert_eq!(input(&w), "tenure.sidecar.w-1.input");
+        assert_eq!(heartbeat(&w), "tenure.coord.heartbeat.w-1");
+        assert_eq!(machine_of(&heartbeat(&w)), Some(w.clone()));
+        assert_eq!(machine_of(&report(&w)), Some(w.clone()));
+        assert_eq!(machine_of("tenure.coord.report.W*"), None);
         assert!(registry_task(&t).starts_with(REGISTRY_ALL.trim_end_matches('>')));
         assert!(REGISTRY_EPOCH.starts_with(REGISTRY_ALL.trim_end_matches('>')));
         let tricky: SessionId = "a.b*>c".parse().unwrap();
         assert_eq!(notices(&tricky), "tenure.notices.612e622a3e63");
         assert!(notices(&tricky).starts_with(NOTICES_ALL.trim_end_matches('>')));
+        let a = notice_consumer(&"alice/x".parse().unwrap());
+        let b = notice_consumer(&tricky);
+        assert_ne!(a, b);
+        for n in [&a, &b] {
+            assert!(n.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-'), "{n}");
+        }
+        assert_eq!(a, notice_consumer(&"alice/x".parse().unwrap()));
         // KV bucket and key names: letters, digits, `_` and `-` only.
         for name in [LEADER_BUCKET, LEADER_KEY] {
             assert!(name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'), "{name}");

@@ -38,6 +38,7 @@ use futures::StreamExt;
 use nix::fcntl::{fcntl, FcntlArg};
 use tenure_protocol::messages::{ApiError, AttemptRecord, InputAck, InputReply, InputRequest, Phase, MAX_INPUT_BYTES};
 use tenure_protocol::{decode, encode, Attempt, Kind, TaskId};
+use tenure_transport::identity::{owner, reply_to, Trust};
 use tokio::sync::{OwnedMutexGuard, Semaphore};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
@@ -56,7 +57,13 @@ const CONCURRENT: usize = 64;
 
 /// Answers input requests until aborted; each is handled in its own task so a
 /// task that does not read its input never delays input for another.
-pub(crate) async fn serve(client: async_nats::Client, subject: String, store: StoreHandle, layout: Layout) {
+pub(crate) async fn serve(
+    client: async_nats::Client,
+    subject: String,
+    trust: Trust,
+    store: StoreHandle,
+    layout: Layout,
+) {
     let mut requests = match client.subscribe(subject.clone()).await {
         Ok(sub) => sub,
         Err(error) => {
@@ -68,14 +75,14 @@ pub(crate) async fn serve(client: async_nats::Client, subject: String, store: St
     let slots = Arc::new(Semaphore::new(CONCURRENT));
     while let Some(msg) = requests.next().await {
         let arrived = Instant::now();
-        let Some(reply_to) = msg.reply else {
-            debug!("input request without a reply subject");
+        let Some(reply_to) = reply_to(&msg) else {
+            debug!("input request without an inbox to answer");
             continue;
         };
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
         let (client, store, layout, locks) = (client.clone(), store.clone(), layout.clone(), locks.clone());
         tokio::spawn(async move {
-            let reply = deliver(&store, &layout, &locks, &msg.payload, arrived + PATIENCE).await;
+            let reply = deliver(&store, &layout, &locks, &msg, trust, arrived + PATIENCE).await;
             match encode(&reply) {
                 Ok(bytes) => {
                     if let Err(error) = client.publish(reply_to, bytes.into()).await {
@@ -95,17 +102,19 @@ async fn deliver(
     store: &StoreHandle,
     layout: &Layout,
     locks: &Arc<FifoLocks>,
-    payload: &[u8],
+    msg: &async_nats::Message,
+    trust: Trust,
     deadline: Instant,
 ) -> InputReply {
-    let req: InputRequest = decode(payload).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    let req: InputRequest = decode(&msg.payload).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    let caller = owner(trust, msg.headers.as_ref(), &req.session).map_err(|e| ApiError::Unauthenticated(e.to_string()))?;
     let size = req.data.len();
     if size == 0 || size > MAX_INPUT_BYTES {
         return Err(ApiError::InputSize { size: size as u64, max: MAX_INPUT_BYTES as u64 });
     }
     let not_found = || ApiError::NotFound(req.task.to_string());
     let record = store.latest(req.task.clone()).await?.ok_or_else(not_found)?;
-    if record.grant.owner != req.session {
+    if record.grant.owner != caller {
         return Err(not_found());
     }
     let attempt = check_target(&record)?;

@@ -31,6 +31,7 @@ use tenure_protocol::messages::{
     MAX_OUTPUT_CHUNK,
 };
 use tenure_protocol::{decode, encode, subjects, SessionId, TaskId, WorkerId};
+use tenure_transport::identity::{owner, reply_to, Trust};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinSet;
@@ -146,8 +147,10 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
             return Err(e.into());
         }
     };
+    let trust = Trust::of(&nats);
+    trust.announce("sidecar");
     let output_task =
-        tokio::spawn(serve_output(nats.clone(), subjects::output(&worker), handle.clone(), layout.clone()));
+        tokio::spawn(serve_output(nats.clone(), subjects::output(&worker), trust, handle.clone(), layout.clone()));
     let evidence_task = {
         let (store, layout, client, subject) =
             (handle.clone(), layout.clone(), nats.clone(), subjects::evidence(&worker));
@@ -162,7 +165,8 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
             async move { serve_leader(client, subject, "cleanup jobs", |req| cleanup(req, &store, &layout)).await },
         )
     };
-    let input_task = tokio::spawn(crate::input::serve(nats, subjects::input(&worker), handle.clone(), layout.clone()));
+    let input_task =
+        tokio::spawn(crate::input::serve(nats, subjects::input(&worker), trust, handle.clone(), layout.clone()));
     info!(worker = %worker, socket = %socket.display(), "sidecar serving");
 
     let mut shutdown = std::pin::pin!(shutdown);
@@ -503,7 +507,7 @@ async fn serve_connection(stream: UnixStream, store: StoreHandle) {
 
 /// Answers output reads until aborted. Each request is decoded, checked against
 /// the owner of the task's latest attempt, and answered from the output file.
-async fn serve_output(client: async_nats::Client, subject: String, store: StoreHandle, layout: Layout) {
+async fn serve_output(client: async_nats::Client, subject: String, trust: Trust, store: StoreHandle, layout: Layout) {
     let mut requests = match client.subscribe(subject.clone()).await {
         Ok(sub) => sub,
         Err(error) => {
@@ -512,11 +516,11 @@ async fn serve_output(client: async_nats::Client, subject: String, store: StoreH
         }
     };
     while let Some(msg) = requests.next().await {
-        let Some(reply_to) = msg.reply else {
-            debug!("output request without a reply subject");
+        let Some(reply_to) = reply_to(&msg) else {
+            debug!("output request without an inbox to answer");
             continue;
         };
-        let reply = read_output(&store, &layout, &msg.payload).await;
+        let reply = read_output(&store, &layout, &msg, trust).await;
         let bytes = encode(&reply).or_else(|error| {
             warn!(%error, "output reply too large to encode");
             encode(&OutputReply::Err(ApiError::Unavailable(format!("cannot encode the reply: {error}"))))
@@ -529,15 +533,16 @@ async fn serve_output(client: async_nats::Client, subject: String, store: StoreH
     warn!(subject, "the output subscription ended; output reads are no longer served");
 }
 
-async fn read_output(store: &StoreHandle, layout: &Layout, payload: &[u8]) -> OutputReply {
-    let req: OutputRequest = decode(payload).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+async fn read_output(store: &StoreHandle, layout: &Layout, msg: &async_nats::Message, trust: Trust) -> OutputReply {
+    let req: OutputRequest = decode(&msg.payload).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+    let caller = owner(trust, msg.headers.as_ref(), &req.session).map_err(|e| ApiError::Unauthenticated(e.to_string()))?;
     let not_found = || ApiError::NotFound(req.task.to_string());
     // The phase is read before the file: if the attempt had exited by then, every
     // byte it wrote is already in the file, so `finished` never hides a tail.
     let Some((owner, phase, final_output)) = store.output_owner(req.task.clone()).await? else {
         return Err(not_found());
     };
-    if owner != req.session {
+    if owner != caller {
         return Err(not_found());
     }
     if final_output {
@@ -576,7 +581,7 @@ where
         }
     };
     while let Some(msg) = requests.next().await {
-        let Some(reply_to) = msg.reply else { continue };
+        let Some(reply_to) = reply_to(&msg) else { continue };
         let reply = match decode::<Req>(&msg.payload) {
             Err(e) => Err(SidecarRefusal::Malformed(e.to_string())),
             Ok(req) => answer(req).await,

@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+pub mod identity;
 pub mod trace;
 
 use serde::de::DeserializeOwned;
@@ -50,6 +51,7 @@ pub async fn connect_options(
     let mut o = async_nats::ConnectOptions::new()
         .name(name)
         .connection_timeout(Duration::from_secs(5))
+        .custom_inbox_prefix(opts.inbox_prefix())
         .reconnect_delay_callback(reconnect_delay);
     if wait_for_server {
         o = o.retry_on_initial_connect();
@@ -168,8 +170,14 @@ pub async fn request<Req: Serialize, Rep: DeserializeOwned>(
     tenure_protocol::decode(&msg.payload).map_err(|source| Error::Codec { subject, source })
 }
 
-/// Publishes an encoded reply; encoding failures are logged, never panics.
+/// Publishes an encoded reply; encoding failures are logged, never panics. A
+/// subject that is not an inbox ([`identity::is_reply_subject`]) is never
+/// published to.
 pub async fn reply<T: Serialize>(client: &async_nats::Client, to: String, msg: &T) {
+    if !identity::is_reply_subject(&to) {
+        tracing::warn!(reply = %to, "refused to answer on a subject that is not an inbox");
+        return;
+    }
     match tenure_protocol::encode(msg) {
         Ok(bytes) => {
             if let Err(error) = client.publish(to, bytes.into()).await {

@@ -123,6 +123,19 @@ impl NatsOptions {
         }
     }
 
+    /// The prefix of this connection's reply subjects: `_INBOX_<user>` for a
+    /// named user (the shipped account layout lets each user subscribe to its
+    /// own prefix only, so no one reads another's replies), NATS's `_INBOX`
+    /// otherwise. A user name that is not one subject token keeps `_INBOX`.
+    pub fn inbox_prefix(&self) -> String {
+        match &self.user {
+            Some(u) if !u.is_empty() && u.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'@' | b'-')) => {
+                format!("_INBOX_{u}")
+            }
+            _ => "_INBOX".to_owned(),
+        }
+    }
+
     /// The servers as one string for messages (`a,b,c`).
     pub fn servers_display(&self) -> String {
         self.server_list().join(",")
@@ -232,6 +245,16 @@ mod tests {
         let p = dir.path().join(name);
         std::fs::write(&p, text).unwrap();
         p
+    }
+
+    #[test]
+    fn named_users_get_their_own_inbox_prefix() {
+        let mut o = NatsOptions::default();
+        assert_eq!(o.inbox_prefix(), "_INBOX");
+        o.user = Some("alice".into());
+        assert_eq!(o.inbox_prefix(), "_INBOX_alice");
+        o.user = Some("a.b".into());
+        assert_eq!(o.inbox_prefix(), "_INBOX");
     }
 
     #[test]

@@ -225,7 +225,7 @@ async fn heartbeat(shared: &Shared, instance: Uuid) {
     };
     match tenure_protocol::encode(&hb) {
         Ok(bytes) => {
-            if let Err(error) = shared.client.publish(subjects::HEARTBEAT, bytes.into()).await {
+            if let Err(error) = shared.client.publish(subjects::heartbeat(&shared.opts.id), bytes.into()).await {
                 tracing::warn!(%error, "heartbeat not sent");
             }
         }
