@@ -235,7 +235,8 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
         | Command::Worker { .. }
         | Command::Sidecar { .. }
         | Command::Dev { .. }
-        | Command::MonitorLauncher { .. } => bail!("not a client verb"),
+        | Command::MonitorLauncher { .. }
+        | Command::NatsAuth { .. } => bail!("not a client verb"),
     }
 }
 

@@ -7,6 +7,7 @@ mod client;
 mod config;
 mod dev;
 mod metrics;
+mod nats_auth;
 mod status;
 mod telemetry;
 mod watch;
@@ -217,6 +218,24 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         coordinators: u32,
     },
+    /// Write the NATS users and permissions of a cluster: `DIR/auth.conf` for
+    /// nats-server (included by deploy/nats/*.conf) and `DIR/<user>.env` with
+    /// each identity's credentials. Existing passwords are kept.
+    NatsAuth {
+        /// Where to write the files (created 0700).
+        #[arg(long)]
+        out: PathBuf,
+        /// Coordinator names (users `coordinator-<name>`), comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        coordinators: Vec<String>,
+        /// Worker machine ids (users `worker-<id>` and `sidecar-<id>`), comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        machines: Vec<WorkerId>,
+        /// Users of the clients' account (people, CI, agent harnesses; operators
+        /// too), comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        users: Vec<String>,
+    },
     /// Submit a task; prints its id.
     Submit {
         #[arg(long, default_value = "shell")]
@@ -369,6 +388,7 @@ fn main() -> ExitCode {
             | Command::Sidecar(_)
             | Command::Dev { .. }
             | Command::MonitorLauncher { .. }
+            | Command::NatsAuth { .. }
     ) {
         // A client verb piped into `head` ends quietly on a closed pipe, as
         // command-line tools do, instead of panicking in `println!`.
@@ -475,6 +495,15 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             let opts =
                 tenure_sidecar::Options { layout: tenure_sidecar::Layout::new(data_dir), worker, nats: cfg.nats };
             tenure_sidecar::run(opts, shutdown_signal()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::NatsAuth { out, coordinators, machines, users } => {
+            let plan = nats_auth::Plan { coordinators, machines, users };
+            let identities = nats_auth::write(&out, &plan)?;
+            println!("wrote {}", out.join(nats_auth::AUTH_FILE).display());
+            for id in identities {
+                println!("  {:<12} {:<24} {}", id.role.name(), id.user, id.env_file(&out).display());
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Dev { data_dir, nats_port, workers, slots, coordinators } => {

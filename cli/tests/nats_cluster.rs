@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{deploy_config, Cluster, RoleAuth};
+use common::{deploy_config, Cluster, Creds};
 use tenure_testkit::{eventually, NatsCluster};
 
 const BOUND: Duration = Duration::from_secs(45);
@@ -29,11 +29,9 @@ async fn replication(js: &async_nats::jetstream::Context, stream: &str) -> Optio
 
 #[test]
 fn three_node_nats_loses_a_node_and_the_leader_coordinator_without_losing_or_repeating_a_task() {
-    let auth = RoleAuth::generate();
-    let env = auth.server_env();
-    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let auth = Creds::generate();
     let configs: Vec<_> = (1..=3).map(|i| deploy_config(&format!("cluster-{i}.conf"))).collect();
-    let nats = NatsCluster::start_from_configs(&configs, &env).expect("3-node NATS cluster");
+    let nats = NatsCluster::start_from_configs(&configs, auth.dir.path(), &[]).expect("3-node NATS cluster");
     assert_eq!(nats.url.split(',').count(), 3);
     let mut c = Cluster::on(nats, Some(auth));
     let mut flags = vec!["--replicas", "3"];
@@ -48,7 +46,7 @@ fn three_node_nats_loses_a_node_and_the_leader_coordinator_without_losing_or_rep
     // Every tenure stream and bucket is replicated on all three nodes.
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let registry_leader = rt.block_on(async {
-        let client = tenure_transport::connect(&c.nats_options("coordinator"), "tenure-test", false)
+        let client = tenure_transport::connect(&c.nats_options("coordinator-c1"), "tenure-test", false)
             .await
             .expect("connect as coordinator");
         let js = async_nats::jetstream::new(client);

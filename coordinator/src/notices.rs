@@ -114,7 +114,8 @@ impl Notices {
             client.flush().await.map_err(|e| unavailable("acknowledging", &e))?;
             return Ok(ApiResponse::Notices(Vec::new()));
         }
-        let stream = self.js.get_stream(subjects::NOTICES_STREAM).await.map_err(|e| unavailable("notice stream", &e))?;
+        let stream =
+            self.js.get_stream(subjects::NOTICES_STREAM).await.map_err(|e| unavailable("notice stream", &e))?;
         let consumer: consumer::PullConsumer = stream
             .get_or_create_consumer(
                 &name,
@@ -177,7 +178,9 @@ mod tests {
         let token = format!("{alice}1.7.3.1764587000000000000.0");
         assert!(is_ack_of(&token, &alice));
         assert!(!is_ack_of(&token, &bob));
-        for bad in [alice.clone(), format!("{alice}>"), format!("{alice}1.*"), format!("{alice}1..2"), format!("{alice}1 2")] {
+        for bad in
+            [alice.clone(), format!("{alice}>"), format!("{alice}1.*"), format!("{alice}1..2"), format!("{alice}1 2")]
+        {
             assert!(!is_ack_of(&bad, &alice), "{bad}");
         }
         assert!(!is_ack_of("$JS.API.STREAM.PURGE.TENURE_REGISTRY", &alice));

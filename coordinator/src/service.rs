@@ -94,7 +94,7 @@ fn wall_ms() -> u64 {
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     opts.lease.validate()?;
     let client = tenure_transport::connect(&opts.nats, &format!("tenure-coordinator-{}", opts.name), true).await?;
-    Trust::of(&client).announce("coordinator");
+    Trust::announce(&client, "coordinator");
     let clock = Clock::new();
     let holder = format!("{}:{}", opts.name, uuid::Uuid::new_v4().simple());
     let elector = Elector::start(client.clone(), opts.replicas, &opts.name, holder, opts.lease, clock).await?;
@@ -325,7 +325,6 @@ async fn lead<F: Future<Output = ()>>(
         standbys: HashMap::new(),
     };
 
-    let trust = Trust::of(client);
     let subscribe = |s: &'static str| {
         let client = client.clone();
         async move { client.subscribe(s).await }
@@ -360,7 +359,7 @@ async fn lead<F: Future<Output = ()>>(
                 let reply_to = tenure_transport::identity::reply_to(&msg);
                 let request = tenure_protocol::decode::<ApiRequest>(&msg.payload)
                     .map_err(|error| ApiError::InvalidRequest(error.to_string()))
-                    .and_then(|request| authenticate(trust, msg.headers.as_ref(), request));
+                    .and_then(|request| authenticate(Trust::of(client), msg.headers.as_ref(), request));
                 match request {
                     Ok(ApiRequest::Notices { session, acks, max, wait_ms }) => {
                         // Read from the stream, not the core: served beside the loop.
@@ -469,7 +468,11 @@ async fn lead<F: Future<Output = ()>>(
 
 /// Replaces the owner a request claims with the one the transport vouches for
 /// (see [`tenure_transport::identity`]); refused when there is none.
-fn authenticate(trust: Trust, headers: Option<&async_nats::HeaderMap>, mut request: ApiRequest) -> Result<ApiRequest, ApiError> {
+fn authenticate(
+    trust: Trust,
+    headers: Option<&async_nats::HeaderMap>,
+    mut request: ApiRequest,
+) -> Result<ApiRequest, ApiError> {
     if let Some(session) = request.session_mut() {
         *session = identity::owner(trust, headers, session).map_err(|e| ApiError::Unauthenticated(e.to_string()))?;
     }

@@ -57,13 +57,7 @@ const CONCURRENT: usize = 64;
 
 /// Answers input requests until aborted; each is handled in its own task so a
 /// task that does not read its input never delays input for another.
-pub(crate) async fn serve(
-    client: async_nats::Client,
-    subject: String,
-    trust: Trust,
-    store: StoreHandle,
-    layout: Layout,
-) {
+pub(crate) async fn serve(client: async_nats::Client, subject: String, store: StoreHandle, layout: Layout) {
     let mut requests = match client.subscribe(subject.clone()).await {
         Ok(sub) => sub,
         Err(error) => {
@@ -79,6 +73,7 @@ pub(crate) async fn serve(
             debug!("input request without an inbox to answer");
             continue;
         };
+        let trust = Trust::of(&client);
         let Ok(slot) = slots.clone().acquire_owned().await else { return };
         let (client, store, layout, locks) = (client.clone(), store.clone(), layout.clone(), locks.clone());
         tokio::spawn(async move {
@@ -107,7 +102,8 @@ async fn deliver(
     deadline: Instant,
 ) -> InputReply {
     let req: InputRequest = decode(&msg.payload).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-    let caller = owner(trust, msg.headers.as_ref(), &req.session).map_err(|e| ApiError::Unauthenticated(e.to_string()))?;
+    let caller =
+        owner(trust, msg.headers.as_ref(), &req.session).map_err(|e| ApiError::Unauthenticated(e.to_string()))?;
     let size = req.data.len();
     if size == 0 || size > MAX_INPUT_BYTES {
         return Err(ApiError::InputSize { size: size as u64, max: MAX_INPUT_BYTES as u64 });

@@ -147,10 +147,9 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
             return Err(e.into());
         }
     };
-    let trust = Trust::of(&nats);
-    trust.announce("sidecar");
+    Trust::announce(&nats, "sidecar");
     let output_task =
-        tokio::spawn(serve_output(nats.clone(), subjects::output(&worker), trust, handle.clone(), layout.clone()));
+        tokio::spawn(serve_output(nats.clone(), subjects::output(&worker), handle.clone(), layout.clone()));
     let evidence_task = {
         let (store, layout, client, subject) =
             (handle.clone(), layout.clone(), nats.clone(), subjects::evidence(&worker));
@@ -165,8 +164,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
             async move { serve_leader(client, subject, "cleanup jobs", |req| cleanup(req, &store, &layout)).await },
         )
     };
-    let input_task =
-        tokio::spawn(crate::input::serve(nats, subjects::input(&worker), trust, handle.clone(), layout.clone()));
+    let input_task = tokio::spawn(crate::input::serve(nats, subjects::input(&worker), handle.clone(), layout.clone()));
     info!(worker = %worker, socket = %socket.display(), "sidecar serving");
 
     let mut shutdown = std::pin::pin!(shutdown);
@@ -507,7 +505,7 @@ async fn serve_connection(stream: UnixStream, store: StoreHandle) {
 
 /// Answers output reads until aborted. Each request is decoded, checked against
 /// the owner of the task's latest attempt, and answered from the output file.
-async fn serve_output(client: async_nats::Client, subject: String, trust: Trust, store: StoreHandle, layout: Layout) {
+async fn serve_output(client: async_nats::Client, subject: String, store: StoreHandle, layout: Layout) {
     let mut requests = match client.subscribe(subject.clone()).await {
         Ok(sub) => sub,
         Err(error) => {
@@ -520,7 +518,7 @@ async fn serve_output(client: async_nats::Client, subject: String, trust: Trust,
             debug!("output request without an inbox to answer");
             continue;
         };
-        let reply = read_output(&store, &layout, &msg, trust).await;
+        let reply = read_output(&store, &layout, &msg, Trust::of(&client)).await;
         let bytes = encode(&reply).or_else(|error| {
             warn!(%error, "output reply too large to encode");
             encode(&OutputReply::Err(ApiError::Unavailable(format!("cannot encode the reply: {error}"))))
@@ -535,7 +533,8 @@ async fn serve_output(client: async_nats::Client, subject: String, trust: Trust,
 
 async fn read_output(store: &StoreHandle, layout: &Layout, msg: &async_nats::Message, trust: Trust) -> OutputReply {
     let req: OutputRequest = decode(&msg.payload).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-    let caller = owner(trust, msg.headers.as_ref(), &req.session).map_err(|e| ApiError::Unauthenticated(e.to_string()))?;
+    let caller =
+        owner(trust, msg.headers.as_ref(), &req.session).map_err(|e| ApiError::Unauthenticated(e.to_string()))?;
     let not_found = || ApiError::NotFound(req.task.to_string());
     // The phase is read before the file: if the attempt had exited by then, every
     // byte it wrote is already in the file, so `finished` never hides a tail.

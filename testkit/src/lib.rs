@@ -67,23 +67,27 @@ impl NatsServer {
 
     /// Starts nats-server from a shipped configuration file: every
     /// `127.0.0.1:PORT` in it moved to a free port, `store_dir` to a directory
-    /// of its own, the files it includes copied next to it, `env` set (e.g. the
-    /// passwords it reads), its log in [`NatsServer::log`]. Waits until it
-    /// accepts connections.
-    pub fn start_from_config(config: &Path, env: &[(&str, &str)]) -> anyhow::Result<NatsServer> {
+    /// of its own, the files it includes copied next to it from `includes`
+    /// (e.g. the `auth.conf` that `tenure nats-auth` generated), `env` set, its
+    /// log in [`NatsServer::log`]. Waits until it accepts connections.
+    pub fn start_from_config(config: &Path, includes: &Path, env: &[(&str, &str)]) -> anyhow::Result<NatsServer> {
         let mut ports = PortMap::default();
-        Self::spawn_config(config, &mut ports, env)?.wait_listening_then()
+        Self::spawn_config(config, includes, &mut ports, env)?.wait_listening_then()
     }
 
-    fn spawn_config(config: &Path, ports: &mut PortMap, env: &[(&str, &str)]) -> anyhow::Result<NatsServer> {
+    fn spawn_config(
+        config: &Path,
+        includes: &Path,
+        ports: &mut PortMap,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<NatsServer> {
         let text = std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
         let store = tempfile::tempdir()?;
         let (text, listen, http) = rewrite_config(&text, ports, &store.path().join("jetstream"));
-        let source_dir = config.parent().unwrap_or(Path::new("."));
         for line in text.lines() {
             if let Some(name) = line.trim().strip_prefix("include ") {
                 let name = name.trim().trim_matches('"');
-                std::fs::copy(source_dir.join(name), store.path().join(name))
+                std::fs::copy(includes.join(name), store.path().join(name))
                     .with_context(|| format!("copying included {name}"))?;
             }
         }
@@ -170,11 +174,15 @@ impl NatsCluster {
     /// with every loopback port moved to a free one consistently across the
     /// files (so the routes still name each other), and waits until every node
     /// reports JetStream healthy.
-    pub fn start_from_configs(configs: &[PathBuf], env: &[(&str, &str)]) -> anyhow::Result<NatsCluster> {
+    pub fn start_from_configs(
+        configs: &[PathBuf],
+        includes: &Path,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<NatsCluster> {
         let mut ports = PortMap::default();
         let mut nodes = Vec::new();
         for config in configs {
-            nodes.push(NatsServer::spawn_config(config, &mut ports, env)?);
+            nodes.push(NatsServer::spawn_config(config, includes, &mut ports, env)?);
         }
         for node in &nodes {
             node.wait_listening()?;

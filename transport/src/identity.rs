@@ -40,6 +40,9 @@ pub enum Trust {
 
 impl Trust {
     /// What the connected server says of itself (its INFO's `auth_required`).
+    /// Read it per request: before the first connection (a daemon connects in
+    /// the background) the client holds no INFO yet, while a request that
+    /// arrived came through a connection that has one.
     pub fn of(client: &async_nats::Client) -> Trust {
         if client.server_info().auth_required {
             Trust::Authenticated
@@ -48,8 +51,19 @@ impl Trust {
         }
     }
 
-    /// Logs, once per daemon start, what the trust mode means.
-    pub fn announce(self, daemon: &str) {
+    /// Logs, once the client is connected, what the server's trust mode means
+    /// for `daemon` (in the background; nothing if it never connects).
+    pub fn announce(client: &async_nats::Client, daemon: &'static str) {
+        let client = client.clone();
+        tokio::spawn(async move {
+            while client.connection_state() != async_nats::connection::State::Connected {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Trust::of(&client).log(daemon);
+        });
+    }
+
+    fn log(self, daemon: &str) {
         match self {
             Trust::Authenticated => {
                 tracing::info!(daemon, "NATS authenticates its users: callers are the users the server vouches for")
@@ -89,8 +103,7 @@ struct RequestInfo {
 /// The authenticated user that sent a request, from the server's request info.
 pub fn caller(headers: Option<&HeaderMap>) -> Result<String, Error> {
     let value = headers.and_then(|h| h.get(REQUEST_INFO)).ok_or(Error::Missing)?;
-    let info: RequestInfo =
-        serde_json::from_str(value.as_str()).map_err(|e| Error::Unreadable(e.to_string()))?;
+    let info: RequestInfo = serde_json::from_str(value.as_str()).map_err(|e| Error::Unreadable(e.to_string()))?;
     if info.acc.is_empty() || info.user.is_empty() {
         return Err(Error::Unreadable("no account or user named".into()));
     }

@@ -129,7 +129,9 @@ impl NatsOptions {
     /// otherwise. A user name that is not one subject token keeps `_INBOX`.
     pub fn inbox_prefix(&self) -> String {
         match &self.user {
-            Some(u) if !u.is_empty() && u.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'@' | b'-')) => {
+            Some(u)
+                if !u.is_empty() && u.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'@' | b'-')) =>
+            {
                 format!("_INBOX_{u}")
             }
             _ => "_INBOX".to_owned(),

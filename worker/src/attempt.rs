@@ -451,7 +451,9 @@ async fn report_once(
         epoch: shared.epoch_seen().max(epoch),
         event,
     };
-    tenure_transport::request(&shared.client, subjects::report(&shared.opts.id), &report, Duration::from_secs(2)).await.ok()
+    tenure_transport::request(&shared.client, subjects::report(&shared.opts.id), &report, Duration::from_secs(2))
+        .await
+        .ok()
 }
 
 /// Start-up recovery from the sidecar's records and the attempts' files.
