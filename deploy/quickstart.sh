@@ -19,17 +19,23 @@ port="${TENURE_QUICKSTART_PORT:-4222}"
 while (echo >"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 1)); done
 data="$PWD/.tenure-dev/quickstart"
 mkdir -p "$data"
-export TENURE_NATS="nats://127.0.0.1:$port"
+rm -f "$data/dev.env"
 
-step "starting a local cluster on $TENURE_NATS (data and logs in $data)"
+step "starting a local cluster on 127.0.0.1:$port (data and logs in $data)"
 "$tenure" dev --data-dir "$data" --nats-port "$port" --workers 2 >"$data.log" 2>&1 &
 dev_pid=$!
 trap 'kill -TERM $dev_pid 2>/dev/null || true; wait $dev_pid 2>/dev/null || true' EXIT
-for _ in $(seq 1 100); do
-  if "$tenure" status 2>/dev/null | grep -q ' yes '; then break; fi
+for _ in $(seq 1 150); do
+  # The cluster is secured: dev.env holds alice's credentials (one of the
+  # users `tenure dev` creates), written once the cluster is up.
+  if [ -f "$data/dev.env" ]; then
+    set -a; . "$data/dev.env"; set +a
+    if "$tenure" status 2>/dev/null | grep -q ' yes '; then break; fi
+  fi
   if ! kill -0 $dev_pid 2>/dev/null; then cat "$data.log"; exit 1; fi
   sleep 0.2
 done
+echo "acting as $TENURE_NATS_USER (set -a; . $data/dev.env; set +a)"
 "$tenure" status
 
 step "submitting: sh -c 'for i in 1 2 3; do echo line-\$i; sleep 0.2; done'"

@@ -4,6 +4,13 @@
 //! described in `DATA/cluster.json` (with every component's command line, so a
 //! killed coordinator can be started again by hand) and stopped cleanly on
 //! Ctrl-C / SIGTERM.
+//!
+//! Secure by default: it generates the NATS layout of `tenure nats-auth`
+//! into `DATA/creds/` (a user per coordinator and per machine's worker and
+//! sidecar, and the users `alice`, `bob` and `operator` — the coordinators'
+//! operator — in the clients' account), starts nats-server with it and
+//! JetStream's `sync_interval: always`, and every daemon with its own
+//! credentials. `DATA/dev.env` makes a shell act as `alice`.
 
 use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
@@ -14,6 +21,8 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde::Serialize;
 use tokio::process::{Child, Command};
+
+use crate::nats_auth;
 
 pub struct DevOptions {
     pub data_dir: PathBuf,
@@ -35,15 +44,32 @@ struct Component {
     name: String,
     pid: u32,
     command: Vec<String>,
+    /// The credentials it runs with (`set -a; . FILE` before `command` to
+    /// start it again by hand).
+    env_file: Option<PathBuf>,
     log: PathBuf,
+}
+
+/// How a client acts as one of the dev cluster's users.
+#[derive(Serialize)]
+struct ClientIdentity {
+    user: String,
+    password: String,
+    /// `TENURE_NATS_USER` and `TENURE_NATS_PASSWORD`, for `set -a; . FILE`.
+    env_file: PathBuf,
 }
 
 #[derive(Serialize)]
 struct ClusterFile<'a> {
     nats_url: &'a str,
     data_dir: &'a Path,
+    /// The users of the clients' account, by name.
+    identities: std::collections::BTreeMap<String, ClientIdentity>,
     components: &'a [Component],
 }
+
+/// The users of the clients' account a dev cluster starts with.
+const DEV_USERS: [&str; 3] = ["alice", "bob", "operator"];
 
 struct Running {
     name: String,
@@ -99,19 +125,28 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
         bail!("port {} is already in use; stop what runs there or pass --nats-port", opts.nats_port);
     }
 
-    let mut plan: Vec<(String, Vec<String>)> = vec![(
-        "nats".into(),
-        vec![
-            nats_bin.display().to_string(),
-            "-a".into(),
-            "127.0.0.1".into(),
-            "-p".into(),
-            opts.nats_port.to_string(),
-            "-js".into(),
-            "-sd".into(),
-            data.join("nats").display().to_string(),
-        ],
-    )];
+    let creds = data.join("creds");
+    let auth_plan = nats_auth::Plan {
+        coordinators: (1..=opts.coordinators.max(1)).map(|i| format!("c{i}")).collect(),
+        machines: (1..=opts.workers).map(|i| format!("w{i}").parse()).collect::<Result<_, _>>()?,
+        users: DEV_USERS.iter().map(|u| u.to_string()).collect(),
+    };
+    let identities = nats_auth::write(&creds, &auth_plan).context("generating the cluster's credentials")?;
+    let env_of = |user: &str| identities.iter().find(|i| i.user == user).map(|i| i.env_file(&creds));
+    let nats_conf = data.join("nats.conf");
+    std::fs::write(
+        &nats_conf,
+        format!(
+            "# Written by `tenure dev`.\nlisten: 127.0.0.1:{port}\ninclude \"creds/{auth}\"\n\
+             jetstream {{\n  store_dir: \"{store}\"\n  sync_interval: always\n}}\n",
+            port = opts.nats_port,
+            auth = nats_auth::AUTH_FILE,
+            store = data.join("nats").display()
+        ),
+    )?;
+
+    let mut plan: Vec<(String, Vec<String>, Option<PathBuf>)> =
+        vec![("nats".into(), vec![nats_bin.display().to_string(), "-c".into(), nats_conf.display().to_string()], None)];
     let tenure = |args: &[&str]| -> Vec<String> {
         let mut v = vec![exe.display().to_string(), "--nats".into(), url.clone()];
         v.extend(args.iter().map(|s| s.to_string()));
@@ -119,24 +154,33 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     };
     for i in 1..=opts.coordinators.max(1) {
         let name = format!("c{i}");
-        plan.push((format!("coordinator-{name}"), tenure(&["coordinator", "--name", &name])));
+        plan.push((
+            format!("coordinator-{name}"),
+            tenure(&["coordinator", "--name", &name, "--operator", "operator"]),
+            env_of(&format!("coordinator-{name}")),
+        ));
     }
     for i in 1..=opts.workers {
         let id = format!("w{i}");
         let dir = data.join("workers").join(&id).display().to_string();
-        plan.push((format!("sidecar-{id}"), tenure(&["sidecar", "--worker", &id, "--data-dir", &dir])));
+        plan.push((
+            format!("sidecar-{id}"),
+            tenure(&["sidecar", "--worker", &id, "--data-dir", &dir]),
+            env_of(&format!("sidecar-{id}")),
+        ));
         let slots = opts.slots.to_string();
         plan.push((
             format!("worker-{id}"),
             tenure(&["worker", "--id", &id, "--slots", &slots, "--data-dir", &dir, "--kill-tasks-on-exit"]),
+            env_of(&format!("worker-{id}")),
         ));
     }
 
     let mut running: Vec<Running> = Vec::new();
     let mut components = Vec::new();
-    for (name, argv) in plan {
+    for (name, argv, env_file) in plan {
         let log = logs.join(format!("{name}.log"));
-        let child = match spawn(&argv, &log) {
+        let child = match spawn(&argv, env_file.as_deref(), &log) {
             Ok(c) => c,
             Err(e) => {
                 stop_all(&mut running).await;
@@ -144,7 +188,7 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
             }
         };
         eprintln!("started {name:<16} pid {:<7} log {}", child.id().unwrap_or(0), log.display());
-        components.push(Component { name: name.clone(), pid: child.id().unwrap_or(0), command: argv, log });
+        components.push(Component { name: name.clone(), pid: child.id().unwrap_or(0), command: argv, env_file, log });
         running.push(Running { name: name.clone(), child });
         if name == "nats" && !wait_for_port(opts.nats_port, Duration::from_secs(20)).await {
             stop_all(&mut running).await;
@@ -155,11 +199,31 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
             );
         }
     }
-    let cluster = ClusterFile { nats_url: &url, data_dir: &data, components: &components };
+    let clients = identities
+        .iter()
+        .filter(|i| DEV_USERS.contains(&i.user.as_str()))
+        .map(|i| {
+            let id = ClientIdentity { user: i.user.clone(), password: i.password.clone(), env_file: i.env_file(&creds) };
+            (i.user.clone(), id)
+        })
+        .collect();
+    let cluster = ClusterFile { nats_url: &url, data_dir: &data, identities: clients, components: &components };
     let cluster_path = data.join("cluster.json");
-    std::fs::write(&cluster_path, serde_json::to_vec_pretty(&cluster)?)?;
+    write_private(&cluster_path, &serde_json::to_vec_pretty(&cluster)?)?;
+    // A shell that sources this acts as alice on this cluster.
+    let alice = identities.iter().find(|i| i.user == "alice").context("alice's credentials")?;
+    let dev_env = data.join("dev.env");
+    let text = format!(
+        "TENURE_NATS={url}\nTENURE_NATS_USER={}\nTENURE_NATS_PASSWORD={}\n",
+        alice.user, alice.password
+    );
+    write_private(&dev_env, text.as_bytes())?;
     eprintln!("cluster up: {url}; described in {}", cluster_path.display());
-    eprintln!("try: tenure --nats {url} submit -- echo hello; press Ctrl-C to stop the cluster");
+    eprintln!("act as alice in a shell:  set -a; . {}; set +a", dev_env.display());
+    eprintln!(
+        "then: tenure submit -- echo hello   (bob and operator: {}/{{bob,operator}}.env); Ctrl-C stops the cluster",
+        creds.display()
+    );
 
     tokio::pin!(shutdown);
     let exit = loop {
@@ -188,17 +252,41 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     Ok(exit)
 }
 
-fn spawn(argv: &[String], log: &Path) -> anyhow::Result<Child> {
+/// Writes a file only its owner can read.
+fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
+    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    f.write_all(bytes)?;
+    Ok(())
+}
+
+/// The `NAME=VALUE` lines of a credentials file.
+fn read_env_file(path: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect())
+}
+
+fn spawn(argv: &[String], env_file: Option<&Path>, log: &Path) -> anyhow::Result<Child> {
     let file = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
     let err = file.try_clone()?;
     let (bin, args) = argv.split_first().ok_or_else(|| anyhow!("empty command"))?;
     let mut command = Command::new(bin);
-    // The local nats-server has no users and no TLS: NATS connection settings
-    // of the caller's environment are meant for another cluster.
+    // NATS connection settings of the caller's environment are meant for
+    // another cluster: each component gets its own credentials, and no TLS.
     for (name, _) in std::env::vars_os() {
         if name.to_str().is_some_and(|n| n.starts_with("TENURE_NATS") && n != "TENURE_NATS_SERVER") {
             command.env_remove(name);
         }
+    }
+    if let Some(file) = env_file {
+        command.envs(read_env_file(file)?);
     }
     Ok(command
         .args(args)

@@ -108,7 +108,8 @@ fn the_shipped_example_files_are_valid() {
         let file = dir.join(format!("{daemon}.toml")).display().to_string();
         let mut args = vec![daemon, "--config", &file, "--print-config"];
         args.extend(extra);
-        let out = tenure(&args, &[("TENURE_NATS_PASSWORD", "from-the-env-file")]);
+        let env = [("TENURE_NATS_USER", "from-the-env-file"), ("TENURE_NATS_PASSWORD", "from-the-env-file")];
+        let out = tenure(&args, &env);
         assert!(out.status.success(), "{daemon}: {}", stderr(&out));
         let shown: toml::Table = toml::from_str(&stdout(&out)).unwrap();
         assert_eq!(shown["nats"]["servers"].as_array().map(Vec::len), Some(3), "{daemon}");
