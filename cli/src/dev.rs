@@ -203,7 +203,8 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
         .iter()
         .filter(|i| DEV_USERS.contains(&i.user.as_str()))
         .map(|i| {
-            let id = ClientIdentity { user: i.user.clone(), password: i.password.clone(), env_file: i.env_file(&creds) };
+            let id =
+                ClientIdentity { user: i.user.clone(), password: i.password.clone(), env_file: i.env_file(&creds) };
             (i.user.clone(), id)
         })
         .collect();
@@ -213,10 +214,7 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     // A shell that sources this acts as alice on this cluster.
     let alice = identities.iter().find(|i| i.user == "alice").context("alice's credentials")?;
     let dev_env = data.join("dev.env");
-    let text = format!(
-        "TENURE_NATS={url}\nTENURE_NATS_USER={}\nTENURE_NATS_PASSWORD={}\n",
-        alice.user, alice.password
-    );
+    let text = format!("TENURE_NATS={url}\nTENURE_NATS_USER={}\nTENURE_NATS_PASSWORD={}\n", alice.user, alice.password);
     write_private(&dev_env, text.as_bytes())?;
     eprintln!("cluster up: {url}; described in {}", cluster_path.display());
     eprintln!("act as alice in a shell:  set -a; . {}; set +a", dev_env.display());
