@@ -56,7 +56,20 @@ impl Drop for Metrics {
 /// Installs the global meter provider when `addr` is set or an OTLP endpoint
 /// is configured, and serves `GET /metrics` on `addr`. Must run inside the
 /// runtime (the endpoint is a task of it).
+///
+/// Metrics name tasks, workers and rates: an endpoint on anything but
+/// loopback requires a bearer token, read from `TENURE_METRICS_TOKEN` (the
+/// environment only: a secret never goes in a flag or a file), and refuses
+/// to start without one.
 pub async fn start(role: &str, addr: Option<SocketAddr>) -> anyhow::Result<Metrics> {
+    let token = std::env::var("TENURE_METRICS_TOKEN").ok().filter(|t| !t.is_empty());
+    if let Some(addr) = addr {
+        if !addr.ip().is_loopback() && token.is_none() {
+            anyhow::bail!(
+                "invalid configuration: metrics on {addr}, off loopback, need a bearer token: set TENURE_METRICS_TOKEN"
+            );
+        }
+    }
     let otlp = ["OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"]
         .iter()
         .any(|v| std::env::var(v).is_ok_and(|s| !s.trim().is_empty()))
@@ -79,17 +92,29 @@ pub async fn start(role: &str, addr: Option<SocketAddr>) -> anyhow::Result<Metri
             .with_context(|| format!("invalid configuration: cannot listen for metrics on {addr}"))?;
         tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "metrics served at /metrics");
         builder = builder.with_reader(reader.clone());
-        tokio::spawn(serve(listener, reader));
+        tokio::spawn(serve(listener, reader, token.map(Arc::<str>::from)));
     }
     let provider = builder.build();
     opentelemetry::global::set_meter_provider(provider.clone());
     Ok(Metrics { provider: Some(provider) })
 }
 
-async fn serve(listener: tokio::net::TcpListener, reader: Shared) {
+/// Whether the request head carries `Authorization: Bearer <token>`
+/// (compared in constant time).
+fn authorized(head: &str, token: &str) -> bool {
+    let given = head.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.trim().eq_ignore_ascii_case("authorization").then(|| value.trim())
+    });
+    let Some(given) = given.and_then(|v| v.strip_prefix("Bearer ")) else { return false };
+    let (a, b) = (given.trim().as_bytes(), token.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn serve(listener: tokio::net::TcpListener, reader: Shared, token: Option<Arc<str>>) {
     loop {
         let Ok((mut stream, _)) = listener.accept().await else { continue };
-        let reader = reader.clone();
+        let (reader, token) = (reader.clone(), token.clone());
         tokio::spawn(async move {
             // One small request: the request line is all that matters.
             let mut buf = vec![0u8; 4096];
@@ -99,7 +124,9 @@ async fn serve(listener: tokio::net::TcpListener, reader: Shared) {
             };
             let head = String::from_utf8_lossy(&buf[..n]);
             let path = head.split_whitespace().nth(1).unwrap_or("");
-            let (status, body) = if head.starts_with("GET ") && (path == "/metrics" || path.starts_with("/metrics?")) {
+            let (status, body) = if token.as_deref().is_some_and(|t| !authorized(&head, t)) {
+                ("401 Unauthorized", "a bearer token is required\n".to_owned())
+            } else if head.starts_with("GET ") && (path == "/metrics" || path.starts_with("/metrics?")) {
                 let mut rm = ResourceMetrics::default();
                 match reader.collect(&mut rm) {
                     Ok(()) => ("200 OK", render(&rm)),
@@ -217,6 +244,16 @@ fn write_metric<T: Copy + std::fmt::Display>(
 mod tests {
     use super::*;
     use opentelemetry::metrics::MeterProvider as _;
+
+    #[test]
+    fn only_the_right_bearer_token_is_authorized() {
+        let head = |auth: &str| format!("GET /metrics HTTP/1.1\r\nHost: x\r\n{auth}\r\n\r\n");
+        assert!(authorized(&head("Authorization: Bearer s3cret"), "s3cret"));
+        assert!(authorized(&head("authorization:   Bearer s3cret  "), "s3cret"));
+        for bad in ["Authorization: Bearer s3cre", "Authorization: Bearer s3cret2", "Authorization: s3cret", ""] {
+            assert!(!authorized(&head(bad), "s3cret"), "{bad}");
+        }
+    }
 
     #[test]
     fn renders_counters_gauges_and_histograms() {

@@ -67,7 +67,12 @@ async fn own_running(api: &Api) -> anyhow::Result<Vec<TaskSnapshot>> {
 
 fn nats_line(api: &Api) -> String {
     let info = api.client.server_info();
-    format!(
+    let trust = if info.auth_required {
+        String::new()
+    } else {
+        "\nWARNING: this NATS server authenticates nobody: anyone can act as any owner; see docs/security.md".to_owned()
+    };
+    let line = format!(
         "nats: {:?} to {} ({} {}, {}:{})",
         api.client.connection_state(),
         if info.server_name.is_empty() { "?" } else { &info.server_name },
@@ -80,7 +85,8 @@ fn nats_line(api: &Api) -> String {
         info.host,
         info.port
     )
-    .to_lowercase()
+    .to_lowercase();
+    line + &trust
 }
 
 /// One view of the cluster, as text.

@@ -239,3 +239,36 @@ fn each_daemon_serves_its_metrics_in_the_prometheus_format() {
     shows(&sidecar, "tenure_sidecar_flush_duration_seconds_count", 4.0);
     shows(&sidecar, "tenure_sidecar_requests_total{request=\"intent\"}", 1.0);
 }
+
+#[test]
+fn metrics_off_loopback_need_a_token_and_a_token_is_enforced() {
+    let mut c = Cluster::start(0);
+    let d = c.worker_dir("w1").display().to_string();
+    let open = c.spawn_env(
+        "sidecar-open",
+        &["sidecar", "--worker", "w1", "--data-dir", &d],
+        &[("TENURE_METRICS_ADDR", "0.0.0.0:9")],
+    );
+    let status = open.wait_exit(BOUND).expect("a sidecar serving metrics to the network without a token exited");
+    assert!(!status.success());
+    assert!(open.log_text().contains("TENURE_METRICS_TOKEN"), "{}", open.log_text());
+
+    let addr = format!("127.0.0.1:{}", tenure_testkit::free_port());
+    c.spawn_env(
+        "sidecar-w1",
+        &["sidecar", "--worker", "w1", "--data-dir", &d],
+        &[("TENURE_METRICS_ADDR", &addr), ("TENURE_METRICS_TOKEN", "tok-123")],
+    );
+    let get = |auth: &str| {
+        let mut stream = std::net::TcpStream::connect(&addr).ok()?;
+        stream.write_all(format!("GET /metrics HTTP/1.1\r\nhost: tenure\r\n{auth}\r\n").as_bytes()).ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).ok()?;
+        Some(text)
+    };
+    let refused = eventually(BOUND, || get("").filter(|t| t.starts_with("HTTP/1.1 401")));
+    assert!(refused.is_some(), "no 401 without a token: {:?}", get(""));
+    assert!(get("authorization: Bearer wrong\r\n").is_some_and(|t| t.starts_with("HTTP/1.1 401")));
+    let ok = get("authorization: Bearer tok-123\r\n").unwrap_or_default();
+    assert!(ok.starts_with("HTTP/1.1 200") && ok.contains("# TYPE"), "{ok}");
+}
