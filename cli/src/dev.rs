@@ -130,6 +130,7 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
         coordinators: (1..=opts.coordinators.max(1)).map(|i| format!("c{i}")).collect(),
         machines: (1..=opts.workers).map(|i| format!("w{i}").parse()).collect::<Result<_, _>>()?,
         users: DEV_USERS.iter().map(|u| u.to_string()).collect(),
+        routes: Vec::new(),
     };
     let identities = nats_auth::write(&creds, &auth_plan).context("generating the cluster's credentials")?;
     let env_of = |user: &str| identities.iter().find(|i| i.user == user).map(|i| i.env_file(&creds));

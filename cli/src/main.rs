@@ -235,6 +235,10 @@ enum Command {
         /// too), comma-separated.
         #[arg(long, value_delimiter = ',')]
         users: Vec<String>,
+        /// Route addresses (`host:port`) of every node of a NATS cluster: also
+        /// write `routes.conf`, so that the nodes authenticate each other.
+        #[arg(long, value_delimiter = ',')]
+        routes: Vec<String>,
     },
     /// Submit a task; prints its id.
     Submit {
@@ -497,8 +501,8 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             tenure_sidecar::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::NatsAuth { out, coordinators, machines, users } => {
-            let plan = nats_auth::Plan { coordinators, machines, users };
+        Command::NatsAuth { out, coordinators, machines, users, routes } => {
+            let plan = nats_auth::Plan { coordinators, machines, users, routes };
             let identities = nats_auth::write(&out, &plan)?;
             println!("wrote {}", out.join(nats_auth::AUTH_FILE).display());
             for id in identities {

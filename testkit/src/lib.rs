@@ -87,7 +87,11 @@ impl NatsServer {
         for line in text.lines() {
             if let Some(name) = line.trim().strip_prefix("include ") {
                 let name = name.trim().trim_matches('"');
-                std::fs::copy(includes.join(name), store.path().join(name))
+                // Ports in it (e.g. the routes of `routes.conf`) move with the rest.
+                let included =
+                    std::fs::read_to_string(includes.join(name)).with_context(|| format!("reading included {name}"))?;
+                let (included, _, _) = rewrite_config(&included, ports, &store.path().join("jetstream"));
+                std::fs::write(store.path().join(name), included)
                     .with_context(|| format!("copying included {name}"))?;
             }
         }
