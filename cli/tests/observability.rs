@@ -116,8 +116,14 @@ fn parse(export: &Value) -> Vec<Span> {
     out
 }
 
+/// Held by the tests that point this process's environment (inherited by every
+/// process they start) at a collector: one at a time, or one's daemons export
+/// to the other's collector.
+static OTEL_ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn a_task_is_one_trace_across_client_coordinator_worker_and_sidecar() {
+    let _env = OTEL_ENV.lock().unwrap_or_else(|e| e.into_inner());
     let (endpoint, spans) = receiver();
     // Every process this test starts inherits the exporter configuration.
     std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint);
@@ -179,6 +185,7 @@ fn a_task_is_one_trace_across_client_coordinator_worker_and_sidecar() {
 
 #[test]
 fn a_dead_collector_never_holds_up_a_task() {
+    let _env = OTEL_ENV.lock().unwrap_or_else(|e| e.into_inner());
     // An endpoint nobody listens on: exports fail in the background.
     let port = tenure_testkit::free_port();
     std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{port}"));
