@@ -131,6 +131,7 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
         machines: (1..=opts.workers).map(|i| format!("w{i}").parse()).collect::<Result<_, _>>()?,
         users: DEV_USERS.iter().map(|u| u.to_string()).collect(),
         routes: Vec::new(),
+        tls_hosts: Vec::new(),
     };
     let identities = nats_auth::write(&creds, &auth_plan).context("generating the cluster's credentials")?;
     let env_of = |user: &str| identities.iter().find(|i| i.user == user).map(|i| i.env_file(&creds));

@@ -239,6 +239,11 @@ enum Command {
         /// write `routes.conf`, so that the nodes authenticate each other.
         #[arg(long, value_delimiter = ',')]
         routes: Vec<String>,
+        /// Names and IP addresses clients reach the NATS servers by: also
+        /// write a CA (`ca.pem`, kept on reruns), a server certificate for them
+        /// and `tls.conf` to include, and point every credentials file at the CA.
+        #[arg(long, value_delimiter = ',')]
+        tls_hosts: Vec<String>,
     },
     /// Submit a task; prints its id.
     Submit {
@@ -501,8 +506,8 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             tenure_sidecar::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::NatsAuth { out, coordinators, machines, users, routes } => {
-            let plan = nats_auth::Plan { coordinators, machines, users, routes };
+        Command::NatsAuth { out, coordinators, machines, users, routes, tls_hosts } => {
+            let plan = nats_auth::Plan { coordinators, machines, users, routes, tls_hosts };
             let identities = nats_auth::write(&out, &plan)?;
             println!("wrote {}", out.join(nats_auth::AUTH_FILE).display());
             for id in identities {

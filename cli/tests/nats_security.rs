@@ -417,3 +417,34 @@ fn a_machine_credential_cannot_speak_for_another_machine() {
     let workers = status["workers"].as_array().cloned().unwrap_or_default();
     assert!(workers.iter().all(|w| w["id"] != "w2" && w["slots"] != 64), "the forgery was believed: {status}");
 }
+
+#[test]
+fn a_generated_ca_secures_the_connections_of_every_process() {
+    let auth = common::Creds::generate_with(&["--tls-hosts", "127.0.0.1,localhost"]);
+    // The shipped single-node configuration, serving clients over TLS as its
+    // comment says: with the `tls.conf` that nats-auth wrote included.
+    let conf = auth.dir.path().join("single-tls.conf");
+    let shipped = std::fs::read_to_string(common::deploy_config("single.conf")).expect("single.conf");
+    std::fs::write(&conf, format!("{shipped}\ninclude \"tls.conf\"\n")).expect("write");
+    let server = tenure_testkit::NatsServer::start_from_config(&conf, auth.dir.path(), &[]).expect("nats-server");
+    let mut c = Cluster::on(tenure_testkit::NatsCluster::single(server), Some(auth));
+    c.spawn_coordinator("c1", &[]);
+    c.start_worker("w1");
+    c.wait_workers(1);
+    let task = c.submit(&["--", "echo over-tls"]);
+    c.wait_status(&task, "completed", BOUND);
+    assert_eq!(stdout(&c.cli(&["logs", &task])), "over-tls\n", "{}", c.logs());
+
+    // Without the CA, the server's certificate is not trusted: refused at connect.
+    let auth = c.auth.as_ref().expect("secured");
+    let without_ca: Vec<(String, String)> =
+        auth.env("alice").into_iter().filter(|(k, _)| k != "TENURE_NATS_TLS_CA").collect();
+    let out = std::process::Command::new(BIN)
+        .args(["--nats", &c.nats.url, "status"])
+        .env_remove("TENURE_NATS_TLS_CA")
+        .envs(without_ca)
+        .output()
+        .expect("run tenure");
+    assert!(!out.status.success(), "a client that does not trust the CA connected");
+    assert!(stderr(&out).to_lowercase().contains("certificate"), "{}", stderr(&out));
+}

@@ -76,6 +76,11 @@ pub struct Creds {
 
 impl Creds {
     pub fn generate() -> Creds {
+        Creds::generate_with(&[])
+    }
+
+    /// Like [`Creds::generate`], with more `tenure nats-auth` flags.
+    pub fn generate_with(extra: &[&str]) -> Creds {
         let dir = tempfile::tempdir().expect("tempdir");
         let out = Command::new(BIN)
             .args(["nats-auth", "--out"])
@@ -83,6 +88,7 @@ impl Creds {
             .args(["--coordinators", "c1,c2,c3", "--machines", "w1,w2,w3", "--users", "alice,bob,operator"])
             // The routes of deploy/nats/cluster-{1,2,3}.conf (moved to free ports with them).
             .args(["--routes", "127.0.0.1:6222,127.0.0.1:6223,127.0.0.1:6224"])
+            .args(extra)
             .output()
             .expect("run tenure nats-auth");
         assert!(out.status.success(), "nats-auth: {}", String::from_utf8_lossy(&out.stderr));
