@@ -122,6 +122,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     let layout = Layout::new(&opts.data_dir);
     layout.create_dirs().map_err(|e| Error::Layout(e.to_string()))?;
     let client = tenure_transport::connect(&opts.nats, &format!("tenure-worker-{}", opts.id), true).await?;
+    tenure_transport::identity::Trust::announce(&client, "worker");
     let sidecar = SidecarClient::new(layout.socket_path());
     let shared = Arc::new(Shared {
         launcher: Launcher::new(opts.monitor_program.clone(), layout.root().to_path_buf()),
