@@ -8,7 +8,7 @@
 //!   daemons. Each coordinator, each machine's worker and each machine's
 //!   sidecar is its own user, allowed exactly the subjects of its role *and
 //!   its machine*: worker `w1` publishes heartbeats and reports only on
-//!   `….w1` subjects and reads only `tenure.worker.w1.cmd`; sidecar `w1`
+//!   `….w1` subjects and reads only `tenure.worker.w1.>`; sidecar `w1`
 //!   serves only `tenure.sidecar.w1.*` and publishes nothing but answers.
 //!   Every user reads replies only under its own inbox prefix.
 //! - **Account `CLIENTS`** holds the people and programs that use the cluster,
@@ -140,7 +140,7 @@ fn permissions(user: &str, role: &Role) -> String {
     let (publish, subscribe, responses) = match role {
         Role::Coordinator => (
             list(&[
-                "tenure.worker.*.cmd".into(),
+                "tenure.worker.>".into(),
                 "tenure.sidecar.*.evidence".into(),
                 "tenure.sidecar.*.cleanup".into(),
                 subjects::EPOCH_ANNOUNCE.into(),
@@ -162,7 +162,7 @@ fn permissions(user: &str, role: &Role) -> String {
         ),
         Role::Worker(w) => (
             list(&[subjects::heartbeat(w), subjects::report(w)]),
-            list(&[subjects::worker_commands(w), subjects::EPOCH_ANNOUNCE.into(), inbox]),
+            list(&[subjects::worker_all(w), subjects::EPOCH_ANNOUNCE.into(), inbox]),
             true,
         ),
         Role::Sidecar(w) => (
@@ -405,7 +405,7 @@ mod tests {
         let conf = render(&ids, |p| Ok(p.to_owned())).unwrap();
         let line = |user: &str| conf.lines().find(|l| l.contains(&format!("user: \"{user}\""))).unwrap().to_owned();
         let worker = line("worker-w1");
-        assert!(worker.contains("\"tenure.coord.heartbeat.w1\"") && worker.contains("\"tenure.worker.w1.cmd\""));
+        assert!(worker.contains("\"tenure.coord.heartbeat.w1\"") && worker.contains("\"tenure.worker.w1.>\""));
         assert!(!worker.contains('*'), "a worker reaches only its own subjects: {worker}");
         let sidecar = line("sidecar-w1");
         assert!(sidecar.contains("deny: [\">\"]") && sidecar.contains("\"tenure.sidecar.w1.evidence\""));

@@ -405,6 +405,7 @@ fn a_machine_credential_cannot_speak_for_another_machine() {
             epoch_seen: tenure_protocol::Epoch(0),
             attempts: Vec::new(),
             sidecar: Default::default(),
+            replaces: None,
         };
         let bytes = tenure_protocol::encode(&forged).expect("encode");
         w2.publish("tenure.coord.heartbeat.w2", bytes.into()).await.expect("publish");

@@ -115,10 +115,19 @@ pub enum Effect {
     /// Append this record to the registry (conditionally). Must succeed before
     /// any later effect of the same batch is carried out.
     Persist(Box<TaskRecord>),
-    /// Send a command to a worker; its answer comes back as `Input::CommandResult`.
+    /// Send a command to a worker — to the instance the id is bound to; its
+    /// answer comes back as `Input::CommandResult`.
     Command {
         worker: WorkerId,
+        instance: Uuid,
         command: WorkerCommand,
+    },
+    /// Tell a second live process with a bound worker id to stop (published on
+    /// the id's shared subject; no answer).
+    InstanceTaken {
+        worker: WorkerId,
+        instance: Uuid,
+        holder: Uuid,
     },
     /// Send a cleanup job to a worker machine's sidecar; the answer comes back
     /// as `Input::CleanupResult`.
@@ -156,6 +165,11 @@ pub enum Effect {
 
 #[derive(Debug, Clone)]
 struct WorkerState {
+    /// The process this worker id is bound to: commands go to it alone, and
+    /// heartbeats of another live process with the id are refused. `None`
+    /// until the first heartbeat to this leader (a worker known from the
+    /// registry at takeover): commands wait for it.
+    instance: Option<Uuid>,
     slots: u32,
     kinds: BTreeSet<Kind>,
     last_seen: Duration,
@@ -244,6 +258,7 @@ impl Core {
             }
             if let (true, Some(w)) = (r.life.status.is_on_worker(), &r.life.worker) {
                 core.workers.entry(w.clone()).or_insert(WorkerState {
+                    instance: None,
                     slots: 0,
                     kinds: BTreeSet::new(),
                     last_seen: now.mono,
@@ -588,7 +603,22 @@ impl Core {
             });
             return;
         }
+        if let Some((w, holder)) = self.workers.get(&hb.worker).and_then(|w| Some((w, w.instance?))) {
+            let holder_live = w.alive && now.mono.saturating_sub(w.last_seen) < self.cfg.worker_ttl;
+            if holder != hb.instance {
+                if holder_live && hb.replaces != Some(holder) {
+                    tracing::warn!(
+                        worker = %hb.worker, instance = %hb.instance, %holder,
+                        "a second live process claims this worker id (the same id on two hosts?): refused, told to stop"
+                    );
+                    fx.push(Effect::InstanceTaken { worker: hb.worker, instance: hb.instance, holder });
+                    return;
+                }
+                tracing::info!(worker = %hb.worker, instance = %hb.instance, previous = %holder, "worker id bound to a new process");
+            }
+        }
         let w = self.workers.entry(hb.worker.clone()).or_insert(WorkerState {
+            instance: Some(hb.instance),
             slots: 0,
             kinds: BTreeSet::new(),
             last_seen: now.mono,
@@ -598,6 +628,7 @@ impl Core {
         if !w.alive {
             tracing::info!(worker = %hb.worker, "worker is back");
         }
+        w.instance = Some(hb.instance);
         w.slots = hb.slots;
         w.kinds = hb.kinds.into_iter().collect();
         w.last_seen = now.mono;
@@ -675,6 +706,8 @@ impl Core {
         let (task, attempt, epoch, is_kill) = match &command {
             WorkerCommand::Grant(g) => (g.task.clone(), g.attempt, g.epoch, false),
             WorkerCommand::Kill(k) => (k.task.clone(), k.attempt, k.epoch, true),
+            // Published, never answered.
+            WorkerCommand::InstanceTaken { .. } => return,
         };
         match result {
             Ok(WorkerReply::Accepted) => {}
@@ -823,6 +856,11 @@ impl Core {
         }
     }
 
+    /// The process `worker` is bound to, once one heartbeated to this leader.
+    fn instance_of(&self, worker: &WorkerId) -> Option<Uuid> {
+        self.workers.get(worker).and_then(|w| w.instance)
+    }
+
     fn send_grant(&mut self, task: &TaskId, now: Now, fx: &mut Vec<Effect>) {
         let Some(r) = self.tasks.get(task) else { return };
         let Some(worker) = r.life.worker.clone() else { return };
@@ -833,16 +871,19 @@ impl Core {
             owner: r.owner.clone(),
             spec: r.spec.clone(),
         };
+        // Sent only to a bound process; until one heartbeats, the retry sends it.
+        let Some(instance) = self.instance_of(&worker) else { return };
         self.sent.insert(task.clone(), now.mono);
-        fx.push(Effect::Command { worker, command: WorkerCommand::Grant(grant) });
+        fx.push(Effect::Command { worker, instance, command: WorkerCommand::Grant(grant) });
     }
 
     fn send_kill(&mut self, task: &TaskId, now: Now, fx: &mut Vec<Effect>) {
         let Some(r) = self.tasks.get(task) else { return };
         let Some(worker) = r.life.worker.clone() else { return };
         let kill = KillCommand { task: task.clone(), attempt: r.life.attempt, epoch: self.epoch.max(r.life.epoch) };
+        let Some(instance) = self.instance_of(&worker) else { return };
         self.sent.insert(task.clone(), now.mono);
-        fx.push(Effect::Command { worker, command: WorkerCommand::Kill(kill) });
+        fx.push(Effect::Command { worker, instance, command: WorkerCommand::Kill(kill) });
     }
 
     // ------------------------------------------------------------ lifecycle

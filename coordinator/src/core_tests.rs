@@ -65,6 +65,7 @@ impl Harness {
             epoch_seen: Epoch(3),
             attempts: Vec::<HeldAttempt>::new(),
             sidecar: Default::default(),
+            replaces: None,
         }))
     }
 
@@ -89,7 +90,7 @@ impl Harness {
 fn grants(fx: &[Effect]) -> Vec<(WorkerId, LeaseGrant)> {
     fx.iter()
         .filter_map(|e| match e {
-            Effect::Command { worker, command: WorkerCommand::Grant(g) } => Some((worker.clone(), g.clone())),
+            Effect::Command { worker, command: WorkerCommand::Grant(g), .. } => Some((worker.clone(), g.clone())),
             _ => None,
         })
         .collect()
@@ -318,6 +319,7 @@ fn an_unreachable_machine_makes_non_idempotent_tasks_unknown_and_idempotent_ones
         epoch_seen: Epoch(3),
         attempts: vec![HeldAttempt { task: again.clone(), attempt: Attempt(1) }],
         sidecar: Default::default(),
+        replaces: None,
     }));
     let kills: Vec<&KillCommand> = fx
         .iter()
@@ -758,6 +760,7 @@ fn matched_lines_are_notified_once_each_and_repeats_change_nothing() {
         epoch_seen: Epoch(3),
         attempts: Vec::new(),
         sidecar: Default::default(),
+        replaces: None,
     }));
     let (fx, reply) =
         h.api(ApiRequest::Submit(SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec }));
@@ -948,4 +951,60 @@ fn a_new_leader_republishes_the_notices_of_recent_unreported_ends_only() {
     };
     assert_eq!(ids(next.pending_notices(Some(claim_ms - 1000))), [recent.to_string()]);
     assert_eq!(ids(next.pending_notices(None)), [old.to_string(), recent.to_string()]);
+}
+
+/// A heartbeat of `worker` from process `instance`, naming the process it replaces.
+fn beat_from(h: &mut Harness, worker: &str, instance: u128, replaces: Option<u128>) -> Vec<Effect> {
+    h.input(Input::Heartbeat(Heartbeat {
+        worker: w(worker),
+        instance: Uuid::from_u128(instance),
+        slots: 4,
+        kinds: vec![Kind::shell()],
+        epoch_seen: Epoch(3),
+        attempts: Vec::<HeldAttempt>::new(),
+        sidecar: Default::default(),
+        replaces: replaces.map(Uuid::from_u128),
+    }))
+}
+
+fn taken(fx: &[Effect]) -> Option<(Uuid, Uuid)> {
+    fx.iter().find_map(|e| match e {
+        Effect::InstanceTaken { instance, holder, .. } => Some((*instance, *holder)),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_worker_id_is_bound_to_one_live_process_and_commands_go_to_it_alone() {
+    let mut h = Harness::new();
+    assert!(taken(&beat_from(&mut h, "w1", 1, None)).is_none());
+    // A second live process with the same id (another host): refused, named,
+    // and it receives nothing.
+    let fx = beat_from(&mut h, "w1", 2, None);
+    assert_eq!(taken(&fx), Some((Uuid::from_u128(2), Uuid::from_u128(1))));
+    let fx = beat_from(&mut h, "w1", 2, Some(77));
+    assert!(taken(&fx).is_some(), "naming a process other than the holder proves nothing");
+    let submit =
+        SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec: TaskSpec::shell("t", "true") };
+    let (fx, reply) = h.api(ApiRequest::Submit(submit));
+    let Some(Ok(ApiResponse::Submitted { task: t, .. })) = reply else { panic!("{reply:?}") };
+    let sent: Vec<Uuid> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Command { instance, .. } => Some(*instance),
+            _ => None,
+        })
+        .collect();
+    assert!(!sent.is_empty() && sent.iter().all(|i| *i == Uuid::from_u128(1)), "{fx:?}");
+    assert_eq!(h.status(&t), Status::Leased);
+
+    // A restarted process names its predecessor: bound at once.
+    let fx = beat_from(&mut h, "w1", 3, Some(1));
+    assert!(taken(&fx).is_none(), "{fx:?}");
+    assert!(taken(&beat_from(&mut h, "w1", 1, None)).is_some(), "the old process is now the second one");
+
+    // A holder silent for the worker TTL gives the id up to whoever comes next.
+    h.advance(CoreConfig::default().worker_ttl);
+    assert!(taken(&beat_from(&mut h, "w1", 4, None)).is_none());
+    assert!(taken(&beat_from(&mut h, "w1", 3, None)).is_some());
 }

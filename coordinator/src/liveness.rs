@@ -109,7 +109,8 @@ impl Core {
             }
             tracing::info!(%worker, task = %h.task, attempt = %h.attempt, current = %r.life.attempt, "stopping a stale copy");
             let kill = KillCommand { task: h.task.clone(), attempt: h.attempt, epoch: self.epoch };
-            fx.push(Effect::Command { worker: worker.clone(), command: WorkerCommand::Kill(kill) });
+            let Some(instance) = self.instance_of(worker) else { continue };
+            fx.push(Effect::Command { worker: worker.clone(), instance, command: WorkerCommand::Kill(kill) });
         }
     }
 }

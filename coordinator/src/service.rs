@@ -611,7 +611,7 @@ fn traced(headers: Option<&async_nats::HeaderMap>, make: impl FnOnce() -> tracin
 /// The span a command to a worker is sent in: a grant continues the trace of
 /// its task's submit (stored in the record, so a new leader continues it too).
 fn effect_span(effect: &Effect, core: &Core, epoch: Epoch) -> Option<tracing::Span> {
-    let Effect::Command { worker, command: WorkerCommand::Grant(g) } = effect else { return None };
+    let Effect::Command { worker, command: WorkerCommand::Grant(g), .. } = effect else { return None };
     let trace = core.task(&g.task)?.trace.as_deref()?;
     let span = tracing::info_span!("lease", task = %g.task, attempt = %g.attempt, epoch = %epoch, worker = %worker);
     tenure_transport::trace::continue_from(&span, tenure_transport::trace::from_traceparent(Some(trace)));
@@ -654,9 +654,21 @@ async fn execute(effect: Effect, out: &Outbox<'_>, guard: &mut Guard, visibility
         Effect::Persist(_) | Effect::Forget { .. } => {
             Err(Stop::StepDown("a registry append bypassed the pipeline".to_owned()))
         }
-        Effect::Command { worker, command } => {
-            let subject = subjects::worker_commands(&worker);
+        Effect::Command { worker, instance, command } => {
+            let subject = subjects::instance_commands(&worker, &instance);
             out.in_background(subject, command, |command, result| Input::CommandResult { worker, command, result });
+            Ok(())
+        }
+        Effect::InstanceTaken { worker, instance, holder } => {
+            let taken = WorkerCommand::InstanceTaken { instance, holder };
+            match tenure_protocol::encode(&taken) {
+                Ok(bytes) => {
+                    if let Err(error) = client.publish(subjects::worker_commands(&worker), bytes.into()).await {
+                        tracing::warn!(%worker, %error, "could not tell a second process that its worker id is taken");
+                    }
+                }
+                Err(error) => tracing::error!(%error, "instance notice could not be encoded"),
+            }
             Ok(())
         }
         Effect::Cleanup { worker, request } => {

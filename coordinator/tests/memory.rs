@@ -85,6 +85,7 @@ fn a_finished_noop_task_costs_the_core_little_heap() {
         epoch_seen: Epoch(3),
         attempts: Vec::new(),
         sidecar: Default::default(),
+        replaces: None,
     };
     core.handle(Input::Heartbeat(heartbeat), now);
     run(&mut core, &mut now, 100);

@@ -472,6 +472,11 @@ pub struct Heartbeat {
     /// How the machine's sidecar answered the worker's last probe.
     #[serde(default)]
     pub sidecar: SidecarHealth,
+    /// The instance that ran on this machine's data directory before this
+    /// one: a restarted worker takes its own predecessor's place at once,
+    /// while a second live process with the same id is refused.
+    #[serde(default)]
+    pub replaces: Option<Uuid>,
 }
 
 /// A worker machine's sidecar as its worker last saw it.
@@ -550,6 +555,14 @@ pub enum ReportAck {
 pub enum WorkerCommand {
     Grant(LeaseGrant),
     Kill(KillCommand),
+    /// Published (no reply) on the worker id's shared subject: a live
+    /// instance `holder` holds this worker id, so instance `instance` — a
+    /// second process configured with the same id — must stop. Every other
+    /// instance ignores it.
+    InstanceTaken {
+        instance: Uuid,
+        holder: Uuid,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

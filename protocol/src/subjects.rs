@@ -82,9 +82,22 @@ pub fn machine_of(subject: &str) -> Option<WorkerId> {
     subject.rsplit('.').next()?.parse().ok()
 }
 
-/// Commands from the leader to one worker (request/reply).
+/// The shared subject of a worker id: every process running with that id
+/// listens here; the leader publishes `InstanceTaken` here.
 pub fn worker_commands(worker: &WorkerId) -> String {
     format!("tenure.worker.{worker}.cmd")
+}
+
+/// Commands from the leader to one worker process, the instance the leader
+/// bound the id to (request/reply): a second process with the same id never
+/// receives them, so it can neither run a grant nor answer for the first.
+pub fn instance_commands(worker: &WorkerId, instance: &uuid::Uuid) -> String {
+    format!("tenure.worker.{worker}.{}.cmd", instance.simple())
+}
+
+/// Every command subject of one worker id (a worker's subscription permission).
+pub fn worker_all(worker: &WorkerId) -> String {
+    format!("tenure.worker.{worker}.>")
 }
 
 /// Output reads served by a worker machine's sidecar (request/reply).

@@ -58,6 +58,14 @@ impl Layout {
         self.root.join("sidecar-db")
     }
 
+    /// The id of the worker process that last ran on this directory: a
+    /// restarted worker names its predecessor in its heartbeats, so the leader
+    /// binds the worker id to it at once instead of taking it for a second
+    /// process with the same id.
+    pub fn instance_path(&self) -> PathBuf {
+        self.root.join("worker.instance")
+    }
+
     /// The unix socket the sidecar listens on.
     pub fn socket_path(&self) -> PathBuf {
         self.root.join("sidecar.sock")

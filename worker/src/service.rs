@@ -78,6 +78,13 @@ pub enum Error {
     Subscribe(String),
     #[error("data dir: {0}")]
     Layout(String),
+    /// The leader bound this worker id to another live process: the same id
+    /// runs on another host (or another data directory). Nothing was run.
+    #[error(
+        "worker id {worker} is taken: the leader bound it to another live process (instance {holder}); \
+         this process (instance {instance}) stops. Give each machine its own id"
+    )]
+    IdTaken { worker: WorkerId, instance: Uuid, holder: Uuid },
 }
 
 /// One attempt this worker holds (keyed by task and attempt: a returning
@@ -136,12 +143,19 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     });
     attempt::recover(&shared).await;
 
-    let mut commands = client
-        .subscribe(subjects::worker_commands(&shared.opts.id))
-        .await
-        .map_err(|e| Error::Subscribe(e.to_string()))?;
-    let mut epochs = client.subscribe(subjects::EPOCH_ANNOUNCE).await.map_err(|e| Error::Subscribe(e.to_string()))?;
     let instance = Uuid::new_v4();
+    let replaces = take_instance(&shared.layout, instance)?;
+    // Commands come on this process's own subject; the id's shared subject
+    // carries only the leader's word that the id is taken.
+    let subscribe = |subject: String| {
+        let client = client.clone();
+        async move { client.subscribe(subject).await.map_err(|e| Error::Subscribe(e.to_string())) }
+    };
+    let mut commands = futures::stream::select(
+        subscribe(subjects::instance_commands(&shared.opts.id, &instance)).await?,
+        subscribe(subjects::worker_commands(&shared.opts.id)).await?,
+    );
+    let mut epochs = client.subscribe(subjects::EPOCH_ANNOUNCE).await.map_err(|e| Error::Subscribe(e.to_string()))?;
     // Heartbeats run apart from command handling, so a slow sidecar call never
     // makes a live worker look lost.
     let beats = {
@@ -150,15 +164,24 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
             let mut beat = tokio::time::interval(shared.opts.heartbeat);
             loop {
                 beat.tick().await;
-                heartbeat(&shared, instance).await;
+                heartbeat(&shared, instance, replaces).await;
             }
         })
     };
     tracing::info!(worker = %shared.opts.id, slots = shared.opts.slots, %instance, "worker ready");
     tokio::pin!(shutdown);
+    // Set once the leader said another live process holds this id: this one
+    // runs nothing new, finishes reporting what it holds, then stops.
+    let mut taken: Option<Uuid> = None;
+    let mut drain = tokio::time::interval(Duration::from_millis(250));
     loop {
+        if let Some(holder) = taken.filter(|_| shared.held().is_empty()) {
+            beats.abort();
+            return Err(Error::IdTaken { worker: shared.opts.id.clone(), instance, holder });
+        }
         tokio::select! {
             _ = &mut shutdown => break,
+            _ = drain.tick(), if taken.is_some() => continue,
             Some(msg) = epochs.next() => match tenure_protocol::decode::<Epoch>(&msg.payload) {
                 // A new leader announced itself: the machine's fence moves up at
                 // once, before any command of the old leader can arrive late.
@@ -183,6 +206,16 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                     }
                     Ok(WorkerCommand::Grant(grant)) => on_grant(&shared, grant).await,
                     Ok(WorkerCommand::Kill(kill)) => on_kill(&shared, kill).await,
+                    Ok(WorkerCommand::InstanceTaken { instance: refused, holder }) => {
+                        if refused == instance && taken.is_none() {
+                            tracing::error!(
+                                worker = %shared.opts.id, %instance, %holder, running = shared.held().len(),
+                                "worker id taken by another live process: no new work comes here; stopping once the attempts held here are reported"
+                            );
+                            taken = Some(holder);
+                        }
+                        continue;
+                    }
                     Err(error) => {
                         tracing::warn!(%error, "malformed command refused");
                         WorkerReply::Refused(Refusal::Malformed(error.to_string()))
@@ -203,7 +236,24 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     Ok(())
 }
 
-async fn heartbeat(shared: &Shared, instance: Uuid) {
+/// Records `instance` as the process running on this data directory and
+/// returns the one recorded before it (flushed before any heartbeat names it).
+fn take_instance(layout: &Layout, instance: Uuid) -> Result<Option<Uuid>, Error> {
+    let path = layout.instance_path();
+    let previous = std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok());
+    let write = || -> std::io::Result<()> {
+        let tmp = path.with_extension("tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        std::io::Write::write_all(&mut f, instance.to_string().as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        std::fs::File::open(layout.root())?.sync_all()
+    };
+    write().map_err(|e| Error::Layout(format!("cannot record the worker instance in {}: {e}", path.display())))?;
+    Ok(previous)
+}
+
+async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>) {
     let attempts =
         shared.held().keys().map(|(task, attempt)| HeldAttempt { task: task.clone(), attempt: *attempt }).collect();
     // A probe that changes nothing: the sidecar answers it unless it is down.
@@ -223,6 +273,7 @@ async fn heartbeat(shared: &Shared, instance: Uuid) {
         epoch_seen: shared.epoch_seen(),
         attempts,
         sidecar,
+        replaces,
     };
     match tenure_protocol::encode(&hb) {
         Ok(bytes) => {

@@ -377,12 +377,14 @@ impl Cluster {
                     }
                     self.append(ctx, s, epoch, *record);
                 }
-                Effect::Command { worker, command } => {
+                Effect::Command { worker, command, .. } => {
                     let w = worker_index(&worker);
                     let line = if ctx.trace.enabled { fmt_command(&command) } else { String::new() };
                     let asked = Asked::Command { worker: w, command: command.clone() };
                     ask_machine(ctx, s, term_id, epoch, w, line, asked, |req| Msg::Command { req, command });
                 }
+                // The model runs one process per worker id: never sent.
+                Effect::InstanceTaken { worker, .. } => ctx.note(|| format!("c{s} refuses a second {worker}")),
                 // Retention is days; a schedule lasts minutes: nothing is collected.
                 Effect::Forget { task, .. } => {
                     ctx.note(|| format!("c{s} forgets {task} (not modelled)"));

@@ -414,6 +414,7 @@ pub fn fmt_command(c: &WorkerCommand) -> String {
     match c {
         WorkerCommand::Grant(g) => format!("grant {}#{} e{}", g.task, g.attempt, g.epoch),
         WorkerCommand::Kill(k) => format!("kill {}#{} e{}", k.task, k.attempt, k.epoch),
+        WorkerCommand::InstanceTaken { instance, .. } => format!("taken {instance}"),
     }
 }
 

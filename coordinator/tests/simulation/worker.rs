@@ -150,6 +150,9 @@ struct Detached {
 struct WorkerProc {
     incarnation: u64,
     instance: Uuid,
+    /// The instance that ran on this machine before (the data directory's
+    /// record of it), named in heartbeats as the real worker does.
+    replaces: Option<Uuid>,
     epoch_seen: Epoch,
     /// Start-up recovery done; until then it neither heartbeats nor takes commands.
     recovered: bool,
@@ -172,6 +175,8 @@ pub struct Host {
     worker_down_until: u64,
     next_pid: i32,
     incarnations: u64,
+    /// The worker instance last started on this machine (its data directory's record).
+    last_instance: Option<Uuid>,
     /// When the next heartbeat is due.
     next_beat: u64,
     bug: Bug,
@@ -205,6 +210,7 @@ impl Host {
             worker_down_until: 0,
             next_pid: 100,
             incarnations: 0,
+            last_instance: None,
             next_beat: first_beat,
             bug,
         }
@@ -331,9 +337,11 @@ impl Host {
         }
         if self.worker.is_none() && ctx.now >= self.worker_down_until {
             self.incarnations += 1;
+            let instance = Uuid::from_u128(ctx.rng.gen());
             self.worker = Some(WorkerProc {
                 incarnation: self.incarnations,
-                instance: Uuid::from_u128(ctx.rng.gen()),
+                instance,
+                replaces: self.last_instance.replace(instance),
                 epoch_seen: Epoch(0),
                 recovered: false,
                 held: BTreeMap::new(),
@@ -381,6 +389,7 @@ impl Host {
                 .keys()
                 .map(|(task, attempt)| HeldAttempt { task: task.clone(), attempt: *attempt })
                 .collect(),
+            replaces: w.replaces,
         };
         ctx.bus.send(&mut ctx.rng, ctx.now, self.node(), Dest::Coordinators, Msg::Heartbeat(hb));
     }
@@ -472,6 +481,8 @@ impl Host {
                 let reply = match command {
                     WorkerCommand::Grant(g) => self.on_grant(ctx, g),
                     WorkerCommand::Kill(k) => self.on_kill(ctx, k),
+                    // The model runs one process per worker id.
+                    WorkerCommand::InstanceTaken { .. } => None,
                 };
                 let Some(reply) = reply else { return };
                 let line = if ctx.trace.enabled { format!("{reply:?}") } else { String::new() };
