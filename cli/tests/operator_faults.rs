@@ -1,13 +1,16 @@
 //! Operator mistakes, over real processes: a worker id configured on two
 //! machines at once must neither run a task twice nor take over the running
 //! worker's id; a worker restarted on its own data directory takes its place
-//! back at once. The ledger the tasks append to is the judge.
+//! back at once; a machine whose data directory was wiped never runs its
+//! tasks again and says so. The ledger the tasks append to is the judge.
 
 mod common;
 
 use std::time::Duration;
 
-use common::Cluster;
+use common::{group_alive, Cluster};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
 use tenure_testkit::eventually;
 
 const BOUND: Duration = Duration::from_secs(40);
@@ -59,4 +62,50 @@ fn a_worker_restarted_on_its_own_data_directory_takes_its_id_back_at_once() {
     assert!(log.contains("worker id bound to a new process"), "{log}");
     assert!(!log.contains("a second live process claims"), "the restart was taken for a second process:\n{log}");
     assert!(eventually(BOUND, || c.daemon("worker-w1").log_text().contains("worker ready").then_some(())).is_some());
+}
+
+/// Three tasks run on w1; the machine's processes die and its data directory
+/// is deleted; worker and sidecar start again with the same id on an empty one.
+/// Every task ends `unknown` with `machine-replaced`, none runs again, and the
+/// machine takes new work.
+#[test]
+fn a_wiped_machine_never_runs_its_tasks_again_and_says_its_store_was_replaced() {
+    let mut c = Cluster::start(1);
+    let ledger = c.dir.path().join("ledger");
+    let line = |i: usize| format!("echo run-{i} >> {}; sleep 60", ledger.display());
+    let tasks: Vec<String> = (0..3).map(|i| c.submit(&["--", &line(i)])).collect();
+    for t in &tasks {
+        c.wait_status(t, "running", BOUND);
+    }
+    eventually(BOUND, || (std::fs::read_to_string(&ledger).unwrap_or_default().lines().count() == 3).then_some(()))
+        .expect("all three ran once");
+    // The machine goes down with everything on it: daemons, monitors, tasks.
+    let groups: Vec<i32> = std::fs::read_dir(c.worker_dir("w1").join("attempts"))
+        .expect("attempts")
+        .filter_map(|e| tenure_sidecar::attempt_files::AttemptFiles::new(e.ok()?.path()).pgid())
+        .collect();
+    assert_eq!(groups.len(), 3);
+    c.kill9("worker-w1");
+    c.kill9("sidecar-w1");
+    for g in &groups {
+        let _ = killpg(Pid::from_raw(*g), Signal::SIGKILL);
+    }
+    for g in &groups {
+        eventually(BOUND, || (!group_alive(*g)).then_some(())).expect("task group gone");
+    }
+    std::fs::remove_dir_all(c.worker_dir("w1")).expect("wipe the data directory");
+    c.start_worker("w1");
+
+    for t in &tasks {
+        let snap = c.wait_status(t, "unknown", Duration::from_secs(60));
+        assert_eq!(snap["hint"]["tag"], "machine-replaced", "{snap}\n{}", c.logs());
+        assert_eq!(snap["attempt"], 1, "{snap}");
+    }
+    let next = c.submit(&["--", "echo fresh"]);
+    c.wait_status(&next, "completed", Duration::from_secs(60));
+    let text = std::fs::read_to_string(&ledger).expect("ledger");
+    assert_eq!(text.lines().count(), 3, "a task ran again on the new store:\n{text}");
+    for t in &tasks {
+        assert_eq!(c.snapshot(t)["status"], "unknown", "late evidence changed nothing");
+    }
 }

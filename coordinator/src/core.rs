@@ -170,6 +170,9 @@ struct WorkerState {
     /// until the first heartbeat to this leader (a worker known from the
     /// registry at takeover): commands wait for it.
     instance: Option<Uuid>,
+    /// The incarnation of the machine's store, as the last heartbeat that
+    /// knew it said.
+    incarnation: Option<Uuid>,
     slots: u32,
     kinds: BTreeSet<Kind>,
     last_seen: Duration,
@@ -210,6 +213,12 @@ pub struct Core {
     waiters: HashMap<TaskId, Vec<Waiter>>,
     /// When the sidecar of a lost worker was last asked about a task.
     asked: HashMap<TaskId, Duration>,
+    /// Started tasks whose live worker has not listed their attempt, by how
+    /// many heartbeats in a row; and tasks whose machine is doubted (its store
+    /// was replaced, or it stopped listing them): their evidence is asked for
+    /// although the worker lives.
+    unlisted: HashMap<TaskId, u32>,
+    doubted: HashSet<TaskId>,
     /// When a task's cleanup job was last sent, and how often.
     cleanup_tries: HashMap<TaskId, (Duration, u32)>,
     /// When the garbage collector last ran.
@@ -244,6 +253,8 @@ impl Core {
             not_before: HashMap::new(),
             waiters: HashMap::new(),
             asked: HashMap::new(),
+            unlisted: HashMap::new(),
+            doubted: HashSet::new(),
             cleanup_tries: HashMap::new(),
             last_gc: None,
             children: HashMap::new(),
@@ -259,6 +270,7 @@ impl Core {
             if let (true, Some(w)) = (r.life.status.is_on_worker(), &r.life.worker) {
                 core.workers.entry(w.clone()).or_insert(WorkerState {
                     instance: None,
+                    incarnation: None,
                     slots: 0,
                     kinds: BTreeSet::new(),
                     last_seen: now.mono,
@@ -619,6 +631,7 @@ impl Core {
         }
         let w = self.workers.entry(hb.worker.clone()).or_insert(WorkerState {
             instance: Some(hb.instance),
+            incarnation: None,
             slots: 0,
             kinds: BTreeSet::new(),
             last_seen: now.mono,
@@ -629,12 +642,16 @@ impl Core {
             tracing::info!(worker = %hb.worker, "worker is back");
         }
         w.instance = Some(hb.instance);
+        if hb.incarnation.is_some() {
+            w.incarnation = hb.incarnation;
+        }
         w.slots = hb.slots;
         w.kinds = hb.kinds.into_iter().collect();
         w.last_seen = now.mono;
         w.alive = true;
         w.sidecar = hb.sidecar;
         self.stop_stale_copies(&hb.worker, &hb.attempts, fx);
+        self.check_listed(&hb.worker, hb.incarnation, &hb.attempts, now, fx);
     }
 
     fn report(&mut self, report: Report, now: Now, fx: &mut Vec<Effect>) -> ReportAck {
@@ -823,7 +840,8 @@ impl Core {
         let mut free: BTreeMap<WorkerId, u32> = self
             .workers
             .iter()
-            .filter(|(_, w)| w.alive)
+            // A machine whose sidecar is down or degraded would refuse the grant.
+            .filter(|(_, w)| w.alive && w.sidecar == SidecarHealth::Ok)
             .map(|(id, w)| (id.clone(), w.slots.saturating_sub(load.get(id).copied().unwrap_or(0))))
             .filter(|(_, f)| *f > 0)
             .collect();
@@ -864,6 +882,12 @@ impl Core {
     fn send_grant(&mut self, task: &TaskId, now: Now, fx: &mut Vec<Effect>) {
         let Some(r) = self.tasks.get(task) else { return };
         let Some(worker) = r.life.worker.clone() else { return };
+        // Never re-sent to another store than the one it was granted to: that
+        // machine may have run it before it was wiped. Its evidence settles it.
+        let current = self.workers.get(&worker).and_then(|w| w.incarnation);
+        if matches!((r.incarnation.as_deref(), current), (Some(a), Some(b)) if *a != b) {
+            return;
+        }
         let grant = LeaseGrant {
             task: task.clone(),
             attempt: r.life.attempt,
@@ -891,6 +915,10 @@ impl Core {
     /// Applies `event` to `task` through the lifecycle table; on a change, updates
     /// the record and indexes, stamps times, persists, and answers waiters.
     fn event(&mut self, task: &TaskId, event: Event, now: Now, fx: &mut Vec<Effect>) -> Option<Decision> {
+        let granted_to = match &event {
+            Event::Grant { worker, .. } => Some(self.workers.get(worker).and_then(|w| w.incarnation)),
+            _ => None,
+        };
         let record = self.tasks.get_mut(task)?;
         let decision = apply(&record.life, &event);
         let Decision::Changed(life) = &decision else {
@@ -899,6 +927,9 @@ impl Core {
         };
         let before = record.life.status;
         record.life = life.clone();
+        if let Some(incarnation) = granted_to {
+            record.incarnation = incarnation.map(Box::new);
+        }
         let after = life.status;
         // Dispatched: the process started — or ended before its start report
         // was seen (a short task).
@@ -912,6 +943,7 @@ impl Core {
         let parent = record.parent.as_ref().map(|p| p.workflow.clone());
         let waiters = if after.is_terminal() {
             record.finished_at_ms = Some(now.wall_ms);
+            record.incarnation = None;
             // Only grants continue a task's trace: a finished task needs none.
             record.trace = None;
             let ws = self.waiters.remove(task).unwrap_or_default();
@@ -948,6 +980,8 @@ impl Core {
             self.index(task, Some(before), after);
             if !after.is_on_worker() {
                 self.sent.remove(task);
+                self.unlisted.remove(task);
+                self.doubted.remove(task);
             }
             if after.is_terminal() {
                 self.not_before.remove(task);

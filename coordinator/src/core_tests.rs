@@ -2,7 +2,7 @@
 //! registry, just inputs and the effects they produce.
 
 use super::*;
-use tenure_protocol::messages::{AttemptEvidence, HeldAttempt, SidecarRefusal};
+use tenure_protocol::messages::{AttemptEvidence, EvidenceRequest, HeldAttempt, SidecarRefusal};
 use tenure_protocol::{Attempt, Ending, HintTag, Outcome, TaskSpec};
 
 struct Harness {
@@ -66,6 +66,7 @@ impl Harness {
             attempts: Vec::<HeldAttempt>::new(),
             sidecar: Default::default(),
             replaces: None,
+            incarnation: Some(Uuid::from_u128(1000)),
         }))
     }
 
@@ -320,6 +321,7 @@ fn an_unreachable_machine_makes_non_idempotent_tasks_unknown_and_idempotent_ones
         attempts: vec![HeldAttempt { task: again.clone(), attempt: Attempt(1) }],
         sidecar: Default::default(),
         replaces: None,
+        incarnation: None,
     }));
     let kills: Vec<&KillCommand> = fx
         .iter()
@@ -761,6 +763,7 @@ fn matched_lines_are_notified_once_each_and_repeats_change_nothing() {
         attempts: Vec::new(),
         sidecar: Default::default(),
         replaces: None,
+        incarnation: None,
     }));
     let (fx, reply) =
         h.api(ApiRequest::Submit(SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec }));
@@ -964,6 +967,7 @@ fn beat_from(h: &mut Harness, worker: &str, instance: u128, replaces: Option<u12
         attempts: Vec::<HeldAttempt>::new(),
         sidecar: Default::default(),
         replaces: replaces.map(Uuid::from_u128),
+        incarnation: Some(Uuid::from_u128(1000)),
     }))
 }
 
@@ -1007,4 +1011,76 @@ fn a_worker_id_is_bound_to_one_live_process_and_commands_go_to_it_alone() {
     h.advance(CoreConfig::default().worker_ttl);
     assert!(taken(&beat_from(&mut h, "w1", 4, None)).is_none());
     assert!(taken(&beat_from(&mut h, "w1", 3, None)).is_some());
+}
+
+#[test]
+fn a_machine_whose_store_was_replaced_never_runs_its_tasks_again_and_says_why() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let running = h.submit("alice", TaskSpec::shell("r", "sleep 9"));
+    let leased = h.submit("alice", TaskSpec::shell("l", "sleep 9"));
+    assert_eq!(
+        h.core.task(&running).unwrap().incarnation.as_deref(),
+        Some(&Uuid::from_u128(1000)),
+        "recorded with the grant"
+    );
+    h.report("w1", &running, 1, ReportEvent::Started { pid: 7 });
+    // The machine is wiped and its worker started again on an empty store.
+    h.advance(CoreConfig::default().worker_ttl);
+    let fx = h.input(Input::Heartbeat(Heartbeat {
+        worker: w("w1"),
+        instance: Uuid::from_u128(9),
+        slots: 4,
+        kinds: vec![Kind::shell()],
+        epoch_seen: Epoch(3),
+        attempts: Vec::new(),
+        sidecar: Default::default(),
+        replaces: None,
+        incarnation: Some(Uuid::from_u128(2000)),
+    }));
+    assert!(grants(&fx).is_empty(), "a grant went to the new store: {fx:?}");
+    let asked: Vec<EvidenceRequest> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::AskEvidence { request, .. } => Some(request.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked.len(), 2, "{fx:?}");
+    for request in asked {
+        assert_eq!(request.incarnation, Some(Uuid::from_u128(1000)));
+        let answer = Ok(Ok(AttemptEvidence::Replaced { incarnation: Uuid::from_u128(2000) }));
+        h.input(Input::Evidence { worker: w("w1"), request, result: answer });
+    }
+    for t in [&running, &leased] {
+        let r = h.core.task(t).unwrap();
+        assert_eq!(r.life.status, Status::Unknown, "{t}");
+        assert_eq!(r.life.hint.as_ref().map(|h| h.tag), Some(HintTag::MachineReplaced));
+    }
+    // Nothing is granted again, ever.
+    for _ in 0..5 {
+        h.advance(Duration::from_secs(1));
+        assert!(grants(&h.input(Input::Tick)).is_empty());
+    }
+}
+
+#[test]
+fn a_started_attempt_a_live_worker_stops_listing_is_settled_from_evidence() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let t = h.submit("alice", TaskSpec::shell("r", "sleep 9"));
+    h.report("w1", &t, 1, ReportEvent::Started { pid: 7 });
+    let mut asked = None;
+    for _ in 0..3 {
+        h.advance(Duration::from_secs(1));
+        let fx = h.heartbeat("w1", 4);
+        asked = asked.or(fx.iter().find_map(|e| match e {
+            Effect::AskEvidence { request, .. } => Some(request.clone()),
+            _ => None,
+        }));
+    }
+    let request = asked.expect("asked after three heartbeats without it");
+    let outcome = Outcome::new(Ending::Completed, Some(0), None);
+    h.input(Input::Evidence { worker: w("w1"), request, result: Ok(Ok(AttemptEvidence::Exited(outcome))) });
+    assert_eq!(h.status(&t), Status::Completed);
 }

@@ -7,9 +7,12 @@
 use tenure_protocol::messages::{
     AttemptEvidence, EvidenceReply, EvidenceRequest, HeldAttempt, KillCommand, SidecarRefusal, WorkerCommand,
 };
-use tenure_protocol::{Event, HintTag, RecoveryHint, TaskId, WorkerId};
+use tenure_protocol::{Event, HintTag, RecoveryHint, Status, TaskId, WorkerId};
 
 use super::{Core, Effect, Now};
+
+/// Heartbeats in a row that may omit a started attempt before its machine is doubted.
+const UNLISTED_BEATS: u32 = 3;
 
 impl Core {
     /// Asks the sidecars of lost workers about every attempt they still hold —
@@ -22,11 +25,16 @@ impl Core {
             .filter_map(|t| {
                 let r = self.tasks.get(t)?;
                 let worker = r.life.worker.clone()?;
-                let lost = self.workers.get(&worker).is_some_and(|w| !w.alive);
+                let lost = self.workers.get(&worker).is_some_and(|w| !w.alive) || self.doubted.contains(t);
                 let asked_recently =
                     self.asked.get(t).is_some_and(|at| now.mono.saturating_sub(*at) < self.cfg.worker_ttl);
                 (lost && !asked_recently).then(|| {
-                    let request = EvidenceRequest { task: t.clone(), attempt: r.life.attempt, epoch: self.epoch };
+                    let request = EvidenceRequest {
+                        task: t.clone(),
+                        attempt: r.life.attempt,
+                        epoch: self.epoch,
+                        incarnation: r.incarnation.as_deref().copied(),
+                    };
                     (t.clone(), worker, request)
                 })
             })
@@ -50,7 +58,7 @@ impl Core {
         let still_there =
             self.tasks.get(&task).is_some_and(|r| r.life.worker.as_ref() == Some(&worker) && r.life.attempt == attempt);
         let worker_alive = self.workers.get(&worker).is_some_and(|w| w.alive);
-        if !still_there || worker_alive {
+        if !still_there || (worker_alive && !self.doubted.contains(&task)) {
             return;
         }
         let lost = |message: String, tag| Event::Lost { attempt, epoch, hint: RecoveryHint { tag, message } };
@@ -85,11 +93,63 @@ impl Core {
                         format!("worker {worker} was lost and its record of attempt {attempt} is unreadable: {reason}"),
                         HintTag::SidecarCorrupt,
                     ),
+                    AttemptEvidence::Replaced { incarnation } => lost(
+                        format!(
+                            "the machine of worker {worker} no longer has the store attempt {attempt} was granted to \
+                             (its data directory was wiped or replaced; now {incarnation}): the task may have run, \
+                             and it is not run again. Check the machine for its effects, then settle or resubmit it"
+                        ),
+                        HintTag::MachineReplaced,
+                    ),
                 }
             }
         };
         self.asked.remove(&task);
+        self.doubted.remove(&task);
+        self.unlisted.remove(&task);
         self.event(&task, event, now, fx);
+    }
+
+    /// Heartbeats of a live worker, checked against the registry: a started
+    /// attempt placed on it that it has not listed for [`UNLISTED_BEATS`]
+    /// heartbeats in a row, or whose machine now has another store than the
+    /// one it was granted to, is doubted — its evidence is asked for at once
+    /// and settles it (a wiped machine would otherwise keep it `running`
+    /// forever, and never say what became of it).
+    pub(super) fn check_listed(
+        &mut self,
+        worker: &WorkerId,
+        incarnation: Option<uuid::Uuid>,
+        held: &[HeldAttempt],
+        now: Now,
+        fx: &mut Vec<Effect>,
+    ) {
+        // (task, its machine's store was replaced, the worker holds it as far as we can tell)
+        let placed: Vec<(TaskId, bool, bool)> = self
+            .on_worker
+            .iter()
+            .filter_map(|t| {
+                let r = self.tasks.get(t).filter(|r| r.life.worker.as_ref() == Some(worker))?;
+                let replaced = matches!((r.incarnation.as_deref(), incarnation), (Some(a), Some(b)) if *a != b);
+                let started = matches!(r.life.status, Status::Running | Status::Stopping);
+                let listed = held.iter().any(|h| &h.task == t && h.attempt == r.life.attempt);
+                Some((t.clone(), replaced, listed || !started))
+            })
+            .collect();
+        for (task, replaced, held_there) in placed {
+            if held_there && !replaced {
+                self.unlisted.remove(&task);
+                continue;
+            }
+            let misses = self.unlisted.entry(task.clone()).or_insert(0);
+            *misses = misses.saturating_add(1);
+            if (replaced || *misses >= UNLISTED_BEATS) && self.doubted.insert(task.clone()) {
+                tracing::warn!(%worker, task = %task, replaced, "a live worker's machine does not hold a task placed on it: asking its evidence");
+            }
+        }
+        if !self.doubted.is_empty() {
+            self.ask_about_lost_workers(now, fx);
+        }
     }
 
     /// A worker that comes back may still run attempts the registry has moved

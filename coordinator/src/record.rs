@@ -37,6 +37,12 @@ pub struct TaskRecord {
     /// trace, on this leader or the next.
     #[serde(default)]
     pub trace: Option<Box<str>>,
+    /// The store incarnation of the machine the current attempt was granted
+    /// to: evidence from another one (a wiped or replaced machine) is never
+    /// taken for "never started". Boxed, and dropped once the task ended: only
+    /// tasks on a worker need it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incarnation: Option<Box<Uuid>>,
 }
 
 /// The place of a child task in its workflow.
@@ -100,6 +106,7 @@ impl TaskRecord {
             matched_through: 0,
             matches: 0,
             trace: None,
+            incarnation: None,
         }
     }
 

@@ -86,6 +86,7 @@ fn a_finished_noop_task_costs_the_core_little_heap() {
         attempts: Vec::new(),
         sidecar: Default::default(),
         replaces: None,
+        incarnation: None,
     };
     core.handle(Input::Heartbeat(heartbeat), now);
     run(&mut core, &mut now, 100);

@@ -137,6 +137,9 @@ pub enum HintTag {
     /// A kill was requested but the worker holding the task cannot be reached:
     /// the task is not called killed until its process is proven gone.
     KillPending,
+    /// The worker machine's store is not the one the attempt was granted to:
+    /// its data directory was wiped or replaced, and with it the evidence.
+    MachineReplaced,
 }
 
 impl HintTag {
@@ -147,6 +150,7 @@ impl HintTag {
             HintTag::SidecarCorrupt => "sidecar-corrupt",
             HintTag::WorkerUnreachable => "worker-unreachable",
             HintTag::KillPending => "kill-pending",
+            HintTag::MachineReplaced => "machine-replaced",
         }
     }
 }

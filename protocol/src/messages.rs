@@ -472,6 +472,10 @@ pub struct Heartbeat {
     /// How the machine's sidecar answered the worker's last probe.
     #[serde(default)]
     pub sidecar: SidecarHealth,
+    /// The incarnation of the machine's store, as the sidecar last answered
+    /// (none while it does not answer).
+    #[serde(default)]
+    pub incarnation: Option<Uuid>,
     /// The instance that ran on this machine's data directory before this
     /// one: a restarted worker takes its own predecessor's place at once,
     /// while a second live process with the same id is refused.
@@ -709,6 +713,11 @@ pub struct EvidenceRequest {
     pub attempt: Attempt,
     /// The asking leader's epoch; a lower one than the machine has seen is refused.
     pub epoch: Epoch,
+    /// The store incarnation the registry says the attempt was granted to: a
+    /// machine with another one answers [`AttemptEvidence::Replaced`], never
+    /// "never started".
+    #[serde(default)]
+    pub incarnation: Option<Uuid>,
 }
 
 pub type EvidenceReply = Result<AttemptEvidence, SidecarRefusal>;
@@ -727,6 +736,9 @@ pub enum AttemptEvidence {
     NoEvidence,
     /// The machine's record of the attempt is unreadable.
     Unreadable(String),
+    /// The machine's store is not the one the attempt was granted to (its data
+    /// directory was wiped or replaced): what became of the attempt is unknown.
+    Replaced { incarnation: Uuid },
 }
 
 // -------------------------------------------- coordinator → sidecar (cleanup)
@@ -785,6 +797,8 @@ pub enum SidecarRequest {
     Acknowledged { task: TaskId, attempt: Attempt },
     /// Give an accepted attempt back before its intent (nothing ran).
     Abandon { task: TaskId, attempt: Attempt },
+    /// The machine's store incarnation (the worker's heartbeat probe).
+    Incarnation,
     /// Every record held, for recovery.
     List,
     /// The next page of records, after `(task, attempt)`.
@@ -799,6 +813,8 @@ pub const MAX_LIST_PAGE_BYTES: usize = 256 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SidecarReply {
     Ok,
+    /// The identity of the machine's store, created with it.
+    Incarnation(Uuid),
     /// One page of the machine's records, in (task, attempt) order, within
     /// [`MAX_LIST_PAGE_BYTES`]; `next` names the last record of the page when
     /// more follow (ask `ListFrom` it). `corrupt` comes with the first page.

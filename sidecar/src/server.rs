@@ -301,6 +301,7 @@ fn request_name(req: &SidecarRequest) -> &'static str {
         SidecarRequest::Acknowledged { .. } => "acknowledged",
         SidecarRequest::Abandon { .. } => "abandon",
         SidecarRequest::List | SidecarRequest::ListFrom { .. } => "list",
+        SidecarRequest::Incarnation => "incarnation",
     }
 }
 
@@ -403,7 +404,7 @@ fn apply(command: Command, machine: &mut Result<Machine<SledStore>, String>) -> 
         }
         (Command::OutputOwner(_, reply), Err(_)) => Answer::OutputOwner(None, reply),
         (Command::Evidence(req, reply), Ok(machine)) => {
-            Answer::Evidence(machine.evidence(&req.task, req.attempt, req.epoch), reply)
+            Answer::Evidence(machine.evidence(&req.task, req.attempt, req.epoch, req.incarnation), reply)
         }
         (Command::Evidence(_, reply), Err(reason)) => {
             Answer::Evidence(Err(SidecarRefusal::Storage(reason.clone())), reply)
@@ -705,6 +706,8 @@ fn judge(view: Result<RecordView, SidecarRefusal>, files: &AttemptFiles) -> Evid
         Ok(RecordView::Absent) if has_grant => from_files(AttemptEvidence::NoEvidence),
         Ok(RecordView::Absent) => AttemptEvidence::NeverStarted,
         Ok(RecordView::Corrupt(reason)) => from_files(AttemptEvidence::Unreadable(reason)),
+        // Another store than the grant's: only files that survived can speak.
+        Ok(RecordView::Replaced(incarnation)) => from_files(AttemptEvidence::Replaced { incarnation }),
         // A degraded store: only the files can speak.
         Err(SidecarRefusal::Storage(reason)) => from_files(AttemptEvidence::Unreadable(reason)),
         Err(refusal) => return Err(refusal),

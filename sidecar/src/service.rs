@@ -36,6 +36,8 @@ pub enum RecordView {
     Ended(Outcome),
     /// The record is unreadable.
     Corrupt(String),
+    /// This machine's store is not the one the attempt was granted to.
+    Replaced(uuid::Uuid),
 }
 
 /// One worker machine's recovery state: the highest epoch seen and every
@@ -43,6 +45,8 @@ pub enum RecordView {
 #[derive(Debug)]
 pub struct Machine<S> {
     store: S,
+    /// The store's identity (see [`crate::store::Loaded::incarnation`]).
+    incarnation: uuid::Uuid,
     epoch: Epoch,
     records: BTreeMap<(TaskId, Attempt), AttemptRecord>,
     corrupt: Vec<CorruptRecord>,
@@ -64,7 +68,7 @@ impl<S: RecoveryStore> Machine<S> {
         let epoch = loaded.records.iter().map(|r| r.grant.epoch).fold(loaded.epoch, Epoch::max);
         let records = loaded.records.into_iter().map(|r| ((r.grant.task.clone(), r.grant.attempt), r)).collect();
         let revoked = loaded.revoked.into_iter().collect();
-        Ok(Machine { store, epoch, records, corrupt: loaded.corrupt, revoked })
+        Ok(Machine { store, incarnation: loaded.incarnation, epoch, records, corrupt: loaded.corrupt, revoked })
     }
 
     /// Decides one request. Mutations are durable before this returns `Ok`.
@@ -77,6 +81,7 @@ impl<S: RecoveryStore> Machine<S> {
             SidecarRequest::Exited { task, attempt, outcome } => self.exited(&task, attempt, outcome),
             SidecarRequest::Acknowledged { task, attempt } => self.acknowledged(&task, attempt),
             SidecarRequest::Abandon { task, attempt } => self.abandon(&task, attempt),
+            SidecarRequest::Incarnation => return SidecarReply::Incarnation(self.incarnation),
             SidecarRequest::List => return self.page(None),
             SidecarRequest::ListFrom { task, attempt } => return self.page(Some((task, attempt))),
         };
@@ -84,6 +89,11 @@ impl<S: RecoveryStore> Machine<S> {
             Ok(()) => SidecarReply::Ok,
             Err(refusal) => SidecarReply::Refused(refusal),
         }
+    }
+
+    /// The identity of this machine's store.
+    pub fn incarnation(&self) -> uuid::Uuid {
+        self.incarnation
     }
 
     /// The highest epoch this machine has seen.
@@ -311,8 +321,22 @@ impl<S: RecoveryStore> Machine<S> {
     /// its epoch). An attempt still only `accepted` is abandoned first, so that
     /// "it never started" stays true: a worker that is merely cut off will find
     /// its intent refused.
-    pub fn evidence(&mut self, task: &TaskId, attempt: Attempt, epoch: Epoch) -> Result<RecordView, SidecarRefusal> {
+    ///
+    /// A query naming another store incarnation than this one's (the machine's
+    /// data was wiped or replaced since the grant) is answered `Replaced`: this
+    /// store cannot know, and a late copy of the grant is refused here for good.
+    pub fn evidence(
+        &mut self,
+        task: &TaskId,
+        attempt: Attempt,
+        epoch: Epoch,
+        incarnation: Option<uuid::Uuid>,
+    ) -> Result<RecordView, SidecarRefusal> {
         self.observe(epoch)?;
+        if incarnation.is_some_and(|i| i != self.incarnation) && !self.records.contains_key(&(task.clone(), attempt)) {
+            self.revoke(task, attempt)?;
+            return Ok(RecordView::Replaced(self.incarnation));
+        }
         if let Some(c) = self.corrupt.iter().find(|c| c.attempt.as_ref() == Some(&(task.clone(), attempt))) {
             return Ok(RecordView::Corrupt(c.reason.clone()));
         }

@@ -396,22 +396,22 @@ fn an_evidence_query_revokes_an_accepted_attempt_and_describes_the_others() {
     let mut m = Machine::restore(MemoryStore::new()).unwrap();
     assert_eq!(m.handle(SidecarRequest::Accept(grant(2, 5))), SidecarReply::Ok);
     // Accepted only: revoked, and from now on the worker cannot record its intent.
-    assert_eq!(m.evidence(&task(), Attempt(2), Epoch(5)), Ok(RecordView::Absent));
+    assert_eq!(m.evidence(&task(), Attempt(2), Epoch(5), None), Ok(RecordView::Absent));
     assert!(matches!(m.handle(intent(5)), SidecarReply::Refused(SidecarRefusal::Revoked { .. })));
     // Never seen at all.
-    assert_eq!(m.evidence(&task(), Attempt(7), Epoch(5)), Ok(RecordView::Absent));
+    assert_eq!(m.evidence(&task(), Attempt(7), Epoch(5), None), Ok(RecordView::Absent));
     // Past its intent: never revoked.
     assert_eq!(m.handle(SidecarRequest::Accept(grant(3, 5))), SidecarReply::Ok);
     let intent3 = SidecarRequest::Intent { task: task(), attempt: Attempt(3), epoch: Epoch(5), trace: None };
     assert_eq!(m.handle(intent3), SidecarReply::Ok);
-    assert_eq!(m.evidence(&task(), Attempt(3), Epoch(5)), Ok(RecordView::Started(Phase::Intent)));
+    assert_eq!(m.evidence(&task(), Attempt(3), Epoch(5), None), Ok(RecordView::Started(Phase::Intent)));
     let exited3 = SidecarRequest::Exited { task: task(), attempt: Attempt(3), outcome: o2() };
     assert_eq!(m.handle(exited3), SidecarReply::Ok);
-    assert_eq!(m.evidence(&task(), Attempt(3), Epoch(6)), Ok(RecordView::Ended(o2())));
+    assert_eq!(m.evidence(&task(), Attempt(3), Epoch(6), None), Ok(RecordView::Ended(o2())));
     // The query is fenced like any command: a lower epoch is refused, a higher one kept.
     assert_eq!(m.epoch(), Epoch(6));
     assert_eq!(
-        m.evidence(&task(), Attempt(3), Epoch(4)),
+        m.evidence(&task(), Attempt(3), Epoch(4), None),
         Err(SidecarRefusal::StaleEpoch { held: Epoch(6), offered: Epoch(4) })
     );
 }
@@ -420,7 +420,7 @@ fn an_evidence_query_revokes_an_accepted_attempt_and_describes_the_others() {
 fn an_attempt_revoked_before_it_arrived_is_never_accepted() {
     let mut m = Machine::restore(MemoryStore::new()).unwrap();
     // The leader asks about an attempt whose grant is still on its way.
-    assert_eq!(m.evidence(&task(), Attempt(2), Epoch(5)), Ok(RecordView::Absent));
+    assert_eq!(m.evidence(&task(), Attempt(2), Epoch(5), None), Ok(RecordView::Absent));
     // The slow grant arrives: refused, so the task can never run twice.
     assert_eq!(
         m.handle(SidecarRequest::Accept(grant(2, 5))),

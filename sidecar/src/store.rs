@@ -16,6 +16,7 @@
 //! ```text
 //! tree "meta":     "schema" -> u32 big-endian (1)
 //!                  "epoch"  -> u64 big-endian
+//!                  "incarnation" -> 16 bytes, a UUID created with the store
 //! tree "attempts": "<task-id>/<attempt, 10 digits zero-padded>"
 //!                  -> crc32(payload) as u32 big-endian ++ payload
 //!                     payload = tenure_protocol::encode(&AttemptRecord)
@@ -36,6 +37,7 @@ const ATTEMPTS_TREE: &str = "attempts";
 const REVOKED_TREE: &str = "revoked";
 const SCHEMA_KEY: &str = "schema";
 const EPOCH_KEY: &str = "epoch";
+const INCARNATION_KEY: &str = "incarnation";
 
 /// Fatal store failures. Per-record corruption is not an error: see [`CorruptRecord`].
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +80,10 @@ pub struct CorruptRecord {
 /// Everything a store holds, as loaded at startup.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Loaded {
+    /// This store's identity, created with it: a machine whose data directory
+    /// was wiped or replaced has another one, so its "never heard of this
+    /// attempt" is never taken for "never started".
+    pub incarnation: uuid::Uuid,
     pub epoch: Epoch,
     pub records: Vec<AttemptRecord>,
     pub corrupt: Vec<CorruptRecord>,
@@ -163,6 +169,10 @@ impl SledStore {
         let meta = db.open_tree(META_TREE).map_err(open_err)?;
         let attempts = db.open_tree(ATTEMPTS_TREE).map_err(open_err)?;
         let revoked = db.open_tree(REVOKED_TREE).map_err(open_err)?;
+        if meta.get(INCARNATION_KEY)?.is_none() {
+            meta.insert(INCARNATION_KEY, uuid::Uuid::new_v4().as_bytes())?;
+            db.flush()?;
+        }
         match meta.get(SCHEMA_KEY)? {
             None => {
                 meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
@@ -233,7 +243,14 @@ impl RecoveryStore for SledStore {
         // sled can silently drop damaged data on recovery; the mirror keeps the
         // fence from moving backwards even then.
         let epoch = epoch.max(read_epoch_mirror(&self.epoch_mirror));
-        let mut loaded = Loaded { epoch, ..Loaded::default() };
+        let incarnation = match self.meta.get(INCARNATION_KEY)? {
+            Some(v) => uuid::Uuid::from_slice(&v).map_err(|_| Error::CorruptMeta {
+                key: INCARNATION_KEY,
+                reason: format!("value of {} bytes", v.len()),
+            })?,
+            None => return Err(Error::CorruptMeta { key: INCARNATION_KEY, reason: "absent".to_owned() }),
+        };
+        let mut loaded = Loaded { epoch, incarnation, ..Loaded::default() };
         for entry in self.attempts.iter() {
             let (k, v) = entry?;
             let key = String::from_utf8_lossy(&k).into_owned();
@@ -307,6 +324,7 @@ fn read_epoch_mirror(path: &Path) -> Epoch {
 /// the same way.
 #[derive(Debug, Clone, Default)]
 pub struct MemoryStore {
+    incarnation: uuid::Uuid,
     epoch: Epoch,
     records: BTreeMap<String, Vec<u8>>,
     revoked: std::collections::BTreeSet<(TaskId, Attempt)>,
@@ -314,8 +332,9 @@ pub struct MemoryStore {
 }
 
 impl MemoryStore {
+    /// An empty store with an incarnation of its own.
     pub fn new() -> MemoryStore {
-        MemoryStore::default()
+        MemoryStore { incarnation: uuid::Uuid::new_v4(), ..MemoryStore::default() }
     }
 
     /// How many successful writes happened (to prove a no-op wrote nothing).
@@ -331,7 +350,7 @@ impl MemoryStore {
 
 impl RecoveryStore for MemoryStore {
     fn load(&self) -> Result<Loaded, Error> {
-        let mut loaded = Loaded { epoch: self.epoch, ..Loaded::default() };
+        let mut loaded = Loaded { epoch: self.epoch, incarnation: self.incarnation, ..Loaded::default() };
         for (key, value) in &self.records {
             match unseal(key, value) {
                 Ok(record) => loaded.records.push(record),

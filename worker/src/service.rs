@@ -170,14 +170,24 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     };
     tracing::info!(worker = %shared.opts.id, slots = shared.opts.slots, %instance, "worker ready");
     tokio::pin!(shutdown);
-    // Set once the leader said another live process holds this id: this one
-    // runs nothing new, finishes reporting what it holds, then stops.
-    let mut taken: Option<Uuid> = None;
+    // Set while the leader says another live process holds this id (since,
+    // last said, holder): this one runs nothing new. A predecessor that died
+    // without a trace here (a wiped data directory) stops being "live" at the
+    // leader after its worker TTL, and the refusals stop; a second process
+    // that is really alive keeps being refused, finishes reporting what it
+    // holds, and stops.
+    let mut taken: Option<(tokio::time::Instant, tokio::time::Instant, Uuid)> = None;
     let mut drain = tokio::time::interval(Duration::from_millis(250));
     loop {
-        if let Some(holder) = taken.filter(|_| shared.held().is_empty()) {
-            beats.abort();
-            return Err(Error::IdTaken { worker: shared.opts.id.clone(), instance, holder });
+        if let Some((since, last, holder)) = taken {
+            let now = tokio::time::Instant::now();
+            if now.saturating_duration_since(last) > shared.opts.heartbeat * 3 {
+                tracing::info!(worker = %shared.opts.id, %instance, "no longer refused: this process holds the worker id");
+                taken = None;
+            } else if now.saturating_duration_since(since) >= ID_TAKEN_PATIENCE && shared.held().is_empty() {
+                beats.abort();
+                return Err(Error::IdTaken { worker: shared.opts.id.clone(), instance, holder });
+            }
         }
         tokio::select! {
             _ = &mut shutdown => break,
@@ -207,12 +217,16 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                     Ok(WorkerCommand::Grant(grant)) => on_grant(&shared, grant).await,
                     Ok(WorkerCommand::Kill(kill)) => on_kill(&shared, kill).await,
                     Ok(WorkerCommand::InstanceTaken { instance: refused, holder }) => {
-                        if refused == instance && taken.is_none() {
-                            tracing::error!(
-                                worker = %shared.opts.id, %instance, %holder, running = shared.held().len(),
-                                "worker id taken by another live process: no new work comes here; stopping once the attempts held here are reported"
-                            );
-                            taken = Some(holder);
+                        if refused == instance {
+                            let now = tokio::time::Instant::now();
+                            let (since, _, _) = taken.get_or_insert_with(|| {
+                                tracing::error!(
+                                    worker = %shared.opts.id, %instance, %holder, running = shared.held().len(),
+                                    "the leader says another live process holds this worker id: no new work comes here"
+                                );
+                                (now, now, holder)
+                            });
+                            taken = Some((*since, now, holder));
                         }
                         continue;
                     }
@@ -236,6 +250,11 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     Ok(())
 }
 
+/// How long a process is refused its worker id before it concludes that another
+/// live process really holds it (well above a leader's worker TTL, after which
+/// a dead holder's id is given to the next process).
+const ID_TAKEN_PATIENCE: Duration = Duration::from_secs(20);
+
 /// Records `instance` as the process running on this data directory and
 /// returns the one recorded before it (flushed before any heartbeat names it).
 fn take_instance(layout: &Layout, instance: Uuid) -> Result<Option<Uuid>, Error> {
@@ -256,14 +275,15 @@ fn take_instance(layout: &Layout, instance: Uuid) -> Result<Option<Uuid>, Error>
 async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>) {
     let attempts =
         shared.held().keys().map(|(task, attempt)| HeldAttempt { task: task.clone(), attempt: *attempt }).collect();
-    // A probe that changes nothing: the sidecar answers it unless it is down.
-    // Bounded well under a heartbeat, so a hung sidecar never delays one.
-    let request = SidecarRequest::ObserveEpoch(shared.epoch_seen());
-    let probe = shared.sidecar.call(&request);
-    let sidecar = match tokio::time::timeout(shared.opts.heartbeat / 3, probe).await {
-        Ok(Ok(SidecarReply::Refused(SidecarRefusal::Storage(_)))) => SidecarHealth::Degraded,
-        Ok(Ok(_)) => SidecarHealth::Ok,
-        Ok(Err(_)) | Err(_) => SidecarHealth::Down,
+    // A probe that changes nothing: the sidecar answers with its store's
+    // incarnation unless it is down. Bounded well under a heartbeat, so a hung
+    // sidecar never delays one.
+    let probe = shared.sidecar.call(&SidecarRequest::Incarnation);
+    let (sidecar, incarnation) = match tokio::time::timeout(shared.opts.heartbeat / 3, probe).await {
+        Ok(Ok(SidecarReply::Refused(SidecarRefusal::Storage(_)))) => (SidecarHealth::Degraded, None),
+        Ok(Ok(SidecarReply::Incarnation(incarnation))) => (SidecarHealth::Ok, Some(incarnation)),
+        Ok(Ok(_)) => (SidecarHealth::Ok, None),
+        Ok(Err(_)) | Err(_) => (SidecarHealth::Down, None),
     };
     let hb = tenure_protocol::messages::Heartbeat {
         worker: shared.opts.id.clone(),
@@ -274,6 +294,7 @@ async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>) {
         attempts,
         sidecar,
         replaces,
+        incarnation,
     };
     match tenure_protocol::encode(&hb) {
         Ok(bytes) => {

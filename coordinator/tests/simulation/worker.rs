@@ -102,7 +102,7 @@ impl Sidecar {
         r: &EvidenceRequest,
     ) -> Option<Result<RecordView, SidecarRefusal>> {
         let machine = self.machine.as_mut()?;
-        let view = machine.evidence(&r.task, r.attempt, r.epoch);
+        let view = machine.evidence(&r.task, r.attempt, r.epoch, r.incarnation);
         if view.is_ok() {
             ctx.check.sidecar_ok(host, "answer evidence", r.epoch, machine.epoch());
         }
@@ -390,6 +390,7 @@ impl Host {
                 .map(|(task, attempt)| HeldAttempt { task: task.clone(), attempt: *attempt })
                 .collect(),
             replaces: w.replaces,
+            incarnation: self.side.machine.as_ref().map(|m| m.incarnation()),
         };
         ctx.bus.send(&mut ctx.rng, ctx.now, self.node(), Dest::Coordinators, Msg::Heartbeat(hb));
     }
@@ -616,6 +617,7 @@ impl Host {
             Ok(RecordView::Absent) if proc.is_some() => from_files(AttemptEvidence::NoEvidence),
             Ok(RecordView::Absent) => AttemptEvidence::NeverStarted,
             Ok(RecordView::Corrupt(reason)) => from_files(AttemptEvidence::Unreadable(reason)),
+            Ok(RecordView::Replaced(incarnation)) => from_files(AttemptEvidence::Replaced { incarnation }),
             Err(SidecarRefusal::Storage(reason)) => from_files(AttemptEvidence::Unreadable(reason)),
             Err(refusal) => return Some(Err(refusal)),
         }))
@@ -766,5 +768,6 @@ fn fmt_sidecar(req: &SidecarRequest) -> String {
         SidecarRequest::Acknowledged { task, attempt } => format!("acknowledged {task}#{attempt}"),
         SidecarRequest::Abandon { task, attempt } => format!("abandon {task}#{attempt}"),
         SidecarRequest::List | SidecarRequest::ListFrom { .. } => "list".into(),
+        SidecarRequest::Incarnation => "incarnation".into(),
     }
 }
