@@ -121,6 +121,36 @@ fn a_task_sees_nothing_of_the_daemons_environment_and_runs_in_its_own_scratch_di
     assert!(gone.is_some(), "the scratch dir outlived the task's files\n{}", c.logs());
 }
 
+/// Start-up reconciliation: a scratch directory whose task this machine holds
+/// no record of any more (its files were released) is removed; one whose task
+/// still has records is kept; a directory that is not named after an attempt
+/// is not the worker's to judge and is left alone.
+#[test]
+fn a_restarted_worker_removes_only_released_scratch_dirs() {
+    let mut c = cluster_with_secret_env(&[], |_| {});
+    let task = c.submit(&["--", "echo kept > here"]);
+    c.wait_status(&task, "completed", BOUND);
+    let root = scratch_root(&c);
+    let (kept, released, stranger) = (root.join(format!("{task}.1")), root.join("shell-9999.1"), root.join("not-ours"));
+    assert!(kept.join("here").is_file());
+    std::fs::create_dir(&released).expect("mkdir");
+    std::fs::create_dir(&stranger).expect("mkdir");
+    c.daemon("worker-w1").stop();
+    let data = c.worker_dir("w1").display().to_string();
+    c.spawn("worker-w1", &["worker", "--id", "w1", "--data-dir", &data, "--heartbeat-ms", "300"]);
+    let swept = eventually(BOUND, || (!released.exists()).then_some(()));
+    assert!(
+        swept.is_some(),
+        "a released scratch dir survived the restart
+{}",
+        c.logs()
+    );
+    assert!(kept.join("here").is_file(), "a held task's scratch dir was removed");
+    assert!(stranger.is_dir(), "a directory the worker did not make was removed");
+    let log = c.daemon("worker-w1").log_text();
+    assert!(log.contains("removing the scratch directory") && log.contains("shell-9999"), "{log}");
+}
+
 /// A spec `cwd` is where the task runs; its HOME is still its scratch dir.
 #[test]
 fn a_spec_cwd_is_honoured_and_home_stays_the_scratch_dir() {
