@@ -16,6 +16,11 @@ use tenure_protocol::Epoch;
 use tenure_testkit::{eventually, NatsCluster, NatsServer};
 
 const BOUND: Duration = Duration::from_secs(30);
+
+/// Held by every test that runs tasks as `nobody`: a hostile task's
+/// `kill -9 -1` reaches every process of that user, so such tests run one at
+/// a time (across test binaries, `.config/nextest.toml` groups them).
+static RUN_AS_NOBODY: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// A value that must never reach a task (a stand-in for the daemons' NATS password).
 const SECRET: &str = "daemon-secret-3f9c1e";
 
@@ -184,7 +189,7 @@ try:
     s.sendall(bytes.fromhex(os.environ["FRAME"]))
     s.settimeout(10)
     got = s.recv(64)
-    print("REPLY", len(got) if got else "CLOSED")
+    print(("REPLY %d" % len(got)) if got else "CLOSED")
 except OSError as e:
     print("CLOSED", e.strerror)
 "#;
@@ -274,6 +279,7 @@ fn a_hostile_task_run_as_nobody_harms_neither_the_data_dir_nor_the_daemons() {
         println!("skipped: this machine has no user `nobody`");
         return;
     };
+    let _alone = RUN_AS_NOBODY.lock().unwrap_or_else(|p| p.into_inner());
     let uid = nobody.uid.as_raw();
     // `kill -9 -1` as nobody reaches every process of nobody on the machine:
     // with strangers among them, the task kills only its own kind.
@@ -378,6 +384,7 @@ fn under_run_as_a_cwd_the_user_cannot_enter_fails_the_task_not_the_worker() {
         println!("skipped: this machine has no user `nobody`");
         return;
     }
+    let _alone = RUN_AS_NOBODY.lock().unwrap_or_else(|p| p.into_inner());
     let mut c = cluster_with_secret_env(&["--run-as", "nobody"], |dir| {
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).expect("chmod tempdir");
     });
