@@ -13,6 +13,9 @@ pub struct Submitted {
     pub label: String,
     pub id: Option<String>,
     pub idempotent: bool,
+    /// A `hostile-task` fault: judged like every task (its ledger line comes
+    /// first), counted apart.
+    pub hostile: bool,
 }
 
 /// The final state of one task in the registry.
@@ -56,9 +59,21 @@ pub struct Counts {
     pub anonymous: usize,
     pub resurrected: usize,
     pub orphans: usize,
+    /// Hostile tasks submitted (also counted in `tasks_submitted`).
+    pub hostile: usize,
+    /// Machines whose epoch fence stands above every epoch a leader claimed.
+    pub fence_raised: usize,
 }
 
 const TERMINAL: [&str; 3] = ["completed", "failed", "killed"];
+
+/// What the cluster's own status said about the epochs at the end: the
+/// leader's, and each worker's highest seen (a machine's fence).
+#[derive(Debug, Clone, Default)]
+pub struct Epochs {
+    pub leader: u64,
+    pub workers: Vec<(String, u64)>,
+}
 
 /// Checks every safety rule; returns the counts and each violation with its evidence.
 pub fn check(
@@ -67,9 +82,14 @@ pub fn check(
     ledger: &[(String, u32)],
     resurrections: &[(String, String, String)],
     procs: &[Proc],
+    epochs: &Epochs,
 ) -> (Counts, Vec<Violation>) {
     let mut v = Vec::new();
-    let mut c = Counts { tasks_submitted: submitted.len(), ..Counts::default() };
+    let mut c = Counts {
+        tasks_submitted: submitted.len(),
+        hostile: submitted.iter().filter(|s| s.hostile).count(),
+        ..Counts::default()
+    };
     let mut violation =
         |kind: &str, task: &str, evidence: String| v.push(Violation { kind: kind.into(), task: task.into(), evidence });
 
@@ -157,6 +177,15 @@ pub fn check(
             violation("anonymous", task, "an effect in the ledger that no task in the registry owns".into());
         }
     }
+    // No machine's fence may stand above every epoch a leader ever claimed: only
+    // a request that did not come from a leader (a task writing to the
+    // sidecar's socket) could have put it there.
+    for (worker, seen) in &epochs.workers {
+        if *seen > epochs.leader {
+            c.fence_raised += 1;
+            violation("fence-raised", worker, format!("epoch fence {seen} above the leader's epoch {}", epochs.leader));
+        }
+    }
     for (task, from, to) in resurrections {
         c.resurrected += 1;
         violation("resurrected", task, format!("went from {from} back to {to}"));
@@ -179,7 +208,7 @@ mod tests {
     use super::*;
 
     fn sub(label: &str, id: &str, idempotent: bool) -> Submitted {
-        Submitted { label: label.into(), id: Some(id.into()), idempotent }
+        Submitted { label: label.into(), id: Some(id.into()), idempotent, hostile: false }
     }
 
     fn fin(id: &str, label: &str, status: &str) -> Final {
@@ -205,14 +234,14 @@ mod tests {
             step("shell-3", "completed"),
         ];
         let ledger = vec![("shell-2".into(), 1), ("shell-3".into(), 1)];
-        let (_, v) = check(&submitted, &clean, &ledger, &[], &[]);
+        let (_, v) = check(&submitted, &clean, &ledger, &[], &[], &Epochs::default());
         assert!(v.is_empty(), "{v:?}");
         let twice = vec![("shell-2".into(), 1), ("shell-2".into(), 2), ("shell-3".into(), 1)];
-        let (c, v) = check(&submitted, &clean, &twice, &[], &[]);
+        let (c, v) = check(&submitted, &clean, &twice, &[], &[], &Epochs::default());
         assert_eq!(c.double_executed, 1, "{v:?}");
         let mut unfinished = clean.clone();
         unfinished[2].status = "failed".into();
-        let (_, v) = check(&submitted, &unfinished, &ledger, &[], &[]);
+        let (_, v) = check(&submitted, &unfinished, &ledger, &[], &[], &Epochs::default());
         assert!(v.iter().any(|x| x.kind == "workflow"), "{v:?}");
     }
 
@@ -222,9 +251,28 @@ mod tests {
         let finals =
             vec![fin("shell-1", "a", "completed"), fin("shell-2", "b", "completed"), fin("shell-3", "c", "unknown")];
         let ledger = vec![("shell-1".into(), 1), ("shell-2".into(), 1), ("shell-2".into(), 2), ("shell-3".into(), 1)];
-        let (c, v) = check(&submitted, &finals, &ledger, &[], &[]);
+        let (c, v) = check(&submitted, &finals, &ledger, &[], &[], &Epochs::default());
         assert!(v.is_empty(), "{v:?}");
         assert_eq!((c.completed, c.unknown, c.double_executed), (2, 1, 0));
+    }
+
+    #[test]
+    fn a_hostile_task_is_judged_like_any_other_and_counted() {
+        let hostile = |id: &str, label: &str| Submitted { hostile: true, ..sub(label, id, false) };
+        let submitted = vec![hostile("shell-1", "h1"), hostile("shell-2", "h2"), sub("a", "shell-3", false)];
+        // One completed after its ledger line; one killed by another's `kill -9 -1`
+        // before it: both truthful. The ordinary task was killed by it too.
+        let finals =
+            vec![fin("shell-1", "h1", "completed"), fin("shell-2", "h2", "failed"), fin("shell-3", "a", "failed")];
+        let ledger = vec![("shell-1".into(), 1), ("shell-3".into(), 1)];
+        let epochs = Epochs { leader: 3, workers: vec![("w1".into(), 3)] };
+        let (c, v) = check(&submitted, &finals, &ledger, &[], &[], &epochs);
+        assert!(v.is_empty(), "{v:?}");
+        assert_eq!((c.hostile, c.failed, c.completed), (2, 2, 1));
+        // A hostile task that ran twice is a double execution like any other.
+        let twice = vec![("shell-1".into(), 1), ("shell-1".into(), 2)];
+        let (_, v) = check(&submitted, &finals, &twice, &[], &[], &epochs);
+        assert!(v.iter().any(|x| x.kind == "double-executed"), "{v:?}");
     }
 
     #[test]
@@ -245,12 +293,21 @@ mod tests {
         let resurrections = vec![("shell-9".into(), "killed".into(), "running".into())];
         let procs =
             vec![Proc { pid: 5, ppid: 1, task: "shell-3".into() }, Proc { pid: 6, ppid: 9, task: "shell-9".into() }];
-        let (c, v) = check(&submitted, &finals, &ledger, &resurrections, &procs);
+        let epochs = Epochs { leader: 4, workers: vec![("w1".into(), 4), ("w2".into(), u64::MAX)] };
+        let (c, v) = check(&submitted, &finals, &ledger, &resurrections, &procs, &epochs);
         let kinds: Vec<&str> = v.iter().map(|x| x.kind.as_str()).collect();
-        for k in ["double-executed", "lost", "unsettled", "unknown-without-hint", "anonymous", "resurrected", "orphan"]
-        {
+        for k in [
+            "double-executed",
+            "lost",
+            "unsettled",
+            "unknown-without-hint",
+            "anonymous",
+            "resurrected",
+            "orphan",
+            "fence-raised",
+        ] {
             assert!(kinds.contains(&k), "{k} not caught: {kinds:?}");
         }
-        assert_eq!((c.double_executed, c.anonymous, c.resurrected, c.orphans), (1, 1, 1, 2));
+        assert_eq!((c.double_executed, c.anonymous, c.resurrected, c.orphans, c.fence_raised), (1, 1, 1, 2, 1));
     }
 }

@@ -111,9 +111,12 @@ impl Cluster {
         dir: &Path,
         coordinators: usize,
         workers: usize,
+        run_as: Option<&str>,
     ) -> anyhow::Result<Cluster> {
         let logs = dir.join("logs");
         std::fs::create_dir_all(&logs)?;
+        // The run's directory may be passable for the tasks' user; the logs are not theirs.
+        std::fs::set_permissions(&logs, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         let nats_port = free_port()?;
         let (port, store) = (nats_port.to_string(), dir.join("nats").display().to_string());
         let mut nats = Node::new("nats", nats_bin, &["-a", "127.0.0.1", "-p", &port, "-js", "-sd", &store], &logs);
@@ -165,9 +168,10 @@ impl Cluster {
             c.sidecars.push(Node::new(&format!("sidecar-{id}"), bin, &args, &logs));
             c.sidecar_links.push(ps);
             let pw = Proxy::start(nats_port).await?;
-            let args = [
+            let url = url(&pw);
+            let mut args = vec![
                 "--nats",
-                &url(&pw),
+                &url,
                 "worker",
                 "--id",
                 &id,
@@ -180,6 +184,9 @@ impl Cluster {
                 "--kill-grace-ms",
                 "1000",
             ];
+            if let Some(user) = run_as {
+                args.extend_from_slice(&["--run-as", user]);
+            }
             c.workers.push(Node::new(&format!("worker-{id}"), bin, &args, &logs));
             c.worker_links.push(pw);
         }

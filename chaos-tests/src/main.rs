@@ -5,6 +5,7 @@
 
 mod checker;
 mod cluster;
+mod hostile;
 mod proxy;
 mod schedule;
 
@@ -181,7 +182,14 @@ async fn run(
         o.duration
     ));
 
-    let mut cluster = Cluster::start(&bin, &nats_bin, &dir, o.coordinators, o.workers).await?;
+    // Tasks run as `nobody` when this harness can make it so: then the hostile
+    // task may do its worst (see `hostile.rs`).
+    let mode = hostile::Mode::detect();
+    if mode.run_as().is_some() {
+        hostile::open_up(&dir, &ledger)?;
+    }
+    r.trace(format!("hostile tasks: {}", mode.describe()));
+    let mut cluster = Cluster::start(&bin, &nats_bin, &dir, o.coordinators, o.workers, mode.run_as()).await?;
     let client =
         tenure_transport::connect(&tenure_transport::NatsOptions::url(cluster.nats_url()), "tenure-chaos", true)
             .await?;
@@ -223,7 +231,10 @@ async fn run(
                 break;
             }
             let fault = next.next().map(|p| p.fault).expect("peeked");
-            let line = inject(&mut cluster, &client, &fault, &mut rng, &mut pending).await;
+            let line = match fault {
+                Fault::HostileTask => submit_hostile(&client, mode, &run_id, &ledger, &submitted),
+                _ => inject(&mut cluster, &client, &fault, &mut rng, &mut pending).await,
+            };
             *faults.entry(fault.kind()).or_default() += 1;
             r.trace(line);
         }
@@ -273,6 +284,10 @@ async fn run(
             Some((t.to_owned(), a.trim().parse().ok()?))
         })
         .collect();
+    let leader_epoch = match api(&client, &ApiRequest::Status, Duration::from_secs(5)).await {
+        Some(ApiResponse::Status(s)) => s.leader_epoch.0,
+        _ => anyhow::bail!("cannot read the cluster status at the end of the run"),
+    };
     let procs = scan_procs(&run_id);
     let resurrections = history.lock().map(|h| h.1.clone()).unwrap_or_default();
     let submitted = submitted.lock().map(|s| s.clone()).unwrap_or_default();
@@ -280,8 +295,18 @@ async fn run(
     for p in &procs {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid), Signal::SIGKILL);
     }
+    // Each machine's epoch fence, read from its store once its sidecar stopped.
+    let mut epochs = checker::Epochs { leader: leader_epoch, workers: Vec::new() };
+    for i in 0..o.workers {
+        let db = cluster.worker_dir(i).join("sidecar-db");
+        let fence = tenure_sidecar::SledStore::open(&db)
+            .and_then(tenure_sidecar::Machine::restore)
+            .map(|m| m.epoch().0)
+            .with_context(|| format!("reading the epoch fence of w{}", i + 1))?;
+        epochs.workers.push((format!("w{}", i + 1), fence));
+    }
 
-    let (counts, violations) = checker::check(&submitted, &finals, &ledger_lines, &resurrections, &procs);
+    let (counts, violations) = checker::check(&submitted, &finals, &ledger_lines, &resurrections, &procs, &epochs);
     for v in &violations {
         r.trace(format!("VIOLATION {} {}: {}", v.kind, v.task, v.evidence));
     }
@@ -300,6 +325,9 @@ async fn run(
         "anonymous": counts.anonymous,
         "resurrected": counts.resurrected,
         "orphans": counts.orphans,
+        "fence_raised": counts.fence_raised,
+        "hostile_tasks": counts.hostile,
+        "hostile_task_mode": mode.describe(),
         "faults_injected": faults,
         "violations": violations,
     });
@@ -437,6 +465,8 @@ async fn inject(
             c.crash_worker_at(*worker, point);
             format!("crash-window w{} restarted to die {point} its next attempt", worker + 1)
         }
+        // Submitted by the run loop, which holds the load's list.
+        Fault::HostileTask => "hostile-task".into(),
     }
 }
 
@@ -466,10 +496,7 @@ async fn load(
         let idempotent = rng.gen_bool(0.25);
         let sleep_ms: u64 = rng.gen_range(0..3000);
         let label = format!("chaos-{n}");
-        let append = format!(
-            "printf '%s %s\\n' \"$TENURE_TASK_ID\" \"$TENURE_ATTEMPT\" | dd of={} oflag=append conv=notrunc,fsync status=none",
-            ledger.display()
-        );
+        let append = ledger_append(&ledger);
         let planted = plant_double && n == 3;
         let command = if planted {
             format!("{append}; {append}")
@@ -490,7 +517,7 @@ async fn load(
             ApiRequest::Submit(SubmitRequest { session: session.clone(), idempotency_key: uuid::Uuid::new_v4(), spec });
         let index = {
             let mut s = submitted.lock().expect("submitted list");
-            s.push(Submitted { label, id: None, idempotent: idempotent && !planted });
+            s.push(Submitted { label, id: None, idempotent: idempotent && !planted, hostile: false });
             s.len() - 1
         };
         let (client, submitted) = (client.clone(), submitted.clone());
@@ -507,6 +534,53 @@ async fn load(
             }
         });
     }
+}
+
+/// The effect every task of the load starts with: its id and attempt,
+/// appended to the ledger (one `write`, fsynced).
+fn ledger_append(ledger: &Path) -> String {
+    format!(
+        "printf '%s %s\\n' \"$TENURE_TASK_ID\" \"$TENURE_ATTEMPT\" | dd of={} oflag=append conv=notrunc,fsync status=none",
+        ledger.display()
+    )
+}
+
+/// Submits one hostile task (retried with its own idempotency key until
+/// answered, like the load's) and returns the trace line.
+fn submit_hostile(
+    client: &async_nats::Client,
+    mode: hostile::Mode,
+    run_id: &str,
+    ledger: &Path,
+    submitted: &Arc<Mutex<Vec<Submitted>>>,
+) -> String {
+    let label = format!("hostile-{}", uuid::Uuid::new_v4().simple());
+    let mut spec = TaskSpec::shell(label.clone(), hostile::command(mode, &ledger_append(ledger)));
+    spec.env.insert("TENURE_CHAOS_RUN".into(), run_id.to_owned());
+    spec.env.insert("FRAME".into(), hostile::max_epoch_frame());
+    let Ok(session) = SESSION.parse::<SessionId>() else { return "hostile-task: bad session".into() };
+    let req = ApiRequest::Submit(SubmitRequest { session, idempotency_key: uuid::Uuid::new_v4(), spec });
+    let index = match submitted.lock() {
+        Ok(mut s) => {
+            s.push(Submitted { label: label.clone(), id: None, idempotent: false, hostile: true });
+            s.len() - 1
+        }
+        Err(_) => return "hostile-task: submission list unusable".into(),
+    };
+    let (client, submitted) = (client.clone(), submitted.clone());
+    tokio::spawn(async move {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while Instant::now() < deadline {
+            if let Some(ApiResponse::Submitted { task, .. }) = api(&client, &req, Duration::from_secs(3)).await {
+                if let Ok(mut s) = submitted.lock() {
+                    s[index].id = Some(task.to_string());
+                }
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
+    format!("hostile-task {label} submitted ({})", if mode.run_as().is_some() { "run as nobody" } else { "same uid" })
 }
 
 /// Polls every snapshot and records any terminal task seen active again.

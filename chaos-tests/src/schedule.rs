@@ -70,6 +70,8 @@ pub enum Fault {
         worker: usize,
         point: &'static str,
     },
+    /// Submit a task that deletes and kills what it can (see `hostile.rs`).
+    HostileTask,
 }
 
 impl Fault {
@@ -92,6 +94,7 @@ impl Fault {
             Fault::Cut { mode: Mode::OneWay(_), .. } => "cut-one-way",
             Fault::Cut { mode: Mode::Pass, .. } => "cut-none",
             Fault::CrashWindow { .. } => "crash-window",
+            Fault::HostileTask => "hostile-task",
         }
     }
 }
@@ -111,7 +114,7 @@ pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize) ->
     while at + 3000 < duration_ms {
         let w = rng.gen_range(0..workers.max(1));
         let down = rng.gen_range(300..2500);
-        let fault = match rng.gen_range(0..15) {
+        let fault = match rng.gen_range(0..16) {
             0 | 1 => Fault::KillLeader { down_ms: down },
             2 if coordinators > 1 => Fault::KillStandby { down_ms: down },
             3 if coordinators > 1 => Fault::PauseLeader { ms: rng.gen_range(3000..6000) },
@@ -136,6 +139,7 @@ pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize) ->
                 };
                 Fault::Cut { link, mode, ms: rng.gen_range(500..6000) }
             }
+            15 => Fault::HostileTask,
             _ => Fault::CrashWindow { worker: w, point: CRASH_WINDOWS[rng.gen_range(0..CRASH_WINDOWS.len())] },
         };
         out.push(Planned { at_ms: at, fault });
@@ -177,6 +181,7 @@ mod tests {
             "cut-delay",
             "cut-one-way",
             "crash-window",
+            "hostile-task",
         ] {
             assert!(kinds.contains(k), "{k} never planned");
         }

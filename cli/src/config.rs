@@ -96,6 +96,11 @@ pub struct WorkerConfig {
     pub kill_tasks_on_exit: bool,
     /// Kinds this worker runs and advertises.
     pub kinds: Vec<Kind>,
+    /// Where each attempt's scratch directory is made (default: the data
+    /// directory's sibling `<data_dir>.scratch`; never inside it).
+    pub scratch_dir: Option<PathBuf>,
+    /// Run tasks as this unprivileged user (the worker must run as root).
+    pub run_as: Option<String>,
     pub metrics_addr: Option<SocketAddr>,
     pub nats: NatsOptions,
 }
@@ -111,6 +116,8 @@ impl Default for WorkerConfig {
             output_cap: tenure_worker::monitor::DEFAULT_OUTPUT_CAP,
             kill_tasks_on_exit: false,
             kinds: ["shell", "agent", "monitor", "noop", "sleep"].iter().filter_map(|k| k.parse().ok()).collect(),
+            scratch_dir: None,
+            run_as: None,
             metrics_addr: None,
             nats: NatsOptions::default(),
         }
@@ -248,6 +255,18 @@ impl Validate for WorkerConfig {
         if self.kinds.contains(&Kind::workflow()) {
             bail!("kinds: `workflow` is run by the coordinator, not by workers");
         }
+        if let Some(user) = &self.run_as {
+            tenure_worker::sandbox::RunAs::resolve(user).context("run_as")?;
+        }
+        if let (Some(scratch), Some(data)) = (&self.scratch_dir, &self.data_dir) {
+            if scratch.starts_with(data) || data.starts_with(scratch) {
+                bail!(
+                    "scratch_dir ({}) and data_dir ({}) must not contain one another: tasks never run in the data directory",
+                    scratch.display(),
+                    data.display()
+                );
+            }
+        }
         self.nats.validate().context("nats")
     }
 }
@@ -356,6 +375,12 @@ mod tests {
         assert!(w.validate().unwrap_err().to_string().contains("id is required"));
         let w: WorkerConfig = parse("id = 'w1'\ndata_dir = '/tmp/x'\nkinds = ['workflow']").unwrap();
         assert!(w.validate().is_err());
+        let w: WorkerConfig = parse("id = 'w1'\ndata_dir = '/srv/w1'\nscratch_dir = '/srv/w1/scratch'").unwrap();
+        assert!(w.validate().unwrap_err().to_string().contains("scratch_dir"));
+        let w: WorkerConfig = parse("id = 'w1'\ndata_dir = '/srv/w1'\nrun_as = 'no-such-user-tenure-test'").unwrap();
+        assert!(format!("{:#}", w.validate().unwrap_err()).contains("no user named"));
+        let w: WorkerConfig = parse("id = 'w1'\ndata_dir = '/srv/w1'\nrun_as = 'root'").unwrap();
+        assert!(format!("{:#}", w.validate().unwrap_err()).contains("root"));
     }
 
     #[test]

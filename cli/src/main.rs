@@ -175,6 +175,14 @@ struct WorkerArgs {
     /// worker without a process; other kinds run like `shell`.
     #[arg(long, env = "TENURE_KINDS", value_delimiter = ',', default_value = "shell,agent,monitor,noop,sleep")]
     kinds: Vec<Kind>,
+    /// Where each attempt's scratch directory (its working directory and
+    /// HOME) is made: default `<data-dir>.scratch`, never inside the data dir.
+    #[arg(long, env = "TENURE_SCRATCH_DIR", value_name = "DIR")]
+    scratch_dir: Option<PathBuf>,
+    /// Run tasks (not the worker or their monitors) as this unprivileged user,
+    /// with its groups. The worker must run as root.
+    #[arg(long, env = "TENURE_RUN_AS", value_name = "USER")]
+    run_as: Option<String>,
 }
 
 /// `tenure sidecar`.
@@ -480,7 +488,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
         Command::Worker(args) => {
             let overrides = |cfg: &mut config::WorkerConfig| {
                 override_given!(sub, cfg, args, id, slots, data_dir, kill_grace_ms, heartbeat_ms, output_cap);
-                override_given!(sub, cfg, args, kill_tasks_on_exit, kinds);
+                override_given!(sub, cfg, args, kill_tasks_on_exit, kinds, scratch_dir, run_as);
             };
             let Some(cfg) = config::resolve(&args.config, &given_global, shared, overrides)? else { return printed() };
             let _metrics = metrics::start(role, cfg.metrics_addr).await?;
@@ -492,6 +500,8 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             opts.heartbeat = Duration::from_millis(cfg.heartbeat_ms);
             opts.output_cap = cfg.output_cap;
             opts.kill_tasks_on_exit = cfg.kill_tasks_on_exit;
+            opts.scratch_dir = cfg.scratch_dir;
+            opts.run_as = cfg.run_as.as_deref().map(tenure_worker::sandbox::RunAs::resolve).transpose()?;
             opts.monitor_program = std::env::current_exe()?;
             tenure_worker::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)

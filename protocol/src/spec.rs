@@ -33,11 +33,14 @@ pub struct TaskSpec {
     pub label: String,
     /// For `shell`: a command line run as `sh -c COMMAND`.
     pub command: String,
-    /// Working directory on the worker machine; the worker's data dir when absent.
+    /// Working directory on the worker machine; the attempt's own scratch
+    /// directory when absent (never the worker's data directory).
     /// `Box<str>` for this and `pattern`: the same on the wire, 8 bytes less in
     /// every task the coordinator keeps, with or without them.
     pub cwd: Option<Box<str>>,
-    /// Variables added to the worker's environment for this task.
+    /// The task's variables, on top of the few the worker sets (`PATH`,
+    /// `HOME`, `LANG`, `TENURE_SESSION`, `TENURE_NATS`; never the worker's own
+    /// environment). `TENURE_TASK_ID` and `TENURE_ATTEMPT` cannot be set.
     pub env: BTreeMap<String, String>,
     /// May the system run this task again if its worker is lost? Default false.
     pub idempotent: bool,

@@ -2,16 +2,21 @@
 //! where the recovery database, the sidecar's socket and task output live, and
 //! the only functions that open output files.
 //!
-//! Output files sit in a directory that task processes may be able to write to
-//! (they run as the same user), so every open here is symlink-safe: the last
-//! path component is opened with `O_NOFOLLOW` and the opened file must be a
-//! regular file. This module never deletes anything and never follows a link
-//! planted in place of an output file.
+//! The data directory is the daemons' alone: created (or tightened to) 0700,
+//! and refused when another user owns it. Tasks never run in it: each attempt
+//! gets a scratch directory under a *scratch root* outside it (by default the
+//! sibling `<data-dir>.scratch`), which this module names too. Task processes
+//! that run as the daemons' own user could still write into the data
+//! directory, so every open of an output file is symlink-safe: the last path
+//! component is opened with `O_NOFOLLOW` and the opened file must be a regular
+//! file. This module never deletes anything and never follows a link planted
+//! in place of an output file.
 
 use std::fs::{DirBuilder, File, OpenOptions};
-use std::io;
+use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
@@ -27,30 +32,107 @@ pub enum Error {
     /// directory of the layout belongs. Nothing is removed: the operator decides.
     #[error("{path} exists and is not a directory (symlinks are refused)")]
     NotADirectory { path: PathBuf },
+    /// The data directory belongs to another user: whoever owns it could
+    /// swap what the daemons read and write. Nothing is changed.
+    #[error("{path} is owned by uid {owner}, not by this daemon's uid {me}; refusing to use it")]
+    NotOurs { path: PathBuf, owner: u32, me: u32 },
+    /// The data directory's mode could not be tightened to 0700.
+    #[error("cannot make {path} private (0700): {source}")]
+    Private { path: PathBuf, source: io::Error },
 }
 
 /// Paths under one worker machine's data directory.
 ///
 /// ```text
 /// <root>/sidecar-db/     sled database (recovery records, epoch)
-/// <root>/sidecar.sock    unix socket the worker talks to
+/// <root>/sidecar.sock    unix socket the worker talks to (only the holder
+///                        of worker.lock is answered)
+/// <root>/worker.lock     the worker's lock: held (fcntl) for its whole life
+/// <root>/scratch-root    where the worker keeps its tasks' scratch dirs
 /// <root>/output/<task>.out
-/// <root>/attempts/<task>.<attempt>/   the per-task monitor's files: grant,
-///                                     monitor.pid, pgid, status, and an
-///                                     agent's input FIFO
+/// <root>/attempts/<task>.<attempt>/   the per-task monitor's files: journal,
+///                                     an agent's input FIFO, matches
+///
+/// <scratch-root>/<task>.<attempt>/    the attempt's working directory and
+///                                     HOME (outside the data directory)
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Layout {
     root: PathBuf,
+    /// Set by the worker; otherwise found through [`Layout::scratch_root`].
+    scratch: Option<PathBuf>,
 }
+
+/// The file in the data directory that records the worker's scratch root.
+const SCRATCH_RECORD: &str = "scratch-root";
 
 impl Layout {
     pub fn new(root: impl Into<PathBuf>) -> Layout {
-        Layout { root: root.into() }
+        Layout { root: root.into(), scratch: None }
+    }
+
+    /// The same layout with its scratch root given (the worker's setting).
+    pub fn with_scratch_root(mut self, scratch: impl Into<PathBuf>) -> Layout {
+        self.scratch = Some(scratch.into());
+        self
     }
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The scratch root when none is configured: the data directory's sibling
+    /// `<data-dir>.scratch` — on the same file system, named after its
+    /// machine, never inside the data directory (whose 0700 a task's user
+    /// must not need to pass) and not in a world-writable `/tmp`. `None` when
+    /// the path has no last component to name it after (`/`, `..`).
+    pub fn default_scratch_root(root: &Path) -> Option<PathBuf> {
+        let name = root.file_name()?;
+        let mut sibling = name.to_os_string();
+        sibling.push(".scratch");
+        Some(root.with_file_name(sibling))
+    }
+
+    /// The scratch root: the configured one; else the one the worker recorded
+    /// in the data directory (what the sidecar uses, so the two never
+    /// disagree); else the default.
+    pub fn scratch_root(&self) -> Option<PathBuf> {
+        if let Some(s) = &self.scratch {
+            return Some(s.clone());
+        }
+        match read_small(&self.root.join(SCRATCH_RECORD)) {
+            Ok(bytes) if !bytes.is_empty() => Some(PathBuf::from(std::ffi::OsStr::from_bytes(&bytes))),
+            _ => Self::default_scratch_root(&self.root),
+        }
+    }
+
+    /// Records the scratch root in the data directory for the sidecar
+    /// (written to a temporary file, fsynced, renamed into place).
+    pub fn record_scratch_root(&self, scratch: &Path) -> io::Result<()> {
+        let tmp = self.root.join(format!("{SCRATCH_RECORD}.tmp"));
+        let _ = std::fs::remove_file(&tmp);
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(OFlag::O_NOFOLLOW.bits())
+            .open(&tmp)?;
+        file.write_all(scratch.as_os_str().as_bytes())?;
+        file.sync_all()?;
+        std::fs::rename(&tmp, self.root.join(SCRATCH_RECORD))
+    }
+
+    /// The scratch directory of one attempt (`<scratch-root>/<task>.<attempt>`),
+    /// named like its attempt directory so that it is traceable to its task.
+    pub fn scratch_dir(&self, task: &TaskId, attempt: tenure_protocol::Attempt) -> Option<PathBuf> {
+        Some(self.scratch_root()?.join(format!("{task}.{attempt}")))
+    }
+
+    /// The worker's lock file: a worker holds an fcntl write lock on it for
+    /// its whole life, which is how the sidecar knows which process is the
+    /// worker (see [`crate::worker_lock`]).
+    pub fn lock_path(&self) -> PathBuf {
+        self.root.join("worker.lock")
     }
 
     /// The sidecar's sled database directory.
@@ -93,24 +175,52 @@ impl Layout {
         self.attempts_dir().join(format!("{task}.{attempt}"))
     }
 
-    /// Creates the root, database and output directories with mode 0700 when they
-    /// are missing. Existing directories keep their mode; a non-directory (or a
-    /// symlink) in place of the database or output directory is refused.
+    /// Creates the root, database, output and attempts directories with mode
+    /// 0700 when they are missing. The root must belong to this process's
+    /// user; an existing root or subdirectory open to others is tightened to
+    /// 0700 (with a warning: nothing but the daemons has business there). A
+    /// non-directory (or a symlink) in place of any of them is refused.
     pub fn create_dirs(&self) -> Result<(), Error> {
+        // Parents the operator did not create get the usual mode: a task's
+        // user may have to pass them to reach the sibling scratch root.
+        if let Some(parent) = self.root.parent().filter(|p| !p.as_os_str().is_empty()) {
+            DirBuilder::new()
+                .recursive(true)
+                .create(parent)
+                .map_err(|source| Error::CreateDir { path: parent.to_path_buf(), source })?;
+        }
         let mut builder = DirBuilder::new();
         builder.recursive(true).mode(0o700);
         for dir in [self.root.clone(), self.db_dir(), self.output_dir(), self.attempts_dir()] {
             builder.create(&dir).map_err(|source| Error::CreateDir { path: dir.clone(), source })?;
         }
-        for dir in [self.db_dir(), self.output_dir(), self.attempts_dir()] {
+        let me = nix::unistd::geteuid().as_raw();
+        for dir in [self.root.clone(), self.db_dir(), self.output_dir(), self.attempts_dir()] {
             let meta =
                 std::fs::symlink_metadata(&dir).map_err(|source| Error::CreateDir { path: dir.clone(), source })?;
             if !meta.file_type().is_dir() {
                 return Err(Error::NotADirectory { path: dir });
             }
+            if meta.uid() != me {
+                return Err(Error::NotOurs { path: dir, owner: meta.uid(), me });
+            }
+            if meta.mode() & 0o077 != 0 {
+                tracing::warn!(dir = %dir.display(), mode = format!("{:o}", meta.mode() & 0o777), "data directory open to others: tightening it to 0700");
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+                    .map_err(|source| Error::Private { path: dir.clone(), source })?;
+            }
         }
         Ok(())
     }
+}
+
+/// Reads a small file of the data directory without following a symlink.
+fn read_small(path: &Path) -> io::Result<Vec<u8>> {
+    let file = OpenOptions::new().read(true).custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits()).open(path)?;
+    ensure_regular(&file, path)?;
+    let mut bytes = Vec::new();
+    file.take(4096).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// Opens (creating it with mode 0600 if needed) an output file for appending.
@@ -162,6 +272,45 @@ mod tests {
         assert_eq!(l.socket_path(), Path::new("/data/sidecar.sock"));
         assert_eq!(l.output_dir(), Path::new("/data/output"));
         assert_eq!(l.output_path(&t), Path::new("/data/output/shell-7.out"));
+        assert_eq!(l.lock_path(), Path::new("/data/worker.lock"));
+        assert_eq!(l.scratch_dir(&t, tenure_protocol::Attempt(2)).unwrap(), Path::new("/data.scratch/shell-7.2"));
+        let set = Layout::new("/data").with_scratch_root("/srv/scratch");
+        assert_eq!(set.scratch_dir(&t, tenure_protocol::Attempt(1)).unwrap(), Path::new("/srv/scratch/shell-7.1"));
+    }
+
+    #[test]
+    fn the_default_scratch_root_is_a_sibling_never_inside() {
+        let d = |p: &str| Layout::default_scratch_root(Path::new(p));
+        assert_eq!(d("/var/lib/tenure"), Some(PathBuf::from("/var/lib/tenure.scratch")));
+        assert_eq!(d("/var/lib/tenure/"), Some(PathBuf::from("/var/lib/tenure.scratch")));
+        assert_eq!(d("data"), Some(PathBuf::from("data.scratch")));
+        assert_eq!(d("/"), None);
+        assert_eq!(d("a/.."), None);
+    }
+
+    #[test]
+    fn the_recorded_scratch_root_is_what_the_sidecar_finds() {
+        let tmp = tempfile::tempdir().unwrap();
+        let l = Layout::new(tmp.path().join("data"));
+        l.create_dirs().unwrap();
+        assert_eq!(l.scratch_root(), Layout::default_scratch_root(l.root()));
+        l.record_scratch_root(Path::new("/srv/elsewhere")).unwrap();
+        l.record_scratch_root(Path::new("/srv/scratch")).unwrap();
+        assert_eq!(Layout::new(l.root()).scratch_root(), Some(PathBuf::from("/srv/scratch")));
+    }
+
+    #[test]
+    fn an_open_data_dir_is_tightened() {
+        let tmp = tempfile::tempdir().unwrap();
+        let l = Layout::new(tmp.path().join("data"));
+        std::fs::create_dir_all(l.output_dir()).unwrap();
+        for d in [l.root().to_path_buf(), l.output_dir()] {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        l.create_dirs().unwrap();
+        for d in [l.root().to_path_buf(), l.output_dir(), l.attempts_dir()] {
+            assert_eq!(std::fs::metadata(&d).unwrap().permissions().mode() & 0o777, 0o700, "{}", d.display());
+        }
     }
 
     #[test]
@@ -170,7 +319,7 @@ mod tests {
         let l = Layout::new(tmp.path().join("data"));
         l.create_dirs().unwrap();
         l.create_dirs().unwrap();
-        for d in [l.root().to_path_buf(), l.db_dir(), l.output_dir()] {
+        for d in [l.root().to_path_buf(), l.db_dir(), l.output_dir(), l.attempts_dir()] {
             let mode = std::fs::metadata(&d).unwrap().permissions().mode() & 0o777;
             assert_eq!(mode, 0o700, "{}", d.display());
         }

@@ -16,12 +16,15 @@
 //!   decides only what may be recorded; the worker acts.
 //! - **An attempt whose intent is recorded is never given back**, because it may
 //!   have run.
+//! - **It answers only its worker.** The socket refuses every peer but the
+//!   process holding the worker's lock: a task cannot reach it.
 //!
 //! Code map: [`layout`] (paths and symlink-safe output files), [`store`] (the
 //! durable records behind the [`RecoveryStore`] trait), [`service`] (the pure
 //! decision logic, [`Machine`]), [`server`] (socket and NATS IO around it),
 //! [`input`] (delivering `tenure send` input into agent tasks' FIFOs),
-//! [`client`] (what the worker uses).
+//! [`client`] (what the worker uses), [`worker_lock`] (the worker's lock on
+//! the data directory, which names the one process the socket answers).
 
 pub mod attempt_files;
 pub mod client;
@@ -31,6 +34,7 @@ mod metrics;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod worker_lock;
 
 pub use client::{Error as ClientError, SidecarClient, DEFAULT_CALL_TIMEOUT};
 pub use layout::{open_output_for_append, open_output_for_read, Layout};

@@ -14,6 +14,12 @@
 //! NATS is optional at runtime: the client connects (and reconnects) in the
 //! background, and the socket keeps serving the worker while NATS is down.
 //!
+//! The socket answers the worker and nobody else: every accepted connection's
+//! peer credentials (`SO_PEERCRED`) must name the daemons' user (or root) and
+//! the process holding the worker's lock ([`crate::worker_lock`]); anything
+//! else — a task, even one running as the daemons' own user — has its
+//! connection closed before a byte is read.
+//!
 //! This module never panics on input, never starts or kills processes and never
 //! writes task output or input.
 
@@ -183,9 +189,15 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                 break;
             }
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => {
-                    connections.spawn(serve_connection(stream, handle.clone()));
-                }
+                Ok((stream, _)) => match peer_of(&stream, &layout.lock_path()) {
+                    Ok(()) => {
+                        connections.spawn(serve_connection(stream, handle.clone()));
+                    }
+                    Err(refusal) => {
+                        warn!(peer_pid = ?refusal.pid, peer_uid = ?refusal.uid, reason = %refusal.reason, "connection to the sidecar socket refused: not the worker");
+                        drop(stream);
+                    }
+                },
                 Err(error) => {
                     // Out of descriptors and the like: back off instead of spinning.
                     warn!(%error, "accepting a connection failed");
@@ -425,6 +437,60 @@ fn apply(command: Command, machine: &mut Result<Machine<SledStore>, String>) -> 
 
 // ------------------------------------------------------------------ socket
 
+/// A peer the socket does not answer, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PeerRefusal {
+    pub pid: Option<i32>,
+    pub uid: Option<u32>,
+    pub reason: String,
+}
+
+/// Who may talk on the socket, decided from facts only: the peer's uid and
+/// pid (as the kernel recorded them at `connect`), this process's euid and
+/// pid, and the pid holding the worker's lock.
+///
+/// Admitted: a peer of the daemons' user (or root) that is the lock's holder
+/// — the worker — or this very process (a sidecar run in-process, as the
+/// sidecar's own tests do; a task is never this process).
+pub(crate) fn admit(
+    peer_uid: u32,
+    peer_pid: Option<i32>,
+    me: (u32, i32),
+    holder: Option<i32>,
+) -> Result<(), PeerRefusal> {
+    let (euid, my_pid) = me;
+    let refuse = |reason: String| Err(PeerRefusal { pid: peer_pid, uid: Some(peer_uid), reason });
+    if peer_uid != euid && peer_uid != 0 {
+        return refuse(format!("uid {peer_uid} is neither the daemons' user ({euid}) nor root"));
+    }
+    let Some(pid) = peer_pid.filter(|p| *p > 0) else {
+        return refuse("the kernel did not name the peer's process".into());
+    };
+    if pid == my_pid || Some(pid) == holder {
+        return Ok(());
+    }
+    match holder {
+        Some(h) => refuse(format!("pid {pid} is not the worker (the worker's lock is held by pid {h})")),
+        None => refuse(format!("pid {pid} is not the worker (no worker holds the lock)")),
+    }
+}
+
+/// Checks one accepted connection's peer (see [`admit`]).
+fn peer_of(stream: &UnixStream, lock: &Path) -> Result<(), PeerRefusal> {
+    let cred = stream.peer_cred().map_err(|e| PeerRefusal {
+        pid: None,
+        uid: None,
+        reason: format!("cannot read the peer's credentials: {e}"),
+    })?;
+    let holder = crate::worker_lock::holder(lock).map_err(|e| PeerRefusal {
+        pid: cred.pid(),
+        uid: Some(cred.uid()),
+        reason: format!("cannot read the worker's lock {}: {e}", lock.display()),
+    })?;
+    let me = (nix::unistd::geteuid().as_raw(), std::process::id() as i32);
+    admit(cred.uid(), cred.pid(), me, holder)
+}
+
 /// Binds the socket (mode 0600). A socket file left by a dead sidecar is
 /// replaced; a live one, or a non-socket at that path, is refused.
 fn listen(path: &Path) -> Result<UnixListener, Error> {
@@ -598,7 +664,7 @@ where
 }
 
 /// Carries out one cleanup job: the epoch fence first (a deposed leader's job
-/// removes nothing), then files (output, attempt directories), then records;
+/// removes nothing), then files (output, scratch and attempt directories), then records;
 /// refused while any attempt of the task still has a live monitor here. A
 /// cancellation passes the fence and counts what is here instead.
 async fn cleanup(req: CleanupRequest, store: &StoreHandle, layout: &Layout) -> CleanupReply {
@@ -624,11 +690,13 @@ async fn cleanup(req: CleanupRequest, store: &StoreHandle, layout: &Layout) -> C
 struct TaskFiles {
     output: Option<PathBuf>,
     attempt_dirs: Vec<PathBuf>,
+    /// Its attempts' scratch directories (working directory and HOME).
+    scratch_dirs: Vec<PathBuf>,
 }
 
 impl TaskFiles {
     fn count(&self) -> u32 {
-        (self.output.is_some() as u32) + self.attempt_dirs.len() as u32
+        (self.output.is_some() as u32) + self.attempt_dirs.len() as u32 + self.scratch_dirs.len() as u32
     }
 
     fn remove(self, task: &TaskId) -> Result<u32, SidecarRefusal> {
@@ -643,35 +711,47 @@ impl TaskFiles {
                 Err(e) => return Err(SidecarRefusal::Storage(format!("cannot remove the output of {task}: {e}"))),
             }
         }
-        for dir in self.attempt_dirs {
-            std::fs::remove_dir_all(&dir)
-                .map_err(|e| SidecarRefusal::Storage(format!("cannot remove {}: {e}", dir.display())))?;
-            removed += 1;
+        // The scratch directories first: the attempt directories are what says
+        // a monitor may still run there. `remove_dir_all` never follows a link
+        // a task left inside its directory.
+        for dir in self.scratch_dirs.into_iter().chain(self.attempt_dirs) {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(SidecarRefusal::Storage(format!("cannot remove {}: {e}", dir.display()))),
+            }
         }
         Ok(removed)
     }
 }
 
-/// Removes a finished task's output file and attempt directories; refuses (and
-/// removes nothing) while any of its monitors lives.
+/// A finished task's output file, attempt directories and scratch
+/// directories (`<task>.<attempt>` in the attempts directory and in the
+/// worker's scratch root).
 fn task_files(layout: &Layout, task: &TaskId) -> Result<TaskFiles, SidecarRefusal> {
     let prefix = format!("{task}.");
-    let dirs: Vec<PathBuf> = std::fs::read_dir(layout.attempts_dir())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| {
-            e.file_name().to_str().is_some_and(|n| n.strip_prefix(&prefix).is_some_and(|a| a.parse::<u32>().is_ok()))
-        })
-        .map(|e| e.path())
-        .collect();
+    let attempts_of = |dir: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.strip_prefix(&prefix).is_some_and(|a| a.parse::<u32>().is_ok()))
+            })
+            .map(|e| e.path())
+            .collect()
+    };
+    let dirs = attempts_of(&layout.attempts_dir());
+    let scratch_dirs = layout.scratch_root().map(|root| attempts_of(&root)).unwrap_or_default();
     let output = layout.output_path(task);
     let output = match std::fs::symlink_metadata(&output) {
         Ok(_) => Some(output),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(SidecarRefusal::Storage(format!("cannot look at the output of {task}: {e}"))),
     };
-    Ok(TaskFiles { output, attempt_dirs: dirs })
+    Ok(TaskFiles { output, attempt_dirs: dirs, scratch_dirs })
 }
 
 /// Answers one evidence query from the records and the attempt's own files.
@@ -741,6 +821,26 @@ fn read_chunk(path: &Path, offset: u64, want: usize) -> io::Result<(Vec<u8>, u64
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_worker_or_this_process_is_admitted() {
+        let me = (1000, 50);
+        // The worker: our user, holding the lock.
+        assert!(admit(1000, Some(70), me, Some(70)).is_ok());
+        // Root holding the lock (daemons run as another user, worker as root).
+        assert!(admit(0, Some(70), me, Some(70)).is_ok());
+        // This process itself.
+        assert!(admit(1000, Some(50), me, None).is_ok());
+        // A task of our own user that is not the lock holder.
+        let e = admit(1000, Some(71), me, Some(70)).unwrap_err();
+        assert!(e.reason.contains("held by pid 70"), "{e:?}");
+        assert!(admit(1000, Some(71), me, None).unwrap_err().reason.contains("no worker"));
+        // Another user, even one that somehow names the holder's pid.
+        assert!(admit(65534, Some(70), me, Some(70)).unwrap_err().reason.contains("uid 65534"));
+        // No pid from the kernel.
+        assert!(admit(1000, None, me, Some(70)).is_err());
+        assert!(admit(1000, Some(0), me, Some(0)).is_err());
+    }
 
     #[test]
     fn read_chunk_edges() {

@@ -95,3 +95,76 @@ async fn a_stale_socket_file_is_replaced_and_a_foreign_file_is_not() -> anyhow::
     assert_eq!(std::fs::read(&socket)?, b"not a socket");
     Ok(())
 }
+
+/// Connects to the socket from a separate process — optionally after taking
+/// the worker's lock as that process — sends a well-formed `List` and says
+/// what came back: `ANSWERED` or `CLOSED`.
+fn peer_process(python: &str, socket: &std::path::Path, lock: Option<&std::path::Path>) -> String {
+    let script = r#"
+import fcntl, os, socket, sys
+lock = os.environ.get("LOCK")
+if lock:
+    f = open(lock, "a+")
+    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.connect(os.environ["SOCK"])
+s.settimeout(10)
+try:
+    s.sendall(bytes.fromhex(os.environ["FRAME"]))
+    got = s.recv(64)
+except OSError:
+    got = b""
+print("ANSWERED" if got else "CLOSED")
+"#;
+    let body = encode(&SidecarRequest::List).unwrap();
+    let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    let hex: String = frame.iter().map(|b| format!("{b:02x}")).collect();
+    let mut cmd = std::process::Command::new(python);
+    cmd.args(["-c", script]).env("SOCK", socket).env("FRAME", hex);
+    if let Some(lock) = lock {
+        cmd.env("LOCK", lock);
+    }
+    let out = cmd.output().expect("run the peer");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_holder_of_the_worker_lock_is_answered() -> anyhow::Result<()> {
+    let Some(python) =
+        ["/usr/bin/python3", "/usr/local/bin/python3"].into_iter().find(|p| std::path::Path::new(p).is_file())
+    else {
+        println!("skipped: no python3 to play the other process");
+        return Ok(());
+    };
+    let nats = NatsServer::start()?;
+    let dir = tempfile::tempdir()?;
+    let sidecar = Running::start(dir.path(), "w1", &nats.url).await?;
+    let (socket, lock) = (sidecar.layout.socket_path(), sidecar.layout.lock_path());
+
+    // A process of the same user that is not the worker: cut off, whether or
+    // not a worker holds the lock meanwhile.
+    let peer = tokio::task::spawn_blocking({
+        let (python, socket) = (python.to_owned(), socket.clone());
+        move || peer_process(&python, &socket, None)
+    });
+    assert_eq!(peer.await?, "CLOSED");
+    let held = tenure_sidecar::worker_lock::WorkerLock::acquire(&lock)?;
+    let peer = tokio::task::spawn_blocking({
+        let (python, socket) = (python.to_owned(), socket.clone());
+        move || peer_process(&python, &socket, None)
+    });
+    assert_eq!(peer.await?, "CLOSED");
+    drop(held);
+
+    // The process holding the lock — what the worker does — is answered.
+    let peer = tokio::task::spawn_blocking({
+        let (python, socket, lock) = (python.to_owned(), socket.clone(), lock.clone());
+        move || peer_process(&python, &socket, Some(&lock))
+    });
+    assert_eq!(peer.await?, "ANSWERED");
+    // This process itself (the sidecar runs in it) still is.
+    let client = SidecarClient::new(&socket);
+    assert!(matches!(client.call(&SidecarRequest::List).await?, SidecarReply::Records { .. }));
+    sidecar.stop().await
+}

@@ -179,8 +179,9 @@ async fn run_builtin(shared: &Arc<Shared>, builtin: Builtin, grant: &LeaseGrant,
     finish(shared, &task, attempt, epoch, Evidence::Exited(outcome)).await;
 }
 
-/// Writes the attempt's `grant` and has the launcher fork its monitor (file
-/// writes, fsyncs and a fork: on a blocking thread).
+/// Writes the attempt's `grant`, makes its scratch directory and has the
+/// launcher fork its monitor (file writes, fsyncs and a fork: on a blocking
+/// thread).
 async fn start_monitor(
     shared: &Arc<Shared>,
     grant: &LeaseGrant,
@@ -191,12 +192,20 @@ async fn start_monitor(
         let not_started = LaunchError::NotStarted;
         files.create().map_err(|e| not_started(format!("cannot create {}: {e}", files.dir().display())))?;
         files.write_grant(&grant).map_err(|e| not_started(format!("cannot write the task's grant: {e}")))?;
+        let root = shared.layout.scratch_root().ok_or_else(|| not_started("no scratch directory is set".into()))?;
+        let name = format!("{}.{}", grant.task, grant.attempt);
+        let scratch = crate::sandbox::create_scratch_dir(&root, &name, shared.opts.run_as.as_ref()).map_err(|e| {
+            not_started(format!("cannot create the task's scratch directory {}: {e}", root.join(&name).display()))
+        })?;
         shared.launcher.launch(&MonitorArgs {
             data_dir: shared.layout.root().to_path_buf(),
             task: grant.task.clone(),
             attempt: grant.attempt,
             output_cap: shared.opts.output_cap,
             kill_grace: shared.opts.kill_grace,
+            scratch,
+            run_as: shared.opts.run_as.clone(),
+            nats: shared.task_nats.clone(),
         })
     });
     started.await.unwrap_or_else(|e| Err(LaunchError::NotStarted(format!("the monitor start was interrupted: {e}"))))
@@ -470,6 +479,8 @@ async fn report_once(
 ///
 /// Attempt directories that no record names are removed only when their monitor
 /// and group are confirmed gone; otherwise kept, with a warning saying why.
+/// Scratch directories are kept while their task has a record here, and
+/// removed once it has none (its files were released).
 pub(crate) async fn recover(shared: &Arc<Shared>) {
     // Every record, page by page (a machine can hold more than one message).
     let (mut epoch, mut records, mut corrupt, mut request) = (Epoch(0), Vec::new(), Vec::new(), SidecarRequest::List);
@@ -561,6 +572,37 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
         tokio::spawn(async move { report_until_acked(&shared, &task, attempt, epoch, ReportEvent::Lost(hint)).await });
     }
     sweep_unknown_attempt_dirs(shared, &known).await;
+    let tasks: std::collections::HashSet<&str> =
+        known.iter().filter_map(|k| k.rsplit_once('.')).map(|(t, _)| t).collect();
+    sweep_scratch_dirs(shared, &tasks);
+}
+
+/// Scratch directories whose task this machine no longer holds any record of:
+/// the task's files were released (its cleanup job removes them; one that was
+/// interrupted leaves them behind) and nothing can use them any more, so they
+/// are removed. A directory whose task still has a record or an attempt
+/// directory is kept (it is released with the task's files); a name that is
+/// not `<task>.<attempt>` was not made by a worker and is left alone.
+fn sweep_scratch_dirs(shared: &Shared, tasks: &std::collections::HashSet<&str>) {
+    let Some(root) = shared.layout.scratch_root() else { return };
+    let Ok(entries) = std::fs::read_dir(&root) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let parsed = name.rsplit_once('.').and_then(|(t, a)| Some((t.parse::<TaskId>().ok()?, a.parse::<u32>().ok()?)));
+        let Some((task, attempt)) = parsed else {
+            tracing::warn!(dir = %entry.path().display(), "not a scratch directory of this worker: left alone");
+            continue;
+        };
+        let held =
+            tasks.contains(task.to_string().as_str()) || shared.layout.attempt_dir(&task, Attempt(attempt)).exists();
+        if held {
+            continue;
+        }
+        tracing::info!(task = %task, attempt, dir = %entry.path().display(), "removing the scratch directory of a task whose files were released");
+        if let Err(error) = std::fs::remove_dir_all(entry.path()) {
+            tracing::warn!(task = %task, attempt, %error, "cannot remove a released scratch directory");
+        }
+    }
 }
 
 /// Recovery when the machine's recovery store is unusable: the records are lost,

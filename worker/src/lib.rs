@@ -12,6 +12,7 @@ pub mod launcher;
 mod metrics;
 pub mod monitor;
 pub mod process;
+pub mod sandbox;
 pub mod service;
 
 pub use service::{run, Error, Options};

@@ -4,7 +4,9 @@
 //! ([`crate::launcher`]); from then on it depends on neither.
 //!
 //! It detaches into its own session, becomes the child subreaper of everything
-//! the task forks, spawns `sh -c COMMAND` as the leader of a new process group,
+//! the task forks, spawns `sh -c COMMAND` as the leader of a new process group
+//! — with a cleared environment, in the attempt's scratch directory (or the
+//! spec's `cwd`), as the `--run-as` user when one is set ([`crate::sandbox`]) —
 //! pumps the group's stdout and stderr (one pipe, so their order is kept) into
 //! the task's output file up to a cap, and when the leader exits — or SIGTERM
 //! asks it to stop the task — ends the whole group and records the exit evidence
@@ -26,7 +28,7 @@
 
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -42,6 +44,7 @@ use tenure_protocol::{Attempt, Ending, Kind, Outcome, TaskId};
 use tenure_sidecar::Layout;
 
 use crate::process;
+use crate::sandbox::{self, RunAs};
 use tenure_sidecar::attempt_files::{AttemptFiles, InputFifo, MonitorStatus, ProcessId};
 
 /// Default output cap per task.
@@ -56,6 +59,13 @@ pub struct MonitorArgs {
     pub attempt: Attempt,
     pub output_cap: u64,
     pub kill_grace: Duration,
+    /// The attempt's scratch directory, made by the worker: the task's `HOME`
+    /// and, without a spec `cwd`, its working directory.
+    pub scratch: PathBuf,
+    /// The user the task runs as (the monitor itself stays the worker's user).
+    pub run_as: Option<RunAs>,
+    /// The NATS servers as the task sees them (no credentials).
+    pub nats: String,
 }
 
 /// Runs the monitor to completion. Returns the process exit code: 0 when the
@@ -95,8 +105,8 @@ pub fn run(args: &MonitorArgs) -> i32 {
 fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> MonitorStatus {
     let failed =
         |detail: String| MonitorStatus { outcome: Outcome::new(Ending::Failed, None, Some(detail)), output_written: 0 };
-    let spec = match files.read_grant() {
-        Ok(grant) => grant.spec,
+    let (spec, owner) = match files.read_grant() {
+        Ok(grant) => (grant.spec, grant.owner),
         Err(e) => return failed(format!("cannot read the task's grant: {e}")),
     };
     // An agent's input: created before the task exists, held until it is gone.
@@ -122,15 +132,25 @@ fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> Monit
     let mut signals = SigSet::empty();
     signals.add(Signal::SIGCHLD);
     signals.add(Signal::SIGTERM);
-    let signalfd = match signals.thread_block().and_then(|()| SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK)) {
+    let signalfd = match signals
+        .thread_block()
+        .and_then(|()| SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC))
+    {
         Ok(fd) => fd,
         Err(e) => return failed(format!("cannot watch signals: {e}")),
     };
-    // Every process of the task can say which task and attempt it belongs to.
-    let identity = [("TENURE_TASK_ID", args.task.to_string()), ("TENURE_ATTEMPT", args.attempt.0.to_string())];
-    let leader = match process::spawn(&spec, &identity, stdin, writer, layout.root()) {
+    // A cleared environment in which every process of the task can say which
+    // task and attempt it belongs to; its own directory, never the data dir.
+    let who = sandbox::Identity { task: &args.task, attempt: args.attempt, session: &owner };
+    let env = sandbox::task_env(&spec.env, who, &args.nats, &args.scratch);
+    let cwd = spec.cwd.as_deref().map(Path::new).unwrap_or(&args.scratch);
+    let launch = process::Launch { command: &spec.command, env: &env, cwd, run_as: args.run_as.as_ref() };
+    let leader = match process::spawn(&launch, stdin, writer) {
         Ok(pid) => pid,
-        Err(e) => return failed(format!("spawn failed: {e}")),
+        Err(e) => {
+            let user = args.run_as.as_ref().map(|r| format!(" as user {}", r.user)).unwrap_or_default();
+            return failed(format!("the task could not start{user} in {}: {e}", cwd.display()));
+        }
     };
     if let Err(error) = files.write_pgid(leader) {
         tracing::warn!(%error, "monitor cannot record the process group");

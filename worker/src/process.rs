@@ -1,13 +1,17 @@
 //! Running one shell task as its own process group, and ending that group.
 //!
-//! The task is `sh -c COMMAND` as the leader of a new process group, stdout and
+//! The task is `sh -c COMMAND` as the leader of a new process group, with the
+//! environment, directory and user [`crate::sandbox`] decided, stdout and
 //! stderr appended to one output file (the same open file description, so their
 //! order is the order they were written), stdin from `/dev/null` or, for an
 //! `agent` task, from its input FIFO. Its monitor ([`crate::monitor`]) is a
 //! child subreaper, so descendants that double-fork inside the group are
 //! re-parented to the monitor, never to PID 1, and are reaped there.
 
+use std::collections::BTreeMap;
+use std::ffi::{CString, OsString};
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -17,7 +21,8 @@ use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use tenure_protocol::TaskSpec;
+
+use crate::sandbox::RunAs;
 
 /// Makes this process the reaper of orphaned descendants (Linux), so that the
 /// processes of a task never end up under PID 1.
@@ -27,33 +32,79 @@ pub fn become_subreaper() {
     }
 }
 
-/// Spawns `sh -c spec.command` as the leader of a new process group, stdout
-/// and stderr both going to `output` (a file or a pipe), stdin from `stdin`
-/// (`/dev/null` when `None`). `identity` adds variables that name the task to
-/// its processes (they override the spec's own). Returns the leader's pid,
-/// which is also the group's id; the caller reaps it.
-pub fn spawn(
-    spec: &TaskSpec,
-    identity: &[(&str, String)],
-    stdin: Option<OwnedFd>,
-    output: impl Into<OwnedFd>,
-    default_cwd: &Path,
-) -> std::io::Result<i32> {
+/// How one task's process starts: what it runs, with exactly which
+/// environment, where, and as whom (see [`crate::sandbox`]).
+#[derive(Debug)]
+pub struct Launch<'a> {
+    pub command: &'a str,
+    /// The whole environment: nothing else is inherited.
+    pub env: &'a BTreeMap<OsString, OsString>,
+    pub cwd: &'a Path,
+    /// Switch to this user (groups, group, user) before entering `cwd`, so a
+    /// directory the user may not enter fails the start.
+    pub run_as: Option<&'a RunAs>,
+}
+
+/// Spawns `sh -c COMMAND` as the leader of a new process group, with a
+/// cleared environment set to `launch.env`, as `launch.run_as` when set,
+/// stdout and stderr both going to `output` (a file or a pipe), stdin from
+/// `stdin` (`/dev/null` when `None`). Returns the leader's pid, which is also
+/// the group's id; the caller reaps it.
+pub fn spawn(launch: &Launch<'_>, stdin: Option<OwnedFd>, output: impl Into<OwnedFd>) -> std::io::Result<i32> {
     let output: OwnedFd = output.into();
     let err = output.try_clone()?;
     let stdin = stdin.map(Stdio::from).unwrap_or_else(Stdio::null);
-    let child = Command::new("/bin/sh")
+    // Prepared before the fork: the child only makes system calls.
+    let cwd = CString::new(launch.cwd.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "the working directory contains NUL"))?;
+    let ids = launch.run_as.map(RunAs::ids);
+    let mut command = Command::new("/bin/sh");
+    command
         .arg("-c")
-        .arg(&spec.command)
-        .current_dir(spec.cwd.as_deref().map(Path::new).unwrap_or(default_cwd))
-        .envs(&spec.env)
-        .envs(identity.iter().map(|(k, v)| (*k, v.as_str())))
+        .arg(launch.command)
+        .env_clear()
+        .envs(launch.env)
         .stdin(stdin)
         .stdout(Stdio::from(output))
         .stderr(Stdio::from(err))
-        .process_group(0)
-        .spawn()?;
+        .process_group(0);
+    // SAFETY: runs in the child between fork and exec; it makes plain system
+    // calls (fcntl or close_range, setgroups, setgid, setuid, chdir) and does
+    // not allocate.
+    unsafe {
+        command.pre_exec(move || {
+            close_inherited_on_exec();
+            if let Some(ids) = &ids {
+                ids.switch()?;
+            }
+            nix::unistd::chdir(cwd.as_c_str())?;
+            Ok(())
+        })
+    };
+    let child = command.spawn()?;
     i32::try_from(child.id()).map_err(|_| std::io::Error::other("spawned process has no valid pid"))
+}
+
+/// Marks every descriptor above stderr close-on-exec, so that the task gets
+/// stdin, stdout and stderr and nothing else — not even a descriptor the
+/// worker's own parent left open and the launcher and monitor inherited.
+/// (Closing them outright would also close the pipe through which the
+/// standard library reports a failed `exec`.) Async-signal-safe.
+fn close_inherited_on_exec() {
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only sets a flag on
+    // descriptors of this process; it takes no pointers.
+    let marked =
+        unsafe { nix::libc::syscall(nix::libc::SYS_close_range, 3u32, u32::MAX, nix::libc::CLOSE_RANGE_CLOEXEC) };
+    if marked == 0 {
+        return;
+    }
+    // Kernels before 5.11: one descriptor at a time, up to the usual limit.
+    for fd in 3..4096 {
+        // SAFETY: fcntl on a descriptor number that may not be open only fails.
+        unsafe {
+            nix::libc::fcntl(fd, nix::libc::F_SETFD, nix::libc::FD_CLOEXEC);
+        }
+    }
 }
 
 /// Signals every process of group `pgid`; an empty group is not an error.

@@ -19,6 +19,7 @@ use tenure_protocol::messages::{
     WorkerCommand, WorkerReply,
 };
 use tenure_protocol::{subjects, Attempt, Epoch, Kind, TaskId, WorkerId};
+use tenure_sidecar::worker_lock::WorkerLock;
 use tenure_sidecar::{ClientError, Layout, SidecarClient};
 use tokio::sync::Notify;
 use tracing::Instrument;
@@ -26,6 +27,7 @@ use uuid::Uuid;
 
 use crate::attempt;
 use crate::launcher::Launcher;
+use crate::sandbox::RunAs;
 
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -51,6 +53,11 @@ pub struct Options {
     /// End running tasks when the worker stops (for `tenure dev`). Off by default:
     /// tasks outlive their worker and a restarted worker re-attaches to them.
     pub kill_tasks_on_exit: bool,
+    /// Where each attempt's scratch directory is made; `None`: the data
+    /// directory's sibling `<data-dir>.scratch` ([`crate::sandbox`]).
+    pub scratch_dir: Option<PathBuf>,
+    /// Run tasks as this unprivileged user (the worker must be root).
+    pub run_as: Option<RunAs>,
 }
 
 impl Options {
@@ -66,6 +73,8 @@ impl Options {
             monitor_program: PathBuf::from("tenure"),
             output_cap: crate::monitor::DEFAULT_OUTPUT_CAP,
             kill_tasks_on_exit: false,
+            scratch_dir: None,
+            run_as: None,
         }
     }
 }
@@ -85,6 +94,12 @@ pub enum Error {
          this process (instance {instance}) stops. Give each machine its own id"
     )]
     IdTaken { worker: WorkerId, instance: Uuid, holder: Uuid },
+    /// Another worker runs on this data directory (or the lock is unusable).
+    #[error(transparent)]
+    Lock(#[from] tenure_sidecar::worker_lock::Error),
+    /// The tasks' scratch directory or user cannot be set up.
+    #[error(transparent)]
+    Sandbox(#[from] crate::sandbox::Error),
 }
 
 /// One attempt this worker holds (keyed by task and attempt: a returning
@@ -99,6 +114,8 @@ pub(crate) struct Shared {
     pub layout: Layout,
     pub client: async_nats::Client,
     pub sidecar: SidecarClient,
+    /// The NATS servers as tasks see them (no credentials).
+    pub task_nats: String,
     held: Mutex<HashMap<(TaskId, Attempt), Held>>,
     /// Attempts this worker refused, or was told to kill before their grant
     /// arrived: the leader gave them back, so a late copy of their grant is
@@ -128,6 +145,22 @@ impl Shared {
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     let layout = Layout::new(&opts.data_dir);
     layout.create_dirs().map_err(|e| Error::Layout(e.to_string()))?;
+    // One worker per data directory, for this process's whole life: the lock is
+    // also what the sidecar checks to answer this process and no other.
+    let _lock = WorkerLock::acquire(&layout.lock_path())?;
+    if let Some(user) = &opts.run_as {
+        let me = nix::unistd::geteuid();
+        if !me.is_root() {
+            return Err(crate::sandbox::Error::NotRoot { user: user.user.clone(), uid: me.as_raw() }.into());
+        }
+    }
+    let scratch = crate::sandbox::scratch_root(opts.scratch_dir.as_deref(), layout.root())?;
+    crate::sandbox::prepare_scratch_root(&scratch, layout.root(), opts.run_as.as_ref())?;
+    layout
+        .record_scratch_root(&scratch)
+        .map_err(|e| Error::Layout(format!("cannot record the scratch directory: {e}")))?;
+    let layout = layout.with_scratch_root(&scratch);
+    tracing::info!(scratch = %scratch.display(), run_as = opts.run_as.as_ref().map(|r| r.user.as_str()), "tasks run in their own scratch directories");
     let client = tenure_transport::connect(&opts.nats, &format!("tenure-worker-{}", opts.id), true).await?;
     tenure_transport::identity::Trust::announce(&client, "worker");
     let sidecar = SidecarClient::new(layout.socket_path());
@@ -136,6 +169,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         layout,
         client: client.clone(),
         sidecar,
+        task_nats: crate::sandbox::servers_for_tasks(&opts.nats.servers),
         held: Mutex::new(HashMap::new()),
         given_back: Mutex::new(HashSet::new()),
         epoch_seen: Mutex::new(Epoch(0)),
