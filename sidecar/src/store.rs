@@ -504,9 +504,11 @@ pub(crate) mod tests {
         let a = record("shell-1", 1, Phase::Accepted);
         let b = record("shell-2", 4, Phase::Exited);
         let c = record("shell-3", 1, Phase::Intent);
-        {
+        let incarnation = {
             let mut s = SledStore::open(tmp.path()).unwrap();
-            assert_eq!(s.load().unwrap(), Loaded::default());
+            let fresh = s.load().unwrap();
+            assert_eq!(fresh, Loaded { incarnation: fresh.incarnation, ..Loaded::default() });
+            assert!(!fresh.incarnation.is_nil());
             s.put_epoch(Epoch(9)).unwrap();
             s.put(&a).unwrap();
             s.put(&b).unwrap();
@@ -516,12 +518,16 @@ pub(crate) mod tests {
             let loaded = s.load().unwrap();
             assert_eq!(loaded.epoch, Epoch(9));
             assert_eq!(sorted(loaded.records), vec![a.clone(), b.clone()]);
-        }
+            fresh.incarnation
+        };
         let s = reopen(tmp.path());
         let loaded = s.load().unwrap();
         assert_eq!(loaded.epoch, Epoch(9));
         assert_eq!(sorted(loaded.records), vec![a, b]);
         assert!(loaded.corrupt.is_empty());
+        assert_eq!(loaded.incarnation, incarnation, "a store keeps its incarnation");
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(SledStore::open(other.path()).unwrap().load().unwrap().incarnation, incarnation);
     }
 
     #[test]
