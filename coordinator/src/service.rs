@@ -12,6 +12,12 @@
 //! append, reply or command unless the lease view says this process may act at
 //! that moment, and a failed persist stops the loop before any later effect
 //! (reply, grant, kill) of the same batch leaves.
+//!
+//! No input can end the process: fencing, outages and a newer epoch end the
+//! term; a record that cannot be stored (it does not encode) fails only the
+//! change it belonged to — nothing of it is sent, the rest of its batch is
+//! dropped (a reply becomes an error), and the core drops the task from
+//! memory (`Input::PersistFailed`).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -33,8 +39,8 @@ use crate::core::{Core, CoreConfig, Effect, Input, Now};
 use crate::elector::{self, Clock, Elector, LeaseView, Term};
 use crate::lease::{self, ms, LeaseConfig};
 use crate::metrics;
-use crate::notices::Notices;
-use crate::registry::{self, Loaded, Registry};
+use crate::notices::{NoticeLimits, Notices};
+use crate::registry::{self, Loaded, Registry, StreamLimits};
 
 /// How the coordinator is run.
 #[derive(Debug, Clone)]
@@ -50,6 +56,8 @@ pub struct Options {
     /// How long a worker command waits for its answer.
     pub command_timeout: Duration,
     pub lease: LeaseConfig,
+    /// Limits of the notice stream (the registry's are in `core.limits`).
+    pub notices: NoticeLimits,
 }
 
 impl Default for Options {
@@ -61,6 +69,7 @@ impl Default for Options {
             replicas: 1,
             command_timeout: Duration::from_secs(2),
             lease: LeaseConfig::default(),
+            notices: NoticeLimits::default(),
         }
     }
 }
@@ -69,8 +78,8 @@ impl Default for Options {
 pub enum Error {
     #[error(transparent)]
     Transport(#[from] tenure_transport::Error),
-    /// A registry failure that another term would hit again (a record that
-    /// cannot be encoded). Fencing and outages are not errors: they end the term.
+    /// A registry failure at start. Once leading, registry failures end the
+    /// term or fail one record; they never end the process.
     #[error(transparent)]
     Registry(#[from] registry::Error),
     #[error(transparent)]
@@ -133,10 +142,12 @@ enum Ended {
     SteppedDown { epoch: Epoch, reason: String },
 }
 
-/// Why the leader loop stops: end the term, or the process.
+/// Why the leader loop stops carrying out a batch of effects: the term ends,
+/// or one task's record could not be stored (that change fails, the term goes on).
+#[derive(Debug)]
 enum Stop {
     StepDown(String),
-    Fatal(Error),
+    Record { task: tenure_protocol::TaskId, reason: String },
 }
 
 impl From<registry::Error> for Stop {
@@ -146,7 +157,9 @@ impl From<registry::Error> for Stop {
                 "fenced: the registry moved past sequence {expected} (another coordinator wrote)"
             )),
             registry::Error::Unavailable(reason) => Stop::StepDown(format!("registry unavailable: {reason}")),
-            e @ registry::Error::Encode(_) => Stop::Fatal(e.into()),
+            e @ (registry::Error::Encode(_) | registry::Error::Refused(_) | registry::Error::EpochsExhausted(_)) => {
+                Stop::StepDown(e.to_string())
+            }
         }
     }
 }
@@ -245,12 +258,13 @@ impl Visibility {
 async fn adopt(
     js: &async_nats::jetstream::Context,
     opts: &Options,
+    limits: StreamLimits,
     at_least: Epoch,
 ) -> Result<(Registry, Loaded, Epoch), Stop> {
     let mut tries = 0;
     loop {
         tries += 1;
-        let (mut registry, loaded) = Registry::open(js.clone(), opts.replicas).await?;
+        let (mut registry, loaded) = Registry::open(js.clone(), opts.replicas, limits).await?;
         match registry.claim(&opts.name, at_least, wall_ms()).await {
             Ok(epoch) => return Ok((registry, loaded, epoch)),
             Err(registry::Error::Fenced { expected }) if tries < 3 => {
@@ -274,10 +288,12 @@ async fn lead<F: Future<Output = ()>>(
     let mut epoch = term.epoch;
     let js = async_nats::jetstream::new(client.clone());
     let load_started = clock.now();
+    let max_payload = client.server_info().max_payload;
+    let limits = StreamLimits::new(opts.core.limits.registry_bytes, max_payload);
     let adopted = tokio::select! {
         _ = &mut shutdown => return Ok(Ended::Shutdown { epoch }),
         reason = guard.lost() => return Ok(Ended::SteppedDown { epoch, reason }),
-        adopted = adopt(&js, opts, term.epoch) => adopted,
+        adopted = adopt(&js, opts, limits, term.epoch) => adopted,
     };
     let (mut registry, loaded) = match adopted {
         Ok((registry, loaded, claimed)) => {
@@ -285,7 +301,7 @@ async fn lead<F: Future<Output = ()>>(
             (registry, loaded)
         }
         Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
-        Err(Stop::Fatal(e)) => return Err(e),
+        Err(Stop::Record { reason, .. }) => return Ok(Ended::SteppedDown { epoch, reason }),
     };
     elector.adopt_epoch(epoch).await;
     announce_epoch(client, epoch).await;
@@ -301,9 +317,15 @@ async fn lead<F: Future<Output = ()>>(
     );
     metrics::get().takeovers.add(1, &[]);
     let now = || Now { mono: clock.now(), wall_ms: wall_ms() };
-    let mut core = Core::new(opts.core.clone(), epoch, loaded.records, now());
+    // A record may take one registry message, less room for headers, on the
+    // server this process is connected to.
+    let mut cfg = opts.core.clone();
+    cfg.limits.record_bytes = registry::record_limit(max_payload);
+    cfg.limits.registry_bytes = loaded.max_bytes;
+    let mut core = Core::new(cfg, epoch, loaded.records, now());
     core.reserve_through(loaded.highest_n);
-    let notices = match Notices::open(js.clone(), opts.replicas).await {
+    core.handle(Input::RegistryUsage { bytes: loaded.bytes }, now());
+    let notices = match Notices::open(js.clone(), opts.replicas, opts.notices).await {
         Ok(n) => n,
         Err(reason) => return Ok(Ended::SteppedDown { epoch, reason: format!("notice stream unavailable: {reason}") }),
     };
@@ -340,7 +362,7 @@ async fn lead<F: Future<Output = ()>>(
         Err(e) => return Ok(Ended::SteppedDown { epoch, reason: format!("NATS subscription failed: {e}") }),
     };
     let (results_tx, mut results) = mpsc::channel::<Input>(4096);
-    let outbox = Outbox { client, notices: &notices, results: &results_tx, opts };
+    let outbox = Outbox { client, js: &js, notices: &notices, results: &results_tx, opts };
     let mut pipeline = Pipeline::default();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     let mut ticks: u64 = 0;
@@ -409,6 +431,9 @@ async fn lead<F: Future<Output = ()>>(
                 if ticks.is_multiple_of(5) {
                     record_gauges(&core, now());
                 }
+                if ticks.is_multiple_of(REGISTRY_SAMPLE_TICKS) {
+                    outbox.sample_registry();
+                }
                 Input::Tick
             }
             // An append may still be retrying when the renew deadline passes: the
@@ -421,8 +446,9 @@ async fn lead<F: Future<Output = ()>>(
                 };
                 match released {
                     Ok(()) => continue,
-                    Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
-                    Err(Stop::Fatal(e)) => return Err(e),
+                    Err(Stop::StepDown(reason) | Stop::Record { reason, .. }) => {
+                        return Ok(Ended::SteppedDown { epoch, reason })
+                    }
                 }
             }
         };
@@ -430,22 +456,63 @@ async fn lead<F: Future<Output = ()>>(
         if let Err(reason) = guard.check() {
             return Ok(Ended::SteppedDown { epoch, reason });
         }
-        let effects = span.in_scope(|| core.handle(input, now()));
+        let mut effects = span.in_scope(|| core.handle(input, now()));
         for ms in core.take_dispatch_latencies() {
             metrics::get().dispatch.record(ms as f64 / 1000.0, &[]);
         }
-        for effect in effects {
-            if let Err(reason) = guard.check() {
-                return Ok(Ended::SteppedDown { epoch, reason });
+        // Effects of one input, then what the core makes of records that
+        // could not be stored, until nothing failed.
+        while !effects.is_empty() {
+            let mut failed: Vec<(tenure_protocol::TaskId, String)> = Vec::new();
+            for effect in effects {
+                if let Err(reason) = guard.check() {
+                    return Ok(Ended::SteppedDown { epoch, reason });
+                }
+                let Some(effect) = unwind(effect, &mut failed) else { continue };
+                let span = effect_span(&effect, &core, epoch).unwrap_or_else(|| span.clone());
+                let step = pipeline.effect(effect, span, &outbox, &mut registry, &mut guard, &mut visibility).await;
+                match step {
+                    Ok(()) => {}
+                    Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
+                    Err(Stop::Record { task, reason }) => {
+                        tracing::error!(task = %task, %reason, "a task record cannot be stored; that change fails");
+                        failed.push((task, reason));
+                    }
+                }
             }
-            let span = effect_span(&effect, &core, epoch).unwrap_or_else(|| span.clone());
-            let step = pipeline.effect(effect, span, &outbox, &mut registry, &mut guard, &mut visibility).await;
-            match step {
-                Ok(()) => {}
-                Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
-                Err(Stop::Fatal(e)) => return Err(e),
-            }
+            effects = failed
+                .into_iter()
+                .flat_map(|(task, reason)| core.handle(Input::PersistFailed { task, reason }, now()))
+                .collect();
         }
+    }
+}
+
+/// What becomes of an effect that follows a record that could not be stored
+/// in the same batch (`failed` is not empty): it must not leave, since it may
+/// reflect that record. A later record of the batch fails too, a reply
+/// becomes an error, anything else (grant, kill, notice, ack) is dropped —
+/// the core re-sends what it still wants and workers re-send their reports.
+fn unwind(effect: Effect, failed: &mut Vec<(tenure_protocol::TaskId, String)>) -> Option<Effect> {
+    let Some((first, reason)) = failed.first().cloned() else { return Some(effect) };
+    match effect {
+        Effect::Persist(record) => {
+            failed.push((record.id.clone(), format!("it changed with {first}, whose record was not stored")));
+            None
+        }
+        Effect::Reply { to, .. } => Some(Effect::Reply {
+            to,
+            reply: Err(ApiError::Unavailable(format!(
+                "the record of {first} could not be stored ({reason}); nothing of this request was kept"
+            ))),
+        }),
+        e @ (Effect::StepDown { .. } | Effect::CheckEpoch { .. }) => Some(e),
+        Effect::Forget { .. }
+        | Effect::Command { .. }
+        | Effect::Cleanup { .. }
+        | Effect::AskEvidence { .. }
+        | Effect::Ack { .. }
+        | Effect::Notify(_) => None,
     }
 }
 
@@ -474,8 +541,12 @@ impl Pipeline {
         match effect {
             Effect::Persist(record) => {
                 self.make_room(out, registry, guard, visibility).await?;
-                registry.start_put_task(&record).await?;
-                Ok(())
+                match registry.start_put_task(&record).await {
+                    Ok(_) => Ok(()),
+                    // Nothing was sent: only this record's change fails.
+                    Err(registry::Error::Encode(reason)) => Err(Stop::Record { task: record.id.clone(), reason }),
+                    Err(e) => Err(e.into()),
+                }
             }
             Effect::Forget { task, at_ms } => {
                 self.make_room(out, registry, guard, visibility).await?;
@@ -593,6 +664,7 @@ async fn announce_epoch(client: &async_nats::Client, epoch: Epoch) {
 /// The fire-and-forget outputs of one term: answers come back through `results`.
 struct Outbox<'a> {
     client: &'a async_nats::Client,
+    js: &'a async_nats::jetstream::Context,
     notices: &'a Notices,
     results: &'a mpsc::Sender<Input>,
     opts: &'a Options,
@@ -642,11 +714,48 @@ async fn execute(effect: Effect, out: &Outbox<'_>, guard: &mut Guard, visibility
             tenure_transport::reply(client, to, &ack).await;
             Ok(())
         }
+        Effect::CheckEpoch { claimed, by } => {
+            out.check_epoch(claimed, by);
+            Ok(())
+        }
         Effect::StepDown { reason } => Err(Stop::StepDown(reason)),
     }
 }
 
+/// The registry's bytes are sampled every this many ticks (5 s).
+const REGISTRY_SAMPLE_TICKS: u64 = 25;
+
 impl Outbox<'_> {
+    /// Reads the registry's last epoch claim in the background; the answer
+    /// comes back as `Input::EpochChecked`.
+    fn check_epoch(&self, claimed: Epoch, by: String) {
+        let (js, results, timeout) = (self.js.clone(), self.results.clone(), self.opts.command_timeout);
+        tokio::spawn(
+            async move {
+                let registry = match tokio::time::timeout(timeout, registry::last_claim(&js)).await {
+                    Ok(read) => read.map_err(|e| e.to_string()),
+                    Err(_) => Err("no answer from the registry".to_owned()),
+                };
+                let _ = results.send(Input::EpochChecked { claimed, by, registry }).await;
+            }
+            .in_current_span(),
+        );
+    }
+
+    /// Samples the registry's bytes in the background (`Input::RegistryUsage`).
+    fn sample_registry(&self) {
+        let (js, results, timeout) = (self.js.clone(), self.results.clone(), self.opts.command_timeout);
+        tokio::spawn(async move {
+            match tokio::time::timeout(timeout, registry::bytes_used(&js)).await {
+                Ok(Ok(bytes)) => {
+                    let _ = results.send(Input::RegistryUsage { bytes }).await;
+                }
+                Ok(Err(error)) => tracing::debug!(%error, "registry usage not sampled"),
+                Err(_) => tracing::debug!("registry usage not sampled: no answer"),
+            }
+        });
+    }
+
     /// Sends a request without blocking the loop; its answer, or the transport
     /// failure, re-enters the loop as the input `back` builds from it.
     fn in_background<Req, Rep>(
