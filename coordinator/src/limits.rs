@@ -276,7 +276,7 @@ pub(crate) fn size_bound(spec: &TaskSpec) -> usize {
 /// The encoded size of the registry message holding a task of `spec` with
 /// every field that grows at its limit: the longest ids and numbers, a
 /// worker, the largest outcome, detail and hint, a cleanup job, a trace.
-pub(crate) fn largest_size(owner: &SessionId, spec: &TaskSpec, step: Option<u32>) -> Result<usize, String> {
+pub fn largest_size(owner: &SessionId, spec: &TaskSpec, step: Option<u32>) -> Result<usize, String> {
     let number = u64::MAX;
     let id = TaskId::new(spec.kind.clone(), number).map_err(|e| e.to_string())?;
     let worker: WorkerId = "w".repeat(tenure_protocol::ids::MAX_WORKER_ID_LEN).parse().map_err(|e| format!("{e}"))?;
