@@ -548,4 +548,35 @@ mod tests {
             new.settle().await.unwrap();
         });
     }
+
+    /// A registry stream created before it was bounded gets its limits when
+    /// opened; the byte limit in force is reported.
+    #[test]
+    fn an_existing_stream_is_bounded_when_opened() {
+        let nats = tenure_testkit::NatsServer::start().expect("nats-server");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let client = async_nats::connect(&nats.url).await.unwrap();
+            let js = jetstream::new(client);
+            js.create_stream(stream::Config {
+                name: subjects::REGISTRY_STREAM.to_owned(),
+                subjects: vec![subjects::REGISTRY_ALL.to_owned()],
+                max_messages_per_subject: 1,
+                discard: stream::DiscardPolicy::Old,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            let (_, loaded) = Registry::open(js.clone(), 1, StreamLimits::new(100 << 20, 1 << 20)).await.unwrap();
+            assert_eq!(loaded.max_bytes, 100 << 20);
+            let mut stream = js.get_stream(subjects::REGISTRY_STREAM).await.unwrap();
+            let config = stream.info().await.unwrap().config.clone();
+            assert_eq!(config.max_bytes, 100 << 20);
+            assert_eq!(config.discard, stream::DiscardPolicy::New, "old records are never dropped to make room");
+            assert_eq!(config.max_consumers, MAX_CONSUMERS);
+            assert_eq!(config.max_message_size, (tenure_protocol::MAX_MESSAGE_BYTES + HEADER_ALLOWANCE) as i32);
+            assert_eq!(record_limit(1 << 20), tenure_protocol::MAX_MESSAGE_BYTES);
+            assert_eq!(record_limit(64 << 10), (64 << 10) - HEADER_ALLOWANCE);
+        });
+    }
 }

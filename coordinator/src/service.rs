@@ -778,3 +778,106 @@ impl Outbox<'_> {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::TaskRecord;
+    use tenure_protocol::messages::ApiResponse;
+    use tenure_protocol::{TaskId, TaskSpec};
+
+    fn record(n: u64, label: String) -> TaskRecord {
+        let id = TaskId::new(tenure_protocol::Kind::shell(), n).unwrap();
+        TaskRecord::new(id, "s".parse().unwrap(), uuid::Uuid::new_v4(), TaskSpec::shell(label, "true"), 0)
+    }
+
+    /// The driver's path for a record that cannot be encoded: that change
+    /// fails (nothing sent, nothing left in flight), the rest of its batch is
+    /// unwound, and the next record lands as if nothing happened.
+    #[test]
+    fn a_record_that_cannot_be_encoded_fails_its_change_and_the_term_goes_on() {
+        let nats = tenure_testkit::NatsServer::start().expect("nats-server");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let client = async_nats::connect(&nats.url).await.unwrap();
+            let js = async_nats::jetstream::new(client.clone());
+            let (mut registry, _) = Registry::open(js.clone(), 1, StreamLimits::new(1 << 30, 1 << 20)).await.unwrap();
+            registry.claim("test", Epoch(1), 0).await.unwrap();
+            let notices = Notices::open(js.clone(), 1, NoticeLimits::default()).await.unwrap();
+            let (results, _answers) = mpsc::channel(16);
+            let opts = Options::default();
+            let out = Outbox { client: &client, js: &js, notices: &notices, results: &results, opts: &opts };
+            let clock = Clock::new();
+            let term = Term {
+                id: 1,
+                epoch: Epoch(1),
+                valid_until: clock.now() + Duration::from_secs(3600),
+                renewed_at: clock.now(),
+                renewals: 0,
+                takeover_started: clock.now(),
+            };
+            let (_lease, view) = watch::channel(LeaseView::Leader(term));
+            let mut guard = Guard { view, term: 1, clock };
+            let mut visibility = Visibility {
+                name: "test".into(),
+                holder: "test".into(),
+                ttl_ms: 0,
+                adopted_in_ms: 0,
+                standbys: HashMap::new(),
+            };
+            let mut pipeline = Pipeline::default();
+
+            let huge = record(1, "x".repeat(tenure_protocol::MAX_MESSAGE_BYTES));
+            let step = pipeline
+                .effect(
+                    Effect::Persist(Box::new(huge)),
+                    tracing::Span::none(),
+                    &out,
+                    &mut registry,
+                    &mut guard,
+                    &mut visibility,
+                )
+                .await;
+            let Err(Stop::Record { task, reason }) = step else { panic!("{step:?}") };
+            assert_eq!(task.to_string(), "shell-1");
+            assert!(reason.contains("exceeds"), "{reason}");
+            assert_eq!(registry.in_flight(), 0, "nothing of it was sent");
+
+            // What followed it in its batch is unwound.
+            let mut failed = vec![(task, reason)];
+            let reply = Effect::Reply {
+                to: "r".into(),
+                reply: Ok(ApiResponse::Submitted { task: record(1, String::new()).id, existing: false }),
+            };
+            let Some(Effect::Reply { reply: Err(ApiError::Unavailable(why)), .. }) = unwind(reply, &mut failed) else {
+                panic!("a reply becomes an error")
+            };
+            assert!(why.contains("shell-1") && why.contains("nothing of this request was kept"), "{why}");
+            assert!(unwind(Effect::Persist(Box::new(record(3, "l".into()))), &mut failed).is_none());
+            assert_eq!(failed.len(), 2, "a later record of the batch fails too");
+            assert!(unwind(
+                Effect::Notify(Box::new(tenure_protocol::messages::Notice::Ended(Box::new(
+                    record(1, String::new()).snapshot()
+                )))),
+                &mut failed
+            )
+            .is_none());
+            assert!(unwind(Effect::StepDown { reason: "x".into() }, &mut Vec::new()).is_some());
+
+            // The term goes on: the next record lands, unfenced.
+            let small = record(2, "fine".into());
+            pipeline
+                .effect(
+                    Effect::Persist(Box::new(small)),
+                    tracing::Span::none(),
+                    &out,
+                    &mut registry,
+                    &mut guard,
+                    &mut visibility,
+                )
+                .await
+                .unwrap();
+            assert_eq!(registry.settle().await.unwrap(), 1);
+        });
+    }
+}
