@@ -155,7 +155,7 @@ struct CoordinatorArgs {
     #[arg(long, env = "TENURE_REGISTRY_MAX_BYTES", default_value_t = tenure_coordinator::limits::DEFAULT_REGISTRY_BYTES)]
     registry_max_bytes: u64,
     /// Bytes of notices kept (the oldest are dropped past it).
-    #[arg(long, env = "TENURE_NOTICES_MAX_BYTES", default_value_t = 1 << 30)]
+    #[arg(long, env = "TENURE_NOTICES_MAX_BYTES", default_value_t = 256 << 20)]
     notices_max_bytes: u64,
     /// Consumers (watching sessions) the notice stream allows.
     #[arg(long, env = "TENURE_NOTICES_MAX_CONSUMERS", default_value_t = 4096)]

@@ -70,8 +70,9 @@ impl Default for Limits {
     }
 }
 
-/// Default registry stream byte limit: 8 GiB (≈ 10 million small records).
-pub const DEFAULT_REGISTRY_BYTES: u64 = 8 << 30;
+/// Default registry stream byte limit: 2 GiB (≈ 3 million small records).
+/// The server reserves it in its JetStream store when the stream is created.
+pub const DEFAULT_REGISTRY_BYTES: u64 = 2 << 30;
 /// Default live tasks per identity.
 pub const DEFAULT_LIVE_TASKS: u64 = 100_000;
 /// Default kept tasks per identity (≈ 600 MiB of coordinator memory).

@@ -39,7 +39,7 @@ pub struct NoticeLimits {
 
 impl Default for NoticeLimits {
     fn default() -> Self {
-        NoticeLimits { max_bytes: 1 << 30, max_consumers: 4096 }
+        NoticeLimits { max_bytes: 256 << 20, max_consumers: 4096 }
     }
 }
 
@@ -105,6 +105,45 @@ impl Notices {
                 delay = (delay * 2).min(Duration::from_secs(5));
             }
             tracing::error!(notice = %id, "notice not published; the next leader republishes an end notice if still unreported");
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The notice stream is bounded in bytes and consumers, also when it
+    /// existed before it was bounded.
+    #[test]
+    fn the_notice_stream_is_bounded_in_bytes_and_consumers() {
+        let nats = tenure_testkit::NatsServer::start().expect("nats-server");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let js = jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+            js.create_stream(stream::Config {
+                name: subjects::NOTICES_STREAM.to_owned(),
+                subjects: vec![subjects::NOTICES_ALL.to_owned()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            let limits = NoticeLimits { max_bytes: 8 << 20, max_consumers: 2 };
+            Notices::open(js.clone(), 1, limits).await.unwrap();
+            let mut stream = js.get_stream(subjects::NOTICES_STREAM).await.unwrap();
+            let config = stream.info().await.unwrap().config.clone();
+            assert_eq!((config.max_bytes, config.max_consumers), (8 << 20, 2));
+            // Past the consumer limit a new watcher is refused by the server.
+            for name in ["a", "b"] {
+                let durable = async_nats::jetstream::consumer::pull::Config {
+                    durable_name: Some(name.into()),
+                    ..Default::default()
+                };
+                stream.create_consumer(durable).await.unwrap();
+            }
+            let third =
+                async_nats::jetstream::consumer::pull::Config { durable_name: Some("c".into()), ..Default::default() };
+            assert!(stream.create_consumer(third).await.is_err());
         });
     }
 }
