@@ -376,7 +376,7 @@ impl Core {
             Input::CleanupResult { worker, request, result } => self.cleanup_result(worker, request, result, &mut fx),
             Input::EpochChecked { claimed, by, registry } => self.epoch_checked(claimed, by, registry, now, &mut fx),
             Input::RegistryUsage { bytes } => self.usage.sampled(bytes),
-            Input::PersistFailed { task, reason } => self.persist_failed(&task, &reason, &mut fx),
+            Input::PersistFailed { task, reason } => self.persist_failed(&task, &reason, now, &mut fx),
             Input::Tick => self.tick(now, &mut fx),
         }
         if !fx.iter().any(|e| matches!(e, Effect::StepDown { .. })) {
@@ -565,8 +565,10 @@ impl Core {
     /// A task's record could not be stored: drop the task from memory, so
     /// this leader acts on nothing that is not durable. A task just created
     /// never existed (its number stays used); an existing one is loaded again
-    /// by the next leader from the registry's last durable version.
-    fn persist_failed(&mut self, task: &TaskId, reason: &str, fx: &mut Vec<Effect>) {
+    /// by the next leader from the registry's last durable version. A step
+    /// that could not be stored ends its workflow `failed` (it is never
+    /// created again, so nothing loops).
+    fn persist_failed(&mut self, task: &TaskId, reason: &str, now: Now, fx: &mut Vec<Effect>) {
         let Some(r) = self.tasks.remove(task) else { return };
         tracing::error!(task = %task, %reason, "task record not stored; the task is dropped from this leader's memory");
         self.usage.remove(&r);
@@ -577,7 +579,8 @@ impl Core {
             if let Some(steps) = self.children.get_mut(&of.workflow) {
                 steps.remove(&of.index);
             }
-            self.workflows_due.insert(of.workflow.clone());
+            let detail = format!("step {} ({task}) could not be stored: {reason}", of.index + 1);
+            self.end_workflow(&of.workflow, tenure_protocol::Ending::Failed, detail, now, fx);
         }
         self.queue.remove(&(task.number(), task.clone()));
         self.on_worker.remove(task);

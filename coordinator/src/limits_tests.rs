@@ -331,3 +331,17 @@ fn an_unreadable_registry_claim_is_checked_again_and_deposes_nobody() {
     h.advance(Duration::from_millis(1100));
     assert_eq!(checks(&h.input(Input::Tick)), vec![(Epoch(9), "worker ghost".to_owned())]);
 }
+
+#[test]
+fn a_workflow_whose_step_could_not_be_stored_fails_instead_of_creating_it_again() {
+    let mut h = with(Limits::default());
+    let flow = h.submit("alice", TaskSpec::workflow("w", ["true".to_owned(), "true".to_owned()]));
+    let step = snapshot(&mut h, &flow).steps[0].task.clone().expect("first step created");
+    let fx = h.input(Input::PersistFailed { task: step.clone(), reason: "too large".into() });
+    assert!(h.core.task(&step).is_none());
+    assert_eq!(h.status(&flow), Status::Failed);
+    let created = fx.iter().filter(|e| matches!(e, Effect::Persist(r) if r.parent.is_some())).count();
+    assert_eq!(created, 0, "no step is created again: {fx:?}");
+    let detail = snapshot(&mut h, &flow).detail.unwrap_or_default();
+    assert!(detail.contains("could not be stored"), "{detail}");
+}

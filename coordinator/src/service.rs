@@ -461,8 +461,15 @@ async fn lead<F: Future<Output = ()>>(
             metrics::get().dispatch.record(ms as f64 / 1000.0, &[]);
         }
         // Effects of one input, then what the core makes of records that
-        // could not be stored, until nothing failed.
+        // could not be stored, until nothing failed (each round drops tasks
+        // and creates none; the bound is a guard against a core that would).
+        let mut rounds = 0;
         while !effects.is_empty() {
+            rounds += 1;
+            if rounds > MAX_UNWIND_ROUNDS {
+                let reason = "records kept failing to be stored while unwinding one input".to_owned();
+                return Ok(Ended::SteppedDown { epoch, reason });
+            }
             let mut failed: Vec<(tenure_protocol::TaskId, String)> = Vec::new();
             for effect in effects {
                 if let Err(reason) = guard.check() {
@@ -487,6 +494,9 @@ async fn lead<F: Future<Output = ()>>(
         }
     }
 }
+
+/// Rounds of `Input::PersistFailed` one input may lead to before the term ends.
+const MAX_UNWIND_ROUNDS: u32 = 16;
 
 /// What becomes of an effect that follows a record that could not be stored
 /// in the same batch (`failed` is not empty): it must not leave, since it may

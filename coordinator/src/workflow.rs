@@ -168,7 +168,14 @@ impl Core {
         self.tasks.insert(record);
     }
 
-    fn end_workflow(&mut self, workflow: &TaskId, ending: Ending, detail: String, now: Now, fx: &mut Vec<Effect>) {
+    pub(super) fn end_workflow(
+        &mut self,
+        workflow: &TaskId,
+        ending: Ending,
+        detail: String,
+        now: Now,
+        fx: &mut Vec<Effect>,
+    ) {
         let exit_code = (ending == Ending::Completed).then_some(0);
         let outcome = Outcome::new(ending, exit_code, Some(detail));
         self.event(workflow, Event::StepsEnded { outcome }, now, fx);
