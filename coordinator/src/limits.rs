@@ -70,16 +70,19 @@ impl Default for Limits {
     }
 }
 
-/// Default registry stream byte limit: 2 GiB (≈ 3 million small records).
-/// The server reserves it in its JetStream store when the stream is created.
-pub const DEFAULT_REGISTRY_BYTES: u64 = 2 << 30;
+/// Default registry stream byte limit: 1 GiB (≈ 1.5 million small records,
+/// about what the leader keeps in 1 GiB of memory). The server reserves it in
+/// its JetStream store when the stream is created, so it stays modest.
+pub const DEFAULT_REGISTRY_BYTES: u64 = 1 << 30;
 /// Default live tasks per identity.
 pub const DEFAULT_LIVE_TASKS: u64 = 100_000;
-/// Default kept tasks per identity (≈ 600 MiB of coordinator memory).
-pub const DEFAULT_KEPT_TASKS: u64 = 1_000_000;
-/// Default final-output bytes per identity: 2 GiB (32 768 live final-output
-/// tasks at their 64 KiB reservation, many more once they ended small).
-pub const DEFAULT_OUTPUT_BYTES: u64 = 2 << 30;
+/// Default kept tasks per identity (≈ 300 MiB of coordinator memory and of
+/// registry): one identity cannot take the whole default registry alone.
+pub const DEFAULT_KEPT_TASKS: u64 = 500_000;
+/// Default final-output bytes per identity: 512 MiB (8 192 live
+/// final-output tasks at their 64 KiB reservation, many more once they ended
+/// small).
+pub const DEFAULT_OUTPUT_BYTES: u64 = 512 << 20;
 
 /// The share of the registry's byte limit kept free beyond what live tasks
 /// may still need (1/20): board moves and cleanup jobs of finished tasks, and
