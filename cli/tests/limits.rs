@@ -170,3 +170,52 @@ fn quota_and_stream_limits_are_in_the_printed_configuration() {
         .expect("run tenure");
     assert!(!bad.status.success() && stderr(&bad).contains("registry_max_bytes"), "{}", stderr(&bad));
 }
+
+/// A registry near its byte limit refuses new tasks with a clear error, and
+/// the task already running records its end.
+#[test]
+fn a_full_registry_refuses_new_tasks_and_the_running_one_finishes() {
+    let nats = tenure_testkit::NatsCluster::single(tenure_testkit::NatsServer::start().expect("nats-server"));
+    let mut c = Cluster::on(nats, None);
+    c.spawn_coordinator("c1", &["--registry-max-bytes", "67108864"]);
+    c.wait_leader("c1");
+    c.start_worker("w1");
+    c.wait_workers(1);
+    let gate = c.dir.path().join("gate");
+    let hold = format!("while [ ! -e {} ]; do sleep 0.05; done; echo released", gate.display());
+    // Each task keeps a large environment and a final output: ≈ 130 KiB of
+    // registry at its largest, counted while it is live.
+    let spec = |command: &str| TaskSpec {
+        final_output: true,
+        env: [("PAD".to_owned(), "x".repeat(60_000))].into(),
+        ..TaskSpec::shell("fill", command)
+    };
+    let owner: SessionId = "filler".parse().expect("session");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let (first, refusal, accepted) = rt.block_on(async {
+        let client = tenure_transport::connect(&c.nats_options("client"), "limits-test", false).await.expect("connect");
+        let first = submit(&client, &owner, spec(&hold)).await;
+        let mut accepted = 1;
+        let refusal = loop {
+            match submit(&client, &owner, spec("true")).await {
+                Ok(_) => accepted += 1,
+                Err(e) => break e,
+            }
+            assert!(accepted < 2000, "never refused");
+        };
+        (first, refusal, accepted)
+    });
+    let Ok(ApiResponse::Submitted { task: first, .. }) = first else { panic!("{first:?}") };
+    assert!(matches!(refusal, ApiError::RegistryFull { max: 67108864, .. }), "{refusal:?} after {accepted}");
+    assert!(refusal.to_string().contains("the registry is full"), "{refusal}");
+    assert!(accepted > 100, "refused after only {accepted} tasks");
+    // The task that was running (and those queued) still record their ends.
+    std::fs::write(&gate, b"").expect("open the gate");
+    let get = |task: &str| -> Option<serde_json::Value> {
+        serde_json::from_slice(&c.cli_as("filler", &["get", task, "--json"]).stdout).ok()
+    };
+    let done = eventually(Duration::from_secs(60), || get(&first.to_string()).filter(|v| v["status"] == "completed"));
+    assert!(done.is_some(), "{:?}\n{}", get(&first.to_string()), c.logs());
+    let output = c.cli_as("filler", &["logs", &first.to_string()]);
+    assert_eq!(stdout(&output).trim(), "released", "{}", stderr(&output));
+}
