@@ -16,7 +16,9 @@
 //! One check is in flight at a time and checks are at least
 //! [`CHECK_EVERY`] apart; claims seen meanwhile are folded into the next one
 //! (the highest is kept), so a flood of forged heartbeats costs one registry
-//! read a second. The registry fence and the lease stay the real guards: a
+//! read a second. A claim the registry already showed unfounded (a machine
+//! that keeps reporting it) is read again only every [`RECHECK_REFUTED`] and
+//! logged once. The registry fence and the lease stay the real guards: a
 //! deposed leader is stopped by them whatever any worker says.
 
 use std::time::Duration;
@@ -26,6 +28,8 @@ use tenure_protocol::Epoch;
 
 /// Least time between two checks of the registry's epoch claim.
 pub(super) const CHECK_EVERY: Duration = Duration::from_secs(1);
+/// Least time between two checks of a claim already found unfounded.
+pub(super) const RECHECK_REFUTED: Duration = Duration::from_secs(30);
 
 /// Claims of a higher epoch waiting to be checked.
 #[derive(Debug, Default)]
@@ -60,7 +64,9 @@ impl Core {
     /// the last one was too recent (then a tick sends it).
     pub(super) fn check_claims(&mut self, now: Now, fx: &mut Vec<Effect>) {
         let claims = &mut self.claims;
-        let due = claims.last_check.is_none_or(|at| now.mono.saturating_sub(at) >= CHECK_EVERY);
+        let Some((pending, _)) = &claims.pending else { return };
+        let every = if *pending <= claims.refuted { RECHECK_REFUTED } else { CHECK_EVERY };
+        let due = claims.last_check.is_none_or(|at| now.mono.saturating_sub(at) >= every);
         if claims.in_flight || !due {
             return;
         }
@@ -91,6 +97,9 @@ impl Core {
                     ),
                 });
                 return;
+            }
+            Ok(highest) if claimed <= self.claims.refuted => {
+                tracing::debug!(claimed = %claimed, registry = %highest, "{by} still claims an unfounded epoch");
             }
             Ok(highest) => {
                 self.claims.refuted = self.claims.refuted.max(claimed);

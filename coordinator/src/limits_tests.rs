@@ -290,10 +290,12 @@ fn an_epoch_nobody_claimed_is_checked_once_a_second_and_never_deposes_the_leader
     let ghost = status.workers.iter().find(|x| x.id.as_str() == "ghost").unwrap();
     assert_eq!(ghost.unproven_epoch, Some(Epoch(u64::MAX)));
     assert_eq!(status.workers.iter().find(|x| x.id.as_str() == "w1").unwrap().unproven_epoch, None);
-    // Checked again at most once a second.
+    // A claim found unfounded is read again only now and then.
     let fx = h.input(forged("ghost", u64::MAX));
     assert_eq!(checks(&fx).len() + checks(&h.input(Input::Tick)).len(), 0);
     h.advance(Duration::from_millis(1100));
+    assert!(checks(&h.input(Input::Tick)).is_empty());
+    h.advance(Duration::from_secs(30));
     assert_eq!(checks(&h.input(Input::Tick)).len(), 1);
     // A worker that heartbeats an epoch the registry knows is scheduled again.
     h.input(forged("ghost", 3));
@@ -330,6 +332,17 @@ fn an_unreadable_registry_claim_is_checked_again_and_deposes_nobody() {
     assert!(!fx.iter().any(|e| matches!(e, Effect::StepDown { .. })));
     h.advance(Duration::from_millis(1100));
     assert_eq!(checks(&h.input(Input::Tick)), vec![(Epoch(9), "worker ghost".to_owned())]);
+}
+
+#[test]
+fn a_higher_claim_than_one_found_unfounded_is_checked_within_a_second() {
+    let mut h = with(Limits::default());
+    let (claimed, by) = checks(&h.input(forged("ghost", 9))).pop().unwrap();
+    h.input(Input::EpochChecked { claimed, by, registry: Ok(Epoch(3)) });
+    h.advance(Duration::from_millis(1100));
+    let (claimed, by) = checks(&h.input(forged("w2", 12))).pop().expect("a new, higher claim is checked");
+    let fx = h.input(Input::EpochChecked { claimed, by, registry: Ok(Epoch(12)) });
+    assert!(fx.iter().any(|e| matches!(e, Effect::StepDown { .. })));
 }
 
 #[test]
