@@ -13,6 +13,7 @@ use tenure_protocol::messages::{
 use tenure_protocol::{subjects, Kind, SessionId, Status, StepSpec, TaskId, TaskSpec};
 use tracing::Instrument;
 
+use crate::text::printable;
 use crate::Command;
 
 mod send;
@@ -156,7 +157,7 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
                         s.worker.as_ref().map(|w| w.as_str()).unwrap_or("-"),
                         age(now.saturating_sub(s.created_at_ms)),
                         s.hint.as_ref().map(|h| h.tag.as_str()).unwrap_or("-"),
-                        s.label
+                        printable(&s.label)
                     );
                 }
             }
@@ -307,10 +308,10 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     let opt = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
     println!("id:         {}", s.id);
     println!("kind:       {}", s.kind);
-    println!("label:      {}", s.label);
-    println!("owner:      {}", s.owner);
+    println!("label:      {}", printable(&s.label));
+    println!("owner:      {}", printable(s.owner.as_str()));
     println!("status:     {}", s.status);
-    println!("detail:     {}", opt(s.detail.clone()));
+    println!("detail:     {}", opt(s.detail.as_deref().map(|d| printable(d).into_owned())));
     println!("exit code:  {}", opt(s.exit_code.map(|c| c.to_string())));
     if s.output_dropped > 0 {
         println!("dropped:    {} output bytes past the cap", s.output_dropped);
@@ -323,7 +324,7 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     println!("finished:   {}", opt(s.finished_at_ms.map(|t| t.to_string())));
     println!("reported:   {}", s.reported);
     if let Some(h) = &s.hint {
-        println!("hint:       [{}] {}", h.tag.as_str(), h.message);
+        println!("hint:       [{}] {}", h.tag.as_str(), printable(&h.message));
     }
     if let Some(p) = &s.parent {
         println!("workflow:   {p}");
@@ -335,10 +336,10 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
         let task = opt(step.task.as_ref().map(ToString::to_string));
         let status =
             step.status.map(|st| st.as_str()).unwrap_or(if s.status.is_terminal() { "skipped" } else { "pending" });
-        let why = step.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default();
-        println!("step {}:     {status:<9} {task:<12} {}{why}", step.index, step.command);
+        let why = step.detail.as_deref().map(|d| format!(" ({})", printable(d))).unwrap_or_default();
+        println!("step {}:     {status:<9} {task:<12} {}{why}", step.index, printable(&step.command));
         if let Some(h) = &step.hint {
-            println!("            hint [{}] {}", h.tag.as_str(), h.message);
+            println!("            hint [{}] {}", h.tag.as_str(), printable(&h.message));
         }
     }
     Ok(())
@@ -372,7 +373,7 @@ async fn workflow_logs(api: &Api, task: &TaskId, follow: bool) -> anyhow::Result
     loop {
         let s = api.snapshot(task).await?;
         while let Some((step, child)) = s.steps.get(shown).and_then(|st| Some((st, st.task.clone()?))) {
-            println!("== step {} of {}: {} ({child}) ==", step.index, s.steps.len(), step.command);
+            println!("== step {} of {}: {} ({child}) ==", step.index, s.steps.len(), printable(&step.command));
             logs(api, api.snapshot(&child).await?, follow, 0).await?;
             shown += 1;
         }

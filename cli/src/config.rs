@@ -18,6 +18,8 @@ use anyhow::{bail, Context as _};
 use clap::parser::ValueSource;
 use clap::ArgMatches;
 use serde::{Deserialize, Serialize};
+use tenure_coordinator::limits::{self, Limits};
+use tenure_coordinator::notices::NoticeLimits;
 use tenure_protocol::{Kind, SessionId, WorkerId};
 use tenure_transport::{NatsOptions, Secret};
 
@@ -55,6 +57,22 @@ pub struct CoordinatorConfig {
     pub operators: Vec<String>,
     /// Finished tasks are garbage-collected this long after they ended; 0 keeps them.
     pub retention_secs: u64,
+    /// Live (not finished) tasks one identity may hold; 0 is unlimited.
+    pub max_live_tasks: u64,
+    /// Tasks one identity may keep in the registry, finished ones until they
+    /// are garbage-collected; 0 is unlimited.
+    pub max_kept_tasks: u64,
+    /// Final-output bytes one identity may keep in the registry (64 KiB
+    /// reserved per live final-output task, the recorded size once ended);
+    /// 0 is unlimited.
+    pub max_output_bytes: u64,
+    /// Bytes the registry stream may hold. New tasks are refused well before
+    /// it is full, so that running ones can always record their ends.
+    pub registry_max_bytes: u64,
+    /// Bytes of notices kept (the oldest are dropped past it).
+    pub notices_max_bytes: u64,
+    /// Consumers (watching sessions) the notice stream allows.
+    pub notices_max_consumers: u32,
     /// Serve Prometheus metrics at `http://ADDR/metrics`.
     pub metrics_addr: Option<SocketAddr>,
     pub nats: NatsOptions,
@@ -71,11 +89,40 @@ impl Default for CoordinatorConfig {
             renew_deadline_ms: 4000,
             operators: Vec::new(),
             retention_secs: 7 * 24 * 3600,
+            max_live_tasks: limits::DEFAULT_LIVE_TASKS,
+            max_kept_tasks: limits::DEFAULT_KEPT_TASKS,
+            max_output_bytes: limits::DEFAULT_OUTPUT_BYTES,
+            registry_max_bytes: limits::DEFAULT_REGISTRY_BYTES,
+            notices_max_bytes: NoticeLimits::default().max_bytes,
+            notices_max_consumers: NoticeLimits::default().max_consumers,
             metrics_addr: None,
             nats: NatsOptions::default(),
         }
     }
 }
+
+impl CoordinatorConfig {
+    /// The quotas and registry limit as the core takes them (0 is unlimited).
+    pub fn limits(&self) -> Limits {
+        let limit = |v: u64| (v > 0).then_some(v);
+        Limits {
+            live_tasks: limit(self.max_live_tasks),
+            kept_tasks: limit(self.max_kept_tasks),
+            output_bytes: limit(self.max_output_bytes),
+            registry_bytes: self.registry_max_bytes,
+            ..Limits::default()
+        }
+    }
+
+    pub fn notice_limits(&self) -> NoticeLimits {
+        NoticeLimits { max_bytes: self.notices_max_bytes, max_consumers: self.notices_max_consumers }
+    }
+}
+
+/// Least registry byte limit accepted: room for a few thousand tasks.
+const MIN_REGISTRY_BYTES: u64 = 64 << 20;
+/// Least notice stream byte limit accepted.
+const MIN_NOTICES_BYTES: u64 = 1 << 20;
 
 /// `tenure worker`'s configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -232,6 +279,15 @@ impl Validate for CoordinatorConfig {
             let label: SessionId = "x".parse()?;
             SessionId::scoped(name, &label).with_context(|| format!("operators: {name:?}"))?;
         }
+        if self.registry_max_bytes < MIN_REGISTRY_BYTES {
+            bail!("registry_max_bytes ({}) must be at least {MIN_REGISTRY_BYTES} (64 MiB)", self.registry_max_bytes);
+        }
+        if self.notices_max_bytes < MIN_NOTICES_BYTES {
+            bail!("notices_max_bytes ({}) must be at least {MIN_NOTICES_BYTES} (1 MiB)", self.notices_max_bytes);
+        }
+        if self.notices_max_consumers == 0 {
+            bail!("notices_max_consumers must be at least 1");
+        }
         self.nats.validate().context("nats")
     }
 }
@@ -369,6 +425,11 @@ mod tests {
         assert!(c.validate().unwrap_err().to_string().contains("renew_deadline_ms"));
         let c: CoordinatorConfig = parse("operators = ['a/b']").unwrap();
         assert!(format!("{:#}", c.validate().unwrap_err()).contains("operators"));
+        let c: CoordinatorConfig = parse("registry_max_bytes = 1000").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("registry_max_bytes"));
+        let c: CoordinatorConfig = parse("notices_max_consumers = 0").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("notices_max_consumers"));
+        assert!(parse::<CoordinatorConfig>("max_live_tasks = -1").is_err());
         let w: WorkerConfig = parse("id = 'w1'\ndata_dir = '/tmp/x'\nslots = 0").unwrap();
         assert!(w.validate().unwrap_err().to_string().contains("slots"));
         let w: WorkerConfig = parse("data_dir = '/tmp/x'").unwrap();
@@ -398,6 +459,9 @@ mod tests {
         let c: CoordinatorConfig = parse(text).unwrap();
         c.validate().unwrap();
         assert_eq!((c.name.as_str(), c.replicas, c.lease_ttl_ms), ("c7", 3, 6000));
+        assert_eq!(c.limits().live_tasks, Some(limits::DEFAULT_LIVE_TASKS));
+        let unlimited: CoordinatorConfig = parse("max_live_tasks = 0\nmax_output_bytes = 0").unwrap();
+        assert_eq!((unlimited.limits().live_tasks, unlimited.limits().output_bytes), (None, None));
         let shown = print(&c).unwrap();
         assert!(!shown.contains("hunter2"), "{shown}");
         assert!(shown.contains("password = \"***\""), "{shown}");

@@ -10,6 +10,7 @@ mod metrics;
 mod nats_auth;
 mod status;
 mod telemetry;
+mod text;
 mod watch;
 
 use std::path::PathBuf;
@@ -141,6 +142,25 @@ struct CoordinatorArgs {
     /// (files on the worker first, then the registry record); 0 keeps them.
     #[arg(long, env = "TENURE_RETENTION_SECS", default_value_t = 7 * 24 * 3600)]
     retention_secs: u64,
+    /// Live (not finished) tasks one identity may hold; 0 is unlimited.
+    #[arg(long, env = "TENURE_MAX_LIVE_TASKS", default_value_t = tenure_coordinator::limits::DEFAULT_LIVE_TASKS)]
+    max_live_tasks: u64,
+    /// Tasks one identity may keep in the registry (finished ones until
+    /// garbage-collected); 0 is unlimited.
+    #[arg(long, env = "TENURE_MAX_KEPT_TASKS", default_value_t = tenure_coordinator::limits::DEFAULT_KEPT_TASKS)]
+    max_kept_tasks: u64,
+    /// Final-output bytes one identity may keep in the registry; 0 is unlimited.
+    #[arg(long, env = "TENURE_MAX_OUTPUT_BYTES", default_value_t = tenure_coordinator::limits::DEFAULT_OUTPUT_BYTES)]
+    max_output_bytes: u64,
+    /// Bytes the registry stream may hold (new tasks are refused before it is full).
+    #[arg(long, env = "TENURE_REGISTRY_MAX_BYTES", default_value_t = tenure_coordinator::limits::DEFAULT_REGISTRY_BYTES)]
+    registry_max_bytes: u64,
+    /// Bytes of notices kept (the oldest are dropped past it).
+    #[arg(long, env = "TENURE_NOTICES_MAX_BYTES", default_value_t = 256 << 20)]
+    notices_max_bytes: u64,
+    /// Consumers (watching sessions) the notice stream allows.
+    #[arg(long, env = "TENURE_NOTICES_MAX_CONSUMERS", default_value_t = 4096)]
+    notices_max_consumers: u32,
 }
 
 /// `tenure worker`.
@@ -464,6 +484,8 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             let overrides = |cfg: &mut config::CoordinatorConfig| {
                 override_given!(sub, cfg, args, name, worker_ttl_ms, replicas, lease_ttl_ms, renew_interval_ms);
                 override_given!(sub, cfg, args, renew_deadline_ms, operators, retention_secs);
+                override_given!(sub, cfg, args, max_live_tasks, max_kept_tasks, max_output_bytes, registry_max_bytes);
+                override_given!(sub, cfg, args, notices_max_bytes, notices_max_consumers);
             };
             let Some(cfg) = config::resolve(&args.config, &given_global, shared, overrides)? else { return printed() };
             let _metrics = metrics::start(role, cfg.metrics_addr).await?;
@@ -473,12 +495,14 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
                 renew_deadline: Duration::from_millis(cfg.renew_deadline_ms),
             };
             let mut opts = tenure_coordinator::Options {
-                nats: cfg.nats,
-                name: cfg.name,
+                notices: cfg.notice_limits(),
+                nats: cfg.nats.clone(),
+                name: cfg.name.clone(),
                 replicas: cfg.replicas,
                 lease,
                 ..Default::default()
             };
+            opts.core.limits = cfg.limits();
             opts.core.worker_ttl = Duration::from_millis(cfg.worker_ttl_ms);
             opts.core.operators = cfg.operators;
             opts.core.retention = (cfg.retention_secs > 0).then(|| Duration::from_secs(cfg.retention_secs));

@@ -16,6 +16,7 @@ use tenure_protocol::messages::{ApiRequest, ApiResponse, ClusterStatus, SidecarH
 use tenure_protocol::Status;
 
 use crate::client::{Api, API_TIMEOUT};
+use crate::text::printable;
 
 const REFRESH: Duration = Duration::from_secs(1);
 
@@ -97,7 +98,12 @@ pub fn render(s: &ClusterStatus, mine: &[TaskSnapshot], nats: &str) -> String {
             let _ = writeln!(
                 out,
                 "leader    {} — epoch {}, lease renewed {} ms ago (ttl {} ms, {} renewals), adopted in {} ms",
-                l.name, l.epoch, l.lease_age_ms, l.lease_ttl_ms, l.renewals, l.adopted_in_ms
+                printable(&l.name),
+                l.epoch,
+                l.lease_age_ms,
+                l.lease_ttl_ms,
+                l.renewals,
+                l.adopted_in_ms
             );
         }
         None => {
@@ -105,7 +111,7 @@ pub fn render(s: &ClusterStatus, mine: &[TaskSnapshot], nats: &str) -> String {
         }
     }
     let standbys: Vec<String> =
-        s.standbys.iter().map(|b| format!("{} (seen {} ms ago)", b.name, b.last_seen_ms)).collect();
+        s.standbys.iter().map(|b| format!("{} (seen {} ms ago)", printable(&b.name), b.last_seen_ms)).collect();
     let _ = writeln!(out, "standbys  {}", if standbys.is_empty() { "none".to_owned() } else { standbys.join(", ") });
     let _ = writeln!(out, "{nats}\n");
     let _ = writeln!(
@@ -135,6 +141,15 @@ pub fn render(s: &ClusterStatus, mine: &[TaskSnapshot], nats: &str) -> String {
     if s.workers.is_empty() {
         let _ = writeln!(out, "(no worker has sent a heartbeat to this leader)");
     }
+    for w in &s.workers {
+        if let Some(epoch) = w.unproven_epoch {
+            let _ = writeln!(
+                out,
+                "{}: claims epoch {epoch}, which no coordinator claimed; nothing is scheduled on it (see operations.md, \"A worker that claims an unknown epoch\")",
+                w.id
+            );
+        }
+    }
     let counts: Vec<String> = s.tasks_by_status.iter().map(|(st, n)| format!("{st}={n}")).collect();
     let _ = writeln!(out, "\ntasks     {}", if counts.is_empty() { "none".to_owned() } else { counts.join(" ") });
     if s.unconfirmed > 0 {
@@ -144,7 +159,7 @@ pub fn render(s: &ClusterStatus, mine: &[TaskSnapshot], nats: &str) -> String {
         let _ = writeln!(out, "\n{:<16} {:<9} {:<10} {:>7}  LABEL", "YOUR TASK", "STATUS", "WORKER", "ATTEMPT");
         for t in mine.iter().take(20) {
             let worker = t.worker.as_ref().map(|w| w.as_str().to_owned()).unwrap_or_else(|| "-".into());
-            let label: String = t.label.chars().take(60).collect();
+            let label: String = printable(&t.label).chars().take(60).collect();
             let _ = writeln!(
                 out,
                 "{:<16} {:<9} {:<10} {:>7}  {label}",

@@ -19,6 +19,8 @@ use std::time::Duration;
 use tenure_protocol::messages::{ApiError, ApiReply, ApiRequest, ApiResponse, MatchNotice, Notice, TaskSnapshot};
 use tenure_protocol::{subjects, SessionId};
 
+use crate::text::printable;
+
 /// How long one request waits for a first notice.
 const WAIT_MS: u64 = 2_000;
 
@@ -94,8 +96,8 @@ fn show(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(s)?);
     } else {
         let exit = s.exit_code.map(|c| format!(" exit {c}")).unwrap_or_default();
-        let detail = s.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default();
-        println!("{} {}{exit}{detail}  {}", s.id, s.status, s.label);
+        let detail = s.detail.as_deref().map(|d| format!(" ({})", printable(d))).unwrap_or_default();
+        println!("{} {}{exit}{detail}  {}", s.id, s.status, printable(&s.label));
     }
     Ok(())
 }
@@ -104,7 +106,7 @@ fn show_match(m: &MatchNotice, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string(&Notice::Matched(m.clone()))?);
     } else {
-        println!("{} matched at {}: {}", m.task, m.line.offset, m.line.text);
+        println!("{} matched at {}: {}", m.task, m.line.offset, printable(&m.line.text));
     }
     Ok(())
 }

@@ -72,7 +72,7 @@ impl Core {
         if r.life.worker.is_none() || r.cleanup.is_some_and(|j| !j.cancelled) {
             return;
         }
-        let job = r.cleanup.map(|j| j.job + 1).unwrap_or(1);
+        let job = r.cleanup.map(|j| j.job.saturating_add(1)).unwrap_or(1);
         r.cleanup = Some(CleanupJob { job, done: false, cancelled: false, cancel_confirmed: false });
         fx.push(Effect::Persist(Box::new(r.clone())));
         self.cleanup_tries.remove(task);
@@ -106,6 +106,7 @@ impl Core {
                 continue;
             }
             if let Some(r) = self.tasks.remove(&task) {
+                self.usage.remove(&r);
                 self.by_key.remove(&(r.owner, r.idempotency_key));
                 self.children.remove(&task);
                 self.waiters.remove(&task);
@@ -137,7 +138,7 @@ impl Core {
             return;
         };
         let tries = self.cleanup_tries.entry(task.clone()).or_insert((now.mono, 0));
-        *tries = (now.mono, tries.1 + 1);
+        *tries = (now.mono, tries.1.saturating_add(1));
         let request = CleanupRequest { task: task.clone(), job: job.job, epoch: self.epoch, cancel: job.cancelled };
         fx.push(Effect::Cleanup { worker, request });
     }

@@ -24,6 +24,7 @@ use tenure_protocol::messages::{
 use tenure_protocol::{apply, Board, Decision, Epoch, Event, Kind, SessionId, Status, TaskId, Unchanged, WorkerId};
 use uuid::Uuid;
 
+use crate::limits::{Limits, Usage, Weight};
 use crate::record::TaskRecord;
 use crate::tasks::Tasks;
 
@@ -48,6 +49,8 @@ pub struct CoreConfig {
     /// an owner before its `/`); on a cluster without authentication it is
     /// whatever a client claims, so the role protects nothing there.
     pub operators: Vec<String>,
+    /// Record size, per-identity quotas and the registry's byte limit.
+    pub limits: Limits,
 }
 
 impl Default for CoreConfig {
@@ -59,6 +62,7 @@ impl Default for CoreConfig {
             builtin_kinds: vec![Kind::shell()],
             operators: Vec::new(),
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
+            limits: Limits::default(),
         }
     }
 }
@@ -105,6 +109,25 @@ pub enum Input {
         worker: WorkerId,
         request: EvidenceRequest,
         result: Result<EvidenceReply, String>,
+    },
+    /// The registry's highest epoch claim, read for a [`Effect::CheckEpoch`]
+    /// (or why it could not be read).
+    EpochChecked {
+        claimed: Epoch,
+        by: String,
+        registry: Result<Epoch, String>,
+    },
+    /// The registry stream's bytes, as sampled by the driver.
+    RegistryUsage {
+        bytes: u64,
+    },
+    /// The record of `task` could not be stored (it cannot be encoded, or the
+    /// registry refused its size): the change was not made durable, so the
+    /// leader drops the task from memory — a new task never existed; an
+    /// existing one is read again from the registry by the next leader.
+    PersistFailed {
+        task: TaskId,
+        reason: String,
     },
     Tick,
 }
@@ -157,6 +180,13 @@ pub enum Effect {
     /// Publish a notice (after the record that justifies it is persisted): a
     /// task's end, or a monitor's matched line.
     Notify(Box<Notice>),
+    /// Someone (`by`) says epoch `claimed`, above ours, exists: read the
+    /// registry's highest epoch claim; the answer comes back as
+    /// `Input::EpochChecked`.
+    CheckEpoch {
+        claimed: Epoch,
+        by: String,
+    },
     /// A newer leader exists: stop writing and commanding.
     StepDown {
         reason: String,
@@ -178,6 +208,9 @@ struct WorkerState {
     last_seen: Duration,
     alive: bool,
     sidecar: SidecarHealth,
+    /// An epoch above ours its last heartbeat (or refusal) claimed, not yet
+    /// claimed in the registry: nothing is scheduled on it meanwhile.
+    unproven_epoch: Option<Epoch>,
 }
 
 #[derive(Debug, Clone)]
@@ -232,6 +265,10 @@ pub struct Core {
     dispatched_ms: Vec<u64>,
     /// When this core was built (the leader's term began).
     started: Duration,
+    /// What each identity holds, and the registry budget (see `limits.rs`).
+    usage: Usage,
+    /// Higher epochs others reported, to check against the registry.
+    claims: epochs::Claims,
 }
 
 impl Core {
@@ -261,9 +298,12 @@ impl Core {
             workflows_due: BTreeSet::new(),
             dispatched_ms: Vec::new(),
             started: now.mono,
+            usage: Usage::default(),
+            claims: epochs::Claims::default(),
         };
         for r in records {
-            core.next_n = core.next_n.max(r.id.number() + 1);
+            core.next_n = core.next_n.max(r.id.number().saturating_add(1));
+            core.usage.add(&r);
             if r.parent.is_none() {
                 core.by_key.insert((r.owner.clone(), r.idempotency_key), r.id.number());
             }
@@ -276,6 +316,7 @@ impl Core {
                     last_seen: now.mono,
                     alive: true,
                     sidecar: SidecarHealth::Ok,
+                    unproven_epoch: None,
                 });
             }
             core.index(&r.id, None, r.life.status);
@@ -362,6 +403,9 @@ impl Core {
             }
             Input::Evidence { worker, request, result } => self.evidence(worker, request, result, now, &mut fx),
             Input::CleanupResult { worker, request, result } => self.cleanup_result(worker, request, result, &mut fx),
+            Input::EpochChecked { claimed, by, registry } => self.epoch_checked(claimed, by, registry, now, &mut fx),
+            Input::RegistryUsage { bytes } => self.usage.sampled(bytes),
+            Input::PersistFailed { task, reason } => self.persist_failed(&task, &reason, now, &mut fx),
             Input::Tick => self.tick(now, &mut fx),
         }
         if !fx.iter().any(|e| matches!(e, Effect::StepDown { .. })) {
@@ -528,9 +572,9 @@ impl Core {
                 known: known.iter().map(ToString::to_string).collect(),
             });
         }
-        let id =
-            TaskId::new(req.spec.kind.clone(), self.next_n).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-        self.next_n += 1;
+        self.usage.admit(&self.cfg.limits, &req.session, &req.spec)?;
+        let n = self.allocate()?;
+        let id = TaskId::new(req.spec.kind.clone(), n).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
         let record = TaskRecord {
             trace: trace.map(String::into_boxed_str),
             ..TaskRecord::new(id.clone(), req.session.clone(), req.idempotency_key, req.spec, now.wall_ms)
@@ -539,11 +583,55 @@ impl Core {
         self.index(&id, None, Status::Queued);
         let workflow = !record.spec.steps.is_empty();
         fx.push(Effect::Persist(Box::new(record.clone())));
+        self.usage.add(&record);
         self.tasks.insert(record);
         if workflow {
             self.begin_workflow(&id, now, fx);
         }
         Ok(ApiResponse::Submitted { task: id, existing: false })
+    }
+
+    /// The next task number. Numbers are never reused, so once the counter
+    /// cannot step past one (`u64::MAX` itself is never handed out) nothing
+    /// more can be created: refused, never wrapped.
+    fn allocate(&mut self) -> Result<u64, ApiError> {
+        let n = self.next_n;
+        self.next_n = n.checked_add(1).ok_or_else(|| ApiError::Unavailable("task numbers are exhausted".into()))?;
+        Ok(n)
+    }
+
+    /// A task's record could not be stored: drop the task from memory, so
+    /// this leader acts on nothing that is not durable. A task just created
+    /// never existed (its number stays used); an existing one is loaded again
+    /// by the next leader from the registry's last durable version. A step
+    /// that could not be stored ends its workflow `failed` (it is never
+    /// created again, so nothing loops).
+    fn persist_failed(&mut self, task: &TaskId, reason: &str, now: Now, fx: &mut Vec<Effect>) {
+        let Some(r) = self.tasks.remove(task) else { return };
+        tracing::error!(task = %task, %reason, "task record not stored; the task is dropped from this leader's memory");
+        self.usage.remove(&r);
+        if r.parent.is_none() {
+            self.by_key.remove(&(r.owner.clone(), r.idempotency_key));
+        }
+        if let Some(of) = &r.parent {
+            if let Some(steps) = self.children.get_mut(&of.workflow) {
+                steps.remove(&of.index);
+            }
+            let detail = format!("step {} ({task}) could not be stored: {reason}", of.index + 1);
+            self.end_workflow(&of.workflow, tenure_protocol::Ending::Failed, detail, now, fx);
+        }
+        self.queue.remove(&(task.number(), task.clone()));
+        self.on_worker.remove(task);
+        self.confirmed.remove(task);
+        self.sent.remove(task);
+        self.not_before.remove(task);
+        self.asked.remove(task);
+        self.cleanup_tries.remove(task);
+        self.children.remove(task);
+        let error = ApiError::Unavailable(format!("the record of {task} could not be stored: {reason}"));
+        for w in self.waiters.remove(task).unwrap_or_default() {
+            fx.push(Effect::Reply { to: w.to, reply: Err(error.clone()) });
+        }
     }
 
     fn kill(&mut self, session: &SessionId, task: &TaskId, now: Now, fx: &mut Vec<Effect>) -> ApiReply {
@@ -596,6 +684,7 @@ impl Core {
                     last_seen_ms: now.mono.saturating_sub(w.last_seen).as_millis() as u64,
                     alive: w.alive,
                     sidecar: w.sidecar,
+                    unproven_epoch: w.unproven_epoch,
                 })
                 .collect(),
             tasks_by_status: counts.into_iter().collect(),
@@ -609,12 +698,6 @@ impl Core {
     // -------------------------------------------------------------- workers
 
     fn heartbeat(&mut self, hb: Heartbeat, now: Now, fx: &mut Vec<Effect>) {
-        if hb.epoch_seen > self.epoch {
-            fx.push(Effect::StepDown {
-                reason: format!("worker {} has seen epoch {} > ours {}", hb.worker, hb.epoch_seen, self.epoch),
-            });
-            return;
-        }
         if let Some((w, holder)) = self.workers.get(&hb.worker).and_then(|w| Some((w, w.instance?))) {
             let holder_live = w.alive && now.mono.saturating_sub(w.last_seen) < self.cfg.worker_ttl;
             if holder != hb.instance {
@@ -629,6 +712,11 @@ impl Core {
                 tracing::info!(worker = %hb.worker, instance = %hb.instance, previous = %holder, "worker id bound to a new process");
             }
         }
+        // A higher epoch is believed only once the registry shows it claimed.
+        let unproven = (hb.epoch_seen > self.epoch).then_some(hb.epoch_seen);
+        if let Some(claimed) = unproven {
+            self.epoch_claimed(claimed, format!("worker {}", hb.worker), now, fx);
+        }
         let w = self.workers.entry(hb.worker.clone()).or_insert(WorkerState {
             instance: Some(hb.instance),
             incarnation: None,
@@ -637,6 +725,7 @@ impl Core {
             last_seen: now.mono,
             alive: true,
             sidecar: SidecarHealth::Ok,
+            unproven_epoch: None,
         });
         if !w.alive {
             tracing::info!(worker = %hb.worker, "worker is back");
@@ -650,6 +739,7 @@ impl Core {
         w.last_seen = now.mono;
         w.alive = true;
         w.sidecar = hb.sidecar;
+        w.unproven_epoch = unproven;
         self.stop_stale_copies(&hb.worker, &hb.attempts, fx);
         self.check_listed(&hb.worker, hb.incarnation, &hb.attempts, now, fx);
     }
@@ -687,7 +777,8 @@ impl Core {
         lines.dedup_by_key(|l| l.offset);
         let fresh: Vec<MatchedLine> = lines
             .into_iter()
-            .filter(|l| l.offset >= through)
+            // `through` saturates: at `u64::MAX` every offset was notified.
+            .filter(|l| l.offset >= through && through < u64::MAX)
             .take(MAX_MATCHES_PER_REPORT)
             .map(|l| match l.text.len() > MAX_MATCH_LINE_BYTES {
                 true => MatchedLine::new(l.offset, &l.text),
@@ -695,8 +786,8 @@ impl Core {
             })
             .collect();
         let Some(last) = fresh.iter().map(|l| l.offset).max() else { return ReportAck::Ack };
-        r.matched_through = last + 1;
-        r.matches += fresh.len() as u64;
+        r.matched_through = last.saturating_add(1);
+        r.matches = r.matches.saturating_add(fresh.len() as u64);
         fx.push(Effect::Persist(Box::new(r.clone())));
         for line in fresh {
             tracing::info!(task = %task, offset = line.offset, "monitor line matched");
@@ -731,10 +822,18 @@ impl Core {
             Err(error) => {
                 tracing::debug!(%worker, task = %task, %attempt, %error, "command not answered; will retry");
             }
-            Ok(WorkerReply::Refused(Refusal::StaleEpoch { held, .. })) if held > self.epoch => {
-                fx.push(Effect::StepDown { reason: format!("worker {worker} has seen epoch {held} > ours") });
-            }
             Ok(WorkerReply::Refused(reason)) => {
+                // A machine that has seen a higher epoch refuses every command
+                // of ours: believed once the registry shows it claimed; until
+                // then nothing more is scheduled there.
+                if let Refusal::StaleEpoch { held, .. } = &reason {
+                    if *held > self.epoch {
+                        if let Some(w) = self.workers.get_mut(&worker) {
+                            w.unproven_epoch = Some(*held);
+                        }
+                        self.epoch_claimed(*held, format!("worker {worker}"), now, fx);
+                    }
+                }
                 tracing::info!(%worker, task = %task, %attempt, %reason, kill = is_kill, "worker refused");
                 if let Refusal::UnsupportedKind(kind) = &reason {
                     if let (Some(w), Ok(kind)) = (self.workers.get_mut(&worker), kind.parse::<Kind>()) {
@@ -760,6 +859,7 @@ impl Core {
     }
 
     fn tick(&mut self, now: Now, fx: &mut Vec<Effect>) {
+        self.check_claims(now, fx);
         self.retry_cleanups(now, fx);
         self.collect_garbage(now, fx);
         let ttl = self.cfg.worker_ttl;
@@ -840,8 +940,9 @@ impl Core {
         let mut free: BTreeMap<WorkerId, u32> = self
             .workers
             .iter()
-            // A machine whose sidecar is down or degraded would refuse the grant.
-            .filter(|(_, w)| w.alive && w.sidecar == SidecarHealth::Ok)
+            // A machine whose sidecar is down or degraded would refuse the
+            // grant, and one that claims an epoch no coordinator claimed too.
+            .filter(|(_, w)| w.alive && w.sidecar == SidecarHealth::Ok && w.unproven_epoch.is_none())
             .map(|(id, w)| (id.clone(), w.slots.saturating_sub(load.get(id).copied().unwrap_or(0))))
             .filter(|(_, f)| *f > 0)
             .collect();
@@ -915,6 +1016,7 @@ impl Core {
     /// Applies `event` to `task` through the lifecycle table; on a change, updates
     /// the record and indexes, stamps times, persists, and answers waiters.
     fn event(&mut self, task: &TaskId, event: Event, now: Now, fx: &mut Vec<Effect>) -> Option<Decision> {
+        let event = crate::limits::bounded(event);
         let granted_to = match &event {
             Event::Grant { worker, .. } => Some(self.workers.get(worker).and_then(|w| w.incarnation)),
             _ => None,
@@ -926,6 +1028,7 @@ impl Core {
             return Some(decision);
         };
         let before = record.life.status;
+        let weight = Weight::of(record);
         record.life = life.clone();
         if let Some(incarnation) = granted_to {
             record.incarnation = incarnation.map(Box::new);
@@ -955,6 +1058,7 @@ impl Core {
         } else {
             Vec::new()
         };
+        self.usage.reweigh(record, weight);
         tracing::info!(task = %task, attempt = %life.attempt, epoch = %life.epoch, from = %before, to = %after, "task transition");
         fx.push(Effect::Persist(Box::new(record.clone())));
         let ended = after.is_terminal() && !before.is_terminal();
@@ -1018,6 +1122,8 @@ impl Core {
 
 #[path = "board.rs"]
 mod board;
+#[path = "epochs.rs"]
+mod epochs;
 #[path = "liveness.rs"]
 mod liveness;
 #[path = "workflow.rs"]

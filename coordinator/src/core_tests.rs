@@ -334,14 +334,25 @@ fn an_unreachable_machine_makes_non_idempotent_tasks_unknown_and_idempotent_ones
     assert_eq!((&kills[0].task, kills[0].attempt), (&again, Attempt(1)));
 }
 
+/// A newer epoch a sidecar reports is checked against the registry's claim
+/// first; a claim the registry holds deposes the leader, nothing settled.
 #[test]
-fn a_newer_epoch_in_a_sidecar_refusal_deposes_the_leader() {
+fn a_newer_epoch_in_a_sidecar_refusal_deposes_the_leader_once_the_registry_shows_it() {
     let mut h = Harness::new();
     h.heartbeat("w1", 4);
     let t = h.submit("s", TaskSpec::shell("once", "true"));
     h.report("w1", &t, 1, ReportEvent::Started { pid: 1 });
     let asked = lose_w1(&mut h);
     let fx = answer(&mut h, &asked[0], Ok(Err(SidecarRefusal::StaleEpoch { held: Epoch(9), offered: Epoch(3) })));
+    assert!(!fx.iter().any(|e| matches!(e, Effect::StepDown { .. })), "a claim alone deposes nobody: {fx:?}");
+    let Some((claimed, by)) = fx.iter().find_map(|e| match e {
+        Effect::CheckEpoch { claimed, by } => Some((*claimed, by.clone())),
+        _ => None,
+    }) else {
+        panic!("the claim is checked: {fx:?}")
+    };
+    assert_eq!(h.status(&t), Status::Running);
+    let fx = h.input(Input::EpochChecked { claimed, by, registry: Ok(Epoch(9)) });
     assert!(fx.iter().any(|e| matches!(e, Effect::StepDown { .. })));
     assert_eq!(h.status(&t), Status::Running);
 }
@@ -416,8 +427,17 @@ fn refused_grants_requeue_and_a_newer_epoch_deposes_the_leader() {
         command: WorkerCommand::Grant(grant),
         result: Ok(WorkerReply::Refused(Refusal::StaleEpoch { held: Epoch(9), offered: Epoch(3) })),
     });
+    let check = fx.iter().find_map(|e| match e {
+        Effect::CheckEpoch { claimed, by } => Some((*claimed, by.clone())),
+        _ => None,
+    });
+    let Some((claimed, by)) = check else { panic!("the claim is checked first: {fx:?}") };
+    let fx = h.input(Input::EpochChecked { claimed, by, registry: Ok(Epoch(9)) });
     assert!(fx.iter().any(|e| matches!(e, Effect::StepDown { .. })));
 }
+
+#[path = "limits_tests.rs"]
+mod limits;
 
 #[test]
 fn unanswered_grants_are_resent_until_answered() {

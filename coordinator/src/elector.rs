@@ -184,6 +184,11 @@ impl Elector {
     }
 }
 
+/// Largest lease value the bucket takes (a [`LeaseValue`] is ≈ 100 bytes).
+const LEASE_MAX_VALUE: i32 = 4096;
+/// Bytes the lease bucket may hold.
+const LEASE_MAX_BYTES: i64 = 1 << 20;
+
 /// Gets the bucket, creating it when absent (two coordinators creating it at
 /// once is fine: the second create finds the same configuration).
 async fn open_bucket(js: &jetstream::Context, replicas: usize) -> Result<kv::Store, Error> {
@@ -195,6 +200,9 @@ async fn open_bucket(js: &jetstream::Context, replicas: usize) -> Result<kv::Sto
             bucket: subjects::LEADER_BUCKET.to_owned(),
             description: "tenure coordinators' leader lease".to_owned(),
             history: 1,
+            // One small key: bounded so that nothing can grow the bucket.
+            max_value_size: LEASE_MAX_VALUE,
+            max_bytes: LEASE_MAX_BYTES,
             storage: jetstream::stream::StorageType::File,
             num_replicas: replicas.max(1),
             ..Default::default()

@@ -6,11 +6,13 @@
 //! (JetStream, conditional appends), [`elector`] drives the lease (JetStream KV,
 //! compare-and-set), and [`service`] drives the rest: a standby until the lease
 //! is held, then the event loop that owns the NATS subscriptions, feeds the core
-//! and carries out its effects.
+//! and carries out its effects. [`limits`] decides what a submit may cost
+//! (record size, per-identity quotas, room in the registry).
 
 pub mod core;
 pub mod elector;
 pub mod lease;
+pub mod limits;
 mod metrics;
 pub mod notices;
 pub mod record;
@@ -19,4 +21,5 @@ pub mod service;
 mod tasks;
 
 pub use lease::LeaseConfig;
+pub use limits::Limits;
 pub use service::{run, Error, Options};

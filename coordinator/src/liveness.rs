@@ -67,8 +67,13 @@ impl Core {
                 tracing::warn!(%worker, task = %task, %attempt, %error, "the lost worker's sidecar is unreachable too");
                 Event::WorkerLost { worker: worker.clone() }
             }
-            Ok(Err(SidecarRefusal::StaleEpoch { held, .. })) if held > self.epoch => {
-                fx.push(Effect::StepDown { reason: format!("sidecar of {worker} has seen epoch {held} > ours") });
+            // A machine that has seen a higher epoch answers nothing of ours.
+            // Its claim is checked against the registry first (a real newer
+            // leader deposes this one) and the attempt asked about again; once
+            // the registry showed the claim unfounded, the machine is as good
+            // as unreachable.
+            Ok(Err(SidecarRefusal::StaleEpoch { held, .. })) if held > self.epoch && !self.refuted(held) => {
+                self.epoch_claimed(held, format!("the sidecar of {worker}"), now, fx);
                 return;
             }
             Ok(Err(refusal)) => {

@@ -13,6 +13,13 @@
 //! ([`Notices::serve`]) through one durable consumer per owner that only it
 //! defines, so no client can create consumers, read or acknowledge another
 //! owner's notices, or reach JetStream at all.
+//! **Bounded.** The stream keeps notices for a week, at most
+//! [`NoticeLimits::max_bytes`] of them (the oldest are dropped first: a
+//! notice is a convenience, the registry is the truth), no message above the
+//! codec's limit, and at most [`NoticeLimits::max_consumers`] consumers (one
+//! durable consumer per watching session): past it a new watcher is refused
+//! by the server instead of the stream growing without bound. Limits are
+//! applied to an existing stream when it is opened.
 
 use std::time::Duration;
 
@@ -28,25 +35,54 @@ const DEDUPE_WINDOW: Duration = Duration::from_secs(3600);
 /// How long a notice waits for a watcher before the stream drops it.
 const KEEP_NOTICES: Duration = Duration::from_secs(7 * 24 * 3600);
 
+/// The notice stream's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoticeLimits {
+    /// Bytes of notices kept; past them the oldest are dropped.
+    pub max_bytes: u64,
+    /// Consumers (watching sessions) the stream allows.
+    pub max_consumers: u32,
+}
+
+impl Default for NoticeLimits {
+    fn default() -> Self {
+        NoticeLimits { max_bytes: 256 << 20, max_consumers: 4096 }
+    }
+}
+
 #[derive(Clone)]
 pub struct Notices {
     js: jetstream::Context,
 }
 
 impl Notices {
-    /// Creates the stream if needed.
-    pub async fn open(js: jetstream::Context, replicas: usize) -> Result<Notices, String> {
-        js.get_or_create_stream(stream::Config {
-            name: subjects::NOTICES_STREAM.to_owned(),
-            subjects: vec![subjects::NOTICES_ALL.to_owned()],
-            storage: stream::StorageType::File,
-            num_replicas: replicas.max(1),
-            duplicate_window: DEDUPE_WINDOW,
-            max_age: KEEP_NOTICES,
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| e.to_string())?;
+    /// Creates the stream if needed, applying `limits` to an existing one.
+    pub async fn open(js: jetstream::Context, replicas: usize, limits: NoticeLimits) -> Result<Notices, String> {
+        let bounded = |mut config: stream::Config| {
+            config.max_bytes = i64::try_from(limits.max_bytes).unwrap_or(i64::MAX);
+            config.max_consumers = i32::try_from(limits.max_consumers).unwrap_or(i32::MAX);
+            config.max_message_size = i32::try_from(tenure_protocol::MAX_MESSAGE_BYTES).unwrap_or(i32::MAX);
+            config.discard = stream::DiscardPolicy::Old;
+            config
+        };
+        let mut stream = js
+            .get_or_create_stream(bounded(stream::Config {
+                name: subjects::NOTICES_STREAM.to_owned(),
+                subjects: vec![subjects::NOTICES_ALL.to_owned()],
+                storage: stream::StorageType::File,
+                num_replicas: replicas.max(1),
+                duplicate_window: DEDUPE_WINDOW,
+                max_age: KEEP_NOTICES,
+                ..Default::default()
+            }))
+            .await
+            .map_err(|e| e.to_string())?;
+        let config = stream.info().await.map_err(|e| e.to_string())?.config.clone();
+        if bounded(config.clone()) != config {
+            if let Err(error) = js.update_stream(bounded(config)).await {
+                tracing::warn!(%error, "the notice stream's limits could not be applied; keeping its own");
+            }
+        }
         Ok(Notices { js })
     }
 
@@ -184,5 +220,39 @@ mod tests {
             assert!(!is_ack_of(&bad, &alice), "{bad}");
         }
         assert!(!is_ack_of("$JS.API.STREAM.PURGE.TENURE_REGISTRY", &alice));
+    }
+
+    /// The notice stream is bounded in bytes and consumers, also when it
+    /// existed before it was bounded.
+    #[test]
+    fn the_notice_stream_is_bounded_in_bytes_and_consumers() {
+        let nats = tenure_testkit::NatsServer::start().expect("nats-server");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let js = jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+            js.create_stream(stream::Config {
+                name: subjects::NOTICES_STREAM.to_owned(),
+                subjects: vec![subjects::NOTICES_ALL.to_owned()],
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            let limits = NoticeLimits { max_bytes: 8 << 20, max_consumers: 2 };
+            Notices::open(js.clone(), 1, limits).await.unwrap();
+            let mut stream = js.get_stream(subjects::NOTICES_STREAM).await.unwrap();
+            let config = stream.info().await.unwrap().config.clone();
+            assert_eq!((config.max_bytes, config.max_consumers), (8 << 20, 2));
+            // Past the consumer limit a new watcher is refused by the server.
+            for name in ["a", "b"] {
+                let durable = async_nats::jetstream::consumer::pull::Config {
+                    durable_name: Some(name.into()),
+                    ..Default::default()
+                };
+                stream.create_consumer(durable).await.unwrap();
+            }
+            let third =
+                async_nats::jetstream::consumer::pull::Config { durable_name: Some("c".into()), ..Default::default() };
+            assert!(stream.create_consumer(third).await.is_err());
+        });
     }
 }

@@ -28,6 +28,18 @@
 //! land after its claim. So every append also expects the stream's last
 //! message to be our own previous one (`Nats-Expected-Last-Msg-Id`: the append
 //! before it in the pipeline, or our last durable one, our epoch claim first).
+//!
+//! **Bounded.** The stream has a byte limit and refuses new messages past it
+//! (`discard: new`: the oldest records are never dropped to make room), a
+//! largest message (the server's `max_payload`, of which a record may take
+//! all but [`HEADER_ALLOWANCE`]) and a few consumers (loading takes one).
+//! The leader refuses submits well before the byte limit (`limits.rs`), so
+//! the tasks it admitted can always record their ends. Limits are applied
+//! to an existing stream when it is opened, so raising them is a
+//! configuration change and a restart.
+//!
+//! An append that cannot be encoded ([`Error::Encode`]) fails that one
+//! record: nothing was sent, nothing else in flight is touched.
 
 use std::collections::VecDeque;
 use std::future::{Future, IntoFuture};
@@ -50,8 +62,50 @@ pub enum Error {
     Fenced { expected: u64 },
     #[error("registry unavailable: {0}")]
     Unavailable(String),
+    /// This record cannot be stored (it does not encode, or it is larger than
+    /// a registry message): nothing of it was sent.
     #[error("cannot encode registry entry: {0}")]
     Encode(String),
+    /// The server refused an append already in flight as too large: the
+    /// records behind it were sent expecting it, so the term ends (nothing of
+    /// it was stored; the leader refuses such records before they are sent).
+    #[error("registry append refused: {0}")]
+    Refused(String),
+    /// The registry's last epoch claim is above every epoch that can follow.
+    #[error("epochs are exhausted: the registry's last claim is {0}")]
+    EpochsExhausted(Epoch),
+}
+
+/// The registry stream's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamLimits {
+    /// Bytes the stream may hold; past them new messages are refused.
+    pub max_bytes: u64,
+    /// Largest message (payload and headers).
+    pub max_message: usize,
+}
+
+/// Room in a message for the headers of an append (message id, expected
+/// sequence, expected last message id) and the subject.
+pub const HEADER_ALLOWANCE: usize = 1024;
+
+/// Consumers the registry stream allows: a leader's load takes one (ordered,
+/// removed when done); tools reading the registry take a few.
+pub const MAX_CONSUMERS: i32 = 64;
+
+/// The largest task record a registry message holds, on a server whose
+/// `max_payload` is `max_payload`: all but the header allowance, and never
+/// above the codec's limit.
+pub fn record_limit(max_payload: usize) -> usize {
+    max_payload.saturating_sub(HEADER_ALLOWANCE).min(tenure_protocol::MAX_MESSAGE_BYTES)
+}
+
+impl StreamLimits {
+    /// The limits for a registry of `max_bytes` on a server whose largest
+    /// message is `max_payload`.
+    pub fn new(max_bytes: u64, max_payload: usize) -> StreamLimits {
+        StreamLimits { max_bytes, max_message: record_limit(max_payload) + HEADER_ALLOWANCE }
+    }
 }
 
 /// What loading the registry found.
@@ -63,6 +117,11 @@ pub struct Loaded {
     pub highest_n: u64,
     /// Subjects whose record could not be decoded (reported, never dropped).
     pub corrupt: Vec<(String, String)>,
+    /// The stream's bytes when loaded.
+    pub bytes: u64,
+    /// The stream's byte limit in force (the configured one, unless the
+    /// stream could not be updated to it).
+    pub max_bytes: u64,
 }
 
 pub struct Registry {
@@ -116,24 +175,47 @@ pub const MAX_IN_FLIGHT: usize = 256;
 const APPEND_RETRY_FOR: Duration = Duration::from_secs(30);
 
 impl Registry {
-    /// Creates the stream if needed and loads every record.
-    pub async fn open(js: jetstream::Context, replicas: usize) -> Result<(Registry, Loaded), Error> {
+    /// Creates the stream if needed (applying `limits` to an existing one)
+    /// and loads every record.
+    pub async fn open(
+        js: jetstream::Context,
+        replicas: usize,
+        limits: StreamLimits,
+    ) -> Result<(Registry, Loaded), Error> {
         let unavailable = |e: &dyn std::fmt::Display| Error::Unavailable(e.to_string());
+        let bounded = |mut config: stream::Config| {
+            config.max_bytes = i64::try_from(limits.max_bytes).unwrap_or(i64::MAX);
+            config.max_message_size = i32::try_from(limits.max_message).unwrap_or(i32::MAX);
+            config.max_consumers = MAX_CONSUMERS;
+            config.discard = stream::DiscardPolicy::New;
+            config
+        };
         let mut stream = js
-            .get_or_create_stream(stream::Config {
+            .get_or_create_stream(bounded(stream::Config {
                 name: subjects::REGISTRY_STREAM.to_owned(),
                 subjects: vec![subjects::REGISTRY_ALL.to_owned()],
                 max_messages_per_subject: 1,
                 storage: stream::StorageType::File,
                 num_replicas: replicas.max(1),
-                discard: stream::DiscardPolicy::Old,
                 duplicate_window: Duration::from_secs(120),
                 ..Default::default()
-            })
+            }))
             .await
             .map_err(|e| unavailable(&e))?;
-        let state = stream.info().await.map_err(|e| unavailable(&e))?.state.clone();
-        let mut loaded = Loaded::default();
+        let info = stream.info().await.map_err(|e| unavailable(&e))?.clone();
+        let mut config = info.config.clone();
+        if bounded(config.clone()) != config {
+            match js.update_stream(bounded(config.clone())).await {
+                Ok(updated) => config = updated.config,
+                Err(error) => tracing::warn!(%error, "the registry's limits could not be applied; keeping its own"),
+            }
+        }
+        let state = info.state.clone();
+        let mut loaded = Loaded {
+            bytes: state.bytes,
+            max_bytes: u64::try_from(config.max_bytes).ok().filter(|b| *b > 0).unwrap_or(limits.max_bytes),
+            ..Loaded::default()
+        };
         if state.messages > 0 {
             let consumer = stream
                 .create_consumer(consumer::pull::OrderedConfig {
@@ -171,7 +253,7 @@ impl Registry {
     /// conditional on the sequence this coordinator loaded. Fails with
     /// [`Error::Fenced`] if anyone wrote since; the caller loads again.
     pub async fn claim(&mut self, by: &str, at_least: Epoch, now_ms: u64) -> Result<Epoch, Error> {
-        let epoch = self.epoch.next().max(at_least);
+        let epoch = self.epoch.checked_next().ok_or(Error::EpochsExhausted(self.epoch))?.max(at_least);
         let claim = EpochClaim { epoch, by: by.to_owned(), at_ms: now_ms };
         self.append(subjects::REGISTRY_EPOCH.to_owned(), &RegistryEntry::Epoch(claim)).await?;
         self.epoch = epoch;
@@ -283,7 +365,7 @@ impl Registry {
                     }
                     // Sent behind an append that had not landed: send it again now.
                     PublishErrorKind::WrongLastSequence | PublishErrorKind::WrongLastMessageId => {}
-                    PublishErrorKind::MaxPayloadExceeded => return Err(Error::Encode(e.to_string())),
+                    PublishErrorKind::MaxPayloadExceeded => return Err(Error::Refused(e.to_string())),
                     _ => transient(oldest, e)?,
                 },
             }
@@ -357,6 +439,29 @@ fn classify(e: async_nats::jetstream::context::PublishError, expected: u64) -> b
     }
 }
 
+/// The registry's last epoch claim (epoch 0 when none was made): what a
+/// leader reads before it believes a higher epoch someone reported.
+pub async fn last_claim(js: &jetstream::Context) -> Result<Epoch, Error> {
+    let unavailable = |e: &dyn std::fmt::Display| Error::Unavailable(e.to_string());
+    let stream = js.get_stream_no_info(subjects::REGISTRY_STREAM).await.map_err(|e| unavailable(&e))?;
+    match stream.get_last_raw_message_by_subject(subjects::REGISTRY_EPOCH).await {
+        Ok(msg) => match tenure_protocol::decode::<RegistryEntry>(&msg.payload) {
+            Ok(RegistryEntry::Epoch(claim)) => Ok(claim.epoch),
+            Ok(_) => Err(Error::Unavailable("the epoch subject holds no claim".into())),
+            Err(e) => Err(Error::Unavailable(format!("the last epoch claim is unreadable: {e}"))),
+        },
+        Err(e) if e.kind() == stream::LastRawMessageErrorKind::NoMessageFound => Ok(Epoch(0)),
+        Err(e) => Err(unavailable(&e)),
+    }
+}
+
+/// The registry stream's bytes, as the server counts them.
+pub async fn bytes_used(js: &jetstream::Context) -> Result<u64, Error> {
+    let mut stream = js.get_stream(subjects::REGISTRY_STREAM).await.map_err(|e| Error::Unavailable(e.to_string()))?;
+    let info = stream.info().await.map_err(|e| Error::Unavailable(e.to_string()))?;
+    Ok(info.state.bytes)
+}
+
 fn load_one(loaded: &mut Loaded, subject: &str, payload: &[u8]) {
     if let Some(id) = subject.strip_prefix("tenure.registry.task.") {
         if let Ok(id) = id.parse::<TaskId>() {
@@ -389,6 +494,10 @@ mod tests {
     use crate::record::TaskRecord;
     use tenure_protocol::TaskSpec;
 
+    fn limits() -> StreamLimits {
+        StreamLimits::new(1 << 30, 1 << 20)
+    }
+
     fn record(n: u64) -> TaskRecord {
         let id = TaskId::new(tenure_protocol::Kind::shell(), n).unwrap();
         TaskRecord::new(id, "s".parse().unwrap(), uuid::Uuid::new_v4(), TaskSpec::shell("t", "true"), 0)
@@ -404,7 +513,7 @@ mod tests {
         rt.block_on(async {
             let client = async_nats::connect(&nats.url).await.unwrap();
             let js = jetstream::new(client);
-            let (mut old, _) = Registry::open(js.clone(), 1).await.unwrap();
+            let (mut old, _) = Registry::open(js.clone(), 1, limits()).await.unwrap();
             old.claim("old", Epoch(1), 0).await.unwrap();
             old.start_put_task(&record(1)).await.unwrap();
             old.settle().await.unwrap();
@@ -425,7 +534,7 @@ mod tests {
             });
             old.started += 1;
             // …a new leader loads and claims: exactly one message lands…
-            let (mut new, _) = Registry::open(js.clone(), 1).await.unwrap();
+            let (mut new, _) = Registry::open(js.clone(), 1, limits()).await.unwrap();
             new.claim("new", Epoch(2), 0).await.unwrap();
             // …and the old leader's append 2 expects exactly that sequence.
             old.start_put_task(&record(3)).await.unwrap();
@@ -437,6 +546,37 @@ mod tests {
             // The new leader goes on writing.
             new.start_put_task(&record(4)).await.unwrap();
             new.settle().await.unwrap();
+        });
+    }
+
+    /// A registry stream created before it was bounded gets its limits when
+    /// opened; the byte limit in force is reported.
+    #[test]
+    fn an_existing_stream_is_bounded_when_opened() {
+        let nats = tenure_testkit::NatsServer::start().expect("nats-server");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let client = async_nats::connect(&nats.url).await.unwrap();
+            let js = jetstream::new(client);
+            js.create_stream(stream::Config {
+                name: subjects::REGISTRY_STREAM.to_owned(),
+                subjects: vec![subjects::REGISTRY_ALL.to_owned()],
+                max_messages_per_subject: 1,
+                discard: stream::DiscardPolicy::Old,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            let (_, loaded) = Registry::open(js.clone(), 1, StreamLimits::new(100 << 20, 1 << 20)).await.unwrap();
+            assert_eq!(loaded.max_bytes, 100 << 20);
+            let mut stream = js.get_stream(subjects::REGISTRY_STREAM).await.unwrap();
+            let config = stream.info().await.unwrap().config.clone();
+            assert_eq!(config.max_bytes, 100 << 20);
+            assert_eq!(config.discard, stream::DiscardPolicy::New, "old records are never dropped to make room");
+            assert_eq!(config.max_consumers, MAX_CONSUMERS);
+            assert_eq!(config.max_message_size, (tenure_protocol::MAX_MESSAGE_BYTES + HEADER_ALLOWANCE) as i32);
+            assert_eq!(record_limit(1 << 20), tenure_protocol::MAX_MESSAGE_BYTES);
+            assert_eq!(record_limit(64 << 10), (64 << 10) - HEADER_ALLOWANCE);
         });
     }
 }

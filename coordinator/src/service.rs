@@ -12,6 +12,12 @@
 //! append, reply or command unless the lease view says this process may act at
 //! that moment, and a failed persist stops the loop before any later effect
 //! (reply, grant, kill) of the same batch leaves.
+//!
+//! No input can end the process: fencing, outages and a newer epoch end the
+//! term; a record that cannot be stored (it does not encode) fails only the
+//! change it belonged to — nothing of it is sent, the rest of its batch is
+//! dropped (a reply becomes an error), and the core drops the task from
+//! memory (`Input::PersistFailed`).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -34,8 +40,8 @@ use crate::core::{Core, CoreConfig, Effect, Input, Now};
 use crate::elector::{self, Clock, Elector, LeaseView, Term};
 use crate::lease::{self, ms, LeaseConfig};
 use crate::metrics;
-use crate::notices::Notices;
-use crate::registry::{self, Loaded, Registry};
+use crate::notices::{NoticeLimits, Notices};
+use crate::registry::{self, Loaded, Registry, StreamLimits};
 
 /// How the coordinator is run.
 #[derive(Debug, Clone)]
@@ -51,6 +57,8 @@ pub struct Options {
     /// How long a worker command waits for its answer.
     pub command_timeout: Duration,
     pub lease: LeaseConfig,
+    /// Limits of the notice stream (the registry's are in `core.limits`).
+    pub notices: NoticeLimits,
 }
 
 impl Default for Options {
@@ -62,6 +70,7 @@ impl Default for Options {
             replicas: 1,
             command_timeout: Duration::from_secs(2),
             lease: LeaseConfig::default(),
+            notices: NoticeLimits::default(),
         }
     }
 }
@@ -70,8 +79,8 @@ impl Default for Options {
 pub enum Error {
     #[error(transparent)]
     Transport(#[from] tenure_transport::Error),
-    /// A registry failure that another term would hit again (a record that
-    /// cannot be encoded). Fencing and outages are not errors: they end the term.
+    /// A registry failure at start. Once leading, registry failures end the
+    /// term or fail one record; they never end the process.
     #[error(transparent)]
     Registry(#[from] registry::Error),
     #[error(transparent)]
@@ -135,10 +144,12 @@ enum Ended {
     SteppedDown { epoch: Epoch, reason: String },
 }
 
-/// Why the leader loop stops: end the term, or the process.
+/// Why the leader loop stops carrying out a batch of effects: the term ends,
+/// or one task's record could not be stored (that change fails, the term goes on).
+#[derive(Debug)]
 enum Stop {
     StepDown(String),
-    Fatal(Error),
+    Record { task: tenure_protocol::TaskId, reason: String },
 }
 
 impl From<registry::Error> for Stop {
@@ -148,7 +159,9 @@ impl From<registry::Error> for Stop {
                 "fenced: the registry moved past sequence {expected} (another coordinator wrote)"
             )),
             registry::Error::Unavailable(reason) => Stop::StepDown(format!("registry unavailable: {reason}")),
-            e @ registry::Error::Encode(_) => Stop::Fatal(e.into()),
+            e @ (registry::Error::Encode(_) | registry::Error::Refused(_) | registry::Error::EpochsExhausted(_)) => {
+                Stop::StepDown(e.to_string())
+            }
         }
     }
 }
@@ -247,12 +260,13 @@ impl Visibility {
 async fn adopt(
     js: &async_nats::jetstream::Context,
     opts: &Options,
+    limits: StreamLimits,
     at_least: Epoch,
 ) -> Result<(Registry, Loaded, Epoch), Stop> {
     let mut tries = 0;
     loop {
         tries += 1;
-        let (mut registry, loaded) = Registry::open(js.clone(), opts.replicas).await?;
+        let (mut registry, loaded) = Registry::open(js.clone(), opts.replicas, limits).await?;
         match registry.claim(&opts.name, at_least, wall_ms()).await {
             Ok(epoch) => return Ok((registry, loaded, epoch)),
             Err(registry::Error::Fenced { expected }) if tries < 3 => {
@@ -276,10 +290,12 @@ async fn lead<F: Future<Output = ()>>(
     let mut epoch = term.epoch;
     let js = async_nats::jetstream::new(client.clone());
     let load_started = clock.now();
+    let max_payload = client.server_info().max_payload;
+    let limits = StreamLimits::new(opts.core.limits.registry_bytes, max_payload);
     let adopted = tokio::select! {
         _ = &mut shutdown => return Ok(Ended::Shutdown { epoch }),
         reason = guard.lost() => return Ok(Ended::SteppedDown { epoch, reason }),
-        adopted = adopt(&js, opts, term.epoch) => adopted,
+        adopted = adopt(&js, opts, limits, term.epoch) => adopted,
     };
     let (mut registry, loaded) = match adopted {
         Ok((registry, loaded, claimed)) => {
@@ -287,7 +303,7 @@ async fn lead<F: Future<Output = ()>>(
             (registry, loaded)
         }
         Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
-        Err(Stop::Fatal(e)) => return Err(e),
+        Err(Stop::Record { reason, .. }) => return Ok(Ended::SteppedDown { epoch, reason }),
     };
     elector.adopt_epoch(epoch).await;
     announce_epoch(client, epoch).await;
@@ -303,9 +319,15 @@ async fn lead<F: Future<Output = ()>>(
     );
     metrics::get().takeovers.add(1, &[]);
     let now = || Now { mono: clock.now(), wall_ms: wall_ms() };
-    let mut core = Core::new(opts.core.clone(), epoch, loaded.records, now());
+    // A record may take one registry message, less room for headers, on the
+    // server this process is connected to.
+    let mut cfg = opts.core.clone();
+    cfg.limits.record_bytes = registry::record_limit(max_payload);
+    cfg.limits.registry_bytes = loaded.max_bytes;
+    let mut core = Core::new(cfg, epoch, loaded.records, now());
     core.reserve_through(loaded.highest_n);
-    let notices = match Notices::open(js.clone(), opts.replicas).await {
+    core.handle(Input::RegistryUsage { bytes: loaded.bytes }, now());
+    let notices = match Notices::open(js.clone(), opts.replicas, opts.notices).await {
         Ok(n) => n,
         Err(reason) => return Ok(Ended::SteppedDown { epoch, reason: format!("notice stream unavailable: {reason}") }),
     };
@@ -342,7 +364,7 @@ async fn lead<F: Future<Output = ()>>(
         Err(e) => return Ok(Ended::SteppedDown { epoch, reason: format!("NATS subscription failed: {e}") }),
     };
     let (results_tx, mut results) = mpsc::channel::<Input>(4096);
-    let outbox = Outbox { client, notices: &notices, results: &results_tx, opts };
+    let outbox = Outbox { client, js: &js, notices: &notices, results: &results_tx, opts };
     let mut pipeline = Pipeline::default();
     let mut tick = tokio::time::interval(Duration::from_millis(200));
     let mut ticks: u64 = 0;
@@ -426,6 +448,9 @@ async fn lead<F: Future<Output = ()>>(
                 if ticks.is_multiple_of(5) {
                     record_gauges(&core, now());
                 }
+                if ticks.is_multiple_of(REGISTRY_SAMPLE_TICKS) {
+                    outbox.sample_registry();
+                }
                 Input::Tick
             }
             // An append may still be retrying when the renew deadline passes: the
@@ -438,8 +463,9 @@ async fn lead<F: Future<Output = ()>>(
                 };
                 match released {
                     Ok(()) => continue,
-                    Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
-                    Err(Stop::Fatal(e)) => return Err(e),
+                    Err(Stop::StepDown(reason) | Stop::Record { reason, .. }) => {
+                        return Ok(Ended::SteppedDown { epoch, reason })
+                    }
                 }
             }
         };
@@ -447,21 +473,41 @@ async fn lead<F: Future<Output = ()>>(
         if let Err(reason) = guard.check() {
             return Ok(Ended::SteppedDown { epoch, reason });
         }
-        let effects = span.in_scope(|| core.handle(input, now()));
+        let mut effects = span.in_scope(|| core.handle(input, now()));
         for ms in core.take_dispatch_latencies() {
             metrics::get().dispatch.record(ms as f64 / 1000.0, &[]);
         }
-        for effect in effects {
-            if let Err(reason) = guard.check() {
+        // Effects of one input, then what the core makes of records that
+        // could not be stored, until nothing failed (each round drops tasks
+        // and creates none; the bound is a guard against a core that would).
+        let mut rounds = 0;
+        while !effects.is_empty() {
+            rounds += 1;
+            if rounds > MAX_UNWIND_ROUNDS {
+                let reason = "records kept failing to be stored while unwinding one input".to_owned();
                 return Ok(Ended::SteppedDown { epoch, reason });
             }
-            let span = effect_span(&effect, &core, epoch).unwrap_or_else(|| span.clone());
-            let step = pipeline.effect(effect, span, &outbox, &mut registry, &mut guard, &mut visibility).await;
-            match step {
-                Ok(()) => {}
-                Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
-                Err(Stop::Fatal(e)) => return Err(e),
+            let mut failed: Vec<(tenure_protocol::TaskId, String)> = Vec::new();
+            for effect in effects {
+                if let Err(reason) = guard.check() {
+                    return Ok(Ended::SteppedDown { epoch, reason });
+                }
+                let Some(effect) = unwind(effect, &mut failed) else { continue };
+                let span = effect_span(&effect, &core, epoch).unwrap_or_else(|| span.clone());
+                let step = pipeline.effect(effect, span, &outbox, &mut registry, &mut guard, &mut visibility).await;
+                match step {
+                    Ok(()) => {}
+                    Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
+                    Err(Stop::Record { task, reason }) => {
+                        tracing::error!(task = %task, %reason, "a task record cannot be stored; that change fails");
+                        failed.push((task, reason));
+                    }
+                }
             }
+            effects = failed
+                .into_iter()
+                .flat_map(|(task, reason)| core.handle(Input::PersistFailed { task, reason }, now()))
+                .collect();
         }
     }
 }
@@ -491,6 +537,38 @@ fn speaks_for_itself(subject: &str, worker: &tenure_protocol::WorkerId) -> bool 
     ok
 }
 
+/// Rounds of `Input::PersistFailed` one input may lead to before the term ends.
+const MAX_UNWIND_ROUNDS: u32 = 16;
+
+/// What becomes of an effect that follows a record that could not be stored
+/// in the same batch (`failed` is not empty): it must not leave, since it may
+/// reflect that record. A later record of the batch fails too, a reply
+/// becomes an error, anything else (grant, kill, notice, ack) is dropped —
+/// the core re-sends what it still wants and workers re-send their reports.
+fn unwind(effect: Effect, failed: &mut Vec<(tenure_protocol::TaskId, String)>) -> Option<Effect> {
+    let Some((first, reason)) = failed.first().cloned() else { return Some(effect) };
+    match effect {
+        Effect::Persist(record) => {
+            failed.push((record.id.clone(), format!("it changed with {first}, whose record was not stored")));
+            None
+        }
+        Effect::Reply { to, .. } => Some(Effect::Reply {
+            to,
+            reply: Err(ApiError::Unavailable(format!(
+                "the record of {first} could not be stored ({reason}); nothing of this request was kept"
+            ))),
+        }),
+        e @ (Effect::StepDown { .. } | Effect::CheckEpoch { .. }) => Some(e),
+        Effect::Forget { .. }
+        | Effect::Command { .. }
+        | Effect::InstanceTaken { .. }
+        | Effect::Cleanup { .. }
+        | Effect::AskEvidence { .. }
+        | Effect::Ack { .. }
+        | Effect::Notify(_) => None,
+    }
+}
+
 /// Orders a term's effects around its pipelined registry appends: a persist is
 /// sent at once, without waiting for the ones before it; every other effect
 /// (reply, grant, kill, notice, ack) is held until every append started before
@@ -516,8 +594,12 @@ impl Pipeline {
         match effect {
             Effect::Persist(record) => {
                 self.make_room(out, registry, guard, visibility).await?;
-                registry.start_put_task(&record).await?;
-                Ok(())
+                match registry.start_put_task(&record).await {
+                    Ok(_) => Ok(()),
+                    // Nothing was sent: only this record's change fails.
+                    Err(registry::Error::Encode(reason)) => Err(Stop::Record { task: record.id.clone(), reason }),
+                    Err(e) => Err(e.into()),
+                }
             }
             Effect::Forget { task, at_ms } => {
                 self.make_room(out, registry, guard, visibility).await?;
@@ -635,6 +717,7 @@ async fn announce_epoch(client: &async_nats::Client, epoch: Epoch) {
 /// The fire-and-forget outputs of one term: answers come back through `results`.
 struct Outbox<'a> {
     client: &'a async_nats::Client,
+    js: &'a async_nats::jetstream::Context,
     notices: &'a Notices,
     results: &'a mpsc::Sender<Input>,
     opts: &'a Options,
@@ -696,11 +779,48 @@ async fn execute(effect: Effect, out: &Outbox<'_>, guard: &mut Guard, visibility
             tenure_transport::reply(client, to, &ack).await;
             Ok(())
         }
+        Effect::CheckEpoch { claimed, by } => {
+            out.check_epoch(claimed, by);
+            Ok(())
+        }
         Effect::StepDown { reason } => Err(Stop::StepDown(reason)),
     }
 }
 
+/// The registry's bytes are sampled every this many ticks (5 s).
+const REGISTRY_SAMPLE_TICKS: u64 = 25;
+
 impl Outbox<'_> {
+    /// Reads the registry's last epoch claim in the background; the answer
+    /// comes back as `Input::EpochChecked`.
+    fn check_epoch(&self, claimed: Epoch, by: String) {
+        let (js, results, timeout) = (self.js.clone(), self.results.clone(), self.opts.command_timeout);
+        tokio::spawn(
+            async move {
+                let registry = match tokio::time::timeout(timeout, registry::last_claim(&js)).await {
+                    Ok(read) => read.map_err(|e| e.to_string()),
+                    Err(_) => Err("no answer from the registry".to_owned()),
+                };
+                let _ = results.send(Input::EpochChecked { claimed, by, registry }).await;
+            }
+            .in_current_span(),
+        );
+    }
+
+    /// Samples the registry's bytes in the background (`Input::RegistryUsage`).
+    fn sample_registry(&self) {
+        let (js, results, timeout) = (self.js.clone(), self.results.clone(), self.opts.command_timeout);
+        tokio::spawn(async move {
+            match tokio::time::timeout(timeout, registry::bytes_used(&js)).await {
+                Ok(Ok(bytes)) => {
+                    let _ = results.send(Input::RegistryUsage { bytes }).await;
+                }
+                Ok(Err(error)) => tracing::debug!(%error, "registry usage not sampled"),
+                Err(_) => tracing::debug!("registry usage not sampled: no answer"),
+            }
+        });
+    }
+
     /// Sends a request without blocking the loop; its answer, or the transport
     /// failure, re-enters the loop as the input `back` builds from it.
     fn in_background<Req, Rep>(
@@ -721,5 +841,108 @@ impl Outbox<'_> {
             }
             .in_current_span(),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::TaskRecord;
+    use tenure_protocol::messages::ApiResponse;
+    use tenure_protocol::{TaskId, TaskSpec};
+
+    fn record(n: u64, label: String) -> TaskRecord {
+        let id = TaskId::new(tenure_protocol::Kind::shell(), n).unwrap();
+        TaskRecord::new(id, "s".parse().unwrap(), uuid::Uuid::new_v4(), TaskSpec::shell(label, "true"), 0)
+    }
+
+    /// The driver's path for a record that cannot be encoded: that change
+    /// fails (nothing sent, nothing left in flight), the rest of its batch is
+    /// unwound, and the next record lands as if nothing happened.
+    #[test]
+    fn a_record_that_cannot_be_encoded_fails_its_change_and_the_term_goes_on() {
+        let nats = tenure_testkit::NatsServer::start().expect("nats-server");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let client = async_nats::connect(&nats.url).await.unwrap();
+            let js = async_nats::jetstream::new(client.clone());
+            let (mut registry, _) = Registry::open(js.clone(), 1, StreamLimits::new(1 << 30, 1 << 20)).await.unwrap();
+            registry.claim("test", Epoch(1), 0).await.unwrap();
+            let notices = Notices::open(js.clone(), 1, NoticeLimits::default()).await.unwrap();
+            let (results, _answers) = mpsc::channel(16);
+            let opts = Options::default();
+            let out = Outbox { client: &client, js: &js, notices: &notices, results: &results, opts: &opts };
+            let clock = Clock::new();
+            let term = Term {
+                id: 1,
+                epoch: Epoch(1),
+                valid_until: clock.now() + Duration::from_secs(3600),
+                renewed_at: clock.now(),
+                renewals: 0,
+                takeover_started: clock.now(),
+            };
+            let (_lease, view) = watch::channel(LeaseView::Leader(term));
+            let mut guard = Guard { view, term: 1, clock };
+            let mut visibility = Visibility {
+                name: "test".into(),
+                holder: "test".into(),
+                ttl_ms: 0,
+                adopted_in_ms: 0,
+                standbys: HashMap::new(),
+            };
+            let mut pipeline = Pipeline::default();
+
+            let huge = record(1, "x".repeat(tenure_protocol::MAX_MESSAGE_BYTES));
+            let step = pipeline
+                .effect(
+                    Effect::Persist(Box::new(huge)),
+                    tracing::Span::none(),
+                    &out,
+                    &mut registry,
+                    &mut guard,
+                    &mut visibility,
+                )
+                .await;
+            let Err(Stop::Record { task, reason }) = step else { panic!("{step:?}") };
+            assert_eq!(task.to_string(), "shell-1");
+            assert!(reason.contains("exceeds"), "{reason}");
+            assert_eq!(registry.in_flight(), 0, "nothing of it was sent");
+
+            // What followed it in its batch is unwound.
+            let mut failed = vec![(task, reason)];
+            let reply = Effect::Reply {
+                to: "r".into(),
+                reply: Ok(ApiResponse::Submitted { task: record(1, String::new()).id, existing: false }),
+            };
+            let Some(Effect::Reply { reply: Err(ApiError::Unavailable(why)), .. }) = unwind(reply, &mut failed) else {
+                panic!("a reply becomes an error")
+            };
+            assert!(why.contains("shell-1") && why.contains("nothing of this request was kept"), "{why}");
+            assert!(unwind(Effect::Persist(Box::new(record(3, "l".into()))), &mut failed).is_none());
+            assert_eq!(failed.len(), 2, "a later record of the batch fails too");
+            assert!(unwind(
+                Effect::Notify(Box::new(tenure_protocol::messages::Notice::Ended(Box::new(
+                    record(1, String::new()).snapshot()
+                )))),
+                &mut failed
+            )
+            .is_none());
+            assert!(unwind(Effect::StepDown { reason: "x".into() }, &mut Vec::new()).is_some());
+
+            // The term goes on: the next record lands, unfenced.
+            let small = record(2, "fine".into());
+            pipeline
+                .effect(
+                    Effect::Persist(Box::new(small)),
+                    tracing::Span::none(),
+                    &out,
+                    &mut registry,
+                    &mut guard,
+                    &mut visibility,
+                )
+                .await
+                .unwrap();
+            assert_eq!(registry.settle().await.unwrap(), 1);
+        });
     }
 }

@@ -141,14 +141,16 @@ impl Core {
         let Some(w) = self.tasks.get(workflow) else { return };
         let Some(spec) = w.spec.step(index as usize) else { return };
         let (owner, key, trace) = (w.owner.clone(), w.idempotency_key, w.trace.clone());
-        let id = match TaskId::new(spec.kind.clone(), self.next_n) {
+        let id = match self.allocate().and_then(|n| {
+            TaskId::new(spec.kind.clone(), n)
+                .map_err(|e| tenure_protocol::messages::ApiError::InvalidRequest(e.to_string()))
+        }) {
             Ok(id) => id,
             Err(error) => {
                 let detail = format!("step {} cannot be created: {error}", index + 1);
                 return self.end_workflow(workflow, Ending::Failed, detail, now, fx);
             }
         };
-        self.next_n += 1;
         let of = StepOf { workflow: workflow.clone(), index };
         // The key is derived from the workflow's: unique per step, and no
         // client can submit it (a client's key is its own random uuid).
@@ -162,10 +164,18 @@ impl Core {
         self.index(&id, None, Status::Queued);
         self.index_child(&id, &of);
         fx.push(Effect::Persist(Box::new(record.clone())));
+        self.usage.add(&record);
         self.tasks.insert(record);
     }
 
-    fn end_workflow(&mut self, workflow: &TaskId, ending: Ending, detail: String, now: Now, fx: &mut Vec<Effect>) {
+    pub(super) fn end_workflow(
+        &mut self,
+        workflow: &TaskId,
+        ending: Ending,
+        detail: String,
+        now: Now,
+        fx: &mut Vec<Effect>,
+    ) {
         let exit_code = (ending == Ending::Completed).then_some(0);
         let outcome = Outcome::new(ending, exit_code, Some(detail));
         self.event(workflow, Event::StepsEnded { outcome }, now, fx);

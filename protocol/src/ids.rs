@@ -271,8 +271,17 @@ string_id!(SessionId, newtype);
 pub struct Epoch(pub u64);
 
 impl Epoch {
+    /// The epoch after this one, saturating: a term at `u64::MAX` has no
+    /// successor, and the registry refuses to claim an epoch that is not
+    /// above the last claim ([`Epoch::checked_next`]), so nothing ever wraps
+    /// back to 0.
     pub fn next(self) -> Epoch {
-        Epoch(self.0 + 1)
+        Epoch(self.0.saturating_add(1))
+    }
+
+    /// The epoch after this one; `None` once epochs are exhausted.
+    pub fn checked_next(self) -> Option<Epoch> {
+        self.0.checked_add(1).map(Epoch)
     }
 }
 
@@ -351,6 +360,14 @@ mod tests {
         ] {
             assert!(s.parse::<TaskId>().is_err(), "{s:?} should be rejected");
         }
+    }
+
+    #[test]
+    fn counters_saturate_instead_of_wrapping() {
+        assert_eq!(Epoch(u64::MAX).next(), Epoch(u64::MAX));
+        assert_eq!(Epoch(u64::MAX).checked_next(), None);
+        assert_eq!(Epoch(7).checked_next(), Some(Epoch(8)));
+        assert_eq!(Attempt(u32::MAX).next(), Attempt(u32::MAX));
     }
 
     #[test]

@@ -17,5 +17,6 @@ pub use codec::{decode, encode, CodecError, MAX_MESSAGE_BYTES};
 pub use ids::{Attempt, Epoch, IdError, Kind, SessionId, TaskId, WorkerId};
 pub use lifecycle::{
     apply, Board, Decision, Ending, Event, HintTag, Lifecycle, Outcome, RecoveryHint, Status, Unchanged,
+    MAX_DETAIL_BYTES, MAX_HINT_BYTES, MAX_KEPT_OUTPUT_BYTES,
 };
 pub use spec::{SpecError, StepSpec, TaskSpec, MAX_FINAL_OUTPUT_BYTES};

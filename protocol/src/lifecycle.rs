@@ -14,6 +14,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{Attempt, Epoch, WorkerId};
+use crate::spec::MAX_FINAL_OUTPUT_BYTES;
 
 /// A task's status as clients see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
@@ -116,10 +117,63 @@ pub struct Outcome {
     pub output: Option<Box<str>>,
 }
 
+/// Longest outcome detail kept in a record; longer ones (from a worker or a
+/// sidecar) are cut on a character boundary.
+pub const MAX_DETAIL_BYTES: usize = 2048;
+/// Longest recovery hint message kept in a record.
+pub const MAX_HINT_BYTES: usize = 2048;
+/// Longest final output kept in a record: the last
+/// [`MAX_FINAL_OUTPUT_BYTES`] of the output and a note on what came before.
+/// A worker's own tail can be longer (bytes that are not UTF-8 grow when
+/// replaced); the coordinator cuts it to this.
+pub const MAX_KEPT_OUTPUT_BYTES: usize = MAX_FINAL_OUTPUT_BYTES + 256;
+
 impl Outcome {
     pub fn new(ending: Ending, exit_code: Option<i32>, detail: Option<String>) -> Outcome {
         Outcome { ending, exit_code, detail: detail.map(String::into_boxed_str), output_dropped: 0, output: None }
     }
+
+    /// The outcome with its detail and final output cut to the limits a record
+    /// keeps ([`MAX_DETAIL_BYTES`], [`MAX_KEPT_OUTPUT_BYTES`]): what a worker
+    /// reports can never make a task's record too large to store.
+    pub fn bounded(mut self) -> Outcome {
+        if self.detail.as_ref().is_some_and(|d| d.len() > MAX_DETAIL_BYTES) {
+            self.detail = self.detail.map(|d| head(&d, MAX_DETAIL_BYTES).into());
+        }
+        if self.output.as_ref().is_some_and(|o| o.len() > MAX_KEPT_OUTPUT_BYTES) {
+            self.output = self.output.map(|o| tail(&o, MAX_FINAL_OUTPUT_BYTES).into());
+        }
+        self
+    }
+}
+
+impl RecoveryHint {
+    /// The hint with its message cut to [`MAX_HINT_BYTES`].
+    pub fn bounded(mut self) -> RecoveryHint {
+        if self.message.len() > MAX_HINT_BYTES {
+            self.message = head(&self.message, MAX_HINT_BYTES).to_owned();
+        }
+        self
+    }
+}
+
+/// The longest prefix of `s` of at most `max` bytes, on a character boundary.
+fn head(s: &str, max: usize) -> &str {
+    let mut cut = s.len().min(max);
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &s[..cut]
+}
+
+/// The last `max` bytes of `s` (on a character boundary) after a note saying
+/// how many came before; at most `max` + 64 bytes.
+fn tail(s: &str, max: usize) -> String {
+    let mut cut = s.len().saturating_sub(max);
+    while !s.is_char_boundary(cut) {
+        cut += 1;
+    }
+    format!("[tenure: {cut} earlier bytes of the final output left out]\n{}", &s[cut..])
 }
 
 /// Machine-readable tag of a [`RecoveryHint`].
@@ -307,7 +361,9 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
     let mut next = l.clone();
     match event {
         Event::Grant { worker, epoch } => {
-            if l.status != Queued || l.kill_requested || *epoch < l.epoch {
+            // An attempt number is never given twice: past the last one the
+            // task is not granted again (saturating would repeat it).
+            if l.status != Queued || l.kill_requested || *epoch < l.epoch || l.attempt.0 == u32::MAX {
                 return Keep(Unchanged::NotApplicable);
             }
             next.status = Leased;

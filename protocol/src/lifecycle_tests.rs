@@ -153,6 +153,36 @@ fn grant_increments_the_attempt_and_stamps_the_epoch() {
     );
 }
 
+#[test]
+fn the_last_attempt_number_is_never_granted_twice() {
+    let l = Lifecycle { attempt: Attempt(u32::MAX), ..Lifecycle::queued(true) };
+    assert_eq!(
+        apply(&l, &Event::Grant { worker: w("w1"), epoch: Epoch(7) }),
+        Decision::Unchanged(Unchanged::NotApplicable)
+    );
+}
+
+#[test]
+fn outcomes_and_hints_from_the_network_are_cut_to_their_limits() {
+    let long = "é".repeat(MAX_DETAIL_BYTES);
+    let o = Outcome {
+        output: Some("x".repeat(MAX_FINAL_OUTPUT_BYTES * 3).into()),
+        ..Outcome::new(Ending::Failed, None, Some(long.clone()))
+    }
+    .bounded();
+    assert!(o.detail.as_deref().is_some_and(|d| d.len() <= MAX_DETAIL_BYTES), "detail cut");
+    let out = o.output.as_deref().unwrap_or_default();
+    assert!(
+        out.len() <= MAX_KEPT_OUTPUT_BYTES && out.ends_with('x') && out.starts_with("[tenure:"),
+        "tail kept with a note"
+    );
+    let h = RecoveryHint { tag: HintTag::MaybeRan, message: long }.bounded();
+    assert!(h.message.len() <= MAX_HINT_BYTES);
+    // Short ones are untouched.
+    let small = Outcome::new(Ending::Completed, Some(0), Some("ok".into()));
+    assert_eq!(small.clone().bounded(), small);
+}
+
 fn arb_event() -> impl Strategy<Value = Event> {
     let worker = prop_oneof![Just(w("w1")), Just(w("w2"))];
     let attempt = (0u32..4).prop_map(Attempt);

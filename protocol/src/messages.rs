@@ -247,6 +247,22 @@ pub enum ApiError {
     /// account do).
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
+    /// A per-identity quota would be exceeded: `limit` names it (`live-tasks`,
+    /// `kept-tasks`, `output-bytes`), `current` is what the identity holds
+    /// now, `requested` what the submit would add, `max` the limit. Nothing
+    /// was stored. Retry once tasks end (live), are garbage-collected (kept),
+    /// or with less output kept (output).
+    #[error("quota exceeded for {identity:?}: {limit} holds {current} of {max}, this submit needs {requested} more; nothing was stored")]
+    Quota { identity: String, limit: String, current: u64, requested: u64, max: u64 },
+    /// The task's record, with room for its largest outcome (final output,
+    /// detail, hint), would not fit in one registry message. Nothing was
+    /// stored; `what` names the record (the task, or a workflow step).
+    #[error("{what} would need {size} bytes in the registry with room for its outcome; one registry message holds {max}: make the command, environment or steps smaller; nothing was stored")]
+    RecordTooLarge { what: String, size: u64, max: u64 },
+    /// The registry is too full to take a new task while keeping room for the
+    /// tasks already running to finish. Nothing was stored.
+    #[error("the registry is full ({used} of {max} bytes, room kept for running tasks to finish); new tasks are refused until finished ones are garbage-collected or the limit is raised; nothing was stored")]
+    RegistryFull { used: u64, max: u64 },
 }
 
 /// A fresh read-only projection of one task.
@@ -453,6 +469,12 @@ pub struct WorkerStatus {
     pub alive: bool,
     #[serde(default)]
     pub sidecar: SidecarHealth,
+    /// An epoch above the leader's that this worker's machine claims to have
+    /// seen and that no coordinator claimed in the registry: its sidecar
+    /// refuses every command of this leader, so nothing is scheduled on it
+    /// until it reports an epoch the registry knows.
+    #[serde(default)]
+    pub unproven_epoch: Option<Epoch>,
 }
 
 // ----------------------------------------------------- worker → coordinator

@@ -355,6 +355,7 @@ impl Cluster {
 
     /// Carries out effects in order, stopping at the first refused append.
     fn execute(&mut self, ctx: &mut Ctx, s: usize, fx: Vec<Effect>) {
+        let mut checks = Vec::new();
         for effect in fx {
             let Some(term) = self.slots[s].term.as_ref() else { return };
             let (epoch, term_id) = (term.epoch, term.id);
@@ -420,7 +421,13 @@ impl Cluster {
                     self.end_term(ctx, s, &reason);
                     return;
                 }
+                // The registry's highest claim, read after this batch.
+                Effect::CheckEpoch { claimed, by } => checks.push((claimed, by)),
             }
+        }
+        for (claimed, by) in checks {
+            let registry = Ok(self.registry.epoch);
+            self.handle(ctx, s, Input::EpochChecked { claimed, by, registry });
         }
     }
 

@@ -441,6 +441,11 @@ pub fn fmt_input(input: &Input) -> String {
         Input::Evidence { worker, request, result } => {
             format!("{worker} evidence {}#{}: {}", request.task, request.attempt, clip(&format!("{result:?}")))
         }
+        Input::EpochChecked { claimed, by, registry } => {
+            format!("epoch {claimed} claimed by {by}: registry {registry:?}")
+        }
+        Input::RegistryUsage { bytes } => format!("registry holds {bytes} bytes"),
+        Input::PersistFailed { task, reason } => format!("{task} not stored: {reason}"),
         Input::Tick => "tick".into(),
     }
 }

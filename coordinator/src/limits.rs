@@ -1,0 +1,356 @@
+//! What one submit may cost the cluster, decided before anything is stored:
+//! the size of the task's record, its identity's quotas, and room in the
+//! registry for the tasks already running to finish.
+//!
+//! **Record size.** A record is stored as one registry message and grows as
+//! its task runs (a worker, an outcome with a final output of up to 64 KiB, a
+//! detail, a recovery hint, a cleanup job). A submit is refused
+//! ([`ApiError::RecordTooLarge`]) unless its record *at its largest* fits in
+//! one message, so no later append of that task can be too large to store.
+//! What a worker or a sidecar reports is cut to the limits that largest
+//! record assumes ([`Outcome::bounded`], [`RecoveryHint::bounded`]).
+//!
+//! **Quotas.** Per identity ([`SessionId::identity`]): live (not terminal)
+//! tasks, kept tasks (every record in the registry, terminal ones until they
+//! are garbage-collected), and output bytes kept in the registry — the final
+//! output of each kept final-output task: [`MAX_FINAL_OUTPUT_BYTES`]
+//! reserved while it is live, its recorded size once it ended. A workflow
+//! needs room for itself and one running step (live) and for itself and
+//! every step (kept); its steps are counted as they are created. A refused
+//! submit gets [`ApiError::Quota`] and stores nothing. The counts are kept
+//! per identity and updated at each change, never by scanning the registry.
+//!
+//! **A full registry.** The registry stream has a byte limit and refuses new
+//! messages past it, which would stop running tasks from recording their
+//! ends. So submits are refused ([`ApiError::RegistryFull`]) once the bytes
+//! used (sampled by the driver) plus the largest size every live task may
+//! still reach, plus the new one, come within a margin of the limit: the
+//! tasks already admitted can always finish.
+//!
+//! It must never refuse or change anything but a new submit.
+
+use std::collections::HashMap;
+
+use tenure_protocol::messages::ApiError;
+use tenure_protocol::{
+    Attempt, Board, Ending, Epoch, Event, HintTag, Kind, Outcome, RecoveryHint, SessionId, Status, TaskId, TaskSpec,
+    WorkerId, MAX_DETAIL_BYTES, MAX_FINAL_OUTPUT_BYTES, MAX_HINT_BYTES, MAX_KEPT_OUTPUT_BYTES,
+};
+use uuid::Uuid;
+
+use crate::record::{CleanupJob, RegistryEntry, StepOf, TaskRecord};
+
+/// Per-identity quotas and the registry's limits. `None` is unlimited.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest registry message one task record may take (bytes): the
+    /// server's `max_payload` less room for headers, and at most the codec's
+    /// limit. Set by the driver from the server it is connected to.
+    pub record_bytes: usize,
+    /// The registry stream's byte limit.
+    pub registry_bytes: u64,
+    /// Live (not terminal) tasks one identity may hold.
+    pub live_tasks: Option<u64>,
+    /// Tasks one identity may keep in the registry, terminal ones included
+    /// until garbage-collected.
+    pub kept_tasks: Option<u64>,
+    /// Output bytes one identity may keep in the registry (final outputs).
+    pub output_bytes: Option<u64>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            record_bytes: tenure_protocol::MAX_MESSAGE_BYTES,
+            registry_bytes: DEFAULT_REGISTRY_BYTES,
+            live_tasks: Some(DEFAULT_LIVE_TASKS),
+            kept_tasks: Some(DEFAULT_KEPT_TASKS),
+            output_bytes: Some(DEFAULT_OUTPUT_BYTES),
+        }
+    }
+}
+
+/// Default registry stream byte limit: 1 GiB (≈ 1.5 million small records,
+/// about what the leader keeps in 1 GiB of memory). The server reserves it in
+/// its JetStream store when the stream is created, so it stays modest.
+pub const DEFAULT_REGISTRY_BYTES: u64 = 1 << 30;
+/// Default live tasks per identity.
+pub const DEFAULT_LIVE_TASKS: u64 = 100_000;
+/// Default kept tasks per identity (≈ 300 MiB of coordinator memory and of
+/// registry): one identity cannot take the whole default registry alone.
+pub const DEFAULT_KEPT_TASKS: u64 = 500_000;
+/// Default final-output bytes per identity: 512 MiB (8 192 live
+/// final-output tasks at their 64 KiB reservation, many more once they ended
+/// small).
+pub const DEFAULT_OUTPUT_BYTES: u64 = 512 << 20;
+
+/// The share of the registry's byte limit kept free beyond what live tasks
+/// may still need (1/20): board moves and cleanup jobs of finished tasks, and
+/// what ended since the driver last sampled the stream.
+const REGISTRY_MARGIN_DIVISOR: u64 = 20;
+
+/// Room in a record for everything a spec does not say: field names, ids,
+/// numbers, timestamps, a worker id, a cleanup job, a trace.
+const RECORD_OVERHEAD: usize = 2048;
+
+/// What one task record weighs in its identity's quotas.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Weight {
+    live: u64,
+    output: u64,
+}
+
+impl Weight {
+    pub(crate) fn of(r: &TaskRecord) -> Weight {
+        let terminal = r.life.status.is_terminal();
+        let output = match (r.spec.final_output, terminal) {
+            (false, _) => 0,
+            (true, false) => MAX_FINAL_OUTPUT_BYTES as u64,
+            (true, true) => r.life.outcome.as_ref().and_then(|o| o.output.as_ref()).map_or(0, |o| o.len() as u64),
+        };
+        Weight { live: u64::from(!terminal), output }
+    }
+}
+
+/// What one identity holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    pub live: u64,
+    pub kept: u64,
+    pub output: u64,
+}
+
+/// The counts behind the quotas and the registry budget, updated at every
+/// change of a kept task.
+#[derive(Debug, Default)]
+pub(crate) struct Usage {
+    by_identity: HashMap<Box<str>, Held>,
+    /// The largest size every live task's record may still reach (bytes).
+    live_reserve: u64,
+    /// The registry stream's bytes as the driver last sampled them.
+    registry_used: u64,
+}
+
+impl Usage {
+    /// A record enters the leader's memory (loaded, submitted, a step created).
+    pub(crate) fn add(&mut self, r: &TaskRecord) {
+        let w = Weight::of(r);
+        let held = self.by_identity.entry(r.owner.identity().into()).or_default();
+        held.kept = held.kept.saturating_add(1);
+        held.live = held.live.saturating_add(w.live);
+        held.output = held.output.saturating_add(w.output);
+        if w.live > 0 {
+            self.live_reserve = self.live_reserve.saturating_add(size_bound(&r.spec) as u64);
+        }
+    }
+
+    /// A record leaves the leader's memory (garbage-collected, dropped).
+    pub(crate) fn remove(&mut self, r: &TaskRecord) {
+        let w = Weight::of(r);
+        let id = r.owner.identity();
+        if let Some(held) = self.by_identity.get_mut(id) {
+            held.kept = held.kept.saturating_sub(1);
+            held.live = held.live.saturating_sub(w.live);
+            held.output = held.output.saturating_sub(w.output);
+            if held.kept == 0 {
+                self.by_identity.remove(id);
+            }
+        }
+        if w.live > 0 {
+            self.live_reserve = self.live_reserve.saturating_sub(size_bound(&r.spec) as u64);
+        }
+    }
+
+    /// A kept record changed from weighing `before` to what it weighs now.
+    pub(crate) fn reweigh(&mut self, r: &TaskRecord, before: Weight) {
+        let after = Weight::of(r);
+        if after == before {
+            return;
+        }
+        if let Some(held) = self.by_identity.get_mut(r.owner.identity()) {
+            held.live = held.live.saturating_sub(before.live).saturating_add(after.live);
+            held.output = held.output.saturating_sub(before.output).saturating_add(after.output);
+        }
+        let bound = size_bound(&r.spec) as u64;
+        match (before.live, after.live) {
+            (1, 0) => self.live_reserve = self.live_reserve.saturating_sub(bound),
+            (0, 1) => self.live_reserve = self.live_reserve.saturating_add(bound),
+            _ => {}
+        }
+    }
+
+    pub(crate) fn sampled(&mut self, registry_bytes: u64) {
+        self.registry_used = registry_bytes;
+    }
+
+    pub(crate) fn held(&self, identity: &str) -> Held {
+        self.by_identity.get(identity).copied().unwrap_or_default()
+    }
+
+    /// Whether `owner` may submit `spec` under `limits`: its record (and each
+    /// step's) fits in one registry message at its largest, its identity's
+    /// quotas hold, and the registry keeps room for every live task.
+    pub(crate) fn admit(&self, limits: &Limits, owner: &SessionId, spec: &TaskSpec) -> Result<(), ApiError> {
+        let mut cost = fits(limits, owner, spec, None)?;
+        for index in 0..spec.steps.len() {
+            let step = spec.step(index).ok_or_else(|| ApiError::InvalidSpec(format!("step {} missing", index + 1)))?;
+            cost = cost.saturating_add(fits(limits, owner, &step, Some(index as u32))?);
+        }
+        let identity = owner.identity();
+        let held = self.held(identity);
+        let workflow = !spec.steps.is_empty();
+        let live = if workflow { 2 } else { 1 };
+        let kept = 1 + spec.steps.len() as u64;
+        let output = if spec.final_output { MAX_FINAL_OUTPUT_BYTES as u64 } else { 0 };
+        let quota = |limit: &str, current: u64, requested: u64, max: Option<u64>| match max {
+            Some(max) if requested > 0 && current.saturating_add(requested) > max => {
+                Err(ApiError::Quota { identity: identity.to_owned(), limit: limit.to_owned(), current, requested, max })
+            }
+            _ => Ok(()),
+        };
+        quota("live-tasks", held.live, live, limits.live_tasks)?;
+        quota("kept-tasks", held.kept, kept, limits.kept_tasks)?;
+        quota("output-bytes", held.output, output, limits.output_bytes)?;
+        let budget = limits.registry_bytes.saturating_sub(limits.registry_bytes / REGISTRY_MARGIN_DIVISOR);
+        let needed = self.registry_used.saturating_add(self.live_reserve).saturating_add(cost);
+        if needed > budget {
+            return Err(ApiError::RegistryFull { used: self.registry_used, max: limits.registry_bytes });
+        }
+        Ok(())
+    }
+}
+
+/// `event` with what a worker or sidecar reported cut to the limits a record
+/// keeps, so that no report can make a record too large to store.
+pub(crate) fn bounded(event: Event) -> Event {
+    match event {
+        Event::Finished { attempt, epoch, outcome } => Event::Finished { attempt, epoch, outcome: outcome.bounded() },
+        Event::StepsEnded { outcome } => Event::StepsEnded { outcome: outcome.bounded() },
+        Event::Lost { attempt, epoch, hint } => Event::Lost { attempt, epoch, hint: hint.bounded() },
+        other => other,
+    }
+}
+
+/// The registry bytes one task of `spec` may take at its largest (checked
+/// exactly when the quick bound does not fit); `RecordTooLarge` if it cannot
+/// be stored. `step` is its index when it is a workflow's step.
+fn fits(limits: &Limits, owner: &SessionId, spec: &TaskSpec, step: Option<u32>) -> Result<u64, ApiError> {
+    let bound = size_bound(spec);
+    if bound <= limits.record_bytes {
+        return Ok(bound as u64);
+    }
+    let what = match step {
+        Some(i) => format!("step {} of the workflow", i + 1),
+        None => format!("the {} task", spec.kind),
+    };
+    let too_large = |size: usize| ApiError::RecordTooLarge {
+        what: what.clone(),
+        size: size as u64,
+        max: limits.record_bytes as u64,
+    };
+    let size = largest_size(owner, spec, step).map_err(|_| too_large(bound))?;
+    match size <= limits.record_bytes {
+        true => Ok(size as u64),
+        false => Err(too_large(size)),
+    }
+}
+
+/// An upper bound of the registry bytes a task of `spec` may take at its
+/// largest, from the lengths of its fields alone (no encoding): every string
+/// of the spec, a few bytes of framing per entry, the largest outcome and
+/// hint, and [`RECORD_OVERHEAD`].
+pub(crate) fn size_bound(spec: &TaskSpec) -> usize {
+    let framing = 8;
+    let env: usize = spec.env.iter().map(|(k, v)| k.len() + v.len() + 2 * framing).sum();
+    let steps: usize = spec.steps.iter().map(|s| s.command.len() + s.kind.as_str().len() + 32).sum();
+    let output = if spec.final_output { MAX_KEPT_OUTPUT_BYTES } else { 0 };
+    spec.label.len()
+        + spec.command.len()
+        + spec.cwd.as_ref().map_or(0, |c| c.len())
+        + spec.pattern.as_ref().map_or(0, |p| p.len())
+        + env
+        + steps
+        + output
+        + MAX_DETAIL_BYTES
+        + MAX_HINT_BYTES
+        + RECORD_OVERHEAD
+        + 10 * framing
+}
+
+/// The encoded size of the registry message holding a task of `spec` with
+/// every field that grows at its limit: the longest ids and numbers, a
+/// worker, the largest outcome, detail and hint, a cleanup job, a trace.
+pub fn largest_size(owner: &SessionId, spec: &TaskSpec, step: Option<u32>) -> Result<usize, String> {
+    let number = u64::MAX;
+    let id = TaskId::new(spec.kind.clone(), number).map_err(|e| e.to_string())?;
+    let worker: WorkerId = "w".repeat(tenure_protocol::ids::MAX_WORKER_ID_LEN).parse().map_err(|e| format!("{e}"))?;
+    let mut r = TaskRecord::new(id, owner.clone(), Uuid::max(), spec.clone(), u64::MAX);
+    r.life.status = Status::Completed;
+    r.life.attempt = Attempt(u32::MAX);
+    r.life.epoch = Epoch(u64::MAX);
+    r.life.worker = Some(worker);
+    r.life.kill_requested = true;
+    r.life.board = Board::Deleted;
+    r.life.hint = Some(Box::new(RecoveryHint { tag: HintTag::WorkerUnreachable, message: "x".repeat(MAX_HINT_BYTES) }));
+    r.life.outcome = Some(Outcome {
+        ending: Ending::Completed,
+        exit_code: Some(i32::MIN),
+        detail: Some("x".repeat(MAX_DETAIL_BYTES).into()),
+        output_dropped: u64::MAX,
+        output: spec.final_output.then(|| "x".repeat(MAX_KEPT_OUTPUT_BYTES).into()),
+    });
+    r.started_at_ms = Some(u64::MAX);
+    r.finished_at_ms = Some(u64::MAX);
+    r.reported = true;
+    r.cleanup = Some(CleanupJob { job: u32::MAX, done: true, cancelled: true, cancel_confirmed: true });
+    r.matched_through = u64::MAX;
+    r.matches = u64::MAX;
+    r.trace = Some("0".repeat(64).into());
+    if let Some(index) = step {
+        let workflow = TaskId::new(Kind::workflow(), number).map_err(|e| e.to_string())?;
+        r.parent = Some(Box::new(StepOf { workflow, index }));
+    }
+    tenure_protocol::encode(&RegistryEntry::Task(Box::new(r))).map(|b| b.len()).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+    use tenure_protocol::StepSpec;
+
+    fn owner() -> SessionId {
+        "s".repeat(tenure_protocol::ids::MAX_SESSION_LEN).parse().unwrap()
+    }
+
+    proptest! {
+        /// The quick bound is never below the exact largest size, whatever the spec.
+        #[test]
+        fn the_quick_bound_covers_the_largest_record(
+            label in ".{0,64}",
+            command in ".{1,300}",
+            env in proptest::collection::btree_map("[A-Z_]{1,12}", ".{0,40}", 0..20),
+            steps in proptest::collection::vec(".{1,80}", 0..6),
+            final_output in any::<bool>(),
+            cwd in proptest::option::of("/[a-z/]{0,60}"),
+        ) {
+            let mut spec = TaskSpec { env: env.into_iter().collect::<BTreeMap<_, _>>(), cwd: cwd.map(Into::into), final_output, ..TaskSpec::shell(label, command) };
+            if !steps.is_empty() {
+                spec = TaskSpec {
+                    kind: Kind::workflow(),
+                    steps: steps.into_iter().map(|command| StepSpec { kind: Kind::shell(), command }).collect(),
+                    final_output: false,
+                    ..spec
+                };
+            }
+            let exact = largest_size(&owner(), &spec, None).unwrap();
+            prop_assert!(size_bound(&spec) >= exact, "bound {} < exact {exact}", size_bound(&spec));
+            for i in 0..spec.steps.len() {
+                let step = spec.step(i).unwrap();
+                let exact = largest_size(&owner(), &step, Some(i as u32)).unwrap();
+                prop_assert!(size_bound(&step) >= exact);
+            }
+        }
+    }
+}
