@@ -88,6 +88,43 @@ impl Node {
     }
 }
 
+/// A second worker process with another's id, and its data directory.
+pub struct Duplicate {
+    node: Node,
+    data: PathBuf,
+}
+
+impl Duplicate {
+    pub fn pid(&self) -> Option<i32> {
+        self.node.pid()
+    }
+
+    /// Stops it and whatever it may have started (it should have started
+    /// nothing: the leader never binds a live worker's id to it).
+    pub fn stop(&mut self) {
+        self.node.stop();
+        for (monitor, pgid) in monitors_in(&self.data) {
+            let _ = kill(Pid::from_raw(monitor), Signal::SIGKILL);
+            if let Some(g) = pgid.filter(|g| *g > 1) {
+                let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+/// Live monitors under the data directory `dir`, with their task's process group.
+fn monitors_in(dir: &Path) -> Vec<(i32, Option<i32>)> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir.join("attempts")) else { return out };
+    for e in entries.flatten() {
+        let files = AttemptFiles::new(e.path());
+        if let Some(monitor) = files.monitor().filter(|m| m.alive()) {
+            out.push((monitor.pid, files.pgid()));
+        }
+    }
+    out
+}
+
 pub struct Cluster {
     pub dir: PathBuf,
     pub nats_port: u16,
@@ -238,15 +275,7 @@ impl Cluster {
 
     /// Live monitors on machine `i`, with their task's process group.
     pub fn monitors(&self, i: usize) -> Vec<(i32, Option<i32>)> {
-        let mut out = Vec::new();
-        let Ok(entries) = std::fs::read_dir(self.worker_dir(i).join("attempts")) else { return out };
-        for e in entries.flatten() {
-            let files = AttemptFiles::new(e.path());
-            if let Some(monitor) = files.monitor().filter(|m| m.alive()) {
-                out.push((monitor.pid, files.pgid()));
-            }
-        }
-        out
+        monitors_in(&self.worker_dir(i))
     }
 
     /// The monitor launcher of machine `i`'s worker: its child running
@@ -260,6 +289,31 @@ impl Cluster {
             let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
             (ppid == worker && cmdline.split(|b| *b == 0).any(|a| a == b"monitor-launcher")).then_some(pid)
         })
+    }
+
+    /// A machine crash, and its data directory deleted before it comes back
+    /// under the same id (a disk swap, a re-provisioned host).
+    pub fn wipe_machine(&mut self, i: usize, down: Duration) -> std::io::Result<()> {
+        self.kill_machine(i, down);
+        std::fs::remove_dir_all(self.worker_dir(i))
+    }
+
+    /// Starts a second worker process with worker `i`'s id on a data
+    /// directory of its own (as the same id configured on another host),
+    /// through the same link and with the same flags; stop it with
+    /// [`Duplicate::stop`].
+    pub fn duplicate_worker(&mut self, i: usize, serial: usize) -> anyhow::Result<Duplicate> {
+        let real = &self.workers[i];
+        let data = self.dir.join("duplicates").join(format!("w{}-{serial}", i + 1));
+        let mut args: Vec<String> = real.args.clone();
+        if let Some(at) = args.iter().position(|a| a == "--data-dir") {
+            args[at + 1] = data.display().to_string();
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let logs = self.dir.join("logs");
+        let mut node = Node::new(&format!("duplicate-w{}-{serial}", i + 1), &real.program, &args, &logs);
+        node.start()?;
+        Ok(Duplicate { node, data })
     }
 
     /// A machine crash: the worker, the sidecar, every monitor and task group.

@@ -239,12 +239,13 @@ async fn run(
             r.trace(line);
         }
         let now = Instant::now();
-        for (_, action) in pending.iter().filter(|(at, _)| *at <= now) {
+        for (_, action) in pending.iter_mut().filter(|(at, _)| *at <= now) {
             match action {
                 Pending::Cont(pid) => {
                     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), Signal::SIGCONT);
                 }
                 Pending::Pass(link) => cluster.link(*link).set(proxy::Mode::Pass),
+                Pending::Stop(node) => node.stop(),
             }
         }
         pending.retain(|(at, _)| *at > now);
@@ -253,6 +254,11 @@ async fn run(
     }
     stop.notify_waiters();
     let _ = load.await;
+    for (_, action) in pending.iter_mut() {
+        if let Pending::Stop(dup) = action {
+            dup.stop();
+        }
+    }
     r.trace("faults stop; healing");
     cluster.heal()?;
 
@@ -353,6 +359,8 @@ type History = (HashMap<String, String>, Vec<(String, String, String)>);
 enum Pending {
     Cont(i32),
     Pass(Link),
+    /// Stop a duplicate worker process (it stops by itself once refused for long).
+    Stop(Box<cluster::Duplicate>),
 }
 
 async fn wait_until<F, Fut>(bound: Duration, mut f: F) -> bool
@@ -460,6 +468,25 @@ async fn inject(
             c.link(*link).set(*mode);
             pending.push((Instant::now() + ms(*cut), Pending::Pass(*link)));
             format!("{} {link:?} {mode:?} for {cut} ms", fault.kind())
+        }
+        Fault::WipeMachine { worker, down_ms } => {
+            let tasks = c.monitors(*worker).len();
+            let wiped = c.wipe_machine(*worker, ms(*down_ms));
+            format!(
+                "wipe-machine w{}: machine down ({tasks} monitors), data directory deleted ({wiped:?}), back in {down_ms} ms",
+                worker + 1
+            )
+        }
+        Fault::DuplicateWorker { worker, ms: alive } => {
+            let serial = pending.len() + rng.gen_range(0..1_000_000);
+            match c.duplicate_worker(*worker, serial) {
+                Ok(dup) => {
+                    let pid = dup.pid();
+                    pending.push((Instant::now() + ms(*alive), Pending::Stop(Box::new(dup))));
+                    format!("duplicate-worker w{} second process pid {pid:?} for {alive} ms", worker + 1)
+                }
+                Err(e) => format!("duplicate-worker w{} not started: {e:#}", worker + 1),
+            }
         }
         Fault::CrashWindow { worker, point } => {
             c.crash_worker_at(*worker, point);

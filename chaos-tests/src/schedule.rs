@@ -72,6 +72,18 @@ pub enum Fault {
     },
     /// Submit a task that deletes and kills what it can (see `hostile.rs`).
     HostileTask,
+    /// An operator's mistake: the machine goes down as in `KillMachine`, its
+    /// data directory is deleted, and it comes back under the same id.
+    WipeMachine {
+        worker: usize,
+        down_ms: u64,
+    },
+    /// An operator's mistake: a second worker process with a running worker's
+    /// id (on its own data directory, as on another host) runs for `ms`.
+    DuplicateWorker {
+        worker: usize,
+        ms: u64,
+    },
 }
 
 impl Fault {
@@ -95,6 +107,8 @@ impl Fault {
             Fault::Cut { mode: Mode::Pass, .. } => "cut-none",
             Fault::CrashWindow { .. } => "crash-window",
             Fault::HostileTask => "hostile-task",
+            Fault::WipeMachine { .. } => "wipe-machine",
+            Fault::DuplicateWorker { .. } => "duplicate-worker",
         }
     }
 }
@@ -114,7 +128,7 @@ pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize) ->
     while at + 3000 < duration_ms {
         let w = rng.gen_range(0..workers.max(1));
         let down = rng.gen_range(300..2500);
-        let fault = match rng.gen_range(0..16) {
+        let fault = match rng.gen_range(0..18) {
             0 | 1 => Fault::KillLeader { down_ms: down },
             2 if coordinators > 1 => Fault::KillStandby { down_ms: down },
             3 if coordinators > 1 => Fault::PauseLeader { ms: rng.gen_range(3000..6000) },
@@ -140,6 +154,8 @@ pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize) ->
                 Fault::Cut { link, mode, ms: rng.gen_range(500..6000) }
             }
             15 => Fault::HostileTask,
+            16 => Fault::WipeMachine { worker: w, down_ms: down },
+            17 => Fault::DuplicateWorker { worker: w, ms: rng.gen_range(2000..8000) },
             _ => Fault::CrashWindow { worker: w, point: CRASH_WINDOWS[rng.gen_range(0..CRASH_WINDOWS.len())] },
         };
         out.push(Planned { at_ms: at, fault });
@@ -182,6 +198,8 @@ mod tests {
             "cut-one-way",
             "crash-window",
             "hostile-task",
+            "wipe-machine",
+            "duplicate-worker",
         ] {
             assert!(kinds.contains(k), "{k} never planned");
         }
