@@ -547,20 +547,31 @@ async fn load(
             s.push(Submitted { label, id: None, idempotent: idempotent && !planted, hostile: false });
             s.len() - 1
         };
-        let (client, submitted) = (client.clone(), submitted.clone());
-        tokio::spawn(async move {
-            let deadline = Instant::now() + Duration::from_secs(300);
-            while Instant::now() < deadline {
-                if let Some(ApiResponse::Submitted { task, .. }) = api(&client, &req, Duration::from_secs(3)).await {
-                    if let Ok(mut s) = submitted.lock() {
-                        s[index].id = Some(task.to_string());
-                    }
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-        });
+        submit_until_answered(&client, req, &submitted, index);
     }
+}
+
+/// Sends `req` (a submit with its own idempotency key) in the background until
+/// answered, for at most 300 s, and records the task's id at `index`.
+fn submit_until_answered(
+    client: &async_nats::Client,
+    req: ApiRequest,
+    submitted: &Arc<Mutex<Vec<Submitted>>>,
+    index: usize,
+) {
+    let (client, submitted) = (client.clone(), submitted.clone());
+    tokio::spawn(async move {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while Instant::now() < deadline {
+            if let Some(ApiResponse::Submitted { task, .. }) = api(&client, &req, Duration::from_secs(3)).await {
+                if let Ok(mut s) = submitted.lock() {
+                    s[index].id = Some(task.to_string());
+                }
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    });
 }
 
 /// The effect every task of the load starts with: its id and attempt,
@@ -594,19 +605,7 @@ fn submit_hostile(
         }
         Err(_) => return "hostile-task: submission list unusable".into(),
     };
-    let (client, submitted) = (client.clone(), submitted.clone());
-    tokio::spawn(async move {
-        let deadline = Instant::now() + Duration::from_secs(300);
-        while Instant::now() < deadline {
-            if let Some(ApiResponse::Submitted { task, .. }) = api(&client, &req, Duration::from_secs(3)).await {
-                if let Ok(mut s) = submitted.lock() {
-                    s[index].id = Some(task.to_string());
-                }
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    });
+    submit_until_answered(client, req, submitted, index);
     format!("hostile-task {label} submitted ({})", if mode.run_as().is_some() { "run as nobody" } else { "same uid" })
 }
 
