@@ -7,7 +7,7 @@
 use tenure_protocol::messages::{
     AttemptEvidence, EvidenceReply, EvidenceRequest, HeldAttempt, KillCommand, SidecarRefusal, WorkerCommand,
 };
-use tenure_protocol::{Event, HintTag, RecoveryHint, Status, TaskId, WorkerId};
+use tenure_protocol::{Attempt, Event, HintTag, RecoveryHint, Status, TaskId, WorkerId};
 
 use super::{Core, Effect, Now};
 
@@ -129,6 +129,7 @@ impl Core {
         now: Now,
         fx: &mut Vec<Effect>,
     ) {
+        let listed: std::collections::HashSet<(&TaskId, Attempt)> = held.iter().map(|h| (&h.task, h.attempt)).collect();
         // (task, its machine's store was replaced, the worker holds it as far as we can tell)
         let placed: Vec<(TaskId, bool, bool)> = self
             .on_worker
@@ -137,8 +138,7 @@ impl Core {
                 let r = self.tasks.get(t).filter(|r| r.life.worker.as_ref() == Some(worker))?;
                 let replaced = matches!((r.incarnation.as_deref(), incarnation), (Some(a), Some(b)) if *a != b);
                 let started = matches!(r.life.status, Status::Running | Status::Stopping);
-                let listed = held.iter().any(|h| &h.task == t && h.attempt == r.life.attempt);
-                Some((t.clone(), replaced, listed || !started))
+                Some((t.clone(), replaced, listed.contains(&(t, r.life.attempt)) || !started))
             })
             .collect();
         for (task, replaced, held_there) in placed {
