@@ -271,6 +271,29 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// A wall-clock time as people read it: UTC to the millisecond, and how long
+/// ago (`2026-12-01 11:20:53.412 UTC (3m ago)`). Epoch milliseconds that are
+/// out of range print as they are.
+fn when(at_ms: u64, now_ms: u64) -> String {
+    let Ok(t) = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(at_ms) * 1_000_000) else {
+        return at_ms.to_string();
+    };
+    let ago = match now_ms.checked_sub(at_ms) {
+        Some(d) => format!("{} ago", age(d)),
+        None => "in the future by this machine's clock".to_owned(),
+    };
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:03} UTC ({ago})",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+        t.millisecond()
+    )
+}
+
 fn age(ms: u64) -> String {
     match ms / 1000 {
         s if s < 120 => format!("{s}s"),
@@ -319,9 +342,10 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     println!("attempt:    {} (epoch {})", s.attempt, s.epoch);
     println!("worker:     {}", opt(s.worker.as_ref().map(ToString::to_string)));
     println!("idempotent: {}", s.idempotent);
-    println!("created:    {}", s.created_at_ms);
-    println!("started:    {}", opt(s.started_at_ms.map(|t| t.to_string())));
-    println!("finished:   {}", opt(s.finished_at_ms.map(|t| t.to_string())));
+    let now = now_ms();
+    println!("created:    {}", when(s.created_at_ms, now));
+    println!("started:    {}", opt(s.started_at_ms.map(|t| when(t, now))));
+    println!("finished:   {}", opt(s.finished_at_ms.map(|t| when(t, now))));
     println!("reported:   {}", s.reported);
     if let Some(h) = &s.hint {
         println!("hint:       [{}] {}", h.tag.as_str(), printable(&h.message));
@@ -451,6 +475,15 @@ async fn logs(api: &Api, mut snapshot: TaskSnapshot, follow: bool, mut offset: u
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn times_read_as_dates_and_ages() {
+        let at = 1_764_588_053_412; // 2025-12-01 11:20:53.412 UTC
+        assert_eq!(when(at, at + 180_000), "2025-12-01 11:20:53.412 UTC (3m ago)");
+        assert_eq!(when(at, at + 5_000), "2025-12-01 11:20:53.412 UTC (5s ago)");
+        assert!(when(at, at - 1).ends_with("(in the future by this machine's clock)"));
+        assert_eq!(when(u64::MAX, 0), u64::MAX.to_string());
+    }
+
     use super::*;
 
     #[test]
