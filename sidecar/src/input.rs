@@ -121,7 +121,7 @@ async fn deliver(
         return Err(ApiError::InputFull { task: task.to_string() });
     };
     let not_running = |status: &str| ApiError::NotRunning { task: task.to_string(), status: status.to_owned() };
-    let fifo = match files.open_input_for_write() {
+    let fifo = match open_when_ready(&files, deadline).await {
         Ok(fifo) => fifo,
         Err(InputError::Absent) => return Err(not_running("its process has not started or has ended")),
         Err(InputError::NoReader) => return Err(not_running("it has ended or its monitor is gone")),
@@ -143,6 +143,25 @@ async fn deliver(
         Err(error) => {
             warn!(task = %task, attempt = %attempt, bytes = size, %error, "input delivery failed");
             Err(ApiError::Unavailable(format!("input to {task}: {error}")))
+        }
+    }
+}
+
+/// Opens the attempt's FIFO for one delivery. An attempt is `running` as soon
+/// as its monitor started, a moment before the monitor has made the FIFO: an
+/// absent FIFO is waited for (bounded by `deadline`) while the monitor is not
+/// known to be gone.
+async fn open_when_ready(files: &AttemptFiles, deadline: Instant) -> Result<File, InputError> {
+    loop {
+        match files.open_input_for_write() {
+            Err(InputError::Absent) if Instant::now() < deadline => {
+                let gone = files.journal().ok().and_then(|j| j.monitor).is_some_and(|m| !m.alive());
+                if gone {
+                    return Err(InputError::Absent);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => return other,
         }
     }
 }
