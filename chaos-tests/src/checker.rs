@@ -30,6 +30,18 @@ pub struct Final {
     pub idempotent: bool,
     /// A workflow: it has no effect of its own, its steps do.
     pub workflow: bool,
+    /// The outcome's detail (`exit code: 3`, `signal 9`, …).
+    pub detail: Option<String>,
+}
+
+/// A task of the load that ended `failed` or `killed` without its ledger
+/// line: the load never kills and every command exits 0 once it runs, so only
+/// a signal from outside (a hostile task's `kill -9 -1`) explains it.
+fn ended_without_start(f: &Final, runs: usize) -> Option<String> {
+    let ended = matches!(f.status.as_str(), "failed" | "killed");
+    let by_signal = f.detail.as_deref().is_some_and(|d| d.contains("signal"));
+    (ended && runs == 0 && !f.workflow && !by_signal)
+        .then(|| format!("{} ({:?}) but never appended to the ledger", f.status, f.detail))
 }
 
 /// A live process that carries this run's marker.
@@ -139,6 +151,9 @@ pub fn check(
         if f.status == "completed" && count == 0 && !f.workflow {
             violation("completed-without-effect", &f.id, "completed but never appended to the ledger".into());
         }
+        if let Some(evidence) = ended_without_start(f, count) {
+            violation("ended-without-start", &f.id, evidence);
+        }
         if f.status == "unknown" {
             if f.hint.is_none() {
                 violation("unknown-without-hint", &f.id, "unknown with no recovery hint".into());
@@ -165,6 +180,9 @@ pub fn check(
                 &f.id,
                 "workflow step completed but never appended to the ledger".into(),
             );
+        }
+        if let Some(evidence) = ended_without_start(f, count) {
+            violation("ended-without-start", &f.id, format!("workflow step {evidence}"));
         }
         let parent = f.parent.as_deref().and_then(|p| by_id.get(p));
         if parent.is_some_and(|p| p.status == "completed") && f.status != "completed" {
@@ -221,6 +239,7 @@ mod tests {
             parent: None,
             idempotent: false,
             workflow: false,
+            detail: None,
         }
     }
 
@@ -262,8 +281,12 @@ mod tests {
         let submitted = vec![hostile("shell-1", "h1"), hostile("shell-2", "h2"), sub("a", "shell-3", false)];
         // One completed after its ledger line; one killed by another's `kill -9 -1`
         // before it: both truthful. The ordinary task was killed by it too.
-        let finals =
-            vec![fin("shell-1", "h1", "completed"), fin("shell-2", "h2", "failed"), fin("shell-3", "a", "failed")];
+        let by_kill = |f: Final| Final { detail: Some("signal 9".into()), ..f };
+        let finals = vec![
+            fin("shell-1", "h1", "completed"),
+            by_kill(fin("shell-2", "h2", "failed")),
+            by_kill(fin("shell-3", "a", "failed")),
+        ];
         let ledger = vec![("shell-1".into(), 1), ("shell-3".into(), 1)];
         let epochs = Epochs { leader: 3, workers: vec![("w1".into(), 3)] };
         let (c, v) = check(&submitted, &finals, &ledger, &[], &[], &epochs);
@@ -282,14 +305,31 @@ mod tests {
             sub("lost", "shell-2", false),
             sub("stuck", "shell-3", false),
             sub("silent", "shell-4", false),
+            sub("twin", "shell-5", false),
+            sub("no-effect", "shell-7", false),
+            sub("liar", "shell-8", false),
+            sub("never-ran", "shell-10", false),
         ];
         let finals = vec![
             fin("shell-1", "double", "completed"),
             fin("shell-3", "stuck", "running"),
             Final { hint: None, ..fin("shell-4", "silent", "unknown") },
             fin("shell-9", "killed-one", "killed"),
+            fin("shell-5", "twin", "completed"),
+            fin("shell-6", "twin", "completed"),
+            fin("shell-7", "no-effect", "completed"),
+            fin("shell-8", "liar", "unknown"),
+            Final { detail: Some("cannot create the input pipe".into()), ..fin("shell-10", "never-ran", "failed") },
         ];
-        let ledger = vec![("shell-1".into(), 1), ("shell-1".into(), 2), ("shell-77".into(), 1)];
+        let ledger = vec![
+            ("shell-1".into(), 1),
+            ("shell-1".into(), 2),
+            ("shell-77".into(), 1),
+            ("shell-5".into(), 1),
+            ("shell-6".into(), 1),
+            ("shell-8".into(), 1),
+            ("shell-8".into(), 2),
+        ];
         let resurrections = vec![("shell-9".into(), "killed".into(), "running".into())];
         let procs =
             vec![Proc { pid: 5, ppid: 1, task: "shell-3".into() }, Proc { pid: 6, ppid: 9, task: "shell-9".into() }];
@@ -305,9 +345,13 @@ mod tests {
             "resurrected",
             "orphan",
             "fence-raised",
+            "duplicate-task",
+            "completed-without-effect",
+            "untruthful-hint",
+            "ended-without-start",
         ] {
             assert!(kinds.contains(&k), "{k} not caught: {kinds:?}");
         }
-        assert_eq!((c.double_executed, c.anonymous, c.resurrected, c.orphans, c.fence_raised), (1, 1, 1, 2, 1));
+        assert_eq!((c.double_executed, c.anonymous, c.resurrected, c.orphans, c.fence_raised), (2, 1, 1, 2, 1));
     }
 }

@@ -279,6 +279,7 @@ async fn run(
                     hint: s.hint.map(|h| h.tag.as_str().to_owned()),
                     parent: s.parent.map(|p| p.to_string()),
                     idempotent: s.idempotent,
+                    detail: s.detail.map(|d| d.to_string()),
                 })
                 .collect(),
             _ => anyhow::bail!("cannot list the registry at the end of the run"),
