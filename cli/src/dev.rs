@@ -1,9 +1,11 @@
 //! `tenure dev`: a whole local cluster in one command — nats-server with
 //! JetStream on loopback, coordinators `c1` … `cN` (one leads, the others stand
 //! by), N workers each with its sidecar — as child processes of this one,
-//! described in `DATA/cluster.json` (with every component's command line, so a
-//! killed coordinator can be started again by hand) and stopped cleanly on
-//! Ctrl-C / SIGTERM.
+//! described in `DATA/cluster.json` (with every component's command line and
+//! credentials file) and stopped cleanly on Ctrl-C / SIGTERM. A component that
+//! exits — killed to see what happens — is started again after 2 s, and what
+//! the product does meanwhile is said; only one that keeps exiting right after
+//! it starts stops the cluster.
 //!
 //! Secure by default: it generates the NATS layout of `tenure nats-auth`
 //! into `DATA/creds/` (a user per coordinator and per machine's worker and
@@ -51,7 +53,7 @@ struct Component {
 }
 
 /// How a client acts as one of the dev cluster's users.
-#[derive(Serialize)]
+#[derive(Serialize, Clone)]
 struct ClientIdentity {
     user: String,
     password: String,
@@ -74,6 +76,29 @@ const DEV_USERS: [&str; 3] = ["alice", "bob", "operator"];
 struct Running {
     name: String,
     child: Child,
+    started: std::time::Instant,
+    /// Exits in a row that came soon after a start (a component that cannot run).
+    quick_exits: u32,
+}
+
+/// A component that exits this soon after its start, this many times in a
+/// row, cannot run here: the cluster stops instead of restarting it forever.
+const QUICK_EXIT: Duration = Duration::from_secs(3);
+const QUICK_EXITS_TOLERATED: u32 = 5;
+/// Pause before a component that exited is started again.
+const RESTART_AFTER: Duration = Duration::from_secs(2);
+
+/// What the product does while `name` is gone, for the person watching.
+fn while_gone(name: &str) -> &'static str {
+    match name.split('-').next().unwrap_or(name) {
+        "coordinator" => {
+            "a standby (if any) takes the lease once it expires and adopts the running tasks without re-running them"
+        }
+        "worker" => "its tasks keep running under their monitors; the restarted worker re-attaches them",
+        "sidecar" => "its worker starts nothing new until it is back; running tasks go on",
+        "nats" => "every component reconnects when it is back; nothing acknowledged is lost (sync_interval: always)",
+        _ => "",
+    }
 }
 
 /// Finds nats-server and checks its version.
@@ -191,7 +216,7 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
         };
         eprintln!("started {name:<16} pid {:<7} log {}", child.id().unwrap_or(0), log.display());
         components.push(Component { name: name.clone(), pid: child.id().unwrap_or(0), command: argv, env_file, log });
-        running.push(Running { name: name.clone(), child });
+        running.push(Running { name: name.clone(), child, started: std::time::Instant::now(), quick_exits: 0 });
         if name == "nats" && !wait_for_port(opts.nats_port, Duration::from_secs(20)).await {
             stop_all(&mut running).await;
             bail!(
@@ -201,7 +226,7 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
             );
         }
     }
-    let clients = identities
+    let clients: std::collections::BTreeMap<String, ClientIdentity> = identities
         .iter()
         .filter(|i| DEV_USERS.contains(&i.user.as_str()))
         .map(|i| {
@@ -210,7 +235,7 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
             (i.user.clone(), id)
         })
         .collect();
-    let cluster = ClusterFile { nats_url: &url, data_dir: &data, identities: clients, components: &components };
+    let cluster = ClusterFile { nats_url: &url, data_dir: &data, identities: clients.clone(), components: &components };
     let cluster_path = data.join("cluster.json");
     write_private(&cluster_path, &serde_json::to_vec_pretty(&cluster)?)?;
     // A shell that sources this acts as alice on this cluster.
@@ -226,23 +251,47 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     );
 
     tokio::pin!(shutdown);
+    // Every component that exits is started again: killing one shows what
+    // the product does meanwhile (`tenure status` in another shell), it does
+    // not end the demo.
+    let mut restarts: Vec<(tokio::time::Instant, usize)> = Vec::new();
     let exit = loop {
         tokio::select! {
             _ = &mut shutdown => break ExitCode::SUCCESS,
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {
-                if let Some(dead) = running.iter_mut().find_map(|r| r.child.try_wait().ok().flatten().map(|s| (r.name.clone(), s))) {
-                    // A coordinator may die while another stands by: say how to
-                    // start it again and keep the cluster up while one is left.
-                    let is_coordinator = dead.0.starts_with("coordinator-");
-                    running.retain(|r| r.name != dead.0);
-                    let coordinators_left = running.iter().any(|r| r.name.starts_with("coordinator-"));
-                    if is_coordinator && coordinators_left {
-                        let restart = components.iter().find(|c| c.name == dead.0).map(|c| c.command.join(" "));
-                        eprintln!("{} exited ({}); restart it with: {}", dead.0, dead.1, restart.unwrap_or_default());
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {
+                for (i, r) in running.iter_mut().enumerate() {
+                    if restarts.iter().any(|(_, j)| *j == i) {
                         continue;
                     }
-                    eprintln!("component {} exited ({}); stopping the cluster", dead.0, dead.1);
+                    let Ok(Some(status)) = r.child.try_wait() else { continue };
+                    r.quick_exits = if r.started.elapsed() < QUICK_EXIT { r.quick_exits + 1 } else { 0 };
+                    eprintln!("{} exited ({status}): {}; starting it again in {} s", r.name, while_gone(&r.name), RESTART_AFTER.as_secs());
+                    restarts.push((tokio::time::Instant::now() + RESTART_AFTER, i));
+                }
+                if let Some(r) = running.iter().find(|r| r.quick_exits >= QUICK_EXITS_TOLERATED) {
+                    eprintln!("{} keeps exiting right after it starts; stopping the cluster (see logs/{}.log)", r.name, r.name);
                     break ExitCode::FAILURE;
+                }
+                let now = tokio::time::Instant::now();
+                let due: Vec<usize> = restarts.iter().filter(|(at, _)| *at <= now).map(|(_, i)| *i).collect();
+                restarts.retain(|(at, _)| *at > now);
+                let restarted = !due.is_empty();
+                for i in due {
+                    let c = &mut components[i];
+                    match spawn(&c.command, c.env_file.as_deref(), &c.log) {
+                        Ok(child) => {
+                            c.pid = child.id().unwrap_or(0);
+                            eprintln!("started {:<16} pid {:<7} again", c.name, c.pid);
+                            running[i].child = child;
+                            running[i].started = std::time::Instant::now();
+                        }
+                        Err(e) => eprintln!("{} could not be started again: {e:#}", c.name),
+                    }
+                }
+                // cluster.json keeps naming each component's pid.
+                if restarted {
+                    let cluster = ClusterFile { nats_url: &url, data_dir: &data, identities: clients.clone(), components: &components };
+                    let _ = serde_json::to_vec_pretty(&cluster).map(|b| write_private(&cluster_path, &b));
                 }
             }
         }
