@@ -956,7 +956,6 @@ fn a_new_leader_republishes_the_notices_of_recent_unreported_ends_only() {
     let old = h.submit("s", TaskSpec::shell("old", "true"));
     h.report("w1", &old, 1, completed());
     h.advance(Duration::from_secs(3600));
-    let claim_ms = h.now.wall_ms;
     let recent = h.submit("s", TaskSpec::shell("recent", "true"));
     h.report("w1", &recent, 1, completed());
     let records: Vec<TaskRecord> = [&old, &recent].iter().map(|t| h.core.task(t).unwrap().clone()).collect();
@@ -972,7 +971,8 @@ fn a_new_leader_republishes_the_notices_of_recent_unreported_ends_only() {
             })
             .collect()
     };
-    assert_eq!(ids(next.pending_notices(Some(claim_ms - 1000))), [recent.to_string()]);
+    // The old end lies an hour of registry time before the last write.
+    assert_eq!(ids(next.pending_notices(Some(Duration::from_secs(600)))), [recent.to_string()]);
     assert_eq!(ids(next.pending_notices(None)), [old.to_string(), recent.to_string()]);
 }
 
@@ -1103,4 +1103,111 @@ fn a_started_attempt_a_live_worker_stops_listing_is_settled_from_evidence() {
     let outcome = Outcome::new(Ending::Completed, Some(0), None);
     h.input(Input::Evidence { worker: w("w1"), request, result: Ok(Ok(AttemptEvidence::Exited(outcome))) });
     assert_eq!(h.status(&t), Status::Completed);
+}
+
+// ------------------------------------------------- clocks of two leaders
+
+/// The latest persisted version of each record in the effects, as the
+/// registry would hold them for the next leader.
+fn persisted(fx: &[Effect], into: &mut BTreeMap<TaskId, TaskRecord>) {
+    for e in fx {
+        if let Effect::Persist(r) = e {
+            into.insert(r.id.clone(), (**r).clone());
+        }
+    }
+}
+
+/// A leader whose wall clock reads `skew_ms` away from the old one's takes
+/// over the registry the old one wrote.
+fn take_over(records: &BTreeMap<TaskId, TaskRecord>, cfg: CoreConfig, wall_ms: u64) -> Harness {
+    let now = Now { mono: Duration::from_secs(5), wall_ms };
+    let core = Core::new(cfg, Epoch(4), records.values().cloned().collect(), now);
+    let mut h = Harness { core, now };
+    h.advance(CoreConfig::default().worker_ttl);
+    h
+}
+
+#[test]
+fn a_new_leader_with_a_clock_minutes_ahead_still_knows_a_retried_submits_key() {
+    let mut old = Harness::new();
+    let mut registry = BTreeMap::new();
+    let fx = old.heartbeat("w1", 1);
+    persisted(&fx, &mut registry);
+    let key = Uuid::new_v4();
+    let req = SubmitRequest { session: s("s"), idempotency_key: key, spec: TaskSpec::shell("k", "true") };
+    let (fx, _) = old.api(ApiRequest::Submit(req.clone()));
+    persisted(&fx, &mut registry);
+    let task = registry.keys().next().cloned().unwrap();
+    let fx = old.input(Input::Tick);
+    persisted(&fx, &mut registry);
+    let fx = old.input(Input::Report {
+        reply_to: None,
+        report: Report {
+            worker: w("w1"),
+            task: task.clone(),
+            attempt: Attempt(1),
+            epoch: Epoch(3),
+            event: completed(),
+        },
+    });
+    persisted(&fx, &mut registry);
+    assert!(registry[&task].life.status.is_terminal());
+    // The old leader dies; the next one's wall clock is 20 minutes ahead
+    // (more than the time a key is remembered).
+    for skew in [20 * 60_000, 3 * 24 * 3_600_000] {
+        let mut new = take_over(&registry, CoreConfig::default(), old.now.wall_ms + skew);
+        new.heartbeat("w1", 1);
+        new.input(Input::Tick);
+        match new.api(ApiRequest::Submit(req.clone())).1 {
+            Some(Ok(ApiResponse::Submitted { task: again, existing })) => {
+                assert_eq!((again, existing), (task.clone(), true), "the retried submit made a second task")
+            }
+            other => panic!("{other:?}"),
+        }
+        // And it is forgotten once this leader has itself seen the time pass.
+        new.advance(super::board::KEEP_KEYS);
+        new.input(Input::Tick);
+        let Some(Ok(ApiResponse::Submitted { existing, .. })) = new.api(ApiRequest::Submit(req.clone())).1 else {
+            panic!("submit refused")
+        };
+        assert!(!existing, "the key is forgotten after KEEP_KEYS of this leader's time");
+    }
+}
+
+#[test]
+fn a_new_leader_with_a_clock_days_ahead_does_not_collect_fresh_tasks() {
+    let cfg = CoreConfig { retention: Some(Duration::from_secs(3600)), ..CoreConfig::default() };
+    let start = Now { mono: Duration::from_secs(1), wall_ms: 1_000_000 };
+    let mut old = Harness { core: Core::new(cfg.clone(), Epoch(3), Vec::new(), start), now: start };
+    let mut registry = BTreeMap::new();
+    let task = old.submit("s", TaskSpec::shell("b", "sleep 9"));
+    let (fx, _) = old.api(ApiRequest::Kill { session: s("s"), task: task.clone() });
+    persisted(&fx, &mut registry);
+    // Half the retention passes on the old leader, and it writes on.
+    old.advance(Duration::from_secs(1800));
+    let other = old.submit("s", TaskSpec::shell("c", "sleep 9"));
+    let (fx, _) = old.api(ApiRequest::Kill { session: s("s"), task: other.clone() });
+    persisted(&fx, &mut registry);
+    assert!(registry[&task].life.status.is_terminal());
+    for wall_ms in [old.now.wall_ms + 5 * 24 * 3_600_000, old.now.wall_ms.saturating_sub(5 * 24 * 3_600_000)] {
+        let mut new = take_over(&registry, cfg.clone(), wall_ms);
+        let forgets = |fx: &[Effect]| {
+            fx.iter()
+                .filter_map(|e| match e {
+                    Effect::Forget { task, .. } => Some(task.clone()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        let fx = new.input(Input::Tick);
+        assert!(forgets(&fx).is_empty(), "fresh tasks collected by a skewed leader: {fx:?}");
+        // The rest of the first task's retention passes on the new leader:
+        // only it is collected.
+        new.advance(Duration::from_secs(1800));
+        let fx = new.input(Input::Tick);
+        assert_eq!(forgets(&fx), vec![task.clone()]);
+        new.advance(Duration::from_secs(1800));
+        let fx = new.input(Input::Tick);
+        assert_eq!(forgets(&fx), vec![other.clone()]);
+    }
 }
