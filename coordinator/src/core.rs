@@ -776,11 +776,14 @@ impl Core {
     }
 
     fn report(&mut self, report: Report, now: Now, fx: &mut Vec<Effect>) -> ReportAck {
+        // "Stale" says under which epoch it was decided: a worker believes
+        // it only from a leader at or above the highest epoch it has seen.
+        let stale = ReportAck::StaleAt { epoch: self.epoch };
         let Some(record) = self.tasks.get(&report.task) else {
-            return ReportAck::Stale;
+            return stale;
         };
         if record.life.worker.as_ref() != Some(&report.worker) || record.life.attempt != report.attempt {
-            return ReportAck::Stale;
+            return stale;
         }
         let event = match report.event {
             ReportEvent::Matched(lines) => return self.matched(&report.task, lines, now, fx),
@@ -794,14 +797,17 @@ impl Core {
             | Some(Decision::Unchanged(Unchanged::Duplicate | Unchanged::Terminal | Unchanged::NotApplicable)) => {
                 ReportAck::Ack
             }
-            Some(Decision::Unchanged(Unchanged::Stale)) | None => ReportAck::Stale,
+            Some(Decision::Unchanged(Unchanged::Stale)) | None => stale,
         }
     }
 
     /// Records how far a monitor's matched lines were notified and publishes
     /// the new ones. Lines at or below the recorded offset are repeats.
     fn matched(&mut self, task: &TaskId, lines: Vec<MatchedLine>, now: Now, fx: &mut Vec<Effect>) -> ReportAck {
-        let Some(r) = self.tasks.get_mut(task).filter(|r| r.spec.pattern.is_some()) else { return ReportAck::Stale };
+        let epoch = self.epoch;
+        let Some(r) = self.tasks.get_mut(task).filter(|r| r.spec.pattern.is_some()) else {
+            return ReportAck::StaleAt { epoch };
+        };
         let through = r.matched_through;
         let mut lines = lines;
         lines.sort_by_key(|l| l.offset);

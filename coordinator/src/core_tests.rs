@@ -309,7 +309,7 @@ fn an_unreachable_machine_makes_non_idempotent_tasks_unknown_and_idempotent_ones
     // re-run task's first attempt is refused.
     assert_eq!(h.report("w1", &once, 1, completed()), ReportAck::Ack);
     assert_eq!(h.status(&once), Status::Completed);
-    assert_eq!(h.report("w1", &again, 1, completed()), ReportAck::Stale);
+    assert_eq!(h.report("w1", &again, 1, completed()), ReportAck::StaleAt { epoch: Epoch(3) });
     assert_eq!(h.status(&again), Status::Leased);
     // When w1 returns still holding the re-run task's first attempt, it is told to stop it.
     let fx = h.input(Input::Heartbeat(Heartbeat {
@@ -824,7 +824,7 @@ fn matched_lines_are_notified_once_each_and_repeats_change_nothing() {
             event: ReportEvent::Matched(vec![line(200)]),
         },
     });
-    assert!(stale.iter().any(|e| matches!(e, Effect::Ack { ack: ReportAck::Stale, .. })));
+    assert!(stale.iter().any(|e| matches!(e, Effect::Ack { ack: ReportAck::StaleAt { epoch: Epoch(3) }, .. })));
 }
 
 #[test]

@@ -304,10 +304,12 @@ impl MatchForwarder {
                 true => Some(report_until_acked(shared, task, attempt, epoch, event).await),
                 false => report_once(shared, task, attempt, epoch, event).await,
             };
+            let highest = shared.epoch_seen().max(epoch);
             match ack {
                 Some(ReportAck::Ack) => self.pos = next,
-                Some(ReportAck::Stale) => self.stale = true,
-                Some(ReportAck::NotLeader) | None => return,
+                Some(ack) if ack.is_stale() && ack.settles(highest) => self.stale = true,
+                // Not a leader, no answer, or a deposed leader's "stale".
+                Some(_) | None => return,
             }
         }
     }
@@ -431,13 +433,21 @@ pub(crate) async fn report_until_acked(
 ) -> ReportAck {
     let mut delay = Duration::from_millis(50);
     loop {
+        // The highest epoch this machine has seen, as the report carries it.
+        let highest = shared.epoch_seen().max(epoch);
         match report_once(shared, task, attempt, epoch, event.clone()).await {
             Some(ReportAck::Ack) => return ReportAck::Ack,
-            Some(ReportAck::Stale) => {
+            Some(ack) if ack.is_stale() && ack.settles(highest) => {
                 tracing::info!(task = %task, attempt = %attempt, "report is stale; the leader settled it otherwise");
-                return ReportAck::Stale;
+                return ack;
             }
-            Some(ReportAck::NotLeader) | None => {
+            answer => {
+                if let Some(ReportAck::StaleAt { epoch: said }) = answer {
+                    tracing::warn!(
+                        task = %task, attempt = %attempt, %said, %highest,
+                        "a leader below the highest epoch seen calls the report stale; kept, re-sent later"
+                    );
+                }
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(1));
             }

@@ -627,8 +627,10 @@ impl Host {
     fn on_ack(&mut self, ctx: &mut Ctx, req: ReqId, ack: ReportAck) {
         let i = self.index;
         ctx.note(|| format!("m{i} ← #{req} {ack:?}"));
-        let retry = ack == ReportAck::NotLeader;
         let w = self.w();
+        // `worker::attempt`: a "stale" from below the highest epoch seen is
+        // not an answer.
+        let retry = !ack.settles(w.epoch_seen);
         if let Some(d) = w.detached.iter().position(|d| d.report == Some(req)) {
             if retry {
                 w.detached[d].report = None;
