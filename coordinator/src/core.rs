@@ -886,6 +886,14 @@ impl Core {
                     r.life.attempt == attempt
                         && (r.life.status == Status::Leased || (is_kill && r.life.status == Status::Stopping))
                 });
+                // A store failure proves nothing either: the intent may be
+                // recorded there. The machine's evidence settles the task.
+                if let (false, Refusal::SidecarStorage(_), true) = (is_kill, &reason, waiting) {
+                    tracing::warn!(%worker, task = %task, %attempt, "grant refused by a failing store: asking its evidence");
+                    self.doubted.insert(task);
+                    self.ask_about_lost_workers(now, fx);
+                    return;
+                }
                 let never_held = !is_kill || reason == Refusal::UnknownAttempt;
                 if never_held && waiting {
                     self.event(&task, Event::Refused { attempt, epoch }, now, fx);

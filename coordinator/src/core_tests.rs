@@ -1211,3 +1211,36 @@ fn a_new_leader_with_a_clock_days_ahead_does_not_collect_fresh_tasks() {
         assert_eq!(forgets(&fx), vec![other.clone()]);
     }
 }
+
+#[test]
+fn a_grant_refused_because_the_sidecars_store_failed_is_not_taken_for_nothing_ran() {
+    let mut h = Harness::new();
+    let t = h.submit("s", TaskSpec::shell("a", "true"));
+    let fx = h.heartbeat("w1", 1);
+    let (_, grant) = grants(&fx).pop().unwrap();
+    // The store may hold the attempt's intent (a failed flush may have
+    // landed, or its record is unreadable): not requeued, asked about.
+    let fx = h.input(Input::CommandResult {
+        worker: w("w1"),
+        command: WorkerCommand::Grant(grant.clone()),
+        result: Ok(WorkerReply::Refused(Refusal::SidecarStorage("flush failed".into()))),
+    });
+    assert_eq!(h.status(&t), Status::Leased, "requeued as if nothing ran: {fx:?}");
+    let asked = fx.iter().find_map(|e| match e {
+        Effect::AskEvidence { request, .. } => Some(request.clone()),
+        _ => None,
+    });
+    let Some(request) = asked else { panic!("its evidence is not asked for: {fx:?}") };
+    assert_eq!((request.task.clone(), request.attempt), (t.clone(), grant.attempt));
+    // Nothing readable there: unknown, with a truthful hint, never re-run.
+    h.input(Input::Evidence {
+        worker: w("w1"),
+        request,
+        result: Ok(Ok(AttemptEvidence::Unreadable("io error".into()))),
+    });
+    let r = h.core.task(&t).unwrap();
+    assert_eq!(r.life.status, Status::Unknown);
+    assert_eq!(r.life.hint.as_ref().map(|h| h.tag), Some(HintTag::SidecarCorrupt));
+    h.advance(Duration::from_secs(2));
+    assert!(grants(&h.input(Input::Tick)).is_empty());
+}

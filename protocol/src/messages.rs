@@ -660,6 +660,14 @@ pub enum Refusal {
     SidecarUnavailable(String),
     #[error("malformed command: {0}")]
     Malformed(String),
+    /// The machine's store failed while taking the grant (a failed write or
+    /// flush may still have landed, or the attempt's record is unreadable):
+    /// unlike the other refusals this does not prove the attempt never
+    /// started there, so the leader asks the machine's evidence instead of
+    /// giving the task back. A new variant: an older leader cannot decode it
+    /// and re-sends the grant.
+    #[error("the sidecar's store failed: {0}")]
+    SidecarStorage(String),
 }
 
 // ----------------------------------------------------------- output reads

@@ -115,8 +115,8 @@ pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify
         SidecarReply::Ok => {}
         refusal => {
             tracing::warn!(task = %task, attempt = %attempt, ?refusal, "intent refused; not starting");
-            let _ = sidecar_insist(&shared, SidecarRequest::Abandon { task: task.clone(), attempt }).await;
-            let event = ReportEvent::NotStarted { reason: format!("{refusal:?}") };
+            let abandoned = sidecar_insist(&shared, SidecarRequest::Abandon { task: task.clone(), attempt }).await;
+            let event = intent_refused(&refusal, &abandoned, attempt);
             report_until_acked(&shared, &task, attempt, grant.epoch, event).await;
             shared.held().remove(&(task.clone(), attempt));
             return;
@@ -422,6 +422,29 @@ async fn finish(shared: &Shared, task: &TaskId, attempt: Attempt, epoch: Epoch, 
     shared.held().remove(&(task.clone(), attempt));
 }
 
+/// What to report of an attempt whose intent the sidecar refused (nothing was
+/// spawned by this process). A refusal that decided something (stale epoch,
+/// wrong phase) proves the intent was not written: not started. A store
+/// failure does not — a failed flush may have landed, or an unreadable record
+/// may hold an earlier intent — unless the abandon that follows succeeds
+/// (the record is then removed and tombstoned). Otherwise the attempt is
+/// reported lost, `maybe-ran`, and never given back as "nothing ran".
+fn intent_refused(refusal: &SidecarReply, abandoned: &SidecarReply, attempt: Attempt) -> ReportEvent {
+    let storage = matches!(refusal, SidecarReply::Refused(SidecarRefusal::Storage(_)));
+    if !storage || *abandoned == SidecarReply::Ok {
+        return ReportEvent::NotStarted { reason: format!("{refusal:?}") };
+    }
+    ReportEvent::Lost(RecoveryHint {
+        tag: HintTag::MaybeRan,
+        message: format!(
+            "the worker machine's store failed while recording the intent of attempt {attempt} ({refusal:?}) and \
+             could not confirm it gave the attempt back ({abandoned:?}); this worker started nothing, but the \
+             store cannot prove that no earlier intent was recorded: it is not run again by the system. Check the \
+             machine's sidecar, then settle or resubmit the task"
+        ),
+    })
+}
+
 /// Sends a report until the leader acknowledges it (or says it is stale);
 /// returns which of the two it was.
 pub(crate) async fn report_until_acked(
@@ -691,6 +714,31 @@ async fn sweep_unknown_attempt_dirs(shared: &Arc<Shared>, known: &std::collectio
         } else {
             tracing::info!(dir = %name, "removing an attempt directory no record names and no process uses");
             let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn storage() -> SidecarReply {
+        SidecarReply::Refused(SidecarRefusal::Storage("flush failed".into()))
+    }
+
+    #[test]
+    fn an_intent_refused_by_a_failing_store_is_maybe_ran_unless_the_abandon_lands() {
+        let stale = SidecarReply::Refused(SidecarRefusal::StaleEpoch { held: Epoch(4), offered: Epoch(3) });
+        // A refusal that decided something proves the intent was not written.
+        assert!(matches!(intent_refused(&stale, &storage(), Attempt(1)), ReportEvent::NotStarted { .. }));
+        // A store failure, then a confirmed abandon: the record is gone.
+        assert!(matches!(intent_refused(&storage(), &SidecarReply::Ok, Attempt(1)), ReportEvent::NotStarted { .. }));
+        // A store failure that nothing disproves: lost, maybe-ran.
+        for abandoned in [storage(), stale] {
+            match intent_refused(&storage(), &abandoned, Attempt(1)) {
+                ReportEvent::Lost(hint) => assert_eq!(hint.tag, HintTag::MaybeRan),
+                other => panic!("given back as not started: {other:?}"),
+            }
         }
     }
 }

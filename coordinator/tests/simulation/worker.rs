@@ -558,6 +558,11 @@ impl Host {
                 ctx.note(|| format!("m{i}: {task}#{attempt} is already {phase:?} here: accepted, nothing started"));
                 return Some(WorkerReply::Accepted);
             }
+            // As the real worker: a store failure is no give-back (the store
+            // may hold the attempt's intent); the leader asks its evidence.
+            Some(SidecarReply::Refused(SidecarRefusal::Storage(reason))) => {
+                return Some(WorkerReply::Refused(Refusal::SidecarStorage(reason)))
+            }
             Some(other) => return self.refuse(&key, Refusal::SidecarUnavailable(format!("{other:?}"))),
             None => return self.refuse(&key, Refusal::SidecarUnavailable("sidecar down".into())),
         }
