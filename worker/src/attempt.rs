@@ -253,6 +253,12 @@ async fn watch(
             _ = monitor.exited(files) => break,
             _ = kill_req.notified(), if !killed => {
                 killed = true;
+                // Marked first: the monitor tells a kill from a machine's
+                // shutdown by it. Should the mark fail, the task still ends
+                // (as a `machine-shutdown` failure rather than `killed`).
+                if let Err(error) = files.mark_kill_requested() {
+                    tracing::warn!(dir = %files.dir().display(), %error, "cannot mark the kill request");
+                }
                 // The monitor ends the group (SIGTERM, grace, SIGKILL) and records it.
                 monitor.request_kill();
             }
