@@ -1244,3 +1244,65 @@ fn a_grant_refused_because_the_sidecars_store_failed_is_not_taken_for_nothing_ra
     h.advance(Duration::from_secs(2));
     assert!(grants(&h.input(Input::Tick)).is_empty());
 }
+
+#[test]
+fn a_deposed_leaders_stale_answer_does_not_settle_a_report_the_new_leader_acknowledges() {
+    let mut old = Harness::new();
+    let mut registry = BTreeMap::new();
+    persisted(&old.heartbeat("w1", 2), &mut registry);
+    let key = Uuid::new_v4();
+    let req = SubmitRequest { session: s("s"), idempotency_key: key, spec: TaskSpec::shell("a", "sleep 1") };
+    persisted(&old.api(ApiRequest::Submit(req)).0, &mut registry);
+    // The old leader is paused; the next one (epoch 4) takes over and starts
+    // a task the old one never heard of on the same worker.
+    let mut new = take_over(&registry, CoreConfig::default(), old.now.wall_ms);
+    let hb = |epoch| {
+        Input::Heartbeat(Heartbeat {
+            worker: w("w1"),
+            instance: Uuid::nil(),
+            slots: 2,
+            kinds: vec![Kind::shell()],
+            epoch_seen: epoch,
+            attempts: Vec::new(),
+            sidecar: Default::default(),
+            replaces: None,
+            incarnation: Some(Uuid::from_u128(1000)),
+        })
+    };
+    new.input(hb(Epoch(3)));
+    let req = SubmitRequest { session: s("s"), idempotency_key: Uuid::new_v4(), spec: TaskSpec::shell("b", "true") };
+    let (mut fx, _) = new.api(ApiRequest::Submit(req));
+    fx.extend(new.input(hb(Epoch(4))));
+    let fresh = registry.keys().next().map(|t| t.number() + 1).unwrap();
+    let Some((_, grant)) = grants(&fx).into_iter().find(|(_, g)| g.task.number() == fresh) else {
+        panic!("the new task is not granted: {fx:?}")
+    };
+    let fresh = grant.task.clone();
+    assert_eq!(grant.epoch, Epoch(4));
+    // The worker buffered the outcome and reports it under the highest epoch
+    // its machine has seen; the zombie answers first, from its old view.
+    let report = Report {
+        worker: w("w1"),
+        task: fresh.clone(),
+        attempt: grant.attempt,
+        epoch: Epoch(4),
+        event: ReportEvent::Finished(Outcome::new(Ending::Completed, Some(0), None)),
+    };
+    let answer = |h: &mut Harness| {
+        h.input(Input::Report { reply_to: Some("ack".into()), report: report.clone() })
+            .into_iter()
+            .find_map(|e| match e {
+                Effect::Ack { ack, .. } => Some(ack),
+                _ => None,
+            })
+            .unwrap()
+    };
+    let zombie = answer(&mut old);
+    assert_eq!(zombie, ReportAck::StaleAt { epoch: Epoch(3) });
+    assert!(!zombie.settles(report.epoch), "the worker would drop its outcome on a deposed leader's word");
+    // Kept and re-sent: the leader of the current epoch records it.
+    let current = answer(&mut new);
+    assert_eq!(current, ReportAck::Ack);
+    assert!(current.settles(report.epoch));
+    assert_eq!(new.status(&fresh), Status::Completed);
+}
