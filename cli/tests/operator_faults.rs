@@ -82,11 +82,16 @@ fn a_wiped_machine_never_runs_its_tasks_again_and_says_its_store_was_replaced() 
     eventually(BOUND, || (std::fs::read_to_string(&ledger).unwrap_or_default().lines().count() == 3).then_some(()))
         .expect("all three ran once");
     // The machine goes down with everything on it: daemons, monitors, tasks.
-    let groups: Vec<i32> = std::fs::read_dir(c.worker_dir("w1").join("attempts"))
-        .expect("attempts")
-        .filter_map(|e| tenure_sidecar::attempt_files::AttemptFiles::new(e.ok()?.path()).pgid())
-        .collect();
-    assert_eq!(groups.len(), 3);
+    // A monitor records its task's group just after spawning it, so a task
+    // can write its ledger line first: wait (bounded) for all three.
+    let recorded = || {
+        let groups: Vec<i32> = std::fs::read_dir(c.worker_dir("w1").join("attempts"))
+            .ok()?
+            .filter_map(|e| tenure_sidecar::attempt_files::AttemptFiles::new(e.ok()?.path()).pgid())
+            .collect();
+        (groups.len() == 3).then_some(groups)
+    };
+    let groups = eventually(BOUND, recorded).expect("three task groups recorded");
     c.kill9("worker-w1");
     c.kill9("sidecar-w1");
     for g in &groups {
