@@ -273,6 +273,14 @@ impl Cluster {
         w.next_env = vec![("TENURE_CRASH_AT".into(), point.into())];
     }
 
+    /// Restarts coordinator `i` at once with its wall clock `offset_ms` off
+    /// (the test-only `TENURE_TEST_CLOCK_OFFSET_MS`), until its next restart.
+    pub fn skew_coordinator(&mut self, i: usize, offset_ms: i64) {
+        let c = &mut self.coordinators[i];
+        c.kill9(Duration::ZERO);
+        c.next_env = vec![("TENURE_TEST_CLOCK_OFFSET_MS".into(), offset_ms.to_string())];
+    }
+
     /// Live monitors on machine `i`, with their task's process group.
     pub fn monitors(&self, i: usize) -> Vec<(i32, Option<i32>)> {
         monitors_in(&self.worker_dir(i))

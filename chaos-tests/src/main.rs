@@ -489,6 +489,17 @@ async fn inject(
                 Err(e) => format!("duplicate-worker w{} not started: {e:#}", worker + 1),
             }
         }
+        Fault::ClockSkew { offset_ms } => {
+            // The leader, so that the next leader takes over a registry
+            // written under another clock; any coordinator without one.
+            let target = leader(client).await.unwrap_or_else(|| rng.gen_range(0..c.coordinators.len()));
+            let pid = c.coordinators[target].pid();
+            c.skew_coordinator(target, *offset_ms);
+            format!(
+                "clock-skew {} (pid {pid:?}) restarted with its clock {offset_ms} ms off",
+                c.coordinators[target].name
+            )
+        }
         Fault::CrashWindow { worker, point } => {
             c.crash_worker_at(*worker, point);
             format!("crash-window w{} restarted to die {point} its next attempt", worker + 1)

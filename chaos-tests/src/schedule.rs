@@ -84,6 +84,13 @@ pub enum Fault {
         worker: usize,
         ms: u64,
     },
+    /// An operator's mistake: a coordinator is restarted with its wall clock
+    /// `offset_ms` off the others' (minutes, ahead or behind), through the
+    /// test-only `TENURE_TEST_CLOCK_OFFSET_MS`; it keeps it until its next
+    /// restart. Nothing may depend on coordinators' clocks agreeing.
+    ClockSkew {
+        offset_ms: i64,
+    },
 }
 
 impl Fault {
@@ -109,6 +116,7 @@ impl Fault {
             Fault::HostileTask => "hostile-task",
             Fault::WipeMachine { .. } => "wipe-machine",
             Fault::DuplicateWorker { .. } => "duplicate-worker",
+            Fault::ClockSkew { .. } => "clock-skew",
         }
     }
 }
@@ -128,7 +136,7 @@ pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize) ->
     while at + 3000 < duration_ms {
         let w = rng.gen_range(0..workers.max(1));
         let down = rng.gen_range(300..2500);
-        let fault = match rng.gen_range(0..18) {
+        let fault = match rng.gen_range(0..19) {
             0 | 1 => Fault::KillLeader { down_ms: down },
             2 if coordinators > 1 => Fault::KillStandby { down_ms: down },
             3 if coordinators > 1 => Fault::PauseLeader { ms: rng.gen_range(3000..6000) },
@@ -156,6 +164,10 @@ pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize) ->
             15 => Fault::HostileTask,
             16 => Fault::WipeMachine { worker: w, down_ms: down },
             17 => Fault::DuplicateWorker { worker: w, ms: rng.gen_range(2000..8000) },
+            18 => {
+                let minutes = rng.gen_range(60_000..1_800_000);
+                Fault::ClockSkew { offset_ms: if rng.gen_bool(0.5) { minutes } else { -minutes } }
+            }
             _ => Fault::CrashWindow { worker: w, point: CRASH_WINDOWS[rng.gen_range(0..CRASH_WINDOWS.len())] },
         };
         out.push(Planned { at_ms: at, fault });
@@ -176,6 +188,21 @@ mod tests {
         assert!(a.len() > 20);
         assert!(a.windows(2).all(|w| w[0].at_ms < w[1].at_ms));
         assert!(a.iter().all(|p| p.at_ms + 3000 < 120_000));
+    }
+
+    #[test]
+    fn a_short_run_can_skew_a_coordinators_clock() {
+        let seed = (0..200u64).find(|s| plan(*s, 45_000, 2, 2).iter().any(|p| p.fault.kind() == "clock-skew"));
+        eprintln!("first seed whose 45 s plan skews a clock: {seed:?}");
+        assert!(seed.is_some());
+        let skews = plan(7, 3_600_000, 3, 3).into_iter().filter_map(|p| match p.fault {
+            Fault::ClockSkew { offset_ms } => Some(offset_ms),
+            _ => None,
+        });
+        // Minutes, ahead and behind.
+        let skews: Vec<i64> = skews.collect();
+        assert!(skews.iter().all(|o| o.unsigned_abs() >= 60_000));
+        assert!(skews.iter().any(|o| *o > 0) && skews.iter().any(|o| *o < 0));
     }
 
     #[test]
@@ -200,6 +227,7 @@ mod tests {
             "hostile-task",
             "wipe-machine",
             "duplicate-worker",
+            "clock-skew",
         ] {
             assert!(kinds.contains(k), "{k} never planned");
         }

@@ -2,13 +2,15 @@
 //! machines at once must neither run a task twice nor take over the running
 //! worker's id; a worker restarted on its own data directory takes its place
 //! back at once; a machine whose data directory was wiped never runs its
-//! tasks again and says so. The ledger the tasks append to is the judge.
+//! tasks again and says so; a standby whose wall clock runs minutes ahead
+//! takes over without forgetting the keys of submits retried across the
+//! failover. The ledger the tasks append to is the judge.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{group_alive, Cluster};
+use common::{group_alive, Cluster, FAST_LEASE};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tenure_testkit::eventually;
@@ -80,11 +82,16 @@ fn a_wiped_machine_never_runs_its_tasks_again_and_says_its_store_was_replaced() 
     eventually(BOUND, || (std::fs::read_to_string(&ledger).unwrap_or_default().lines().count() == 3).then_some(()))
         .expect("all three ran once");
     // The machine goes down with everything on it: daemons, monitors, tasks.
-    let groups: Vec<i32> = std::fs::read_dir(c.worker_dir("w1").join("attempts"))
-        .expect("attempts")
-        .filter_map(|e| tenure_sidecar::attempt_files::AttemptFiles::new(e.ok()?.path()).pgid())
-        .collect();
-    assert_eq!(groups.len(), 3);
+    // A monitor records its task's group just after spawning it, so a task
+    // can write its ledger line first: wait (bounded) for all three.
+    let recorded = || {
+        let groups: Vec<i32> = std::fs::read_dir(c.worker_dir("w1").join("attempts"))
+            .ok()?
+            .filter_map(|e| tenure_sidecar::attempt_files::AttemptFiles::new(e.ok()?.path()).pgid())
+            .collect();
+        (groups.len() == 3).then_some(groups)
+    };
+    let groups = eventually(BOUND, recorded).expect("three task groups recorded");
     c.kill9("worker-w1");
     c.kill9("sidecar-w1");
     for g in &groups {
@@ -108,4 +115,91 @@ fn a_wiped_machine_never_runs_its_tasks_again_and_says_its_store_was_replaced() 
     for t in &tasks {
         assert_eq!(c.snapshot(t)["status"], "unknown", "late evidence changed nothing");
     }
+}
+
+/// Submits with `key` until a coordinator answers (through a takeover);
+/// returns the task and whether it already existed.
+fn submit_with_key(c: &Cluster, rt: &tokio::runtime::Runtime, key: uuid::Uuid, label: &str) -> (String, bool) {
+    use tenure_protocol::messages::{ApiReply, ApiRequest, ApiResponse, SubmitRequest};
+    rt.block_on(async {
+        let client = tenure_transport::connect(&c.nats_options("client"), "tenure-test", false).await.expect("connect");
+        let req = ApiRequest::Submit(SubmitRequest {
+            session: "skew@test".parse().expect("session"),
+            idempotency_key: key,
+            spec: tenure_protocol::TaskSpec::shell(label, "true"),
+        });
+        // Bounded: at most 20 tries of up to 2 s, with a short pause.
+        let mut answered = None;
+        for _ in 0..20 {
+            let reply: Option<ApiReply> = tenure_transport::request(
+                &client,
+                tenure_protocol::subjects::API.to_owned(),
+                &req,
+                Duration::from_secs(2),
+            )
+            .await
+            .ok();
+            if let Some(Ok(ApiResponse::Submitted { task, existing })) = reply {
+                answered = Some((task.to_string(), existing));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        answered.expect("a coordinator answered the submit")
+    })
+}
+
+/// Clock skew between coordinators: the standby's wall clock runs 20 minutes
+/// ahead (more than the time a submit's key is remembered after its task
+/// ended). Submits are retried with their keys across the failover, while and
+/// after the new leader garbage-collects: each retry returns the first task,
+/// and no task is created twice.
+#[test]
+fn a_retried_submit_across_a_failover_to_a_leader_minutes_ahead_creates_no_second_task() {
+    let mut c = Cluster::start_coordinators(1, 1, &FAST_LEASE);
+    let ahead = (20 * 60_000).to_string();
+    let mut args = vec!["coordinator", "--name", "c2", "--worker-ttl-ms", "3000"];
+    args.extend_from_slice(&FAST_LEASE);
+    c.spawn_env("coordinator-c2", &args, &[("TENURE_TEST_CLOCK_OFFSET_MS", ahead.as_str())]);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let keys: Vec<uuid::Uuid> = (0..10).map(|_| uuid::Uuid::new_v4()).collect();
+    let first: Vec<String> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let (task, existing) = submit_with_key(&c, &rt, *k, &format!("skew-{i}"));
+            assert!(!existing);
+            task
+        })
+        .collect();
+    for t in &first {
+        let done = eventually(BOUND, || {
+            let out = c.cli_as("skew@test", &["get", t, "--json"]);
+            let snap: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+            (snap["status"] == "completed").then_some(())
+        });
+        assert!(done.is_some(), "{t} never completed\n{}", c.logs());
+    }
+    eventually(BOUND, || c.status().filter(|s| s["standbys"].as_array().is_some_and(|a| !a.is_empty())))
+        .unwrap_or_else(|| panic!("c2 never stood by\n{}", c.logs()));
+    c.kill9("coordinator-c1");
+    // Retries while the takeover happens, and after the new leader has run
+    // (its garbage collector among the rest) long enough to finish new work.
+    for round in 0..3 {
+        for (k, t) in keys.iter().zip(&first) {
+            let (again, existing) = submit_with_key(&c, &rt, *k, "retry");
+            assert_eq!(
+                (&again, existing),
+                (t, true),
+                "round {round}: a retried submit made a second task\n{}",
+                c.logs()
+            );
+        }
+        c.wait_leader("c2");
+        let fresh = c.submit(&["--", "true"]);
+        c.wait_status(&fresh, "completed", BOUND);
+    }
+    let ls: serde_json::Value =
+        serde_json::from_slice(&c.cli_as("skew@test", &["ls", "--all", "--json"]).stdout).expect("ls --json");
+    assert_eq!(ls.as_array().map(Vec::len), Some(keys.len()), "a task was created twice: {ls}");
 }

@@ -428,3 +428,27 @@ fn a_killed_monitor_launcher_is_replaced_and_running_tasks_go_on() {
     let again = monitor_launcher(worker).expect("a new launcher");
     assert_ne!(again, launcher);
 }
+
+/// Machine shutdown: the service manager sends SIGTERM to every process,
+/// monitors included. The task is ended, but nobody asked for it: it fails,
+/// tagged `machine-shutdown` — it is not recorded as a kill. A kill the user
+/// asked for stays `killed`.
+#[test]
+fn sigterm_to_a_monitor_at_machine_shutdown_is_not_recorded_as_a_user_kill() {
+    let c = Cluster::start(1);
+    let stopped = c.submit(&["--", "sleep 60"]);
+    let asked = c.submit(&["--", "sleep 60"]);
+    c.wait_status(&stopped, "running", BOUND);
+    c.wait_status(&asked, "running", BOUND);
+    let monitor = monitor_pid(&c, &stopped);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(monitor), nix::sys::signal::Signal::SIGTERM)
+        .expect("signal the monitor");
+    let snap = c.wait_status(&stopped, "failed", BOUND);
+    let detail = snap["detail"].as_str().unwrap_or_default().to_owned();
+    assert!(detail.starts_with("machine-shutdown"), "{snap}\n{}", c.logs());
+    assert!(!snap["kill_requested"].as_bool().unwrap_or(true), "{snap}");
+
+    assert!(c.cli(&["kill", &asked]).status.success());
+    let snap = c.wait_status(&asked, "killed", BOUND);
+    assert!(!snap["detail"].as_str().unwrap_or_default().contains("machine-shutdown"), "{snap}");
+}

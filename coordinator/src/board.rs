@@ -91,11 +91,13 @@ impl Core {
         self.last_gc = Some(now.mono);
         self.forget_old_keys(now);
         let Some(retention) = self.cfg.retention else { return };
-        let horizon = now.wall_ms.saturating_sub(retention.as_millis() as u64);
+        // Registry time, not the wall clock: the end may have been stamped
+        // by another leader whose clock differs from ours (see `registry_ms`).
+        let Some(horizon) = self.registry_ms(now).checked_sub(retention.as_millis() as u64) else { return };
         let expired: Vec<TaskId> = self
             .tasks
             .values()
-            .filter(|r| r.life.status.is_terminal() && r.finished_at_ms.is_some_and(|at| at <= horizon))
+            .filter(|r| r.life.status.is_terminal() && r.ended_clock_ms != 0 && r.ended_clock_ms <= horizon)
             .map(|r| r.id.clone())
             .collect();
         for task in expired {
@@ -120,13 +122,16 @@ impl Core {
     /// A submit's idempotency key is remembered until its task has been
     /// finished for [`KEEP_KEYS`] (a client retries a lost reply within
     /// seconds); past that it is only memory. The key stays in the record.
+    /// Measured in registry time: a new leader whose wall clock runs ahead
+    /// must not forget the key of a submit its client is retrying across the
+    /// failover.
     fn forget_old_keys(&mut self, now: Now) {
-        let horizon = now.wall_ms.saturating_sub(KEEP_KEYS.as_millis() as u64);
+        let Some(horizon) = self.registry_ms(now).checked_sub(KEEP_KEYS.as_millis() as u64) else { return };
         let tasks = &self.tasks;
         self.by_key.retain(|_, n| {
             tasks
                 .by_number(*n)
-                .is_some_and(|r| !r.life.status.is_terminal() || r.finished_at_ms.is_none_or(|at| at > horizon))
+                .is_some_and(|r| !r.life.status.is_terminal() || r.ended_clock_ms == 0 || r.ended_clock_ms > horizon)
         });
     }
 

@@ -265,6 +265,9 @@ pub struct Core {
     dispatched_ms: Vec<u64>,
     /// When this core was built (the leader's term began).
     started: Duration,
+    /// Registry time when this core was built: the highest registry time
+    /// stamped on a loaded record (see [`Core::registry_ms`]).
+    clock_at_start: u64,
     /// What each identity holds, and the registry budget (see `limits.rs`).
     usage: Usage,
     /// Higher epochs others reported, to check against the registry.
@@ -298,10 +301,16 @@ impl Core {
             workflows_due: BTreeSet::new(),
             dispatched_ms: Vec::new(),
             started: now.mono,
+            clock_at_start: records.iter().map(|r| r.clock_ms.max(r.ended_clock_ms)).max().unwrap_or(0),
             usage: Usage::default(),
             claims: epochs::Claims::default(),
         };
-        for r in records {
+        for mut r in records {
+            // Ended before registry time was recorded: its age is counted
+            // from this takeover (later, never earlier, than the truth).
+            if r.life.status.is_terminal() && r.ended_clock_ms == 0 {
+                r.ended_clock_ms = core.clock_at_start.max(1);
+            }
             core.next_n = core.next_n.max(r.id.number().saturating_add(1));
             core.usage.add(&r);
             if r.parent.is_none() {
@@ -343,12 +352,15 @@ impl Core {
     /// task id, and watchers skip tasks reported meanwhile, so a notice is never
     /// shown twice and never lost.
     ///
-    /// With `since_ms` (wall clock: the previous leader's claim, less a margin
-    /// for clock skew), only tasks that ended since are republished: earlier
-    /// ones had their notices published by the leader that ended them, or
-    /// republished by the one after it. Without it (no previous claim), all.
-    pub fn pending_notices(&self, since_ms: Option<u64>) -> Vec<Effect> {
-        let recent = |r: &&TaskRecord| since_ms.is_none_or(|since| r.finished_at_ms.is_none_or(|at| at >= since));
+    /// With `window`, only tasks that ended within that much registry time
+    /// before the takeover (the last write the previous leader made) are
+    /// republished: a leader publishes a notice right after persisting the
+    /// end, so only ends near its last write can lack one. Registry time is
+    /// never another machine's wall clock, so no skew widens or narrows the
+    /// window. Without it (no previous leader), all.
+    pub fn pending_notices(&self, window: Option<Duration>) -> Vec<Effect> {
+        let since = window.map(|w| self.clock_at_start.saturating_sub(w.as_millis() as u64));
+        let recent = |r: &&TaskRecord| since.is_none_or(|since| r.ended_clock_ms == 0 || r.ended_clock_ms >= since);
         // In task number order.
         let ended = self.tasks.values().filter(|r| r.life.status.is_terminal() && !r.reported).filter(recent);
         ended.map(|r| Effect::Notify(Box::new(Notice::Ended(Box::new(self.snapshot_of(r)))))).collect()
@@ -362,6 +374,19 @@ impl Core {
 
     pub fn epoch(&self) -> Epoch {
         self.epoch
+    }
+
+    /// Registry time: milliseconds of leadership accumulated across terms,
+    /// each term measured on its own leader's monotonic clock from the
+    /// highest registry time it loaded. Every elapsed-time decision about a
+    /// record (idempotency-key memory, retention, notice republication)
+    /// compares registry times, never a wall clock with a time another
+    /// leader wrote. It can only lag the truth (the gap between the last
+    /// write and a takeover is not counted), so skew or failover makes a
+    /// key remembered, or a task kept, longer — never shorter.
+    pub fn registry_ms(&self, now: Now) -> u64 {
+        let elapsed = now.mono.saturating_sub(self.started).as_millis();
+        self.clock_at_start.saturating_add(u64::try_from(elapsed).unwrap_or(u64::MAX))
     }
 
     pub fn task(&self, id: &TaskId) -> Option<&TaskRecord> {
@@ -411,6 +436,12 @@ impl Core {
         if !fx.iter().any(|e| matches!(e, Effect::StepDown { .. })) {
             self.advance_due_workflows(now, &mut fx);
             self.schedule(now, &mut fx);
+        }
+        let clock = self.registry_ms(now);
+        for e in &mut fx {
+            if let Effect::Persist(r) = e {
+                r.clock_ms = clock;
+            }
         }
         fx
     }
@@ -745,11 +776,14 @@ impl Core {
     }
 
     fn report(&mut self, report: Report, now: Now, fx: &mut Vec<Effect>) -> ReportAck {
+        // "Stale" says under which epoch it was decided: a worker believes
+        // it only from a leader at or above the highest epoch it has seen.
+        let stale = ReportAck::StaleAt { epoch: self.epoch };
         let Some(record) = self.tasks.get(&report.task) else {
-            return ReportAck::Stale;
+            return stale;
         };
         if record.life.worker.as_ref() != Some(&report.worker) || record.life.attempt != report.attempt {
-            return ReportAck::Stale;
+            return stale;
         }
         let event = match report.event {
             ReportEvent::Matched(lines) => return self.matched(&report.task, lines, now, fx),
@@ -763,14 +797,17 @@ impl Core {
             | Some(Decision::Unchanged(Unchanged::Duplicate | Unchanged::Terminal | Unchanged::NotApplicable)) => {
                 ReportAck::Ack
             }
-            Some(Decision::Unchanged(Unchanged::Stale)) | None => ReportAck::Stale,
+            Some(Decision::Unchanged(Unchanged::Stale)) | None => stale,
         }
     }
 
     /// Records how far a monitor's matched lines were notified and publishes
     /// the new ones. Lines at or below the recorded offset are repeats.
     fn matched(&mut self, task: &TaskId, lines: Vec<MatchedLine>, now: Now, fx: &mut Vec<Effect>) -> ReportAck {
-        let Some(r) = self.tasks.get_mut(task).filter(|r| r.spec.pattern.is_some()) else { return ReportAck::Stale };
+        let epoch = self.epoch;
+        let Some(r) = self.tasks.get_mut(task).filter(|r| r.spec.pattern.is_some()) else {
+            return ReportAck::StaleAt { epoch };
+        };
         let through = r.matched_through;
         let mut lines = lines;
         lines.sort_by_key(|l| l.offset);
@@ -849,6 +886,14 @@ impl Core {
                     r.life.attempt == attempt
                         && (r.life.status == Status::Leased || (is_kill && r.life.status == Status::Stopping))
                 });
+                // A store failure proves nothing either: the intent may be
+                // recorded there. The machine's evidence settles the task.
+                if let (false, Refusal::SidecarStorage(_), true) = (is_kill, &reason, waiting) {
+                    tracing::warn!(%worker, task = %task, %attempt, "grant refused by a failing store: asking its evidence");
+                    self.doubted.insert(task);
+                    self.ask_about_lost_workers(now, fx);
+                    return;
+                }
                 let never_held = !is_kill || reason == Refusal::UnknownAttempt;
                 if never_held && waiting {
                     self.event(&task, Event::Refused { attempt, epoch }, now, fx);
@@ -1021,6 +1066,7 @@ impl Core {
             Event::Grant { worker, .. } => Some(self.workers.get(worker).and_then(|w| w.incarnation)),
             _ => None,
         };
+        let clock = self.registry_ms(now);
         let record = self.tasks.get_mut(task)?;
         let decision = apply(&record.life, &event);
         let Decision::Changed(life) = &decision else {
@@ -1046,6 +1092,7 @@ impl Core {
         let parent = record.parent.as_ref().map(|p| p.workflow.clone());
         let waiters = if after.is_terminal() {
             record.finished_at_ms = Some(now.wall_ms);
+            record.ended_clock_ms = clock.max(1);
             record.incarnation = None;
             // Only grants continue a task's trace: a finished task needs none.
             record.trace = None;

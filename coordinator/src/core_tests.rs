@@ -309,7 +309,7 @@ fn an_unreachable_machine_makes_non_idempotent_tasks_unknown_and_idempotent_ones
     // re-run task's first attempt is refused.
     assert_eq!(h.report("w1", &once, 1, completed()), ReportAck::Ack);
     assert_eq!(h.status(&once), Status::Completed);
-    assert_eq!(h.report("w1", &again, 1, completed()), ReportAck::Stale);
+    assert_eq!(h.report("w1", &again, 1, completed()), ReportAck::StaleAt { epoch: Epoch(3) });
     assert_eq!(h.status(&again), Status::Leased);
     // When w1 returns still holding the re-run task's first attempt, it is told to stop it.
     let fx = h.input(Input::Heartbeat(Heartbeat {
@@ -824,7 +824,7 @@ fn matched_lines_are_notified_once_each_and_repeats_change_nothing() {
             event: ReportEvent::Matched(vec![line(200)]),
         },
     });
-    assert!(stale.iter().any(|e| matches!(e, Effect::Ack { ack: ReportAck::Stale, .. })));
+    assert!(stale.iter().any(|e| matches!(e, Effect::Ack { ack: ReportAck::StaleAt { epoch: Epoch(3) }, .. })));
 }
 
 #[test]
@@ -956,7 +956,6 @@ fn a_new_leader_republishes_the_notices_of_recent_unreported_ends_only() {
     let old = h.submit("s", TaskSpec::shell("old", "true"));
     h.report("w1", &old, 1, completed());
     h.advance(Duration::from_secs(3600));
-    let claim_ms = h.now.wall_ms;
     let recent = h.submit("s", TaskSpec::shell("recent", "true"));
     h.report("w1", &recent, 1, completed());
     let records: Vec<TaskRecord> = [&old, &recent].iter().map(|t| h.core.task(t).unwrap().clone()).collect();
@@ -972,7 +971,8 @@ fn a_new_leader_republishes_the_notices_of_recent_unreported_ends_only() {
             })
             .collect()
     };
-    assert_eq!(ids(next.pending_notices(Some(claim_ms - 1000))), [recent.to_string()]);
+    // The old end lies an hour of registry time before the last write.
+    assert_eq!(ids(next.pending_notices(Some(Duration::from_secs(600)))), [recent.to_string()]);
     assert_eq!(ids(next.pending_notices(None)), [old.to_string(), recent.to_string()]);
 }
 
@@ -1103,4 +1103,206 @@ fn a_started_attempt_a_live_worker_stops_listing_is_settled_from_evidence() {
     let outcome = Outcome::new(Ending::Completed, Some(0), None);
     h.input(Input::Evidence { worker: w("w1"), request, result: Ok(Ok(AttemptEvidence::Exited(outcome))) });
     assert_eq!(h.status(&t), Status::Completed);
+}
+
+// ------------------------------------------------- clocks of two leaders
+
+/// The latest persisted version of each record in the effects, as the
+/// registry would hold them for the next leader.
+fn persisted(fx: &[Effect], into: &mut BTreeMap<TaskId, TaskRecord>) {
+    for e in fx {
+        if let Effect::Persist(r) = e {
+            into.insert(r.id.clone(), (**r).clone());
+        }
+    }
+}
+
+/// A leader whose wall clock reads `skew_ms` away from the old one's takes
+/// over the registry the old one wrote.
+fn take_over(records: &BTreeMap<TaskId, TaskRecord>, cfg: CoreConfig, wall_ms: u64) -> Harness {
+    let now = Now { mono: Duration::from_secs(5), wall_ms };
+    let core = Core::new(cfg, Epoch(4), records.values().cloned().collect(), now);
+    let mut h = Harness { core, now };
+    h.advance(CoreConfig::default().worker_ttl);
+    h
+}
+
+#[test]
+fn a_new_leader_with_a_clock_minutes_ahead_still_knows_a_retried_submits_key() {
+    let mut old = Harness::new();
+    let mut registry = BTreeMap::new();
+    let fx = old.heartbeat("w1", 1);
+    persisted(&fx, &mut registry);
+    let key = Uuid::new_v4();
+    let req = SubmitRequest { session: s("s"), idempotency_key: key, spec: TaskSpec::shell("k", "true") };
+    let (fx, _) = old.api(ApiRequest::Submit(req.clone()));
+    persisted(&fx, &mut registry);
+    let task = registry.keys().next().cloned().unwrap();
+    let fx = old.input(Input::Tick);
+    persisted(&fx, &mut registry);
+    let fx = old.input(Input::Report {
+        reply_to: None,
+        report: Report {
+            worker: w("w1"),
+            task: task.clone(),
+            attempt: Attempt(1),
+            epoch: Epoch(3),
+            event: completed(),
+        },
+    });
+    persisted(&fx, &mut registry);
+    assert!(registry[&task].life.status.is_terminal());
+    // The old leader dies; the next one's wall clock is 20 minutes ahead
+    // (more than the time a key is remembered).
+    for skew in [20 * 60_000, 3 * 24 * 3_600_000] {
+        let mut new = take_over(&registry, CoreConfig::default(), old.now.wall_ms + skew);
+        new.heartbeat("w1", 1);
+        new.input(Input::Tick);
+        match new.api(ApiRequest::Submit(req.clone())).1 {
+            Some(Ok(ApiResponse::Submitted { task: again, existing })) => {
+                assert_eq!((again, existing), (task.clone(), true), "the retried submit made a second task")
+            }
+            other => panic!("{other:?}"),
+        }
+        // And it is forgotten once this leader has itself seen the time pass.
+        new.advance(super::board::KEEP_KEYS);
+        new.input(Input::Tick);
+        let Some(Ok(ApiResponse::Submitted { existing, .. })) = new.api(ApiRequest::Submit(req.clone())).1 else {
+            panic!("submit refused")
+        };
+        assert!(!existing, "the key is forgotten after KEEP_KEYS of this leader's time");
+    }
+}
+
+#[test]
+fn a_new_leader_with_a_clock_days_ahead_does_not_collect_fresh_tasks() {
+    let cfg = CoreConfig { retention: Some(Duration::from_secs(3600)), ..CoreConfig::default() };
+    let start = Now { mono: Duration::from_secs(1), wall_ms: 1_000_000 };
+    let mut old = Harness { core: Core::new(cfg.clone(), Epoch(3), Vec::new(), start), now: start };
+    let mut registry = BTreeMap::new();
+    let task = old.submit("s", TaskSpec::shell("b", "sleep 9"));
+    let (fx, _) = old.api(ApiRequest::Kill { session: s("s"), task: task.clone() });
+    persisted(&fx, &mut registry);
+    // Half the retention passes on the old leader, and it writes on.
+    old.advance(Duration::from_secs(1800));
+    let other = old.submit("s", TaskSpec::shell("c", "sleep 9"));
+    let (fx, _) = old.api(ApiRequest::Kill { session: s("s"), task: other.clone() });
+    persisted(&fx, &mut registry);
+    assert!(registry[&task].life.status.is_terminal());
+    for wall_ms in [old.now.wall_ms + 5 * 24 * 3_600_000, old.now.wall_ms.saturating_sub(5 * 24 * 3_600_000)] {
+        let mut new = take_over(&registry, cfg.clone(), wall_ms);
+        let forgets = |fx: &[Effect]| {
+            fx.iter()
+                .filter_map(|e| match e {
+                    Effect::Forget { task, .. } => Some(task.clone()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        let fx = new.input(Input::Tick);
+        assert!(forgets(&fx).is_empty(), "fresh tasks collected by a skewed leader: {fx:?}");
+        // The rest of the first task's retention passes on the new leader:
+        // only it is collected.
+        new.advance(Duration::from_secs(1800));
+        let fx = new.input(Input::Tick);
+        assert_eq!(forgets(&fx), vec![task.clone()]);
+        new.advance(Duration::from_secs(1800));
+        let fx = new.input(Input::Tick);
+        assert_eq!(forgets(&fx), vec![other.clone()]);
+    }
+}
+
+#[test]
+fn a_grant_refused_because_the_sidecars_store_failed_is_not_taken_for_nothing_ran() {
+    let mut h = Harness::new();
+    let t = h.submit("s", TaskSpec::shell("a", "true"));
+    let fx = h.heartbeat("w1", 1);
+    let (_, grant) = grants(&fx).pop().unwrap();
+    // The store may hold the attempt's intent (a failed flush may have
+    // landed, or its record is unreadable): not requeued, asked about.
+    let fx = h.input(Input::CommandResult {
+        worker: w("w1"),
+        command: WorkerCommand::Grant(grant.clone()),
+        result: Ok(WorkerReply::Refused(Refusal::SidecarStorage("flush failed".into()))),
+    });
+    assert_eq!(h.status(&t), Status::Leased, "requeued as if nothing ran: {fx:?}");
+    let asked = fx.iter().find_map(|e| match e {
+        Effect::AskEvidence { request, .. } => Some(request.clone()),
+        _ => None,
+    });
+    let Some(request) = asked else { panic!("its evidence is not asked for: {fx:?}") };
+    assert_eq!((request.task.clone(), request.attempt), (t.clone(), grant.attempt));
+    // Nothing readable there: unknown, with a truthful hint, never re-run.
+    h.input(Input::Evidence {
+        worker: w("w1"),
+        request,
+        result: Ok(Ok(AttemptEvidence::Unreadable("io error".into()))),
+    });
+    let r = h.core.task(&t).unwrap();
+    assert_eq!(r.life.status, Status::Unknown);
+    assert_eq!(r.life.hint.as_ref().map(|h| h.tag), Some(HintTag::SidecarCorrupt));
+    h.advance(Duration::from_secs(2));
+    assert!(grants(&h.input(Input::Tick)).is_empty());
+}
+
+#[test]
+fn a_deposed_leaders_stale_answer_does_not_settle_a_report_the_new_leader_acknowledges() {
+    let mut old = Harness::new();
+    let mut registry = BTreeMap::new();
+    persisted(&old.heartbeat("w1", 2), &mut registry);
+    let key = Uuid::new_v4();
+    let req = SubmitRequest { session: s("s"), idempotency_key: key, spec: TaskSpec::shell("a", "sleep 1") };
+    persisted(&old.api(ApiRequest::Submit(req)).0, &mut registry);
+    // The old leader is paused; the next one (epoch 4) takes over and starts
+    // a task the old one never heard of on the same worker.
+    let mut new = take_over(&registry, CoreConfig::default(), old.now.wall_ms);
+    let hb = |epoch| {
+        Input::Heartbeat(Heartbeat {
+            worker: w("w1"),
+            instance: Uuid::nil(),
+            slots: 2,
+            kinds: vec![Kind::shell()],
+            epoch_seen: epoch,
+            attempts: Vec::new(),
+            sidecar: Default::default(),
+            replaces: None,
+            incarnation: Some(Uuid::from_u128(1000)),
+        })
+    };
+    new.input(hb(Epoch(3)));
+    let req = SubmitRequest { session: s("s"), idempotency_key: Uuid::new_v4(), spec: TaskSpec::shell("b", "true") };
+    let (mut fx, _) = new.api(ApiRequest::Submit(req));
+    fx.extend(new.input(hb(Epoch(4))));
+    let fresh = registry.keys().next().map(|t| t.number() + 1).unwrap();
+    let Some((_, grant)) = grants(&fx).into_iter().find(|(_, g)| g.task.number() == fresh) else {
+        panic!("the new task is not granted: {fx:?}")
+    };
+    let fresh = grant.task.clone();
+    assert_eq!(grant.epoch, Epoch(4));
+    // The worker buffered the outcome and reports it under the highest epoch
+    // its machine has seen; the zombie answers first, from its old view.
+    let report = Report {
+        worker: w("w1"),
+        task: fresh.clone(),
+        attempt: grant.attempt,
+        epoch: Epoch(4),
+        event: ReportEvent::Finished(Outcome::new(Ending::Completed, Some(0), None)),
+    };
+    let answer = |h: &mut Harness| {
+        h.input(Input::Report { reply_to: Some("ack".into()), report: report.clone() })
+            .into_iter()
+            .find_map(|e| match e {
+                Effect::Ack { ack, .. } => Some(ack),
+                _ => None,
+            })
+            .unwrap()
+    };
+    let zombie = answer(&mut old);
+    assert_eq!(zombie, ReportAck::StaleAt { epoch: Epoch(3) });
+    assert!(!zombie.settles(report.epoch), "the worker would drop its outcome on a deposed leader's word");
+    // Kept and re-sent: the leader of the current epoch records it.
+    let current = answer(&mut new);
+    assert_eq!(current, ReportAck::Ack);
+    assert!(current.settles(report.epoch));
+    assert_eq!(new.status(&fresh), Status::Completed);
 }

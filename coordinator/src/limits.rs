@@ -301,6 +301,8 @@ pub fn largest_size(owner: &SessionId, spec: &TaskSpec, step: Option<u32>) -> Re
     });
     r.started_at_ms = Some(u64::MAX);
     r.finished_at_ms = Some(u64::MAX);
+    r.clock_ms = u64::MAX;
+    r.ended_clock_ms = u64::MAX;
     r.reported = true;
     r.cleanup = Some(CleanupJob { job: u32::MAX, done: true, cancelled: true, cancel_confirmed: true });
     r.matched_through = u64::MAX;

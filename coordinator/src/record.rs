@@ -43,6 +43,22 @@ pub struct TaskRecord {
     /// tasks on a worker need it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incarnation: Option<Box<Uuid>>,
+    /// Registry time (milliseconds) when this version was written: elapsed
+    /// leader time accumulated from monotonic clocks only, never a wall
+    /// clock (see `Core` and docs/durability.md). 0 in records written
+    /// before it existed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub clock_ms: u64,
+    /// Registry time when the task ended: what idempotency-key memory,
+    /// garbage collection and notice republication measure age from. 0 when
+    /// not recorded (not ended, or ended before it existed: a new leader then
+    /// counts the age from its takeover).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ended_clock_ms: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The place of a child task in its workflow.
@@ -107,6 +123,8 @@ impl TaskRecord {
             matches: 0,
             trace: None,
             incarnation: None,
+            clock_ms: 0,
+            ended_clock_ms: 0,
         }
     }
 

@@ -94,8 +94,16 @@ pub enum Error {
 /// Standby coordinators are listed while heard from within this long.
 const STANDBY_FRESH: Duration = Duration::from_secs(5);
 
+/// The wall clock, only ever stamped on records for humans. Test-only:
+/// `TENURE_TEST_CLOCK_OFFSET_MS` (signed milliseconds, read once) shifts it, to
+/// run coordinators whose clocks disagree; no decision may depend on it.
 fn wall_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+    static OFFSET: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    let offset = *OFFSET.get_or_init(|| {
+        std::env::var("TENURE_TEST_CLOCK_OFFSET_MS").ok().and_then(|v| v.trim().parse::<i64>().ok()).unwrap_or(0)
+    });
+    let ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    ms.saturating_add_signed(offset)
 }
 
 /// Runs the coordinator — standby, leader, standby again as the lease goes —
@@ -331,10 +339,10 @@ async fn lead<F: Future<Output = ()>>(
         Ok(n) => n,
         Err(reason) => return Ok(Ended::SteppedDown { epoch, reason: format!("notice stream unavailable: {reason}") }),
     };
-    // Ends since the previous leader's term began (less a margin for clock
-    // skew) may lack their notice; earlier ones were published in their time.
-    let since = loaded.last_claim.as_ref().map(|c| c.at_ms.saturating_sub(NOTICE_SKEW.as_millis() as u64));
-    for effect in core.pending_notices(since) {
+    // Ends near the previous leader's last write may lack their notice;
+    // earlier ones were published in their time.
+    let window = loaded.last_claim.as_ref().map(|_| NOTICE_WINDOW);
+    for effect in core.pending_notices(window) {
         if let Effect::Notify(notice) = effect {
             notices.publish(*notice);
         }
@@ -661,9 +669,10 @@ impl Pipeline {
     }
 }
 
-/// How far before the previous leader's claim unreported ends are still
-/// republished at a takeover (the claim's time is another machine's clock).
-const NOTICE_SKEW: Duration = Duration::from_secs(600);
+/// How much registry time before the previous leader's last write unreported
+/// ends are still republished at a takeover (registry time, not a wall clock:
+/// see `Core::registry_ms`).
+const NOTICE_WINDOW: Duration = Duration::from_secs(600);
 
 /// The gauges sampled once a second: tasks by status, heartbeat ages.
 fn record_gauges(core: &Core, now: Now) {

@@ -568,10 +568,42 @@ impl ReportEvent {
 pub enum ReportAck {
     /// Recorded (or already recorded): stop retrying.
     Ack,
-    /// The report names an attempt or epoch the registry no longer holds; stop
-    /// retrying, the leader has settled the task otherwise.
+    /// The answer of coordinators before `StaleAt` existed: the report names
+    /// an attempt or epoch the registry no longer holds. It says nothing of
+    /// the epoch it was decided under, so it is believed as before (final);
+    /// current coordinators send [`ReportAck::StaleAt`].
     Stale,
     NotLeader,
+    /// The report names an attempt or epoch the registry no longer holds, as
+    /// decided by a leader of `epoch`. Final only when `epoch` is at or above
+    /// the highest epoch the machine has seen (see [`ReportAck::settles`]): a
+    /// deposed leader's "stale" is a guess from an old view of the registry,
+    /// so the report is kept and re-sent. A new variant, so a `Stale` from an
+    /// older coordinator still decodes.
+    StaleAt {
+        epoch: Epoch,
+    },
+}
+
+impl ReportAck {
+    /// Whether a worker may stop re-sending a report and drop what it
+    /// buffered for it, given the highest epoch its machine has seen (and
+    /// the report carried): an `Ack` (a leader only acknowledges what it made
+    /// durable under fencing), a `StaleAt` from a leader at that epoch or
+    /// above, or a legacy `Stale`. `NotLeader`, and a `StaleAt` from a lower
+    /// epoch, mean "not acknowledged: retry later".
+    pub fn settles(&self, highest_seen: Epoch) -> bool {
+        match self {
+            ReportAck::Ack | ReportAck::Stale => true,
+            ReportAck::StaleAt { epoch } => *epoch >= highest_seen,
+            ReportAck::NotLeader => false,
+        }
+    }
+
+    /// Whether this is a "stale" answer (either encoding).
+    pub fn is_stale(&self) -> bool {
+        matches!(self, ReportAck::Stale | ReportAck::StaleAt { .. })
+    }
 }
 
 // ----------------------------------------------------- coordinator → worker
@@ -628,6 +660,14 @@ pub enum Refusal {
     SidecarUnavailable(String),
     #[error("malformed command: {0}")]
     Malformed(String),
+    /// The machine's store failed while taking the grant (a failed write or
+    /// flush may still have landed, or the attempt's record is unreadable):
+    /// unlike the other refusals this does not prove the attempt never
+    /// started there, so the leader asks the machine's evidence instead of
+    /// giving the task back. A new variant: an older leader cannot decode it
+    /// and re-sends the grant.
+    #[error("the sidecar's store failed: {0}")]
+    SidecarStorage(String),
 }
 
 // ----------------------------------------------------------- output reads
@@ -904,4 +944,30 @@ pub struct AttemptRecord {
     pub phase: Phase,
     pub pid: Option<i32>,
     pub outcome: Option<Outcome>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stale_answer_settles_a_report_only_from_an_epoch_at_or_above_the_highest_seen() {
+        let seen = Epoch(5);
+        assert!(ReportAck::Ack.settles(seen));
+        assert!(ReportAck::StaleAt { epoch: Epoch(5) }.settles(seen));
+        assert!(ReportAck::StaleAt { epoch: Epoch(6) }.settles(seen));
+        // A deposed (paused, partitioned) leader's guess: retry later.
+        assert!(!ReportAck::StaleAt { epoch: Epoch(4) }.settles(seen));
+        assert!(!ReportAck::NotLeader.settles(seen));
+        // An older coordinator's epoch-less answer keeps its old meaning.
+        assert!(ReportAck::Stale.settles(seen));
+    }
+
+    #[test]
+    fn an_epoch_less_stale_from_an_older_coordinator_still_decodes() {
+        let old = crate::encode(&ReportAck::Stale).unwrap();
+        assert_eq!(crate::decode::<ReportAck>(&old).unwrap(), ReportAck::Stale);
+        let new = crate::encode(&ReportAck::StaleAt { epoch: Epoch(7) }).unwrap();
+        assert_eq!(crate::decode::<ReportAck>(&new).unwrap(), ReportAck::StaleAt { epoch: Epoch(7) });
+    }
 }

@@ -174,6 +174,19 @@ impl AttemptFiles {
         self.journal().ok()?.pgid
     }
 
+    /// Marks that the leader asked for the task to be killed: written by the
+    /// worker before it signals the monitor, so the monitor can tell that
+    /// SIGTERM (a kill) from the one a stopping machine sends every process
+    /// (not a kill: the task did not end by anyone's request).
+    pub fn mark_kill_requested(&self) -> io::Result<()> {
+        std::fs::write(self.dir.join(KILL_REQUESTED), b"")
+    }
+
+    /// Whether [`AttemptFiles::mark_kill_requested`] was called.
+    pub fn kill_requested(&self) -> bool {
+        self.dir.join(KILL_REQUESTED).exists()
+    }
+
     /// Records the exit evidence, durably.
     pub fn write_status(&self, status: &MonitorStatus) -> io::Result<()> {
         self.append(&Entry::Status(status.clone()), Sync::Data)
@@ -398,6 +411,8 @@ const LEGACY_GRANT: &str = "grant";
 const INPUT: &str = "input";
 /// File name of a monitor task's matched lines.
 const MATCHES: &str = "matches";
+/// Present once the leader asked for the attempt to be killed.
+const KILL_REQUESTED: &str = "kill-requested";
 
 /// The two ends of an `agent` attempt's input FIFO, as its monitor holds them.
 #[derive(Debug)]

@@ -115,8 +115,8 @@ pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify
         SidecarReply::Ok => {}
         refusal => {
             tracing::warn!(task = %task, attempt = %attempt, ?refusal, "intent refused; not starting");
-            let _ = sidecar_insist(&shared, SidecarRequest::Abandon { task: task.clone(), attempt }).await;
-            let event = ReportEvent::NotStarted { reason: format!("{refusal:?}") };
+            let abandoned = sidecar_insist(&shared, SidecarRequest::Abandon { task: task.clone(), attempt }).await;
+            let event = intent_refused(&refusal, &abandoned, attempt);
             report_until_acked(&shared, &task, attempt, grant.epoch, event).await;
             shared.held().remove(&(task.clone(), attempt));
             return;
@@ -253,6 +253,12 @@ async fn watch(
             _ = monitor.exited(files) => break,
             _ = kill_req.notified(), if !killed => {
                 killed = true;
+                // Marked first: the monitor tells a kill from a machine's
+                // shutdown by it. Should the mark fail, the task still ends
+                // (as a `machine-shutdown` failure rather than `killed`).
+                if let Err(error) = files.mark_kill_requested() {
+                    tracing::warn!(dir = %files.dir().display(), %error, "cannot mark the kill request");
+                }
                 // The monitor ends the group (SIGTERM, grace, SIGKILL) and records it.
                 monitor.request_kill();
             }
@@ -304,10 +310,12 @@ impl MatchForwarder {
                 true => Some(report_until_acked(shared, task, attempt, epoch, event).await),
                 false => report_once(shared, task, attempt, epoch, event).await,
             };
+            let highest = shared.epoch_seen().max(epoch);
             match ack {
                 Some(ReportAck::Ack) => self.pos = next,
-                Some(ReportAck::Stale) => self.stale = true,
-                Some(ReportAck::NotLeader) | None => return,
+                Some(ack) if ack.is_stale() && ack.settles(highest) => self.stale = true,
+                // Not a leader, no answer, or a deposed leader's "stale".
+                Some(_) | None => return,
             }
         }
     }
@@ -420,6 +428,29 @@ async fn finish(shared: &Shared, task: &TaskId, attempt: Attempt, epoch: Epoch, 
     shared.held().remove(&(task.clone(), attempt));
 }
 
+/// What to report of an attempt whose intent the sidecar refused (nothing was
+/// spawned by this process). A refusal that decided something (stale epoch,
+/// wrong phase) proves the intent was not written: not started. A store
+/// failure does not — a failed flush may have landed, or an unreadable record
+/// may hold an earlier intent — unless the abandon that follows succeeds
+/// (the record is then removed and tombstoned). Otherwise the attempt is
+/// reported lost, `maybe-ran`, and never given back as "nothing ran".
+fn intent_refused(refusal: &SidecarReply, abandoned: &SidecarReply, attempt: Attempt) -> ReportEvent {
+    let storage = matches!(refusal, SidecarReply::Refused(SidecarRefusal::Storage(_)));
+    if !storage || *abandoned == SidecarReply::Ok {
+        return ReportEvent::NotStarted { reason: format!("{refusal:?}") };
+    }
+    ReportEvent::Lost(RecoveryHint {
+        tag: HintTag::MaybeRan,
+        message: format!(
+            "the worker machine's store failed while recording the intent of attempt {attempt} ({refusal:?}) and \
+             could not confirm it gave the attempt back ({abandoned:?}); this worker started nothing, but the \
+             store cannot prove that no earlier intent was recorded: it is not run again by the system. Check the \
+             machine's sidecar, then settle or resubmit the task"
+        ),
+    })
+}
+
 /// Sends a report until the leader acknowledges it (or says it is stale);
 /// returns which of the two it was.
 pub(crate) async fn report_until_acked(
@@ -431,13 +462,21 @@ pub(crate) async fn report_until_acked(
 ) -> ReportAck {
     let mut delay = Duration::from_millis(50);
     loop {
+        // The highest epoch this machine has seen, as the report carries it.
+        let highest = shared.epoch_seen().max(epoch);
         match report_once(shared, task, attempt, epoch, event.clone()).await {
             Some(ReportAck::Ack) => return ReportAck::Ack,
-            Some(ReportAck::Stale) => {
+            Some(ack) if ack.is_stale() && ack.settles(highest) => {
                 tracing::info!(task = %task, attempt = %attempt, "report is stale; the leader settled it otherwise");
-                return ReportAck::Stale;
+                return ack;
             }
-            Some(ReportAck::NotLeader) | None => {
+            answer => {
+                if let Some(ReportAck::StaleAt { epoch: said }) = answer {
+                    tracing::warn!(
+                        task = %task, attempt = %attempt, %said, %highest,
+                        "a leader below the highest epoch seen calls the report stale; kept, re-sent later"
+                    );
+                }
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(1));
             }
@@ -681,6 +720,31 @@ async fn sweep_unknown_attempt_dirs(shared: &Arc<Shared>, known: &std::collectio
         } else {
             tracing::info!(dir = %name, "removing an attempt directory no record names and no process uses");
             let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn storage() -> SidecarReply {
+        SidecarReply::Refused(SidecarRefusal::Storage("flush failed".into()))
+    }
+
+    #[test]
+    fn an_intent_refused_by_a_failing_store_is_maybe_ran_unless_the_abandon_lands() {
+        let stale = SidecarReply::Refused(SidecarRefusal::StaleEpoch { held: Epoch(4), offered: Epoch(3) });
+        // A refusal that decided something proves the intent was not written.
+        assert!(matches!(intent_refused(&stale, &storage(), Attempt(1)), ReportEvent::NotStarted { .. }));
+        // A store failure, then a confirmed abandon: the record is gone.
+        assert!(matches!(intent_refused(&storage(), &SidecarReply::Ok, Attempt(1)), ReportEvent::NotStarted { .. }));
+        // A store failure that nothing disproves: lost, maybe-ran.
+        for abandoned in [storage(), stale] {
+            match intent_refused(&storage(), &abandoned, Attempt(1)) {
+                ReportEvent::Lost(hint) => assert_eq!(hint.tag, HintTag::MaybeRan),
+                other => panic!("given back as not started: {other:?}"),
+            }
         }
     }
 }

@@ -190,7 +190,12 @@ fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> Monit
         }
         while let Ok(Some(info)) = signalfd.read_signal() {
             if info.ssi_signo == Signal::SIGTERM as u32 {
-                group.kill_requested();
+                // The worker marks a kill before it signals; any other SIGTERM
+                // is the machine (or an operator's `kill`) stopping processes.
+                match files.kill_requested() {
+                    true => group.kill_requested(),
+                    false => group.shutdown(info.ssi_pid),
+                }
             }
         }
         group.reap();
@@ -206,6 +211,10 @@ fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> Monit
     outcome.output_dropped = dropped;
     MonitorStatus { outcome, output_written: written }
 }
+
+/// The tag that opens the detail of a task ended because its machine was
+/// stopping (SIGTERM to its monitor that no kill request explains).
+pub const MACHINE_SHUTDOWN: &str = "machine-shutdown";
 
 /// How long the output pipe may stay open after the task's group is gone: a
 /// process that left the group (setsid) may still hold it; it is not waited
@@ -225,6 +234,8 @@ struct Group {
     grace: Duration,
     leader: Option<WaitStatus>,
     killed: bool,
+    /// SIGTERM without a kill request (machine shutdown), from this pid.
+    shutdown: Option<u32>,
     /// Why the monitor itself ended the task, if it had to.
     aborted: Option<String>,
     /// When SIGTERM went to the group.
@@ -235,11 +246,27 @@ struct Group {
 
 impl Group {
     fn new(pgid: i32, grace: Duration) -> Group {
-        Group { pgid, grace, leader: None, killed: false, aborted: None, terminated_at: None, gone_at: None }
+        Group {
+            pgid,
+            grace,
+            leader: None,
+            killed: false,
+            shutdown: None,
+            aborted: None,
+            terminated_at: None,
+            gone_at: None,
+        }
     }
 
     fn kill_requested(&mut self) {
         self.killed = true;
+    }
+
+    /// The monitor was told to stop by someone other than the worker (the
+    /// machine shutting down): the group is ended as for a kill, but the
+    /// task did not end by request — it fails, saying so.
+    fn shutdown(&mut self, from_pid: u32) {
+        self.shutdown.get_or_insert(from_pid);
     }
 
     /// Ends the task for a reason of the monitor's own: it fails with it.
@@ -268,7 +295,7 @@ impl Group {
             self.gone_at = Some(Instant::now());
             return;
         }
-        let start_ending = self.killed || self.aborted.is_some() || self.leader.is_some();
+        let start_ending = self.killed || self.shutdown.is_some() || self.aborted.is_some() || self.leader.is_some();
         match self.terminated_at {
             None if start_ending => {
                 process::signal_group(self.pgid, Signal::SIGTERM);
@@ -297,6 +324,31 @@ impl Group {
     fn outcome(&self) -> Outcome {
         if let Some(reason) = &self.aborted {
             return Outcome::new(Ending::Failed, None, Some(reason.clone()));
+        }
+        // A kill that was asked for stays a kill; an ending only the stopping
+        // machine asked for is a failure that says so (the leader decides
+        // nothing from it: it is the attempt's truthful evidence).
+        if let (false, Some(pid), Some(WaitStatus::Signaled(..)) | Some(WaitStatus::Exited(..))) =
+            (self.killed, self.shutdown, self.leader)
+        {
+            let status = match self.leader {
+                Some(WaitStatus::Exited(_, code)) => format!("exit code: {code}"),
+                Some(WaitStatus::Signaled(_, signal, _)) => format!("signal {}", signal as i32),
+                _ => String::new(),
+            };
+            let code = match self.leader {
+                Some(WaitStatus::Exited(_, code)) => Some(code),
+                _ => None,
+            };
+            return Outcome::new(
+                Ending::Failed,
+                code,
+                Some(format!(
+                    "{MACHINE_SHUTDOWN}: the task's monitor was sent SIGTERM by pid {pid}, not by a kill request \
+                     (the machine or its service manager stopping processes), and ended the task ({status}); \
+                     resubmit it if it should run"
+                )),
+            );
         }
         match (self.leader, self.killed) {
             (Some(WaitStatus::Exited(_, 0)), false) => Outcome::new(Ending::Completed, Some(0), None),

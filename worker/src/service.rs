@@ -373,11 +373,18 @@ async fn on_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
             Refusal::UnknownAttempt => "unknown-attempt",
             Refusal::SidecarUnavailable(_) => "sidecar-unavailable",
             Refusal::Malformed(_) => "malformed",
+            Refusal::SidecarStorage(_) => "sidecar-storage",
         };
         crate::metrics::get().refusals.add(1, &[opentelemetry::KeyValue::new("reason", reason)]);
         // The leader gives the attempt back on this refusal: the machine
         // tombstones it (best effort, bounded), so that a late copy of the grant
         // is refused even by a restarted worker; this process remembers too.
+        // A store failure is not a give-back: the store may hold the
+        // attempt's intent, and a later copy must meet that record, not a
+        // remembered "never held" (the leader asks the evidence instead).
+        if matches!(refusal, Refusal::SidecarStorage(_)) {
+            return reply;
+        }
         if !matches!(refusal, Refusal::SidecarUnavailable(_) | Refusal::UnknownAttempt) {
             let abandon = SidecarRequest::Abandon { task: key.0.clone(), attempt: key.1 };
             let _ = tokio::time::timeout(Duration::from_secs(1), shared.sidecar.call(&abandon)).await;
@@ -416,6 +423,11 @@ async fn decide_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
             tracing::info!(task = %task, attempt = %attempt, ?phase, "late copy of a grant already acted on: nothing started");
             return WorkerReply::Accepted;
         }
+        // The store failed: the accept may have landed, or the attempt's
+        // record (with an intent) be unreadable. Not "never held".
+        Ok(SidecarReply::Refused(SidecarRefusal::Storage(reason))) => {
+            return WorkerReply::Refused(Refusal::SidecarStorage(reason))
+        }
         Ok(other) => return WorkerReply::Refused(Refusal::SidecarUnavailable(format!("{other:?}"))),
         Err(e) => return WorkerReply::Refused(Refusal::SidecarUnavailable(e.to_string())),
     }
@@ -434,6 +446,11 @@ async fn on_kill(shared: &Shared, cmd: KillCommand) -> WorkerReply {
         Ok(SidecarReply::Ok) => shared.observe_epoch(cmd.epoch),
         Ok(SidecarReply::Refused(SidecarRefusal::StaleEpoch { held, offered })) => {
             return WorkerReply::Refused(Refusal::StaleEpoch { held, offered })
+        }
+        // The store failed: the accept may have landed, or the attempt's
+        // record (with an intent) be unreadable. Not "never held".
+        Ok(SidecarReply::Refused(SidecarRefusal::Storage(reason))) => {
+            return WorkerReply::Refused(Refusal::SidecarStorage(reason))
         }
         Ok(other) => return WorkerReply::Refused(Refusal::SidecarUnavailable(format!("{other:?}"))),
         Err(e) => return WorkerReply::Refused(Refusal::SidecarUnavailable(e.to_string())),

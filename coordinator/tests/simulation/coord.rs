@@ -28,6 +28,10 @@ use tenure_protocol::{Epoch, TaskId, WorkerId};
 use super::bus::{Asked, Dest, Envelope, Msg, Node, Reply};
 use super::{fmt_command, Bug, Ctx, COMMAND_TIMEOUT, LEASE_TTL, RENEW_DEADLINE, TICK_MS};
 
+/// How far each coordinator process's wall clock is off: minutes apart, ahead
+/// and behind.
+const WALL_SKEW_MS: [i64; 3] = [0, 7 * 60_000, -11 * 60_000];
+
 /// The registry as JetStream holds it: what a new leader loads.
 #[derive(Default)]
 pub struct Registry {
@@ -102,7 +106,10 @@ impl Cluster {
 
     fn now_for(&self, s: usize, tick: u64) -> Now {
         let since_boot = tick.saturating_sub(self.slots[s].boot) * TICK_MS;
-        Now { mono: Duration::from_millis(5_000 + since_boot), wall_ms: 1_700_000_000_000 + tick * TICK_MS }
+        // Each process's wall clock is minutes off the others' (the real
+        // driver's test-only offset): no decision may depend on it.
+        let wall_ms = (1_700_000_000_000 + tick * TICK_MS).saturating_add_signed(WALL_SKEW_MS[s % WALL_SKEW_MS.len()]);
+        Now { mono: Duration::from_millis(5_000 + since_boot), wall_ms }
     }
 
     fn paused(&self, s: usize, now: u64) -> bool {

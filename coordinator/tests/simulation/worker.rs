@@ -558,6 +558,11 @@ impl Host {
                 ctx.note(|| format!("m{i}: {task}#{attempt} is already {phase:?} here: accepted, nothing started"));
                 return Some(WorkerReply::Accepted);
             }
+            // As the real worker: a store failure is no give-back (the store
+            // may hold the attempt's intent); the leader asks its evidence.
+            Some(SidecarReply::Refused(SidecarRefusal::Storage(reason))) => {
+                return Some(WorkerReply::Refused(Refusal::SidecarStorage(reason)))
+            }
             Some(other) => return self.refuse(&key, Refusal::SidecarUnavailable(format!("{other:?}"))),
             None => return self.refuse(&key, Refusal::SidecarUnavailable("sidecar down".into())),
         }
@@ -627,8 +632,10 @@ impl Host {
     fn on_ack(&mut self, ctx: &mut Ctx, req: ReqId, ack: ReportAck) {
         let i = self.index;
         ctx.note(|| format!("m{i} ← #{req} {ack:?}"));
-        let retry = ack == ReportAck::NotLeader;
         let w = self.w();
+        // `worker::attempt`: a "stale" from below the highest epoch seen is
+        // not an answer.
+        let retry = !ack.settles(w.epoch_seen);
         if let Some(d) = w.detached.iter().position(|d| d.report == Some(req)) {
             if retry {
                 w.detached[d].report = None;
