@@ -109,3 +109,29 @@ fn a_wiped_machine_never_runs_its_tasks_again_and_says_its_store_was_replaced() 
         assert_eq!(c.snapshot(t)["status"], "unknown", "late evidence changed nothing");
     }
 }
+
+/// nats-server is SIGKILLed and started again on its store after a quiet
+/// period longer than the registry's duplicate window (shortened to 1 s), so
+/// it no longer remembers the id of the leader's last append. The leader's
+/// next append must still land: it is not fenced, it keeps its epoch, and the
+/// task runs.
+#[test]
+fn a_nats_restart_after_the_duplicate_window_deposes_no_healthy_leader() {
+    let mut c =
+        Cluster::on(tenure_testkit::NatsCluster::single(tenure_testkit::NatsServer::start().expect("nats")), None);
+    c.spawn_coordinator("c1", &["--registry-duplicate-window-ms", "1000"]);
+    c.wait_leader("c1");
+    c.start_worker("w1");
+    c.wait_workers(1);
+    let first = c.submit(&["--", "echo before"]);
+    let before = c.wait_status(&first, "completed", BOUND);
+    assert_eq!(before["epoch"], 1);
+    // Quiet for longer than the window: nothing is appended meanwhile.
+    std::thread::sleep(Duration::from_millis(2500));
+    c.nats.nodes[0].restart().expect("nats-server restarted on its store");
+    let second = c.submit(&["--", "echo after"]);
+    let after = c.wait_status(&second, "completed", BOUND);
+    assert_eq!(after["epoch"], 1, "the leader was deposed:\n{}", c.logs());
+    let log = c.daemon("coordinator-c1").log_text();
+    assert!(!log.contains("stepping down"), "a healthy leader stepped down:\n{log}");
+}

@@ -83,7 +83,14 @@ pub struct StreamLimits {
     pub max_bytes: u64,
     /// Largest message (payload and headers).
     pub max_message: usize,
+    /// How long the server remembers message ids for deduplication
+    /// (JetStream's `duplicate_window`): a retried append is recognised
+    /// within it. Shortened only by tests and chaos runs.
+    pub duplicate_window: Duration,
 }
+
+/// The registry's duplicate window unless configured otherwise.
+pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
 /// Room in a message for the headers of an append (message id, expected
 /// sequence, expected last message id) and the subject.
@@ -104,7 +111,11 @@ impl StreamLimits {
     /// The limits for a registry of `max_bytes` on a server whose largest
     /// message is `max_payload`.
     pub fn new(max_bytes: u64, max_payload: usize) -> StreamLimits {
-        StreamLimits { max_bytes, max_message: record_limit(max_payload) + HEADER_ALLOWANCE }
+        StreamLimits {
+            max_bytes,
+            max_message: record_limit(max_payload) + HEADER_ALLOWANCE,
+            duplicate_window: DEFAULT_DUPLICATE_WINDOW,
+        }
     }
 }
 
@@ -188,6 +199,7 @@ impl Registry {
             config.max_message_size = i32::try_from(limits.max_message).unwrap_or(i32::MAX);
             config.max_consumers = MAX_CONSUMERS;
             config.discard = stream::DiscardPolicy::New;
+            config.duplicate_window = limits.duplicate_window;
             config
         };
         let mut stream = js
@@ -197,7 +209,6 @@ impl Registry {
                 max_messages_per_subject: 1,
                 storage: stream::StorageType::File,
                 num_replicas: replicas.max(1),
-                duplicate_window: Duration::from_secs(120),
                 ..Default::default()
             }))
             .await

@@ -59,6 +59,9 @@ pub struct Options {
     pub lease: LeaseConfig,
     /// Limits of the notice stream (the registry's are in `core.limits`).
     pub notices: NoticeLimits,
+    /// The registry stream's duplicate window (JetStream forgets message ids
+    /// older than it; shortened by tests and chaos runs).
+    pub registry_duplicate_window: Duration,
 }
 
 impl Default for Options {
@@ -71,6 +74,7 @@ impl Default for Options {
             command_timeout: Duration::from_secs(2),
             lease: LeaseConfig::default(),
             notices: NoticeLimits::default(),
+            registry_duplicate_window: registry::DEFAULT_DUPLICATE_WINDOW,
         }
     }
 }
@@ -291,7 +295,8 @@ async fn lead<F: Future<Output = ()>>(
     let js = async_nats::jetstream::new(client.clone());
     let load_started = clock.now();
     let max_payload = client.server_info().max_payload;
-    let limits = StreamLimits::new(opts.core.limits.registry_bytes, max_payload);
+    let mut limits = StreamLimits::new(opts.core.limits.registry_bytes, max_payload);
+    limits.duplicate_window = opts.registry_duplicate_window;
     let adopted = tokio::select! {
         _ = &mut shutdown => return Ok(Ended::Shutdown { epoch }),
         reason = guard.lost() => return Ok(Ended::SteppedDown { epoch, reason }),
