@@ -72,6 +72,10 @@ pub struct CoordinatorConfig {
     /// How long JetStream remembers the registry's message ids (its
     /// `duplicate_window`); a retried append is recognised within it.
     pub registry_duplicate_window_ms: u64,
+    /// Lead a registry found behind its high-water mark (it lost writes or
+    /// was restored from an older backup), once an operator judged the loss.
+    /// Recorded with the epoch claim. Remove it again once the cluster leads.
+    pub accept_registry_rollback: bool,
     /// Bytes of notices kept (the oldest are dropped past it).
     pub notices_max_bytes: u64,
     /// Consumers (watching sessions) the notice stream allows.
@@ -97,6 +101,7 @@ impl Default for CoordinatorConfig {
             max_output_bytes: limits::DEFAULT_OUTPUT_BYTES,
             registry_max_bytes: limits::DEFAULT_REGISTRY_BYTES,
             registry_duplicate_window_ms: 120_000,
+            accept_registry_rollback: false,
             notices_max_bytes: NoticeLimits::default().max_bytes,
             notices_max_consumers: NoticeLimits::default().max_consumers,
             metrics_addr: None,
