@@ -84,6 +84,15 @@ pub enum Fault {
         worker: usize,
         ms: u64,
     },
+    /// nats-server SIGKILLed and started again on its store after the
+    /// registry was quiet for longer than its (shortened) duplicate window:
+    /// the leader must go on, not step down as if fenced.
+    NatsRestart,
+    /// An operator's mistake: the registry stream is restored from a snapshot
+    /// taken earlier in the run while the coordinators are down. The expected
+    /// result is a refusal to lead, reported to clients; then the harness puts
+    /// the good registry back and the run goes on.
+    RegistryRollback,
 }
 
 impl Fault {
@@ -109,6 +118,8 @@ impl Fault {
             Fault::HostileTask => "hostile-task",
             Fault::WipeMachine { .. } => "wipe-machine",
             Fault::DuplicateWorker { .. } => "duplicate-worker",
+            Fault::NatsRestart => "nats-restart",
+            Fault::RegistryRollback => "registry-rollback",
         }
     }
 }
@@ -128,7 +139,7 @@ pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize) ->
     while at + 3000 < duration_ms {
         let w = rng.gen_range(0..workers.max(1));
         let down = rng.gen_range(300..2500);
-        let fault = match rng.gen_range(0..18) {
+        let fault = match rng.gen_range(0..20) {
             0 | 1 => Fault::KillLeader { down_ms: down },
             2 if coordinators > 1 => Fault::KillStandby { down_ms: down },
             3 if coordinators > 1 => Fault::PauseLeader { ms: rng.gen_range(3000..6000) },
@@ -156,6 +167,8 @@ pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize) ->
             15 => Fault::HostileTask,
             16 => Fault::WipeMachine { worker: w, down_ms: down },
             17 => Fault::DuplicateWorker { worker: w, ms: rng.gen_range(2000..8000) },
+            18 => Fault::NatsRestart,
+            19 => Fault::RegistryRollback,
             _ => Fault::CrashWindow { worker: w, point: CRASH_WINDOWS[rng.gen_range(0..CRASH_WINDOWS.len())] },
         };
         out.push(Planned { at_ms: at, fault });
@@ -200,6 +213,8 @@ mod tests {
             "hostile-task",
             "wipe-machine",
             "duplicate-worker",
+            "nats-restart",
+            "registry-rollback",
         ] {
             assert!(kinds.contains(k), "{k} never planned");
         }
