@@ -13,6 +13,12 @@
 //! that moment, and a failed persist stops the loop before any later effect
 //! (reply, grant, kill) of the same batch leaves.
 //!
+//! A registry found behind the high-water mark the lease carries (see
+//! [`crate::mark`]) is not led: the process keeps the lease, claims nothing,
+//! writes nothing, answers every client request with
+//! `ApiError::RegistryBehind`, and loads the registry again every few seconds
+//! until it is restored (or an operator accepted the loss at start).
+//!
 //! No input can end the process: fencing, outages and a newer epoch end the
 //! term; a record that cannot be stored (it does not encode) fails only the
 //! change it belonged to — nothing of it is sent, the rest of its batch is

@@ -23,6 +23,8 @@ pub struct NatsServer {
     /// The monitoring port, when the configuration has one.
     pub http_port: Option<u16>,
     store: tempfile::TempDir,
+    /// Started by [`NatsServer::start`] (its configuration is the kit's own).
+    plain: bool,
 }
 
 /// Finds the nats-server binary: `TENURE_NATS_SERVER`, then the project's own
@@ -54,7 +56,8 @@ impl NatsServer {
     pub fn start_on(port: u16) -> anyhow::Result<NatsServer> {
         let store = tempfile::tempdir()?;
         let child = Self::spawn_plain(port, store.path())?;
-        let server = NatsServer { child, port, url: format!("nats://127.0.0.1:{port}"), http_port: None, store };
+        let url = format!("nats://127.0.0.1:{port}");
+        let server = NatsServer { child, port, url, http_port: None, store, plain: true };
         server.wait_listening()?;
         Ok(server)
     }
@@ -84,6 +87,9 @@ impl NatsServer {
     /// (only for servers started by [`NatsServer::start`]); waits until it
     /// accepts connections.
     pub fn restart(&mut self) -> anyhow::Result<()> {
+        if !self.plain {
+            bail!("only a server started by NatsServer::start can be restarted by the kit");
+        }
         self.kill9();
         self.child = Self::spawn_plain(self.port, self.store.path())?;
         self.wait_listening()
@@ -137,7 +143,7 @@ impl NatsServer {
             .stderr(Stdio::null())
             .spawn()
             .context("starting nats-server (run deploy/install-nats.sh or put nats-server >= 2.11 on PATH)")?;
-        Ok(NatsServer { child, port, url: format!("nats://127.0.0.1:{port}"), http_port: http, store })
+        Ok(NatsServer { child, port, url: format!("nats://127.0.0.1:{port}"), http_port: http, store, plain: false })
     }
 
     fn wait_listening_then(self) -> anyhow::Result<NatsServer> {
