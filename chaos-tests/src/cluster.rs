@@ -137,6 +137,24 @@ pub struct Cluster {
     sidecar_links: Vec<Proxy>,
 }
 
+/// The registry's duplicate window in the chaos cluster (shortened from 2 min).
+pub const DUPLICATE_WINDOW: Duration = Duration::from_millis(1000);
+
+/// Copies a directory tree (regular files and directories only).
+fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let (src, dst) = (entry.path(), to.join(entry.file_name()));
+        if entry.file_type()?.is_dir() {
+            copy_dir(&src, &dst)?;
+        } else {
+            std::fs::copy(&src, &dst)?;
+        }
+    }
+    Ok(())
+}
+
 fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -156,7 +174,17 @@ impl Cluster {
         std::fs::set_permissions(&logs, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         let nats_port = free_port()?;
         let (port, store) = (nats_port.to_string(), dir.join("nats").display().to_string());
-        let mut nats = Node::new("nats", nats_bin, &["-a", "127.0.0.1", "-p", &port, "-js", "-sd", &store], &logs);
+        // JetStream with `sync_interval: always`, as the shipped configurations:
+        // an acknowledged write survives the nats-server SIGKILLs of the run.
+        let conf = dir.join("nats.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "listen: \"127.0.0.1:{port}\"\njetstream {{\n  store_dir: \"{store}\"\n  sync_interval: always\n}}\n"
+            ),
+        )?;
+        let conf = conf.display().to_string();
+        let mut nats = Node::new("nats", nats_bin, &["-c", &conf], &logs);
         nats.start()?;
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(("127.0.0.1", nats_port)).is_err() {
@@ -193,6 +221,9 @@ impl Cluster {
                 "400",
                 "--renew-deadline-ms",
                 "1200",
+                // Short, so that `nats-restart` can outwait it.
+                "--registry-duplicate-window-ms",
+                &DUPLICATE_WINDOW.as_millis().to_string(),
             ];
             c.coordinators.push(Node::new(&format!("c{i}"), bin, &args, &logs));
             c.coordinator_links.push(p);
@@ -256,6 +287,85 @@ impl Cluster {
 
     pub fn kill_nats(&mut self, down: Duration) {
         self.nats.kill9(down);
+    }
+
+    pub fn nats_pid(&self) -> Option<i32> {
+        self.nats.pid()
+    }
+
+    /// SIGTERMs nats-server (it flushes its store) and waits for it to exit;
+    /// it stays down until [`Cluster::start_nats`].
+    fn stop_nats(&mut self) {
+        if let Some(pid) = self.nats.pid() {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+        if let Some(c) = self.nats.child.as_mut() {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.nats.kill9(Duration::from_secs(24 * 3600));
+    }
+
+    /// Starts nats-server again and waits until it listens.
+    async fn start_nats(&mut self) -> anyhow::Result<()> {
+        self.nats.down_until = None;
+        if !self.nats.running() {
+            self.nats.start()?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", self.nats_port)).is_err() {
+            if Instant::now() > deadline {
+                bail!("nats-server did not start again");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    /// The registry stream's directory in nats-server's store.
+    fn registry_dir(&self) -> anyhow::Result<PathBuf> {
+        let streams = self.dir.join("nats").join("jetstream").join("$G").join("streams");
+        let dir = streams.join(tenure_protocol::subjects::REGISTRY_STREAM);
+        anyhow::ensure!(dir.is_dir(), "no registry stream in {}", streams.display());
+        Ok(dir)
+    }
+
+    /// Copies the registry stream's files to `to`, nats-server stopped for
+    /// the copy (so the files are whole) and started again.
+    pub async fn snapshot_registry(&mut self, to: &Path) -> anyhow::Result<()> {
+        self.stop_nats();
+        let copied = self.registry_dir().and_then(|dir| copy_dir(&dir, to));
+        self.start_nats().await?;
+        copied
+    }
+
+    /// Puts the registry files of `from` in place of the current ones, which
+    /// are moved to `keep`; nats-server is stopped meanwhile.
+    pub async fn swap_registry(&mut self, from: &Path, keep: &Path) -> anyhow::Result<()> {
+        self.stop_nats();
+        let swapped = self.registry_dir().and_then(|dir| {
+            std::fs::rename(&dir, keep)?;
+            copy_dir(from, &dir)
+        });
+        self.start_nats().await?;
+        swapped
+    }
+
+    /// Stops every coordinator until [`Cluster::release_coordinators`].
+    pub fn hold_coordinators(&mut self) {
+        for c in &mut self.coordinators {
+            c.kill9(Duration::from_secs(24 * 3600));
+        }
+    }
+
+    /// Lets the supervisor start the coordinators again.
+    pub fn release_coordinators(&mut self) -> anyhow::Result<()> {
+        for c in &mut self.coordinators {
+            c.down_until = None;
+        }
+        self.supervise()
     }
 
     pub fn link(&self, link: Link) -> &Proxy {

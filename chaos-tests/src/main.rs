@@ -206,8 +206,10 @@ async fn run(
     let plan = schedule::plan(o.seed, o.duration * 1000, o.coordinators, o.workers);
     let submitted: Arc<Mutex<Vec<Submitted>>> = Arc::default();
     let stop = Arc::new(tokio::sync::Notify::new());
+    let quiet = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let load = tokio::spawn(load(
         client.clone(),
+        quiet.clone(),
         o.seed,
         o.rate,
         run_id.clone(),
@@ -220,6 +222,8 @@ async fn run(
     let poller = tokio::spawn(poll_history(client.clone(), history.clone(), stop.clone()));
 
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
+    // Registry rollbacks that were led instead of refused (violations).
+    let (mut rollbacks, mut unrefused) = (0u32, Vec::<String>::new());
     let mut rng = rand::rngs::StdRng::seed_from_u64(o.seed ^ 0x5eed);
     let mut pending: Vec<(Instant, Pending)> = Vec::new();
     let load_start = Instant::now();
@@ -233,6 +237,15 @@ async fn run(
             let fault = next.next().map(|p| p.fault).expect("peeked");
             let line = match fault {
                 Fault::HostileTask => submit_hostile(&client, mode, &run_id, &ledger, &submitted),
+                Fault::NatsRestart => nats_restart(&mut cluster, &client, &quiet, &submitted).await,
+                Fault::RegistryRollback => {
+                    let (line, refused) = registry_rollback(&mut cluster, &client, rollbacks).await;
+                    rollbacks += 1;
+                    if !refused {
+                        unrefused.push(line.clone());
+                    }
+                    line
+                }
                 _ => inject(&mut cluster, &client, &fault, &mut rng, &mut pending).await,
             };
             *faults.entry(fault.kind()).or_default() += 1;
@@ -313,7 +326,14 @@ async fn run(
         epochs.workers.push((format!("w{}", i + 1), fence));
     }
 
-    let (counts, violations) = checker::check(&submitted, &finals, &ledger_lines, &resurrections, &procs, &epochs);
+    let (counts, mut violations) = checker::check(&submitted, &finals, &ledger_lines, &resurrections, &procs, &epochs);
+    for line in unrefused {
+        violations.push(checker::Violation {
+            kind: "registry-rollback-led".into(),
+            task: "registry".into(),
+            evidence: format!("a registry behind its high-water mark was not refused: {line}"),
+        });
+    }
     for v in &violations {
         r.trace(format!("VIOLATION {} {}: {}", v.kind, v.task, v.evidence));
     }
@@ -504,9 +524,70 @@ async fn inject(
             c.crash_worker_at(*worker, point);
             format!("crash-window w{} restarted to die {point} its next attempt", worker + 1)
         }
-        // Submitted by the run loop, which holds the load's list.
+        // Carried out by the run loop, which holds the load's list.
         Fault::HostileTask => "hostile-task".into(),
+        Fault::NatsRestart => "nats-restart".into(),
+        Fault::RegistryRollback => "registry-rollback".into(),
     }
+}
+
+/// `nats-restart`: the load pauses until every task settled (bounded), the
+/// registry stays quiet for longer than its duplicate window, then
+/// nats-server is SIGKILLed and started again on its store at once.
+async fn nats_restart(
+    c: &mut Cluster,
+    client: &async_nats::Client,
+    quiet: &std::sync::atomic::AtomicBool,
+    submitted: &Arc<Mutex<Vec<Submitted>>>,
+) -> String {
+    quiet.store(true, std::sync::atomic::Ordering::Relaxed);
+    let settled = wait_until(Duration::from_secs(15), || async { settled(client, submitted).await }).await;
+    tokio::time::sleep(cluster::DUPLICATE_WINDOW + Duration::from_millis(1500)).await;
+    let pid = c.nats_pid();
+    c.kill_nats(Duration::ZERO);
+    let restarted = c.supervise();
+    quiet.store(false, std::sync::atomic::Ordering::Relaxed);
+    format!(
+        "nats-restart (pid {pid:?}) SIGKILL after {} quiet, started again on its store ({restarted:?})",
+        if settled { "a settled and" } else { "an unsettled but" }
+    )
+}
+
+/// `registry-rollback`: snapshots the registry stream (nats-server stopped
+/// for the copy), lets the run move past it, stops every coordinator, puts
+/// the snapshot in place and starts them: they must refuse to lead and say so
+/// to clients (`ApiError::RegistryBehind`). Then the good registry goes back
+/// and the run continues. Returns the trace line and whether it was refused.
+async fn registry_rollback(c: &mut Cluster, client: &async_nats::Client, n: u32) -> (String, bool) {
+    let old = c.dir.join(format!("registry-snapshot-{n}"));
+    if let Err(e) = c.snapshot_registry(&old).await {
+        return (format!("registry-rollback: no snapshot taken: {e:#}"), true);
+    }
+    // The registry and the mark in the lease move past the snapshot.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    c.hold_coordinators();
+    let good = c.dir.join(format!("registry-good-{n}"));
+    if let Err(e) = c.swap_registry(&old, &good).await {
+        let _ = c.release_coordinators();
+        return (format!("registry-rollback: not restored: {e:#}"), true);
+    }
+    let _ = c.release_coordinators();
+    let refused = wait_until(Duration::from_secs(30), || async {
+        let reply: Option<ApiReply> =
+            tenure_transport::request(client, subjects::API.to_owned(), &ApiRequest::Status, Duration::from_secs(2))
+                .await
+                .ok();
+        matches!(reply, Some(Err(tenure_protocol::messages::ApiError::RegistryBehind { .. })))
+    })
+    .await;
+    // Put the good registry back (the refusing coordinator loads it again).
+    let back = c.dir.join(format!("registry-rolled-back-{n}"));
+    let restored = c.swap_registry(&good, &back).await;
+    let line = format!(
+        "registry-rollback: snapshot restored with coordinators down; {}; good registry back ({restored:?})",
+        if refused { "refused to lead, reported to clients" } else { "NOT REFUSED" }
+    );
+    (line, refused)
 }
 
 /// Submits tasks at `rate` until stopped. Each submission retries with its own
@@ -514,6 +595,7 @@ async fn inject(
 #[allow(clippy::too_many_arguments)]
 async fn load(
     client: async_nats::Client,
+    quiet: Arc<std::sync::atomic::AtomicBool>,
     seed: u64,
     rate: f64,
     run_id: String,
@@ -530,6 +612,9 @@ async fn load(
         tokio::select! {
             _ = stop.notified() => return,
             _ = tokio::time::sleep(every) => {}
+        }
+        if quiet.load(std::sync::atomic::Ordering::Relaxed) {
+            continue;
         }
         n += 1;
         let idempotent = rng.gen_bool(0.25);

@@ -91,6 +91,15 @@ pub enum Fault {
     ClockSkew {
         offset_ms: i64,
     },
+    /// nats-server SIGKILLed and started again on its store after the
+    /// registry was quiet for longer than its (shortened) duplicate window:
+    /// the leader must go on, not step down as if fenced.
+    NatsRestart,
+    /// An operator's mistake: the registry stream is restored from a snapshot
+    /// taken earlier in the run while the coordinators are down. The expected
+    /// result is a refusal to lead, reported to clients; then the harness puts
+    /// the good registry back and the run goes on.
+    RegistryRollback,
 }
 
 impl Fault {
@@ -117,6 +126,8 @@ impl Fault {
             Fault::WipeMachine { .. } => "wipe-machine",
             Fault::DuplicateWorker { .. } => "duplicate-worker",
             Fault::ClockSkew { .. } => "clock-skew",
+            Fault::NatsRestart => "nats-restart",
+            Fault::RegistryRollback => "registry-rollback",
         }
     }
 }
@@ -136,7 +147,7 @@ pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize) ->
     while at + 3000 < duration_ms {
         let w = rng.gen_range(0..workers.max(1));
         let down = rng.gen_range(300..2500);
-        let fault = match rng.gen_range(0..19) {
+        let fault = match rng.gen_range(0..21) {
             0 | 1 => Fault::KillLeader { down_ms: down },
             2 if coordinators > 1 => Fault::KillStandby { down_ms: down },
             3 if coordinators > 1 => Fault::PauseLeader { ms: rng.gen_range(3000..6000) },
@@ -168,6 +179,8 @@ pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize) ->
                 let minutes = rng.gen_range(60_000..1_800_000);
                 Fault::ClockSkew { offset_ms: if rng.gen_bool(0.5) { minutes } else { -minutes } }
             }
+            19 => Fault::NatsRestart,
+            20 => Fault::RegistryRollback,
             _ => Fault::CrashWindow { worker: w, point: CRASH_WINDOWS[rng.gen_range(0..CRASH_WINDOWS.len())] },
         };
         out.push(Planned { at_ms: at, fault });
@@ -228,6 +241,8 @@ mod tests {
             "wipe-machine",
             "duplicate-worker",
             "clock-skew",
+            "nats-restart",
+            "registry-rollback",
         ] {
             assert!(kinds.contains(k), "{k} never planned");
         }

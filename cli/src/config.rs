@@ -69,6 +69,13 @@ pub struct CoordinatorConfig {
     /// Bytes the registry stream may hold. New tasks are refused well before
     /// it is full, so that running ones can always record their ends.
     pub registry_max_bytes: u64,
+    /// How long JetStream remembers the registry's message ids (its
+    /// `duplicate_window`); a retried append is recognised within it.
+    pub registry_duplicate_window_ms: u64,
+    /// Lead a registry found behind its high-water mark (it lost writes or
+    /// was restored from an older backup), once an operator judged the loss.
+    /// Recorded with the epoch claim. Remove it again once the cluster leads.
+    pub accept_registry_rollback: bool,
     /// Bytes of notices kept (the oldest are dropped past it).
     pub notices_max_bytes: u64,
     /// Consumers (watching sessions) the notice stream allows.
@@ -93,6 +100,8 @@ impl Default for CoordinatorConfig {
             max_kept_tasks: limits::DEFAULT_KEPT_TASKS,
             max_output_bytes: limits::DEFAULT_OUTPUT_BYTES,
             registry_max_bytes: limits::DEFAULT_REGISTRY_BYTES,
+            registry_duplicate_window_ms: 120_000,
+            accept_registry_rollback: false,
             notices_max_bytes: NoticeLimits::default().max_bytes,
             notices_max_consumers: NoticeLimits::default().max_consumers,
             metrics_addr: None,
@@ -287,6 +296,9 @@ impl Validate for CoordinatorConfig {
         }
         if self.notices_max_consumers == 0 {
             bail!("notices_max_consumers must be at least 1");
+        }
+        if self.registry_duplicate_window_ms < 100 {
+            bail!("registry_duplicate_window_ms ({}) must be at least 100", self.registry_duplicate_window_ms);
         }
         self.nats.validate().context("nats")
     }

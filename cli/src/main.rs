@@ -155,6 +155,14 @@ struct CoordinatorArgs {
     /// Bytes the registry stream may hold (new tasks are refused before it is full).
     #[arg(long, env = "TENURE_REGISTRY_MAX_BYTES", default_value_t = tenure_coordinator::limits::DEFAULT_REGISTRY_BYTES)]
     registry_max_bytes: u64,
+    /// How long JetStream remembers the registry's message ids (its duplicate window).
+    #[arg(long, env = "TENURE_REGISTRY_DUPLICATE_WINDOW_MS", default_value_t = 120_000)]
+    registry_duplicate_window_ms: u64,
+    /// Lead a registry found behind its high-water mark (it lost acknowledged
+    /// writes or was restored from an older backup), once you judged the loss;
+    /// recorded with the epoch claim. Remove the flag once the cluster leads.
+    #[arg(long, env = "TENURE_ACCEPT_REGISTRY_ROLLBACK")]
+    accept_registry_rollback: bool,
     /// Bytes of notices kept (the oldest are dropped past it).
     #[arg(long, env = "TENURE_NOTICES_MAX_BYTES", default_value_t = 256 << 20)]
     notices_max_bytes: u64,
@@ -485,7 +493,8 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
                 override_given!(sub, cfg, args, name, worker_ttl_ms, replicas, lease_ttl_ms, renew_interval_ms);
                 override_given!(sub, cfg, args, renew_deadline_ms, operators, retention_secs);
                 override_given!(sub, cfg, args, max_live_tasks, max_kept_tasks, max_output_bytes, registry_max_bytes);
-                override_given!(sub, cfg, args, notices_max_bytes, notices_max_consumers);
+                override_given!(sub, cfg, args, notices_max_bytes, notices_max_consumers, registry_duplicate_window_ms);
+                override_given!(sub, cfg, args, accept_registry_rollback);
             };
             let Some(cfg) = config::resolve(&args.config, &given_global, shared, overrides)? else { return printed() };
             let _metrics = metrics::start(role, cfg.metrics_addr).await?;
@@ -500,6 +509,8 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
                 name: cfg.name.clone(),
                 replicas: cfg.replicas,
                 lease,
+                registry_duplicate_window: Duration::from_millis(cfg.registry_duplicate_window_ms),
+                accept_registry_rollback: cfg.accept_registry_rollback,
                 ..Default::default()
             };
             opts.core.limits = cfg.limits();

@@ -12,7 +12,7 @@ use std::io::{IsTerminal, Write as _};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use tenure_protocol::messages::{ApiRequest, ApiResponse, ClusterStatus, SidecarHealth, TaskSnapshot};
+use tenure_protocol::messages::{ApiError, ApiRequest, ApiResponse, ClusterStatus, SidecarHealth, TaskSnapshot};
 use tenure_protocol::Status;
 
 use crate::client::{Api, API_TIMEOUT};
@@ -38,6 +38,10 @@ pub async fn status(api: &Api, json: bool, once: bool) -> anyhow::Result<ExitCod
             Ok(status) => {
                 let mine = own_running(api).await.unwrap_or_default();
                 render(&status, &mine, &nats_line(api))
+            }
+            // A coordinator that refuses to lead says why and how to recover.
+            Err(e) if matches!(e.downcast_ref::<ApiError>(), Some(ApiError::RegistryBehind { .. })) => {
+                format!("{e:#}\n\n{}\n", nats_line(api))
             }
             Err(e) => format!(
                 "no coordinator answering: {e:#}\n(retrying; a standby takes over after the lease TTL)\n\n{}\n",

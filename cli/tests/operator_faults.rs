@@ -203,3 +203,145 @@ fn a_retried_submit_across_a_failover_to_a_leader_minutes_ahead_creates_no_secon
         serde_json::from_slice(&c.cli_as("skew@test", &["ls", "--all", "--json"]).stdout).expect("ls --json");
     assert_eq!(ls.as_array().map(Vec::len), Some(keys.len()), "a task was created twice: {ls}");
 }
+
+/// nats-server is SIGKILLed and started again on its store after a quiet
+/// period longer than the registry's duplicate window (shortened to 1 s), so
+/// it no longer remembers the id of the leader's last append. The leader's
+/// next append must still land: it is not fenced, it keeps its epoch, and the
+/// task runs.
+#[test]
+fn a_nats_restart_after_the_duplicate_window_deposes_no_healthy_leader() {
+    let mut c =
+        Cluster::on(tenure_testkit::NatsCluster::single(tenure_testkit::NatsServer::start().expect("nats")), None);
+    c.spawn_coordinator("c1", &["--registry-duplicate-window-ms", "1000"]);
+    c.wait_leader("c1");
+    c.start_worker("w1");
+    c.wait_workers(1);
+    let first = c.submit(&["--", "echo before"]);
+    let before = c.wait_status(&first, "completed", BOUND);
+    assert_eq!(before["epoch"], 1);
+    // Quiet for longer than the window: nothing is appended meanwhile.
+    std::thread::sleep(Duration::from_millis(2500));
+    c.nats.nodes[0].restart().expect("nats-server restarted on its store");
+    let second = c.submit(&["--", "echo after"]);
+    let after = c.wait_status(&second, "completed", BOUND);
+    assert_eq!(after["epoch"], 1, "the leader was deposed:\n{}", c.logs());
+    let log = c.daemon("coordinator-c1").log_text();
+    assert!(!log.contains("stepping down"), "a healthy leader stepped down:\n{log}");
+}
+
+/// The registry stream's messages (subject, payload), oldest first: a backup.
+fn registry_backup(url: &str) -> Vec<(String, bytes::Bytes)> {
+    use futures::StreamExt;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(url).await.expect("connect"));
+        let mut stream = js.get_stream(tenure_protocol::subjects::REGISTRY_STREAM).await.expect("registry");
+        let last = stream.info().await.expect("info").state.last_sequence;
+        let consumer = stream
+            .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig::default())
+            .await
+            .expect("consumer");
+        let mut messages = consumer.messages().await.expect("messages");
+        let mut out = Vec::new();
+        while let Some(Ok(msg)) = messages.next().await {
+            let seq = msg.info().expect("info").stream_sequence;
+            out.push((msg.subject.to_string(), msg.payload.clone()));
+            if seq >= last {
+                break;
+            }
+        }
+        out
+    })
+}
+
+/// Replaces the registry stream with a backup: deleted, created again with the
+/// same configuration, the backup's messages published in order.
+fn registry_restore(url: &str, backup: &[(String, bytes::Bytes)]) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(url).await.expect("connect"));
+        let name = tenure_protocol::subjects::REGISTRY_STREAM;
+        let config = js.get_stream(name).await.expect("registry").info().await.expect("info").config.clone();
+        js.delete_stream(name).await.expect("delete");
+        js.create_stream(config).await.expect("create");
+        for (subject, payload) in backup {
+            js.publish(subject.clone(), payload.clone()).await.expect("publish").await.expect("ack");
+        }
+    })
+}
+
+/// The high-water mark in the leader lease, once it names task `n`.
+fn wait_mark_through(url: &str, n: u64) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let seen = eventually(BOUND, || {
+        rt.block_on(async {
+            let js = async_nats::jetstream::new(async_nats::connect(url).await.ok()?);
+            let kv = js.get_key_value(tenure_protocol::subjects::LEADER_BUCKET).await.ok()?;
+            let value = kv.get(tenure_protocol::subjects::LEADER_KEY).await.ok()??;
+            let lease: tenure_coordinator::lease::LeaseValue = tenure_protocol::decode(&value).ok()?;
+            (lease.mark?.highest_task >= n).then_some(())
+        })
+    });
+    assert!(seen.is_some(), "the lease never carried task number {n} in its mark");
+}
+
+fn number(task: &str) -> u64 {
+    task.rsplit('-').next().and_then(|n| n.parse().ok()).expect("task number")
+}
+
+/// The registry is restored from a backup older than what was acknowledged
+/// while the coordinator was down. The coordinator refuses to lead it — no
+/// epoch claimed, nothing run — and says so to every client (`status`,
+/// `submit`) and in its log, naming the mark and what it found. Started
+/// again with `--accept-registry-rollback`, it leads, records the
+/// acceptance, and never reuses a task number the lost tasks had.
+#[test]
+fn a_registry_restored_from_an_older_backup_is_not_led_until_the_operator_accepts_it() {
+    let fast = common::FAST_LEASE;
+    let mut c = Cluster::start_coordinators(1, 1, &fast);
+    let ledger = c.dir.path().join("ledger");
+    let run = |i: &str| format!("echo run-{i} >> {}", ledger.display());
+    let first = c.submit(&["--", &run("first")]);
+    c.wait_status(&first, "completed", BOUND);
+    let backup = registry_backup(&c.nats.url);
+    let lost: Vec<String> = ["a", "b"].iter().map(|i| c.submit(&["--", &run(i)])).collect();
+    for t in &lost {
+        c.wait_status(t, "completed", BOUND);
+    }
+    wait_mark_through(&c.nats.url, number(&lost[1]));
+    c.daemon("coordinator-c1").stop();
+
+    registry_restore(&c.nats.url, &backup);
+    c.spawn_coordinator("c1", &fast);
+    let refused = eventually(BOUND, || {
+        let out = c.cli(&["status"]);
+        let err = common::stderr(&out);
+        (!out.status.success() && err.contains("refuses to lead")).then_some(err)
+    })
+    .unwrap_or_else(|| panic!("status never showed the refusal:\n{}", c.logs()));
+    assert!(refused.contains("expected at least") && refused.contains("accept-registry-rollback"), "{refused}");
+    let out = c.cli(&["submit", "--", &run("refused")]);
+    assert!(!out.status.success(), "a submit was taken by a coordinator that refuses to lead");
+    assert!(common::stderr(&out).contains("behind its high-water mark"), "{}", common::stderr(&out));
+    let log = c.daemon("coordinator-c1").log_text();
+    assert!(log.contains("refusing to lead"), "{log}");
+    assert!(!log.contains("leading"), "it led a registry behind its mark:\n{log}");
+    // Nothing was claimed: the restored registry is exactly the backup.
+    assert_eq!(registry_backup(&c.nats.url).len(), backup.len(), "the refusing coordinator wrote to the registry");
+
+    // The operator judges the loss and accepts it.
+    c.daemon("coordinator-c1").stop();
+    let mut accept = fast.to_vec();
+    accept.push("--accept-registry-rollback");
+    c.spawn_coordinator("c1", &accept);
+    let next = c.submit(&["--", &run("next")]);
+    c.wait_status(&next, "completed", BOUND);
+    assert!(number(&next) > number(&lost[1]), "task number {next} reused after {}", lost[1]);
+    assert!(c.try_snapshot(&lost[0]).is_none(), "the lost task is gone with the rolled-back registry");
+    let log = c.daemon("coordinator-c1").log_text();
+    assert!(log.contains("recording the acceptance"), "{log}");
+    let text = std::fs::read_to_string(&ledger).expect("ledger");
+    assert_eq!(text.lines().filter(|l| l.starts_with("run-a") || l.starts_with("run-b")).count(), 2, "{text}");
+    assert!(!text.contains("run-refused"), "{text}");
+}

@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv};
-use tenure_protocol::messages::CoordinatorPresence;
+use tenure_protocol::messages::{CoordinatorPresence, RegistryMark};
 use tenure_protocol::{subjects, Epoch};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -65,6 +65,9 @@ pub struct Term {
     pub renewals: u64,
     /// When this process judged the previous lease expired.
     pub takeover_started: Duration,
+    /// The registry's high-water mark in the lease this term holds: at the
+    /// takeover, the one the previous holder left.
+    pub mark: Option<RegistryMark>,
 }
 
 /// Whether this process leads, published after every change.
@@ -96,6 +99,7 @@ pub struct Elector {
     view: watch::Receiver<LeaseView>,
     clock: Clock,
     holder: String,
+    mark: watch::Sender<Option<RegistryMark>>,
 }
 
 struct Driver {
@@ -109,6 +113,8 @@ struct Driver {
     /// The holder and epoch last logged, so that a change is logged once.
     last_logged: Option<(String, Epoch)>,
     io_timeout: Duration,
+    /// The registry's mark as the service last noted it.
+    mark: watch::Receiver<Option<RegistryMark>>,
 }
 
 impl Elector {
@@ -125,6 +131,7 @@ impl Elector {
         let store = open_bucket(&js, replicas).await?;
         let (view_tx, view_rx) = watch::channel(LeaseView::Standby);
         let (cmd_tx, cmd_rx) = mpsc::channel(16);
+        let (mark_tx, mark_rx) = watch::channel(None);
         let driver = Driver {
             lease: Lease::new(cfg, holder.clone()),
             store,
@@ -135,9 +142,10 @@ impl Elector {
             term_id: 0,
             last_logged: None,
             io_timeout: cfg.renew_interval.clamp(Duration::from_millis(100), Duration::from_secs(2)),
+            mark: mark_rx,
         };
         tokio::spawn(driver.run(cmd_rx));
-        Ok(Elector { commands: cmd_tx, view: view_rx, clock, holder })
+        Ok(Elector { commands: cmd_tx, view: view_rx, clock, holder, mark: mark_tx })
     }
 
     pub fn holder(&self) -> &str {
@@ -168,6 +176,16 @@ impl Elector {
     /// The leader claimed `epoch` in the registry: write it back to the lease.
     pub async fn adopt_epoch(&self, epoch: Epoch) {
         let _ = self.commands.send(Command::AdoptEpoch(epoch)).await;
+    }
+
+    /// The registry's high-water mark moved: the lease's next write carries
+    /// it (renewals are not hurried for it). Never blocks.
+    pub fn note_mark(&self, mark: RegistryMark) {
+        self.mark.send_if_modified(|current| {
+            let changed = *current != Some(mark);
+            *current = Some(mark);
+            changed
+        });
     }
 
     /// The leader stopped acting in term `term`: release the lease and become a standby.
@@ -263,6 +281,11 @@ impl Driver {
                     }
                 },
             };
+            if self.mark.has_changed().unwrap_or(false) {
+                if let Some(mark) = *self.mark.borrow_and_update() {
+                    self.lease.adopt_mark(mark);
+                }
+            }
             self.step(obs).await;
         }
     }
@@ -313,6 +336,7 @@ impl Driver {
                 renewed_at: h.renewed_at,
                 renewals: h.value.renewals,
                 takeover_started: h.takeover_started,
+                mark: h.value.mark,
             }),
             _ => LeaseView::Standby,
         };

@@ -36,6 +36,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tenure_protocol::messages::RegistryMark;
 use tenure_protocol::Epoch;
 
 /// Lease timing. All durations are measured on the observer's monotonic clock.
@@ -114,6 +115,11 @@ pub struct LeaseValue {
     /// The TTL the holder counts on. Standbys wait at least this long. `0`
     /// means the holder released the lease after it stopped acting.
     pub ttl_ms: u64,
+    /// The registry's high-water mark as the holder last knew it durable
+    /// (renewals carry the latest; a takeover carries the one it replaces).
+    /// Absent in values written before the mark existed.
+    #[serde(default)]
+    pub mark: Option<RegistryMark>,
 }
 
 impl LeaseValue {
@@ -250,6 +256,10 @@ pub struct Lease {
     highest: Epoch,
     /// The `renewals` value of our next write.
     next_write: u64,
+    /// The registry's high-water mark: the latest one read in the key or
+    /// adopted by us. A takeover writes it on, so that it outlives terms
+    /// that refused to lead.
+    mark: Option<RegistryMark>,
 }
 
 impl Lease {
@@ -267,6 +277,7 @@ impl Lease {
             pending: None,
             highest: Epoch(0),
             next_write: 0,
+            mark: None,
         }
     }
 
@@ -331,6 +342,16 @@ impl Lease {
         }
     }
 
+    /// The registry's high-water mark moved (the leader's appends became
+    /// durable, or an operator accepted a registry that went back): the next
+    /// write carries it. No write is hurried for it.
+    pub fn adopt_mark(&mut self, mark: RegistryMark) {
+        self.mark = Some(mark);
+        if let Role::Leader(h) = &mut self.role {
+            h.value.mark = Some(mark);
+        }
+    }
+
     /// The leader stopped acting on its own account (fenced by the registry, a
     /// newer epoch seen, shutting down). Returns the write that releases the key
     /// so that a standby can take over at once, when one can be made (no write
@@ -368,6 +389,9 @@ impl Lease {
     fn observe_key(&mut self, revision: u64, state: KeyState, now: Duration) -> Option<Decision> {
         if let KeyState::Held(v) = &state {
             self.highest = self.highest.max(v.epoch);
+            if v.mark.is_some() && !matches!(self.role, Role::Leader(_)) {
+                self.mark = v.mark;
+            }
         }
         if let Some(p) = &self.pending {
             let ours = matches!(&state, KeyState::Held(v) if *v == p.write.value);
@@ -424,8 +448,11 @@ impl Lease {
             }
             Role::Leader(h) => {
                 let adopted = h.value.epoch;
+                // A mark adopted while this write was in flight is newer than its.
+                let mark = h.value.mark;
                 h.revision = revision;
                 h.value = p.write.value;
+                h.value.mark = mark;
                 h.renewed_at = h.renewed_at.max(p.sent_at);
                 h.next_renew_at = p.sent_at + self.cfg.renew_interval;
                 if adopted > h.value.epoch {
@@ -509,6 +536,7 @@ impl Lease {
                         epoch: base.next(),
                         renewals: self.next_write,
                         ttl_ms: ms(cfg.ttl),
+                        mark: self.mark,
                     },
                 };
                 self.next_write += 1;

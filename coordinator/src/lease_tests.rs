@@ -17,7 +17,7 @@ fn cfg() -> LeaseConfig {
 }
 
 fn held(holder: &str, epoch: u64, renewals: u64) -> KeyState {
-    KeyState::Held(LeaseValue { holder: holder.into(), epoch: Epoch(epoch), renewals, ttl_ms: 6000 })
+    KeyState::Held(LeaseValue { holder: holder.into(), epoch: Epoch(epoch), renewals, ttl_ms: 6000, mark: None })
 }
 
 fn key(revision: u64, state: KeyState) -> Observation {
@@ -115,7 +115,7 @@ fn silence_for_the_ttl_leads_to_one_takeover_attempt_on_the_revision_seen() {
     assert!(at - t0 < cfg().ttl + 100 * MS);
     let Decision::Acquire(w) = d else { panic!("{d:?}") };
     assert_eq!(w.expected, 4);
-    assert_eq!(w.value, LeaseValue { holder: "b".into(), epoch: Epoch(6), renewals: 0, ttl_ms: 6000 });
+    assert_eq!(w.value, LeaseValue { holder: "b".into(), epoch: Epoch(6), renewals: 0, ttl_ms: 6000, mark: None });
     // No second write while the first is unanswered.
     assert_eq!(c.tick_for(Duration::from_secs(1)), None);
     c.advance(10 * MS);
@@ -142,7 +142,8 @@ fn a_refused_takeover_waits_for_a_read_and_restarts_the_count_on_a_new_revision(
 #[test]
 fn the_holders_longer_ttl_is_respected() {
     let mut c = Clocked::new("b");
-    let long = KeyState::Held(LeaseValue { holder: "a".into(), epoch: Epoch(1), renewals: 0, ttl_ms: 10_000 });
+    let long =
+        KeyState::Held(LeaseValue { holder: "a".into(), epoch: Epoch(1), renewals: 0, ttl_ms: 10_000, mark: None });
     c.at(key(2, long));
     assert_eq!(c.tick_for(Duration::from_millis(9_900)), None);
     assert!(matches!(c.tick_for(Duration::from_millis(200)), Some((_, Decision::Acquire(_)))));
@@ -156,7 +157,8 @@ fn an_absent_or_released_key_is_taken_at_once() {
     assert_eq!((w.expected, w.value.epoch), (0, Epoch(1)));
 
     let mut c = Clocked::new("b");
-    let released = KeyState::Held(LeaseValue { holder: "a".into(), epoch: Epoch(4), renewals: 8, ttl_ms: 0 });
+    let released =
+        KeyState::Held(LeaseValue { holder: "a".into(), epoch: Epoch(4), renewals: 8, ttl_ms: 0, mark: None });
     let Decision::Acquire(w) = c.at(key(9, released)) else { panic!() };
     assert_eq!((w.expected, w.value.epoch), (9, Epoch(5)));
 
@@ -235,7 +237,8 @@ fn a_refused_renewal_or_a_newer_holder_means_stepping_down() {
         other => panic!("{other:?}"),
     }
     // Back to standby: it waits a full ttl before competing, even for a released key.
-    let released = KeyState::Held(LeaseValue { holder: "b".into(), epoch: Epoch(2), renewals: 1, ttl_ms: 0 });
+    let released =
+        KeyState::Held(LeaseValue { holder: "b".into(), epoch: Epoch(2), renewals: 1, ttl_ms: 0, mark: None });
     assert_eq!(c.at(key(3, released)), Decision::None);
     assert_eq!(c.tick_for(Duration::from_millis(5900)), None);
     assert!(matches!(c.tick_for(Duration::from_millis(200)), Some((_, Decision::Acquire(_)))));
@@ -570,4 +573,66 @@ proptest! {
         prop_assert_eq!(leader.held().map(|h| h.value.epoch), claimed);
         prop_assert_eq!(sim.key.as_ref().map(|(_, v)| v.epoch), claimed, "the claimed epoch is written back");
     }
+}
+
+fn mark(last_seq: u64, highest_task: u64, epoch: u64) -> RegistryMark {
+    RegistryMark { last_seq, highest_task, epoch: Epoch(epoch) }
+}
+
+#[test]
+fn renewals_carry_the_latest_mark_the_leader_adopted() {
+    let mut c = Clocked::new("a");
+    c.lead();
+    c.lease.adopt_mark(mark(10, 3, 1));
+    let (_, d) = c.tick_for(Duration::from_secs(3)).expect("renewal");
+    let Decision::Renew(w) = d else { panic!("{d:?}") };
+    assert_eq!(w.value.mark, Some(mark(10, 3, 1)));
+    // A mark adopted while that renewal is in flight is not overwritten by it.
+    c.lease.adopt_mark(mark(12, 4, 1));
+    c.advance(10 * MS);
+    assert_eq!(c.at(Observation::Written { revision: 2 }), Decision::None);
+    let (_, d) = c.tick_for(Duration::from_secs(3)).expect("renewal");
+    let Decision::Renew(w) = d else { panic!("{d:?}") };
+    assert_eq!(w.value.mark, Some(mark(12, 4, 1)));
+    // Releasing the lease keeps the mark for whoever comes next.
+    c.advance(10 * MS);
+    c.at(Observation::Written { revision: 3 });
+    let release = c.lease.step_down(c.now).expect("release");
+    assert_eq!(release.value.mark, Some(mark(12, 4, 1)));
+}
+
+#[test]
+fn a_takeover_carries_the_mark_of_the_value_it_replaces() {
+    let mut c = Clocked::new("b");
+    let old = LeaseValue { holder: "a".into(), epoch: Epoch(5), renewals: 9, ttl_ms: 6000, mark: Some(mark(40, 7, 5)) };
+    c.at(key(4, KeyState::Held(old)));
+    let (_, d) = c.tick_for(Duration::from_secs(7)).expect("takeover");
+    let Decision::Acquire(w) = d else { panic!("{d:?}") };
+    assert_eq!(w.value.mark, Some(mark(40, 7, 5)), "the mark outlives the term");
+    // Even when the key is gone afterwards (the bucket was recreated), the
+    // mark this process read is written on.
+    let mut c = Clocked::new("b");
+    let old = LeaseValue { holder: "a".into(), epoch: Epoch(5), renewals: 9, ttl_ms: 0, mark: Some(mark(40, 7, 5)) };
+    let first = c.at(key(4, KeyState::Held(old)));
+    assert!(matches!(first, Decision::Acquire(_)), "a released lease is taken at once: {first:?}");
+    c.at(Observation::Conflict);
+    let d = c.at(key(0, KeyState::Absent));
+    let Decision::Acquire(w) = d else { panic!("{d:?}") };
+    assert_eq!(w.value.mark, Some(mark(40, 7, 5)));
+}
+
+#[test]
+fn a_lease_value_written_before_the_mark_existed_still_decodes() {
+    #[derive(serde::Serialize)]
+    struct Old {
+        holder: String,
+        epoch: Epoch,
+        renewals: u64,
+        ttl_ms: u64,
+    }
+    let bytes =
+        tenure_protocol::encode(&Old { holder: "a".into(), epoch: Epoch(3), renewals: 1, ttl_ms: 6000 }).unwrap();
+    let value: LeaseValue = tenure_protocol::decode(&bytes).unwrap();
+    assert_eq!(value.mark, None);
+    assert_eq!(value.epoch, Epoch(3));
 }

@@ -7,12 +7,14 @@
 //! compare-and-set), and [`service`] drives the rest: a standby until the lease
 //! is held, then the event loop that owns the NATS subscriptions, feeds the core
 //! and carries out its effects. [`limits`] decides what a submit may cost
-//! (record size, per-identity quotas, room in the registry).
+//! (record size, per-identity quotas, room in the registry); [`mark`] whether
+//! a loaded registry is behind the high-water mark kept outside it.
 
 pub mod core;
 pub mod elector;
 pub mod lease;
 pub mod limits;
+pub mod mark;
 mod metrics;
 pub mod notices;
 pub mod record;

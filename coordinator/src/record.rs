@@ -166,6 +166,12 @@ pub struct EpochClaim {
     pub epoch: Epoch,
     pub by: String,
     pub at_ms: u64,
+    /// The claim was made on a registry behind its high-water mark, which an
+    /// operator accepted (`--accept-registry-rollback`): what the mark said
+    /// and what was found. Kept with the claim as the durable record of the
+    /// acceptance.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_rollback: Option<crate::mark::Behind>,
 }
 
 /// The payload of one registry message.

@@ -51,6 +51,7 @@ use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::publish::PublishAck;
 use async_nats::jetstream::{self, consumer, stream};
 use futures::StreamExt;
+use tenure_protocol::messages::RegistryMark;
 use tenure_protocol::{subjects, Epoch, TaskId};
 
 use crate::record::{EpochClaim, RegistryEntry, TaskRecord};
@@ -83,7 +84,14 @@ pub struct StreamLimits {
     pub max_bytes: u64,
     /// Largest message (payload and headers).
     pub max_message: usize,
+    /// How long the server remembers message ids for deduplication
+    /// (JetStream's `duplicate_window`): a retried append is recognised
+    /// within it. Shortened only by tests and chaos runs.
+    pub duplicate_window: Duration,
 }
+
+/// The registry's duplicate window unless configured otherwise.
+pub const DEFAULT_DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
 /// Room in a message for the headers of an append (message id, expected
 /// sequence, expected last message id) and the subject.
@@ -104,7 +112,11 @@ impl StreamLimits {
     /// The limits for a registry of `max_bytes` on a server whose largest
     /// message is `max_payload`.
     pub fn new(max_bytes: u64, max_payload: usize) -> StreamLimits {
-        StreamLimits { max_bytes, max_message: record_limit(max_payload) + HEADER_ALLOWANCE }
+        StreamLimits {
+            max_bytes,
+            max_message: record_limit(max_payload) + HEADER_ALLOWANCE,
+            duplicate_window: DEFAULT_DUPLICATE_WINDOW,
+        }
     }
 }
 
@@ -141,6 +153,9 @@ pub struct Registry {
     /// The message id of this process's last durable append (its epoch claim
     /// first): the next append expects it as the stream's last message.
     last_msg_id: Option<String>,
+    /// The highest task number durable in the registry (or reserved by the
+    /// mark): part of the high-water mark.
+    highest_task: u64,
 }
 
 type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
@@ -162,6 +177,8 @@ struct InFlight {
     /// Sent while every append before it was durable: a wrong-sequence answer
     /// to that send means another writer moved the registry (fenced).
     sent_as_oldest: bool,
+    /// The task number the append stores (0 for none).
+    task_number: u64,
     /// A transient failure's pause before the next send.
     pause: Option<Pin<Box<tokio::time::Sleep>>>,
     delay: Duration,
@@ -188,6 +205,7 @@ impl Registry {
             config.max_message_size = i32::try_from(limits.max_message).unwrap_or(i32::MAX);
             config.max_consumers = MAX_CONSUMERS;
             config.discard = stream::DiscardPolicy::New;
+            config.duplicate_window = limits.duplicate_window;
             config
         };
         let mut stream = js
@@ -197,7 +215,6 @@ impl Registry {
                 max_messages_per_subject: 1,
                 storage: stream::StorageType::File,
                 num_replicas: replicas.max(1),
-                duplicate_window: Duration::from_secs(120),
                 ..Default::default()
             }))
             .await
@@ -244,6 +261,7 @@ impl Registry {
             started: 0,
             durable: 0,
             last_msg_id: None,
+            highest_task: loaded.highest_n,
         };
         Ok((registry, loaded))
     }
@@ -252,9 +270,17 @@ impl Registry {
     /// lease just won, so that lease and registry agree): appends a claim
     /// conditional on the sequence this coordinator loaded. Fails with
     /// [`Error::Fenced`] if anyone wrote since; the caller loads again.
-    pub async fn claim(&mut self, by: &str, at_least: Epoch, now_ms: u64) -> Result<Epoch, Error> {
+    /// `accepted_rollback` records, with the claim, an operator's acceptance
+    /// of a registry found behind its high-water mark.
+    pub async fn claim(
+        &mut self,
+        by: &str,
+        at_least: Epoch,
+        now_ms: u64,
+        accepted_rollback: Option<crate::mark::Behind>,
+    ) -> Result<Epoch, Error> {
         let epoch = self.epoch.checked_next().ok_or(Error::EpochsExhausted(self.epoch))?.max(at_least);
-        let claim = EpochClaim { epoch, by: by.to_owned(), at_ms: now_ms };
+        let claim = EpochClaim { epoch, by: by.to_owned(), at_ms: now_ms, accepted_rollback };
         self.append(subjects::REGISTRY_EPOCH.to_owned(), &RegistryEntry::Epoch(claim)).await?;
         self.epoch = epoch;
         Ok(epoch)
@@ -264,11 +290,27 @@ impl Registry {
         self.epoch
     }
 
+    /// The stream's last sequence as of the last durable append (or the load).
+    pub fn last_seq(&self) -> u64 {
+        self.last_seq
+    }
+
+    /// Task numbers up to `n` count as used (the mark says they were), so
+    /// the mark never goes below them.
+    pub fn reserve_through(&mut self, n: u64) {
+        self.highest_task = self.highest_task.max(n);
+    }
+
+    /// The high-water mark of what is durable in the registry now.
+    pub fn mark(&self) -> RegistryMark {
+        RegistryMark { last_seq: self.last_seq, highest_task: self.highest_task, epoch: self.epoch }
+    }
+
     /// Starts storing the latest version of a task (pipelined); its ticket.
     /// It is durable once [`Registry::settle`] has counted the ticket.
     pub async fn start_put_task(&mut self, record: &TaskRecord) -> Result<u64, Error> {
         let entry = RegistryEntry::Task(Box::new(record.clone()));
-        self.start_append(subjects::registry_task(&record.id), &entry).await
+        self.start_append(subjects::registry_task(&record.id), record.id.number(), &entry).await
     }
 
     /// Starts compacting a garbage-collected task's record to a tombstone
@@ -276,7 +318,7 @@ impl Registry {
     /// anything); its ticket, as [`Registry::start_put_task`].
     pub async fn start_forget(&mut self, id: &TaskId, at_ms: u64) -> Result<u64, Error> {
         let entry = RegistryEntry::Forgotten { id: id.clone(), at_ms };
-        self.start_append(subjects::registry_task(id), &entry).await
+        self.start_append(subjects::registry_task(id), id.number(), &entry).await
     }
 
     /// Appends started and not yet durable.
@@ -289,7 +331,7 @@ impl Registry {
         self.started
     }
 
-    async fn start_append(&mut self, subject: String, entry: &RegistryEntry) -> Result<u64, Error> {
+    async fn start_append(&mut self, subject: String, task_number: u64, entry: &RegistryEntry) -> Result<u64, Error> {
         let payload: bytes::Bytes = tenure_protocol::encode(entry).map_err(|e| Error::Encode(e.to_string()))?.into();
         let expected = self.last_seq + self.in_flight.len() as u64;
         let after_msg_id = self.in_flight.back().map(|a| a.msg_id.clone()).or_else(|| self.last_msg_id.clone());
@@ -301,6 +343,7 @@ impl Registry {
             after_msg_id,
             ack: None,
             sent_as_oldest: self.in_flight.is_empty(),
+            task_number,
             pause: None,
             delay: Duration::from_millis(50),
             first_sent: tokio::time::Instant::now(),
@@ -352,12 +395,27 @@ impl Registry {
                     }
                     self.last_seq = ack.sequence;
                     self.last_msg_id = Some(oldest.msg_id.clone());
+                    self.highest_task = self.highest_task.max(oldest.task_number);
                     crate::metrics::get().append.record(oldest.first_sent.elapsed().as_secs_f64(), &[]);
                     self.in_flight.pop_front();
                     self.durable += 1;
                     return Ok(self.durable);
                 }
                 Err(e) => match e.kind() {
+                    PublishErrorKind::WrongLastMessageId if oldest.sent_as_oldest => {
+                        // The server may have forgotten the id of our last
+                        // message (restarted after its duplicate window of
+                        // quiet): go on only if the stream still ends with it.
+                        let (seq, id) = last_message(&self.js).await?;
+                        if !forgot_our_id(oldest.expected, oldest.after_msg_id.as_deref(), seq, id.as_deref()) {
+                            return Err(Error::Fenced { expected: oldest.expected });
+                        }
+                        tracing::warn!(
+                            sequence = seq,
+                            "the server forgot the id of our last registry message; it is still the last: going on"
+                        );
+                        oldest.after_msg_id = None;
+                    }
                     PublishErrorKind::WrongLastSequence | PublishErrorKind::WrongLastMessageId
                         if oldest.sent_as_oldest =>
                     {
@@ -414,6 +472,27 @@ async fn send(js: &jetstream::Context, append: &InFlight) -> Result<AckFuture, P
         publish = publish.expected_last_message_id(after);
     }
     Ok(js.send_publish(append.subject.clone(), publish).await?.into_future())
+}
+
+/// Whether an append refused for its expected last message id may be sent
+/// again without it: the stream's last message is still at the sequence the
+/// append expects and carries the id of our own previous append — so the
+/// server forgot that id (it keeps ids only for its duplicate window, and a
+/// restart after a longer quiet period loses them), and nobody else wrote.
+/// The resend still expects the last sequence, which fences any writer that
+/// comes in between. Anything else is another writer: fenced.
+fn forgot_our_id(expected: u64, after: Option<&str>, found_seq: u64, found_id: Option<&str>) -> bool {
+    found_seq == expected && after.is_some() && found_id == after
+}
+
+/// The stream's last sequence and the message id of the message there.
+async fn last_message(js: &jetstream::Context) -> Result<(u64, Option<String>), Error> {
+    let unavailable = |e: &dyn std::fmt::Display| Error::Unavailable(e.to_string());
+    let mut stream = js.get_stream(subjects::REGISTRY_STREAM).await.map_err(|e| unavailable(&e))?;
+    let seq = stream.info().await.map_err(|e| unavailable(&e))?.state.last_sequence;
+    let msg = stream.get_raw_message(seq).await.map_err(|e| unavailable(&e))?;
+    let id = msg.headers.get("Nats-Msg-Id").map(|v| v.as_str().to_owned());
+    Ok((seq, id))
 }
 
 /// Schedules the next send of an append after a transient failure, or gives up
@@ -514,7 +593,7 @@ mod tests {
             let client = async_nats::connect(&nats.url).await.unwrap();
             let js = jetstream::new(client);
             let (mut old, _) = Registry::open(js.clone(), 1, limits()).await.unwrap();
-            old.claim("old", Epoch(1), 0).await.unwrap();
+            old.claim("old", Epoch(1), 0, None).await.unwrap();
             old.start_put_task(&record(1)).await.unwrap();
             old.settle().await.unwrap();
             // Append 1 of the next batch is lost (never reaches the server)…
@@ -528,6 +607,7 @@ mod tests {
                 after_msg_id: old.last_msg_id.clone(),
                 ack: None,
                 sent_as_oldest: true,
+                task_number: 2,
                 pause: None,
                 delay: Duration::from_millis(50),
                 first_sent: tokio::time::Instant::now(),
@@ -535,7 +615,7 @@ mod tests {
             old.started += 1;
             // …a new leader loads and claims: exactly one message lands…
             let (mut new, _) = Registry::open(js.clone(), 1, limits()).await.unwrap();
-            new.claim("new", Epoch(2), 0).await.unwrap();
+            new.claim("new", Epoch(2), 0, None).await.unwrap();
             // …and the old leader's append 2 expects exactly that sequence.
             old.start_put_task(&record(3)).await.unwrap();
             let verdict = old.settle().await;
@@ -547,6 +627,18 @@ mod tests {
             new.start_put_task(&record(4)).await.unwrap();
             new.settle().await.unwrap();
         });
+    }
+
+    /// The repair of a forgotten message id goes on only when the stream
+    /// still ends, at the expected sequence, with our own previous message.
+    #[test]
+    fn a_forgotten_message_id_is_repaired_only_when_the_last_message_is_ours() {
+        assert!(forgot_our_id(7, Some("me:6"), 7, Some("me:6")));
+        assert!(!forgot_our_id(7, Some("me:6"), 8, Some("other:7")), "another writer appended");
+        assert!(!forgot_our_id(7, Some("me:6"), 7, Some("other:6")), "another writer's message sits there");
+        assert!(!forgot_our_id(7, Some("me:6"), 7, None));
+        assert!(!forgot_our_id(7, None, 7, None), "nothing was expected: the refusal is someone else's");
+        assert!(!forgot_our_id(7, Some("me:6"), 6, Some("me:6")), "the stream went back");
     }
 
     /// A registry stream created before it was bounded gets its limits when

@@ -13,6 +13,12 @@
 //! that moment, and a failed persist stops the loop before any later effect
 //! (reply, grant, kill) of the same batch leaves.
 //!
+//! A registry found behind the high-water mark the lease carries (see
+//! [`crate::mark`]) is not led: the process keeps the lease, claims nothing,
+//! writes nothing, answers every client request with
+//! `ApiError::RegistryBehind`, and loads the registry again every few seconds
+//! until it is restored (or an operator accepted the loss at start).
+//!
 //! No input can end the process: fencing, outages and a newer epoch end the
 //! term; a record that cannot be stored (it does not encode) fails only the
 //! change it belonged to — nothing of it is sent, the rest of its batch is
@@ -39,6 +45,7 @@ use opentelemetry::KeyValue;
 use crate::core::{Core, CoreConfig, Effect, Input, Now};
 use crate::elector::{self, Clock, Elector, LeaseView, Term};
 use crate::lease::{self, ms, LeaseConfig};
+use crate::mark;
 use crate::metrics;
 use crate::notices::{NoticeLimits, Notices};
 use crate::registry::{self, Loaded, Registry, StreamLimits};
@@ -59,6 +66,12 @@ pub struct Options {
     pub lease: LeaseConfig,
     /// Limits of the notice stream (the registry's are in `core.limits`).
     pub notices: NoticeLimits,
+    /// The registry stream's duplicate window (JetStream forgets message ids
+    /// older than it; shortened by tests and chaos runs).
+    pub registry_duplicate_window: Duration,
+    /// Lead a registry found behind its high-water mark (the operator judged
+    /// the loss); the acceptance is recorded with the epoch claim.
+    pub accept_registry_rollback: bool,
 }
 
 impl Default for Options {
@@ -71,6 +84,8 @@ impl Default for Options {
             command_timeout: Duration::from_secs(2),
             lease: LeaseConfig::default(),
             notices: NoticeLimits::default(),
+            registry_duplicate_window: registry::DEFAULT_DUPLICATE_WINDOW,
+            accept_registry_rollback: false,
         }
     }
 }
@@ -262,25 +277,90 @@ impl Visibility {
     }
 }
 
-/// Loads the registry and claims an epoch of at least the lease's; loads again
-/// when another writer moved the registry in between (a deposed leader's last
-/// append landing late).
+/// What loading the registry at a takeover came to.
+enum Adoption {
+    /// Loaded and an epoch claimed: lead.
+    Led(Box<(Registry, Loaded, Epoch)>),
+    /// Behind its high-water mark: nothing was claimed or written.
+    Behind(mark::Behind),
+}
+
+/// Loads the registry, judges it against the high-water mark the lease
+/// carries, and claims an epoch of at least the lease's (and past the mark's);
+/// loads again when another writer moved the registry in between (a deposed
+/// leader's last append landing late).
 async fn adopt(
     js: &async_nats::jetstream::Context,
     opts: &Options,
     limits: StreamLimits,
-    at_least: Epoch,
-) -> Result<(Registry, Loaded, Epoch), Stop> {
+    term: &Term,
+) -> Result<Adoption, Stop> {
     let mut tries = 0;
     loop {
         tries += 1;
         let (mut registry, loaded) = Registry::open(js.clone(), opts.replicas, limits).await?;
-        match registry.claim(&opts.name, at_least, wall_ms()).await {
-            Ok(epoch) => return Ok((registry, loaded, epoch)),
+        let found = registry.mark();
+        let accepted = match mark::judge(term.mark, found, opts.accept_registry_rollback) {
+            mark::Verdict::Lead => None,
+            mark::Verdict::Refuse(behind) => return Ok(Adoption::Behind(behind)),
+            mark::Verdict::Accept(behind) => {
+                tracing::warn!(
+                    expected = %behind.expected,
+                    found = %behind.found,
+                    "the registry is behind its high-water mark and --accept-registry-rollback is set: \
+                     leading it, recording the acceptance with the epoch claim; task numbers and epochs \
+                     below the mark are not used again"
+                );
+                Some(behind)
+            }
+        };
+        registry.reserve_through(mark::highest_task(term.mark, found));
+        let at_least = mark::least_epoch(term.mark, term.epoch);
+        match registry.claim(&opts.name, at_least, wall_ms(), accepted).await {
+            Ok(epoch) => return Ok(Adoption::Led(Box::new((registry, loaded, epoch)))),
             Err(registry::Error::Fenced { expected }) if tries < 3 => {
                 tracing::warn!(expected, "the registry moved while it was loaded; loading it again");
             }
             Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// How often a coordinator that refuses to lead loads the registry again
+/// (an operator may have restored it).
+const BEHIND_RECHECK: Duration = Duration::from_secs(3);
+
+/// Holds the lease over a registry behind its high-water mark without
+/// leading it: claims nothing, writes nothing, commands nobody; answers every
+/// client request with [`ApiError::RegistryBehind`] (so `tenure status` and
+/// every verb show the refusal); returns `None` to load the registry again
+/// after [`BEHIND_RECHECK`], or how the term ended.
+async fn refuse<F: Future<Output = ()>>(
+    opts: &Options,
+    client: &async_nats::Client,
+    guard: &mut Guard,
+    shutdown: &mut Pin<&mut F>,
+    behind: mark::Behind,
+    epoch: Epoch,
+) -> Option<Ended> {
+    let mut api = match client.subscribe(subjects::API).await {
+        Ok(sub) => sub,
+        Err(e) => return Some(Ended::SteppedDown { epoch, reason: format!("NATS subscription failed: {e}") }),
+    };
+    let refusal =
+        ApiError::RegistryBehind { coordinator: opts.name.clone(), expected: behind.expected, found: behind.found };
+    let recheck = tokio::time::sleep(BEHIND_RECHECK);
+    tokio::pin!(recheck);
+    loop {
+        tokio::select! {
+            _ = shutdown.as_mut() => return Some(Ended::Shutdown { epoch }),
+            reason = guard.lost() => return Some(Ended::SteppedDown { epoch, reason }),
+            _ = &mut recheck => return None,
+            Some(msg) = api.next() => {
+                if let Some(to) = tenure_transport::identity::reply_to(&msg) {
+                    tenure_transport::reply(client, to, &ApiReply::Err(refusal.clone())).await;
+                }
+            }
         }
     }
 }
@@ -299,20 +379,48 @@ async fn lead<F: Future<Output = ()>>(
     let js = async_nats::jetstream::new(client.clone());
     let load_started = clock.now();
     let max_payload = client.server_info().max_payload;
-    let limits = StreamLimits::new(opts.core.limits.registry_bytes, max_payload);
-    let adopted = tokio::select! {
-        _ = &mut shutdown => return Ok(Ended::Shutdown { epoch }),
-        reason = guard.lost() => return Ok(Ended::SteppedDown { epoch, reason }),
-        adopted = adopt(&js, opts, limits, term.epoch) => adopted,
-    };
-    let (mut registry, loaded) = match adopted {
-        Ok((registry, loaded, claimed)) => {
-            epoch = claimed;
-            (registry, loaded)
+    let mut limits = StreamLimits::new(opts.core.limits.registry_bytes, max_payload);
+    limits.duplicate_window = opts.registry_duplicate_window;
+    let mut refusing = false;
+    let (mut registry, loaded) = loop {
+        let adopted = tokio::select! {
+            _ = &mut shutdown => return Ok(Ended::Shutdown { epoch }),
+            reason = guard.lost() => return Ok(Ended::SteppedDown { epoch, reason }),
+            adopted = adopt(&js, opts, limits, &term) => adopted,
+        };
+        match adopted {
+            Ok(Adoption::Led(led)) => {
+                let (registry, loaded, claimed) = *led;
+                epoch = claimed;
+                if refusing {
+                    tracing::info!("the registry is back at its high-water mark; leading");
+                }
+                break (registry, loaded);
+            }
+            Ok(Adoption::Behind(behind)) => {
+                if !refusing {
+                    tracing::error!(
+                        expected = %behind.expected,
+                        found = %behind.found,
+                        "refusing to lead: the registry is behind its high-water mark (expected at least {}, \
+                         found {}). It lost acknowledged writes or was deleted, recreated or restored from an \
+                         older backup. Recover: restore the registry stream from a backup that holds the mark \
+                         (this coordinator loads it again every few seconds), or, once the loss is judged, \
+                         stop every coordinator and start one with --accept-registry-rollback",
+                        behind.expected,
+                        behind.found,
+                    );
+                    refusing = true;
+                }
+                if let Some(ended) = refuse(opts, client, &mut guard, &mut shutdown, behind, epoch).await {
+                    return Ok(ended);
+                }
+            }
+            Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
+            Err(Stop::Record { reason, .. }) => return Ok(Ended::SteppedDown { epoch, reason }),
         }
-        Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
-        Err(Stop::Record { reason, .. }) => return Ok(Ended::SteppedDown { epoch, reason }),
     };
+    elector.note_mark(registry.mark());
     elector.adopt_epoch(epoch).await;
     announce_epoch(client, epoch).await;
     let adopted_in_ms = ms(clock.now().saturating_sub(term.takeover_started));
@@ -333,7 +441,8 @@ async fn lead<F: Future<Output = ()>>(
     cfg.limits.record_bytes = registry::record_limit(max_payload);
     cfg.limits.registry_bytes = loaded.max_bytes;
     let mut core = Core::new(cfg, epoch, loaded.records, now());
-    core.reserve_through(loaded.highest_n);
+    // Task numbers below the high-water mark are never used again.
+    core.reserve_through(registry.mark().highest_task);
     core.handle(Input::RegistryUsage { bytes: loaded.bytes }, now());
     let notices = match Notices::open(js.clone(), opts.replicas, opts.notices).await {
         Ok(n) => n,
@@ -459,6 +568,8 @@ async fn lead<F: Future<Output = ()>>(
                 if ticks.is_multiple_of(REGISTRY_SAMPLE_TICKS) {
                     outbox.sample_registry();
                 }
+                // Appends settled while making room are noted here.
+                elector.note_mark(registry.mark());
                 Input::Tick
             }
             // An append may still be retrying when the renew deadline passes: the
@@ -466,7 +577,10 @@ async fn lead<F: Future<Output = ()>>(
             // conditionally on our sequence, which the next claim includes or fences.
             durable = registry.settle(), if registry.in_flight() > 0 => {
                 let released = match durable {
-                    Ok(durable) => pipeline.release(durable, &outbox, &mut guard, &mut visibility).await,
+                    Ok(durable) => {
+                        elector.note_mark(registry.mark());
+                        pipeline.release(durable, &outbox, &mut guard, &mut visibility).await
+                    }
                     Err(e) => Err(Stop::from(e)),
                 };
                 match released {
@@ -876,7 +990,7 @@ mod tests {
             let client = async_nats::connect(&nats.url).await.unwrap();
             let js = async_nats::jetstream::new(client.clone());
             let (mut registry, _) = Registry::open(js.clone(), 1, StreamLimits::new(1 << 30, 1 << 20)).await.unwrap();
-            registry.claim("test", Epoch(1), 0).await.unwrap();
+            registry.claim("test", Epoch(1), 0, None).await.unwrap();
             let notices = Notices::open(js.clone(), 1, NoticeLimits::default()).await.unwrap();
             let (results, _answers) = mpsc::channel(16);
             let opts = Options::default();
@@ -889,6 +1003,7 @@ mod tests {
                 renewed_at: clock.now(),
                 renewals: 0,
                 takeover_started: clock.now(),
+                mark: None,
             };
             let (_lease, view) = watch::channel(LeaseView::Leader(term));
             let mut guard = Guard { view, term: 1, clock };

@@ -263,6 +263,41 @@ pub enum ApiError {
     /// tasks already running to finish. Nothing was stored.
     #[error("the registry is full ({used} of {max} bytes, room kept for running tasks to finish); new tasks are refused until finished ones are garbage-collected or the limit is raised; nothing was stored")]
     RegistryFull { used: u64, max: u64 },
+    /// The registry is behind the high-water mark kept outside it (it lost
+    /// acknowledged writes, or was deleted, recreated or restored from an
+    /// older backup): `coordinator` holds the leader lease and refuses to
+    /// lead it. Nothing is scheduled, stored or answered until an operator
+    /// restores the registry or accepts the loss.
+    #[error("coordinator {coordinator} refuses to lead: the registry is behind its high-water mark (expected at least {expected}, found {found}); restore the registry stream from a backup that holds the mark, or, once the loss is judged, restart one coordinator with --accept-registry-rollback (see operations.md, \"A registry that went back\")")]
+    RegistryBehind { coordinator: String, expected: RegistryMark, found: RegistryMark },
+}
+
+/// The registry's high-water mark: how far the registry is known to have
+/// come. It is kept outside the registry (in the leader lease) so that a
+/// registry that went back — acknowledged writes lost, the stream deleted,
+/// recreated or restored from an older backup — is noticed before anyone
+/// leads it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RegistryMark {
+    /// The registry stream's last sequence.
+    pub last_seq: u64,
+    /// The highest task number stored (task numbers are never reused).
+    pub highest_task: u64,
+    /// The highest epoch claimed in the registry.
+    pub epoch: Epoch,
+}
+
+impl RegistryMark {
+    /// Whether a registry found at `found` is behind this mark in any part.
+    pub fn is_ahead_of(&self, found: &RegistryMark) -> bool {
+        found.last_seq < self.last_seq || found.highest_task < self.highest_task || found.epoch < self.epoch
+    }
+}
+
+impl std::fmt::Display for RegistryMark {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "sequence {}, task number {}, epoch {}", self.last_seq, self.highest_task, self.epoch)
+    }
 }
 
 /// A fresh read-only projection of one task.

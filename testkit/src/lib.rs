@@ -23,6 +23,8 @@ pub struct NatsServer {
     /// The monitoring port, when the configuration has one.
     pub http_port: Option<u16>,
     store: tempfile::TempDir,
+    /// Started by [`NatsServer::start`] (its configuration is the kit's own).
+    plain: bool,
 }
 
 /// Finds the nats-server binary: `TENURE_NATS_SERVER`, then the project's own
@@ -53,16 +55,49 @@ impl NatsServer {
     /// Starts on a given port (to restart a server where clients expect it).
     pub fn start_on(port: u16) -> anyhow::Result<NatsServer> {
         let store = tempfile::tempdir()?;
-        let child = Command::new(nats_server_binary())
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(store.path())
+        let child = Self::spawn_plain(port, store.path())?;
+        let url = format!("nats://127.0.0.1:{port}");
+        let server = NatsServer { child, port, url, http_port: None, store, plain: true };
+        server.wait_listening()?;
+        Ok(server)
+    }
+
+    /// JetStream with `sync_interval: always`, as the shipped configurations
+    /// and `tenure dev` run it: an acknowledged write is on disk, so a test
+    /// that kills the server loses nothing it was told was stored.
+    fn spawn_plain(port: u16, store: &Path) -> anyhow::Result<Child> {
+        let conf = store.join("nats.conf");
+        let text = format!(
+            "listen: \"127.0.0.1:{port}\"\njetstream {{\n  store_dir: \"{}\"\n  sync_interval: always\n}}\n",
+            store.join("jetstream").display()
+        );
+        std::fs::write(&conf, text)?;
+        Command::new(nats_server_binary())
+            .arg("-c")
+            .arg(&conf)
+            .arg("-l")
+            .arg(store.join("nats.log"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .context("starting nats-server (run deploy/install-nats.sh or put nats-server >= 2.11 on PATH)")?;
-        let server = NatsServer { child, port, url: format!("nats://127.0.0.1:{port}"), http_port: None, store };
-        server.wait_listening()?;
-        Ok(server)
+            .context("starting nats-server (run deploy/install-nats.sh or put nats-server >= 2.11 on PATH)")
+    }
+
+    /// SIGKILLs the server and starts it again on the same port and store
+    /// (only for servers started by [`NatsServer::start`]); waits until it
+    /// accepts connections.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        if !self.plain {
+            bail!("only a server started by NatsServer::start can be restarted by the kit");
+        }
+        self.kill9();
+        self.child = Self::spawn_plain(self.port, self.store.path())?;
+        self.wait_listening()
+    }
+
+    /// The server's store directory (JetStream data under `jetstream/`).
+    pub fn store_dir(&self) -> &Path {
+        self.store.path()
     }
 
     /// Starts nats-server from a shipped configuration file: every
@@ -108,7 +143,7 @@ impl NatsServer {
             .stderr(Stdio::null())
             .spawn()
             .context("starting nats-server (run deploy/install-nats.sh or put nats-server >= 2.11 on PATH)")?;
-        Ok(NatsServer { child, port, url: format!("nats://127.0.0.1:{port}"), http_port: http, store })
+        Ok(NatsServer { child, port, url: format!("nats://127.0.0.1:{port}"), http_port: http, store, plain: false })
     }
 
     fn wait_listening_then(self) -> anyhow::Result<NatsServer> {
@@ -138,7 +173,7 @@ impl NatsServer {
         let _ = self.child.wait();
     }
 
-    /// What the server logged (only for servers started from a configuration).
+    /// What the server logged.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.store.path().join("nats.log")).unwrap_or_default()
     }
