@@ -761,8 +761,11 @@ impl Core {
         if !w.alive {
             tracing::info!(worker = %hb.worker, "worker is back");
         }
+        // A new process knows nothing of its predecessor's store: the
+        // incarnation is what it says, unknown until its sidecar answers.
+        let rebound = w.instance != Some(hb.instance);
         w.instance = Some(hb.instance);
-        if hb.incarnation.is_some() {
+        if rebound || hb.incarnation.is_some() {
             w.incarnation = hb.incarnation;
         }
         w.slots = hb.slots;
@@ -987,7 +990,15 @@ impl Core {
             .iter()
             // A machine whose sidecar is down or degraded would refuse the
             // grant, and one that claims an epoch no coordinator claimed too.
-            .filter(|(_, w)| w.alive && w.sidecar == SidecarHealth::Ok && w.unproven_epoch.is_none())
+            // Only a process that heartbeated to this leader, with its store's
+            // incarnation: the grant is recorded against that store.
+            .filter(|(_, w)| {
+                w.alive
+                    && w.sidecar == SidecarHealth::Ok
+                    && w.unproven_epoch.is_none()
+                    && w.instance.is_some()
+                    && w.incarnation.is_some()
+            })
             .map(|(id, w)| (id.clone(), w.slots.saturating_sub(load.get(id).copied().unwrap_or(0))))
             .filter(|(_, f)| *f > 0)
             .collect();
@@ -1028,10 +1039,11 @@ impl Core {
     fn send_grant(&mut self, task: &TaskId, now: Now, fx: &mut Vec<Effect>) {
         let Some(r) = self.tasks.get(task) else { return };
         let Some(worker) = r.life.worker.clone() else { return };
-        // Never re-sent to another store than the one it was granted to: that
-        // machine may have run it before it was wiped. Its evidence settles it.
+        // Sent only to the store it was granted to, as the machine's latest
+        // heartbeat names it: another store (a wiped machine, or one not yet
+        // known) may face an attempt that ran before. Its evidence settles it.
         let current = self.workers.get(&worker).and_then(|w| w.incarnation);
-        if matches!((r.incarnation.as_deref(), current), (Some(a), Some(b)) if *a != b) {
+        if r.incarnation.as_deref().is_some_and(|a| current != Some(*a)) {
             return;
         }
         let grant = LeaseGrant {

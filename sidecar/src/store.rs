@@ -334,7 +334,12 @@ pub struct MemoryStore {
 impl MemoryStore {
     /// An empty store with an incarnation of its own.
     pub fn new() -> MemoryStore {
-        MemoryStore { incarnation: uuid::Uuid::new_v4(), ..MemoryStore::default() }
+        MemoryStore::with_incarnation(uuid::Uuid::new_v4())
+    }
+
+    /// An empty store with the given incarnation (a seeded simulation draws it).
+    pub fn with_incarnation(incarnation: uuid::Uuid) -> MemoryStore {
+        MemoryStore { incarnation, ..MemoryStore::default() }
     }
 
     /// How many successful writes happened (to prove a no-op wrote nothing).

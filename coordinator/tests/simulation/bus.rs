@@ -46,6 +46,9 @@ pub enum Msg {
     Command {
         req: ReqId,
         command: WorkerCommand,
+        /// The worker process it is addressed to (its own subject): another
+        /// process of the same id never receives it.
+        instance: uuid::Uuid,
     },
     AskEvidence {
         req: ReqId,

@@ -150,6 +150,14 @@ impl Checker {
     /// Rule 6: a sidecar never accepts a grant, records an intent or answers
     /// under an epoch lower than one it already acknowledged; and its own
     /// fence never falls below what it acknowledged.
+    /// A machine's data directory was lost: its epoch fence went with it (a
+    /// new store starts at epoch 0 until a leader's command raises it). The
+    /// registry's conditional appends still fence a deposed leader; rule 6
+    /// judges the new store from its start.
+    pub fn store_replaced(&mut self, machine: usize) {
+        self.fence.remove(&machine);
+    }
+
     pub fn sidecar_ok(&mut self, machine: usize, what: &str, epoch: Epoch, fence_now: Epoch) {
         let seen = self.fence.entry(machine).or_default();
         if epoch < *seen && what != "observe" {

@@ -385,11 +385,11 @@ impl Cluster {
                     }
                     self.append(ctx, s, epoch, *record);
                 }
-                Effect::Command { worker, command, .. } => {
+                Effect::Command { worker, command, instance } => {
                     let w = worker_index(&worker);
                     let line = if ctx.trace.enabled { fmt_command(&command) } else { String::new() };
                     let asked = Asked::Command { worker: w, command: command.clone() };
-                    ask_machine(ctx, s, term_id, epoch, w, line, asked, |req| Msg::Command { req, command });
+                    ask_machine(ctx, s, term_id, epoch, w, line, asked, |req| Msg::Command { req, command, instance });
                 }
                 // The model runs one process per worker id: never sent.
                 Effect::InstanceTaken { worker, .. } => ctx.note(|| format!("c{s} refuses a second {worker}")),

@@ -119,6 +119,9 @@ enum Event {
     WorkerCrash(usize),
     SidecarCrash(usize),
     MachineCrash(usize),
+    /// A machine crash, and its data directory lost with it: it comes back
+    /// under the same id on an empty store (another incarnation).
+    MachineWipe(usize),
     MachinePartition(usize),
     MonitorKill(usize),
 }
@@ -142,6 +145,7 @@ impl Rates {
             add(0.004, Event::WorkerCrash(m));
             add(0.003, Event::SidecarCrash(m));
             add(0.002, Event::MachineCrash(m));
+            add(0.001, Event::MachineWipe(m));
             add(0.004, Event::MachinePartition(m));
             add(0.002, Event::MonitorKill(m));
         }
@@ -362,6 +366,10 @@ impl Sim {
             Event::MachineCrash(m) => {
                 let d = ctx.rng.gen_range(1..=40);
                 self.hosts[m].crash_machine(ctx, d);
+            }
+            Event::MachineWipe(m) => {
+                let d = ctx.rng.gen_range(1..=40);
+                self.hosts[m].wipe_machine(ctx, d);
             }
             Event::MachinePartition(m) => {
                 let d = ctx.rng.gen_range(1..=40);

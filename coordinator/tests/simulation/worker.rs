@@ -270,6 +270,22 @@ impl Host {
         ctx.note(|| format!("FAULT m{i} machine crashes for {ticks} ticks"));
     }
 
+    /// An operator's mistake: the machine crashes and its data directory is
+    /// lost — the store (a new one, another incarnation), the attempt files
+    /// and the worker's record of its last instance.
+    pub fn wipe_machine(&mut self, ctx: &mut Ctx, ticks: u64) {
+        if !self.up {
+            return;
+        }
+        self.crash_machine(ctx, ticks);
+        self.side.disk = Some(MemoryStore::with_incarnation(Uuid::from_u128(ctx.rng.gen())));
+        self.procs.clear();
+        self.last_instance = None;
+        let i = self.index;
+        ctx.check.store_replaced(i);
+        ctx.note(|| format!("FAULT m{i} data directory wiped"));
+    }
+
     /// SIGKILL of one running monitor: its group is gone and nothing is recorded.
     pub fn kill_monitor(&mut self, ctx: &mut Ctx) {
         let running: Vec<Key> =
@@ -475,9 +491,11 @@ impl Host {
         }
         let running = self.worker.as_ref().is_some_and(|w| w.recovered);
         match env.msg {
-            Msg::Command { req, command } => {
-                if !running {
-                    return; // nobody subscribed: the request times out
+            Msg::Command { req, command, instance } => {
+                // Nobody subscribed (or only another process, on its own
+                // subject): the request times out.
+                if !running || self.worker.as_ref().is_some_and(|w| w.instance != instance) {
+                    return;
                 }
                 let reply = match command {
                     WorkerCommand::Grant(g) => self.on_grant(ctx, g),
