@@ -206,3 +206,18 @@ fn defect_d_a_late_started_report_revives_a_lost_attempt() {
     let opts = Options { fifo_links: false, ..Options::default() };
     assert_all_pass(&[2120090105, 2120089907], &opts);
 }
+
+/// Defect E — a wiped machine ran a task again. Seed 2120089697: a grant sent
+/// before the wipe reached the new store late and was accepted (the worker
+/// model answered commands for any process of its id; on NATS they go to the
+/// bound process's own subject). Seed 2120089950: after the wipe the leader
+/// re-sent a grant to the new worker process while its store was still
+/// unknown (it kept the old process's incarnation), the new process refused
+/// it with its sidecar down, and the task was queued again although the old
+/// store had run it. Fixed: a grant is re-sent only to the store it was
+/// granted to, as the bound process's latest heartbeat names it, and new work
+/// goes only to processes whose store the leader knows.
+#[test]
+fn defect_e_a_wiped_machine_runs_a_task_again() {
+    assert_all_pass(&[2120089697, 2120089950, 2120090606], &Options::default());
+}
