@@ -86,7 +86,7 @@ fn a_finished_noop_task_costs_the_core_little_heap() {
         attempts: Vec::new(),
         sidecar: Default::default(),
         replaces: None,
-        incarnation: None,
+        incarnation: Some(Uuid::from_u128(1)),
     };
     core.handle(Input::Heartbeat(heartbeat), now);
     run(&mut core, &mut now, 100);
