@@ -608,9 +608,16 @@ async fn load(
     let every = Duration::from_secs_f64(1.0 / rate.max(0.1));
     let session: SessionId = SESSION.parse().expect("valid session");
     let mut n = 0u64;
+    // Registered once, before the loop: `notify_waiters` reaches a waiter only
+    // while it is registered, and this task spends most of its time outside
+    // the `select!` (submitting). A stop sent then was lost, and the run hung
+    // waiting for the load to end.
+    let stopped = stop.notified();
+    tokio::pin!(stopped);
+    stopped.as_mut().enable();
     loop {
         tokio::select! {
-            _ = stop.notified() => return,
+            _ = &mut stopped => return,
             _ = tokio::time::sleep(every) => {}
         }
         if quiet.load(std::sync::atomic::Ordering::Relaxed) {
