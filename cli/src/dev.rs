@@ -237,12 +237,12 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
         .collect();
     let cluster = ClusterFile { nats_url: &url, data_dir: &data, identities: clients.clone(), components: &components };
     let cluster_path = data.join("cluster.json");
-    write_private(&cluster_path, &serde_json::to_vec_pretty(&cluster)?)?;
+    nats_auth::write_private(&cluster_path, &serde_json::to_string_pretty(&cluster)?, 0o600)?;
     // A shell that sources this acts as alice on this cluster.
     let alice = identities.iter().find(|i| i.user == "alice").context("alice's credentials")?;
     let dev_env = data.join("dev.env");
     let text = format!("TENURE_NATS={url}\nTENURE_NATS_USER={}\nTENURE_NATS_PASSWORD={}\n", alice.user, alice.password);
-    write_private(&dev_env, text.as_bytes())?;
+    nats_auth::write_private(&dev_env, &text, 0o600)?;
     eprintln!("cluster up: {url}; described in {}", cluster_path.display());
     eprintln!("act as alice in a shell:  set -a; . {}; set +a", dev_env.display());
     eprintln!(
@@ -291,7 +291,7 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
                 // cluster.json keeps naming each component's pid.
                 if restarted {
                     let cluster = ClusterFile { nats_url: &url, data_dir: &data, identities: clients.clone(), components: &components };
-                    let _ = serde_json::to_vec_pretty(&cluster).map(|b| write_private(&cluster_path, &b));
+                    let _ = serde_json::to_string_pretty(&cluster).map(|t| nats_auth::write_private(&cluster_path, &t, 0o600));
                 }
             }
         }
@@ -299,27 +299,6 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     stop_all(&mut running).await;
     eprintln!("cluster stopped");
     Ok(exit)
-}
-
-/// Writes a file only its owner can read.
-fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)?;
-    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
-    f.write_all(bytes)?;
-    Ok(())
-}
-
-/// The `NAME=VALUE` lines of a credentials file.
-fn read_env_file(path: &Path) -> anyhow::Result<Vec<(String, String)>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(text
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.split_once('='))
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect())
 }
 
 fn spawn(argv: &[String], env_file: Option<&Path>, log: &Path) -> anyhow::Result<Child> {
@@ -335,7 +314,7 @@ fn spawn(argv: &[String], env_file: Option<&Path>, log: &Path) -> anyhow::Result
         }
     }
     if let Some(file) = env_file {
-        command.envs(read_env_file(file)?);
+        command.envs(nats_auth::read_env_file(file)?);
     }
     Ok(command
         .args(args)

@@ -304,10 +304,21 @@ fn new_password() -> String {
     format!("{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple())
 }
 
+/// The `NAME=VALUE` lines of a credentials file (comments skipped).
+pub fn read_env_file(path: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect())
+}
+
 /// The password kept in an existing credentials file, if any.
 fn existing_password(file: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(file).ok()?;
-    text.lines().find_map(|l| l.strip_prefix("TENURE_NATS_PASSWORD=")).map(str::to_owned).filter(|p| !p.is_empty())
+    let vars = read_env_file(file).ok()?;
+    vars.into_iter().find(|(k, _)| k == "TENURE_NATS_PASSWORD").map(|(_, v)| v).filter(|p| !p.is_empty())
 }
 
 /// Writes `dir/auth.conf` and `dir/<user>.env` (mode 0600: `TENURE_NATS_USER`
@@ -353,7 +364,7 @@ pub fn write(dir: &Path, plan: &Plan) -> anyhow::Result<Vec<Identity>> {
 
 /// Writes `text` to `path` through a temporary file renamed into place, created
 /// with `mode` (never readable by others, not even for a moment).
-fn write_private(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
+pub fn write_private(path: &Path, text: &str, mode: u32) -> anyhow::Result<()> {
     let tmp = path.with_extension("tmp");
     let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()

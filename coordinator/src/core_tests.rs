@@ -57,17 +57,7 @@ impl Harness {
     }
 
     fn heartbeat(&mut self, worker: &str, slots: u32) -> Vec<Effect> {
-        self.input(Input::Heartbeat(Heartbeat {
-            worker: w(worker),
-            instance: Uuid::nil(),
-            slots,
-            kinds: vec![Kind::shell()],
-            epoch_seen: Epoch(3),
-            attempts: Vec::<HeldAttempt>::new(),
-            sidecar: Default::default(),
-            replaces: None,
-            incarnation: Some(Uuid::from_u128(1000)),
-        }))
+        self.input(beat(worker, 0, slots, None))
     }
 
     fn report(&mut self, worker: &str, task: &TaskId, attempt: u32, event: ReportEvent) -> ReportAck {
@@ -976,19 +966,24 @@ fn a_new_leader_republishes_the_notices_of_recent_unreported_ends_only() {
     assert_eq!(ids(next.pending_notices(None)), [old.to_string(), recent.to_string()]);
 }
 
-/// A heartbeat of `worker` from process `instance`, naming the process it replaces.
-fn beat_from(h: &mut Harness, worker: &str, instance: u128, replaces: Option<u128>) -> Vec<Effect> {
-    h.input(Input::Heartbeat(Heartbeat {
+/// A heartbeat of `worker` from process `instance` (0: the nil one), naming the
+/// process it replaces, on a machine whose store is incarnation 1000.
+fn beat(worker: &str, instance: u128, slots: u32, replaces: Option<u128>) -> Input {
+    Input::Heartbeat(Heartbeat {
         worker: w(worker),
         instance: Uuid::from_u128(instance),
-        slots: 4,
+        slots,
         kinds: vec![Kind::shell()],
         epoch_seen: Epoch(3),
         attempts: Vec::<HeldAttempt>::new(),
         sidecar: Default::default(),
         replaces: replaces.map(Uuid::from_u128),
         incarnation: Some(Uuid::from_u128(1000)),
-    }))
+    })
+}
+
+fn beat_from(h: &mut Harness, worker: &str, instance: u128, replaces: Option<u128>) -> Vec<Effect> {
+    h.input(beat(worker, instance, 4, replaces))
 }
 
 fn taken(fx: &[Effect]) -> Option<(Uuid, Uuid)> {

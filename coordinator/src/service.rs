@@ -464,6 +464,10 @@ async fn lead<F: Future<Output = ()>>(
         standbys: HashMap::new(),
     };
 
+    // Read once per term, not per request: the leader is connected by now (it
+    // loaded the registry), and every node of a NATS cluster shares one
+    // configuration.
+    let trust = Trust::of(client);
     let subscribe = |s: &'static str| {
         let client = client.clone();
         async move { client.subscribe(s).await }
@@ -498,7 +502,7 @@ async fn lead<F: Future<Output = ()>>(
                 let reply_to = tenure_transport::identity::reply_to(&msg);
                 let request = tenure_protocol::decode::<ApiRequest>(&msg.payload)
                     .map_err(|error| ApiError::InvalidRequest(error.to_string()))
-                    .and_then(|request| authenticate(Trust::of(client), msg.headers.as_ref(), request));
+                    .and_then(|request| authenticate(trust, msg.headers.as_ref(), request));
                 match request {
                     Ok(ApiRequest::Notices { session, acks, max, wait_ms }) => {
                         // Read from the stream, not the core: served beside the loop.

@@ -40,9 +40,9 @@ pub enum Trust {
 
 impl Trust {
     /// What the connected server says of itself (its INFO's `auth_required`).
-    /// Read it per request: before the first connection (a daemon connects in
-    /// the background) the client holds no INFO yet, while a request that
-    /// arrived came through a connection that has one.
+    /// Read it once connected — per request, or once a term has used the
+    /// connection: before the first connection (a daemon connects in the
+    /// background) the client holds no INFO yet and this says `Open`.
     pub fn of(client: &async_nats::Client) -> Trust {
         if client.server_info().auth_required {
             Trust::Authenticated
