@@ -249,6 +249,7 @@ fn record_of(i: u64) -> anyhow::Result<AttemptRecord> {
             epoch: Epoch(1),
             owner: "bench-owner".parse()?,
             spec: TaskSpec::shell("sleep 3600", "sleep 3600"),
+            mark: None,
         },
         phase: Phase::Exited,
         pid: Some(4242),

@@ -345,3 +345,76 @@ fn a_registry_restored_from_an_older_backup_is_not_led_until_the_operator_accept
     assert_eq!(text.lines().filter(|l| l.starts_with("run-a") || l.starts_with("run-b")).count(), 2, "{text}");
     assert!(!text.contains("run-refused"), "{text}");
 }
+
+/// The lease bucket recreated: the leader lease, and the mark it carried, gone.
+fn lease_lost(url: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(url).await.expect("connect"));
+        let kv = js.get_key_value(tenure_protocol::subjects::LEADER_BUCKET).await.expect("lease bucket");
+        kv.purge(tenure_protocol::subjects::LEADER_KEY).await.expect("purge");
+    })
+}
+
+/// The registry and the leader lease go back together (one JetStream store
+/// restored from a backup, its lease bucket lost): the lease holds no mark
+/// to judge the registry by, so only the machines can tell. The
+/// worker machine's store was given the lost tasks' marks with their grants;
+/// its heartbeat stops the leader, which refuses from then on and names the
+/// machine. Only an operator's acceptance ends the refusal, and then no task
+/// number the lost tasks had is used again.
+#[test]
+fn a_registry_gone_back_with_its_lease_is_caught_by_a_machines_mark() {
+    let fast = common::FAST_LEASE;
+    let mut c = Cluster::start_coordinators(1, 1, &fast);
+    let ledger = c.dir.path().join("ledger");
+    let run = |i: &str| format!("echo run-{i} >> {}", ledger.display());
+    let first = c.submit(&["--", &run("first")]);
+    c.wait_status(&first, "completed", BOUND);
+    let backup = registry_backup(&c.nats.url);
+    let lost: Vec<String> = ["a", "b"].iter().map(|i| c.submit(&["--", &run(i)])).collect();
+    for t in &lost {
+        c.wait_status(t, "completed", BOUND);
+    }
+    c.daemon("coordinator-c1").stop();
+
+    registry_restore(&c.nats.url, &backup);
+    lease_lost(&c.nats.url);
+    c.spawn_coordinator("c1", &fast);
+    let refused = eventually(BOUND, || {
+        let out = c.cli(&["status"]);
+        let err = common::stderr(&out);
+        (!out.status.success() && err.contains("refuses to lead")).then_some(err)
+    })
+    .unwrap_or_else(|| panic!("status never showed the refusal:\n{}", c.logs()));
+    assert!(refused.contains("kept by worker") && refused.contains("accept-registry-rollback"), "{refused}");
+    let log = c.daemon("coordinator-c1").log_text();
+    assert!(log.contains("no longer leading it"), "{log}");
+    let out = c.cli(&["submit", "--", &run("refused")]);
+    assert!(!out.status.success(), "a submit was taken by a coordinator that refuses to lead");
+
+    // A restart does not forget it: the lease carries the machine's mark.
+    c.daemon("coordinator-c1").stop();
+    c.spawn_coordinator("c1", &fast);
+    let again = eventually(BOUND, || {
+        let out = c.cli(&["submit", "--", &run("refused")]);
+        let err = common::stderr(&out);
+        (!out.status.success() && err.contains("behind its high-water mark")).then_some(())
+    });
+    assert!(again.is_some(), "a restarted coordinator led the caught registry:\n{}", c.logs());
+
+    // The operator judges the loss and accepts it.
+    c.daemon("coordinator-c1").stop();
+    let mut accept = fast.to_vec();
+    accept.push("--accept-registry-rollback");
+    c.spawn_coordinator("c1", &accept);
+    let next = c.submit(&["--", &run("next")]);
+    c.wait_status(&next, "completed", BOUND);
+    assert!(number(&next) > number(&lost[1]), "task number {next} reused after {}", lost[1]);
+    // The machine's mark from before the acceptance is no news now.
+    let later = c.submit(&["--", &run("later")]);
+    c.wait_status(&later, "completed", BOUND);
+    let text = std::fs::read_to_string(&ledger).expect("ledger");
+    assert_eq!(text.lines().filter(|l| l.starts_with("run-a") || l.starts_with("run-b")).count(), 2, "{text}");
+    assert!(!text.contains("run-refused"), "{text}");
+}

@@ -1052,6 +1052,8 @@ impl Core {
             epoch: r.life.epoch,
             owner: r.owner.clone(),
             spec: r.spec.clone(),
+            // Filled in by the driver when it sends the grant.
+            mark: None,
         };
         // Sent only to a bound process; until one heartbeats, the retry sends it.
         let Some(instance) = self.instance_of(&worker) else { return };

@@ -312,6 +312,7 @@ fn an_unreachable_machine_makes_non_idempotent_tasks_unknown_and_idempotent_ones
         sidecar: Default::default(),
         replaces: None,
         incarnation: None,
+        mark: None,
     }));
     let kills: Vec<&KillCommand> = fx
         .iter()
@@ -774,6 +775,7 @@ fn matched_lines_are_notified_once_each_and_repeats_change_nothing() {
         sidecar: Default::default(),
         replaces: None,
         incarnation: None,
+        mark: None,
     }));
     let (fx, reply) =
         h.api(ApiRequest::Submit(SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec }));
@@ -979,6 +981,7 @@ fn beat(worker: &str, instance: u128, slots: u32, replaces: Option<u128>) -> Inp
         sidecar: Default::default(),
         replaces: replaces.map(Uuid::from_u128),
         incarnation: Some(Uuid::from_u128(1000)),
+        mark: None,
     })
 }
 
@@ -1052,6 +1055,7 @@ fn a_machine_whose_store_was_replaced_never_runs_its_tasks_again_and_says_why() 
         sidecar: Default::default(),
         replaces: None,
         incarnation: Some(Uuid::from_u128(2000)),
+        mark: None,
     }));
     assert!(grants(&fx).is_empty(), "a grant went to the new store: {fx:?}");
     let asked: Vec<EvidenceRequest> = fx
@@ -1262,6 +1266,7 @@ fn a_deposed_leaders_stale_answer_does_not_settle_a_report_the_new_leader_acknow
             sidecar: Default::default(),
             replaces: None,
             incarnation: Some(Uuid::from_u128(1000)),
+            mark: None,
         })
     };
     new.input(hb(Epoch(3)));

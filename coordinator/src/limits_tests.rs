@@ -230,6 +230,7 @@ fn counters_at_their_ends_saturate_or_refuse() {
         sidecar: Default::default(),
         replaces: None,
         incarnation: Some(Uuid::from_u128(1000)),
+        mark: None,
     }));
     assert!(grants(&fx).is_empty());
     let m = h.submit("alice", spec);
@@ -252,6 +253,7 @@ fn forged(worker: &str, epoch: u64) -> Input {
         sidecar: Default::default(),
         replaces: None,
         incarnation: Some(Uuid::from_u128(1000)),
+        mark: None,
     })
 }
 

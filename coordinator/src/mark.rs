@@ -11,6 +11,13 @@
 //! writes nothing — unless an operator accepted the loss
 //! (`--accept-registry-rollback`), which is then recorded with the claim.
 //!
+//! The lease can go back with the registry (one JetStream store that lost
+//! acknowledged writes, or both restored from one backup). Every grant
+//! therefore carries the registry's mark to the machine, whose store keeps
+//! the highest it was given and whose heartbeats carry it: a leader that
+//! hears of a mark its registry does not reach ([`witnessed`]) stops leading
+//! and refuses, as at a takeover.
+//!
 //! Pure: no IO, no clock. It must never let a registry behind its mark be led
 //! without the operator's acceptance, and never let a task number or an
 //! epoch below the mark be used again, accepted or not.
@@ -20,16 +27,19 @@ use tenure_protocol::messages::RegistryMark;
 use tenure_protocol::Epoch;
 
 /// A registry found behind its mark.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Behind {
     /// The mark kept outside the registry.
     pub expected: RegistryMark,
     /// What the registry holds.
     pub found: RegistryMark,
+    /// Who kept the mark, when it was not the lease (a machine's store).
+    #[serde(default)]
+    pub witness: Option<String>,
 }
 
 /// What to do with a registry just loaded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
     /// At or past the mark (or no mark is known yet): lead.
     Lead,
@@ -44,7 +54,7 @@ pub enum Verdict {
 pub fn judge(expected: Option<RegistryMark>, found: RegistryMark, accept_rollback: bool) -> Verdict {
     match expected {
         Some(expected) if expected.is_ahead_of(&found) => {
-            let behind = Behind { expected, found };
+            let behind = Behind { expected, found, witness: None };
             if accept_rollback {
                 Verdict::Accept(behind)
             } else {
@@ -53,6 +63,25 @@ pub fn judge(expected: Option<RegistryMark>, found: RegistryMark, accept_rollbac
         }
         _ => Verdict::Lead,
     }
+}
+
+/// Whether a machine's mark `claim` shows the registry went back: it is
+/// ahead of the registry's durable mark `current` (every grant carries a mark
+/// the registry had already reached when it was sent) and of a mark the
+/// operator accepted. Returns the mark to refuse the registry against: the
+/// claim, past `current`, at a sequence no registry reaches — the registry
+/// was led, and written to, before it was caught, so only an operator's
+/// acceptance may end the refusal (a reload that grew past the claim must not
+/// look whole, and a backup cannot hold the writes made since).
+pub fn witnessed(
+    claim: Option<RegistryMark>,
+    current: RegistryMark,
+    accepted: Option<RegistryMark>,
+) -> Option<RegistryMark> {
+    let claim = claim?;
+    let floor = RegistryMark::merged(Some(current), accepted).unwrap_or(current);
+    let past = RegistryMark { last_seq: RegistryMark::UNREACHABLE, ..current };
+    claim.is_ahead_of(&floor).then(|| claim.merge(past))
 }
 
 /// The least epoch the next claim may take: past every epoch the mark says
@@ -86,8 +115,8 @@ mod tests {
     #[test]
     fn a_registry_behind_its_mark_in_any_part_is_refused_unless_accepted() {
         for found in [mark(9, 3, 2), mark(10, 2, 2), mark(10, 3, 1), mark(1, 0, 0)] {
-            let behind = Behind { expected: mark(10, 3, 2), found };
-            assert_eq!(judge(Some(mark(10, 3, 2)), found, false), Verdict::Refuse(behind), "{found}");
+            let behind = Behind { expected: mark(10, 3, 2), found, witness: None };
+            assert_eq!(judge(Some(mark(10, 3, 2)), found, false), Verdict::Refuse(behind.clone()), "{found}");
             assert_eq!(judge(Some(mark(10, 3, 2)), found, true), Verdict::Accept(behind), "{found}");
         }
     }
@@ -101,5 +130,32 @@ mod tests {
         assert_eq!(highest_task(Some(mark(10, 30, 2)), mark(3, 5, 1)), 30);
         assert_eq!(highest_task(Some(mark(10, 3, 2)), mark(30, 50, 2)), 50);
         assert_eq!(highest_task(None, mark(3, 5, 1)), 5);
+    }
+
+    #[test]
+    fn a_machine_mark_beyond_the_registry_is_caught_and_holds_until_accepted() {
+        let current = mark(20, 8, 3);
+        // Grants carry marks the registry had reached: nothing to see.
+        assert_eq!(witnessed(None, current, None), None);
+        assert_eq!(witnessed(Some(mark(20, 8, 3)), current, None), None);
+        assert_eq!(witnessed(Some(mark(12, 5, 2)), current, None), None);
+        // Ahead in any part: the registry went back.
+        for claim in [mark(21, 8, 3), mark(20, 9, 3), mark(20, 8, 4), mark(90, 40, 9)] {
+            let expected = witnessed(Some(claim), current, None).expect("caught");
+            assert!(expected.is_ahead_of(&current), "{claim}");
+            assert!(!claim.is_ahead_of(&expected), "{claim}: the refusal keeps the whole claim");
+            // A reload that grew past the claim still falls short: only an
+            // operator's acceptance ends it.
+            let grown = claim.merge(current);
+            assert_eq!(
+                judge(Some(expected), grown, false),
+                Verdict::Refuse(Behind { expected, found: grown, witness: None })
+            );
+            // Accepted, it leads past the claim's numbers and epoch.
+            assert!(highest_task(Some(expected), grown) >= claim.highest_task);
+            assert!(least_epoch(Some(expected), Epoch(1)) > claim.epoch);
+            // And the same claim, heard again after acceptance, is not news.
+            assert_eq!(witnessed(Some(claim), current, Some(expected)), None);
+        }
     }
 }

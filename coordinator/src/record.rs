@@ -172,6 +172,11 @@ pub struct EpochClaim {
     /// acceptance.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted_rollback: Option<crate::mark::Behind>,
+    /// Every acceptance so far, merged, carried on by each later claim: a
+    /// machine's store may still hold a mark from before an accepted
+    /// rollback, which is then no news (see `mark::witnessed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_floor: Option<tenure_protocol::messages::RegistryMark>,
 }
 
 /// The payload of one registry message.

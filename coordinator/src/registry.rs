@@ -156,6 +156,9 @@ pub struct Registry {
     /// The highest task number durable in the registry (or reserved by the
     /// mark): part of the high-water mark.
     highest_task: u64,
+    /// Every registry rollback an operator accepted, merged (carried on by
+    /// each epoch claim).
+    accepted_floor: Option<RegistryMark>,
 }
 
 type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
@@ -252,6 +255,7 @@ impl Registry {
             }
         }
         let epoch = loaded.last_claim.as_ref().map(|c| c.epoch).unwrap_or_default();
+        let accepted_floor = loaded.last_claim.as_ref().and_then(|c| c.accepted_floor);
         let registry = Registry {
             js,
             last_seq: state.last_sequence,
@@ -262,6 +266,7 @@ impl Registry {
             durable: 0,
             last_msg_id: None,
             highest_task: loaded.highest_n,
+            accepted_floor,
         };
         Ok((registry, loaded))
     }
@@ -280,10 +285,18 @@ impl Registry {
         accepted_rollback: Option<crate::mark::Behind>,
     ) -> Result<Epoch, Error> {
         let epoch = self.epoch.checked_next().ok_or(Error::EpochsExhausted(self.epoch))?.max(at_least);
-        let claim = EpochClaim { epoch, by: by.to_owned(), at_ms: now_ms, accepted_rollback };
+        let accepted_floor = RegistryMark::merged(self.accepted_floor, accepted_rollback.as_ref().map(|b| b.expected));
+        let claim = EpochClaim { epoch, by: by.to_owned(), at_ms: now_ms, accepted_rollback, accepted_floor };
         self.append(subjects::REGISTRY_EPOCH.to_owned(), &RegistryEntry::Epoch(claim)).await?;
         self.epoch = epoch;
+        self.accepted_floor = accepted_floor;
         Ok(epoch)
+    }
+
+    /// Every registry rollback an operator accepted, merged: machine marks
+    /// at or below it are no news.
+    pub fn accepted_floor(&self) -> Option<RegistryMark> {
+        self.accepted_floor
     }
 
     pub fn epoch(&self) -> Epoch {

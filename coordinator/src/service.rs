@@ -32,8 +32,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use tenure_protocol::messages::{
-    ApiError, ApiReply, ApiRequest, ApiResponse, CoordinatorPresence, Heartbeat, LeaderStatus, Report, StandbyStatus,
-    WorkerCommand,
+    ApiError, ApiReply, ApiRequest, ApiResponse, CoordinatorPresence, Heartbeat, LeaderStatus, RegistryMark, Report,
+    StandbyStatus, WorkerCommand,
 };
 use tenure_protocol::{subjects, Epoch};
 use tenure_transport::identity::{self, Trust};
@@ -142,20 +142,31 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
             term = elector.wait_leader(last_term) => term.ok_or(Error::LeaseTask)?,
         };
         last_term = term.id;
-        let term_id = term.id;
-        match lead(&opts, &client, &elector, term, shutdown.as_mut()).await {
-            Ok(Ended::Shutdown { epoch }) => {
-                elector.shutdown().await;
-                tracing::info!(%epoch, "coordinator stopping");
-                return Ok(());
-            }
-            Ok(Ended::SteppedDown { epoch, reason }) => {
-                tracing::warn!(%epoch, %reason, "stepping down; back to standby");
-                elector.step_down(term_id).await;
-            }
-            Err(e) => {
-                elector.shutdown().await;
-                return Err(e);
+        let (mut term, mut witness) = (term, None);
+        loop {
+            match lead(&opts, &client, &elector, term.clone(), witness.take(), shutdown.as_mut()).await {
+                // A machine kept a mark the registry does not reach: the
+                // lease went back with it. The lease carries the mark from
+                // now on, and this term refuses the registry as at a takeover.
+                Ok(Ended::Behind { expected, by }) => {
+                    elector.note_mark(expected);
+                    term.mark = Some(expected);
+                    witness = Some(by);
+                }
+                Ok(Ended::Shutdown { epoch }) => {
+                    elector.shutdown().await;
+                    tracing::info!(%epoch, "coordinator stopping");
+                    return Ok(());
+                }
+                Ok(Ended::SteppedDown { epoch, reason }) => {
+                    tracing::warn!(%epoch, %reason, "stepping down; back to standby");
+                    elector.step_down(term.id).await;
+                    break;
+                }
+                Err(e) => {
+                    elector.shutdown().await;
+                    return Err(e);
+                }
             }
         }
     }
@@ -163,8 +174,19 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
 
 /// How a leadership term ended.
 enum Ended {
-    Shutdown { epoch: Epoch },
-    SteppedDown { epoch: Epoch, reason: String },
+    Shutdown {
+        epoch: Epoch,
+    },
+    SteppedDown {
+        epoch: Epoch,
+        reason: String,
+    },
+    /// A machine's heartbeat (`by`) carried a registry mark the registry does
+    /// not reach: stop leading, and refuse it against `expected`.
+    Behind {
+        expected: RegistryMark,
+        by: String,
+    },
 }
 
 /// Why the leader loop stops carrying out a batch of effects: the term ends,
@@ -294,16 +316,22 @@ async fn adopt(
     opts: &Options,
     limits: StreamLimits,
     term: &Term,
+    witness: Option<&str>,
 ) -> Result<Adoption, Stop> {
     let mut tries = 0;
     loop {
         tries += 1;
         let (mut registry, loaded) = Registry::open(js.clone(), opts.replicas, limits).await?;
         let found = registry.mark();
+        let witnessed = |mut behind: mark::Behind| {
+            behind.witness = witness.map(str::to_owned);
+            behind
+        };
         let accepted = match mark::judge(term.mark, found, opts.accept_registry_rollback) {
             mark::Verdict::Lead => None,
-            mark::Verdict::Refuse(behind) => return Ok(Adoption::Behind(behind)),
+            mark::Verdict::Refuse(behind) => return Ok(Adoption::Behind(witnessed(behind))),
             mark::Verdict::Accept(behind) => {
+                let behind = witnessed(behind);
                 tracing::warn!(
                     expected = %behind.expected,
                     found = %behind.found,
@@ -347,8 +375,12 @@ async fn refuse<F: Future<Output = ()>>(
         Ok(sub) => sub,
         Err(e) => return Some(Ended::SteppedDown { epoch, reason: format!("NATS subscription failed: {e}") }),
     };
-    let refusal =
-        ApiError::RegistryBehind { coordinator: opts.name.clone(), expected: behind.expected, found: behind.found };
+    let refusal = ApiError::RegistryBehind {
+        coordinator: opts.name.clone(),
+        expected: behind.expected,
+        found: behind.found,
+        witness: behind.witness,
+    };
     let recheck = tokio::time::sleep(BEHIND_RECHECK);
     tokio::pin!(recheck);
     loop {
@@ -371,6 +403,7 @@ async fn lead<F: Future<Output = ()>>(
     client: &async_nats::Client,
     elector: &Elector,
     term: Term,
+    witness: Option<String>,
     mut shutdown: Pin<&mut F>,
 ) -> Result<Ended, Error> {
     let clock = elector.clock();
@@ -386,7 +419,7 @@ async fn lead<F: Future<Output = ()>>(
         let adopted = tokio::select! {
             _ = &mut shutdown => return Ok(Ended::Shutdown { epoch }),
             reason = guard.lost() => return Ok(Ended::SteppedDown { epoch, reason }),
-            adopted = adopt(&js, opts, limits, &term) => adopted,
+            adopted = adopt(&js, opts, limits, &term, witness.as_deref()) => adopted,
         };
         match adopted {
             Ok(Adoption::Led(led)) => {
@@ -402,6 +435,7 @@ async fn lead<F: Future<Output = ()>>(
                     tracing::error!(
                         expected = %behind.expected,
                         found = %behind.found,
+                        witness = behind.witness.as_deref().unwrap_or("the leader lease"),
                         "refusing to lead: the registry is behind its high-water mark (expected at least {}, \
                          found {}). It lost acknowledged writes or was deleted, recreated or restored from an \
                          older backup. Recover: restore the registry stream from a backup that holds the mark \
@@ -533,7 +567,20 @@ async fn lead<F: Future<Output = ()>>(
                 }
             }
             Some(msg) = heartbeats.next() => match tenure_protocol::decode::<Heartbeat>(&msg.payload) {
-                Ok(hb) if speaks_for_itself(&msg.subject, &hb.worker) => Input::Heartbeat(hb),
+                Ok(hb) if speaks_for_itself(&msg.subject, &hb.worker) => {
+                    if let Some(expected) = mark::witnessed(hb.mark, registry.mark(), registry.accepted_floor()) {
+                        tracing::error!(
+                            worker = %hb.worker,
+                            kept = ?hb.mark,
+                            registry = %registry.mark(),
+                            "worker {}'s store was given a registry mark this registry does not reach: the \
+                             registry and the lease went back together; no longer leading it",
+                            hb.worker,
+                        );
+                        return Ok(Ended::Behind { expected, by: format!("worker {}'s store", hb.worker) });
+                    }
+                    Input::Heartbeat(hb)
+                }
                 Ok(_) => continue,
                 Err(error) => {
                     tracing::warn!(%error, "malformed heartbeat ignored");
@@ -583,7 +630,7 @@ async fn lead<F: Future<Output = ()>>(
                 let released = match durable {
                     Ok(durable) => {
                         elector.note_mark(registry.mark());
-                        pipeline.release(durable, &outbox, &mut guard, &mut visibility).await
+                        pipeline.release(durable, registry.mark(), &outbox, &mut guard, &mut visibility).await
                     }
                     Err(e) => Err(Stop::from(e)),
                 };
@@ -733,7 +780,9 @@ impl Pipeline {
                 Ok(())
             }
             Effect::StepDown { reason } => Err(Stop::StepDown(reason)),
-            other if registry.in_flight() == 0 => execute(other, out, guard, visibility).instrument(span).await,
+            other if registry.in_flight() == 0 => {
+                execute(other, registry.mark(), out, guard, visibility).instrument(span).await
+            }
             other => {
                 self.held.push_back((registry.last_ticket(), other, span));
                 Ok(())
@@ -768,12 +817,13 @@ impl Pipeline {
             durable = registry.settle() => durable?,
             reason = guard.lost() => return Err(Stop::StepDown(reason)),
         };
-        self.release(durable, out, guard, visibility).await
+        self.release(durable, registry.mark(), out, guard, visibility).await
     }
 
     async fn release(
         &mut self,
         durable: u64,
+        mark: RegistryMark,
         out: &Outbox<'_>,
         guard: &mut Guard,
         visibility: &mut Visibility,
@@ -781,7 +831,7 @@ impl Pipeline {
         while self.held.front().is_some_and(|(ticket, _, _)| *ticket <= durable) {
             let Some((_, effect, span)) = self.held.pop_front() else { break };
             guard.check().map_err(Stop::StepDown)?;
-            execute(effect, out, guard, visibility).instrument(span).await?;
+            execute(effect, mark, out, guard, visibility).instrument(span).await?;
         }
         Ok(())
     }
@@ -852,7 +902,21 @@ struct Outbox<'a> {
 
 /// Carries out an effect that changes no durable state (the registry's are
 /// [`Pipeline::effect`]'s).
-async fn execute(effect: Effect, out: &Outbox<'_>, guard: &mut Guard, visibility: &mut Visibility) -> Result<(), Stop> {
+///
+/// `mark` is the registry's durable mark now: every effect carried out has
+/// what it reflects durable, so a grant may carry it to its machine, whose
+/// store keeps the highest it was given (a registry that later goes back is
+/// caught by the machine's heartbeats).
+async fn execute(
+    mut effect: Effect,
+    mark: RegistryMark,
+    out: &Outbox<'_>,
+    guard: &mut Guard,
+    visibility: &mut Visibility,
+) -> Result<(), Stop> {
+    if let Effect::Command { command: WorkerCommand::Grant(grant), .. } = &mut effect {
+        grant.mark = Some(mark);
+    }
     let Outbox { client, notices, .. } = *out;
     match effect {
         Effect::Notify(notice) => {

@@ -268,8 +268,17 @@ pub enum ApiError {
     /// older backup): `coordinator` holds the leader lease and refuses to
     /// lead it. Nothing is scheduled, stored or answered until an operator
     /// restores the registry or accepts the loss.
-    #[error("coordinator {coordinator} refuses to lead: the registry is behind its high-water mark (expected at least {expected}, found {found}); restore the registry stream from a backup that holds the mark, or, once the loss is judged, restart one coordinator with --accept-registry-rollback (see operations.md, \"A registry that went back\")")]
-    RegistryBehind { coordinator: String, expected: RegistryMark, found: RegistryMark },
+    /// `witness` names who kept the mark when it was not the lease: a
+    /// machine's store, whose grants carried marks the registry no longer
+    /// reaches (the lease went back with the registry).
+    #[error("coordinator {coordinator} refuses to lead: the registry is behind its high-water mark (expected at least {expected}{}, found {found}); restore the registry stream from a backup that holds the mark, or, once the loss is judged, restart one coordinator with --accept-registry-rollback (see operations.md, \"A registry that went back\")", witnessed(.witness))]
+    RegistryBehind {
+        coordinator: String,
+        expected: RegistryMark,
+        found: RegistryMark,
+        #[serde(default)]
+        witness: Option<String>,
+    },
 }
 
 /// The registry's high-water mark: how far the registry is known to have
@@ -287,16 +296,45 @@ pub struct RegistryMark {
     pub epoch: Epoch,
 }
 
+fn witnessed(witness: &Option<String>) -> String {
+    witness.as_deref().map(|w| format!(", as kept by {w}")).unwrap_or_default()
+}
+
 impl RegistryMark {
+    /// A sequence no registry reaches: a mark carrying it is refused until an
+    /// operator accepts the registry as it is.
+    pub const UNREACHABLE: u64 = u64::MAX;
+
     /// Whether a registry found at `found` is behind this mark in any part.
     pub fn is_ahead_of(&self, found: &RegistryMark) -> bool {
         found.last_seq < self.last_seq || found.highest_task < self.highest_task || found.epoch < self.epoch
+    }
+
+    /// The least mark at or past both, part by part.
+    pub fn merge(self, other: RegistryMark) -> RegistryMark {
+        RegistryMark {
+            last_seq: self.last_seq.max(other.last_seq),
+            highest_task: self.highest_task.max(other.highest_task),
+            epoch: self.epoch.max(other.epoch),
+        }
+    }
+
+    /// [`RegistryMark::merge`] over optional marks.
+    pub fn merged(a: Option<RegistryMark>, b: Option<RegistryMark>) -> Option<RegistryMark> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.merge(b)),
+            (a, b) => a.or(b),
+        }
     }
 }
 
 impl std::fmt::Display for RegistryMark {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "sequence {}, task number {}, epoch {}", self.last_seq, self.highest_task, self.epoch)
+        if self.last_seq == RegistryMark::UNREACHABLE {
+            write!(f, "task number {}, epoch {}, and acceptance by an operator", self.highest_task, self.epoch)
+        } else {
+            write!(f, "sequence {}, task number {}, epoch {}", self.last_seq, self.highest_task, self.epoch)
+        }
     }
 }
 
@@ -538,6 +576,10 @@ pub struct Heartbeat {
     /// while a second live process with the same id is refused.
     #[serde(default)]
     pub replaces: Option<Uuid>,
+    /// The highest registry mark this machine's store was given with a
+    /// grant (see [`LeaseGrant::mark`]), as the sidecar last answered.
+    #[serde(default)]
+    pub mark: Option<RegistryMark>,
 }
 
 /// A worker machine's sidecar as its worker last saw it.
@@ -665,6 +707,14 @@ pub struct LeaseGrant {
     pub epoch: Epoch,
     pub owner: SessionId,
     pub spec: TaskSpec,
+    /// The registry's high-water mark once this grant's lease was durable.
+    /// The machine's store keeps the highest it was given, so that a
+    /// registry which went back together with the lease (both in one
+    /// JetStream that lost acknowledged writes, or restored from one backup)
+    /// is still caught: the machine's heartbeats carry the mark. Not part of
+    /// the grant's identity (a re-sent grant may carry a later mark).
+    #[serde(default)]
+    pub mark: Option<RegistryMark>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -894,7 +944,7 @@ pub enum SidecarRequest {
     Acknowledged { task: TaskId, attempt: Attempt },
     /// Give an accepted attempt back before its intent (nothing ran).
     Abandon { task: TaskId, attempt: Attempt },
-    /// The machine's store incarnation (the worker's heartbeat probe).
+    /// The machine's store incarnation and mark (the worker's heartbeat probe).
     Incarnation,
     /// Every record held, for recovery.
     List,
@@ -910,8 +960,15 @@ pub const MAX_LIST_PAGE_BYTES: usize = 256 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SidecarReply {
     Ok,
-    /// The identity of the machine's store, created with it.
+    /// The identity of the machine's store, created with it (the answer
+    /// of sidecars before [`SidecarReply::Identity`]).
     Incarnation(Uuid),
+    /// The answer to [`SidecarRequest::Incarnation`]: the store's identity,
+    /// and the highest registry mark it was given with a grant.
+    Identity {
+        incarnation: Uuid,
+        mark: Option<RegistryMark>,
+    },
     /// One page of the machine's records, in (task, attempt) order, within
     /// [`MAX_LIST_PAGE_BYTES`]; `next` names the last record of the page when
     /// more follow (ask `ListFrom` it). `corrupt` comes with the first page.

@@ -488,6 +488,7 @@ mod tests {
             epoch: tenure_protocol::Epoch(2),
             owner: "o".parse().unwrap(),
             spec: tenure_protocol::TaskSpec::shell("l", "echo hi"),
+            mark: None,
         }
     }
 

@@ -206,6 +206,7 @@ mod tests {
             epoch: tenure_protocol::Epoch(1),
             owner: "a".parse().unwrap(),
             spec: tenure_protocol::TaskSpec::shell("l", "x"),
+            mark: None,
         };
         grant.spec.command = "x".repeat(tenure_protocol::MAX_MESSAGE_BYTES);
         assert!(matches!(client.call(&SidecarRequest::Accept(grant)).await, Err(Error::Encode(_))));

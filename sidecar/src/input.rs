@@ -425,6 +425,7 @@ mod tests {
             epoch: Epoch(1),
             owner: "o".parse().unwrap(),
             spec: TaskSpec { kind: kind.parse().unwrap(), ..TaskSpec::shell("l", "cat") },
+            mark: None,
         };
         let record = |kind: &str, phase| AttemptRecord { grant: grant(kind), phase, pid: None, outcome: None };
         assert_eq!(check_target(&record("agent", Phase::Spawned)), Ok(Attempt(2)));

@@ -18,7 +18,8 @@
 use std::collections::BTreeMap;
 
 use tenure_protocol::messages::{
-    AttemptRecord, CorruptAttempt, LeaseGrant, Phase, SidecarRefusal, SidecarReply, SidecarRequest, MAX_LIST_PAGE_BYTES,
+    AttemptRecord, CorruptAttempt, LeaseGrant, Phase, RegistryMark, SidecarRefusal, SidecarReply, SidecarRequest,
+    MAX_LIST_PAGE_BYTES,
 };
 use tenure_protocol::{Attempt, Epoch, Outcome, TaskId};
 use tracing::{debug, info, warn};
@@ -52,6 +53,11 @@ pub struct Machine<S> {
     corrupt: Vec<CorruptRecord>,
     /// Attempts the leader revoked by an evidence query: never accepted again.
     revoked: std::collections::BTreeSet<(TaskId, Attempt)>,
+    /// The highest registry mark of every grant accepted here (durable: in
+    /// the records' grants, or in the store's own copy for removed records).
+    mark: Option<RegistryMark>,
+    /// The store's own copy of the mark, as last written.
+    stored_mark: Option<RegistryMark>,
 }
 
 type Decision = Result<(), SidecarRefusal>;
@@ -66,9 +72,20 @@ impl<S: RecoveryStore> Machine<S> {
         // The epoch is always written before a record carrying it; taking the
         // maximum anyway can only make the fence stricter.
         let epoch = loaded.records.iter().map(|r| r.grant.epoch).fold(loaded.epoch, Epoch::max);
+        let stored_mark = loaded.mark;
+        let mark = loaded.records.iter().fold(stored_mark, |m, r| RegistryMark::merged(m, r.grant.mark));
         let records = loaded.records.into_iter().map(|r| ((r.grant.task.clone(), r.grant.attempt), r)).collect();
         let revoked = loaded.revoked.into_iter().collect();
-        Ok(Machine { store, incarnation: loaded.incarnation, epoch, records, corrupt: loaded.corrupt, revoked })
+        Ok(Machine {
+            store,
+            incarnation: loaded.incarnation,
+            epoch,
+            records,
+            corrupt: loaded.corrupt,
+            revoked,
+            mark,
+            stored_mark,
+        })
     }
 
     /// Decides one request. Mutations are durable before this returns `Ok`.
@@ -81,7 +98,9 @@ impl<S: RecoveryStore> Machine<S> {
             SidecarRequest::Exited { task, attempt, outcome } => self.exited(&task, attempt, outcome),
             SidecarRequest::Acknowledged { task, attempt } => self.acknowledged(&task, attempt),
             SidecarRequest::Abandon { task, attempt } => self.abandon(&task, attempt),
-            SidecarRequest::Incarnation => return SidecarReply::Incarnation(self.incarnation),
+            SidecarRequest::Incarnation => {
+                return SidecarReply::Identity { incarnation: self.incarnation, mark: self.mark }
+            }
             SidecarRequest::List => return self.page(None),
             SidecarRequest::ListFrom { task, attempt } => return self.page(Some((task, attempt))),
         };
@@ -94,6 +113,11 @@ impl<S: RecoveryStore> Machine<S> {
     /// The identity of this machine's store.
     pub fn incarnation(&self) -> uuid::Uuid {
         self.incarnation
+    }
+
+    /// The highest registry mark this machine was given with a grant.
+    pub fn mark(&self) -> Option<RegistryMark> {
+        self.mark
     }
 
     /// The highest epoch this machine has seen.
@@ -200,8 +224,10 @@ impl<S: RecoveryStore> Machine<S> {
         }
         match self.records.get(&(task.clone(), attempt)) {
             None => {
+                let mark = grant.mark;
                 let record = AttemptRecord { grant, phase: Phase::Accepted, pid: None, outcome: None };
                 self.commit(record)?;
+                self.mark = RegistryMark::merged(self.mark, mark);
                 info!(task = %task, attempt = %attempt, epoch = %self.epoch, "accepted");
                 Ok(())
             }
@@ -311,8 +337,7 @@ impl<S: RecoveryStore> Machine<S> {
         // Given back for good: a late copy of its grant must not be accepted again
         // (the leader re-grants the task as a new attempt on the report of it).
         self.revoke(task, attempt)?;
-        self.store.remove(task, attempt).map_err(storage)?;
-        self.records.remove(&(task.clone(), attempt));
+        self.forget(task, attempt)?;
         info!(task = %task, attempt = %attempt, "abandoned before intent");
         Ok(())
     }
@@ -375,11 +400,25 @@ impl<S: RecoveryStore> Machine<S> {
         let attempts: Vec<Attempt> = self.records.keys().filter(|(t, _)| t == task).map(|(_, a)| *a).collect();
         for attempt in &attempts {
             self.revoke(task, *attempt)?;
-            self.store.remove(task, *attempt).map_err(storage)?;
-            self.records.remove(&(task.clone(), *attempt));
+            self.forget(task, *attempt)?;
         }
         info!(task = %task, records = attempts.len(), "cleaned up");
         Ok(attempts.len() as u32)
+    }
+
+    /// Removes an attempt's record. The registry mark its grant carried is
+    /// kept: written to the store's own copy first when nothing else holds it.
+    fn forget(&mut self, task: &TaskId, attempt: Attempt) -> Decision {
+        let carried = self.records.get(&(task.clone(), attempt)).and_then(|r| r.grant.mark);
+        if let (Some(carried), Some(mark)) = (carried, self.mark) {
+            if self.stored_mark.is_none_or(|stored| carried.is_ahead_of(&stored)) {
+                self.store.put_mark(mark).map_err(storage)?;
+                self.stored_mark = Some(mark);
+            }
+        }
+        self.store.remove(task, attempt).map_err(storage)?;
+        self.records.remove(&(task.clone(), attempt));
+        Ok(())
     }
 
     /// Persists the tombstone of a revoked attempt (idempotent).

@@ -19,6 +19,7 @@ fn grant(attempt: u32, epoch: u64) -> LeaseGrant {
         epoch: Epoch(epoch),
         owner: "alice".parse().unwrap(),
         spec: TaskSpec::shell("l", "echo hi"),
+        mark: None,
     }
 }
 
@@ -476,4 +477,57 @@ fn list_pages_through_any_number_of_records_each_page_within_the_message_limit()
     assert!(pages > 1, "{n} records of 20 KiB fit one page?");
     let expected: Vec<String> = (1..=n).map(|i| format!("shell-{i}")).collect();
     assert_eq!(seen, expected, "every record exactly once, in task order");
+}
+
+fn identity(m: &mut Machine<MemoryStore>) -> Option<RegistryMark> {
+    match m.handle(SidecarRequest::Incarnation) {
+        SidecarReply::Identity { incarnation, mark } => {
+            assert_eq!(incarnation, m.incarnation());
+            mark
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_registry_mark_of_every_grant_is_kept_through_removal_and_restart() {
+    let mark = |last_seq, highest_task, epoch| RegistryMark { last_seq, highest_task, epoch: Epoch(epoch) };
+    let mut m = Machine::restore(MemoryStore::new()).unwrap();
+    assert_eq!(identity(&mut m), None, "a fresh store was given no mark");
+    let mut first = grant(2, 5);
+    first.mark = Some(mark(40, 9, 5));
+    assert_eq!(m.handle(SidecarRequest::Accept(first)), SidecarReply::Ok);
+    let mut other = grant(1, 5);
+    other.task = "shell-7".parse().unwrap();
+    other.mark = Some(mark(30, 12, 4));
+    assert_eq!(m.handle(SidecarRequest::Accept(other)), SidecarReply::Ok);
+    assert_eq!(identity(&mut m), Some(mark(40, 12, 5)), "the highest of each part");
+
+    // A refused grant changes nothing.
+    let mut refused = grant(1, 3);
+    refused.task = "shell-8".parse().unwrap(); // a deposed leader's epoch
+    refused.mark = Some(mark(99, 99, 3));
+    assert!(matches!(m.handle(SidecarRequest::Accept(refused)), SidecarReply::Refused(_)));
+    assert_eq!(identity(&mut m), Some(mark(40, 12, 5)));
+
+    // Records carrying the mark are removed (given back, cleaned up): the
+    // store keeps its own copy first.
+    let writes = m.store.writes();
+    assert_eq!(m.handle(abandon()), SidecarReply::Ok);
+    assert_eq!(m.cleanup(&"shell-7".parse().unwrap(), Epoch(5)), Ok(1));
+    assert!(m.store.writes() > writes);
+    assert_eq!(m.records().count(), 0);
+    let mut m = Machine::restore(m.store.clone()).unwrap();
+    assert_eq!(identity(&mut m), Some(mark(40, 12, 5)), "a restart reads it back");
+}
+
+#[test]
+fn a_store_that_cannot_keep_the_mark_refuses_the_removal() {
+    let mut m = Machine::restore(MemoryStore::new()).unwrap();
+    let mut g = grant(2, 5);
+    g.mark = Some(RegistryMark { last_seq: 4, highest_task: 1, epoch: Epoch(5) });
+    assert_eq!(m.handle(SidecarRequest::Accept(g)), SidecarReply::Ok);
+    let mut failing = Machine::restore(FailingStore::new(m.store.clone())).unwrap();
+    assert!(matches!(failing.handle(abandon()), SidecarReply::Refused(SidecarRefusal::Storage(_))));
+    assert_eq!(failing.records().count(), 1, "nothing changed");
 }

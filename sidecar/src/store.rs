@@ -17,6 +17,9 @@
 //! tree "meta":     "schema" -> u32 big-endian (1)
 //!                  "epoch"  -> u64 big-endian
 //!                  "incarnation" -> 16 bytes, a UUID created with the store
+//!                  "mark"   -> crc32 ++ tenure_protocol::encode(&RegistryMark):
+//!                              the highest registry mark of a record since
+//!                              removed (records carry their grant's mark)
 //! tree "attempts": "<task-id>/<attempt, 10 digits zero-padded>"
 //!                  -> crc32(payload) as u32 big-endian ++ payload
 //!                     payload = tenure_protocol::encode(&AttemptRecord)
@@ -25,7 +28,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use tenure_protocol::messages::AttemptRecord;
+use tenure_protocol::messages::{AttemptRecord, RegistryMark};
 use tenure_protocol::{decode, encode, Attempt, CodecError, Epoch, TaskId};
 
 /// The schema this build writes and the newest it reads.
@@ -38,6 +41,7 @@ const REVOKED_TREE: &str = "revoked";
 const SCHEMA_KEY: &str = "schema";
 const EPOCH_KEY: &str = "epoch";
 const INCARNATION_KEY: &str = "incarnation";
+const MARK_KEY: &str = "mark";
 
 /// Fatal store failures. Per-record corruption is not an error: see [`CorruptRecord`].
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +93,11 @@ pub struct Loaded {
     pub corrupt: Vec<CorruptRecord>,
     /// Attempts the leader revoked: they must never be accepted here.
     pub revoked: Vec<(TaskId, Attempt)>,
+    /// The registry mark kept for records since removed (see
+    /// [`RecoveryStore::put_mark`]); the records' own grants carry theirs.
+    /// An unreadable value loads as `None` with a warning: it only weakens
+    /// the check of a registry that went back, never the fence.
+    pub mark: Option<RegistryMark>,
 }
 
 /// Durable state of one worker machine. Each mutating call is durable when it
@@ -105,6 +114,9 @@ pub trait RecoveryStore {
     fn remove(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error>;
     /// Remembers for good that an attempt was revoked (a tombstone).
     fn put_revoked(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error>;
+    /// Keeps the machine's registry mark apart from the records, written
+    /// before a record carrying a higher one is removed.
+    fn put_mark(&mut self, mark: RegistryMark) -> Result<(), Error>;
 }
 
 /// The key of an attempt in the `attempts` tree: `<task-id>/<attempt:010>`.
@@ -123,7 +135,7 @@ pub fn parse_attempt_key(key: &str) -> Option<(TaskId, Attempt)> {
 }
 
 /// `crc32(payload) ++ payload`.
-fn seal(record: &AttemptRecord) -> Result<Vec<u8>, Error> {
+fn seal<T: serde::Serialize>(record: &T) -> Result<Vec<u8>, Error> {
     let payload = encode(record).map_err(Error::Encode)?;
     let mut out = Vec::with_capacity(4 + payload.len());
     out.extend_from_slice(&crc32fast::hash(&payload).to_be_bytes());
@@ -132,13 +144,18 @@ fn seal(record: &AttemptRecord) -> Result<Vec<u8>, Error> {
 }
 
 /// Checks and decodes one stored record; the error is the corruption reason.
-fn unseal(key: &str, value: &[u8]) -> Result<AttemptRecord, String> {
+/// Checks and decodes a [`seal`]ed value.
+fn unseal_value<T: serde::de::DeserializeOwned>(value: &[u8]) -> Result<T, String> {
     let (crc, payload) = value.split_first_chunk::<4>().ok_or_else(|| format!("value of {} bytes", value.len()))?;
     let (stored, actual) = (u32::from_be_bytes(*crc), crc32fast::hash(payload));
     if stored != actual {
         return Err(format!("checksum mismatch (stored {stored:08x}, computed {actual:08x})"));
     }
-    let record: AttemptRecord = decode(payload).map_err(|e| format!("undecodable record: {e}"))?;
+    decode(payload).map_err(|e| format!("undecodable record: {e}"))
+}
+
+fn unseal(key: &str, value: &[u8]) -> Result<AttemptRecord, String> {
+    let record: AttemptRecord = unseal_value(value)?;
     let expected = attempt_key(&record.grant.task, record.grant.attempt);
     if expected != key {
         return Err(format!("record names {expected}"));
@@ -250,7 +267,14 @@ impl RecoveryStore for SledStore {
             })?,
             None => return Err(Error::CorruptMeta { key: INCARNATION_KEY, reason: "absent".to_owned() }),
         };
-        let mut loaded = Loaded { epoch, incarnation, ..Loaded::default() };
+        let mark = self.meta.get(MARK_KEY)?.and_then(|v| match unseal_value::<RegistryMark>(&v) {
+            Ok(mark) => Some(mark),
+            Err(reason) => {
+                tracing::warn!(%reason, "the stored registry mark is unreadable; the records' marks still count");
+                None
+            }
+        });
+        let mut loaded = Loaded { epoch, incarnation, mark, ..Loaded::default() };
         for entry in self.attempts.iter() {
             let (k, v) = entry?;
             let key = String::from_utf8_lossy(&k).into_owned();
@@ -293,6 +317,11 @@ impl RecoveryStore for SledStore {
         self.revoked.insert(attempt_key(task, attempt), &[])?;
         self.flush_unless_deferred()
     }
+
+    fn put_mark(&mut self, mark: RegistryMark) -> Result<(), Error> {
+        self.meta.insert(MARK_KEY, seal(&mark)?)?;
+        self.flush_unless_deferred()
+    }
 }
 
 // ---------------------------------------------------------------- memory
@@ -328,6 +357,7 @@ pub struct MemoryStore {
     epoch: Epoch,
     records: BTreeMap<String, Vec<u8>>,
     revoked: std::collections::BTreeSet<(TaskId, Attempt)>,
+    mark: Option<RegistryMark>,
     writes: u64,
 }
 
@@ -355,7 +385,8 @@ impl MemoryStore {
 
 impl RecoveryStore for MemoryStore {
     fn load(&self) -> Result<Loaded, Error> {
-        let mut loaded = Loaded { epoch: self.epoch, incarnation: self.incarnation, ..Loaded::default() };
+        let mut loaded =
+            Loaded { epoch: self.epoch, incarnation: self.incarnation, mark: self.mark, ..Loaded::default() };
         for (key, value) in &self.records {
             match unseal(key, value) {
                 Ok(record) => loaded.records.push(record),
@@ -389,6 +420,12 @@ impl RecoveryStore for MemoryStore {
 
     fn put_revoked(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
         self.revoked.insert((task.clone(), attempt));
+        self.writes += 1;
+        Ok(())
+    }
+
+    fn put_mark(&mut self, mark: RegistryMark) -> Result<(), Error> {
+        self.mark = Some(mark);
         self.writes += 1;
         Ok(())
     }
@@ -434,6 +471,10 @@ impl RecoveryStore for FailingStore {
     fn put_revoked(&mut self, _: &TaskId, _: Attempt) -> Result<(), Error> {
         Err(Error::Injected)
     }
+
+    fn put_mark(&mut self, _: RegistryMark) -> Result<(), Error> {
+        Err(Error::Injected)
+    }
 }
 
 #[cfg(test)]
@@ -451,6 +492,7 @@ pub(crate) mod tests {
                 epoch: Epoch(3),
                 owner: "alice".parse().unwrap(),
                 spec: TaskSpec::shell("label", "echo hi"),
+                mark: None,
             },
             phase,
             pid: (phase >= Phase::Spawned).then_some(4242),
@@ -533,6 +575,26 @@ pub(crate) mod tests {
         assert_eq!(loaded.incarnation, incarnation, "a store keeps its incarnation");
         let other = tempfile::tempdir().unwrap();
         assert_ne!(SledStore::open(other.path()).unwrap().load().unwrap().incarnation, incarnation);
+    }
+
+    #[test]
+    fn sled_keeps_the_registry_mark_and_loads_an_unreadable_one_as_absent() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mark = RegistryMark { last_seq: 77, highest_task: 12, epoch: Epoch(4) };
+        {
+            let mut s = SledStore::open(tmp.path()).unwrap();
+            assert_eq!(s.load().unwrap().mark, None);
+            s.put_mark(mark).unwrap();
+        }
+        let s = reopen(tmp.path());
+        assert_eq!(s.load().unwrap().mark, Some(mark));
+        let mut v = s.meta.get(MARK_KEY).unwrap().unwrap().to_vec();
+        let last = v.len() - 1;
+        v[last] ^= 0xff;
+        s.meta.insert(MARK_KEY, v).unwrap();
+        let loaded = s.load().expect("an unreadable mark is not fatal");
+        assert_eq!(loaded.mark, None);
+        assert_eq!(loaded.epoch, Epoch(0), "the rest loads as before");
     }
 
     #[test]

@@ -313,11 +313,12 @@ async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>) {
     // incarnation unless it is down. Bounded well under a heartbeat, so a hung
     // sidecar never delays one.
     let probe = shared.sidecar.call(&SidecarRequest::Incarnation);
-    let (sidecar, incarnation) = match tokio::time::timeout(shared.opts.heartbeat / 3, probe).await {
-        Ok(Ok(SidecarReply::Refused(SidecarRefusal::Storage(_)))) => (SidecarHealth::Degraded, None),
-        Ok(Ok(SidecarReply::Incarnation(incarnation))) => (SidecarHealth::Ok, Some(incarnation)),
-        Ok(Ok(_)) => (SidecarHealth::Ok, None),
-        Ok(Err(_)) | Err(_) => (SidecarHealth::Down, None),
+    let (sidecar, incarnation, mark) = match tokio::time::timeout(shared.opts.heartbeat / 3, probe).await {
+        Ok(Ok(SidecarReply::Refused(SidecarRefusal::Storage(_)))) => (SidecarHealth::Degraded, None, None),
+        Ok(Ok(SidecarReply::Identity { incarnation, mark })) => (SidecarHealth::Ok, Some(incarnation), mark),
+        Ok(Ok(SidecarReply::Incarnation(incarnation))) => (SidecarHealth::Ok, Some(incarnation), None),
+        Ok(Ok(_)) => (SidecarHealth::Ok, None, None),
+        Ok(Err(_)) | Err(_) => (SidecarHealth::Down, None, None),
     };
     let hb = tenure_protocol::messages::Heartbeat {
         worker: shared.opts.id.clone(),
@@ -329,6 +330,7 @@ async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>) {
         sidecar,
         replaces,
         incarnation,
+        mark,
     };
     match tenure_protocol::encode(&hb) {
         Ok(bytes) => {

@@ -407,6 +407,7 @@ impl Host {
                 .collect(),
             replaces: w.replaces,
             incarnation: self.side.machine.as_ref().map(|m| m.incarnation()),
+            mark: self.side.machine.as_ref().and_then(|m| m.mark()),
         };
         ctx.bus.send(&mut ctx.rng, ctx.now, self.node(), Dest::Coordinators, Msg::Heartbeat(hb));
     }

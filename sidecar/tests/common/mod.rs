@@ -74,6 +74,7 @@ pub fn grant(task: &str, attempt: u32, epoch: u64, owner: &str) -> LeaseGrant {
         epoch: Epoch(epoch),
         owner: owner.parse().unwrap(),
         spec: TaskSpec::shell("test", "echo hi"),
+        mark: None,
     }
 }
 
