@@ -278,3 +278,24 @@ fn two_cuts_in_a_row() -> Result<()> {
     assert_eq!(read(&rig.path("f"))?.as_deref(), Some(&b"3"[..]));
     Ok(())
 }
+
+#[test]
+fn cut_does_not_wait_for_processes_holding_files_open() -> Result<()> {
+    let mut rig = Rig::new()?;
+    write_file(&rig.path("held"), b"synced", true)?;
+    fsync_dir(&rig.mnt)?;
+    let mut holder =
+        std::process::Command::new("sh").arg("-c").arg("exec 3<held; exec sleep 60").current_dir(&rig.mnt).spawn()?;
+    let mine = fs::File::open(rig.path("held"))?;
+    let started = std::time::Instant::now();
+    let cut = rig.cut();
+    let elapsed = started.elapsed();
+    let _ = holder.kill();
+    let _ = holder.wait();
+    cut?;
+    assert!(elapsed < std::time::Duration::from_secs(10), "cut took {elapsed:?}");
+    let mut buf = [0u8; 6];
+    assert!(mine.read_at(&mut buf, 0).is_err(), "a file open across the cut is dead");
+    assert_eq!(read(&rig.path("held"))?.as_deref(), Some(&b"synced"[..]));
+    Ok(())
+}
