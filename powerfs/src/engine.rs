@@ -663,6 +663,12 @@ impl Engine {
         Ok(())
     }
 
+    /// Releases the backing directory for the next server (the engine is frozen by then).
+    pub fn unlock(&mut self) {
+        self.frozen = true;
+        self.store.unlock();
+    }
+
     /// Power loss: stops serving; nothing unsynced survives except, if asked, a prefix of the
     /// most recent unsynced write to any file.
     pub fn cut(&mut self, torn: Option<TornWrite>) -> Result<CutReport, Error> {

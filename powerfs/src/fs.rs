@@ -274,13 +274,10 @@ impl Filesystem for PowerFsHandler {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        flags: i32,
+        _flags: i32,
         reply: ReplyCreate,
     ) {
-        let mut engine = self.engine();
-        let res = engine.create(parent.0, name.as_bytes(), mode, umask, req.uid(), req.gid());
-        drop(engine);
-        let _ = flags;
+        let res = self.engine().create(parent.0, name.as_bytes(), mode, umask, req.uid(), req.gid());
         match res {
             Ok((attr, fh)) => reply.created(&TTL, &attr, Generation(0), FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno(e)),

@@ -77,7 +77,8 @@
 //! - Permission checks are the kernel's (`default_permissions`); the server runs as root.
 //! - The durable image survives the *server* dying, not the *host* crashing: the server does not
 //!   fsync its own backing files (that would make every simulated sync a real one).
-//! - Only one server may use a backing directory at a time.
+//! - Only one server may use a backing directory at a time; a second one is refused
+//!   ([`Error::Busy`]) through a lock on `lock` in the backing directory.
 //!
 //! # Control interface of the binary
 //!
@@ -119,6 +120,13 @@ pub enum Error {
     /// The durable image is not one this filesystem could have written.
     #[error("corrupt durable image: {0}")]
     Corrupt(String),
+    /// Another server holds the backing directory.
+    #[error("backing directory {backing} is in use by another server: {source}")]
+    Busy {
+        backing: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// The kernel refused the mount.
     #[error("mounting at {mountpoint}: {source}")]
     Mount {

@@ -95,6 +95,7 @@ impl Mounted {
     /// Detaches the mount and waits (bounded) for the serving thread to end.
     fn stop(&mut self, lazy: bool) {
         let Some(session) = self.session.take() else { return };
+        self.engine().unlock();
         if lazy || nix::mount::umount(&self.mountpoint).is_err() {
             if let Err(e) = umount2(&self.mountpoint, MntFlags::MNT_DETACH) {
                 tracing::warn!(mountpoint = %self.mountpoint.display(), error = %e, "lazy unmount failed");

@@ -16,6 +16,8 @@ use std::io::{self, ErrorKind};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::{Flock, FlockArg};
+
 use crate::namespace::{Kind, Namespace, Stamp};
 use crate::ranges::RangeSet;
 use crate::Error;
@@ -23,12 +25,14 @@ use crate::Error;
 const RECORD: &str = "tree.json";
 const COPY_CHUNK: usize = 1 << 20;
 
-/// Paths of one backing directory.
-#[derive(Debug, Clone)]
+/// Paths of one backing directory, and the lock that keeps a second server away from it.
+#[derive(Debug)]
 pub struct Store {
     live: PathBuf,
     durable: PathBuf,
     data: PathBuf,
+    /// Held while this store serves; released on drop or by [`Store::unlock`].
+    lock: Option<Flock<File>>,
 }
 
 fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
@@ -41,12 +45,18 @@ impl Store {
     /// one the first time), drops what the root cannot reach, discards `live/` and rebuilds it
     /// from the durable data. Returns the store and the durable tree, with file sizes filled in.
     pub fn boot(backing: &Path, now: Stamp) -> Result<(Store, Namespace), Error> {
-        let store = Store {
-            live: backing.join("live"),
-            durable: backing.join("durable"),
-            data: backing.join("durable").join("data"),
-        };
-        fs::create_dir_all(&store.data).map_err(io_err(format!("creating {}", store.data.display())))?;
+        let data = backing.join("durable").join("data");
+        fs::create_dir_all(&data).map_err(io_err(format!("creating {}", data.display())))?;
+        let lock_path = backing.join("lock");
+        let lock_file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock_path)
+            .map_err(io_err(format!("opening {}", lock_path.display())))?;
+        let lock = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, errno)| Error::Busy { backing: backing.to_path_buf(), source: errno.into() })?;
+        let store = Store { live: backing.join("live"), durable: backing.join("durable"), data, lock: Some(lock) };
         let record = store.durable.join(RECORD);
         let mut tree = match fs::read(&record) {
             Ok(bytes) => serde_json::from_slice::<Namespace>(&bytes)
@@ -94,6 +104,12 @@ impl Store {
         }
         store.save(&tree)?;
         Ok((store, tree))
+    }
+
+    /// Lets another server use the backing directory (after a cut or a clean unmount, even if
+    /// this one's serving thread lingers on files still open).
+    pub fn unlock(&mut self) {
+        self.lock = None;
     }
 
     /// Where the live content of `ino` lives.

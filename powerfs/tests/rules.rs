@@ -299,3 +299,12 @@ fn cut_does_not_wait_for_processes_holding_files_open() -> Result<()> {
     assert_eq!(read(&rig.path("held"))?.as_deref(), Some(&b"synced"[..]));
     Ok(())
 }
+
+#[test]
+fn a_second_server_on_the_same_backing_directory_is_refused() -> Result<()> {
+    let rig = Rig::new()?;
+    let other = rig.backing.parent().map(|p| p.join("other-mnt")).unwrap_or_default();
+    let second = tenure_powerfs::PowerFs::mount(&rig.backing, &other, Options::default());
+    assert!(matches!(second, Err(tenure_powerfs::Error::Busy { .. })), "got {second:?}");
+    Ok(())
+}
