@@ -4,7 +4,8 @@
 //! and the open handles. Every filesystem operation lands here as a plain method call; the
 //! durability rules (see the crate docs) are applied in `fsync`, `fsyncdir`, `sync_all` and
 //! `cut` and nowhere else. It must never speak the kernel protocol (that is `fs`) and never lets
-//! an operation other than those four write `durable/`.
+//! an operation other than those four change the durable image (the last release of an unlinked
+//! inode only deletes durable data that the durable tree does not name).
 
 use std::collections::HashMap;
 use std::fs::File;
