@@ -567,15 +567,16 @@ impl Engine {
         }
         let live = self.live.node(ino)?.clone();
         if let Some(d) = self.durable.nodes.get_mut(&ino) {
-            let changed =
-                (d.perm, d.uid, d.gid, d.mtime, d.atime) != (live.perm, live.uid, live.gid, live.mtime, live.atime);
-            if changed {
-                d.perm = live.perm;
-                d.uid = live.uid;
-                d.gid = live.gid;
-                d.atime = live.atime;
-                d.mtime = live.mtime;
-                d.ctime = live.ctime;
+            // Times follow along in memory and reach the record with its next write; only a
+            // change of mode or owner is worth rewriting the record on every data sync.
+            let owner_or_mode_changed = (d.perm, d.uid, d.gid) != (live.perm, live.uid, live.gid);
+            d.perm = live.perm;
+            d.uid = live.uid;
+            d.gid = live.gid;
+            d.atime = live.atime;
+            d.mtime = live.mtime;
+            d.ctime = live.ctime;
+            if owner_or_mode_changed {
                 self.store.save(&self.durable)?;
             }
         }

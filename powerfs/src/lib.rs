@@ -29,8 +29,10 @@
 //! 4. A file whose data was synced but whose entry never was is gone after a cut; a file whose
 //!    entry was synced but whose data never was is present, empty or with its last synced
 //!    content. A directory whose own entry is not durable takes its whole subtree with it.
-//! 5. **Attributes** (mode, owner, times) of an inode whose entry is durable become durable at an
-//!    `fsync` of that inode or, for a directory, of the directory itself. Sizes follow the data.
+//! 5. **Attributes**: mode and owner of an inode whose entry is durable become durable at an
+//!    `fsync` of that inode or, for a directory, of the directory itself. Times are carried
+//!    along but only reach the record with its next write (any directory sync, a mode or owner
+//!    change, a clean unmount), so after a cut they may be older. Sizes follow the data.
 //!
 //! # Journaled-metadata mode
 //!

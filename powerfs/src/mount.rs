@@ -32,8 +32,7 @@ impl PowerFs {
     /// at `mountpoint`, creating both directories if needed. A stale mount at `mountpoint`
     /// (left by a killed process) is detached first. Returns once the mount is live.
     pub fn mount(backing: &Path, mountpoint: &Path, options: Options) -> Result<Mounted, Error> {
-        let mountpoint = std::path::absolute(mountpoint)
-            .map_err(|source| Error::Io { context: format!("resolving {}", mountpoint.display()), source })?;
+        let mountpoint = resolve(mountpoint)?;
         unmount_stale(&mountpoint)?;
         fs::create_dir_all(backing)
             .map_err(|source| Error::Io { context: format!("creating {}", backing.display()), source })?;
@@ -160,8 +159,7 @@ fn abort_connection(dev: u64) {
 /// Detaches every FUSE mount stacked at `mountpoint` (left behind by a killed server). Returns
 /// how many were detached; a path with no FUSE mount is left alone.
 pub fn unmount_stale(mountpoint: &Path) -> Result<usize, Error> {
-    let mountpoint = std::path::absolute(mountpoint)
-        .map_err(|source| Error::Io { context: format!("resolving {}", mountpoint.display()), source })?;
+    let mountpoint = resolve(mountpoint)?;
     let mut detached = 0;
     while fuse_mounted_at(&mountpoint)? {
         umount2(&mountpoint, MntFlags::MNT_DETACH).map_err(|e| Error::Io {
@@ -171,6 +169,17 @@ pub fn unmount_stale(mountpoint: &Path) -> Result<usize, Error> {
         detached += 1;
     }
     Ok(detached)
+}
+
+/// The path the mount table will show for `mountpoint`: absolute, with the parent's symlinks
+/// resolved. The mountpoint itself is not resolved: on a stale mount that fails (`ENOTCONN`).
+fn resolve(mountpoint: &Path) -> Result<PathBuf, Error> {
+    let absolute = std::path::absolute(mountpoint)
+        .map_err(|source| Error::Io { context: format!("resolving {}", mountpoint.display()), source })?;
+    match (absolute.parent().map(fs::canonicalize), absolute.file_name()) {
+        (Some(Ok(parent)), Some(name)) => Ok(parent.join(name)),
+        _ => Ok(absolute),
+    }
 }
 
 /// Whether `/proc/self/mountinfo` lists a FUSE mount at `mountpoint`.
