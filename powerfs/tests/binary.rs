@@ -140,3 +140,23 @@ fn unmount_subcommand_detaches_a_killed_servers_mount() -> Result<()> {
     assert!(!fuse_mounted(&mnt)?);
     Ok(())
 }
+
+#[test]
+fn journaled_metadata_flag_reaches_the_filesystem() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (backing, mnt) = (dir.path().join("b"), dir.path().join("m"));
+    for journaled in [false, true] {
+        let args: &[&str] = if journaled { &["--journaled-metadata"] } else { &[] };
+        let mut server = Server::start(&backing, &mnt, args)?;
+        let name = format!("created-{journaled}");
+        write_file(&mnt.join(&name), b"", false)?;
+        write_file(&mnt.join(format!("unrelated-{journaled}")), b"", true)?;
+        server.signal(Signal::SIGUSR1)?;
+        assert!(server.wait()?.success());
+        let mut server = Server::start(&backing, &mnt, &[])?;
+        assert_eq!(read(&mnt.join(&name))?.is_some(), journaled, "{name} after the cut");
+        server.signal(Signal::SIGTERM)?;
+        server.wait()?;
+    }
+    Ok(())
+}
