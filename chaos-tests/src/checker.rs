@@ -87,6 +87,26 @@ pub struct Epochs {
     pub workers: Vec<(String, u64)>,
 }
 
+/// The faults that can explain a task whose outcome could not be proved.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Explanations {
+    /// Faults that struck a worker machine (see `Fault::strikes_machine`).
+    pub machine_faults: u64,
+    /// Of them, machines whose data directory was wiped.
+    pub wipes: u64,
+    /// Tasks one machine runs at once: one fault can leave at most these
+    /// unproved.
+    pub slots: u64,
+}
+
+/// What the run had to explain its outcomes with: what each run passes to
+/// [`check`] beside what it collected.
+#[derive(Debug, Clone, Default)]
+pub struct Context {
+    pub epochs: Epochs,
+    pub explanations: Explanations,
+}
+
 /// Checks every safety rule; returns the counts and each violation with its evidence.
 pub fn check(
     submitted: &[Submitted],
@@ -94,8 +114,10 @@ pub fn check(
     ledger: &[(String, u32)],
     resurrections: &[(String, String, String)],
     procs: &[Proc],
-    epochs: &Epochs,
+    context: &Context,
 ) -> (Counts, Vec<Violation>) {
+    let epochs = &context.epochs;
+    let explanations = context.explanations;
     let mut v = Vec::new();
     let mut c = Counts {
         tasks_submitted: submitted.len(),
@@ -161,6 +183,9 @@ pub fn check(
             if !s.idempotent && count > 1 {
                 violation("untruthful-hint", &f.id, format!("unknown ({:?}) but ran {count} times", f.hint));
             }
+            if f.hint.as_deref() == Some("machine-replaced") && explanations.wipes == 0 {
+                violation("untruthful-hint", &f.id, "machine-replaced, but no machine's data was wiped".into());
+            }
         }
     }
     // Workflow steps: each is a task of its own, created by the leader.
@@ -188,6 +213,19 @@ pub fn check(
         if parent.is_some_and(|p| p.status == "completed") && f.status != "completed" {
             violation("workflow", &f.id, format!("its workflow completed while the step is {}", f.status));
         }
+    }
+    // Only a fault on a worker machine leaves an outcome unprovable, and one
+    // such fault at most the tasks that machine was running.
+    let bound = explanations.machine_faults.saturating_mul(explanations.slots);
+    if c.unknown as u64 > bound {
+        violation(
+            "unexplained-unknown",
+            "run",
+            format!(
+                "{} tasks unknown; {} faults struck machines of {} slots, which explain at most {bound}",
+                c.unknown, explanations.machine_faults, explanations.slots
+            ),
+        );
     }
     for task in runs.keys() {
         if !by_id.contains_key(task) {
@@ -229,6 +267,11 @@ mod tests {
         Submitted { label: label.into(), id: Some(id.into()), idempotent, hostile: false }
     }
 
+    /// A run whose faults explain a few unknown tasks.
+    fn context() -> Context {
+        Context { epochs: Epochs::default(), explanations: Explanations { machine_faults: 2, wipes: 0, slots: 4 } }
+    }
+
     fn fin(id: &str, label: &str, status: &str) -> Final {
         let hint = (status == "unknown").then(|| "maybe-ran".to_string());
         Final {
@@ -253,14 +296,14 @@ mod tests {
             step("shell-3", "completed"),
         ];
         let ledger = vec![("shell-2".into(), 1), ("shell-3".into(), 1)];
-        let (_, v) = check(&submitted, &clean, &ledger, &[], &[], &Epochs::default());
+        let (_, v) = check(&submitted, &clean, &ledger, &[], &[], &context());
         assert!(v.is_empty(), "{v:?}");
         let twice = vec![("shell-2".into(), 1), ("shell-2".into(), 2), ("shell-3".into(), 1)];
-        let (c, v) = check(&submitted, &clean, &twice, &[], &[], &Epochs::default());
+        let (c, v) = check(&submitted, &clean, &twice, &[], &[], &context());
         assert_eq!(c.double_executed, 1, "{v:?}");
         let mut unfinished = clean.clone();
         unfinished[2].status = "failed".into();
-        let (_, v) = check(&submitted, &unfinished, &ledger, &[], &[], &Epochs::default());
+        let (_, v) = check(&submitted, &unfinished, &ledger, &[], &[], &context());
         assert!(v.iter().any(|x| x.kind == "workflow"), "{v:?}");
     }
 
@@ -270,7 +313,7 @@ mod tests {
         let finals =
             vec![fin("shell-1", "a", "completed"), fin("shell-2", "b", "completed"), fin("shell-3", "c", "unknown")];
         let ledger = vec![("shell-1".into(), 1), ("shell-2".into(), 1), ("shell-2".into(), 2), ("shell-3".into(), 1)];
-        let (c, v) = check(&submitted, &finals, &ledger, &[], &[], &Epochs::default());
+        let (c, v) = check(&submitted, &finals, &ledger, &[], &[], &context());
         assert!(v.is_empty(), "{v:?}");
         assert_eq!((c.completed, c.unknown, c.double_executed), (2, 1, 0));
     }
@@ -288,14 +331,36 @@ mod tests {
             by_kill(fin("shell-3", "a", "failed")),
         ];
         let ledger = vec![("shell-1".into(), 1), ("shell-3".into(), 1)];
-        let epochs = Epochs { leader: 3, workers: vec![("w1".into(), 3)] };
-        let (c, v) = check(&submitted, &finals, &ledger, &[], &[], &epochs);
+        let context = Context { epochs: Epochs { leader: 3, workers: vec![("w1".into(), 3)] }, ..context() };
+        let (c, v) = check(&submitted, &finals, &ledger, &[], &[], &context);
         assert!(v.is_empty(), "{v:?}");
         assert_eq!((c.hostile, c.failed, c.completed), (2, 2, 1));
         // A hostile task that ran twice is a double execution like any other.
         let twice = vec![("shell-1".into(), 1), ("shell-1".into(), 2)];
-        let (_, v) = check(&submitted, &finals, &twice, &[], &[], &epochs);
+        let (_, v) = check(&submitted, &finals, &twice, &[], &[], &context);
         assert!(v.iter().any(|x| x.kind == "double-executed"), "{v:?}");
+    }
+
+    #[test]
+    fn unknown_tasks_need_faults_on_machines_and_a_replaced_machine_needs_a_wipe() {
+        let submitted = vec![sub("a", "shell-1", false), sub("b", "shell-2", false)];
+        let finals = vec![fin("shell-1", "a", "unknown"), fin("shell-2", "b", "unknown")];
+        let ledger = vec![("shell-1".into(), 1), ("shell-2".into(), 1)];
+        let judged = |machine_faults, wipes, finals: &[Final]| {
+            let explanations = Explanations { machine_faults, wipes, slots: 1 };
+            let context = Context { epochs: Epochs::default(), explanations };
+            check(&submitted, finals, &ledger, &[], &[], &context).1
+        };
+        assert!(judged(2, 0, &finals).is_empty());
+        let v = judged(1, 0, &finals);
+        assert!(v.iter().any(|x| x.kind == "unexplained-unknown"), "{v:?}");
+        let v = judged(0, 0, &finals);
+        assert!(v.iter().any(|x| x.kind == "unexplained-unknown"), "no fault on a machine, yet unknown: {v:?}");
+        let replaced: Vec<Final> =
+            finals.iter().map(|f| Final { hint: Some("machine-replaced".into()), ..f.clone() }).collect();
+        assert!(judged(2, 1, &replaced).is_empty());
+        let v = judged(2, 0, &replaced);
+        assert!(v.iter().any(|x| x.kind == "untruthful-hint"), "{v:?}");
     }
 
     #[test]
@@ -333,8 +398,12 @@ mod tests {
         let resurrections = vec![("shell-9".into(), "killed".into(), "running".into())];
         let procs =
             vec![Proc { pid: 5, ppid: 1, task: "shell-3".into() }, Proc { pid: 6, ppid: 9, task: "shell-9".into() }];
-        let epochs = Epochs { leader: 4, workers: vec![("w1".into(), 4), ("w2".into(), u64::MAX)] };
-        let (c, v) = check(&submitted, &finals, &ledger, &resurrections, &procs, &epochs);
+        let context = Context {
+            epochs: Epochs { leader: 4, workers: vec![("w1".into(), 4), ("w2".into(), u64::MAX)] },
+            // Two unknown tasks, one fault on a machine of one slot.
+            explanations: Explanations { machine_faults: 1, wipes: 0, slots: 1 },
+        };
+        let (c, v) = check(&submitted, &finals, &ledger, &resurrections, &procs, &context);
         let kinds: Vec<&str> = v.iter().map(|x| x.kind.as_str()).collect();
         for k in [
             "double-executed",
@@ -349,6 +418,7 @@ mod tests {
             "completed-without-effect",
             "untruthful-hint",
             "ended-without-start",
+            "unexplained-unknown",
         ] {
             assert!(kinds.contains(&k), "{k} not caught: {kinds:?}");
         }

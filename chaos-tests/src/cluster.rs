@@ -137,6 +137,9 @@ pub struct Cluster {
     sidecar_links: Vec<Proxy>,
 }
 
+/// Tasks each worker runs at once.
+pub const SLOTS: u32 = 4;
+
 /// The registry's duplicate window in the chaos cluster (shortened from 2 min).
 pub const DUPLICATE_WINDOW: Duration = Duration::from_millis(1000);
 
@@ -237,6 +240,7 @@ impl Cluster {
             c.sidecar_links.push(ps);
             let pw = Proxy::start(nats_port).await?;
             let url = url(&pw);
+            let slots = SLOTS.to_string();
             let mut args = vec![
                 "--nats",
                 &url,
@@ -244,7 +248,7 @@ impl Cluster {
                 "--id",
                 &id,
                 "--slots",
-                "4",
+                &slots,
                 "--data-dir",
                 &data,
                 "--heartbeat-ms",

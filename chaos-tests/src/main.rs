@@ -50,6 +50,11 @@ enum Cmd {
         /// Tasks submitted per second.
         #[arg(long, default_value_t = 3.0)]
         rate: f64,
+        /// Mean milliseconds between two faults (drawn from 4/7 to 10/7 of
+        /// it). The default, one every 2–5 s, lets most faults heal before
+        /// the next; a few hundred makes a dense campaign.
+        #[arg(long, default_value_t = schedule::DEFAULT_GAP_MS)]
+        fault_every_ms: u64,
         /// Write the report as JSON here too.
         #[arg(long)]
         json: Option<PathBuf>,
@@ -79,8 +84,19 @@ impl Run {
 }
 
 fn main() -> ExitCode {
-    let Cmd::Run { seed, duration, coordinators, workers, rate, json, tenure_bin, nats_server, plant_double, keep } =
-        Cli::parse().command;
+    let Cmd::Run {
+        seed,
+        duration,
+        coordinators,
+        workers,
+        rate,
+        fault_every_ms,
+        json,
+        tenure_bin,
+        nats_server,
+        plant_double,
+        keep,
+    } = Cli::parse().command;
     let seed = seed.unwrap_or_else(|| rand::rngs::StdRng::from_entropy().gen());
     println!("seed {seed}");
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
@@ -90,7 +106,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let opts = Opts { seed, duration, coordinators, workers, rate, json, plant_double, keep };
+    let opts = Opts { seed, duration, coordinators, workers, rate, fault_every_ms, json, plant_double, keep };
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let outcome = rt.block_on(async {
         tokio::select! {
@@ -119,6 +135,7 @@ struct Opts {
     coordinators: usize,
     workers: usize,
     rate: f64,
+    fault_every_ms: u64,
     json: Option<PathBuf>,
     plant_double: bool,
     keep: bool,
@@ -203,7 +220,7 @@ async fn run(
     anyhow::ensure!(up, "the cluster did not come up; see {}/logs", dir.display());
     r.trace("cluster up; load and faults start");
 
-    let plan = schedule::plan(o.seed, o.duration * 1000, o.coordinators, o.workers);
+    let plan = schedule::plan(o.seed, o.duration * 1000, o.coordinators, o.workers, o.fault_every_ms);
     let submitted: Arc<Mutex<Vec<Submitted>>> = Arc::default();
     let stop = Arc::new(tokio::sync::Notify::new());
     let quiet = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -222,6 +239,7 @@ async fn run(
     let poller = tokio::spawn(poll_history(client.clone(), history.clone(), stop.clone()));
 
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut machine_faults = 0u64;
     // Registry rollbacks that were led instead of refused (violations).
     let (mut rollbacks, mut unrefused) = (0u32, Vec::<String>::new());
     let mut rng = rand::rngs::StdRng::seed_from_u64(o.seed ^ 0x5eed);
@@ -249,6 +267,9 @@ async fn run(
                 _ => inject(&mut cluster, &client, &fault, &mut rng, &mut pending).await,
             };
             *faults.entry(fault.kind()).or_default() += 1;
+            if fault.strikes_machine() {
+                machine_faults += 1;
+            }
             r.trace(line);
         }
         let now = Instant::now();
@@ -326,7 +347,13 @@ async fn run(
         epochs.workers.push((format!("w{}", i + 1), fence));
     }
 
-    let (counts, mut violations) = checker::check(&submitted, &finals, &ledger_lines, &resurrections, &procs, &epochs);
+    let explanations = checker::Explanations {
+        machine_faults,
+        wipes: faults.get("wipe-machine").copied().unwrap_or(0),
+        slots: u64::from(cluster::SLOTS),
+    };
+    let context = checker::Context { epochs, explanations };
+    let (counts, mut violations) = checker::check(&submitted, &finals, &ledger_lines, &resurrections, &procs, &context);
     for line in unrefused {
         violations.push(checker::Violation {
             kind: "registry-rollback-led".into(),
@@ -356,6 +383,8 @@ async fn run(
         "hostile_tasks": counts.hostile,
         "hostile_task_mode": mode.describe(),
         "faults_injected": faults,
+        "fault_every_ms": o.fault_every_ms,
+        "machine_faults": machine_faults,
         "violations": violations,
     });
     println!(

@@ -103,6 +103,32 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// Whether the fault strikes a worker machine (its processes, its store,
+    /// its links, its tasks): only such a fault can leave a task's outcome
+    /// unprovable, so the judge bounds `unknown` tasks by them.
+    pub fn strikes_machine(&self) -> bool {
+        match self {
+            Fault::KillWorker { .. }
+            | Fault::KillSidecar { .. }
+            | Fault::KillMonitor { .. }
+            | Fault::KillLauncher { .. }
+            | Fault::KillMachine { .. }
+            | Fault::PauseWorker { .. }
+            | Fault::CrashWindow { .. }
+            | Fault::HostileTask
+            | Fault::WipeMachine { .. }
+            | Fault::DuplicateWorker { .. } => true,
+            Fault::Cut { link, .. } => matches!(link, Link::Worker(_) | Link::Sidecar(_)),
+            Fault::KillLeader { .. }
+            | Fault::KillStandby { .. }
+            | Fault::PauseLeader { .. }
+            | Fault::KillNats { .. }
+            | Fault::ClockSkew { .. }
+            | Fault::NatsRestart
+            | Fault::RegistryRollback => false,
+        }
+    }
+
     /// The fault's type, for counting.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -139,8 +165,14 @@ pub struct Planned {
     pub fault: Fault,
 }
 
-/// Plans faults over `duration_ms`, one every 2–5 s, none in the last 3 s.
-pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize) -> Vec<Planned> {
+/// The default mean gap between two faults: one every 2–5 s.
+pub const DEFAULT_GAP_MS: u64 = 3500;
+
+/// Plans faults over `duration_ms`, one every `gap_ms` on average (drawn
+/// from 4/7 to 10/7 of it: 2–5 s for the default), none in the last 3 s.
+pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize, gap_ms: u64) -> Vec<Planned> {
+    let gap_ms = gap_ms.max(100);
+    let gaps = gap_ms * 4 / 7..gap_ms * 10 / 7;
     let mut rng = StdRng::seed_from_u64(seed);
     let mut out = Vec::new();
     let mut at = 1500 + rng.gen_range(0..1000);
@@ -184,7 +216,7 @@ pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize) ->
             _ => Fault::CrashWindow { worker: w, point: CRASH_WINDOWS[rng.gen_range(0..CRASH_WINDOWS.len())] },
         };
         out.push(Planned { at_ms: at, fault });
-        at += rng.gen_range(2000..5000);
+        at += rng.gen_range(gaps.clone());
     }
     out
 }
@@ -195,20 +227,31 @@ mod tests {
 
     #[test]
     fn the_same_seed_plans_the_same_faults() {
-        let a = plan(42, 120_000, 2, 3);
-        assert_eq!(a, plan(42, 120_000, 2, 3));
-        assert_ne!(a, plan(43, 120_000, 2, 3));
+        let a = plan(42, 120_000, 2, 3, DEFAULT_GAP_MS);
+        assert_eq!(a, plan(42, 120_000, 2, 3, DEFAULT_GAP_MS));
+        assert_ne!(a, plan(43, 120_000, 2, 3, DEFAULT_GAP_MS));
         assert!(a.len() > 20);
         assert!(a.windows(2).all(|w| w[0].at_ms < w[1].at_ms));
         assert!(a.iter().all(|p| p.at_ms + 3000 < 120_000));
     }
 
     #[test]
+    fn a_denser_schedule_plans_more_faults_with_the_same_families() {
+        let usual = plan(11, 600_000, 3, 3, DEFAULT_GAP_MS);
+        let dense = plan(11, 600_000, 3, 3, 700);
+        assert!(dense.len() > usual.len() * 4, "{} vs {}", dense.len(), usual.len());
+        assert!(dense.windows(2).all(|w| w[1].at_ms - w[0].at_ms >= 400 && w[1].at_ms - w[0].at_ms < 1000));
+        let kinds = |p: &[Planned]| p.iter().map(|p| p.fault.kind()).collect::<std::collections::BTreeSet<_>>();
+        assert_eq!(kinds(&dense), kinds(&plan(7, 3_600_000, 3, 3, DEFAULT_GAP_MS)));
+    }
+
+    #[test]
     fn a_short_run_can_skew_a_coordinators_clock() {
-        let seed = (0..200u64).find(|s| plan(*s, 45_000, 2, 2).iter().any(|p| p.fault.kind() == "clock-skew"));
+        let seed =
+            (0..200u64).find(|s| plan(*s, 45_000, 2, 2, DEFAULT_GAP_MS).iter().any(|p| p.fault.kind() == "clock-skew"));
         eprintln!("first seed whose 45 s plan skews a clock: {seed:?}");
         assert!(seed.is_some());
-        let skews = plan(7, 3_600_000, 3, 3).into_iter().filter_map(|p| match p.fault {
+        let skews = plan(7, 3_600_000, 3, 3, DEFAULT_GAP_MS).into_iter().filter_map(|p| match p.fault {
             Fault::ClockSkew { offset_ms } => Some(offset_ms),
             _ => None,
         });
@@ -220,7 +263,8 @@ mod tests {
 
     #[test]
     fn a_long_plan_uses_every_kind_of_fault() {
-        let kinds: std::collections::BTreeSet<&str> = plan(7, 3_600_000, 3, 3).iter().map(|p| p.fault.kind()).collect();
+        let kinds: std::collections::BTreeSet<&str> =
+            plan(7, 3_600_000, 3, 3, DEFAULT_GAP_MS).iter().map(|p| p.fault.kind()).collect();
         for k in [
             "kill-leader",
             "kill-standby",
