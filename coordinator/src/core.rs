@@ -232,6 +232,8 @@ pub struct Core {
     queue: BTreeSet<(u64, TaskId)>,
     /// Tasks that hold a worker slot (leased, running, stopping).
     on_worker: BTreeSet<TaskId>,
+    /// Tasks `unknown` (their machine's evidence may still settle them).
+    unknown: BTreeSet<TaskId>,
     /// Tasks of `on_worker` whose worker listed their current attempt in a
     /// heartbeat to this leader since they last changed status: adopted, as
     /// far as this leader can see. Only for the status view.
@@ -286,6 +288,7 @@ impl Core {
             by_key: HashMap::new(),
             queue: BTreeSet::new(),
             on_worker: BTreeSet::new(),
+            unknown: BTreeSet::new(),
             confirmed: HashSet::new(),
             workers: BTreeMap::new(),
             next_n: 1,
@@ -653,6 +656,7 @@ impl Core {
         }
         self.queue.remove(&(task.number(), task.clone()));
         self.on_worker.remove(task);
+        self.unknown.remove(task);
         self.confirmed.remove(task);
         self.sent.remove(task);
         self.not_before.remove(task);
@@ -1165,6 +1169,9 @@ impl Core {
                     self.on_worker.remove(task);
                     self.confirmed.remove(task);
                 }
+                Status::Unknown => {
+                    self.unknown.remove(task);
+                }
                 _ => {}
             }
         }
@@ -1175,6 +1182,9 @@ impl Core {
             // A workflow holds no slot: its steps do.
             s if s.is_on_worker() && *task.kind() != Kind::workflow() => {
                 self.on_worker.insert(task.clone());
+            }
+            Status::Unknown => {
+                self.unknown.insert(task.clone());
             }
             _ => {}
         }

@@ -278,6 +278,40 @@ fn evidence_from_a_lost_workers_sidecar_settles_each_case() {
     }
 }
 
+/// A task made unknown because its machine could not be reached is asked
+/// about again, every worker TTL, until an answer comes: the answer of the
+/// first query may have been lost after the sidecar revoked the attempt, and
+/// then no report of it will ever come (found by the simulation's judge).
+#[test]
+fn an_unknown_task_whose_machine_was_unreachable_is_asked_about_again_until_settled() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let t = h.submit("s", TaskSpec::shell("once", "true"));
+    let first = lose_w1(&mut h);
+    answer(&mut h, &first[0], Err("request timed out".into()));
+    assert_eq!(h.core.task(&t).unwrap().life.hint.as_ref().map(|h| h.tag), Some(HintTag::WorkerUnreachable));
+    // w1 is back and heartbeats; it does not hold the attempt.
+    let mut again = Vec::new();
+    for _ in 0..12 {
+        h.advance(Duration::from_secs(1));
+        h.heartbeat("w1", 4);
+        h.heartbeat("w2", 4);
+        again.extend(h.input(Input::Tick).into_iter().filter_map(|e| match e {
+            Effect::AskEvidence { request, .. } => Some(request),
+            _ => None,
+        }));
+    }
+    assert!(!again.is_empty() && again.len() <= 4, "asked again, once per worker TTL: {again:?}");
+    assert!(again.iter().all(|r| r.task == t && r.attempt == Attempt(1)));
+    // Another lost answer changes nothing.
+    answer(&mut h, &again[0], Err("request timed out".into()));
+    assert_eq!(h.status(&t), Status::Unknown);
+    // The machine's answer settles it: it never started, so it runs.
+    answer(&mut h, &again[0], Ok(Ok(AttemptEvidence::NeverStarted)));
+    let r = h.core.task(&t).unwrap();
+    assert_eq!((r.life.status, r.life.attempt, r.life.hint.clone()), (Status::Leased, Attempt(2), None));
+}
+
 #[test]
 fn an_unreachable_machine_makes_non_idempotent_tasks_unknown_and_idempotent_ones_run_elsewhere() {
     let mut h = Harness::new();

@@ -18,14 +18,22 @@ impl Core {
     /// Asks the sidecars of lost workers about every attempt they still hold —
     /// at once for a newly lost worker, then again every worker TTL while the
     /// task stays on it (a monitor that keeps running the task keeps it there).
+    /// Tasks made `unknown` because the machine could not be reached at all
+    /// are asked about every worker TTL too, until an answer settles them: a
+    /// lost answer must not leave a task unknown for good when its machine is
+    /// back (its worker reports only attempts it still holds, and an attempt
+    /// the query revoked is held nowhere).
     pub(super) fn ask_about_lost_workers(&mut self, now: Now, fx: &mut Vec<Effect>) {
         let due: Vec<(TaskId, WorkerId, EvidenceRequest)> = self
             .on_worker
             .iter()
+            .chain(self.unknown.iter())
             .filter_map(|t| {
                 let r = self.tasks.get(t)?;
                 let worker = r.life.worker.clone()?;
-                let lost = self.workers.get(&worker).is_some_and(|w| !w.alive) || self.doubted.contains(t);
+                let lost = self.workers.get(&worker).is_some_and(|w| !w.alive)
+                    || self.doubted.contains(t)
+                    || unreached(&r.life);
                 let asked_recently =
                     self.asked.get(t).is_some_and(|at| now.mono.saturating_sub(*at) < self.cfg.worker_ttl);
                 (lost && !asked_recently).then(|| {
@@ -55,10 +63,16 @@ impl Core {
         fx: &mut Vec<Effect>,
     ) {
         let (task, attempt, epoch) = (request.task, request.attempt, request.epoch);
-        let still_there =
-            self.tasks.get(&task).is_some_and(|r| r.life.worker.as_ref() == Some(&worker) && r.life.attempt == attempt);
+        let Some(life) = self.tasks.get(&task).map(|r| &r.life) else { return };
+        let still_there = life.worker.as_ref() == Some(&worker) && life.attempt == attempt;
+        let unreached = unreached(life);
         let worker_alive = self.workers.get(&worker).is_some_and(|w| w.alive);
-        if !still_there || (worker_alive && !self.doubted.contains(&task)) {
+        if !still_there || (worker_alive && !self.doubted.contains(&task) && !unreached) {
+            return;
+        }
+        // Still no answer about a task already unknown for want of one: it
+        // waits for the next query.
+        if unreached && result.is_err() {
             return;
         }
         let lost = |message: String, tag| Event::Lost { attempt, epoch, hint: RecoveryHint { tag, message } };
@@ -178,4 +192,10 @@ impl Core {
             fx.push(Effect::Command { worker: worker.clone(), instance, command: WorkerCommand::Kill(kill) });
         }
     }
+}
+
+/// An `unknown` task whose machine could not be reached at all: no evidence
+/// was had, so an answer from the machine may still settle it.
+fn unreached(life: &tenure_protocol::Lifecycle) -> bool {
+    life.status == Status::Unknown && life.hint.as_ref().is_some_and(|h| h.tag == HintTag::WorkerUnreachable)
 }

@@ -21,6 +21,10 @@
 //!    machine, and never for a task the registry does not know.
 //! 8. (client) A submit key always names the same task; no task answers two keys.
 //! 9. A terminal notice is published only for a task whose terminal record is durable.
+//! 10. A task that never started ends `killed` only if a client asked to kill
+//!     it, and `unknown` only if a machine it was leased to was struck by a
+//!     fault (crashed, wiped, cut off, its monitor killed): nothing else
+//!     explains an outcome that could not be proved.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -53,6 +57,10 @@ pub struct Checker {
     fence: BTreeMap<usize, Epoch>,
     /// Client requests answered wrongly by a deposed leader (no rule; counted).
     stale_answers: usize,
+    /// Tasks a client asked to kill (rule 10).
+    kills_asked: BTreeSet<TaskId>,
+    /// Machines a fault struck at some point (rule 10).
+    struck: BTreeSet<WorkerId>,
 }
 
 impl Checker {
@@ -174,11 +182,35 @@ impl Checker {
         }
     }
 
-    /// Rules 3, 4 and 5, once the healed cluster is quiet.
+    /// A client sent a kill of `task` (rule 10).
+    pub fn kill_asked(&mut self, task: &TaskId) {
+        self.kills_asked.insert(task.clone());
+    }
+
+    /// A fault struck the machine of `worker` (rule 10).
+    pub fn machine_struck(&mut self, worker: &WorkerId) {
+        self.struck.insert(worker.clone());
+    }
+
+    /// Rules 3, 4, 5 and 10, once the healed cluster is quiet.
     pub fn settled(&mut self, records: &BTreeMap<TaskId, TaskRecord>) {
         for r in records.values() {
             let (status, id) = (r.life.status, &r.id);
             let starts = self.starts(id);
+            if starts == 0 {
+                let struck = self.granted.iter().any(|(t, _, w)| t == id && self.struck.contains(w));
+                let explained = match status {
+                    Status::Killed => self.kills_asked.contains(id),
+                    Status::Unknown => struck,
+                    _ => true,
+                };
+                if !explained {
+                    self.fail(format!(
+                        "rule 10: {id} never started and ended {status} (hint {:?}) with nothing to explain it",
+                        r.life.hint
+                    ));
+                }
+            }
             if !(status.is_terminal() || (status == Status::Unknown && r.life.hint.is_some())) {
                 self.fail(format!("rule 3: {id} ended the healed run {status} (hint {:?})", r.life.hint));
             }

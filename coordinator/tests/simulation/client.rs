@@ -78,6 +78,9 @@ impl Client {
                 _ => continue,
             };
             let is_kill = matches!(request, ApiRequest::Kill { .. });
+            if let ApiRequest::Kill { task, .. } = &request {
+                ctx.check.kill_asked(task);
+            }
             let (req, fate) =
                 ctx.bus.request(&mut ctx.rng, ctx.now, Node::Client, 0, Dest::Leader, API_TIMEOUT, Asked::Api, |req| {
                     Msg::Api { req, request }

@@ -328,6 +328,15 @@ impl Sim {
         let ctx = &mut self.ctx;
         let coords = self.cluster.slots.len();
         let Some(event) = self.rates.pick(&mut ctx.rng) else { return };
+        if let Event::WorkerCrash(m)
+        | Event::SidecarCrash(m)
+        | Event::MachineCrash(m)
+        | Event::MachineWipe(m)
+        | Event::MachinePartition(m)
+        | Event::MonitorKill(m) = event
+        {
+            ctx.check.machine_struck(&coord::host_id(m));
+        }
         match event {
             Event::Submit if self.client.submitted() < self.max_tasks => self.client.submit_new(ctx),
             Event::Submit => {}
