@@ -12,6 +12,7 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use tenure_sidecar::attempt_files::AttemptFiles;
 
+use crate::power::{self, Disk};
 use crate::proxy::{Mode, Proxy};
 use crate::schedule::Link;
 
@@ -135,6 +136,10 @@ pub struct Cluster {
     coordinator_links: Vec<Proxy>,
     worker_links: Vec<Proxy>,
     sidecar_links: Vec<Proxy>,
+    /// nats-server's store, when on a power-loss filesystem.
+    nats_disk: Option<Disk>,
+    /// Each worker machine's data directory, when on power-loss filesystems.
+    disks: Vec<Disk>,
 }
 
 /// Tasks each worker runs at once.
@@ -170,8 +175,23 @@ impl Cluster {
         coordinators: usize,
         workers: usize,
         run_as: Option<&str>,
+        power: &power::Mode,
     ) -> anyhow::Result<Cluster> {
         let logs = dir.join("logs");
+        let disk = |name: &str, at: PathBuf, journaled| match power {
+            power::Mode::On(bin) => Disk::mount(bin, &dir.join("disks").join(name), &at, journaled).map(Some),
+            power::Mode::Off(_) => Ok(None),
+        };
+        // nats-server relies on ext4-like metadata journaling (it does not
+        // sync the directories of the files it creates: under strict POSIX
+        // rules a power cut loses acknowledged writes even with
+        // `sync_interval: always`; see durability.md). tenure's own machines
+        // are held to the strict rules.
+        let nats_disk = disk("nats", dir.join("nats"), true)?;
+        let mut disks = Vec::new();
+        for i in 1..=workers {
+            disks.extend(disk(&format!("w{i}"), dir.join("workers").join(format!("w{i}")), false)?);
+        }
         std::fs::create_dir_all(&logs)?;
         // The run's directory may be passable for the tasks' user; the logs are not theirs.
         std::fs::set_permissions(&logs, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
@@ -207,6 +227,8 @@ impl Cluster {
             coordinator_links: Vec::new(),
             worker_links: Vec::new(),
             sidecar_links: Vec::new(),
+            nats_disk,
+            disks,
         };
         for i in 1..=coordinators {
             let p = Proxy::start(nats_port).await?;
@@ -349,9 +371,14 @@ impl Cluster {
     /// are moved to `keep`; nats-server is stopped meanwhile.
     pub async fn swap_registry(&mut self, from: &Path, keep: &Path) -> anyhow::Result<()> {
         self.stop_nats();
+        // Copied, not renamed: the store may be a mount of its own. Synced
+        // as an operator's restore would be, so that a later power cut of
+        // the store does not undo the harness's work.
         let swapped = self.registry_dir().and_then(|dir| {
-            std::fs::rename(&dir, keep)?;
-            copy_dir(from, &dir)
+            copy_dir(&dir, keep)?;
+            std::fs::remove_dir_all(&dir)?;
+            copy_dir(from, &dir)?;
+            Ok(power::sync_tree(&dir)?)
         });
         self.start_nats().await?;
         swapped
@@ -417,7 +444,32 @@ impl Cluster {
     /// under the same id (a disk swap, a re-provisioned host).
     pub fn wipe_machine(&mut self, i: usize, down: Duration) -> std::io::Result<()> {
         self.kill_machine(i, down);
-        std::fs::remove_dir_all(self.worker_dir(i))
+        power::wipe(&self.worker_dir(i))
+    }
+
+    /// Whether disks can lose power in this run.
+    pub fn has_disks(&self) -> bool {
+        self.nats_disk.is_some()
+    }
+
+    /// A power loss of machine `i`: every process of it killed, its data
+    /// directory back to what was synced; it boots again after `down`.
+    pub fn power_loss_machine(&mut self, i: usize, down: Duration) -> anyhow::Result<()> {
+        self.kill_machine(i, down);
+        match self.disks.get_mut(i) {
+            Some(disk) => disk.power_cycle(),
+            None => bail!("machine w{} has no power-loss disk", i + 1),
+        }
+    }
+
+    /// A power loss of the NATS node: nats-server killed, its store back to
+    /// what was synced; it boots again after `down`.
+    pub fn power_loss_nats(&mut self, down: Duration) -> anyhow::Result<()> {
+        self.nats.kill9(down);
+        match self.nats_disk.as_mut() {
+            Some(disk) => disk.power_cycle(),
+            None => bail!("the NATS node has no power-loss disk"),
+        }
     }
 
     /// Starts a second worker process with worker `i`'s id on a data

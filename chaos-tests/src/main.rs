@@ -6,6 +6,7 @@
 mod checker;
 mod cluster;
 mod hostile;
+mod power;
 mod proxy;
 mod schedule;
 
@@ -24,7 +25,7 @@ use tenure_protocol::{subjects, SessionId, TaskSpec};
 
 use checker::{Final, Proc, Submitted};
 use cluster::Cluster;
-use schedule::{Fault, Link};
+use schedule::{Fault, Link, PowerNode};
 
 #[derive(Parser)]
 #[command(name = "tenure-chaos", about = "Chaos runs against real tenure binaries, judged from an outside ledger")]
@@ -178,16 +179,32 @@ async fn interrupted() {
     }
 }
 
+/// One run in a directory of its own, kept when asked, when the judge found
+/// violations, or when the run failed (its logs say why).
 async fn run(
     o: Opts,
     tenure_bin: Option<PathBuf>,
     nats_server: Option<PathBuf>,
     run_id: String,
 ) -> anyhow::Result<bool> {
+    let tmp = tempfile::Builder::new().prefix("tenure-chaos-").tempdir()?;
+    let keep = o.keep;
+    let result = run_in(o, tenure_bin, nats_server, run_id, tmp.path().to_path_buf()).await;
+    if keep || !matches!(result, Ok(true)) {
+        println!("run directory kept: {}", tmp.keep().display());
+    }
+    result
+}
+
+async fn run_in(
+    o: Opts,
+    tenure_bin: Option<PathBuf>,
+    nats_server: Option<PathBuf>,
+    run_id: String,
+    dir: PathBuf,
+) -> anyhow::Result<bool> {
     let bin = find_tenure(tenure_bin)?;
     let nats_bin = find_nats(nats_server);
-    let tmp = tempfile::Builder::new().prefix("tenure-chaos-").tempdir()?;
-    let dir = tmp.path().to_path_buf();
     let ledger = dir.join("ledger");
     std::fs::write(&ledger, b"")?;
     let r = Run { started: Instant::now() };
@@ -206,7 +223,9 @@ async fn run(
         hostile::open_up(&dir, &ledger)?;
     }
     r.trace(format!("hostile tasks: {}", mode.describe()));
-    let mut cluster = Cluster::start(&bin, &nats_bin, &dir, o.coordinators, o.workers, mode.run_as()).await?;
+    let power = power::Mode::detect(&bin);
+    r.trace(format!("disks: {}", power.describe()));
+    let mut cluster = Cluster::start(&bin, &nats_bin, &dir, o.coordinators, o.workers, mode.run_as(), &power).await?;
     let client =
         tenure_transport::connect(&tenure_transport::NatsOptions::url(cluster.nats_url()), "tenure-chaos", true)
             .await?;
@@ -266,11 +285,14 @@ async fn run(
                 }
                 _ => inject(&mut cluster, &client, &fault, &mut rng, &mut pending).await,
             };
+            r.trace(&line);
+            if matches!(fault, Fault::PowerLoss { .. }) && !cluster.has_disks() {
+                continue;
+            }
             *faults.entry(fault.kind()).or_default() += 1;
             if fault.strikes_machine() {
                 machine_faults += 1;
             }
-            r.trace(line);
         }
         let now = Instant::now();
         for (_, action) in pending.iter_mut().filter(|(at, _)| *at <= now) {
@@ -382,6 +404,7 @@ async fn run(
         "fence_raised": counts.fence_raised,
         "hostile_tasks": counts.hostile,
         "hostile_task_mode": mode.describe(),
+        "disks": power.describe(),
         "faults_injected": faults,
         "fault_every_ms": o.fault_every_ms,
         "machine_faults": machine_faults,
@@ -395,10 +418,6 @@ async fn run(
     println!("{report}");
     if let Some(path) = o.json {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
-    }
-    if o.keep || !violations.is_empty() {
-        let kept = tmp.keep();
-        println!("run directory kept: {}", kept.display());
     }
     Ok(violations.is_empty())
 }
@@ -519,6 +538,18 @@ async fn inject(
             pending.push((Instant::now() + ms(*cut), Pending::Pass(*link)));
             format!("{} {link:?} {mode:?} for {cut} ms", fault.kind())
         }
+        Fault::PowerLoss { node, down_ms } if c.has_disks() => {
+            let what = match node {
+                PowerNode::Machine(i) => {
+                    let tasks = c.monitors(*i).len();
+                    let cut = c.power_loss_machine(*i, ms(*down_ms));
+                    format!("machine w{} ({tasks} monitors and their groups): {cut:?}", i + 1)
+                }
+                PowerNode::Nats => format!("the NATS node: {:?}", c.power_loss_nats(ms(*down_ms))),
+            };
+            format!("power-loss of {what}; unsynced writes dropped, back in {down_ms} ms")
+        }
+        Fault::PowerLoss { .. } => "power-loss: skipped, no power-loss filesystem in this run".into(),
         Fault::WipeMachine { worker, down_ms } => {
             let tasks = c.monitors(*worker).len();
             let wiped = c.wipe_machine(*worker, ms(*down_ms));

@@ -100,6 +100,22 @@ pub enum Fault {
     /// result is a refusal to lead, reported to clients; then the harness puts
     /// the good registry back and the run goes on.
     RegistryRollback,
+    /// The power of one node fails: every process of it dies and its disk
+    /// keeps only what was synced (a power-loss filesystem); it boots again
+    /// after `down_ms`.
+    PowerLoss {
+        node: PowerNode,
+        down_ms: u64,
+    },
+}
+
+/// Whose power a [`Fault::PowerLoss`] cuts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PowerNode {
+    /// A worker machine: worker, sidecar, monitors, tasks, and its data directory.
+    Machine(usize),
+    /// The NATS node: nats-server and its JetStream store.
+    Nats,
 }
 
 impl Fault {
@@ -119,6 +135,7 @@ impl Fault {
             | Fault::WipeMachine { .. }
             | Fault::DuplicateWorker { .. } => true,
             Fault::Cut { link, .. } => matches!(link, Link::Worker(_) | Link::Sidecar(_)),
+            Fault::PowerLoss { node, .. } => matches!(node, PowerNode::Machine(_)),
             Fault::KillLeader { .. }
             | Fault::KillStandby { .. }
             | Fault::PauseLeader { .. }
@@ -154,6 +171,7 @@ impl Fault {
             Fault::ClockSkew { .. } => "clock-skew",
             Fault::NatsRestart => "nats-restart",
             Fault::RegistryRollback => "registry-rollback",
+            Fault::PowerLoss { .. } => "power-loss",
         }
     }
 }
@@ -179,7 +197,7 @@ pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize, ga
     while at + 3000 < duration_ms {
         let w = rng.gen_range(0..workers.max(1));
         let down = rng.gen_range(300..2500);
-        let fault = match rng.gen_range(0..21) {
+        let fault = match rng.gen_range(0..23) {
             0 | 1 => Fault::KillLeader { down_ms: down },
             2 if coordinators > 1 => Fault::KillStandby { down_ms: down },
             3 if coordinators > 1 => Fault::PauseLeader { ms: rng.gen_range(3000..6000) },
@@ -213,6 +231,8 @@ pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize, ga
             }
             19 => Fault::NatsRestart,
             20 => Fault::RegistryRollback,
+            21 => Fault::PowerLoss { node: PowerNode::Machine(w), down_ms: down },
+            22 => Fault::PowerLoss { node: PowerNode::Nats, down_ms: rng.gen_range(300..1500) },
             _ => Fault::CrashWindow { worker: w, point: CRASH_WINDOWS[rng.gen_range(0..CRASH_WINDOWS.len())] },
         };
         out.push(Planned { at_ms: at, fault });
@@ -287,6 +307,7 @@ mod tests {
             "clock-skew",
             "nats-restart",
             "registry-rollback",
+            "power-loss",
         ] {
             assert!(kinds.contains(k), "{k} never planned");
         }
