@@ -254,6 +254,7 @@ fn record_of(i: u64) -> anyhow::Result<AttemptRecord> {
         phase: Phase::Exited,
         pid: Some(4242),
         outcome: Some(Outcome::new(Ending::Completed, Some(0), None)),
+        boot: None,
     })
 }
 

@@ -94,6 +94,9 @@ pub struct Explanations {
     pub machine_faults: u64,
     /// Of them, machines whose data directory was wiped.
     pub wipes: u64,
+    /// Of them, machines that went down whole and booted again (killed,
+    /// lost power, wiped).
+    pub restarts: u64,
     /// Tasks one machine runs at once: one fault can leave at most these
     /// unproved.
     pub slots: u64,
@@ -186,6 +189,9 @@ pub fn check(
             if f.hint.as_deref() == Some("machine-replaced") && explanations.wipes == 0 {
                 violation("untruthful-hint", &f.id, "machine-replaced, but no machine's data was wiped".into());
             }
+            if f.hint.as_deref() == Some("machine-restarted") && explanations.restarts == 0 {
+                violation("untruthful-hint", &f.id, "machine-restarted, but no machine went down".into());
+            }
         }
     }
     // Workflow steps: each is a task of its own, created by the leader.
@@ -269,7 +275,10 @@ mod tests {
 
     /// A run whose faults explain a few unknown tasks.
     fn context() -> Context {
-        Context { epochs: Epochs::default(), explanations: Explanations { machine_faults: 2, wipes: 0, slots: 4 } }
+        Context {
+            epochs: Epochs::default(),
+            explanations: Explanations { machine_faults: 2, wipes: 0, restarts: 0, slots: 4 },
+        }
     }
 
     fn fin(id: &str, label: &str, status: &str) -> Final {
@@ -347,7 +356,7 @@ mod tests {
         let finals = vec![fin("shell-1", "a", "unknown"), fin("shell-2", "b", "unknown")];
         let ledger = vec![("shell-1".into(), 1), ("shell-2".into(), 1)];
         let judged = |machine_faults, wipes, finals: &[Final]| {
-            let explanations = Explanations { machine_faults, wipes, slots: 1 };
+            let explanations = Explanations { machine_faults, wipes, restarts: wipes, slots: 1 };
             let context = Context { epochs: Epochs::default(), explanations };
             check(&submitted, finals, &ledger, &[], &[], &context).1
         };
@@ -360,6 +369,11 @@ mod tests {
             finals.iter().map(|f| Final { hint: Some("machine-replaced".into()), ..f.clone() }).collect();
         assert!(judged(2, 1, &replaced).is_empty());
         let v = judged(2, 0, &replaced);
+        assert!(v.iter().any(|x| x.kind == "untruthful-hint"), "{v:?}");
+        let restarted: Vec<Final> =
+            finals.iter().map(|f| Final { hint: Some("machine-restarted".into()), ..f.clone() }).collect();
+        assert!(judged(2, 1, &restarted).is_empty());
+        let v = judged(2, 0, &restarted);
         assert!(v.iter().any(|x| x.kind == "untruthful-hint"), "{v:?}");
     }
 
@@ -401,7 +415,7 @@ mod tests {
         let context = Context {
             epochs: Epochs { leader: 4, workers: vec![("w1".into(), 4), ("w2".into(), u64::MAX)] },
             // Two unknown tasks, one fault on a machine of one slot.
-            explanations: Explanations { machine_faults: 1, wipes: 0, slots: 1 },
+            explanations: Explanations { machine_faults: 1, wipes: 0, restarts: 0, slots: 1 },
         };
         let (c, v) = check(&submitted, &finals, &ledger, &resurrections, &procs, &context);
         let kinds: Vec<&str> = v.iter().map(|x| x.kind.as_str()).collect();

@@ -27,6 +27,8 @@ pub struct Node {
     down_until: Option<Instant>,
     /// Environment for the next start only (a crash-window hook).
     next_env: Vec<(String, String)>,
+    /// Environment for every start from now on (the machine's boot).
+    env: Vec<(String, String)>,
 }
 
 impl Node {
@@ -39,6 +41,7 @@ impl Node {
             child: None,
             down_until: None,
             next_env: Vec::new(),
+            env: Vec::new(),
         }
     }
 
@@ -46,6 +49,7 @@ impl Node {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
         let child = Command::new(&self.program)
             .args(&self.args)
+            .envs(self.env.iter().cloned())
             .envs(self.next_env.drain(..))
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
@@ -490,10 +494,14 @@ impl Cluster {
         Ok(Duplicate { node, data })
     }
 
-    /// A machine crash: the worker, the sidecar, every monitor and task group.
+    /// A machine crash: the worker, the sidecar, every monitor and task group;
+    /// the machine boots again (a new boot id) after `down`.
     pub fn kill_machine(&mut self, i: usize, down: Duration) {
         self.workers[i].kill9(down);
         self.sidecars[i].kill9(down);
+        let boot = vec![("TENURE_TEST_BOOT_ID".to_owned(), uuid::Uuid::new_v4().to_string())];
+        self.workers[i].env.clone_from(&boot);
+        self.sidecars[i].env = boot;
         for (monitor, pgid) in self.monitors(i) {
             let _ = kill(Pid::from_raw(monitor), Signal::SIGKILL);
             if let Some(g) = pgid.filter(|g| *g > 1) {

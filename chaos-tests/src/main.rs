@@ -258,7 +258,7 @@ async fn run_in(
     let poller = tokio::spawn(poll_history(client.clone(), history.clone(), stop.clone()));
 
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let mut machine_faults = 0u64;
+    let (mut machine_faults, mut restarts) = (0u64, 0u64);
     // Registry rollbacks that were led instead of refused (violations).
     let (mut rollbacks, mut unrefused) = (0u32, Vec::<String>::new());
     let mut rng = rand::rngs::StdRng::seed_from_u64(o.seed ^ 0x5eed);
@@ -292,6 +292,14 @@ async fn run_in(
             *faults.entry(fault.kind()).or_default() += 1;
             if fault.strikes_machine() {
                 machine_faults += 1;
+            }
+            if matches!(
+                fault,
+                Fault::KillMachine { .. }
+                    | Fault::WipeMachine { .. }
+                    | Fault::PowerLoss { node: PowerNode::Machine(_), .. }
+            ) {
+                restarts += 1;
             }
         }
         let now = Instant::now();
@@ -372,6 +380,7 @@ async fn run_in(
     let explanations = checker::Explanations {
         machine_faults,
         wipes: faults.get("wipe-machine").copied().unwrap_or(0),
+        restarts,
         slots: u64::from(cluster::SLOTS),
     };
     let context = checker::Context { epochs, explanations };

@@ -266,6 +266,14 @@ mod tests {
     }
 
     #[test]
+    fn a_short_dense_run_can_cut_a_machines_power() {
+        let machine = |p: &Planned| matches!(p.fault, Fault::PowerLoss { node: PowerNode::Machine(_), .. });
+        let seed = (0..200u64).find(|s| plan(*s, 30_000, 2, 2, 1500).iter().filter(|p| machine(p)).count() >= 2);
+        eprintln!("first seed whose dense 30 s plan cuts a machine's power twice: {seed:?}");
+        assert!(seed.is_some());
+    }
+
+    #[test]
     fn a_short_run_can_skew_a_coordinators_clock() {
         let seed =
             (0..200u64).find(|s| plan(*s, 45_000, 2, 2, DEFAULT_GAP_MS).iter().any(|p| p.fault.kind() == "clock-skew"));

@@ -108,6 +108,15 @@ impl Core {
                         ),
                         HintTag::MaybeRan,
                     ),
+                    AttemptEvidence::MachineRestarted => lost(
+                        format!(
+                            "the machine of worker {worker} restarted (a power loss or a reboot) while attempt \
+                             {attempt} ran: its process died with the machine and no exit status survived; the \
+                             task may have run, and it is not run again. Check for its effects, then settle or \
+                             resubmit it"
+                        ),
+                        HintTag::MachineRestarted,
+                    ),
                     AttemptEvidence::Unreadable(reason) => lost(
                         format!("worker {worker} was lost and its record of attempt {attempt} is unreadable: {reason}"),
                         HintTag::SidecarCorrupt,

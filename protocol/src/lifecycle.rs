@@ -194,6 +194,9 @@ pub enum HintTag {
     /// The worker machine's store is not the one the attempt was granted to:
     /// its data directory was wiped or replaced, and with it the evidence.
     MachineReplaced,
+    /// The worker machine restarted (power loss, reboot) while the attempt
+    /// ran: its process died with the machine and no exit status survived.
+    MachineRestarted,
 }
 
 impl HintTag {
@@ -205,6 +208,7 @@ impl HintTag {
             HintTag::WorkerUnreachable => "worker-unreachable",
             HintTag::KillPending => "kill-pending",
             HintTag::MachineReplaced => "machine-replaced",
+            HintTag::MachineRestarted => "machine-restarted",
         }
     }
 }

@@ -886,6 +886,10 @@ pub enum AttemptEvidence {
     /// The machine's store is not the one the attempt was granted to (its data
     /// directory was wiped or replaced): what became of the attempt is unknown.
     Replaced { incarnation: Uuid },
+    /// As [`AttemptEvidence::NoEvidence`], on a machine that booted since the
+    /// intent was recorded: the process died with the machine (power loss,
+    /// reboot). A new variant: an older leader cannot decode it and asks again.
+    MachineRestarted,
 }
 
 // -------------------------------------------- coordinator → sidecar (cleanup)
@@ -1036,6 +1040,12 @@ pub struct AttemptRecord {
     pub phase: Phase,
     pub pid: Option<i32>,
     pub outcome: Option<Outcome>,
+    /// The machine's boot (the kernel's boot id) when the intent was
+    /// recorded: an attempt whose process is gone without an exit status on
+    /// a machine that booted since died with the machine (a power loss, a
+    /// reboot), which its hint then says.
+    #[serde(default)]
+    pub boot: Option<String>,
 }
 
 #[cfg(test)]

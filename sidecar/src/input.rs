@@ -427,7 +427,8 @@ mod tests {
             spec: TaskSpec { kind: kind.parse().unwrap(), ..TaskSpec::shell("l", "cat") },
             mark: None,
         };
-        let record = |kind: &str, phase| AttemptRecord { grant: grant(kind), phase, pid: None, outcome: None };
+        let record =
+            |kind: &str, phase| AttemptRecord { grant: grant(kind), phase, pid: None, outcome: None, boot: None };
         assert_eq!(check_target(&record("agent", Phase::Spawned)), Ok(Attempt(2)));
         assert_eq!(check_target(&record("agent", Phase::Intent)), Ok(Attempt(2)));
         for phase in [Phase::Accepted, Phase::Exited, Phase::Acknowledged] {

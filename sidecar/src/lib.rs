@@ -37,6 +37,18 @@ pub mod store;
 pub mod worker_lock;
 
 pub use client::{Error as ClientError, SidecarClient, DEFAULT_CALL_TIMEOUT};
+
+/// The machine's current boot: the kernel's boot id, which changes at every
+/// boot (so after a power loss). `TENURE_TEST_BOOT_ID` stands in for it in
+/// tests that simulate a power loss without rebooting; `None` when neither
+/// can be read.
+pub fn boot_id() -> Option<String> {
+    if let Some(id) = std::env::var("TENURE_TEST_BOOT_ID").ok().filter(|v| !v.is_empty()) {
+        return Some(id);
+    }
+    let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    Some(id.trim().to_owned()).filter(|id| !id.is_empty())
+}
 pub use layout::{open_output_for_append, open_output_for_read, Layout};
 pub use server::{run, Options};
 pub use service::Machine;

@@ -99,7 +99,11 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
 
     let db_dir = layout.db_dir();
     let started = Instant::now();
-    let loaded = tokio::task::spawn_blocking(move || Machine::restore(SledStore::open(&db_dir)?)).await;
+    let boot = crate::boot_id();
+    let loaded = tokio::task::spawn_blocking(move || {
+        Ok::<_, crate::store::Error>(Machine::restore(SledStore::open(&db_dir)?)?.with_boot(boot))
+    })
+    .await;
     let machine = match loaded {
         Ok(Ok(machine)) => {
             for c in machine.corrupt() {
@@ -782,6 +786,7 @@ fn judge(view: Result<RecordView, SidecarRefusal>, files: &AttemptFiles) -> Evid
     Ok(match view {
         Ok(RecordView::Ended(outcome)) => AttemptEvidence::Exited(outcome),
         Ok(RecordView::Started(_)) => from_files(AttemptEvidence::NoEvidence),
+        Ok(RecordView::Restarted(_)) => from_files(AttemptEvidence::MachineRestarted),
         // A record that vanished (sled can drop data) but whose directory exists.
         Ok(RecordView::Absent) if has_grant => from_files(AttemptEvidence::NoEvidence),
         Ok(RecordView::Absent) => AttemptEvidence::NeverStarted,

@@ -39,6 +39,9 @@ pub enum RecordView {
     Corrupt(String),
     /// This machine's store is not the one the attempt was granted to.
     Replaced(uuid::Uuid),
+    /// The intent is recorded, the outcome is not, and the machine booted
+    /// since the intent: whatever ran died with the machine.
+    Restarted(Phase),
 }
 
 /// One worker machine's recovery state: the highest epoch seen and every
@@ -58,6 +61,9 @@ pub struct Machine<S> {
     mark: Option<RegistryMark>,
     /// The store's own copy of the mark, as last written.
     stored_mark: Option<RegistryMark>,
+    /// The machine's current boot ([`crate::boot_id`]), recorded with each
+    /// intent; `None` when unknown (then no restart is ever claimed).
+    boot: Option<String>,
 }
 
 type Decision = Result<(), SidecarRefusal>;
@@ -85,7 +91,14 @@ impl<S: RecoveryStore> Machine<S> {
             revoked,
             mark,
             stored_mark,
+            boot: None,
         })
+    }
+
+    /// The machine's current boot, recorded with each intent from now on.
+    pub fn with_boot(mut self, boot: Option<String>) -> Machine<S> {
+        self.boot = boot;
+        self
     }
 
     /// Decides one request. Mutations are durable before this returns `Ok`.
@@ -225,7 +238,7 @@ impl<S: RecoveryStore> Machine<S> {
         match self.records.get(&(task.clone(), attempt)) {
             None => {
                 let mark = grant.mark;
-                let record = AttemptRecord { grant, phase: Phase::Accepted, pid: None, outcome: None };
+                let record = AttemptRecord { grant, phase: Phase::Accepted, pid: None, outcome: None, boot: None };
                 self.commit(record)?;
                 self.mark = RegistryMark::merged(self.mark, mark);
                 info!(task = %task, attempt = %attempt, epoch = %self.epoch, "accepted");
@@ -264,6 +277,7 @@ impl<S: RecoveryStore> Machine<S> {
             let mut next = held;
             next.phase = Phase::Intent;
             next.grant.epoch = next.grant.epoch.max(epoch);
+            next.boot = self.boot.clone();
             self.commit(next)?;
             info!(task = %task, attempt = %attempt, epoch = %epoch, "intent recorded");
             Ok(())
@@ -379,6 +393,7 @@ impl<S: RecoveryStore> Machine<S> {
                 Ok(RecordView::Absent)
             }
             (Phase::Exited | Phase::Acknowledged, Some(outcome)) => Ok(RecordView::Ended(outcome)),
+            (phase, _) if self.restarted_since(record) => Ok(RecordView::Restarted(phase)),
             (phase, _) => Ok(RecordView::Started(phase)),
         }
     }
@@ -404,6 +419,11 @@ impl<S: RecoveryStore> Machine<S> {
         }
         info!(task = %task, records = attempts.len(), "cleaned up");
         Ok(attempts.len() as u32)
+    }
+
+    /// Whether the machine booted since `record`'s intent (both boots known).
+    pub fn restarted_since(&self, record: &AttemptRecord) -> bool {
+        matches!((&record.boot, &self.boot), (Some(then), Some(now)) if then != now)
     }
 
     /// Removes an attempt's record. The registry mark its grant carried is

@@ -387,7 +387,9 @@ fn corrupt_records_are_refused_not_forgotten() {
 #[test]
 fn restore_takes_the_highest_epoch_it_can_see() {
     let mut store = MemoryStore::new();
-    store.put(&AttemptRecord { grant: grant(1, 11), phase: Phase::Accepted, pid: None, outcome: None }).unwrap();
+    store
+        .put(&AttemptRecord { grant: grant(1, 11), phase: Phase::Accepted, pid: None, outcome: None, boot: None })
+        .unwrap();
     store.put_epoch(Epoch(3)).unwrap();
     assert_eq!(Machine::restore(store).unwrap().epoch(), Epoch(11));
 }
@@ -530,4 +532,27 @@ fn a_store_that_cannot_keep_the_mark_refuses_the_removal() {
     let mut failing = Machine::restore(FailingStore::new(m.store.clone())).unwrap();
     assert!(matches!(failing.handle(abandon()), SidecarReply::Refused(SidecarRefusal::Storage(_))));
     assert_eq!(failing.records().count(), 1, "nothing changed");
+}
+
+#[test]
+fn an_attempt_started_before_the_machine_booted_again_is_said_to_have_died_with_it() {
+    let boot = |id: &str| Some(id.to_owned());
+    let mut m = Machine::restore(MemoryStore::new()).unwrap().with_boot(boot("first"));
+    assert_eq!(m.handle(SidecarRequest::Accept(grant(2, 5))), SidecarReply::Ok);
+    assert_eq!(m.handle(intent(5)), SidecarReply::Ok);
+    assert_eq!(m.record(&task(), Attempt(2)).and_then(|r| r.boot.clone()), boot("first"));
+    // The same boot (a sidecar restart): only "started".
+    let mut same = Machine::restore(m.store.clone()).unwrap().with_boot(boot("first"));
+    assert_eq!(same.evidence(&task(), Attempt(2), Epoch(5), None), Ok(RecordView::Started(Phase::Intent)));
+    // Another boot: the process died with the machine.
+    let mut rebooted = Machine::restore(m.store.clone()).unwrap().with_boot(boot("second"));
+    assert_eq!(rebooted.evidence(&task(), Attempt(2), Epoch(5), None), Ok(RecordView::Restarted(Phase::Intent)));
+    // An unknown boot claims nothing.
+    let mut unknown = Machine::restore(m.store.clone()).unwrap();
+    assert_eq!(unknown.evidence(&task(), Attempt(2), Epoch(5), None), Ok(RecordView::Started(Phase::Intent)));
+    // An outcome recorded before the reboot still stands.
+    assert_eq!(m.handle(spawned(PID)), SidecarReply::Ok);
+    assert_eq!(m.handle(exited(o1())), SidecarReply::Ok);
+    let mut rebooted = Machine::restore(m.store.clone()).unwrap().with_boot(boot("second"));
+    assert_eq!(rebooted.evidence(&task(), Attempt(2), Epoch(5), None), Ok(RecordView::Ended(o1())));
 }

@@ -497,6 +497,7 @@ pub(crate) mod tests {
             phase,
             pid: (phase >= Phase::Spawned).then_some(4242),
             outcome: (phase >= Phase::Exited).then_some(Outcome::new(Ending::Completed, Some(0), None)),
+            boot: None,
         }
     }
 

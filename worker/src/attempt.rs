@@ -321,6 +321,21 @@ impl MatchForwarder {
     }
 }
 
+/// Evidence of an attempt whose intent was recorded in an earlier boot of the
+/// machine: a lost outcome is said to have died with the machine.
+fn died_with_the_machine(found: Evidence, attempt: Attempt) -> Evidence {
+    match found {
+        Evidence::Lost(_) => Evidence::Lost(RecoveryHint {
+            tag: HintTag::MachineRestarted,
+            message: format!(
+                "the machine restarted (a power loss or a reboot) while attempt {attempt} ran: its process died \
+                 with the machine and no exit status survived; the task may have run"
+            ),
+        }),
+        other => other,
+    }
+}
+
 /// What the attempt's files prove once its monitor is gone. A group that
 /// outlived its monitor is ended first: it is ours by the recorded pgid.
 async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool) -> Evidence {
@@ -580,7 +595,18 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
                     });
                 } else {
                     tracing::warn!(task = %task, attempt = %attempt, "attempt's monitor is gone without evidence");
-                    adopt(shared, &grant, move |shared, _| async move { evidence(&shared, &files, false).await });
+                    let restarted = matches!(
+                        (&record.boot, tenure_sidecar::boot_id()),
+                        (Some(then), Some(now)) if *then != now
+                    );
+                    adopt(shared, &grant, move |shared, _| async move {
+                        let found = evidence(&shared, &files, false).await;
+                        if restarted {
+                            died_with_the_machine(found, attempt)
+                        } else {
+                            found
+                        }
+                    });
                 }
             }
         }

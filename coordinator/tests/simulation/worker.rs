@@ -638,6 +638,7 @@ impl Host {
         Some(Ok(match view {
             Ok(RecordView::Ended(o)) => AttemptEvidence::Exited(o),
             Ok(RecordView::Started(_)) => from_files(AttemptEvidence::NoEvidence),
+            Ok(RecordView::Restarted(_)) => from_files(AttemptEvidence::MachineRestarted),
             Ok(RecordView::Absent) if proc.is_some() => from_files(AttemptEvidence::NoEvidence),
             Ok(RecordView::Absent) => AttemptEvidence::NeverStarted,
             Ok(RecordView::Corrupt(reason)) => from_files(AttemptEvidence::Unreadable(reason)),
