@@ -140,9 +140,16 @@ impl AttemptFiles {
         &self.dir
     }
 
+    /// Creates the attempt's directory, durably: the `attempts` directory
+    /// holding it is fsynced, so that the journal's own syncs (grant, exit
+    /// status) leave something reachable after a power loss.
     pub fn create(&self) -> io::Result<()> {
         use std::os::unix::fs::DirBuilderExt;
-        fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir)
+        fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir)?;
+        match self.dir.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => File::open(parent)?.sync_all(),
+            _ => Ok(()),
+        }
     }
 
     /// Starts the journal with the grant, durably (the file and the directory

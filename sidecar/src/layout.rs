@@ -36,6 +36,9 @@ pub enum Error {
     /// swap what the daemons read and write. Nothing is changed.
     #[error("{path} is owned by uid {owner}, not by this daemon's uid {me}; refusing to use it")]
     NotOurs { path: PathBuf, owner: u32, me: u32 },
+    /// A directory of the layout could not be made durable (fsync).
+    #[error("cannot sync directory {path}: {source}")]
+    Sync { path: PathBuf, source: io::Error },
     /// The data directory's mode could not be tightened to 0700.
     #[error("cannot make {path} private (0700): {source}")]
     Private { path: PathBuf, source: io::Error },
@@ -107,7 +110,8 @@ impl Layout {
     }
 
     /// Records the scratch root in the data directory for the sidecar
-    /// (written to a temporary file, fsynced, renamed into place).
+    /// (written to a temporary file, fsynced, renamed into place, the data
+    /// directory fsynced).
     pub fn record_scratch_root(&self, scratch: &Path) -> io::Result<()> {
         let tmp = self.root.join(format!("{SCRATCH_RECORD}.tmp"));
         let _ = std::fs::remove_file(&tmp);
@@ -119,7 +123,8 @@ impl Layout {
             .open(&tmp)?;
         file.write_all(scratch.as_os_str().as_bytes())?;
         file.sync_all()?;
-        std::fs::rename(&tmp, self.root.join(SCRATCH_RECORD))
+        std::fs::rename(&tmp, self.root.join(SCRATCH_RECORD))?;
+        sync_dir(&self.root)
     }
 
     /// The scratch directory of one attempt (`<scratch-root>/<task>.<attempt>`),
@@ -180,7 +185,20 @@ impl Layout {
     /// user; an existing root or subdirectory open to others is tightened to
     /// 0700 (with a warning: nothing but the daemons has business there). A
     /// non-directory (or a symlink) in place of any of them is refused.
+    ///
+    /// Every directory this creates is made durable (the directory holding
+    /// it is fsynced), and so is the root's own list of entries: files the
+    /// daemons later make durable with an fsync of their own and of the
+    /// directory naming them are then reachable after a power loss. The
+    /// entry of a root that already existed is the operator's; it is synced
+    /// too, when its parent can be opened.
     pub fn create_dirs(&self) -> Result<(), Error> {
+        let dirs = [self.root.clone(), self.db_dir(), self.output_dir(), self.attempts_dir()];
+        // The directories about to be created, outermost first, with the root's missing ancestors.
+        let mut missing: Vec<PathBuf> =
+            self.root.ancestors().filter(|a| !a.as_os_str().is_empty() && !a.exists()).map(Path::to_path_buf).collect();
+        missing.reverse();
+        missing.extend(dirs[1..].iter().filter(|d| !d.exists()).cloned());
         // Parents the operator did not create get the usual mode: a task's
         // user may have to pass them to reach the sibling scratch root.
         if let Some(parent) = self.root.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -191,11 +209,11 @@ impl Layout {
         }
         let mut builder = DirBuilder::new();
         builder.recursive(true).mode(0o700);
-        for dir in [self.root.clone(), self.db_dir(), self.output_dir(), self.attempts_dir()] {
-            builder.create(&dir).map_err(|source| Error::CreateDir { path: dir.clone(), source })?;
+        for dir in &dirs {
+            builder.create(dir).map_err(|source| Error::CreateDir { path: dir.clone(), source })?;
         }
         let me = nix::unistd::geteuid().as_raw();
-        for dir in [self.root.clone(), self.db_dir(), self.output_dir(), self.attempts_dir()] {
+        for dir in dirs {
             let meta =
                 std::fs::symlink_metadata(&dir).map_err(|source| Error::CreateDir { path: dir.clone(), source })?;
             if !meta.file_type().is_dir() {
@@ -210,8 +228,33 @@ impl Layout {
                     .map_err(|source| Error::Private { path: dir.clone(), source })?;
             }
         }
+        let mut synced = std::collections::BTreeSet::new();
+        for dir in &missing {
+            let parent = match dir.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            if synced.insert(parent.clone()) {
+                sync_dir(&parent).map_err(|source| Error::Sync { path: parent.clone(), source })?;
+            }
+        }
+        if synced.insert(self.root.clone()) {
+            sync_dir(&self.root).map_err(|source| Error::Sync { path: self.root.clone(), source })?;
+        }
+        if let Some(parent) = self.root.parent().filter(|p| !p.as_os_str().is_empty()) {
+            if !synced.contains(parent) {
+                if let Err(error) = sync_dir(parent) {
+                    tracing::warn!(dir = %parent.display(), %error, "cannot sync the directory holding the data directory");
+                }
+            }
+        }
         Ok(())
     }
+}
+
+/// `fsync` of a directory: makes its list of entries durable.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
 }
 
 /// Reads a small file of the data directory without following a symlink.

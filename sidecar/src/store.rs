@@ -7,7 +7,7 @@
 //!
 //! This module stores and loads; it never decides. Whether a write is allowed is
 //! [`crate::service`]'s business. A write that returns `Ok` is durable (flushed to
-//! disk). Loading never panics and never gives up because of one bad record:
+//! disk and synced: sled's own flush is not a sync, see [`SledFiles`]). Loading never panics and never gives up because of one bad record:
 //! unreadable records are reported in [`Loaded::corrupt`], apart from fatal
 //! failures (an unreadable epoch, a schema from a newer build, sled errors).
 //!
@@ -64,6 +64,10 @@ pub enum Error {
     /// A record could not be encoded (it exceeds the message size limit).
     #[error("cannot encode attempt record: {0}")]
     Encode(CodecError),
+    /// Syncing one of the store's files or directories failed: what was
+    /// written may not be durable, so the write is not acknowledged.
+    #[error("cannot sync {path} of the recovery store: {source}")]
+    Sync { path: PathBuf, source: std::io::Error },
     /// A write refused on purpose by [`FailingStore`].
     #[error("injected storage failure")]
     Injected,
@@ -165,9 +169,11 @@ fn unseal(key: &str, value: &[u8]) -> Result<AttemptRecord, String> {
 
 // ------------------------------------------------------------------ sled
 
-/// The real store: a sled database, flushed after every write.
+/// The real store: a sled database, flushed and synced after every write.
 pub struct SledStore {
     db: sled::Db,
+    /// The syncs sled 0.34 leaves out.
+    files: std::sync::Mutex<SledFiles>,
     meta: sled::Tree,
     attempts: sled::Tree,
     revoked: sled::Tree,
@@ -207,7 +213,17 @@ impl SledStore {
                 }
             }
         }
-        Ok(SledStore { db, meta, attempts, revoked, epoch_mirror: path.with_extension("epoch"), deferred: false })
+        db.flush()?;
+        let files = SledFiles::open(path)?;
+        Ok(SledStore {
+            db,
+            files: std::sync::Mutex::new(files),
+            meta,
+            attempts,
+            revoked,
+            epoch_mirror: path.with_extension("epoch"),
+            deferred: false,
+        })
     }
 
     /// Inserts or replaces many records with one flush: durable together when it
@@ -219,8 +235,7 @@ impl SledStore {
             batch.insert(attempt_key(&record.grant.task, record.grant.attempt).as_bytes(), seal(record)?);
         }
         self.attempts.apply_batch(batch)?;
-        self.db.flush()?;
-        Ok(())
+        self.flush()
     }
 
     /// Group commit: while on, writes of attempt records and revocations are
@@ -244,6 +259,7 @@ impl SledStore {
     pub fn flush(&self) -> Result<(), Error> {
         let started = std::time::Instant::now();
         self.db.flush()?;
+        self.files.lock().unwrap_or_else(std::sync::PoisonError::into_inner).sync()?;
         crate::metrics::get().flush.record(started.elapsed().as_secs_f64(), &[]);
         Ok(())
     }
@@ -324,6 +340,108 @@ impl RecoveryStore for SledStore {
     }
 }
 
+/// The syncs sled 0.34 leaves out, so that a flushed write survives power
+/// loss and not only a process crash.
+///
+/// sled's `Db::flush` writes its log with `pwrite` and ends in
+/// `sync_file_range`, which syncs neither the file's size and metadata nor the
+/// drive's cache; only its periodic flusher calls `fsync`, it never syncs a
+/// directory or its `conf`, and it never syncs its blob files
+/// (`blobs/<lsn>`, one per value too large for the log). So after each
+/// `Db::flush` this syncs, in order: every blob file not synced yet and then
+/// the `blobs` directory (only when a new one appeared), then the log `db`
+/// with `fdatasync` through a descriptor of its own (a sync of any descriptor
+/// of an inode syncs the inode). At open it syncs `conf`, the log, `blobs`,
+/// the database directory and the directory holding it, so the store's files
+/// themselves exist after a power cut. Snapshots (`snap.*`) need nothing
+/// more: sled syncs each before renaming it into place, and a snapshot lost
+/// with its directory entry is rebuilt from the log.
+///
+/// Cost per flush: one `fdatasync` of the log plus one listing of `blobs`;
+/// blob-sized values add a sync each and one of the directory.
+struct SledFiles {
+    log: std::fs::File,
+    log_path: PathBuf,
+    blobs: PathBuf,
+    /// Blob files already synced (names are sled's LSNs). Rebuilt from each
+    /// listing, so blobs sled removed are forgotten.
+    synced_blobs: std::collections::BTreeSet<std::ffi::OsString>,
+}
+
+impl SledFiles {
+    fn open(path: &Path) -> Result<SledFiles, Error> {
+        let err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| Error::Sync { path, source }
+        };
+        let log_path = path.join("db");
+        let log = std::fs::File::open(&log_path).map_err(err(&log_path))?;
+        let conf = path.join("conf");
+        std::fs::File::open(&conf).and_then(|f| f.sync_all()).map_err(err(&conf))?;
+        log.sync_all().map_err(err(&log_path))?;
+        let mut files =
+            SledFiles { log, log_path, blobs: path.join("blobs"), synced_blobs: std::collections::BTreeSet::new() };
+        files.sync_blobs(true)?;
+        sync_dir(path)?;
+        sync_dir(parent_dir(path))?;
+        Ok(files)
+    }
+
+    /// Makes what sled flushed durable: new blobs (and their directory)
+    /// before the log that points at them.
+    fn sync(&mut self) -> Result<(), Error> {
+        self.sync_blobs(false)?;
+        self.log.sync_data().map_err(|source| Error::Sync { path: self.log_path.clone(), source })
+    }
+
+    fn sync_blobs(&mut self, sync_dir_anyway: bool) -> Result<(), Error> {
+        let err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| Error::Sync { path, source }
+        };
+        let entries = match std::fs::read_dir(&self.blobs) {
+            // sled creates the directory at open; without it there is nothing to sync.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            entries => entries.map_err(err(&self.blobs))?,
+        };
+        let mut present = std::collections::BTreeSet::new();
+        let mut new = false;
+        for entry in entries {
+            let name = entry.map_err(err(&self.blobs))?.file_name();
+            if !self.synced_blobs.contains(&name) {
+                let blob = self.blobs.join(&name);
+                match std::fs::File::open(&blob) {
+                    // Removed by sled since the listing: nothing left to keep.
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                    file => file.and_then(|f| f.sync_data()).map_err(err(&blob))?,
+                }
+                new = true;
+            }
+            present.insert(name);
+        }
+        if new || sync_dir_anyway {
+            sync_dir(&self.blobs)?;
+        }
+        self.synced_blobs = present;
+        Ok(())
+    }
+}
+
+/// The directory holding `path` (`.` for a bare name).
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// `fsync` of a directory: makes its entries durable.
+fn sync_dir(dir: &Path) -> Result<(), Error> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|source| Error::Sync { path: dir.to_path_buf(), source })
+}
+
 // ---------------------------------------------------------------- memory
 
 /// The epoch mirror: the highest epoch seen, as text in a small file beside the
@@ -332,7 +450,7 @@ impl RecoveryStore for SledStore {
 /// error; without a second copy the machine could forget its fence.
 fn write_epoch_mirror(path: &Path, epoch: Epoch) -> Result<(), Error> {
     let io = |e: std::io::Error| Error::Sled(sled::Error::Io(e));
-    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir = parent_dir(path);
     let tmp = path.with_extension("tmp");
     {
         let mut f = std::fs::File::create(&tmp).map_err(io)?;
