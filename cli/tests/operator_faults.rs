@@ -290,6 +290,63 @@ fn number(task: &str) -> u64 {
     task.rsplit('-').next().and_then(|n| n.parse().ok()).expect("task number")
 }
 
+/// A cluster of one coordinator and one worker that ran a first task, then
+/// two more after a registry backup was taken: the backup, the two lost
+/// tasks, the ledger and the command that appends `run-<i>` to it.
+struct Lost {
+    c: Cluster,
+    ledger: std::path::PathBuf,
+    backup: Vec<(String, bytes::Bytes)>,
+    lost: Vec<String>,
+}
+
+impl Lost {
+    fn run(&self, i: &str) -> String {
+        format!("echo run-{i} >> {}", self.ledger.display())
+    }
+
+    fn start() -> Lost {
+        let c = Cluster::start_coordinators(1, 1, &common::FAST_LEASE);
+        let ledger = c.dir.path().join("ledger");
+        let mut l = Lost { c, ledger, backup: Vec::new(), lost: Vec::new() };
+        let first = l.c.submit(&["--", &l.run("first")]);
+        l.c.wait_status(&first, "completed", BOUND);
+        l.backup = registry_backup(&l.c.nats.url);
+        l.lost = ["a", "b"].iter().map(|i| l.c.submit(&["--", &l.run(i)])).collect();
+        for t in &l.lost {
+            l.c.wait_status(t, "completed", BOUND);
+        }
+        l
+    }
+
+    /// `tenure status`'s error once the coordinator refuses to lead.
+    fn refusal(&self) -> String {
+        eventually(BOUND, || {
+            let out = self.c.cli(&["status"]);
+            let err = common::stderr(&out);
+            (!out.status.success() && err.contains("refuses to lead")).then_some(err)
+        })
+        .unwrap_or_else(|| panic!("status never showed the refusal:\n{}", self.c.logs()))
+    }
+
+    /// The operator accepts the loss: a task submitted then completes under
+    /// a number none of the lost tasks had, and each lost task ran once.
+    fn accept(&mut self) {
+        self.c.daemon("coordinator-c1").stop();
+        let mut accept = common::FAST_LEASE.to_vec();
+        accept.push("--accept-registry-rollback");
+        self.c.spawn_coordinator("c1", &accept);
+        let next = self.c.submit(&["--", &self.run("next")]);
+        self.c.wait_status(&next, "completed", BOUND);
+        assert!(number(&next) > number(&self.lost[1]), "task number {next} reused after {}", self.lost[1]);
+        let log = self.c.daemon("coordinator-c1").log_text();
+        assert!(log.contains("recording the acceptance"), "{log}");
+        let text = std::fs::read_to_string(&self.ledger).expect("ledger");
+        assert_eq!(text.lines().filter(|l| l.starts_with("run-a") || l.starts_with("run-b")).count(), 2, "{text}");
+        assert!(!text.contains("run-refused"), "{text}");
+    }
+}
+
 /// The registry is restored from a backup older than what was acknowledged
 /// while the coordinator was down. The coordinator refuses to lead it — no
 /// epoch claimed, nothing run — and says so to every client (`status`,
@@ -298,52 +355,25 @@ fn number(task: &str) -> u64 {
 /// acceptance, and never reuses a task number the lost tasks had.
 #[test]
 fn a_registry_restored_from_an_older_backup_is_not_led_until_the_operator_accepts_it() {
-    let fast = common::FAST_LEASE;
-    let mut c = Cluster::start_coordinators(1, 1, &fast);
-    let ledger = c.dir.path().join("ledger");
-    let run = |i: &str| format!("echo run-{i} >> {}", ledger.display());
-    let first = c.submit(&["--", &run("first")]);
-    c.wait_status(&first, "completed", BOUND);
-    let backup = registry_backup(&c.nats.url);
-    let lost: Vec<String> = ["a", "b"].iter().map(|i| c.submit(&["--", &run(i)])).collect();
-    for t in &lost {
-        c.wait_status(t, "completed", BOUND);
-    }
-    wait_mark_through(&c.nats.url, number(&lost[1]));
-    c.daemon("coordinator-c1").stop();
+    let mut l = Lost::start();
+    wait_mark_through(&l.c.nats.url, number(&l.lost[1]));
+    l.c.daemon("coordinator-c1").stop();
 
-    registry_restore(&c.nats.url, &backup);
-    c.spawn_coordinator("c1", &fast);
-    let refused = eventually(BOUND, || {
-        let out = c.cli(&["status"]);
-        let err = common::stderr(&out);
-        (!out.status.success() && err.contains("refuses to lead")).then_some(err)
-    })
-    .unwrap_or_else(|| panic!("status never showed the refusal:\n{}", c.logs()));
+    registry_restore(&l.c.nats.url, &l.backup);
+    l.c.spawn_coordinator("c1", &common::FAST_LEASE);
+    let refused = l.refusal();
     assert!(refused.contains("expected at least") && refused.contains("accept-registry-rollback"), "{refused}");
-    let out = c.cli(&["submit", "--", &run("refused")]);
+    let out = l.c.cli(&["submit", "--", &l.run("refused")]);
     assert!(!out.status.success(), "a submit was taken by a coordinator that refuses to lead");
     assert!(common::stderr(&out).contains("behind its high-water mark"), "{}", common::stderr(&out));
-    let log = c.daemon("coordinator-c1").log_text();
+    let log = l.c.daemon("coordinator-c1").log_text();
     assert!(log.contains("refusing to lead"), "{log}");
     assert!(!log.contains("leading"), "it led a registry behind its mark:\n{log}");
     // Nothing was claimed: the restored registry is exactly the backup.
-    assert_eq!(registry_backup(&c.nats.url).len(), backup.len(), "the refusing coordinator wrote to the registry");
+    assert_eq!(registry_backup(&l.c.nats.url).len(), l.backup.len(), "the refusing coordinator wrote to the registry");
 
-    // The operator judges the loss and accepts it.
-    c.daemon("coordinator-c1").stop();
-    let mut accept = fast.to_vec();
-    accept.push("--accept-registry-rollback");
-    c.spawn_coordinator("c1", &accept);
-    let next = c.submit(&["--", &run("next")]);
-    c.wait_status(&next, "completed", BOUND);
-    assert!(number(&next) > number(&lost[1]), "task number {next} reused after {}", lost[1]);
-    assert!(c.try_snapshot(&lost[0]).is_none(), "the lost task is gone with the rolled-back registry");
-    let log = c.daemon("coordinator-c1").log_text();
-    assert!(log.contains("recording the acceptance"), "{log}");
-    let text = std::fs::read_to_string(&ledger).expect("ledger");
-    assert_eq!(text.lines().filter(|l| l.starts_with("run-a") || l.starts_with("run-b")).count(), 2, "{text}");
-    assert!(!text.contains("run-refused"), "{text}");
+    l.accept();
+    assert!(l.c.try_snapshot(&l.lost[0]).is_none(), "the lost task is gone with the rolled-back registry");
 }
 
 /// The lease bucket recreated: the leader lease, and the mark it carried, gone.
@@ -365,56 +395,31 @@ fn lease_lost(url: &str) {
 /// number the lost tasks had is used again.
 #[test]
 fn a_registry_gone_back_with_its_lease_is_caught_by_a_machines_mark() {
-    let fast = common::FAST_LEASE;
-    let mut c = Cluster::start_coordinators(1, 1, &fast);
-    let ledger = c.dir.path().join("ledger");
-    let run = |i: &str| format!("echo run-{i} >> {}", ledger.display());
-    let first = c.submit(&["--", &run("first")]);
-    c.wait_status(&first, "completed", BOUND);
-    let backup = registry_backup(&c.nats.url);
-    let lost: Vec<String> = ["a", "b"].iter().map(|i| c.submit(&["--", &run(i)])).collect();
-    for t in &lost {
-        c.wait_status(t, "completed", BOUND);
-    }
-    c.daemon("coordinator-c1").stop();
+    let mut l = Lost::start();
+    l.c.daemon("coordinator-c1").stop();
 
-    registry_restore(&c.nats.url, &backup);
-    lease_lost(&c.nats.url);
-    c.spawn_coordinator("c1", &fast);
-    let refused = eventually(BOUND, || {
-        let out = c.cli(&["status"]);
-        let err = common::stderr(&out);
-        (!out.status.success() && err.contains("refuses to lead")).then_some(err)
-    })
-    .unwrap_or_else(|| panic!("status never showed the refusal:\n{}", c.logs()));
+    registry_restore(&l.c.nats.url, &l.backup);
+    lease_lost(&l.c.nats.url);
+    l.c.spawn_coordinator("c1", &common::FAST_LEASE);
+    let refused = l.refusal();
     assert!(refused.contains("kept by worker") && refused.contains("accept-registry-rollback"), "{refused}");
-    let log = c.daemon("coordinator-c1").log_text();
+    let log = l.c.daemon("coordinator-c1").log_text();
     assert!(log.contains("no longer leading it"), "{log}");
-    let out = c.cli(&["submit", "--", &run("refused")]);
+    let out = l.c.cli(&["submit", "--", &l.run("refused")]);
     assert!(!out.status.success(), "a submit was taken by a coordinator that refuses to lead");
 
     // A restart does not forget it: the lease carries the machine's mark.
-    c.daemon("coordinator-c1").stop();
-    c.spawn_coordinator("c1", &fast);
+    l.c.daemon("coordinator-c1").stop();
+    l.c.spawn_coordinator("c1", &common::FAST_LEASE);
     let again = eventually(BOUND, || {
-        let out = c.cli(&["submit", "--", &run("refused")]);
+        let out = l.c.cli(&["submit", "--", &l.run("refused")]);
         let err = common::stderr(&out);
         (!out.status.success() && err.contains("behind its high-water mark")).then_some(())
     });
-    assert!(again.is_some(), "a restarted coordinator led the caught registry:\n{}", c.logs());
+    assert!(again.is_some(), "a restarted coordinator led the caught registry:\n{}", l.c.logs());
 
-    // The operator judges the loss and accepts it.
-    c.daemon("coordinator-c1").stop();
-    let mut accept = fast.to_vec();
-    accept.push("--accept-registry-rollback");
-    c.spawn_coordinator("c1", &accept);
-    let next = c.submit(&["--", &run("next")]);
-    c.wait_status(&next, "completed", BOUND);
-    assert!(number(&next) > number(&lost[1]), "task number {next} reused after {}", lost[1]);
+    l.accept();
     // The machine's mark from before the acceptance is no news now.
-    let later = c.submit(&["--", &run("later")]);
-    c.wait_status(&later, "completed", BOUND);
-    let text = std::fs::read_to_string(&ledger).expect("ledger");
-    assert_eq!(text.lines().filter(|l| l.starts_with("run-a") || l.starts_with("run-b")).count(), 2, "{text}");
-    assert!(!text.contains("run-refused"), "{text}");
+    let later = l.c.submit(&["--", &l.run("later")]);
+    l.c.wait_status(&later, "completed", BOUND);
 }
