@@ -202,7 +202,7 @@ fn power_cut_after_intent_never_reruns_the_task() {
 
 #[test]
 fn power_cut_after_the_outcome_was_buffered_reports_it_without_rerunning() {
-    let (mut power, mut c, _task, ledger, snap) = cut_after("after-exited", "exit 4");
+    let (mut power, mut c, task, ledger, snap) = cut_after("after-exited", "echo ran; exit 4");
     assert_eq!(
         (snap["status"].as_str(), snap["exit_code"].as_i64(), snap["attempt"].as_u64()),
         (Some("failed"), Some(4), Some(1)),
@@ -210,6 +210,9 @@ fn power_cut_after_the_outcome_was_buffered_reports_it_without_rerunning() {
         c.logs()
     );
     assert_eq!(ledger_runs(&ledger), 1, "ran exactly once");
+    // The monitor synced the output (file and directory) before its status.
+    let output = c.worker_dir("w1").join("output").join(format!("{task}.out"));
+    assert_eq!(std::fs::read_to_string(&output).unwrap_or_default(), "ran\n", "the output is kept");
     the_fence_held(&mut power, &mut c, &snap);
 }
 
