@@ -132,9 +132,20 @@ fn cut_after(point: &str, rest: &str) -> (Power, Cluster, String, PathBuf, serde
     let crashed = c.daemon("worker-w1").wait_exit(BOUND);
     assert!(crashed.is_some_and(|s| !s.success()), "the worker did not crash at {point}:\n{}", c.logs());
     let runs_before_cut = ledger_runs(&ledger);
+    let instance = c
+        .daemon("worker-w1")
+        .log_text()
+        .lines()
+        .find(|l| l.contains("worker ready"))
+        .and_then(|l| l.split("instance=").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no instance in the worker's log:\n{}", c.logs()));
     c.kill9("sidecar-w1");
     power.kill_machine();
     power.cut();
+    let recorded = std::fs::read_to_string(c.worker_dir("w1").join("worker.instance")).unwrap_or_default();
+    assert_eq!(recorded.trim(), instance, "the worker instance file was written before its heartbeats named it");
     c.spawn_sidecar("w1");
     c.spawn_worker("w1", &[]);
     let snap = eventually(BOUND, || {
