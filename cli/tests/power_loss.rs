@@ -311,7 +311,8 @@ fn jetstream_with_sync_always_keeps_an_acknowledged_submit_through_a_power_cut()
 }
 
 /// Under strict rules nats-server loses its new streams whole even with
-/// `sync_interval: always` (it syncs its files, never their directories):
+/// `sync_interval: always` (measured: the server comes back with no streams,
+/// as when a server syncs its files but not the directories it created):
 /// the registry and the lease go back together, and only the machine's mark
 /// keeps the coordinator from reusing task numbers.
 #[test]
