@@ -7,8 +7,8 @@
 //! over a unix socket ([`SidecarClient`]); clients read task output from it over
 //! NATS, and send input to running `agent` tasks through it.
 //!
-//! - **Every mutating request is flushed to disk before the sidecar replies.** An
-//!   `Ok` means durable; a storage failure is a refusal that changed nothing.
+//! - **Every mutating request is flushed to disk and synced before the sidecar
+//!   replies.** An `Ok` means durable, power loss included; a storage failure is a refusal that changed nothing.
 //!   Requests that arrive together share one flush (group commit).
 //! - **It refuses lower epochs.** The highest epoch seen is persisted, and any
 //!   request carrying a lower one is refused with `StaleEpoch`.

@@ -25,6 +25,9 @@ pub struct NatsServer {
     store: tempfile::TempDir,
     /// Started by [`NatsServer::start`] (its configuration is the kit's own).
     plain: bool,
+    /// Where a plain server keeps its JetStream data, and whether it runs
+    /// with `sync_interval: always` (see [`NatsServer::start_with_jetstream`]).
+    jetstream: Option<(PathBuf, bool)>,
 }
 
 /// Finds the nats-server binary: `TENURE_NATS_SERVER`, then the project's own
@@ -55,9 +58,24 @@ impl NatsServer {
     /// Starts on a given port (to restart a server where clients expect it).
     pub fn start_on(port: u16) -> anyhow::Result<NatsServer> {
         let store = tempfile::tempdir()?;
-        let child = Self::spawn_plain(port, store.path())?;
+        let child = Self::spawn_plain(port, store.path(), None)?;
         let url = format!("nats://127.0.0.1:{port}");
-        let server = NatsServer { child, port, url, http_port: None, store, plain: true };
+        let server = NatsServer { child, port, url, http_port: None, store, plain: true, jetstream: None };
+        server.wait_listening()?;
+        Ok(server)
+    }
+
+    /// Like [`NatsServer::start`], with the JetStream data in `jetstream`
+    /// (e.g. on a filesystem a test can cut the power of) and, when
+    /// `sync_always` is false, the server's default `sync_interval` instead
+    /// of `always`. [`NatsServer::restart`] keeps both.
+    pub fn start_with_jetstream(jetstream: &Path, sync_always: bool) -> anyhow::Result<NatsServer> {
+        let port = free_port();
+        let store = tempfile::tempdir()?;
+        let setting = Some((jetstream.to_path_buf(), sync_always));
+        let child = Self::spawn_plain(port, store.path(), setting.as_ref())?;
+        let url = format!("nats://127.0.0.1:{port}");
+        let server = NatsServer { child, port, url, http_port: None, store, plain: true, jetstream: setting };
         server.wait_listening()?;
         Ok(server)
     }
@@ -65,12 +83,12 @@ impl NatsServer {
     /// JetStream with `sync_interval: always`, as the shipped configurations
     /// and `tenure dev` run it: an acknowledged write is on disk, so a test
     /// that kills the server loses nothing it was told was stored.
-    fn spawn_plain(port: u16, store: &Path) -> anyhow::Result<Child> {
+    fn spawn_plain(port: u16, store: &Path, jetstream: Option<&(PathBuf, bool)>) -> anyhow::Result<Child> {
         let conf = store.join("nats.conf");
-        let text = format!(
-            "listen: \"127.0.0.1:{port}\"\njetstream {{\n  store_dir: \"{}\"\n  sync_interval: always\n}}\n",
-            store.join("jetstream").display()
-        );
+        let (dir, always) = jetstream.cloned().unwrap_or_else(|| (store.join("jetstream"), true));
+        let sync = if always { "  sync_interval: always\n" } else { "" };
+        let text =
+            format!("listen: \"127.0.0.1:{port}\"\njetstream {{\n  store_dir: \"{}\"\n{sync}}}\n", dir.display());
         std::fs::write(&conf, text)?;
         Command::new(nats_server_binary())
             .arg("-c")
@@ -91,7 +109,7 @@ impl NatsServer {
             bail!("only a server started by NatsServer::start can be restarted by the kit");
         }
         self.kill9();
-        self.child = Self::spawn_plain(self.port, self.store.path())?;
+        self.child = Self::spawn_plain(self.port, self.store.path(), self.jetstream.as_ref())?;
         self.wait_listening()
     }
 
@@ -143,7 +161,15 @@ impl NatsServer {
             .stderr(Stdio::null())
             .spawn()
             .context("starting nats-server (run deploy/install-nats.sh or put nats-server >= 2.11 on PATH)")?;
-        Ok(NatsServer { child, port, url: format!("nats://127.0.0.1:{port}"), http_port: http, store, plain: false })
+        Ok(NatsServer {
+            child,
+            port,
+            url: format!("nats://127.0.0.1:{port}"),
+            http_port: http,
+            store,
+            plain: false,
+            jetstream: None,
+        })
     }
 
     fn wait_listening_then(self) -> anyhow::Result<NatsServer> {

@@ -207,6 +207,11 @@ fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> Monit
         tracing::warn!(%error, "monitor cannot remove the input pipe");
     }
     let (written, dropped) = pump.finish();
+    // The output file's data was synced by `finish`; its entry (created with
+    // the first attempt of the task) needs the directory synced too.
+    if let Err(error) = tenure_sidecar::layout::sync_dir(&layout.output_dir()) {
+        tracing::warn!(%error, "monitor cannot sync the output directory");
+    }
     let mut outcome = group.outcome();
     outcome.output_dropped = dropped;
     MonitorStatus { outcome, output_written: written }
