@@ -117,6 +117,7 @@ fn record(n: u32, phase: Phase, command: String) -> AttemptRecord {
         phase,
         pid: (phase >= Phase::Spawned).then_some(4242),
         outcome: (phase >= Phase::Exited).then(|| Outcome::new(Ending::Completed, Some(0), None)),
+        boot: None,
     }
 }
 
