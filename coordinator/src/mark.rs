@@ -69,10 +69,10 @@ pub fn judge(expected: Option<RegistryMark>, found: RegistryMark, accept_rollbac
 /// ahead of the registry's durable mark `current` (every grant carries a mark
 /// the registry had already reached when it was sent) and of a mark the
 /// operator accepted. Returns the mark to refuse the registry against: the
-/// claim, past `current`, at a sequence no registry reaches — the registry
-/// was led, and written to, before it was caught, so only an operator's
-/// acceptance may end the refusal (a reload that grew past the claim must not
-/// look whole, and a backup cannot hold the writes made since).
+/// claim, and one sequence past `current` — the registry was led, and
+/// written to, before it was caught, and the leader stops writing now, so a
+/// reload of the same registry stays refused; only another registry ahead of
+/// both (the good one restored) or an operator's acceptance ends it.
 pub fn witnessed(
     claim: Option<RegistryMark>,
     current: RegistryMark,
@@ -80,7 +80,7 @@ pub fn witnessed(
 ) -> Option<RegistryMark> {
     let claim = claim?;
     let floor = RegistryMark::merged(Some(current), accepted).unwrap_or(current);
-    let past = RegistryMark { last_seq: RegistryMark::UNREACHABLE, ..current };
+    let past = RegistryMark { last_seq: current.last_seq.saturating_add(1), ..current };
     claim.is_ahead_of(&floor).then(|| claim.merge(past))
 }
 
@@ -144,15 +144,17 @@ mod tests {
             let expected = witnessed(Some(claim), current, None).expect("caught");
             assert!(expected.is_ahead_of(&current), "{claim}");
             assert!(!claim.is_ahead_of(&expected), "{claim}: the refusal keeps the whole claim");
-            // A reload that grew past the claim still falls short: only an
-            // operator's acceptance ends it.
-            let grown = claim.merge(current);
+            // A reload of the registry that was caught (its leader stopped
+            // writing) still falls short; the good registry restored, ahead
+            // of both, is led.
             assert_eq!(
-                judge(Some(expected), grown, false),
-                Verdict::Refuse(Behind { expected, found: grown, witness: None })
+                judge(Some(expected), current, false),
+                Verdict::Refuse(Behind { expected, found: current, witness: None })
             );
+            let restored = claim.merge(RegistryMark { last_seq: current.last_seq + 1, ..current });
+            assert_eq!(judge(Some(expected), restored, false), Verdict::Lead);
             // Accepted, it leads past the claim's numbers and epoch.
-            assert!(highest_task(Some(expected), grown) >= claim.highest_task);
+            assert!(highest_task(Some(expected), current) >= claim.highest_task);
             assert!(least_epoch(Some(expected), Epoch(1)) > claim.epoch);
             // And the same claim, heard again after acceptance, is not news.
             assert_eq!(witnessed(Some(claim), current, Some(expected)), None);

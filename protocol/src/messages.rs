@@ -301,10 +301,6 @@ fn witnessed(witness: &Option<String>) -> String {
 }
 
 impl RegistryMark {
-    /// A sequence no registry reaches: a mark carrying it is refused until an
-    /// operator accepts the registry as it is.
-    pub const UNREACHABLE: u64 = u64::MAX;
-
     /// Whether a registry found at `found` is behind this mark in any part.
     pub fn is_ahead_of(&self, found: &RegistryMark) -> bool {
         found.last_seq < self.last_seq || found.highest_task < self.highest_task || found.epoch < self.epoch
@@ -330,11 +326,7 @@ impl RegistryMark {
 
 impl std::fmt::Display for RegistryMark {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.last_seq == RegistryMark::UNREACHABLE {
-            write!(f, "task number {}, epoch {}, and acceptance by an operator", self.highest_task, self.epoch)
-        } else {
-            write!(f, "sequence {}, task number {}, epoch {}", self.last_seq, self.highest_task, self.epoch)
-        }
+        write!(f, "sequence {}, task number {}, epoch {}", self.last_seq, self.highest_task, self.epoch)
     }
 }
 
