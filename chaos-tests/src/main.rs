@@ -267,7 +267,7 @@ async fn run_in(
 
     let mut faults: BTreeMap<&'static str, u64> = BTreeMap::new();
     let (mut machine_faults, mut restarts) = (0u64, 0u64);
-    // Registry rollbacks that were led instead of refused (violations).
+    // Registry rollbacks led although behind what they replaced (violations).
     let (mut rollbacks, mut unrefused) = (0u32, Vec::<String>::new());
     let mut rng = rand::rngs::StdRng::seed_from_u64(o.seed ^ 0x5eed);
     let mut pending: Vec<(Instant, Pending)> = Vec::new();
@@ -284,9 +284,9 @@ async fn run_in(
                 Fault::HostileTask => submit_hostile(&client, mode, &run_id, &ledger, &submitted),
                 Fault::NatsRestart => nats_restart(&mut cluster, &client, &quiet, &submitted).await,
                 Fault::RegistryRollback => {
-                    let (line, refused) = registry_rollback(&mut cluster, &client, rollbacks).await;
+                    let (line, led_behind) = registry_rollback(&mut cluster, &client, rollbacks).await;
                     rollbacks += 1;
-                    if !refused {
+                    if led_behind {
                         unrefused.push(line.clone());
                     }
                     line
@@ -636,20 +636,53 @@ async fn nats_restart(
 /// the snapshot in place and starts them: they must refuse to lead and say so
 /// to clients (`ApiError::RegistryBehind`). Then the good registry goes back
 /// and the run continues. Returns the trace line and whether it was refused.
+/// The registry stream's last sequence, as the server answers it now
+/// (retried for a while: the server may have just restarted).
+async fn registry_last_seq(client: &async_nats::Client) -> Option<u64> {
+    let js = async_nats::jetstream::new(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(mut stream) = js.get_stream(subjects::REGISTRY_STREAM).await {
+            if let Ok(info) = stream.info().await {
+                return Some(info.state.last_sequence);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// Restores the registry to a snapshot taken 3 s earlier, with the
+/// coordinators down, and waits for the refusal. Returns the line to trace
+/// and whether a registry behind what it replaced was led (a violation).
+///
+/// A snapshot that holds everything the registry held (nothing was written
+/// in those 3 s: the cluster was busy with other faults) is no rollback at
+/// all; leading it is right, and it is kept — it may have been written to
+/// since. A refused one is replaced by the good registry again; one led
+/// although behind is kept too (putting the good one back would lose what
+/// was written to it meanwhile), and reported.
 async fn registry_rollback(c: &mut Cluster, client: &async_nats::Client, n: u32) -> (String, bool) {
     let old = c.dir.join(format!("registry-snapshot-{n}"));
     if let Err(e) = c.snapshot_registry(&old).await {
-        return (format!("registry-rollback: no snapshot taken: {e:#}"), true);
+        return (format!("registry-rollback: no snapshot taken: {e:#}"), false);
     }
     // The registry and the mark in the lease move past the snapshot.
     tokio::time::sleep(Duration::from_secs(3)).await;
     c.hold_coordinators();
+    let good_seq = registry_last_seq(client).await;
     let good = c.dir.join(format!("registry-good-{n}"));
     if let Err(e) = c.swap_registry(&old, &good).await {
         let _ = c.release_coordinators();
-        return (format!("registry-rollback: not restored: {e:#}"), true);
+        return (format!("registry-rollback: not restored: {e:#}"), false);
     }
+    let old_seq = registry_last_seq(client).await;
     let _ = c.release_coordinators();
+    let behind = match (old_seq, good_seq) {
+        (Some(old), Some(good)) => old < good,
+        // Unknown: judged as a rollback.
+        _ => true,
+    };
     let refused = wait_until(Duration::from_secs(30), || async {
         let reply: Option<ApiReply> =
             tenure_transport::request(client, subjects::API.to_owned(), &ApiRequest::Status, Duration::from_secs(2))
@@ -658,14 +691,18 @@ async fn registry_rollback(c: &mut Cluster, client: &async_nats::Client, n: u32)
         matches!(reply, Some(Err(tenure_protocol::messages::ApiError::RegistryBehind { .. })))
     })
     .await;
+    let seqs = format!("sequence {old_seq:?} restored over {good_seq:?}");
+    if !refused {
+        let what = if behind { "NOT REFUSED though behind" } else { "nothing was written since: led, as it should be" };
+        return (format!("registry-rollback: snapshot restored with coordinators down ({seqs}); {what}; kept"), behind);
+    }
     // Put the good registry back (the refusing coordinator loads it again).
     let back = c.dir.join(format!("registry-rolled-back-{n}"));
     let restored = c.swap_registry(&good, &back).await;
     let line = format!(
-        "registry-rollback: snapshot restored with coordinators down; {}; good registry back ({restored:?})",
-        if refused { "refused to lead, reported to clients" } else { "NOT REFUSED" }
+        "registry-rollback: snapshot restored with coordinators down ({seqs}); refused to lead, reported to clients; good registry back ({restored:?})"
     );
-    (line, refused)
+    (line, false)
 }
 
 /// Submits tasks at `rate` until stopped. Each submission retries with its own
