@@ -301,12 +301,7 @@ async fn run_in(
             if fault.strikes_machine() {
                 machine_faults += 1;
             }
-            if matches!(
-                fault,
-                Fault::KillMachine { .. }
-                    | Fault::WipeMachine { .. }
-                    | Fault::PowerLoss { node: PowerNode::Machine(_), .. }
-            ) {
+            if fault.restarts_machine() {
                 restarts += 1;
             }
         }

@@ -146,6 +146,17 @@ impl Fault {
         }
     }
 
+    /// Whether the fault takes a whole worker machine down and boots it
+    /// again (the only faults after which `machine-restarted` is truthful).
+    pub fn restarts_machine(&self) -> bool {
+        matches!(
+            self,
+            Fault::KillMachine { .. }
+                | Fault::WipeMachine { .. }
+                | Fault::PowerLoss { node: PowerNode::Machine(_), .. }
+        )
+    }
+
     /// The fault's type, for counting.
     pub fn kind(&self) -> &'static str {
         match self {

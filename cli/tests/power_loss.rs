@@ -148,12 +148,9 @@ fn cut_after(point: &str, rest: &str) -> (Power, Cluster, String, PathBuf, serde
     assert_eq!(recorded.trim(), instance, "the worker instance file was written before its heartbeats named it");
     c.spawn_sidecar("w1");
     c.spawn_worker("w1", &[]);
-    let snap = eventually(BOUND, || {
-        let s = c.try_snapshot(&task)?;
-        let status = s["status"].as_str()?;
-        (status != "queued" && status != "leased" && status != "running").then_some(s)
-    })
-    .unwrap_or_else(|| panic!("{task} did not settle after a cut at {point}:\n{}", c.logs()));
+    let snap = c
+        .wait_settled(&task, BOUND)
+        .unwrap_or_else(|| panic!("{task} did not settle after a cut at {point}:\n{}", c.logs()));
     eprintln!("{point}: ran {runs_before_cut} time(s) before the cut; settled as {snap}");
     (power, c, task, ledger, snap)
 }

@@ -284,12 +284,9 @@ fn crash_at(point: &str, command: &str) -> (Cluster, String, serde_json::Value) 
     let crashed = c.daemon("worker-w1").wait_exit(BOUND);
     assert!(crashed.is_some_and(|s| !s.success()), "the worker did not crash at {point}:\n{}", c.logs());
     c.spawn_worker("w1", &[]);
-    let snap = eventually(BOUND, || {
-        let s = c.try_snapshot(&task)?;
-        let status = s["status"].as_str()?;
-        (status != "queued" && status != "leased" && status != "running").then_some(s)
-    })
-    .unwrap_or_else(|| panic!("{task} did not settle after a crash at {point}:\n{}", c.logs()));
+    let snap = c
+        .wait_settled(&task, BOUND)
+        .unwrap_or_else(|| panic!("{task} did not settle after a crash at {point}:\n{}", c.logs()));
     (c, task, snap)
 }
 

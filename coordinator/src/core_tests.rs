@@ -60,6 +60,15 @@ impl Harness {
         self.input(beat(worker, 0, slots, None))
     }
 
+    /// `worker` answers `grant` with `refusal`.
+    fn refuse(&mut self, worker: &str, grant: LeaseGrant, refusal: Refusal) -> Vec<Effect> {
+        self.input(Input::CommandResult {
+            worker: w(worker),
+            command: WorkerCommand::Grant(grant),
+            result: Ok(WorkerReply::Refused(refusal)),
+        })
+    }
+
     fn report(&mut self, worker: &str, task: &TaskId, attempt: u32, event: ReportEvent) -> ReportAck {
         let fx = self.input(Input::Report {
             reply_to: Some("ack".into()),
@@ -435,11 +444,7 @@ fn refused_grants_requeue_and_a_newer_epoch_deposes_the_leader() {
     let t = h.submit("s", TaskSpec::shell("a", "true"));
     let fx = h.heartbeat("w1", 1);
     let (_, grant) = grants(&fx).pop().unwrap();
-    let fx = h.input(Input::CommandResult {
-        worker: w("w1"),
-        command: WorkerCommand::Grant(grant.clone()),
-        result: Ok(WorkerReply::Refused(Refusal::NoSlot)),
-    });
+    let fx = h.refuse("w1", grant.clone(), Refusal::NoSlot);
     // Requeued, and held back a moment before it is granted again as attempt 2.
     assert!(grants(&fx).is_empty());
     assert_eq!(h.status(&t), Status::Queued);
@@ -447,11 +452,7 @@ fn refused_grants_requeue_and_a_newer_epoch_deposes_the_leader() {
     let fx = h.input(Input::Tick);
     assert_eq!(grants(&fx).pop().unwrap().1.attempt, Attempt(2));
     assert_eq!(h.status(&t), Status::Leased);
-    let fx = h.input(Input::CommandResult {
-        worker: w("w1"),
-        command: WorkerCommand::Grant(grant),
-        result: Ok(WorkerReply::Refused(Refusal::StaleEpoch { held: Epoch(9), offered: Epoch(3) })),
-    });
+    let fx = h.refuse("w1", grant, Refusal::StaleEpoch { held: Epoch(9), offered: Epoch(3) });
     let check = fx.iter().find_map(|e| match e {
         Effect::CheckEpoch { claimed, by } => Some((*claimed, by.clone())),
         _ => None,
@@ -1253,11 +1254,7 @@ fn a_grant_refused_because_the_sidecars_store_failed_is_not_taken_for_nothing_ra
     let (_, grant) = grants(&fx).pop().unwrap();
     // The store may hold the attempt's intent (a failed flush may have
     // landed, or its record is unreadable): not requeued, asked about.
-    let fx = h.input(Input::CommandResult {
-        worker: w("w1"),
-        command: WorkerCommand::Grant(grant.clone()),
-        result: Ok(WorkerReply::Refused(Refusal::SidecarStorage("flush failed".into()))),
-    });
+    let fx = h.refuse("w1", grant.clone(), Refusal::SidecarStorage("flush failed".into()));
     assert_eq!(h.status(&t), Status::Leased, "requeued as if nothing ran: {fx:?}");
     let asked = fx.iter().find_map(|e| match e {
         Effect::AskEvidence { request, .. } => Some(request.clone()),

@@ -237,27 +237,14 @@ impl Engine {
         }
         let t = now();
         let n = self.live.node_mut(ino)?;
-        let mut changed = false;
+        let changed = mode.is_some() || uid.is_some() || gid.is_some() || atime.is_some() || mtime.is_some();
         if let Some(mode) = mode {
             n.perm = u16::try_from(mode & 0o7777).unwrap_or(n.perm);
-            changed = true;
         }
-        if let Some(uid) = uid {
-            n.uid = uid;
-            changed = true;
-        }
-        if let Some(gid) = gid {
-            n.gid = gid;
-            changed = true;
-        }
-        if let Some(a) = atime {
-            n.atime = a;
-            changed = true;
-        }
-        if let Some(m) = mtime {
-            n.mtime = m;
-            changed = true;
-        }
+        n.uid = uid.unwrap_or(n.uid);
+        n.gid = gid.unwrap_or(n.gid);
+        n.atime = atime.unwrap_or(n.atime);
+        n.mtime = mtime.unwrap_or(n.mtime);
         if changed {
             n.ctime = t;
             self.tree_changed = true;

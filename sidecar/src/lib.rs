@@ -49,6 +49,12 @@ pub fn boot_id() -> Option<String> {
     let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
     Some(id.trim().to_owned()).filter(|id| !id.is_empty())
 }
+
+/// Whether the machine booted since `record`'s intent: both boots known, and
+/// different (an unknown boot claims nothing).
+pub fn booted_since(record: &tenure_protocol::messages::AttemptRecord, now: Option<&str>) -> bool {
+    matches!((record.boot.as_deref(), now), (Some(then), Some(now)) if then != now)
+}
 pub use layout::{open_output_for_append, open_output_for_read, Layout};
 pub use server::{run, Options};
 pub use service::Machine;

@@ -393,7 +393,7 @@ impl<S: RecoveryStore> Machine<S> {
                 Ok(RecordView::Absent)
             }
             (Phase::Exited | Phase::Acknowledged, Some(outcome)) => Ok(RecordView::Ended(outcome)),
-            (phase, _) if self.restarted_since(record) => Ok(RecordView::Restarted(phase)),
+            (phase, _) if crate::booted_since(record, self.boot.as_deref()) => Ok(RecordView::Restarted(phase)),
             (phase, _) => Ok(RecordView::Started(phase)),
         }
     }
@@ -419,11 +419,6 @@ impl<S: RecoveryStore> Machine<S> {
         }
         info!(task = %task, records = attempts.len(), "cleaned up");
         Ok(attempts.len() as u32)
-    }
-
-    /// Whether the machine booted since `record`'s intent (both boots known).
-    pub fn restarted_since(&self, record: &AttemptRecord) -> bool {
-        matches!((&record.boot, &self.boot), (Some(then), Some(now)) if then != now)
     }
 
     /// Removes an attempt's record. The registry mark its grant carried is

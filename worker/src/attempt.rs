@@ -560,6 +560,7 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
     }
     shared.observe_epoch(epoch);
     let mut known = std::collections::HashSet::new();
+    let boot = tenure_sidecar::boot_id();
     for record in records {
         let grant = record.grant.clone();
         let (task, attempt) = (grant.task.clone(), grant.attempt);
@@ -595,10 +596,7 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
                     });
                 } else {
                     tracing::warn!(task = %task, attempt = %attempt, "attempt's monitor is gone without evidence");
-                    let restarted = matches!(
-                        (&record.boot, tenure_sidecar::boot_id()),
-                        (Some(then), Some(now)) if *then != now
-                    );
+                    let restarted = tenure_sidecar::booted_since(&record, boot.as_deref());
                     adopt(shared, &grant, move |shared, _| async move {
                         let found = evidence(&shared, &files, false).await;
                         if restarted {

@@ -280,6 +280,16 @@ impl Cluster {
         out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
     }
 
+    /// The snapshot of `task` once it is no longer queued, leased or running
+    /// (settled, or `unknown`), within `bound`.
+    pub fn wait_settled(&self, task: &str, bound: Duration) -> Option<serde_json::Value> {
+        eventually(bound, || {
+            let s = self.try_snapshot(task)?;
+            let status = s["status"].as_str()?;
+            (status != "queued" && status != "leased" && status != "running").then_some(s)
+        })
+    }
+
     pub fn wait_status(&self, task: &str, status: &str, bound: Duration) -> serde_json::Value {
         eventually(bound, || self.try_snapshot(task).filter(|s| s["status"] == status))
             .unwrap_or_else(|| panic!("{task} never reached {status}: {:?}\n{}", self.try_snapshot(task), self.logs()))
