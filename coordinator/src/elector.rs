@@ -281,11 +281,7 @@ impl Driver {
                     }
                 },
             };
-            if self.mark.has_changed().unwrap_or(false) {
-                if let Some(mark) = *self.mark.borrow_and_update() {
-                    self.lease.adopt_mark(mark);
-                }
-            }
+            self.adopt_noted_mark();
             self.step(obs).await;
         }
     }
@@ -347,7 +343,20 @@ impl Driver {
         });
     }
 
+    /// Takes the registry mark the service noted last into the lease value.
+    fn adopt_noted_mark(&mut self) {
+        if self.mark.has_changed().unwrap_or(false) {
+            if let Some(mark) = *self.mark.borrow_and_update() {
+                self.lease.adopt_mark(mark);
+            }
+        }
+    }
+
     async fn step_down(&mut self) {
+        // The release write carries the latest mark: one noted just before a
+        // shutdown (a machine's mark that caught the registry behind) must
+        // not be lost with this process.
+        self.adopt_noted_mark();
         let Some(release) = self.lease.step_down(self.clock.now()) else {
             self.publish();
             return;
