@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
-use tenure_sidecar::attempt_files::AttemptFiles;
+use tenure_machine::attempt_files::AttemptFiles;
 
 use crate::power::{self, Disk};
 use crate::proxy::{Mode, Proxy};

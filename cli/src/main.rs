@@ -547,7 +547,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             let _metrics = metrics::start(role, cfg.metrics_addr).await?;
             let (Some(worker), Some(data_dir)) = (cfg.worker, cfg.data_dir) else { unreachable!("validated") };
             let opts =
-                tenure_sidecar::Options { layout: tenure_sidecar::Layout::new(data_dir), worker, nats: cfg.nats };
+                tenure_sidecar::Options { layout: tenure_machine::Layout::new(data_dir), worker, nats: cfg.nats };
             tenure_sidecar::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }

@@ -87,7 +87,7 @@ fn a_wiped_machine_never_runs_its_tasks_again_and_says_its_store_was_replaced() 
     let recorded = || {
         let groups: Vec<i32> = std::fs::read_dir(c.worker_dir("w1").join("attempts"))
             .ok()?
-            .filter_map(|e| tenure_sidecar::attempt_files::AttemptFiles::new(e.ok()?.path()).pgid())
+            .filter_map(|e| tenure_machine::attempt_files::AttemptFiles::new(e.ok()?.path()).pgid())
             .collect();
         (groups.len() == 3).then_some(groups)
     };

@@ -19,10 +19,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::Cluster;
+use tenure_machine::Layout;
 use tenure_powerfs::{CutOptions, Mounted, Options, PowerFs};
 use tenure_protocol::messages::{LeaseGrant, SidecarRefusal, SidecarReply, SidecarRequest};
 use tenure_protocol::{Attempt, Epoch, TaskSpec};
-use tenure_sidecar::{Layout, Machine, SledStore};
+use tenure_sidecar::{Machine, SledStore};
 use tenure_testkit::{eventually, NatsCluster, NatsServer};
 
 const BOUND: Duration = Duration::from_secs(60);

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::{group_alive, stdout, Cluster};
-use tenure_sidecar::attempt_files::AttemptFiles;
+use tenure_machine::attempt_files::AttemptFiles;
 use tenure_testkit::eventually;
 
 const BOUND: Duration = Duration::from_secs(30);

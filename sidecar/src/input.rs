@@ -4,7 +4,7 @@
 //!
 //! The sidecar, not the worker, delivers input, so input reaches a task while
 //! its worker is down or restarting: the FIFO is held open by the task's
-//! monitor ([`crate::attempt_files`]), which outlives the worker.
+//! monitor ([`tenure_machine::attempt_files`]), which outlives the worker.
 //!
 //! A request is checked like an output read — only the owner of the task's
 //! latest attempt on this machine is answered, anyone else gets `NotFound` —
@@ -43,9 +43,9 @@ use tokio::sync::{OwnedMutexGuard, Semaphore};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use crate::attempt_files::{AttemptFiles, InputError};
-use crate::layout::Layout;
 use crate::server::StoreHandle;
+use tenure_machine::attempt_files::{AttemptFiles, InputError};
+use tenure_machine::layout::Layout;
 
 /// How long one delivery may wait, from its arrival, for its turn at the FIFO
 /// and for room in the pipe. Well under the client's 5 s request timeout, so
@@ -330,8 +330,8 @@ impl Drop for Turn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attempt_files::InputFifo;
     use std::io::Read;
+    use tenure_machine::attempt_files::InputFifo;
     use tenure_protocol::messages::LeaseGrant;
     use tenure_protocol::{Epoch, TaskSpec};
 

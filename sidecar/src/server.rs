@@ -16,7 +16,7 @@
 //!
 //! The socket answers the worker and nobody else: every accepted connection's
 //! peer credentials (`SO_PEERCRED`) must name the daemons' user (or root) and
-//! the process holding the worker's lock ([`crate::worker_lock`]); anything
+//! the process holding the worker's lock ([`tenure_machine::worker_lock`]); anything
 //! else — a task, even one running as the daemons' own user — has its
 //! connection closed before a byte is read.
 //!
@@ -32,9 +32,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futures::{SinkExt, StreamExt};
 use tenure_protocol::messages::{
-    ApiError, AttemptEvidence, AttemptRecord, CleanupDone, CleanupReply, CleanupRequest, EvidenceReply,
-    EvidenceRequest, OutputChunk, OutputReply, OutputRequest, Phase, SidecarRefusal, SidecarReply, SidecarRequest,
-    MAX_OUTPUT_CHUNK,
+    ApiError, AttemptRecord, CleanupDone, CleanupReply, CleanupRequest, EvidenceReply, EvidenceRequest, OutputChunk,
+    OutputReply, OutputRequest, Phase, SidecarRefusal, SidecarReply, SidecarRequest, MAX_OUTPUT_CHUNK,
 };
 use tenure_protocol::{decode, encode, subjects, SessionId, TaskId, WorkerId};
 use tenure_transport::identity::{owner, reply_to, Trust};
@@ -44,11 +43,12 @@ use tokio::task::JoinSet;
 use tokio_util::codec::{Framed, LengthDelimitedCodecError};
 use tracing::{debug, error, info, warn, Instrument};
 
-use crate::attempt_files::AttemptFiles;
-use crate::frame_codec;
-use crate::layout::{self, open_output_for_read, Layout};
 use crate::service::{Machine, RecordView};
 use crate::store::{self, SledStore};
+use tenure_machine::attempt_files::AttemptFiles;
+use tenure_machine::evidence::{self, FileFacts};
+use tenure_machine::frame_codec;
+use tenure_machine::layout::{self, open_output_for_read, Layout};
 
 /// What the sidecar needs to run.
 #[derive(Debug, Clone)]
@@ -99,7 +99,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
 
     let db_dir = layout.db_dir();
     let started = Instant::now();
-    let boot = crate::boot_id();
+    let boot = tenure_machine::boot::boot_id();
     let loaded = tokio::task::spawn_blocking(move || {
         Ok::<_, crate::store::Error>(Machine::restore(SledStore::open(&db_dir)?)?.with_boot(boot))
     })
@@ -486,7 +486,7 @@ fn peer_of(stream: &UnixStream, lock: &Path) -> Result<(), PeerRefusal> {
         uid: None,
         reason: format!("cannot read the peer's credentials: {e}"),
     })?;
-    let holder = crate::worker_lock::holder(lock).map_err(|e| PeerRefusal {
+    let holder = tenure_machine::worker_lock::holder(lock).map_err(|e| PeerRefusal {
         pid: cred.pid(),
         uid: Some(cred.uid()),
         reason: format!("cannot read the worker's lock {}: {e}", lock.display()),
@@ -762,41 +762,10 @@ fn task_files(layout: &Layout, task: &TaskId) -> Result<TaskFiles, SidecarRefusa
 async fn evidence(req: EvidenceRequest, store: &StoreHandle, layout: &Layout) -> EvidenceReply {
     let files = AttemptFiles::new(layout.attempt_dir(&req.task, req.attempt));
     let view = store.evidence(req.clone()).await;
-    let answer = tokio::task::spawn_blocking(move || judge(view, &files)).await;
+    let answer = tokio::task::spawn_blocking(move || evidence::answer(view, &FileFacts::read(&files))).await;
     let answer = answer.unwrap_or_else(|e| Err(SidecarRefusal::Storage(e.to_string())));
     info!(task = %req.task, attempt = %req.attempt, epoch = %req.epoch, ?answer, "answered an evidence query");
     answer
-}
-
-/// Combines what the records say with what the attempt's own files prove.
-/// "Never started" is said only when no intent was recorded (or an accepted
-/// attempt was just revoked) and no monitor could have been started.
-fn judge(view: Result<RecordView, SidecarRefusal>, files: &AttemptFiles) -> EvidenceReply {
-    let journal = files.journal().unwrap_or_default();
-    let has_grant = journal.grant.is_some();
-    let from_files = |unproven: AttemptEvidence| {
-        if let Some(status) = journal.status {
-            AttemptEvidence::Exited(status.outcome)
-        } else if journal.monitor.is_some_and(|m| m.alive()) {
-            AttemptEvidence::Running
-        } else {
-            unproven
-        }
-    };
-    Ok(match view {
-        Ok(RecordView::Ended(outcome)) => AttemptEvidence::Exited(outcome),
-        Ok(RecordView::Started(_)) => from_files(AttemptEvidence::NoEvidence),
-        Ok(RecordView::Restarted(_)) => from_files(AttemptEvidence::MachineRestarted),
-        // A record that vanished (sled can drop data) but whose directory exists.
-        Ok(RecordView::Absent) if has_grant => from_files(AttemptEvidence::NoEvidence),
-        Ok(RecordView::Absent) => AttemptEvidence::NeverStarted,
-        Ok(RecordView::Corrupt(reason)) => from_files(AttemptEvidence::Unreadable(reason)),
-        // Another store than the grant's: only files that survived can speak.
-        Ok(RecordView::Replaced(incarnation)) => from_files(AttemptEvidence::Replaced { incarnation }),
-        // A degraded store: only the files can speak.
-        Err(SidecarRefusal::Storage(reason)) => from_files(AttemptEvidence::Unreadable(reason)),
-        Err(refusal) => return Err(refusal),
-    })
 }
 
 /// Reads up to `want` bytes at `offset`; returns them and the file size. A

@@ -24,25 +24,9 @@ use tenure_protocol::messages::{
 use tenure_protocol::{Attempt, Epoch, Outcome, TaskId};
 use tracing::{debug, info, warn};
 
-use crate::store::{self, CorruptRecord, RecoveryStore};
+pub use tenure_machine::evidence::RecordView;
 
-/// What the records say about one attempt, for an evidence query.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RecordView {
-    /// No record (or an `accepted` one, now revoked): no intent was recorded here.
-    Absent,
-    /// The intent is recorded; the outcome is not (yet).
-    Started(Phase),
-    /// The outcome is recorded.
-    Ended(Outcome),
-    /// The record is unreadable.
-    Corrupt(String),
-    /// This machine's store is not the one the attempt was granted to.
-    Replaced(uuid::Uuid),
-    /// The intent is recorded, the outcome is not, and the machine booted
-    /// since the intent: whatever ran died with the machine.
-    Restarted(Phase),
-}
+use crate::store::{self, CorruptRecord, RecoveryStore};
 
 /// One worker machine's recovery state: the highest epoch seen and every
 /// attempt record, backed by a [`RecoveryStore`].
@@ -61,7 +45,7 @@ pub struct Machine<S> {
     mark: Option<RegistryMark>,
     /// The store's own copy of the mark, as last written.
     stored_mark: Option<RegistryMark>,
-    /// The machine's current boot ([`crate::boot_id`]), recorded with each
+    /// The machine's current boot ([`tenure_machine::boot::boot_id`]), recorded with each
     /// intent; `None` when unknown (then no restart is ever claimed).
     boot: Option<String>,
 }
@@ -393,7 +377,9 @@ impl<S: RecoveryStore> Machine<S> {
                 Ok(RecordView::Absent)
             }
             (Phase::Exited | Phase::Acknowledged, Some(outcome)) => Ok(RecordView::Ended(outcome)),
-            (phase, _) if crate::booted_since(record, self.boot.as_deref()) => Ok(RecordView::Restarted(phase)),
+            (phase, _) if tenure_machine::boot::booted_since(record, self.boot.as_deref()) => {
+                Ok(RecordView::Restarted(phase))
+            }
             (phase, _) => Ok(RecordView::Started(phase)),
         }
     }

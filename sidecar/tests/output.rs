@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use anyhow::bail;
 use common::{grant, ok, Running, BOUND};
+use tenure_machine::SidecarClient;
 use tenure_protocol::messages::{ApiError, OutputChunk, OutputReply, OutputRequest, SidecarRequest};
 use tenure_protocol::{decode, encode, subjects, Attempt, Ending, Epoch, Outcome, TaskId};
-use tenure_sidecar::SidecarClient;
 use tenure_testkit::NatsServer;
 
 /// One request/reply on the output subject, retried (bounded) only while the

@@ -14,12 +14,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use tenure_machine::attempt_files::{AttemptFiles, MonitorStatus};
+use tenure_machine::Layout;
 use tenure_powerfs::{CutOptions, Mounted, Options, PowerFs};
 use tenure_protocol::messages::{AttemptRecord, LeaseGrant, Phase, RegistryMark, SidecarRefusal};
 use tenure_protocol::messages::{SidecarReply, SidecarRequest};
 use tenure_protocol::{Attempt, Ending, Epoch, Outcome, TaskId, TaskSpec};
-use tenure_sidecar::attempt_files::{AttemptFiles, MonitorStatus};
-use tenure_sidecar::{Layout, Machine, RecoveryStore, SledStore};
+use tenure_sidecar::{Machine, RecoveryStore, SledStore};
 
 const SCENARIO: &str = "TENURE_POWER_LOSS_SCENARIO";
 const DATA: &str = "TENURE_POWER_LOSS_DATA";

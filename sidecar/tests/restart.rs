@@ -4,9 +4,10 @@
 mod common;
 
 use common::{grant, ok, Running, BOUND};
+use tenure_machine::{Layout, SidecarClient};
 use tenure_protocol::messages::{Phase, SidecarRefusal, SidecarReply, SidecarRequest};
 use tenure_protocol::{Attempt, Ending, Epoch, Outcome, TaskId};
-use tenure_sidecar::{server, Layout, Options, SidecarClient};
+use tenure_sidecar::{server, Options};
 use tenure_testkit::NatsServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

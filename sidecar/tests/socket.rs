@@ -7,9 +7,9 @@ mod common;
 use std::os::unix::fs::PermissionsExt;
 
 use common::{Running, BOUND};
+use tenure_machine::SidecarClient;
 use tenure_protocol::messages::{SidecarRefusal, SidecarReply, SidecarRequest};
 use tenure_protocol::{decode, encode};
-use tenure_sidecar::SidecarClient;
 use tenure_testkit::{free_port, NatsServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -149,7 +149,7 @@ async fn only_the_holder_of_the_worker_lock_is_answered() -> anyhow::Result<()> 
         move || peer_process(&python, &socket, None)
     });
     assert_eq!(peer.await?, "CLOSED");
-    let held = tenure_sidecar::worker_lock::WorkerLock::acquire(&lock)?;
+    let held = tenure_machine::worker_lock::WorkerLock::acquire(&lock)?;
     let peer = tokio::task::spawn_blocking({
         let (python, socket) = (python.to_owned(), socket.clone());
         move || peer_process(&python, &socket, None)

@@ -28,7 +28,8 @@ use crate::launcher::{LaunchError, Launched};
 use crate::monitor::MonitorArgs;
 use crate::process;
 use crate::service::{sidecar_insist, Held, Shared};
-use tenure_sidecar::attempt_files::{group_in_session, AttemptFiles, MonitorStatus, ProcessId};
+use tenure_machine::attempt_files::{group_in_session, AttemptFiles, MonitorStatus, ProcessId};
+use tenure_machine::evidence::{settle, Settled as Evidence};
 
 /// Test hook for the named crash windows: when `TENURE_CRASH_AT` names this
 /// point, the worker dies on the spot (SIGABRT), exactly as a SIGKILL there
@@ -40,15 +41,6 @@ pub(crate) fn crash_point(point: &str) {
         tracing::error!(point, "TENURE_CRASH_AT: crashing on purpose");
         std::process::abort();
     }
-}
-
-/// What a finished watch proved about the attempt.
-#[derive(Debug, Clone)]
-pub enum Evidence {
-    /// The monitor recorded how it ended.
-    Exited(Outcome),
-    /// The process is gone and nothing recorded how it ended.
-    Lost(RecoveryHint),
 }
 
 /// How the worker observes a monitor: by its identity (pid and start time,
@@ -229,7 +221,7 @@ async fn unseen_monitor(shared: &Shared, grant: &LeaseGrant, files: &AttemptFile
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    evidence(shared, files, false).await
+    evidence(shared, files, false, None).await
 }
 
 /// Waits for the monitor to end (forwarding kills to it) and reads its evidence.
@@ -273,7 +265,7 @@ async fn watch(
     if let Some(m) = matches.as_mut() {
         m.forward(shared, files, true).await;
     }
-    evidence(shared, files, killed).await
+    evidence(shared, files, killed, None).await
 }
 
 /// Sends a `monitor` attempt's matched lines (from its `matches` file) to the
@@ -321,24 +313,11 @@ impl MatchForwarder {
     }
 }
 
-/// Evidence of an attempt whose intent was recorded in an earlier boot of the
-/// machine: a lost outcome is said to have died with the machine.
-fn died_with_the_machine(found: Evidence, attempt: Attempt) -> Evidence {
-    match found {
-        Evidence::Lost(_) => Evidence::Lost(RecoveryHint {
-            tag: HintTag::MachineRestarted,
-            message: format!(
-                "the machine restarted (a power loss or a reboot) while attempt {attempt} ran: its process died \
-                 with the machine and no exit status survived; the task may have run"
-            ),
-        }),
-        other => other,
-    }
-}
-
-/// What the attempt's files prove once its monitor is gone. A group that
-/// outlived its monitor is ended first: it is ours by the recorded pgid.
-async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool) -> Evidence {
+/// What the attempt's files prove once its monitor is gone (the verdict is
+/// [`settle`]'s). A group that outlived its monitor is ended first: it is ours
+/// by the recorded pgid. `restarted`: the attempt, when the machine booted
+/// since its intent.
+async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool, restarted: Option<Attempt>) -> Evidence {
     let journal = files.journal().unwrap_or_default();
     if let Some(status) = journal.status {
         return exited(shared, journal.grant.as_ref(), status);
@@ -356,25 +335,7 @@ async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool) -> Eviden
             tracing::warn!(pgid, dir = %files.dir().display(), "process group exists but is not in the monitor's session: not ours, left alone");
         }
     }
-    if killed {
-        return Evidence::Exited(Outcome::new(
-            Ending::Killed,
-            None,
-            Some("killed; the monitor ended before recording the exit status".into()),
-        ));
-    }
-    Evidence::Lost(RecoveryHint {
-        tag: HintTag::MaybeRan,
-        message: match group {
-            Some(pgid) => format!(
-                "the task's monitor died without recording an exit status; process group {pgid} is gone; \
-                 the task ran but its outcome is lost"
-            ),
-            None => "the intent was recorded but no process or exit status was found; the task may or may not \
-                     have run"
-                .into(),
-        },
-    })
+    settle(None, killed, group, restarted.is_some(), restarted.unwrap_or_default())
 }
 
 /// The outcome the monitor recorded, completed with what only the worker adds
@@ -560,7 +521,7 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
     }
     shared.observe_epoch(epoch);
     let mut known = std::collections::HashSet::new();
-    let boot = tenure_sidecar::boot_id();
+    let boot = tenure_machine::boot::boot_id();
     for record in records {
         let grant = record.grant.clone();
         let (task, attempt) = (grant.task.clone(), grant.attempt);
@@ -596,15 +557,12 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
                     });
                 } else {
                     tracing::warn!(task = %task, attempt = %attempt, "attempt's monitor is gone without evidence");
-                    let restarted = tenure_sidecar::booted_since(&record, boot.as_deref());
-                    adopt(shared, &grant, move |shared, _| async move {
-                        let found = evidence(&shared, &files, false).await;
-                        if restarted {
-                            died_with_the_machine(found, attempt)
-                        } else {
-                            found
-                        }
-                    });
+                    let restarted = tenure_machine::boot::booted_since(&record, boot.as_deref()).then_some(attempt);
+                    adopt(
+                        shared,
+                        &grant,
+                        move |shared, _| async move { evidence(&shared, &files, false, restarted).await },
+                    );
                 }
             }
         }
@@ -697,7 +655,7 @@ fn settle_from_files(shared: &Arc<Shared>, task: TaskId, attempt: Attempt, files
         let grant = journal.grant.as_ref();
         let evidence = match journal.monitor.filter(|_| journal.status.is_none()).and_then(Monitor::attach) {
             Some(monitor) => watch(&shared, grant, &files, monitor, &kill).await,
-            None => evidence(&shared, &files, false).await,
+            None => evidence(&shared, &files, false, None).await,
         };
         let epoch = grant.map(|g| g.epoch).unwrap_or_default().max(shared.epoch_seen());
         finish(&shared, &task, attempt, epoch, evidence).await;

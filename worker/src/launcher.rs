@@ -37,7 +37,7 @@ use rustix::net::{
     SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketFlags, SocketType,
 };
 use serde::{Deserialize, Serialize};
-use tenure_sidecar::attempt_files::ProcessId;
+use tenure_machine::attempt_files::ProcessId;
 
 use crate::monitor::{self, MonitorArgs};
 

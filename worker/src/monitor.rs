@@ -39,13 +39,13 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use serde::{Deserialize, Serialize};
+use tenure_machine::Layout;
 use tenure_protocol::messages::MatchedLine;
 use tenure_protocol::{Attempt, Ending, Kind, Outcome, TaskId};
-use tenure_sidecar::Layout;
 
 use crate::process;
 use crate::sandbox::{self, RunAs};
-use tenure_sidecar::attempt_files::{AttemptFiles, InputFifo, MonitorStatus, ProcessId};
+use tenure_machine::attempt_files::{AttemptFiles, InputFifo, MonitorStatus, ProcessId};
 
 /// Default output cap per task.
 pub const DEFAULT_OUTPUT_CAP: u64 = 64 * 1024 * 1024;
@@ -119,7 +119,7 @@ fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> Monit
         (None, None)
     };
     let output_path = layout.output_path(&args.task);
-    let output = match tenure_sidecar::open_output_for_append(&output_path) {
+    let output = match tenure_machine::open_output_for_append(&output_path) {
         Ok(f) => f,
         Err(e) => return failed(format!("cannot open output file {}: {e}", output_path.display())),
     };
@@ -209,7 +209,7 @@ fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> Monit
     let (written, dropped) = pump.finish();
     // The output file's data was synced by `finish`; its entry (created with
     // the first attempt of the task) needs the directory synced too.
-    if let Err(error) = tenure_sidecar::layout::sync_dir(&layout.output_dir()) {
+    if let Err(error) = tenure_machine::layout::sync_dir(&layout.output_dir()) {
         tracing::warn!(%error, "monitor cannot sync the output directory");
     }
     let mut outcome = group.outcome();

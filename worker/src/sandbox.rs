@@ -219,7 +219,7 @@ pub fn scratch_root(configured: Option<&Path>, data_dir: &Path) -> Result<PathBu
         path: data_dir.into(),
         source,
     })?;
-    tenure_sidecar::Layout::default_scratch_root(&absolute).ok_or(Error::NoDefaultScratch(absolute))
+    tenure_machine::Layout::default_scratch_root(&absolute).ok_or(Error::NoDefaultScratch(absolute))
 }
 
 /// Creates the scratch root if missing (mode 0711: a task's user may pass it

@@ -14,13 +14,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use tenure_machine::worker_lock::WorkerLock;
+use tenure_machine::{ClientError, Layout, SidecarClient};
 use tenure_protocol::messages::{
     HeldAttempt, KillCommand, LeaseGrant, Phase, Refusal, SidecarHealth, SidecarRefusal, SidecarReply, SidecarRequest,
     WorkerCommand, WorkerReply,
 };
 use tenure_protocol::{subjects, Attempt, Epoch, Kind, TaskId, WorkerId};
-use tenure_sidecar::worker_lock::WorkerLock;
-use tenure_sidecar::{ClientError, Layout, SidecarClient};
 use tokio::sync::Notify;
 use tracing::Instrument;
 use uuid::Uuid;
@@ -96,7 +96,7 @@ pub enum Error {
     IdTaken { worker: WorkerId, instance: Uuid, holder: Uuid },
     /// Another worker runs on this data directory (or the lock is unusable).
     #[error(transparent)]
-    Lock(#[from] tenure_sidecar::worker_lock::Error),
+    Lock(#[from] tenure_machine::worker_lock::Error),
     /// The tasks' scratch directory or user cannot be set up.
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::Error),

@@ -21,12 +21,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 
 use rand::Rng;
+use tenure_machine::evidence::{self, FileFacts, RecordView, Settled};
 use tenure_protocol::messages::{
-    AttemptEvidence, EvidenceReply, EvidenceRequest, Heartbeat, HeldAttempt, KillCommand, LeaseGrant, Phase, Refusal,
-    Report, ReportAck, ReportEvent, SidecarRefusal, SidecarReply, SidecarRequest, WorkerCommand, WorkerReply,
+    EvidenceReply, EvidenceRequest, Heartbeat, HeldAttempt, KillCommand, LeaseGrant, Phase, Refusal, Report, ReportAck,
+    ReportEvent, SidecarRefusal, SidecarReply, SidecarRequest, WorkerCommand, WorkerReply,
 };
-use tenure_protocol::{Attempt, Ending, Epoch, HintTag, Kind, Outcome, RecoveryHint, TaskId, WorkerId};
-use tenure_sidecar::service::RecordView;
+use tenure_protocol::{Attempt, Ending, Epoch, Kind, Outcome, TaskId, WorkerId};
 use tenure_sidecar::{Machine, MemoryStore};
 use uuid::Uuid;
 
@@ -471,7 +471,10 @@ impl Host {
                 Phase::Intent | Phase::Spawned => match self.procs.get(&key) {
                     Some(Proc::Exited(o)) => Step::Exited(o.clone()),
                     Some(Proc::Running { .. }) => Step::Watch(record.pid.unwrap_or(0)),
-                    Some(Proc::Dead) | None => Step::Report(ReportEvent::Lost(maybe_ran())),
+                    Some(Proc::Dead) | None => match evidence::settle(None, false, None, false, key.1) {
+                        Settled::Exited(outcome) => Step::Exited(outcome),
+                        Settled::Lost(hint) => Step::Report(ReportEvent::Lost(hint)),
+                    },
                 },
             };
             ctx.note(|| format!("m{i} recovers {}#{} at {:?}", key.0, key.1, held.step));
@@ -625,27 +628,22 @@ impl Host {
         }
     }
 
-    /// The sidecar's records judged together with the monitor's files
-    /// (`judge` in the sidecar server). `None`: nobody answers.
+    /// The sidecar's records judged together with the monitor's files, by
+    /// the machine's one verdict (as the sidecar server does). `None`: nobody
+    /// answers.
     fn evidence(&mut self, ctx: &mut Ctx, r: &EvidenceRequest) -> Option<EvidenceReply> {
         let view = self.side.evidence(ctx, self.index, r)?;
         let proc = self.procs.get(&(r.task.clone(), r.attempt));
-        let from_files = |unproven: AttemptEvidence| match proc {
-            Some(Proc::Exited(o)) => AttemptEvidence::Exited(o.clone()),
-            Some(Proc::Running { .. }) => AttemptEvidence::Running,
-            _ => unproven,
+        let files = FileFacts {
+            status: match proc {
+                Some(Proc::Exited(o)) => Some(o.clone()),
+                _ => None,
+            },
+            monitor_alive: matches!(proc, Some(Proc::Running { .. })),
+            // An attempt gets its directory (and grant) before its process.
+            has_grant: proc.is_some(),
         };
-        Some(Ok(match view {
-            Ok(RecordView::Ended(o)) => AttemptEvidence::Exited(o),
-            Ok(RecordView::Started(_)) => from_files(AttemptEvidence::NoEvidence),
-            Ok(RecordView::Restarted(_)) => from_files(AttemptEvidence::MachineRestarted),
-            Ok(RecordView::Absent) if proc.is_some() => from_files(AttemptEvidence::NoEvidence),
-            Ok(RecordView::Absent) => AttemptEvidence::NeverStarted,
-            Ok(RecordView::Corrupt(reason)) => from_files(AttemptEvidence::Unreadable(reason)),
-            Ok(RecordView::Replaced(incarnation)) => from_files(AttemptEvidence::Replaced { incarnation }),
-            Err(SidecarRefusal::Storage(reason)) => from_files(AttemptEvidence::Unreadable(reason)),
-            Err(refusal) => return Some(Err(refusal)),
-        }))
+        Some(evidence::answer(view, &files))
     }
 
     /// A report's answer (or its timeout, as `NotLeader`: retry).
@@ -745,11 +743,9 @@ impl Host {
                     });
                 }
                 Some(Proc::Dead) | None => {
-                    let step = if h.signalled || h.kill {
-                        let detail = "killed; the monitor ended before recording the exit status";
-                        Step::Exited(Outcome::new(Ending::Killed, None, Some(detail.into())))
-                    } else {
-                        Step::Report(ReportEvent::Lost(maybe_ran()))
+                    let step = match evidence::settle(None, h.signalled || h.kill, None, false, attempt) {
+                        Settled::Exited(outcome) => Step::Exited(outcome),
+                        Settled::Lost(hint) => Step::Report(ReportEvent::Lost(hint)),
                     };
                     self.update(&key, |h| {
                         h.report = None;
@@ -775,13 +771,6 @@ impl Host {
                 }
             }
         }
-    }
-}
-
-fn maybe_ran() -> RecoveryHint {
-    RecoveryHint {
-        tag: HintTag::MaybeRan,
-        message: "the intent was recorded but no process or exit status was found".into(),
     }
 }
 

@@ -7,9 +7,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
+use tenure_machine::{Layout, SidecarClient};
 use tenure_protocol::messages::{LeaseGrant, SidecarReply, SidecarRequest};
 use tenure_protocol::{Attempt, Epoch, TaskSpec};
-use tenure_sidecar::{Layout, Options, SidecarClient};
+use tenure_sidecar::Options;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
