@@ -16,19 +16,20 @@ use std::time::Duration;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tenure_protocol::messages::{
-    LeaseGrant, Phase, ReportAck, ReportEvent, SidecarRefusal, SidecarReply, SidecarRequest, MAX_MATCHES_PER_REPORT,
+    LeaseGrant, ReportAck, ReportEvent, SidecarRefusal, SidecarReply, SidecarRequest, MAX_MATCHES_PER_REPORT,
 };
-use tenure_protocol::{subjects, Attempt, Ending, Epoch, HintTag, Outcome, RecoveryHint, TaskId};
+use tenure_protocol::{subjects, Attempt, Ending, Epoch, Outcome, TaskId};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::Notify;
 
 use crate::builtin::Builtin;
+use crate::core::{unlisted, Action, Done, Found, Key, Recovered, Step, Unlisted};
+use crate::daemon::{sidecar_insist, Shared};
 use crate::launcher::{LaunchError, Launched};
 use crate::monitor::MonitorArgs;
 use crate::process;
-use crate::service::{sidecar_insist, Held, Shared};
-use tenure_machine::attempt_files::{group_in_session, AttemptFiles, MonitorStatus, ProcessId};
+use tenure_machine::attempt_files::{group_in_session, AttemptFiles, Journal, MonitorStatus, ProcessId};
 use tenure_machine::evidence::{settle, Settled as Evidence};
 
 /// Test hook for the named crash windows: when `TENURE_CRASH_AT` names this
@@ -96,57 +97,162 @@ impl Monitor {
     }
 }
 
-/// Drives a freshly granted attempt: intent, monitor, watch, outcome.
-pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify>) {
-    let (task, attempt) = (grant.task.clone(), grant.attempt);
-    // The intent carries the newest epoch this machine has seen, so a leader
-    // change between accept and intent re-stamps the attempt instead of refusing it.
-    let epoch = grant.epoch.max(shared.epoch_seen());
-    let trace = tenure_transport::trace::current_traceparent();
-    match sidecar_insist(&shared, SidecarRequest::Intent { task: task.clone(), attempt, epoch, trace }).await {
-        SidecarReply::Ok => {}
-        refusal => {
-            tracing::warn!(task = %task, attempt = %attempt, ?refusal, "intent refused; not starting");
-            let abandoned = sidecar_insist(&shared, SidecarRequest::Abandon { task: task.clone(), attempt }).await;
-            let event = intent_refused(&refusal, &abandoned, attempt);
-            report_until_acked(&shared, &task, attempt, grant.epoch, event).await;
-            shared.held().remove(&(task.clone(), attempt));
-            return;
+/// Drives one held attempt: asks the core for its next action, performs it,
+/// feeds the result back, until the core no longer holds it. Every decision
+/// is the core's ([`crate::core::Worker::advance`]); this only does IO.
+pub(crate) async fn drive(shared: Arc<Shared>, key: Key, kill: Arc<Notify>) {
+    let mut local = Local { monitor: None, reporter: None, report_delay: None };
+    loop {
+        let Some((action, grant)) = shared.state().next(&key) else { break };
+        let done = perform(&shared, &key, grant.as_deref(), action, &mut local, &kill).await;
+        match &done {
+            Done::Ended(settled) => ended(&key, settled),
+            Done::NotStarted(detail) => {
+                ended(&key, &Evidence::Exited(Outcome::new(Ending::Failed, None, Some(detail.clone()))))
+            }
+            _ => {}
+        }
+        if !shared.state().advance(&key, done) {
+            break;
         }
     }
-    crash_point("after-intent");
-    // From here on the attempt may have run: it is never given back.
-    if let Some(builtin) = Builtin::of(&grant.spec.kind) {
-        return run_builtin(&shared, builtin, &grant, epoch, &kill).await;
+    if let Some(reporter) = local.reporter.take() {
+        reporter.abort();
     }
-    let files = AttemptFiles::new(shared.layout.attempt_dir(&task, attempt));
-    let evidence = match start_monitor(&shared, &grant, &files).await {
-        Err(LaunchError::NotStarted(detail)) => Evidence::Exited(Outcome::new(Ending::Failed, None, Some(detail))),
-        Err(LaunchError::Unknown(detail)) => {
-            tracing::warn!(task = %task, attempt = %attempt, %detail, "no word whether the monitor started; looking for it");
-            unseen_monitor(&shared, &grant, &files, &kill).await
-        }
-        Ok(launched) => {
-            let pid = launched.id.pid;
-            tracing::info!(task = %task, attempt = %attempt, monitor = pid, "monitor started");
-            // The started report does not wait for the `spawned` record: recovery
-            // treats an attempt with its intent alike with or without it.
-            let reporter = {
-                let (shared, task) = (shared.clone(), task.clone());
-                tokio::spawn(async move {
-                    report_until_acked(&shared, &task, attempt, epoch, ReportEvent::Started { pid }).await
-                })
+}
+
+/// What the driver keeps for one attempt between actions: the things that
+/// are not facts (a pidfd, a task, a retry delay).
+struct Local {
+    /// The monitor this process launched (with its pidfd).
+    monitor: Option<Monitor>,
+    /// The `Started` report, sent from the spawn until the attempt ends.
+    reporter: Option<tokio::task::JoinHandle<ReportAck>>,
+    /// Set after a report went unanswered: wait this long before re-sending.
+    report_delay: Option<Duration>,
+}
+
+async fn perform(
+    shared: &Arc<Shared>,
+    key: &Key,
+    grant: Option<&LeaseGrant>,
+    action: Action,
+    local: &mut Local,
+    kill: &Notify,
+) -> Done {
+    let (task, attempt) = (&key.0, key.1);
+    let files = AttemptFiles::new(shared.layout.attempt_dir(task, attempt));
+    match action {
+        Action::Sidecar(mut req) => {
+            if let SidecarRequest::Intent { trace, .. } = &mut req {
+                *trace = tenure_transport::trace::current_traceparent();
+            }
+            let point = match &req {
+                SidecarRequest::Intent { .. } => Some("after-intent"),
+                SidecarRequest::Exited { .. } => Some("after-exited"),
+                _ => None,
             };
-            let _ = sidecar_insist(&shared, SidecarRequest::Spawned { task: task.clone(), attempt, pid }).await;
-            let monitor = Monitor::new(launched.id, launched.pidfd);
-            let evidence = watch(&shared, Some(&grant), &files, monitor, &kill).await;
+            let reply = sidecar_insist(shared, req).await;
+            if reply == SidecarReply::Ok {
+                point.map(crash_point);
+            } else {
+                tracing::warn!(task = %task, attempt = %attempt, ?reply, "sidecar refused a step");
+            }
+            Done::Sidecar(reply)
+        }
+        Action::Launch { epoch, .. } => {
+            let Some(grant) = grant else { return Done::NotStarted("the attempt's grant is unknown".into()) };
+            if let Some(builtin) = Builtin::of(&grant.spec.kind) {
+                return Done::Ended(Evidence::Exited(run_builtin(shared, builtin, grant, epoch, kill).await));
+            }
+            match start_monitor(shared, grant, &files).await {
+                Ok(launched) => {
+                    let pid = launched.id.pid;
+                    tracing::info!(task = %task, attempt = %attempt, monitor = pid, "monitor started");
+                    local.monitor = Some(Monitor::new(launched.id, launched.pidfd));
+                    Done::Launched(pid)
+                }
+                Err(LaunchError::NotStarted(detail)) => Done::NotStarted(detail),
+                Err(LaunchError::Unknown(detail)) => {
+                    tracing::warn!(task = %task, attempt = %attempt, %detail, "no word whether the monitor started; looking for it");
+                    Done::Unseen
+                }
+            }
+        }
+        Action::Spawned { pid, epoch } => {
+            // The started report does not wait for the `spawned` record:
+            // recovery treats an attempt with its intent alike with or without it.
+            let (shared2, task2) = (shared.clone(), task.clone());
+            local.reporter = Some(tokio::spawn(async move {
+                report_until_acked(&shared2, &task2, attempt, epoch, ReportEvent::Started { pid }).await
+            }));
+            Done::Sidecar(sidecar_insist(shared, SidecarRequest::Spawned { task: task.clone(), attempt, pid }).await)
+        }
+        Action::Watch { .. } => {
+            // Ours since the launch, or found again by its recorded identity.
+            let monitor = local.monitor.take().or_else(|| {
+                let journal = files.journal().unwrap_or_default();
+                journal.monitor.filter(|_| journal.status.is_none()).and_then(Monitor::attach)
+            });
+            let settled = match monitor {
+                Some(monitor) => watch(shared, grant, &files, monitor, kill).await,
+                None => evidence(shared, &files, false, None).await,
+            };
             // Nothing waits on the network before the outcome is buffered; the
             // final report supersedes a started report still being retried.
-            reporter.abort();
-            evidence
+            if let Some(reporter) = local.reporter.take() {
+                reporter.abort();
+            }
+            Done::Ended(settled)
         }
+        Action::Seek { .. } => Done::Ended(unseen_monitor(shared, grant, &files, kill).await),
+        Action::Settle { restarted } => {
+            Done::Ended(evidence(shared, &files, false, restarted.then_some(attempt)).await)
+        }
+        Action::Report { event, epoch } => {
+            if let Some(delay) = local.report_delay {
+                tokio::time::sleep(delay).await;
+            }
+            let finished = matches!(event, ReportEvent::Finished(_));
+            let ack = report_once(shared, task, attempt, epoch, event).await;
+            let settles = ack.as_ref().is_some_and(|a| shared.state().core.settles(a, epoch));
+            if settles {
+                local.report_delay = None;
+                if ack.as_ref().is_some_and(ReportAck::is_stale) {
+                    tracing::info!(task = %task, attempt = %attempt, "report is stale; the leader settled it otherwise");
+                }
+                if finished {
+                    crash_point("after-report");
+                }
+            } else {
+                if let Some(ReportAck::StaleAt { epoch: said }) = ack {
+                    tracing::warn!(task = %task, attempt = %attempt, %said, "a leader below the highest epoch seen calls the report stale; kept, re-sent later");
+                }
+                let delay =
+                    local.report_delay.map_or(Duration::from_millis(50), |d| (d * 2).min(Duration::from_secs(1)));
+                local.report_delay = Some(delay);
+            }
+            Done::Reported(ack.unwrap_or(ReportAck::NotLeader))
+        }
+        Action::Release => {
+            let _ = std::fs::remove_dir_all(files.dir());
+            Done::Released
+        }
+    }
+}
+
+/// Logs and counts how an attempt ended.
+fn ended(key: &Key, settled: &Evidence) {
+    tracing::info!(task = %key.0, attempt = %key.1, ?settled, "attempt ended");
+    let outcome = match settled {
+        Evidence::Exited(o) => match o.ending {
+            Ending::Completed => "completed",
+            Ending::Failed => "failed",
+            Ending::Killed => "killed",
+        },
+        Evidence::Lost(_) => "lost",
     };
-    finish(&shared, &task, attempt, epoch, evidence).await;
+    crate::metrics::get().attempts.add(1, &[opentelemetry::KeyValue::new("outcome", outcome)]);
 }
 
 /// A built-in attempt after its intent: it runs in this process, then its
@@ -155,11 +261,17 @@ pub(crate) async fn run(shared: Arc<Shared>, grant: LeaseGrant, kill: Arc<Notify
 /// whose monitor could not start). A `sleep` reports started while it runs,
 /// naming the worker's own pid (the process it runs in); a `noop` is over
 /// before there is anything to report but its end (leased → completed).
-async fn run_builtin(shared: &Arc<Shared>, builtin: Builtin, grant: &LeaseGrant, epoch: Epoch, kill: &Notify) {
+async fn run_builtin(
+    shared: &Arc<Shared>,
+    builtin: Builtin,
+    grant: &LeaseGrant,
+    epoch: Epoch,
+    kill: &Notify,
+) -> Outcome {
     let (task, attempt) = (grant.task.clone(), grant.attempt);
     let reporter = (builtin != Builtin::Noop).then(|| {
         let pid = i32::try_from(std::process::id()).unwrap_or(0);
-        let (shared, task) = (shared.clone(), task.clone());
+        let shared = shared.clone();
         tokio::spawn(
             async move { report_until_acked(&shared, &task, attempt, epoch, ReportEvent::Started { pid }).await },
         )
@@ -168,7 +280,7 @@ async fn run_builtin(shared: &Arc<Shared>, builtin: Builtin, grant: &LeaseGrant,
     if let Some(reporter) = reporter {
         reporter.abort();
     }
-    finish(shared, &task, attempt, epoch, Evidence::Exited(outcome)).await;
+    outcome
 }
 
 /// Writes the attempt's `grant`, makes its scratch directory and has the
@@ -209,7 +321,7 @@ const UNSEEN_MONITOR_BOUND: Duration = Duration::from_secs(2);
 /// The launcher ended between a request and its answer: a monitor may run.
 /// It is watched if it shows itself (its identity or its status in the journal) in
 /// time; otherwise the attempt is settled as one whose monitor is gone.
-async fn unseen_monitor(shared: &Shared, grant: &LeaseGrant, files: &AttemptFiles, kill: &Notify) -> Evidence {
+async fn unseen_monitor(shared: &Shared, grant: Option<&LeaseGrant>, files: &AttemptFiles, kill: &Notify) -> Evidence {
     let deadline = tokio::time::Instant::now() + UNSEEN_MONITOR_BOUND;
     while tokio::time::Instant::now() < deadline {
         let journal = files.journal().unwrap_or_default();
@@ -217,7 +329,7 @@ async fn unseen_monitor(shared: &Shared, grant: &LeaseGrant, files: &AttemptFile
             break;
         }
         if let Some(monitor) = journal.monitor.and_then(Monitor::attach) {
-            return watch(shared, Some(grant), files, monitor, kill).await;
+            return watch(shared, grant, files, monitor, kill).await;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -302,10 +414,9 @@ impl MatchForwarder {
                 true => Some(report_until_acked(shared, task, attempt, epoch, event).await),
                 false => report_once(shared, task, attempt, epoch, event).await,
             };
-            let highest = shared.epoch_seen().max(epoch);
             match ack {
                 Some(ReportAck::Ack) => self.pos = next,
-                Some(ack) if ack.is_stale() && ack.settles(highest) => self.stale = true,
+                Some(ack) if ack.is_stale() && shared.state().core.settles(&ack, epoch) => self.stale = true,
                 // Not a leader, no answer, or a deposed leader's "stale".
                 Some(_) | None => return,
             }
@@ -373,60 +484,6 @@ fn final_output(path: &std::path::Path) -> String {
     }
 }
 
-/// Buffers the evidence in the sidecar, reports it until acknowledged, frees the slot.
-async fn finish(shared: &Shared, task: &TaskId, attempt: Attempt, epoch: Epoch, evidence: Evidence) {
-    tracing::info!(task = %task, attempt = %attempt, ?evidence, "attempt ended");
-    let outcome = match &evidence {
-        Evidence::Exited(o) => match o.ending {
-            Ending::Completed => "completed",
-            Ending::Failed => "failed",
-            Ending::Killed => "killed",
-        },
-        Evidence::Lost(_) => "lost",
-    };
-    crate::metrics::get().attempts.add(1, &[opentelemetry::KeyValue::new("outcome", outcome)]);
-    match evidence {
-        Evidence::Exited(outcome) => {
-            let exited = SidecarRequest::Exited { task: task.clone(), attempt, outcome: outcome.clone() };
-            let _ = sidecar_insist(shared, exited).await;
-            crash_point("after-exited");
-            report_until_acked(shared, task, attempt, epoch, ReportEvent::Finished(outcome)).await;
-            crash_point("after-report");
-            let _ = sidecar_insist(shared, SidecarRequest::Acknowledged { task: task.clone(), attempt }).await;
-            let _ = std::fs::remove_dir_all(shared.layout.attempt_dir(task, attempt));
-        }
-        // No outcome to buffer: a restarted worker finds the same absence of
-        // evidence and reports the same thing again.
-        Evidence::Lost(hint) => {
-            report_until_acked(shared, task, attempt, epoch, ReportEvent::Lost(hint)).await;
-        }
-    }
-    shared.held().remove(&(task.clone(), attempt));
-}
-
-/// What to report of an attempt whose intent the sidecar refused (nothing was
-/// spawned by this process). A refusal that decided something (stale epoch,
-/// wrong phase) proves the intent was not written: not started. A store
-/// failure does not — a failed flush may have landed, or an unreadable record
-/// may hold an earlier intent — unless the abandon that follows succeeds
-/// (the record is then removed and tombstoned). Otherwise the attempt is
-/// reported lost, `maybe-ran`, and never given back as "nothing ran".
-fn intent_refused(refusal: &SidecarReply, abandoned: &SidecarReply, attempt: Attempt) -> ReportEvent {
-    let storage = matches!(refusal, SidecarReply::Refused(SidecarRefusal::Storage(_)));
-    if !storage || *abandoned == SidecarReply::Ok {
-        return ReportEvent::NotStarted { reason: format!("{refusal:?}") };
-    }
-    ReportEvent::Lost(RecoveryHint {
-        tag: HintTag::MaybeRan,
-        message: format!(
-            "the worker machine's store failed while recording the intent of attempt {attempt} ({refusal:?}) and \
-             could not confirm it gave the attempt back ({abandoned:?}); this worker started nothing, but the \
-             store cannot prove that no earlier intent was recorded: it is not run again by the system. Check the \
-             machine's sidecar, then settle or resubmit the task"
-        ),
-    })
-}
-
 /// Sends a report until the leader acknowledges it (or says it is stale);
 /// returns which of the two it was.
 pub(crate) async fn report_until_acked(
@@ -438,18 +495,16 @@ pub(crate) async fn report_until_acked(
 ) -> ReportAck {
     let mut delay = Duration::from_millis(50);
     loop {
-        // The highest epoch this machine has seen, as the report carries it.
-        let highest = shared.epoch_seen().max(epoch);
         match report_once(shared, task, attempt, epoch, event.clone()).await {
             Some(ReportAck::Ack) => return ReportAck::Ack,
-            Some(ack) if ack.is_stale() && ack.settles(highest) => {
+            Some(ack) if ack.is_stale() && shared.state().core.settles(&ack, epoch) => {
                 tracing::info!(task = %task, attempt = %attempt, "report is stale; the leader settled it otherwise");
                 return ack;
             }
             answer => {
                 if let Some(ReportAck::StaleAt { epoch: said }) = answer {
                     tracing::warn!(
-                        task = %task, attempt = %attempt, %said, %highest,
+                        task = %task, attempt = %attempt, %said,
                         "a leader below the highest epoch seen calls the report stale; kept, re-sent later"
                     );
                 }
@@ -472,7 +527,7 @@ async fn report_once(
         worker: shared.opts.id.clone(),
         task: task.clone(),
         attempt,
-        epoch: shared.epoch_seen().max(epoch),
+        epoch: shared.state().core.epoch_seen().max(epoch),
         event,
     };
     tenure_transport::request(&shared.client, subjects::report(&shared.opts.id), &report, Duration::from_secs(2))
@@ -480,26 +535,19 @@ async fn report_once(
         .ok()
 }
 
-/// Start-up recovery from the sidecar's records and the attempts' files.
+/// Start-up recovery: reads every sidecar record (page by page) and every
+/// attempt directory, hands what they show to the core
+/// ([`crate::core::Worker::recover`], whose table says what each case
+/// becomes), does what it returns and drives every attempt it holds again.
 ///
-/// | record      | found on the machine                 | done |
-/// |-------------|--------------------------------------|------|
-/// | accepted    | —                                    | nothing ran: abandon, report not-started |
-/// | intent/spawned | a status in the journal            | the monitor's evidence: buffer and report it |
-/// | intent/spawned | monitor alive                     | re-attach: watch it as if it were ours |
-/// | intent/spawned | neither                           | end any orphaned group; report lost (`maybe-ran`) |
-/// | exited      | —                                    | buffered completion: report it again |
-/// | acknowledged| attempt directory                    | remove the directory (confirmed done) |
-/// | unreadable  | —                                    | report lost (`sidecar-corrupt`) |
-///
-/// Attempt directories that no record names are removed only when their monitor
-/// and group are confirmed gone; otherwise kept, with a warning saying why.
-/// Scratch directories are kept while their task has a record here, and
-/// removed once it has none (its files were released).
+/// Attempt directories that no record names are settled from their files when
+/// their journal names them, removed only when their monitor and group are
+/// confirmed gone, and kept otherwise, with a warning saying why
+/// ([`crate::core::unlisted`]). Scratch directories are kept while their task
+/// has a record here, and removed once it has none (its files were released).
 pub(crate) async fn recover(shared: &Arc<Shared>) {
-    // Every record, page by page (a machine can hold more than one message).
     let (mut epoch, mut records, mut corrupt, mut request) = (Epoch(0), Vec::new(), Vec::new(), SidecarRequest::List);
-    loop {
+    let listed = loop {
         match shared.sidecar.call(&request).await {
             Ok(SidecarReply::Records { epoch: e, records: page, corrupt: bad, next }) => {
                 epoch = epoch.max(e);
@@ -507,95 +555,141 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
                 corrupt.extend(bad);
                 match next {
                     Some((task, attempt)) => request = SidecarRequest::ListFrom { task, attempt },
-                    None => break,
+                    None => break true,
                 }
                 continue;
             }
+            // The store is unusable: the records are lost, but every attempt
+            // that reached its intent has a directory, and its monitor's
+            // evidence is there.
             Ok(SidecarReply::Refused(SidecarRefusal::Storage(reason))) => {
-                return recover_without_records(shared, &reason);
+                tracing::error!(%reason, "the sidecar cannot read its records; settling attempts from their directories");
+                break false;
             }
             Ok(other) => tracing::error!(?other, "sidecar answered List oddly; retrying"),
             Err(error) => tracing::warn!(%error, "waiting for the sidecar"),
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    shared.observe_epoch(epoch);
+    };
+    let mut found = Vec::new();
     let mut known = std::collections::HashSet::new();
     let boot = tenure_machine::boot::boot_id();
     for record in records {
-        let grant = record.grant.clone();
-        let (task, attempt) = (grant.task.clone(), grant.attempt);
-        known.insert(format!("{task}.{attempt}"));
-        let files = AttemptFiles::new(shared.layout.attempt_dir(&task, attempt));
-        match record.phase {
-            Phase::Acknowledged => {
-                let _ = std::fs::remove_dir_all(files.dir());
-            }
-            Phase::Accepted => {
-                tracing::info!(task = %task, attempt = %attempt, "accepted but never started: giving it back");
-                let _ = sidecar_insist(shared, SidecarRequest::Abandon { task: task.clone(), attempt }).await;
-                let shared = shared.clone();
-                let event = ReportEvent::NotStarted { reason: "worker restarted before the intent".into() };
-                tokio::spawn(async move { report_until_acked(&shared, &task, attempt, grant.epoch, event).await });
-            }
-            Phase::Exited => {
-                let Some(outcome) = record.outcome.clone() else { continue };
-                tracing::info!(task = %task, attempt = %attempt, "re-reporting buffered completion");
-                adopt(shared, &grant, |_, _| async move { Evidence::Exited(outcome) });
-            }
-            Phase::Intent | Phase::Spawned => {
-                let journal = files.journal().unwrap_or_default();
-                if let Some(status) = journal.status {
-                    tracing::info!(task = %task, attempt = %attempt, "attempt ended while the worker was down");
-                    let known = grant.clone();
-                    adopt(shared, &grant, move |shared, _| async move { exited(&shared, Some(&known), status) });
-                } else if let Some(monitor) = journal.monitor.and_then(Monitor::attach) {
-                    tracing::info!(task = %task, attempt = %attempt, monitor = monitor.id.pid, "re-attaching to a running attempt");
-                    let known = grant.clone();
-                    adopt(shared, &grant, move |shared, kill| async move {
-                        watch(&shared, Some(&known), &files, monitor, &kill).await
-                    });
-                } else {
-                    tracing::warn!(task = %task, attempt = %attempt, "attempt's monitor is gone without evidence");
-                    let restarted = tenure_machine::boot::booted_since(&record, boot.as_deref()).then_some(attempt);
-                    adopt(
-                        shared,
-                        &grant,
-                        move |shared, _| async move { evidence(&shared, &files, false, restarted).await },
-                    );
-                }
-            }
-        }
+        let key = (record.grant.task.clone(), record.grant.attempt);
+        known.insert(format!("{}.{}", key.0, key.1));
+        let journal = AttemptFiles::new(shared.layout.attempt_dir(&key.0, key.1)).journal().unwrap_or_default();
+        let monitor_alive = journal.status.is_none() && journal.monitor.is_some_and(|m| m.alive());
+        let restarted = tenure_machine::boot::booted_since(&record, boot.as_deref());
+        found.push(Found::Record { record, monitor_alive, restarted });
     }
     for c in corrupt {
-        let Some((task, attempt)) = c.attempt else {
+        let Some(key) = c.attempt else {
             tracing::error!(key = %c.key, reason = %c.reason, "unreadable sidecar record names no attempt");
             continue;
         };
-        known.insert(format!("{task}.{attempt}"));
-        // The record is lost, but the monitor's own files may still prove what happened.
-        let files = AttemptFiles::new(shared.layout.attempt_dir(&task, attempt));
-        let journal = files.journal().unwrap_or_default();
-        if journal.status.is_some() || journal.monitor.is_some_and(|m| m.alive()) {
-            tracing::warn!(task = %task, attempt = %attempt, reason = %c.reason, "unreadable record; settling from the monitor's evidence");
-            settle_from_files(shared, task, attempt, files);
+        known.insert(format!("{}.{}", key.0, key.1));
+        tracing::warn!(task = %key.0, attempt = %key.1, reason = %c.reason, "unreadable record; only the attempt's files can speak");
+        found.push(files_only(shared, key, None, Some(c.reason)));
+    }
+    found.extend(unlisted_attempt_dirs(shared, &known, listed));
+    let recovered = shared.state().core.recover(epoch, found);
+    for r in recovered {
+        match r {
+            Recovered::Abandon((task, attempt)) => {
+                tracing::info!(task = %task, attempt = %attempt, "accepted but never started: giving it back");
+                let _ = sidecar_insist(shared, SidecarRequest::Abandon { task, attempt }).await;
+            }
+            Recovered::Report { key: (task, attempt), epoch, event } => {
+                let shared = shared.clone();
+                tokio::spawn(async move { report_until_acked(&shared, &task, attempt, epoch, event).await });
+            }
+            Recovered::Remove((task, attempt)) => {
+                let _ = std::fs::remove_dir_all(shared.layout.attempt_dir(&task, attempt));
+            }
+        }
+    }
+    let held = shared.state().core.keys();
+    for key in held {
+        let step = shared.state().core.held(&key).map(|h| h.step.clone());
+        let (task, attempt) = (&key.0, key.1);
+        match step {
+            Some(Step::Watch) => tracing::info!(task = %task, attempt = %attempt, "re-attaching to a running attempt"),
+            Some(Step::Report(_)) => {
+                tracing::info!(task = %task, attempt = %attempt, "re-reporting buffered completion")
+            }
+            _ => {
+                tracing::info!(task = %task, attempt = %attempt, "settling an attempt whose monitor is gone from its files")
+            }
+        }
+        crate::daemon::spawn_drive(shared, key, None);
+    }
+    // Without the records nothing says which scratch directories are still
+    // wanted: they are all kept.
+    if listed {
+        let tasks: std::collections::HashSet<&str> =
+            known.iter().filter_map(|k| k.rsplit_once('.')).map(|(t, _)| t).collect();
+        sweep_scratch_dirs(shared, &tasks);
+    }
+}
+
+/// What an attempt's directory alone shows (its record is unreadable, lost,
+/// or the whole store is).
+fn files_only(shared: &Shared, key: Key, journal: Option<Journal>, corrupt: Option<String>) -> Found {
+    let journal = journal
+        .unwrap_or_else(|| AttemptFiles::new(shared.layout.attempt_dir(&key.0, key.1)).journal().unwrap_or_default());
+    Found::FilesOnly {
+        key,
+        status: journal.status.is_some(),
+        monitor_alive: journal.monitor.is_some_and(|m| m.alive()),
+        grant: journal.grant,
+        corrupt,
+    }
+}
+
+/// Attempt directories no record names. With `listed` false the store could
+/// not list its records, and every attempt directory is settled from its
+/// files. Otherwise a directory whose readable `grant` names it is an attempt
+/// whose record was lost (sled can drop damaged data silently), settled from
+/// its files like any other; anything else is removed only when confirmed
+/// dead (seed 004), and kept with a warning otherwise.
+fn unlisted_attempt_dirs(shared: &Shared, known: &std::collections::HashSet<String>, listed: bool) -> Vec<Found> {
+    let Ok(entries) = std::fs::read_dir(shared.layout.attempts_dir()) else { return Vec::new() };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if known.contains(&name) {
             continue;
         }
-        let hint = RecoveryHint {
-            tag: HintTag::SidecarCorrupt,
-            message: format!(
-                "the worker machine's record of attempt {attempt} is unreadable ({}); whether and how it ran is \
-                 lost; it will not be run again by the system",
-                c.reason
-            ),
-        };
-        let (shared, epoch) = (shared.clone(), shared.epoch_seen());
-        tokio::spawn(async move { report_until_acked(&shared, &task, attempt, epoch, ReportEvent::Lost(hint)).await });
+        let parsed = name.rsplit_once('.').and_then(|(t, a)| Some((t.parse::<TaskId>().ok()?, a.parse().ok()?)));
+        let journal = AttemptFiles::new(entry.path()).journal().unwrap_or_default();
+        if !listed {
+            match parsed {
+                Some((task, attempt)) => found.push(files_only(shared, (task, Attempt(attempt)), Some(journal), None)),
+                None => tracing::warn!(dir = %name, "not an attempt directory: kept"),
+            }
+            continue;
+        }
+        let names_it = journal.grant.as_ref().is_some_and(|g| name == format!("{}.{}", g.task, g.attempt));
+        let monitor_alive = journal.monitor.is_some_and(|m| m.alive());
+        let group_alive = journal.pgid.is_some_and(process::group_alive);
+        match unlisted(names_it, monitor_alive, group_alive) {
+            Unlisted::Settle => {
+                tracing::warn!(dir = %name, "attempt directory without a record: the record was lost; settling from the monitor's files");
+                let key = journal.grant.as_ref().map(|g| (g.task.clone(), g.attempt));
+                if let Some(key) = key {
+                    found.push(files_only(shared, key, Some(journal), None));
+                }
+            }
+            Unlisted::Keep => {
+                tracing::warn!(dir = %name, monitor_alive, group_alive, "attempt directory without a record but with live processes: kept");
+            }
+            Unlisted::Remove => {
+                tracing::info!(dir = %name, "removing an attempt directory no record names and no process uses");
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
     }
-    sweep_unknown_attempt_dirs(shared, &known).await;
-    let tasks: std::collections::HashSet<&str> =
-        known.iter().filter_map(|k| k.rsplit_once('.')).map(|(t, _)| t).collect();
-    sweep_scratch_dirs(shared, &tasks);
+    found
 }
 
 /// Scratch directories whose task this machine no longer holds any record of:
@@ -622,111 +716,6 @@ fn sweep_scratch_dirs(shared: &Shared, tasks: &std::collections::HashSet<&str>) 
         tracing::info!(task = %task, attempt, dir = %entry.path().display(), "removing the scratch directory of a task whose files were released");
         if let Err(error) = std::fs::remove_dir_all(entry.path()) {
             tracing::warn!(task = %task, attempt, %error, "cannot remove a released scratch directory");
-        }
-    }
-}
-
-/// Recovery when the machine's recovery store is unusable: the records are lost,
-/// but every attempt that reached its intent has a directory, and its monitor's
-/// evidence is there. Each is re-attached or settled from it; attempts that
-/// never reached their intent have no directory and nothing ran for them.
-fn recover_without_records(shared: &Arc<Shared>, reason: &str) {
-    tracing::error!(reason, "the sidecar cannot read its records; settling attempts from their directories");
-    let Ok(entries) = std::fs::read_dir(shared.layout.attempts_dir()) else { return };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let parsed = name.rsplit_once('.').and_then(|(t, a)| Some((t.parse::<TaskId>().ok()?, a.parse().ok()?)));
-        let Some((task, attempt)) = parsed else {
-            tracing::warn!(dir = %name, "not an attempt directory: kept");
-            continue;
-        };
-        settle_from_files(shared, task, Attempt(attempt), AttemptFiles::new(entry.path()));
-    }
-}
-
-/// Holds the attempt again and settles it from its directory alone: re-attached
-/// while its monitor lives, else from the monitor's evidence (or its absence).
-fn settle_from_files(shared: &Arc<Shared>, task: TaskId, attempt: Attempt, files: AttemptFiles) {
-    let kill = Arc::new(Notify::new());
-    shared.held().insert((task.clone(), attempt), Held { kill: kill.clone() });
-    let shared = shared.clone();
-    tokio::spawn(async move {
-        let journal = files.journal().unwrap_or_default();
-        let grant = journal.grant.as_ref();
-        let evidence = match journal.monitor.filter(|_| journal.status.is_none()).and_then(Monitor::attach) {
-            Some(monitor) => watch(&shared, grant, &files, monitor, &kill).await,
-            None => evidence(&shared, &files, false, None).await,
-        };
-        let epoch = grant.map(|g| g.epoch).unwrap_or_default().max(shared.epoch_seen());
-        finish(&shared, &task, attempt, epoch, evidence).await;
-    });
-}
-
-/// Holds `grant`'s attempt again and settles it with the evidence `get` finds.
-fn adopt<F, Fut>(shared: &Arc<Shared>, grant: &LeaseGrant, get: F)
-where
-    F: FnOnce(Arc<Shared>, Arc<Notify>) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Evidence> + Send,
-{
-    let kill = Arc::new(Notify::new());
-    shared.held().insert((grant.task.clone(), grant.attempt), Held { kill: kill.clone() });
-    let (shared, task, attempt, epoch) = (shared.clone(), grant.task.clone(), grant.attempt, grant.epoch);
-    tokio::spawn(async move {
-        let evidence = get(shared.clone(), kill).await;
-        finish(&shared, &task, attempt, epoch, evidence).await;
-    });
-}
-
-/// Attempt directories no record names. A directory with a readable `grant` is
-/// an attempt whose record was lost (sled can drop damaged data silently): it is
-/// settled from its files like any other. Anything else is removed only when
-/// confirmed dead (seed 004), and kept with a warning otherwise.
-async fn sweep_unknown_attempt_dirs(shared: &Arc<Shared>, known: &std::collections::HashSet<String>) {
-    let Ok(entries) = std::fs::read_dir(shared.layout.attempts_dir()) else { return };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if known.contains(&name) {
-            continue;
-        }
-        let files = AttemptFiles::new(entry.path());
-        let journal = files.journal().unwrap_or_default();
-        if let Some(grant) = journal.grant.filter(|g| name == format!("{}.{}", g.task, g.attempt)) {
-            tracing::warn!(dir = %name, "attempt directory without a record: the record was lost; settling from the monitor's files");
-            settle_from_files(shared, grant.task, grant.attempt, files);
-            continue;
-        }
-        let monitor_alive = journal.monitor.is_some_and(|m| m.alive());
-        let group_alive = journal.pgid.is_some_and(process::group_alive);
-        if monitor_alive || group_alive {
-            tracing::warn!(dir = %name, monitor_alive, group_alive, "attempt directory without a record but with live processes: kept");
-        } else {
-            tracing::info!(dir = %name, "removing an attempt directory no record names and no process uses");
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn storage() -> SidecarReply {
-        SidecarReply::Refused(SidecarRefusal::Storage("flush failed".into()))
-    }
-
-    #[test]
-    fn an_intent_refused_by_a_failing_store_is_maybe_ran_unless_the_abandon_lands() {
-        let stale = SidecarReply::Refused(SidecarRefusal::StaleEpoch { held: Epoch(4), offered: Epoch(3) });
-        // A refusal that decided something proves the intent was not written.
-        assert!(matches!(intent_refused(&stale, &storage(), Attempt(1)), ReportEvent::NotStarted { .. }));
-        // A store failure, then a confirmed abandon: the record is gone.
-        assert!(matches!(intent_refused(&storage(), &SidecarReply::Ok, Attempt(1)), ReportEvent::NotStarted { .. }));
-        // A store failure that nothing disproves: lost, maybe-ran.
-        for abandoned in [storage(), stale] {
-            match intent_refused(&storage(), &abandoned, Attempt(1)) {
-                ReportEvent::Lost(hint) => assert_eq!(hint.tag, HintTag::MaybeRan),
-                other => panic!("given back as not started: {other:?}"),
-            }
         }
     }
 }

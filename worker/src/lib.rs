@@ -8,11 +8,12 @@
 
 mod attempt;
 pub mod builtin;
+pub mod core;
+mod daemon;
 pub mod launcher;
 mod metrics;
 pub mod monitor;
 pub mod process;
 pub mod sandbox;
-pub mod service;
 
-pub use service::{run, Error, Options};
+pub use daemon::{run, Error, Options};

@@ -1,9 +1,9 @@
 //! One worker machine: the real sidecar decision logic (`Machine<MemoryStore>`),
-//! the attempts' monitored processes, and a model of the worker process that
-//! follows the real worker's protocol step by step (`worker/src/service.rs`
-//! and `worker/src/attempt.rs`): accept → intent → spawn → spawned → watch →
-//! exited → report until acknowledged → acknowledged, start-up recovery from
-//! the sidecar's records, kills, heartbeats and epoch announcements.
+//! the real worker core (`tenure_worker::core::Worker`: every grant, kill,
+//! step, report answer and recovery decision), the machine's one evidence
+//! verdict (`tenure_machine::evidence`), and around them a model of what the
+//! real drivers do with the core's actions: sidecar calls, the monitored
+//! processes, reports over the bus.
 //!
 //! What survives what, as on a real machine:
 //!
@@ -17,24 +17,22 @@
 //! so crashes land between any two steps. Every process start is reported to
 //! the checker's ledger.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::rc::Rc;
+use std::collections::BTreeMap;
 
 use rand::Rng;
 use tenure_machine::evidence::{self, FileFacts, RecordView, Settled};
 use tenure_protocol::messages::{
-    EvidenceReply, EvidenceRequest, Heartbeat, HeldAttempt, KillCommand, LeaseGrant, Phase, Refusal, Report, ReportAck,
-    ReportEvent, SidecarRefusal, SidecarReply, SidecarRequest, WorkerCommand, WorkerReply,
+    EvidenceReply, EvidenceRequest, Heartbeat, KillCommand, LeaseGrant, Report, ReportAck, ReportEvent, SidecarRefusal,
+    SidecarReply, SidecarRequest, WorkerCommand, WorkerReply,
 };
-use tenure_protocol::{Attempt, Ending, Epoch, Kind, Outcome, TaskId, WorkerId};
+use tenure_protocol::{Ending, Epoch, Kind, Outcome, WorkerId};
 use tenure_sidecar::{Machine, MemoryStore};
+use tenure_worker::core::{Action, Config, Done, Found, Key, Recovered, Screened, Worker};
 use uuid::Uuid;
 
 use super::bus::{Asked, Dest, Envelope, Msg, Node, Reply, ReqId};
 use super::coord::host_id;
 use super::{Bug, Ctx, HEARTBEAT_EVERY, REPORT_TIMEOUT};
-
-type Key = (TaskId, Attempt);
 
 /// An attempt's monitor and process group, as the machine sees it.
 #[derive(Debug, Clone)]
@@ -110,34 +108,21 @@ impl Sidecar {
     }
 }
 
-/// One attempt the worker process holds.
-#[derive(Debug, Clone)]
-struct Held {
-    /// Shared: a step reads a copy of its attempt every tick.
-    grant: Rc<LeaseGrant>,
-    /// The epoch its reports carry (at least; the worker's newest is added).
-    epoch: Epoch,
-    kill: bool,
-    signalled: bool,
+/// What the driver keeps for one held attempt besides the core's facts.
+#[derive(Debug, Clone, Default)]
+struct Local {
+    /// The monitor's pid, once launched (or recorded).
+    pid: i32,
+    /// The `Started` report was answered (or need not be sent: recovered).
     started_acked: bool,
+    /// The kill was passed on to the process.
+    signalled: bool,
+    /// The report in flight.
     report: Option<ReqId>,
-    step: Step,
 }
 
-#[derive(Debug, Clone)]
-enum Step {
-    Intent,
-    Abandon(String),
-    Spawn,
-    Spawned(i32),
-    Watch(i32),
-    Exited(Outcome),
-    Report(ReportEvent),
-    Acknowledge,
-}
-
-/// A report sent for an attempt the worker does not hold (a recovered
-/// `accepted` record given back): not listed in heartbeats, not killable.
+/// A report sent for an attempt the worker does not hold (recovery gave it
+/// back, or its record is unreadable): not listed in heartbeats, not killable.
 #[derive(Debug, Clone)]
 struct Detached {
     key: Key,
@@ -153,14 +138,11 @@ struct WorkerProc {
     /// The instance that ran on this machine before (the data directory's
     /// record of it), named in heartbeats as the real worker does.
     replaces: Option<Uuid>,
-    epoch_seen: Epoch,
     /// Start-up recovery done; until then it neither heartbeats nor takes commands.
     recovered: bool,
-    held: BTreeMap<Key, Held>,
+    core: Worker,
+    local: BTreeMap<Key, Local>,
     detached: Vec<Detached>,
-    /// Grants refused and kills of attempts never held: a late copy of their
-    /// grant is refused too (in memory, as in the real worker).
-    given_back: BTreeSet<Key>,
 }
 
 pub struct Host {
@@ -222,16 +204,6 @@ impl Host {
 
     fn w(&mut self) -> &mut WorkerProc {
         self.worker.as_mut().expect("called only while the worker runs")
-    }
-
-    fn held(&self, key: &Key) -> Option<Held> {
-        self.worker.as_ref().and_then(|w| w.held.get(key)).cloned()
-    }
-
-    fn update(&mut self, key: &Key, f: impl FnOnce(&mut Held)) {
-        if let Some(h) = self.worker.as_mut().and_then(|w| w.held.get_mut(key)) {
-            f(h);
-        }
     }
 
     // ------------------------------------------------------------ faults
@@ -311,7 +283,7 @@ impl Host {
         let Some(w) = self.worker.as_ref().filter(|w| w.recovered && self.up) else {
             return Some(format!("m{i}: worker not running"));
         };
-        if let Some((k, h)) = w.held.iter().next() {
+        if let Some((k, h)) = w.core.keys().first().and_then(|k| Some((k, w.core.held(k)?))) {
             return Some(format!("m{i}: holds {}#{} at {:?}", k.0, k.1, h.step));
         }
         if let Some(d) = w.detached.first() {
@@ -358,11 +330,10 @@ impl Host {
                 incarnation: self.incarnations,
                 instance,
                 replaces: self.last_instance.replace(instance),
-                epoch_seen: Epoch(0),
                 recovered: false,
-                held: BTreeMap::new(),
+                core: Worker::new(Config { slots: self.slots, kinds: vec![Kind::shell()] }),
+                local: BTreeMap::new(),
                 detached: Vec::new(),
-                given_back: BTreeSet::new(),
             });
             ctx.note(|| format!("m{i} worker starts"));
         }
@@ -376,7 +347,7 @@ impl Host {
             self.next_beat = ctx.now + HEARTBEAT_EVERY;
             self.heartbeat(ctx);
         }
-        let keys: Vec<Key> = self.w().held.keys().cloned().collect();
+        let keys: Vec<Key> = self.w().core.keys();
         for key in keys {
             if ctx.rng.gen_bool(0.7) {
                 self.advance(ctx, key);
@@ -399,12 +370,8 @@ impl Host {
             slots: self.slots,
             kinds: vec![Kind::shell()],
             sidecar: Default::default(),
-            epoch_seen: w.epoch_seen,
-            attempts: w
-                .held
-                .keys()
-                .map(|(task, attempt)| HeldAttempt { task: task.clone(), attempt: *attempt })
-                .collect(),
+            epoch_seen: w.core.epoch_seen(),
+            attempts: w.core.attempts(),
             replaces: w.replaces,
             incarnation: self.side.machine.as_ref().map(|m| m.incarnation()),
             mark: self.side.machine.as_ref().and_then(|m| m.mark()),
@@ -415,7 +382,8 @@ impl Host {
     fn send_report(&mut self, ctx: &mut Ctx, key: &Key, epoch: Epoch, event: ReportEvent) -> ReqId {
         let (node, worker) = (self.node(), self.id.clone());
         let w = self.w();
-        let report = Report { worker, task: key.0.clone(), attempt: key.1, epoch: w.epoch_seen.max(epoch), event };
+        let report =
+            Report { worker, task: key.0.clone(), attempt: key.1, epoch: w.core.epoch_seen().max(epoch), event };
         let line = if ctx.trace.enabled { format!("{:?} e{}", report.event, report.epoch) } else { String::new() };
         let incarnation = w.incarnation;
         let (req, fate) = ctx.bus.request(
@@ -435,50 +403,39 @@ impl Host {
 
     // ------------------------------------------------------------ recovery
 
-    /// Start-up recovery from the sidecar's records (`attempt::recover`).
-    /// Returns false while the sidecar cannot answer.
+    /// Start-up recovery (`attempt::recover`): the sidecar's records and the
+    /// processes' state, decided by the core. Returns false while the
+    /// sidecar cannot answer.
     fn recover(&mut self, ctx: &mut Ctx) -> bool {
         let i = self.index;
         let Some(SidecarReply::Records { epoch, records, .. }) = self.side.call(ctx, i, SidecarRequest::List) else {
             return false;
         };
-        let w = self.w();
-        w.epoch_seen = w.epoch_seen.max(epoch);
-        for record in records {
-            let key = (record.grant.task.clone(), record.grant.attempt);
-            let mut held = Held {
-                epoch: record.grant.epoch,
-                grant: Rc::new(record.grant.clone()),
-                kill: false,
-                signalled: false,
-                started_acked: true,
-                report: None,
-                step: Step::Intent,
-            };
-            held.step = match record.phase {
-                Phase::Acknowledged => continue,
-                Phase::Accepted => {
-                    self.side.call(ctx, i, SidecarRequest::Abandon { task: key.0.clone(), attempt: key.1 });
-                    let event = ReportEvent::NotStarted { reason: "worker restarted before the intent".into() };
-                    let detached = Detached { key, epoch: record.grant.epoch, event, report: None };
-                    self.w().detached.push(detached);
-                    continue;
+        let found = records
+            .into_iter()
+            .map(|record| {
+                let key = (record.grant.task.clone(), record.grant.attempt);
+                let monitor_alive = matches!(self.procs.get(&key), Some(Proc::Running { .. }));
+                Found::Record { record, monitor_alive, restarted: false }
+            })
+            .collect();
+        let recovered = self.w().core.recover(epoch, found);
+        for r in recovered {
+            match r {
+                Recovered::Abandon((task, attempt)) => {
+                    self.side.call(ctx, i, SidecarRequest::Abandon { task, attempt });
                 }
-                Phase::Exited => match record.outcome {
-                    Some(o) => Step::Report(ReportEvent::Finished(o)),
-                    None => continue,
-                },
-                Phase::Intent | Phase::Spawned => match self.procs.get(&key) {
-                    Some(Proc::Exited(o)) => Step::Exited(o.clone()),
-                    Some(Proc::Running { .. }) => Step::Watch(record.pid.unwrap_or(0)),
-                    Some(Proc::Dead) | None => match evidence::settle(None, false, None, false, key.1) {
-                        Settled::Exited(outcome) => Step::Exited(outcome),
-                        Settled::Lost(hint) => Step::Report(ReportEvent::Lost(hint)),
-                    },
-                },
-            };
-            ctx.note(|| format!("m{i} recovers {}#{} at {:?}", key.0, key.1, held.step));
-            self.w().held.insert(key, held);
+                Recovered::Report { key, epoch, event } => {
+                    self.w().detached.push(Detached { key, epoch, event, report: None });
+                }
+                Recovered::Remove(_) => {}
+            }
+        }
+        for key in self.w().core.keys() {
+            let step = self.w().core.held(&key).map(|h| h.step.clone());
+            ctx.note(|| format!("m{i} recovers {}#{} at {step:?}", key.0, key.1));
+            // A re-attached attempt's started report is not sent again.
+            self.w().local.insert(key, Local { started_acked: true, ..Local::default() });
         }
         self.w().recovered = true;
         ctx.note(|| format!("m{i} worker recovered; epoch seen e{epoch}"));
@@ -521,8 +478,7 @@ impl Host {
             Msg::EpochAnnounce(epoch) => {
                 if running {
                     if let Some(SidecarReply::Ok) = self.side.call(ctx, i, SidecarRequest::ObserveEpoch(epoch)) {
-                        let w = self.w();
-                        w.epoch_seen = w.epoch_seen.max(epoch);
+                        self.w().core.observe(epoch);
                     }
                 }
             }
@@ -542,90 +498,35 @@ impl Host {
         }
     }
 
-    /// A refused grant (or a kill of an attempt never held here) tells the
-    /// leader the attempt did not run and gives it back; the worker remembers
-    /// it (in memory) and refuses any late copy of the grant.
-    fn refuse(&mut self, key: &Key, refusal: Refusal) -> Option<WorkerReply> {
-        self.w().given_back.insert(key.clone());
-        Some(WorkerReply::Refused(refusal))
-    }
-
-    /// `service::on_grant`. `None`: no answer (the request times out).
+    /// `daemon::on_grant`: screened by the core, recorded by the sidecar,
+    /// decided by the core. `None`: no answer (the request times out).
     fn on_grant(&mut self, ctx: &mut Ctx, grant: LeaseGrant) -> Option<WorkerReply> {
-        let key = (grant.task.clone(), grant.attempt);
-        let slots = self.slots as usize;
-        if self.w().held.contains_key(&key) {
-            return Some(WorkerReply::Accepted);
-        }
-        if self.w().given_back.contains(&key) {
-            return self.refuse(&key, Refusal::UnknownAttempt);
-        }
-        if self.w().held.len() >= slots {
-            return self.refuse(&key, Refusal::NoSlot);
-        }
-        let i = self.index;
-        match self.side.call(ctx, i, SidecarRequest::Accept(grant.clone())) {
-            Some(SidecarReply::Ok) => {}
-            Some(SidecarReply::Refused(SidecarRefusal::StaleEpoch { held, offered })) => {
-                let w = self.w();
-                w.epoch_seen = w.epoch_seen.max(held);
-                return self.refuse(&key, Refusal::StaleEpoch { held, offered });
+        let (i, key) = (self.index, (grant.task.clone(), grant.attempt));
+        let answer = match self.w().core.screen_grant(&grant) {
+            Screened::Answer(answer) => answer,
+            Screened::Record => {
+                let recorded = self.side.call(ctx, i, SidecarRequest::Accept(grant.clone()));
+                if let Some(SidecarReply::Refused(SidecarRefusal::WrongPhase { phase, .. })) = &recorded {
+                    ctx.note(|| format!("m{i}: {}#{} is already {phase:?} here", key.0, key.1));
+                }
+                self.w().core.grant_recorded(grant, recorded.ok_or_else(|| "sidecar down".to_string()))
             }
-            // As the real worker: a late copy of a grant this machine already
-            // acted on is answered `Accepted` and starts nothing.
-            Some(SidecarReply::Refused(SidecarRefusal::WrongPhase { task, attempt, phase, .. }))
-                if task == key.0 && attempt == key.1 && phase > Phase::Accepted =>
-            {
-                let i = self.index;
-                ctx.note(|| format!("m{i}: {task}#{attempt} is already {phase:?} here: accepted, nothing started"));
-                return Some(WorkerReply::Accepted);
-            }
-            // As the real worker: a store failure is no give-back (the store
-            // may hold the attempt's intent); the leader asks its evidence.
-            Some(SidecarReply::Refused(SidecarRefusal::Storage(reason))) => {
-                return Some(WorkerReply::Refused(Refusal::SidecarStorage(reason)))
-            }
-            Some(other) => return self.refuse(&key, Refusal::SidecarUnavailable(format!("{other:?}"))),
-            None => return self.refuse(&key, Refusal::SidecarUnavailable("sidecar down".into())),
-        }
-        let step = if self.bug == Bug::SkipIntent { Step::Spawn } else { Step::Intent };
-        let w = self.w();
-        w.epoch_seen = w.epoch_seen.max(grant.epoch);
-        let held = Held {
-            epoch: grant.epoch,
-            grant: Rc::new(grant),
-            kill: false,
-            signalled: false,
-            started_acked: false,
-            report: None,
-            step,
         };
-        w.held.insert(key, held);
-        Some(WorkerReply::Accepted)
+        if answer.tombstone {
+            self.side.call(ctx, i, SidecarRequest::Abandon { task: key.0.clone(), attempt: key.1 });
+        }
+        if answer.drive {
+            self.w().local.insert(key, Local::default());
+        }
+        Some(answer.reply)
     }
 
-    /// `service::on_kill`. `None`: no answer.
+    /// `daemon::on_kill`: the fence takes the epoch, then the core decides.
     fn on_kill(&mut self, ctx: &mut Ctx, cmd: KillCommand) -> Option<WorkerReply> {
         let i = self.index;
-        match self.side.call(ctx, i, SidecarRequest::ObserveEpoch(cmd.epoch)) {
-            Some(SidecarReply::Ok) => {
-                let w = self.w();
-                w.epoch_seen = w.epoch_seen.max(cmd.epoch);
-            }
-            Some(SidecarReply::Refused(SidecarRefusal::StaleEpoch { held, offered })) => {
-                return Some(WorkerReply::Refused(Refusal::StaleEpoch { held, offered }))
-            }
-            Some(other) => return Some(WorkerReply::Refused(Refusal::SidecarUnavailable(format!("{other:?}")))),
-            None => return Some(WorkerReply::Refused(Refusal::SidecarUnavailable("sidecar down".into()))),
-        }
-        let key = (cmd.task, cmd.attempt);
-        match self.w().held.get_mut(&key) {
-            Some(h) => {
-                h.kill = true;
-                Some(WorkerReply::Accepted)
-            }
-            None => self.refuse(&key, Refusal::UnknownAttempt),
-        }
+        let fence = self.side.call(ctx, i, SidecarRequest::ObserveEpoch(cmd.epoch));
+        let answer = self.w().core.kill((cmd.task, cmd.attempt), cmd.epoch, fence.ok_or_else(|| "sidecar down".into()));
+        Some(answer.reply)
     }
 
     /// The sidecar's records judged together with the monitor's files, by
@@ -651,126 +552,110 @@ impl Host {
         let i = self.index;
         ctx.note(|| format!("m{i} ← #{req} {ack:?}"));
         let w = self.w();
-        // `worker::attempt`: a "stale" from below the highest epoch seen is
-        // not an answer.
-        let retry = !ack.settles(w.epoch_seen);
         if let Some(d) = w.detached.iter().position(|d| d.report == Some(req)) {
-            if retry {
-                w.detached[d].report = None;
-            } else {
+            if w.core.settles(&ack, w.detached[d].epoch) {
                 w.detached.remove(d);
+            } else {
+                w.detached[d].report = None;
             }
             return;
         }
-        let Some((key, h)) = w.held.iter_mut().find(|(_, h)| h.report == Some(req)) else { return };
-        h.report = None;
-        if retry {
-            return;
-        }
-        match &h.step {
-            Step::Watch(_) => h.started_acked = true,
-            Step::Report(ReportEvent::Finished(_)) => h.step = Step::Acknowledge,
-            Step::Report(_) => {
-                let key = key.clone();
-                w.held.remove(&key);
+        let Some(key) = w.local.iter().find(|(_, l)| l.report == Some(req)).map(|(k, _)| k.clone()) else { return };
+        let epoch = w.core.held(&key).map(|h| h.epoch).unwrap_or_default();
+        let local = w.local.get_mut(&key).expect("found just above");
+        local.report = None;
+        match w.core.next(&key) {
+            // The started report, sent while the process is watched.
+            Some(Action::Watch { .. }) => local.started_acked |= w.core.settles(&ack, epoch),
+            Some(Action::Report { .. }) => {
+                w.core.advance(&key, Done::Reported(ack));
+                self.forget_if_done(&key);
             }
             _ => {}
         }
     }
 
+    /// Drops the driver's notes of an attempt the core no longer holds.
+    fn forget_if_done(&mut self, key: &Key) {
+        let w = self.w();
+        if w.core.held(key).is_none() {
+            w.local.remove(key);
+        }
+    }
+
     // ------------------------------------------------------------ attempts
 
-    /// One step of one attempt (`attempt::run` and `attempt::finish`).
+    /// One step of one attempt: the core's next action, performed on the
+    /// modelled machine (`attempt::perform`), its result fed back.
     fn advance(&mut self, ctx: &mut Ctx, key: Key) {
-        let Some(h) = self.held(&key) else { return };
+        let Some(action) = self.w().core.next(&key) else { return };
         let (i, task, attempt) = (self.index, key.0.clone(), key.1);
-        match h.step {
-            Step::Intent => {
-                let epoch = h.grant.epoch.max(self.w().epoch_seen);
-                match self.side.call(ctx, i, SidecarRequest::Intent { task, attempt, epoch, trace: None }) {
-                    None => {}
-                    Some(SidecarReply::Ok) => self.update(&key, |h| {
-                        h.step = Step::Spawn;
-                        h.epoch = epoch;
-                    }),
-                    Some(refusal) => self.update(&key, |h| h.step = Step::Abandon(format!("{refusal:?}"))),
-                }
+        let local = self.w().local.get(&key).cloned().unwrap_or_default();
+        let done = match action {
+            // The planted bug: the intent is never recorded, yet taken as done.
+            Action::Sidecar(SidecarRequest::Intent { .. }) if self.bug == Bug::SkipIntent => {
+                Some(Done::Sidecar(SidecarReply::Ok))
             }
-            Step::Abandon(reason) => {
-                if self.side.call(ctx, i, SidecarRequest::Abandon { task, attempt }).is_some() {
-                    let epoch = h.grant.epoch;
-                    self.update(&key, |h| {
-                        h.step = Step::Report(ReportEvent::NotStarted { reason });
-                        h.epoch = epoch;
-                    });
-                }
-            }
-            Step::Spawn => {
-                let (ticks, outcome) = behaviour(&h.grant.spec.command);
+            Action::Sidecar(req) => self.side.call(ctx, i, req).map(Done::Sidecar),
+            Action::Launch { kill, .. } => {
+                let Some(grant) = self.w().core.held(&key).and_then(|h| h.grant.clone()) else { return };
+                let (ticks, outcome) = behaviour(&grant.spec.command);
                 self.next_pid += 1;
                 let pid = self.next_pid;
-                let proc = Proc::Running { until: ctx.now + ticks, outcome, killed: h.kill };
-                self.procs.insert(key.clone(), proc);
-                ctx.note(|| format!("m{i} STARTS {task}#{attempt} pid {pid} (idempotent={})", h.grant.spec.idempotent));
+                self.procs.insert(key.clone(), Proc::Running { until: ctx.now + ticks, outcome, killed: kill });
+                ctx.note(|| format!("m{i} STARTS {task}#{attempt} pid {pid} (idempotent={})", grant.spec.idempotent));
                 let id = self.id.clone();
-                ctx.check.process_started(ctx.now, i, &id, &task, attempt, h.grant.spec.idempotent);
-                self.update(&key, |h| {
-                    h.signalled = h.kill;
-                    h.step = Step::Spawned(pid);
-                });
+                ctx.check.process_started(ctx.now, i, &id, &task, attempt, grant.spec.idempotent);
+                self.w().local.insert(key.clone(), Local { pid, signalled: kill, ..local.clone() });
+                Some(Done::Launched(pid))
             }
-            Step::Spawned(pid) => {
-                if self.side.call(ctx, i, SidecarRequest::Spawned { task, attempt, pid }).is_some() {
-                    self.update(&key, |h| h.step = Step::Watch(pid));
-                }
+            Action::Spawned { pid, .. } => {
+                self.side.call(ctx, i, SidecarRequest::Spawned { task, attempt, pid }).map(Done::Sidecar)
             }
-            Step::Watch(pid) => match self.procs.get_mut(&key) {
+            Action::Watch { kill } | Action::Seek { kill } => match self.procs.get_mut(&key) {
                 Some(Proc::Running { killed, .. }) => {
-                    if h.kill && !h.signalled {
+                    let mut local = local;
+                    if kill && !local.signalled {
                         *killed = true;
-                        self.update(&key, |h| h.signalled = true);
+                        local.signalled = true;
                     }
-                    if !h.started_acked && h.report.is_none() {
-                        let req = self.send_report(ctx, &key, h.epoch, ReportEvent::Started { pid });
-                        self.update(&key, |h| h.report = Some(req));
+                    if !local.started_acked && local.report.is_none() {
+                        let epoch = self.w().core.held(&key).map(|h| h.epoch).unwrap_or_default();
+                        let event = ReportEvent::Started { pid: local.pid };
+                        local.report = Some(self.send_report(ctx, &key, epoch, event));
                     }
+                    self.w().local.insert(key.clone(), local);
+                    None
                 }
-                Some(Proc::Exited(o)) => {
-                    let o = o.clone();
-                    self.update(&key, |h| {
-                        h.report = None;
-                        h.step = Step::Exited(o);
-                    });
-                }
+                Some(Proc::Exited(o)) => Some(Done::Ended(Settled::Exited(o.clone()))),
                 Some(Proc::Dead) | None => {
-                    let step = match evidence::settle(None, h.signalled || h.kill, None, false, attempt) {
-                        Settled::Exited(outcome) => Step::Exited(outcome),
-                        Settled::Lost(hint) => Step::Report(ReportEvent::Lost(hint)),
-                    };
-                    self.update(&key, |h| {
-                        h.report = None;
-                        h.step = step;
-                    });
+                    Some(Done::Ended(evidence::settle(None, local.signalled || kill, None, false, attempt)))
                 }
             },
-            Step::Exited(outcome) => {
-                let req = SidecarRequest::Exited { task, attempt, outcome: outcome.clone() };
-                if self.side.call(ctx, i, req).is_some() {
-                    self.update(&key, |h| h.step = Step::Report(ReportEvent::Finished(outcome)));
+            Action::Settle { restarted } => Some(Done::Ended(match self.procs.get(&key) {
+                Some(Proc::Exited(o)) => Settled::Exited(o.clone()),
+                _ => evidence::settle(None, false, None, restarted, attempt),
+            })),
+            Action::Report { event, epoch } => {
+                if local.report.is_none() {
+                    let req = self.send_report(ctx, &key, epoch, event);
+                    if let Some(l) = self.w().local.get_mut(&key) {
+                        l.report = Some(req);
+                    }
                 }
+                None
             }
-            Step::Report(event) => {
-                if h.report.is_none() {
-                    let req = self.send_report(ctx, &key, h.epoch, event);
-                    self.update(&key, |h| h.report = Some(req));
-                }
-            }
-            Step::Acknowledge => {
-                if self.side.call(ctx, i, SidecarRequest::Acknowledged { task, attempt }).is_some() {
-                    self.w().held.remove(&key);
-                }
+            Action::Release => Some(Done::Released),
+        };
+        let Some(done) = done else { return };
+        if matches!(done, Done::Ended(_)) {
+            // A started report still in flight is superseded by the outcome.
+            if let Some(l) = self.w().local.get_mut(&key) {
+                l.report = None;
             }
         }
+        self.w().core.advance(&key, done);
+        self.forget_if_done(&key);
     }
 }
 

@@ -7,7 +7,7 @@
 //! acknowledged → acknowledged. Without a sidecar nothing new starts; a grant is
 //! refused rather than run without its intent.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -17,15 +17,16 @@ use futures::StreamExt;
 use tenure_machine::worker_lock::WorkerLock;
 use tenure_machine::{ClientError, Layout, SidecarClient};
 use tenure_protocol::messages::{
-    HeldAttempt, KillCommand, LeaseGrant, Phase, Refusal, SidecarHealth, SidecarRefusal, SidecarReply, SidecarRequest,
-    WorkerCommand, WorkerReply,
+    KillCommand, LeaseGrant, Refusal, SidecarHealth, SidecarRefusal, SidecarReply, SidecarRequest, WorkerCommand,
+    WorkerReply,
 };
-use tenure_protocol::{subjects, Attempt, Epoch, Kind, TaskId, WorkerId};
+use tenure_protocol::{subjects, Epoch, Kind, WorkerId};
 use tokio::sync::Notify;
 use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::attempt;
+use crate::core::{Action, Config, Done, Key, Screened, Worker};
 use crate::launcher::Launcher;
 use crate::sandbox::RunAs;
 
@@ -102,10 +103,30 @@ pub enum Error {
     Sandbox(#[from] crate::sandbox::Error),
 }
 
-/// One attempt this worker holds (keyed by task and attempt: a returning
-/// worker may hold an old attempt of a task next to a new one).
-pub(crate) struct Held {
-    pub kill: Arc<Notify>,
+/// The worker's memory: the pure core, and the kill handle of each attempt
+/// being driven. One lock, so that a kill the core accepts always finds the
+/// handle of the attempt it names.
+pub(crate) struct State {
+    pub core: Worker,
+    kills: HashMap<Key, Arc<Notify>>,
+}
+
+impl State {
+    /// `key`'s next action, with its grant.
+    pub fn next(&self, key: &Key) -> Option<(Action, Option<Arc<LeaseGrant>>)> {
+        let action = self.core.next(key)?;
+        Some((action, self.core.held(key)?.grant.clone()))
+    }
+
+    /// Feeds `key`'s result to the core; false once the attempt is over here.
+    pub fn advance(&mut self, key: &Key, done: Done) -> bool {
+        self.core.advance(key, done);
+        let held = self.core.held(key).is_some();
+        if !held {
+            self.kills.remove(key);
+        }
+        held
+    }
 }
 
 pub(crate) struct Shared {
@@ -116,28 +137,25 @@ pub(crate) struct Shared {
     pub sidecar: SidecarClient,
     /// The NATS servers as tasks see them (no credentials).
     pub task_nats: String,
-    held: Mutex<HashMap<(TaskId, Attempt), Held>>,
-    /// Attempts this worker refused, or was told to kill before their grant
-    /// arrived: the leader gave them back, so a late copy of their grant is
-    /// refused and a kill can never be overtaken by its own grant. (In memory;
-    /// the sidecar's revocation tombstones cover what a restart forgets.)
-    given_back: Mutex<HashSet<(TaskId, Attempt)>>,
-    epoch_seen: Mutex<Epoch>,
+    state: Mutex<State>,
 }
 
 impl Shared {
-    pub fn held(&self) -> std::sync::MutexGuard<'_, HashMap<(TaskId, Attempt), Held>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    pub fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
 
-    pub fn observe_epoch(&self, epoch: Epoch) {
-        let mut seen = self.epoch_seen.lock().unwrap_or_else(|p| p.into_inner());
-        *seen = (*seen).max(epoch);
-    }
-
-    pub fn epoch_seen(&self) -> Epoch {
-        *self.epoch_seen.lock().unwrap_or_else(|p| p.into_inner())
-    }
+/// Starts driving a held attempt ([`attempt::drive`]) in its own task, with a
+/// kill handle the event loop can reach.
+pub(crate) fn spawn_drive(shared: &Arc<Shared>, key: Key, span: Option<tracing::Span>) {
+    let kill = Arc::new(Notify::new());
+    shared.state().kills.insert(key.clone(), kill.clone());
+    let epoch = shared.state().core.held(&key).map(|h| h.epoch).unwrap_or_default();
+    let span = span.unwrap_or_else(
+        || tracing::info_span!("attempt", task = %key.0, attempt = %key.1, epoch = %epoch, worker = %shared.opts.id),
+    );
+    tokio::spawn(attempt::drive(shared.clone(), key, kill).instrument(span));
 }
 
 /// Runs the worker until `shutdown` resolves. Running tasks keep running under
@@ -170,9 +188,10 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         client: client.clone(),
         sidecar,
         task_nats: crate::sandbox::servers_for_tasks(&opts.nats.servers),
-        held: Mutex::new(HashMap::new()),
-        given_back: Mutex::new(HashSet::new()),
-        epoch_seen: Mutex::new(Epoch(0)),
+        state: Mutex::new(State {
+            core: Worker::new(Config { slots: opts.slots, kinds: opts.kinds.clone() }),
+            kills: HashMap::new(),
+        }),
         opts,
     });
     attempt::recover(&shared).await;
@@ -218,7 +237,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
             if now.saturating_duration_since(last) > shared.opts.heartbeat * 3 {
                 tracing::info!(worker = %shared.opts.id, %instance, "no longer refused: this process holds the worker id");
                 taken = None;
-            } else if now.saturating_duration_since(since) >= ID_TAKEN_PATIENCE && shared.held().is_empty() {
+            } else if now.saturating_duration_since(since) >= ID_TAKEN_PATIENCE && !shared.state().core.holds_any() {
                 beats.abort();
                 return Err(Error::IdTaken { worker: shared.opts.id.clone(), instance, holder });
             }
@@ -232,7 +251,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                 Ok(epoch) => match shared.sidecar.call(&SidecarRequest::ObserveEpoch(epoch)).await {
                     Ok(SidecarReply::Ok) => {
                         tracing::info!(%epoch, "new leader epoch observed");
-                        shared.observe_epoch(epoch);
+                        shared.state().core.observe(epoch);
                     }
                     other => tracing::debug!(%epoch, ?other, "epoch announcement not recorded"),
                 },
@@ -255,7 +274,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                             let now = tokio::time::Instant::now();
                             let (since, _, _) = taken.get_or_insert_with(|| {
                                 tracing::error!(
-                                    worker = %shared.opts.id, %instance, %holder, running = shared.held().len(),
+                                    worker = %shared.opts.id, %instance, %holder, running = shared.state().core.held_count(),
                                     "the leader says another live process holds this worker id: no new work comes here"
                                 );
                                 (now, now, holder)
@@ -279,7 +298,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     if shared.opts.kill_tasks_on_exit {
         stop_running(&shared).await;
     } else {
-        tracing::info!(worker = %shared.opts.id, running = shared.held().len(), "worker stopping; tasks keep running under their monitors");
+        tracing::info!(worker = %shared.opts.id, running = shared.state().core.held_count(), "worker stopping; tasks keep running under their monitors");
     }
     Ok(())
 }
@@ -307,8 +326,10 @@ fn take_instance(layout: &Layout, instance: Uuid) -> Result<Option<Uuid>, Error>
 }
 
 async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>) {
-    let attempts =
-        shared.held().keys().map(|(task, attempt)| HeldAttempt { task: task.clone(), attempt: *attempt }).collect();
+    let (attempts, epoch_seen) = {
+        let state = shared.state();
+        (state.core.attempts(), state.core.epoch_seen())
+    };
     // A probe that changes nothing: the sidecar answers with its store's
     // incarnation unless it is down. Bounded well under a heartbeat, so a hung
     // sidecar never delays one.
@@ -325,7 +346,7 @@ async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>) {
         instance,
         slots: shared.opts.slots,
         kinds: shared.opts.kinds.clone(),
-        epoch_seen: shared.epoch_seen(),
+        epoch_seen,
         attempts,
         sidecar,
         replaces,
@@ -361,13 +382,25 @@ pub(crate) async fn sidecar_insist(shared: &Shared, req: SidecarRequest) -> Side
     }
 }
 
-/// Answers a grant. A refused attempt is remembered: the leader gives it back
-/// on the refusal, so a late copy of the same grant (a re-send that crossed the
-/// answer) must be refused too, never run.
+/// Answers a grant: screened by the core, recorded by the sidecar, decided by
+/// the core again with the sidecar's answer; an accepted attempt is driven in
+/// its own task. A refusal the core says to tombstone is tombstoned in the
+/// sidecar (best effort, bounded), so that a late copy of the grant is
+/// refused even by a restarted worker.
 async fn on_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
     let key = (grant.task.clone(), grant.attempt);
-    let reply = decide_grant(shared, grant).await;
-    if let WorkerReply::Refused(refusal) = &reply {
+    let screened = shared.state().core.screen_grant(&grant);
+    let answer = match screened {
+        Screened::Answer(answer) => answer,
+        Screened::Record => {
+            let recorded = shared.sidecar.call(&SidecarRequest::Accept(grant.clone())).await;
+            if matches!(recorded, Ok(SidecarReply::Ok)) {
+                attempt::crash_point("after-accept");
+            }
+            shared.state().core.grant_recorded(grant, recorded.map_err(|e| e.to_string()))
+        }
+    };
+    if let WorkerReply::Refused(refusal) = &answer.reply {
         let reason = match refusal {
             Refusal::StaleEpoch { .. } => "stale-epoch",
             Refusal::NoSlot => "no-slot",
@@ -378,110 +411,46 @@ async fn on_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
             Refusal::SidecarStorage(_) => "sidecar-storage",
         };
         crate::metrics::get().refusals.add(1, &[opentelemetry::KeyValue::new("reason", reason)]);
-        // The leader gives the attempt back on this refusal: the machine
-        // tombstones it (best effort, bounded), so that a late copy of the grant
-        // is refused even by a restarted worker; this process remembers too.
-        // A store failure is not a give-back: the store may hold the
-        // attempt's intent, and a later copy must meet that record, not a
-        // remembered "never held" (the leader asks the evidence instead).
-        if matches!(refusal, Refusal::SidecarStorage(_)) {
-            return reply;
-        }
-        if !matches!(refusal, Refusal::SidecarUnavailable(_) | Refusal::UnknownAttempt) {
-            let abandon = SidecarRequest::Abandon { task: key.0.clone(), attempt: key.1 };
-            let _ = tokio::time::timeout(Duration::from_secs(1), shared.sidecar.call(&abandon)).await;
-        }
-        shared.given_back.lock().unwrap_or_else(|p| p.into_inner()).insert(key);
     }
-    reply
+    if answer.tombstone {
+        let abandon = SidecarRequest::Abandon { task: key.0.clone(), attempt: key.1 };
+        let _ = tokio::time::timeout(Duration::from_secs(1), shared.sidecar.call(&abandon)).await;
+    }
+    if answer.drive {
+        let epoch = shared.state().core.held(&key).map(|h| h.epoch).unwrap_or_default();
+        tracing::info!(task = %key.0, attempt = %key.1, epoch = %epoch, "grant accepted");
+        spawn_drive(shared, key, None);
+    }
+    answer.reply
 }
 
-async fn decide_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
-    let key = (grant.task.clone(), grant.attempt);
-    if shared.held().contains_key(&(grant.task.clone(), grant.attempt)) {
-        return WorkerReply::Accepted;
-    }
-    if shared.given_back.lock().unwrap_or_else(|p| p.into_inner()).contains(&key) {
-        return WorkerReply::Refused(Refusal::UnknownAttempt);
-    }
-    if !shared.opts.kinds.contains(&grant.spec.kind) {
-        return WorkerReply::Refused(Refusal::UnsupportedKind(grant.spec.kind.to_string()));
-    }
-    if shared.held().len() >= shared.opts.slots as usize {
-        return WorkerReply::Refused(Refusal::NoSlot);
-    }
-    match shared.sidecar.call(&SidecarRequest::Accept(grant.clone())).await {
-        Ok(SidecarReply::Ok) => {}
-        Ok(SidecarReply::Refused(SidecarRefusal::StaleEpoch { held, offered })) => {
-            shared.observe_epoch(held);
-            return WorkerReply::Refused(Refusal::StaleEpoch { held, offered });
-        }
-        // A late copy of a grant this machine already acted on: the attempt is
-        // known here (a refusal would tell the leader it never ran), and it is
-        // not started again.
-        Ok(SidecarReply::Refused(SidecarRefusal::WrongPhase { task, attempt, phase, .. }))
-            if task == grant.task && attempt == grant.attempt && phase > Phase::Accepted =>
-        {
-            tracing::info!(task = %task, attempt = %attempt, ?phase, "late copy of a grant already acted on: nothing started");
-            return WorkerReply::Accepted;
-        }
-        // The store failed: the accept may have landed, or the attempt's
-        // record (with an intent) be unreadable. Not "never held".
-        Ok(SidecarReply::Refused(SidecarRefusal::Storage(reason))) => {
-            return WorkerReply::Refused(Refusal::SidecarStorage(reason))
-        }
-        Ok(other) => return WorkerReply::Refused(Refusal::SidecarUnavailable(format!("{other:?}"))),
-        Err(e) => return WorkerReply::Refused(Refusal::SidecarUnavailable(e.to_string())),
-    }
-    attempt::crash_point("after-accept");
-    shared.observe_epoch(grant.epoch);
-    let kill = Arc::new(Notify::new());
-    shared.held().insert((grant.task.clone(), grant.attempt), Held { kill: kill.clone() });
-    tracing::info!(task = %grant.task, attempt = %grant.attempt, epoch = %grant.epoch, "grant accepted");
-    let span = tracing::info_span!("attempt", task = %grant.task, attempt = %grant.attempt, epoch = %grant.epoch, worker = %shared.opts.id);
-    tokio::spawn(attempt::run(shared.clone(), grant, kill).instrument(span));
-    WorkerReply::Accepted
-}
-
+/// A kill: the machine's fence takes its epoch first, then the core decides;
+/// a held attempt's driver is told.
 async fn on_kill(shared: &Shared, cmd: KillCommand) -> WorkerReply {
-    match shared.sidecar.call(&SidecarRequest::ObserveEpoch(cmd.epoch)).await {
-        Ok(SidecarReply::Ok) => shared.observe_epoch(cmd.epoch),
-        Ok(SidecarReply::Refused(SidecarRefusal::StaleEpoch { held, offered })) => {
-            return WorkerReply::Refused(Refusal::StaleEpoch { held, offered })
-        }
-        // The store failed: the accept may have landed, or the attempt's
-        // record (with an intent) be unreadable. Not "never held".
-        Ok(SidecarReply::Refused(SidecarRefusal::Storage(reason))) => {
-            return WorkerReply::Refused(Refusal::SidecarStorage(reason))
-        }
-        Ok(other) => return WorkerReply::Refused(Refusal::SidecarUnavailable(format!("{other:?}"))),
-        Err(e) => return WorkerReply::Refused(Refusal::SidecarUnavailable(e.to_string())),
-    }
-    let held = shared.held().get(&(cmd.task.clone(), cmd.attempt)).map(|h| h.kill.clone());
-    match held {
-        Some(kill) => {
-            tracing::info!(task = %cmd.task, attempt = %cmd.attempt, epoch = %cmd.epoch, "kill requested");
+    let fence = shared.sidecar.call(&SidecarRequest::ObserveEpoch(cmd.epoch)).await.map_err(|e| e.to_string());
+    let key = (cmd.task, cmd.attempt);
+    let mut state = shared.state();
+    let answer = state.core.kill(key.clone(), cmd.epoch, fence);
+    if answer.reply == WorkerReply::Accepted {
+        tracing::info!(task = %key.0, attempt = %key.1, epoch = %cmd.epoch, "kill requested");
+        if let Some(kill) = state.kills.get(&key) {
             kill.notify_one();
-            WorkerReply::Accepted
-        }
-        None => {
-            shared.given_back.lock().unwrap_or_else(|p| p.into_inner()).insert((cmd.task, cmd.attempt));
-            WorkerReply::Refused(Refusal::UnknownAttempt)
         }
     }
+    answer.reply
 }
 
 /// Ends every running task (through its monitor) and gives the outcomes a
 /// bounded time to be buffered and reported; what is not reported by then stays
 /// buffered in the sidecar for the next start.
 async fn stop_running(shared: &Shared) {
-    let kills: Vec<Arc<Notify>> = shared.held().values().map(|h| h.kill.clone()).collect();
+    let kills: Vec<Arc<Notify>> = shared.state().kills.values().cloned().collect();
     tracing::info!(worker = %shared.opts.id, running = kills.len(), "worker stopping; ending running tasks");
     for kill in kills {
         kill.notify_one();
     }
     let deadline = tokio::time::Instant::now() + shared.opts.kill_grace + Duration::from_secs(3);
-    while !shared.held().is_empty() && tokio::time::Instant::now() < deadline {
+    while shared.state().core.holds_any() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
