@@ -11,6 +11,7 @@
 //! a loaded registry is behind the high-water mark kept outside it.
 
 pub mod core;
+pub mod daemon;
 pub mod elector;
 pub mod lease;
 pub mod limits;
@@ -19,9 +20,8 @@ mod metrics;
 pub mod notices;
 pub mod record;
 pub mod registry;
-pub mod service;
 mod tasks;
 
+pub use daemon::{run, Error, Options};
 pub use lease::LeaseConfig;
 pub use limits::Limits;
-pub use service::{run, Error, Options};

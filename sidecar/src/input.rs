@@ -43,7 +43,7 @@ use tokio::sync::{OwnedMutexGuard, Semaphore};
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use crate::server::StoreHandle;
+use crate::store_thread::StoreHandle;
 use tenure_machine::attempt_files::{AttemptFiles, InputError};
 use tenure_machine::layout::Layout;
 

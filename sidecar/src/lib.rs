@@ -20,18 +20,20 @@
 //!   process holding the worker's lock: a task cannot reach it.
 //!
 //! Code map: [`store`] (the durable records behind the [`RecoveryStore`]
-//! trait), [`service`] (the pure decision logic, [`Machine`]), [`server`]
+//! trait), [`core`] (the pure decision logic, [`Machine`]), `store_thread`
+//! (the one thread that owns the machine, with group commit), [`daemon`]
 //! (socket and NATS IO around it), [`input`] (delivering `tenure send` input
 //! into agent tasks' FIFOs). The machine's files, the socket's framing and
 //! client, the worker's lock and the evidence verdict are `tenure-machine`'s,
 //! shared with the worker.
 
+pub mod core;
+pub mod daemon;
 pub mod input;
 mod metrics;
-pub mod server;
-pub mod service;
 pub mod store;
+mod store_thread;
 
-pub use server::{run, Options};
-pub use service::Machine;
+pub use core::Machine;
+pub use daemon::{run, Options};
 pub use store::{CorruptRecord, FailingStore, Loaded, MemoryStore, RecoveryStore, SledStore};

@@ -106,7 +106,7 @@ pub struct Loaded {
 
 /// Durable state of one worker machine. Each mutating call is durable when it
 /// returns `Ok`; on `Err` the caller must assume nothing about whether it landed
-/// and must not change its own view (see [`crate::service::Machine`]).
+/// and must not change its own view (see [`crate::core::Machine`]).
 pub trait RecoveryStore {
     /// Reads the epoch and every record.
     fn load(&self) -> Result<Loaded, Error>;

@@ -7,7 +7,7 @@ use common::{grant, ok, Running, BOUND};
 use tenure_machine::{Layout, SidecarClient};
 use tenure_protocol::messages::{Phase, SidecarRefusal, SidecarReply, SidecarRequest};
 use tenure_protocol::{Attempt, Ending, Epoch, Outcome, TaskId};
-use tenure_sidecar::{server, Options};
+use tenure_sidecar::{daemon, Options};
 use tenure_testkit::NatsServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,7 +60,7 @@ async fn a_second_sidecar_on_the_same_directory_is_refused() -> anyhow::Result<(
     };
     let second = tokio::time::timeout(BOUND, tenure_sidecar::run(opts, std::future::pending())).await?;
     match second {
-        Err(server::Error::Store(e)) => assert!(e.to_string().contains("cannot open"), "{e}"),
+        Err(daemon::Error::Store(e)) => assert!(e.to_string().contains("cannot open"), "{e}"),
         other => panic!("a second sidecar on a held directory: {other:?}"),
     }
     // The first one is unharmed.

@@ -1,5 +1,7 @@
-//! One attempt's life on the worker, from intent to acknowledged outcome, and
-//! the start-up recovery that picks attempts up again after a worker restart.
+//! The driver of one attempt, from intent to acknowledged outcome: it asks the
+//! core ([`crate::core::Worker::next`]) what to do, does it, and feeds the
+//! result back ([`crate::core::Worker::advance`]); it decides nothing. Also
+//! what every attempt's driver shares ([`Shared`], [`State`]).
 //!
 //! The worker never runs a task itself: it records the intent, has its
 //! launcher fork the attempt's monitor ([`crate::launcher`],
@@ -9,12 +11,14 @@
 //! evidence; a monitor gone without it means the outcome is lost, and that is
 //! reported as such, never guessed.
 
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use tenure_machine::{ClientError, Layout, SidecarClient};
 use tenure_protocol::messages::{
     LeaseGrant, ReportAck, ReportEvent, SidecarRefusal, SidecarReply, SidecarRequest, MAX_MATCHES_PER_REPORT,
 };
@@ -22,15 +26,104 @@ use tenure_protocol::{subjects, Attempt, Ending, Epoch, Outcome, TaskId};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::Notify;
+use tracing::Instrument;
 
 use crate::builtin::Builtin;
-use crate::core::{unlisted, Action, Done, Found, Key, Recovered, Step, Unlisted};
-use crate::daemon::{sidecar_insist, Shared};
-use crate::launcher::{LaunchError, Launched};
+use crate::core::{Action, Config, Done, Key, Worker};
+use crate::launcher::{LaunchError, Launched, Launcher};
 use crate::monitor::MonitorArgs;
+use crate::options::Options;
 use crate::process;
-use tenure_machine::attempt_files::{group_in_session, AttemptFiles, Journal, MonitorStatus, ProcessId};
+use tenure_machine::attempt_files::{group_in_session, AttemptFiles, MonitorStatus, ProcessId};
 use tenure_machine::evidence::{settle, Settled as Evidence};
+
+/// The worker's memory: the pure core, and the kill handle of each attempt
+/// being driven. One lock, so that a kill the core accepts always finds the
+/// handle of the attempt it names.
+pub(crate) struct State {
+    pub core: Worker,
+    kills: HashMap<Key, Arc<Notify>>,
+}
+
+impl State {
+    pub fn new(config: Config) -> State {
+        State { core: Worker::new(config), kills: HashMap::new() }
+    }
+
+    /// The kill handle of an attempt being driven.
+    pub fn kill_handle(&self, key: &Key) -> Option<&Arc<Notify>> {
+        self.kills.get(key)
+    }
+
+    /// Every attempt's kill handle (for a shutdown that ends them all).
+    pub fn kill_handles(&self) -> Vec<Arc<Notify>> {
+        self.kills.values().cloned().collect()
+    }
+
+    /// `key`'s next action, with its grant.
+    pub fn next(&self, key: &Key) -> Option<(Action, Option<Arc<LeaseGrant>>)> {
+        let action = self.core.next(key)?;
+        Some((action, self.core.held(key)?.grant.clone()))
+    }
+
+    /// Feeds `key`'s result to the core; false once the attempt is over here.
+    pub fn advance(&mut self, key: &Key, done: Done) -> bool {
+        self.core.advance(key, done);
+        let held = self.core.held(key).is_some();
+        if !held {
+            self.kills.remove(key);
+        }
+        held
+    }
+}
+
+pub(crate) struct Shared {
+    pub opts: Options,
+    pub launcher: Launcher,
+    pub layout: Layout,
+    pub client: async_nats::Client,
+    pub sidecar: SidecarClient,
+    /// The NATS servers as tasks see them (no credentials).
+    pub task_nats: String,
+    pub state: Mutex<State>,
+}
+
+impl Shared {
+    pub fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Starts driving a held attempt ([`drive`]) in its own task, with a
+/// kill handle the event loop can reach.
+pub(crate) fn spawn_drive(shared: &Arc<Shared>, key: Key, span: Option<tracing::Span>) {
+    let kill = Arc::new(Notify::new());
+    shared.state().kills.insert(key.clone(), kill.clone());
+    let epoch = shared.state().core.held(&key).map(|h| h.epoch).unwrap_or_default();
+    let span = span.unwrap_or_else(
+        || tracing::info_span!("attempt", task = %key.0, attempt = %key.1, epoch = %epoch, worker = %shared.opts.id),
+    );
+    tokio::spawn(drive(shared.clone(), key, kill).instrument(span));
+}
+
+/// Calls the sidecar until it answers (it may be restarting), for steps that
+/// must not be skipped: intent, spawned, exited, acknowledged.
+pub(crate) async fn sidecar_insist(shared: &Shared, req: SidecarRequest) -> SidecarReply {
+    let mut delay = Duration::from_millis(20);
+    loop {
+        match shared.sidecar.call(&req).await {
+            Ok(reply) => return reply,
+            Err(ClientError::Unavailable(error)) => {
+                tracing::warn!(%error, "sidecar unavailable; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+            // A request that cannot be encoded, or a reply that cannot be read,
+            // will not get better by repeating it.
+            Err(error) => return SidecarReply::Refused(SidecarRefusal::Malformed(error.to_string())),
+        }
+    }
+}
 
 /// Test hook for the named crash windows: when `TENURE_CRASH_AT` names this
 /// point, the worker dies on the spot (SIGABRT), exactly as a SIGKILL there
@@ -533,189 +626,4 @@ async fn report_once(
     tenure_transport::request(&shared.client, subjects::report(&shared.opts.id), &report, Duration::from_secs(2))
         .await
         .ok()
-}
-
-/// Start-up recovery: reads every sidecar record (page by page) and every
-/// attempt directory, hands what they show to the core
-/// ([`crate::core::Worker::recover`], whose table says what each case
-/// becomes), does what it returns and drives every attempt it holds again.
-///
-/// Attempt directories that no record names are settled from their files when
-/// their journal names them, removed only when their monitor and group are
-/// confirmed gone, and kept otherwise, with a warning saying why
-/// ([`crate::core::unlisted`]). Scratch directories are kept while their task
-/// has a record here, and removed once it has none (its files were released).
-pub(crate) async fn recover(shared: &Arc<Shared>) {
-    let (mut epoch, mut records, mut corrupt, mut request) = (Epoch(0), Vec::new(), Vec::new(), SidecarRequest::List);
-    let listed = loop {
-        match shared.sidecar.call(&request).await {
-            Ok(SidecarReply::Records { epoch: e, records: page, corrupt: bad, next }) => {
-                epoch = epoch.max(e);
-                records.extend(page);
-                corrupt.extend(bad);
-                match next {
-                    Some((task, attempt)) => request = SidecarRequest::ListFrom { task, attempt },
-                    None => break true,
-                }
-                continue;
-            }
-            // The store is unusable: the records are lost, but every attempt
-            // that reached its intent has a directory, and its monitor's
-            // evidence is there.
-            Ok(SidecarReply::Refused(SidecarRefusal::Storage(reason))) => {
-                tracing::error!(%reason, "the sidecar cannot read its records; settling attempts from their directories");
-                break false;
-            }
-            Ok(other) => tracing::error!(?other, "sidecar answered List oddly; retrying"),
-            Err(error) => tracing::warn!(%error, "waiting for the sidecar"),
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let mut found = Vec::new();
-    let mut known = std::collections::HashSet::new();
-    let boot = tenure_machine::boot::boot_id();
-    for record in records {
-        let key = (record.grant.task.clone(), record.grant.attempt);
-        known.insert(format!("{}.{}", key.0, key.1));
-        let journal = AttemptFiles::new(shared.layout.attempt_dir(&key.0, key.1)).journal().unwrap_or_default();
-        let monitor_alive = journal.status.is_none() && journal.monitor.is_some_and(|m| m.alive());
-        let restarted = tenure_machine::boot::booted_since(&record, boot.as_deref());
-        found.push(Found::Record { record, monitor_alive, restarted });
-    }
-    for c in corrupt {
-        let Some(key) = c.attempt else {
-            tracing::error!(key = %c.key, reason = %c.reason, "unreadable sidecar record names no attempt");
-            continue;
-        };
-        known.insert(format!("{}.{}", key.0, key.1));
-        tracing::warn!(task = %key.0, attempt = %key.1, reason = %c.reason, "unreadable record; only the attempt's files can speak");
-        found.push(files_only(shared, key, None, Some(c.reason)));
-    }
-    found.extend(unlisted_attempt_dirs(shared, &known, listed));
-    let recovered = shared.state().core.recover(epoch, found);
-    for r in recovered {
-        match r {
-            Recovered::Abandon((task, attempt)) => {
-                tracing::info!(task = %task, attempt = %attempt, "accepted but never started: giving it back");
-                let _ = sidecar_insist(shared, SidecarRequest::Abandon { task, attempt }).await;
-            }
-            Recovered::Report { key: (task, attempt), epoch, event } => {
-                let shared = shared.clone();
-                tokio::spawn(async move { report_until_acked(&shared, &task, attempt, epoch, event).await });
-            }
-            Recovered::Remove((task, attempt)) => {
-                let _ = std::fs::remove_dir_all(shared.layout.attempt_dir(&task, attempt));
-            }
-        }
-    }
-    let held = shared.state().core.keys();
-    for key in held {
-        let step = shared.state().core.held(&key).map(|h| h.step.clone());
-        let (task, attempt) = (&key.0, key.1);
-        match step {
-            Some(Step::Watch) => tracing::info!(task = %task, attempt = %attempt, "re-attaching to a running attempt"),
-            Some(Step::Report(_)) => {
-                tracing::info!(task = %task, attempt = %attempt, "re-reporting buffered completion")
-            }
-            _ => {
-                tracing::info!(task = %task, attempt = %attempt, "settling an attempt whose monitor is gone from its files")
-            }
-        }
-        crate::daemon::spawn_drive(shared, key, None);
-    }
-    // Without the records nothing says which scratch directories are still
-    // wanted: they are all kept.
-    if listed {
-        let tasks: std::collections::HashSet<&str> =
-            known.iter().filter_map(|k| k.rsplit_once('.')).map(|(t, _)| t).collect();
-        sweep_scratch_dirs(shared, &tasks);
-    }
-}
-
-/// What an attempt's directory alone shows (its record is unreadable, lost,
-/// or the whole store is).
-fn files_only(shared: &Shared, key: Key, journal: Option<Journal>, corrupt: Option<String>) -> Found {
-    let journal = journal
-        .unwrap_or_else(|| AttemptFiles::new(shared.layout.attempt_dir(&key.0, key.1)).journal().unwrap_or_default());
-    Found::FilesOnly {
-        key,
-        status: journal.status.is_some(),
-        monitor_alive: journal.monitor.is_some_and(|m| m.alive()),
-        grant: journal.grant,
-        corrupt,
-    }
-}
-
-/// Attempt directories no record names. With `listed` false the store could
-/// not list its records, and every attempt directory is settled from its
-/// files. Otherwise a directory whose readable `grant` names it is an attempt
-/// whose record was lost (sled can drop damaged data silently), settled from
-/// its files like any other; anything else is removed only when confirmed
-/// dead (seed 004), and kept with a warning otherwise.
-fn unlisted_attempt_dirs(shared: &Shared, known: &std::collections::HashSet<String>, listed: bool) -> Vec<Found> {
-    let Ok(entries) = std::fs::read_dir(shared.layout.attempts_dir()) else { return Vec::new() };
-    let mut found = Vec::new();
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if known.contains(&name) {
-            continue;
-        }
-        let parsed = name.rsplit_once('.').and_then(|(t, a)| Some((t.parse::<TaskId>().ok()?, a.parse().ok()?)));
-        let journal = AttemptFiles::new(entry.path()).journal().unwrap_or_default();
-        if !listed {
-            match parsed {
-                Some((task, attempt)) => found.push(files_only(shared, (task, Attempt(attempt)), Some(journal), None)),
-                None => tracing::warn!(dir = %name, "not an attempt directory: kept"),
-            }
-            continue;
-        }
-        let names_it = journal.grant.as_ref().is_some_and(|g| name == format!("{}.{}", g.task, g.attempt));
-        let monitor_alive = journal.monitor.is_some_and(|m| m.alive());
-        let group_alive = journal.pgid.is_some_and(process::group_alive);
-        match unlisted(names_it, monitor_alive, group_alive) {
-            Unlisted::Settle => {
-                tracing::warn!(dir = %name, "attempt directory without a record: the record was lost; settling from the monitor's files");
-                let key = journal.grant.as_ref().map(|g| (g.task.clone(), g.attempt));
-                if let Some(key) = key {
-                    found.push(files_only(shared, key, Some(journal), None));
-                }
-            }
-            Unlisted::Keep => {
-                tracing::warn!(dir = %name, monitor_alive, group_alive, "attempt directory without a record but with live processes: kept");
-            }
-            Unlisted::Remove => {
-                tracing::info!(dir = %name, "removing an attempt directory no record names and no process uses");
-                let _ = std::fs::remove_dir_all(entry.path());
-            }
-        }
-    }
-    found
-}
-
-/// Scratch directories whose task this machine no longer holds any record of:
-/// the task's files were released (its cleanup job removes them; one that was
-/// interrupted leaves them behind) and nothing can use them any more, so they
-/// are removed. A directory whose task still has a record or an attempt
-/// directory is kept (it is released with the task's files); a name that is
-/// not `<task>.<attempt>` was not made by a worker and is left alone.
-fn sweep_scratch_dirs(shared: &Shared, tasks: &std::collections::HashSet<&str>) {
-    let Some(root) = shared.layout.scratch_root() else { return };
-    let Ok(entries) = std::fs::read_dir(&root) else { return };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let parsed = name.rsplit_once('.').and_then(|(t, a)| Some((t.parse::<TaskId>().ok()?, a.parse::<u32>().ok()?)));
-        let Some((task, attempt)) = parsed else {
-            tracing::warn!(dir = %entry.path().display(), "not a scratch directory of this worker: left alone");
-            continue;
-        };
-        let held =
-            tasks.contains(task.to_string().as_str()) || shared.layout.attempt_dir(&task, Attempt(attempt)).exists();
-        if held {
-            continue;
-        }
-        tracing::info!(task = %task, attempt, dir = %entry.path().display(), "removing the scratch directory of a task whose files were released");
-        if let Err(error) = std::fs::remove_dir_all(entry.path()) {
-            tracing::warn!(task = %task, attempt, %error, "cannot remove a released scratch directory");
-        }
-    }
 }

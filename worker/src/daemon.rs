@@ -7,156 +7,25 @@
 //! acknowledged → acknowledged. Without a sidecar nothing new starts; a grant is
 //! refused rather than run without its intent.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
 use tenure_machine::worker_lock::WorkerLock;
-use tenure_machine::{ClientError, Layout, SidecarClient};
+use tenure_machine::{Layout, SidecarClient};
 use tenure_protocol::messages::{
     KillCommand, LeaseGrant, Refusal, SidecarHealth, SidecarRefusal, SidecarReply, SidecarRequest, WorkerCommand,
     WorkerReply,
 };
-use tenure_protocol::{subjects, Epoch, Kind, WorkerId};
-use tokio::sync::Notify;
+use tenure_protocol::{subjects, Epoch};
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::attempt;
-use crate::core::{Action, Config, Done, Key, Screened, Worker};
+use crate::attempt::{self, spawn_drive, Shared, State};
+use crate::core::{Config, Screened};
 use crate::launcher::Launcher;
-use crate::sandbox::RunAs;
-
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// How to reach NATS (servers, credentials, TLS).
-    pub nats: tenure_transport::NatsOptions,
-    pub id: WorkerId,
-    pub slots: u32,
-    pub data_dir: PathBuf,
-    /// Kinds this worker runs and advertises; grants of others are refused.
-    /// `agent` tasks get an input FIFO as stdin; `monitor` tasks have their
-    /// output lines matched against their pattern; `noop` and `sleep` run
-    /// inside the worker ([`crate::builtin`]); every other kind runs its
-    /// command like `shell` (`sh -c`, stdin from `/dev/null` unless `agent`).
-    pub kinds: Vec<Kind>,
-    pub heartbeat: Duration,
-    /// Time between SIGTERM and SIGKILL when a task's group is ended.
-    pub kill_grace: Duration,
-    /// The program whose `monitor-launcher` forks each attempt's monitor
-    /// ([`crate::launcher`]): the `tenure` binary itself.
-    pub monitor_program: PathBuf,
-    /// Output bytes kept per task; the rest is dropped and counted.
-    pub output_cap: u64,
-    /// End running tasks when the worker stops (for `tenure dev`). Off by default:
-    /// tasks outlive their worker and a restarted worker re-attaches to them.
-    pub kill_tasks_on_exit: bool,
-    /// Where each attempt's scratch directory is made; `None`: the data
-    /// directory's sibling `<data-dir>.scratch` ([`crate::sandbox`]).
-    pub scratch_dir: Option<PathBuf>,
-    /// Run tasks as this unprivileged user (the worker must be root).
-    pub run_as: Option<RunAs>,
-}
-
-impl Options {
-    pub fn new(nats: tenure_transport::NatsOptions, id: WorkerId, data_dir: PathBuf) -> Options {
-        Options {
-            nats,
-            id,
-            slots: 4,
-            data_dir,
-            kinds: ["shell", "agent", "monitor", "noop", "sleep"].iter().filter_map(|k| k.parse().ok()).collect(),
-            heartbeat: Duration::from_millis(1000),
-            kill_grace: Duration::from_secs(5),
-            monitor_program: PathBuf::from("tenure"),
-            output_cap: crate::monitor::DEFAULT_OUTPUT_CAP,
-            kill_tasks_on_exit: false,
-            scratch_dir: None,
-            run_as: None,
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error(transparent)]
-    Transport(#[from] tenure_transport::Error),
-    #[error("NATS subscription failed: {0}")]
-    Subscribe(String),
-    #[error("data dir: {0}")]
-    Layout(String),
-    /// The leader bound this worker id to another live process: the same id
-    /// runs on another host (or another data directory). Nothing was run.
-    #[error(
-        "worker id {worker} is taken: the leader bound it to another live process (instance {holder}); \
-         this process (instance {instance}) stops. Give each machine its own id"
-    )]
-    IdTaken { worker: WorkerId, instance: Uuid, holder: Uuid },
-    /// Another worker runs on this data directory (or the lock is unusable).
-    #[error(transparent)]
-    Lock(#[from] tenure_machine::worker_lock::Error),
-    /// The tasks' scratch directory or user cannot be set up.
-    #[error(transparent)]
-    Sandbox(#[from] crate::sandbox::Error),
-}
-
-/// The worker's memory: the pure core, and the kill handle of each attempt
-/// being driven. One lock, so that a kill the core accepts always finds the
-/// handle of the attempt it names.
-pub(crate) struct State {
-    pub core: Worker,
-    kills: HashMap<Key, Arc<Notify>>,
-}
-
-impl State {
-    /// `key`'s next action, with its grant.
-    pub fn next(&self, key: &Key) -> Option<(Action, Option<Arc<LeaseGrant>>)> {
-        let action = self.core.next(key)?;
-        Some((action, self.core.held(key)?.grant.clone()))
-    }
-
-    /// Feeds `key`'s result to the core; false once the attempt is over here.
-    pub fn advance(&mut self, key: &Key, done: Done) -> bool {
-        self.core.advance(key, done);
-        let held = self.core.held(key).is_some();
-        if !held {
-            self.kills.remove(key);
-        }
-        held
-    }
-}
-
-pub(crate) struct Shared {
-    pub opts: Options,
-    pub launcher: Launcher,
-    pub layout: Layout,
-    pub client: async_nats::Client,
-    pub sidecar: SidecarClient,
-    /// The NATS servers as tasks see them (no credentials).
-    pub task_nats: String,
-    state: Mutex<State>,
-}
-
-impl Shared {
-    pub fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// Starts driving a held attempt ([`attempt::drive`]) in its own task, with a
-/// kill handle the event loop can reach.
-pub(crate) fn spawn_drive(shared: &Arc<Shared>, key: Key, span: Option<tracing::Span>) {
-    let kill = Arc::new(Notify::new());
-    shared.state().kills.insert(key.clone(), kill.clone());
-    let epoch = shared.state().core.held(&key).map(|h| h.epoch).unwrap_or_default();
-    let span = span.unwrap_or_else(
-        || tracing::info_span!("attempt", task = %key.0, attempt = %key.1, epoch = %epoch, worker = %shared.opts.id),
-    );
-    tokio::spawn(attempt::drive(shared.clone(), key, kill).instrument(span));
-}
+use crate::options::{Error, Options};
 
 /// Runs the worker until `shutdown` resolves. Running tasks keep running under
 /// their monitors unless `kill_tasks_on_exit` is set.
@@ -188,13 +57,10 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         client: client.clone(),
         sidecar,
         task_nats: crate::sandbox::servers_for_tasks(&opts.nats.servers),
-        state: Mutex::new(State {
-            core: Worker::new(Config { slots: opts.slots, kinds: opts.kinds.clone() }),
-            kills: HashMap::new(),
-        }),
+        state: Mutex::new(State::new(Config { slots: opts.slots, kinds: opts.kinds.clone() })),
         opts,
     });
-    attempt::recover(&shared).await;
+    crate::recovery::recover(&shared).await;
 
     let instance = Uuid::new_v4();
     let replaces = take_instance(&shared.layout, instance)?;
@@ -363,25 +229,6 @@ async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>) {
     }
 }
 
-/// Calls the sidecar until it answers (it may be restarting), for steps that
-/// must not be skipped: intent, spawned, exited, acknowledged.
-pub(crate) async fn sidecar_insist(shared: &Shared, req: SidecarRequest) -> SidecarReply {
-    let mut delay = Duration::from_millis(20);
-    loop {
-        match shared.sidecar.call(&req).await {
-            Ok(reply) => return reply,
-            Err(ClientError::Unavailable(error)) => {
-                tracing::warn!(%error, "sidecar unavailable; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
-            }
-            // A request that cannot be encoded, or a reply that cannot be read,
-            // will not get better by repeating it.
-            Err(error) => return SidecarReply::Refused(SidecarRefusal::Malformed(error.to_string())),
-        }
-    }
-}
-
 /// Answers a grant: screened by the core, recorded by the sidecar, decided by
 /// the core again with the sidecar's answer; an accepted attempt is driven in
 /// its own task. A refusal the core says to tombstone is tombstoned in the
@@ -433,7 +280,7 @@ async fn on_kill(shared: &Shared, cmd: KillCommand) -> WorkerReply {
     let answer = state.core.kill(key.clone(), cmd.epoch, fence);
     if answer.reply == WorkerReply::Accepted {
         tracing::info!(task = %key.0, attempt = %key.1, epoch = %cmd.epoch, "kill requested");
-        if let Some(kill) = state.kills.get(&key) {
+        if let Some(kill) = state.kill_handle(&key) {
             kill.notify_one();
         }
     }
@@ -444,7 +291,7 @@ async fn on_kill(shared: &Shared, cmd: KillCommand) -> WorkerReply {
 /// bounded time to be buffered and reported; what is not reported by then stays
 /// buffered in the sidecar for the next start.
 async fn stop_running(shared: &Shared) {
-    let kills: Vec<Arc<Notify>> = shared.state().kills.values().cloned().collect();
+    let kills = shared.state().kill_handles();
     tracing::info!(worker = %shared.opts.id, running = kills.len(), "worker stopping; ending running tasks");
     for kill in kills {
         kill.notify_one();

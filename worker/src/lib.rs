@@ -13,7 +13,10 @@ mod daemon;
 pub mod launcher;
 mod metrics;
 pub mod monitor;
+mod options;
 pub mod process;
+mod recovery;
 pub mod sandbox;
 
-pub use daemon::{run, Error, Options};
+pub use daemon::run;
+pub use options::{Error, Options};

@@ -21,7 +21,7 @@ pub const BOUND: Duration = Duration::from_secs(20);
 pub struct Running {
     pub layout: Layout,
     stop: oneshot::Sender<()>,
-    task: JoinHandle<Result<(), tenure_sidecar::server::Error>>,
+    task: JoinHandle<Result<(), tenure_sidecar::daemon::Error>>,
 }
 
 impl Running {

@@ -502,5 +502,5 @@ fn storage(error: store::Error) -> SidecarRefusal {
 }
 
 #[cfg(test)]
-#[path = "service_tests.rs"]
+#[path = "core_tests.rs"]
 mod tests;

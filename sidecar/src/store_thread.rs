@@ -1,0 +1,223 @@
+//! The store thread: the one thread that owns the sidecar's [`Machine`] and
+//! its sled database, and [`StoreHandle`], the cheap handle every connection
+//! and NATS task uses to reach it. Requests are applied one at a time; those
+//! waiting together are committed by one flush and answered only after it
+//! (group commit), so sled's fsyncs never stall the async runtime.
+//!
+//! It never reads a socket or a NATS message and never touches task files.
+
+use tenure_protocol::messages::{
+    ApiError, AttemptRecord, CleanupRequest, EvidenceRequest, Phase, SidecarRefusal, SidecarReply, SidecarRequest,
+};
+use tenure_protocol::{SessionId, TaskId};
+use tokio::sync::{mpsc, oneshot};
+use tracing::{error, warn};
+
+use crate::core::{Machine, RecordView};
+use crate::store::SledStore;
+
+enum Command {
+    Handle(SidecarRequest, oneshot::Sender<SidecarReply>),
+    /// Owner and phase of the latest attempt of a task, for output reads.
+    OutputOwner(TaskId, oneshot::Sender<Option<(SessionId, Phase, bool)>>),
+    /// A cleanup job (after the task's files were removed).
+    Cleanup(CleanupRequest, oneshot::Sender<Result<u32, SidecarRefusal>>),
+    /// The epoch fence of a cleanup request, before anything is removed.
+    CleanupFence(CleanupRequest, oneshot::Sender<Result<u32, SidecarRefusal>>),
+    /// The leader's evidence query (which may revoke an accepted attempt).
+    Evidence(EvidenceRequest, oneshot::Sender<Result<RecordView, SidecarRefusal>>),
+    /// The record of the latest attempt of a task, for input deliveries.
+    Latest(TaskId, oneshot::Sender<Option<AttemptRecord>>),
+}
+
+/// A cheap, cloneable way to reach the store thread.
+#[derive(Clone)]
+pub(crate) struct StoreHandle {
+    tx: mpsc::Sender<Command>,
+}
+
+impl StoreHandle {
+    /// Starts the store thread with `machine` (or the reason the store is
+    /// unusable): the handle, and the thread, which ends once every handle
+    /// is dropped and the store is flushed.
+    pub(crate) fn start(machine: Result<Machine<SledStore>, String>) -> (StoreHandle, tokio::task::JoinHandle<()>) {
+        let (tx, commands) = mpsc::channel(64);
+        (StoreHandle { tx }, tokio::task::spawn_blocking(move || own_machine(machine, commands)))
+    }
+
+    pub(crate) async fn handle(&self, req: SidecarRequest) -> SidecarReply {
+        let (tx, rx) = oneshot::channel();
+        let gone = || SidecarReply::Refused(SidecarRefusal::Storage("the sidecar is shutting down".to_owned()));
+        if self.tx.send(Command::Handle(req, tx)).await.is_err() {
+            return gone();
+        }
+        rx.await.unwrap_or_else(|_| gone())
+    }
+
+    pub(crate) async fn cleanup(&self, req: CleanupRequest, fence_only: bool) -> Result<u32, SidecarRefusal> {
+        let (tx, rx) = oneshot::channel();
+        let gone = || SidecarRefusal::Storage("the sidecar is shutting down".to_owned());
+        let command = if fence_only { Command::CleanupFence(req, tx) } else { Command::Cleanup(req, tx) };
+        self.tx.send(command).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    pub(crate) async fn evidence(&self, req: EvidenceRequest) -> Result<RecordView, SidecarRefusal> {
+        let (tx, rx) = oneshot::channel();
+        let gone = || SidecarRefusal::Storage("the sidecar is shutting down".to_owned());
+        self.tx.send(Command::Evidence(req, tx)).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    /// The latest attempt of `task` held here (`None` also when the store is
+    /// unusable: like an output read, input then finds no task).
+    pub(crate) async fn latest(&self, task: TaskId) -> Result<Option<AttemptRecord>, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        let gone = || ApiError::Unavailable("the sidecar is shutting down".to_owned());
+        self.tx.send(Command::Latest(task, tx)).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())
+    }
+
+    /// Owner, phase, and whether the task is final-output-only.
+    pub(crate) async fn output_owner(&self, task: TaskId) -> Result<Option<(SessionId, Phase, bool)>, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        let gone = || ApiError::Unavailable("the sidecar is shutting down".to_owned());
+        self.tx.send(Command::OutputOwner(task, tx)).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())
+    }
+}
+
+/// Most requests committed by one flush.
+const MAX_BATCH: usize = 64;
+
+fn request_name(req: &SidecarRequest) -> &'static str {
+    match req {
+        SidecarRequest::ObserveEpoch(_) => "observe-epoch",
+        SidecarRequest::Accept(_) => "accept",
+        SidecarRequest::Intent { .. } => "intent",
+        SidecarRequest::Spawned { .. } => "spawned",
+        SidecarRequest::Exited { .. } => "exited",
+        SidecarRequest::Acknowledged { .. } => "acknowledged",
+        SidecarRequest::Abandon { .. } => "abandon",
+        SidecarRequest::List | SidecarRequest::ListFrom { .. } => "list",
+        SidecarRequest::Incarnation => "incarnation",
+    }
+}
+
+/// Owns the machine: applies commands one at a time until every handle is gone,
+/// then flushes. The machine (and with it the sled database) is dropped when
+/// this returns.
+///
+/// **Group commit.** Every command waiting in the channel is taken at once (up
+/// to [`MAX_BATCH`]), applied in order with the store's flush deferred, then
+/// one flush commits them all, and only then is any of them answered: an `Ok`
+/// still means durable. Should that flush fail, nothing of the batch is known
+/// to be durable: every command of it is refused, and the sidecar serves
+/// degraded (refusing everything) until it is restarted and reloads its store.
+fn own_machine(mut machine: Result<Machine<SledStore>, String>, mut commands: mpsc::Receiver<Command>) {
+    while let Some(first) = commands.blocking_recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match commands.try_recv() {
+                Ok(command) => batch.push(command),
+                Err(_) => break,
+            }
+        }
+        if let Ok(m) = &mut machine {
+            m.store_mut().defer_flush(true);
+        }
+        let answers: Vec<Answer> = batch.into_iter().map(|c| apply(c, &mut machine)).collect();
+        let flushed = match &mut machine {
+            Ok(m) => {
+                m.store_mut().defer_flush(false);
+                m.store().flush().map_err(|e| format!("flushing the recovery store failed: {e}"))
+            }
+            Err(_) => Ok(()),
+        };
+        match flushed {
+            Ok(()) => answers.into_iter().for_each(Answer::send),
+            Err(reason) => {
+                error!(%reason, "serving degraded until restarted");
+                for answer in answers {
+                    answer.refuse(&reason);
+                }
+                machine = Err(reason);
+            }
+        }
+    }
+    if let Ok(machine) = &machine {
+        if let Err(error) = machine.store().flush() {
+            warn!(%error, "final flush of the recovery store failed");
+        }
+    }
+}
+
+/// A command's answer, held until its batch is flushed.
+enum Answer {
+    Handle(SidecarReply, oneshot::Sender<SidecarReply>),
+    OutputOwner(Option<(SessionId, Phase, bool)>, oneshot::Sender<Option<(SessionId, Phase, bool)>>),
+    Cleanup(Result<u32, SidecarRefusal>, oneshot::Sender<Result<u32, SidecarRefusal>>),
+    Evidence(Result<RecordView, SidecarRefusal>, oneshot::Sender<Result<RecordView, SidecarRefusal>>),
+    /// Boxed: a record is much larger than every other answer.
+    Latest(Option<Box<AttemptRecord>>, oneshot::Sender<Option<AttemptRecord>>),
+}
+
+impl Answer {
+    fn send(self) {
+        let _ = match self {
+            Answer::Handle(v, tx) => tx.send(v).map_err(drop),
+            Answer::OutputOwner(v, tx) => tx.send(v).map_err(drop),
+            Answer::Cleanup(v, tx) => tx.send(v).map_err(drop),
+            Answer::Evidence(v, tx) => tx.send(v).map_err(drop),
+            Answer::Latest(v, tx) => tx.send(v.map(|r| *r)).map_err(drop),
+        };
+    }
+
+    /// The answer when the batch's flush failed: a refusal, or nothing known.
+    fn refuse(self, reason: &str) {
+        let storage = || SidecarRefusal::Storage(reason.to_owned());
+        let _ = match self {
+            Answer::Handle(_, tx) => tx.send(SidecarReply::Refused(storage())).map_err(drop),
+            Answer::OutputOwner(_, tx) => tx.send(None).map_err(drop),
+            Answer::Cleanup(_, tx) => tx.send(Err(storage())).map_err(drop),
+            Answer::Evidence(_, tx) => tx.send(Err(storage())).map_err(drop),
+            Answer::Latest(_, tx) => tx.send(None).map_err(drop),
+        };
+    }
+}
+
+/// Applies one command to the machine (or refuses it when the store is unusable).
+fn apply(command: Command, machine: &mut Result<Machine<SledStore>, String>) -> Answer {
+    match (command, machine) {
+        (Command::Handle(req, reply), Ok(machine)) => {
+            crate::metrics::get().requests.add(1, &[opentelemetry::KeyValue::new("request", request_name(&req))]);
+            Answer::Handle(machine.handle(req), reply)
+        }
+        (Command::Handle(_, reply), Err(reason)) => {
+            Answer::Handle(SidecarReply::Refused(SidecarRefusal::Storage(reason.clone())), reply)
+        }
+        (Command::OutputOwner(task, reply), Ok(machine)) => {
+            let owner =
+                machine.record_for_output(&task).map(|r| (r.grant.owner.clone(), r.phase, r.grant.spec.final_output));
+            Answer::OutputOwner(owner, reply)
+        }
+        (Command::OutputOwner(_, reply), Err(_)) => Answer::OutputOwner(None, reply),
+        (Command::Evidence(req, reply), Ok(machine)) => {
+            Answer::Evidence(machine.evidence(&req.task, req.attempt, req.epoch, req.incarnation), reply)
+        }
+        (Command::Evidence(_, reply), Err(reason)) => {
+            Answer::Evidence(Err(SidecarRefusal::Storage(reason.clone())), reply)
+        }
+        (Command::Cleanup(req, reply), Ok(machine)) => Answer::Cleanup(machine.cleanup(&req.task, req.epoch), reply),
+        (Command::CleanupFence(req, reply), Ok(machine)) => {
+            Answer::Cleanup(machine.cleanup_fence(&req.task, req.epoch), reply)
+        }
+        (Command::Cleanup(_, reply) | Command::CleanupFence(_, reply), Err(reason)) => {
+            Answer::Cleanup(Err(SidecarRefusal::Storage(reason.clone())), reply)
+        }
+        (Command::Latest(task, reply), Ok(machine)) => {
+            Answer::Latest(machine.record_for_output(&task).cloned().map(Box::new), reply)
+        }
+        (Command::Latest(_, reply), Err(_)) => Answer::Latest(None, reply),
+    }
+}
