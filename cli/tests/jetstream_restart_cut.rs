@@ -97,7 +97,7 @@ async fn load(js: jetstream::Context, acked: Arc<Mutex<Acked>>, stop: Arc<std::s
         n += 1;
         // Two of three appends update an existing subject (a task's new
         // state), one names a new one (a new task).
-        let subject = if subjects == 0 || n % 3 == 0 {
+        let subject = if subjects == 0 || n.is_multiple_of(3) {
             subjects += 1;
             format!("reg.t{subjects}")
         } else {
@@ -176,11 +176,8 @@ async fn jetstream_keeps_acknowledged_appends_through_a_power_cut_soon_after_a_r
     let mut power = Power::mount();
     let jetstream_dir = power.mnt.join("jetstream");
     let mut nats = NatsServer::start_with_jetstream(&jetstream_dir, true).expect("nats-server on the mount");
-    let client = async_nats::ConnectOptions::new()
-        .retry_on_initial_connect()
-        .connect(nats.url.clone())
-        .await
-        .expect("connect");
+    let client =
+        async_nats::ConnectOptions::new().retry_on_initial_connect().connect(nats.url.clone()).await.expect("connect");
     let js = jetstream::new(client);
     js.get_or_create_stream(stream::Config {
         name: "REG".into(),
@@ -199,7 +196,7 @@ async fn jetstream_keeps_acknowledged_appends_through_a_power_cut_soon_after_a_r
     // Delays from the restart to the cut; 360 ms is the chaos run's.
     let delays = [0u64, 360, 120, 800, 40, 600, 250, 1000, 360, 500];
     for (round, delay) in delays.into_iter().enumerate() {
-        let stop_how = if round % 2 == 0 { Stop::Kill } else { Stop::Term };
+        let stop_how = if round.is_multiple_of(2) { Stop::Kill } else { Stop::Term };
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let writer = tokio::spawn(load(js.clone(), acked.clone(), stop.clone()));
         tokio::time::sleep(Duration::from_millis(400 + 60 * round as u64)).await;
