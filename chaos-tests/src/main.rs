@@ -269,6 +269,9 @@ async fn run_in(
     let (mut machine_faults, mut restarts) = (0u64, 0u64);
     // Registry rollbacks led although behind what they replaced (violations).
     let (mut rollbacks, mut unrefused) = (0u32, Vec::<String>::new());
+    // The faults that touched the NATS store, latest last, with their time:
+    // what a registry found behind its mark at the end is to be read against.
+    let mut store_faults: Vec<String> = Vec::new();
     let mut rng = rand::rngs::StdRng::seed_from_u64(o.seed ^ 0x5eed);
     let mut pending: Vec<(Instant, Pending)> = Vec::new();
     let load_start = Instant::now();
@@ -294,6 +297,9 @@ async fn run_in(
                 _ => inject(&mut cluster, &client, &fault, &mut rng, &mut pending).await,
             };
             r.trace(&line);
+            if fault.touches_nats_store() {
+                store_faults.push(format!("[{:.3}s] {line}", r.started.elapsed().as_secs_f64()));
+            }
             if matches!(fault, Fault::PowerLoss { .. }) && !cluster.has_disks() {
                 continue;
             }
@@ -349,7 +355,25 @@ async fn run_in(
                     detail: s.detail.map(|d| d.to_string()),
                 })
                 .collect(),
-            _ => anyhow::bail!("cannot list the registry at the end of the run"),
+            _ => {
+                // The coordinators rightly refusing a registry behind its
+                // high-water mark is an outcome of its own: the registry lost
+                // acknowledged writes during the run.
+                if let Some(outcome) = registry_behind(&client, &store_faults).await {
+                    println!("summary: seed {} · {outcome}", o.seed);
+                    if let Some(path) = &o.json {
+                        let report = serde_json::json!({
+                            "seed": o.seed,
+                            "outcome": "registry-behind-mark",
+                            "detail": outcome,
+                            "faults_injected": faults,
+                        });
+                        std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
+                    }
+                    anyhow::bail!("{outcome}");
+                }
+                anyhow::bail!("cannot list the registry at the end of the run")
+            }
         };
     let ledger_lines: Vec<(String, u32)> = std::fs::read_to_string(&ledger)?
         .lines()
@@ -433,6 +457,30 @@ async fn run_in(
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
     }
     Ok(violations.is_empty())
+}
+
+/// When the coordinators refuse the registry as behind its high-water mark
+/// (`ApiError::RegistryBehind`), the run's outcome `registry-behind-mark`:
+/// what the mark says, what the registry holds, and the last faults that
+/// touched the NATS store before the end. The refusal itself is right (the
+/// coordinators never lead a registry that lost acknowledged writes); the
+/// loss is what the run found.
+async fn registry_behind(client: &async_nats::Client, store_faults: &[String]) -> Option<String> {
+    let reply: ApiReply =
+        tenure_transport::request(client, subjects::API.to_owned(), &ApiRequest::Status, Duration::from_secs(5))
+            .await
+            .ok()?;
+    let Err(tenure_protocol::messages::ApiError::RegistryBehind { coordinator, expected, found, witness }) = reply
+    else {
+        return None;
+    };
+    let last = &store_faults[store_faults.len().saturating_sub(3)..];
+    Some(format!(
+        "registry-behind-mark: {coordinator} rightly refuses to lead a registry that lost acknowledged writes \
+         (mark {expected} from {}; registry {found}); last faults on the NATS store: {}",
+        witness.as_deref().unwrap_or("an unnamed witness"),
+        if last.is_empty() { "none".to_owned() } else { last.join(" | ") }
+    ))
 }
 
 /// The last status seen of every task, and every terminal → active change seen.
