@@ -662,8 +662,23 @@ async fn nats_restart(
     submitted: &Arc<Mutex<Vec<Submitted>>>,
 ) -> String {
     quiet.store(true, std::sync::atomic::Ordering::Relaxed);
-    let settled = wait_until(Duration::from_secs(15), || async { settled(client, submitted).await }).await;
+    // Nodes whose down time ends meanwhile come back (nats-server too, if an
+    // earlier kill or power cut took it down): the tasks can only settle,
+    // and the restart only restart a running server, with them up.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let settled = loop {
+        let _ = c.supervise();
+        if settled(client, submitted).await {
+            break true;
+        }
+        if Instant::now() > deadline {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let _ = c.supervise();
     tokio::time::sleep(cluster::DUPLICATE_WINDOW + Duration::from_millis(1500)).await;
+    let _ = c.supervise();
     let pid = c.nats_pid();
     c.kill_nats(Duration::ZERO);
     let restarted = c.supervise();
