@@ -285,9 +285,9 @@ async fn run_in(
             let fault = next.next().map(|p| p.fault).expect("peeked");
             let line = match fault {
                 Fault::HostileTask => submit_hostile(&client, mode, &run_id, &ledger, &submitted),
-                Fault::NatsRestart => nats_restart(&mut cluster, &client, &quiet, &submitted).await,
+                Fault::NatsRestart => nats_restart(&mut cluster, &client, &quiet, &submitted, &mut pending).await,
                 Fault::RegistryRollback => {
-                    let (line, led_behind) = registry_rollback(&mut cluster, &client, rollbacks).await;
+                    let (line, led_behind) = registry_rollback(&mut cluster, &client, rollbacks, &mut pending).await;
                     rollbacks += 1;
                     if led_behind {
                         unrefused.push(line.clone());
@@ -311,17 +311,7 @@ async fn run_in(
                 restarts += 1;
             }
         }
-        let now = Instant::now();
-        for (_, action) in pending.iter_mut().filter(|(at, _)| *at <= now) {
-            match action {
-                Pending::Cont(pid) => {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), Signal::SIGCONT);
-                }
-                Pending::Pass(link) => cluster.link(*link).set(proxy::Mode::Pass),
-                Pending::Stop(node) => node.stop(),
-            }
-        }
-        pending.retain(|(at, _)| *at > now);
+        apply_due(&cluster, &mut pending);
         cluster.supervise()?;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -493,6 +483,57 @@ enum Pending {
     Stop(Box<cluster::Duplicate>),
 }
 
+/// Carries out the pending ends of faults that are due: a paused process
+/// continues, a cut link passes, a duplicate worker stops.
+fn apply_due(c: &Cluster, pending: &mut Vec<(Instant, Pending)>) {
+    let now = Instant::now();
+    for (_, action) in pending.iter_mut().filter(|(at, _)| *at <= now) {
+        match action {
+            Pending::Cont(pid) => {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), Signal::SIGCONT);
+            }
+            Pending::Pass(link) => c.link(*link).set(proxy::Mode::Pass),
+            Pending::Stop(node) => node.stop(),
+        }
+    }
+    pending.retain(|(at, _)| *at > now);
+}
+
+/// Waits `bound`, or until `done` says so, while the faults already injected
+/// end on time and the nodes whose down time is over start again: the slow
+/// faults (`nats-restart`, `registry-rollback`) take seconds to tens of
+/// seconds, and a 5 s cut or pause must not last as long as they do (an
+/// earlier harness stretched them so, as its loop was waiting here).
+/// Returns whether `done` said so.
+async fn wait_applying<F, Fut>(
+    c: &mut Cluster,
+    pending: &mut Vec<(Instant, Pending)>,
+    bound: Duration,
+    mut done: F,
+) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + bound;
+    let mut next_check = Instant::now();
+    loop {
+        apply_due(c, pending);
+        let _ = c.supervise();
+        let now = Instant::now();
+        if now >= next_check {
+            if done().await {
+                return true;
+            }
+            next_check = Instant::now() + Duration::from_millis(500);
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn wait_until<F, Fut>(bound: Duration, mut f: F) -> bool
 where
     F: FnMut() -> Fut,
@@ -660,25 +701,17 @@ async fn nats_restart(
     client: &async_nats::Client,
     quiet: &std::sync::atomic::AtomicBool,
     submitted: &Arc<Mutex<Vec<Submitted>>>,
+    pending: &mut Vec<(Instant, Pending)>,
 ) -> String {
     quiet.store(true, std::sync::atomic::Ordering::Relaxed);
     // Nodes whose down time ends meanwhile come back (nats-server too, if an
-    // earlier kill or power cut took it down): the tasks can only settle,
-    // and the restart only restart a running server, with them up.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let settled = loop {
-        let _ = c.supervise();
-        if settled(client, submitted).await {
-            break true;
-        }
-        if Instant::now() > deadline {
-            break false;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    let _ = c.supervise();
-    tokio::time::sleep(cluster::DUPLICATE_WINDOW + Duration::from_millis(1500)).await;
-    let _ = c.supervise();
+    // earlier kill or power cut took it down), and cuts and pauses end on
+    // time: the tasks can only settle, and the restart only restart a
+    // running server, with them up.
+    let settled =
+        wait_applying(c, pending, Duration::from_secs(15), || async { settled(client, submitted).await }).await;
+    let quiet_for = cluster::DUPLICATE_WINDOW + Duration::from_millis(1500);
+    wait_applying(c, pending, quiet_for, || async { false }).await;
     let pid = c.nats_pid();
     c.kill_nats(Duration::ZERO);
     let restarted = c.supervise();
@@ -720,13 +753,18 @@ async fn registry_last_seq(client: &async_nats::Client) -> Option<u64> {
 /// since. A refused one is replaced by the good registry again; one led
 /// although behind is kept too (putting the good one back would lose what
 /// was written to it meanwhile), and reported.
-async fn registry_rollback(c: &mut Cluster, client: &async_nats::Client, n: u32) -> (String, bool) {
+async fn registry_rollback(
+    c: &mut Cluster,
+    client: &async_nats::Client,
+    n: u32,
+    pending: &mut Vec<(Instant, Pending)>,
+) -> (String, bool) {
     let old = c.dir.join(format!("registry-snapshot-{n}"));
     if let Err(e) = c.snapshot_registry(&old).await {
         return (format!("registry-rollback: no snapshot taken: {e:#}"), false);
     }
     // The registry and the mark in the lease move past the snapshot.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_applying(c, pending, Duration::from_secs(3), || async { false }).await;
     c.hold_coordinators();
     let good_seq = registry_last_seq(client).await;
     let good = c.dir.join(format!("registry-good-{n}"));
@@ -741,7 +779,7 @@ async fn registry_rollback(c: &mut Cluster, client: &async_nats::Client, n: u32)
         // Unknown: judged as a rollback.
         _ => true,
     };
-    let refused = wait_until(Duration::from_secs(30), || async {
+    let refused = wait_applying(c, pending, Duration::from_secs(30), || async {
         let reply: Option<ApiReply> =
             tenure_transport::request(client, subjects::API.to_owned(), &ApiRequest::Status, Duration::from_secs(2))
                 .await
