@@ -298,8 +298,10 @@ async fn run_in(
             };
             r.trace(&line);
             // Faults fall due back to back once the slow ones put the plan
-            // behind; the earlier ones still end on time.
+            // behind; the earlier ones still end on time, and nodes due to
+            // start again start.
             apply_due(&cluster, &mut pending);
+            cluster.supervise()?;
             if fault.touches_nats_store() {
                 store_faults.push(format!("[{:.3}s] {line}", r.started.elapsed().as_secs_f64()));
             }
