@@ -269,6 +269,9 @@ async fn run_in(
     let (mut machine_faults, mut restarts) = (0u64, 0u64);
     // Registry rollbacks led although behind what they replaced (violations).
     let (mut rollbacks, mut unrefused) = (0u32, Vec::<String>::new());
+    // The faults that touched the NATS store, latest last, with their time:
+    // what a registry found behind its mark at the end is to be read against.
+    let mut store_faults: Vec<String> = Vec::new();
     let mut rng = rand::rngs::StdRng::seed_from_u64(o.seed ^ 0x5eed);
     let mut pending: Vec<(Instant, Pending)> = Vec::new();
     let load_start = Instant::now();
@@ -282,9 +285,9 @@ async fn run_in(
             let fault = next.next().map(|p| p.fault).expect("peeked");
             let line = match fault {
                 Fault::HostileTask => submit_hostile(&client, mode, &run_id, &ledger, &submitted),
-                Fault::NatsRestart => nats_restart(&mut cluster, &client, &quiet, &submitted).await,
+                Fault::NatsRestart => nats_restart(&mut cluster, &client, &quiet, &submitted, &mut pending).await,
                 Fault::RegistryRollback => {
-                    let (line, led_behind) = registry_rollback(&mut cluster, &client, rollbacks).await;
+                    let (line, led_behind) = registry_rollback(&mut cluster, &client, rollbacks, &mut pending).await;
                     rollbacks += 1;
                     if led_behind {
                         unrefused.push(line.clone());
@@ -294,6 +297,14 @@ async fn run_in(
                 _ => inject(&mut cluster, &client, &fault, &mut rng, &mut pending).await,
             };
             r.trace(&line);
+            // Faults fall due back to back once the slow ones put the plan
+            // behind; the earlier ones still end on time, and nodes due to
+            // start again start.
+            apply_due(&cluster, &mut pending);
+            cluster.supervise()?;
+            if fault.touches_nats_store() {
+                store_faults.push(format!("[{:.3}s] {line}", r.started.elapsed().as_secs_f64()));
+            }
             if matches!(fault, Fault::PowerLoss { .. }) && !cluster.has_disks() {
                 continue;
             }
@@ -305,17 +316,7 @@ async fn run_in(
                 restarts += 1;
             }
         }
-        let now = Instant::now();
-        for (_, action) in pending.iter_mut().filter(|(at, _)| *at <= now) {
-            match action {
-                Pending::Cont(pid) => {
-                    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), Signal::SIGCONT);
-                }
-                Pending::Pass(link) => cluster.link(*link).set(proxy::Mode::Pass),
-                Pending::Stop(node) => node.stop(),
-            }
-        }
-        pending.retain(|(at, _)| *at > now);
+        apply_due(&cluster, &mut pending);
         cluster.supervise()?;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -349,7 +350,25 @@ async fn run_in(
                     detail: s.detail.map(|d| d.to_string()),
                 })
                 .collect(),
-            _ => anyhow::bail!("cannot list the registry at the end of the run"),
+            _ => {
+                // The coordinators rightly refusing a registry behind its
+                // high-water mark is an outcome of its own: the registry lost
+                // acknowledged writes during the run.
+                if let Some(outcome) = registry_behind(&client, &store_faults).await {
+                    println!("summary: seed {} · {outcome}", o.seed);
+                    if let Some(path) = &o.json {
+                        let report = serde_json::json!({
+                            "seed": o.seed,
+                            "outcome": "registry-behind-mark",
+                            "detail": outcome,
+                            "faults_injected": faults,
+                        });
+                        std::fs::write(path, serde_json::to_vec_pretty(&report)?)?;
+                    }
+                    anyhow::bail!("{outcome}");
+                }
+                anyhow::bail!("cannot list the registry at the end of the run")
+            }
         };
     let ledger_lines: Vec<(String, u32)> = std::fs::read_to_string(&ledger)?
         .lines()
@@ -435,6 +454,30 @@ async fn run_in(
     Ok(violations.is_empty())
 }
 
+/// When the coordinators refuse the registry as behind its high-water mark
+/// (`ApiError::RegistryBehind`), the run's outcome `registry-behind-mark`:
+/// what the mark says, what the registry holds, and the last faults that
+/// touched the NATS store before the end. The refusal itself is right (the
+/// coordinators never lead a registry that lost acknowledged writes); the
+/// loss is what the run found.
+async fn registry_behind(client: &async_nats::Client, store_faults: &[String]) -> Option<String> {
+    let reply: ApiReply =
+        tenure_transport::request(client, subjects::API.to_owned(), &ApiRequest::Status, Duration::from_secs(5))
+            .await
+            .ok()?;
+    let Err(tenure_protocol::messages::ApiError::RegistryBehind { coordinator, expected, found, witness }) = reply
+    else {
+        return None;
+    };
+    let last = &store_faults[store_faults.len().saturating_sub(3)..];
+    Some(format!(
+        "registry-behind-mark: {coordinator} rightly refuses to lead a registry that lost acknowledged writes \
+         (mark {expected} from {}; registry {found}); last faults on the NATS store: {}",
+        witness.as_deref().unwrap_or("an unnamed witness"),
+        if last.is_empty() { "none".to_owned() } else { last.join(" | ") }
+    ))
+}
+
 /// The last status seen of every task, and every terminal → active change seen.
 type History = (HashMap<String, String>, Vec<(String, String, String)>);
 
@@ -443,6 +486,57 @@ enum Pending {
     Pass(Link),
     /// Stop a duplicate worker process (it stops by itself once refused for long).
     Stop(Box<cluster::Duplicate>),
+}
+
+/// Carries out the pending ends of faults that are due: a paused process
+/// continues, a cut link passes, a duplicate worker stops.
+fn apply_due(c: &Cluster, pending: &mut Vec<(Instant, Pending)>) {
+    let now = Instant::now();
+    for (_, action) in pending.iter_mut().filter(|(at, _)| *at <= now) {
+        match action {
+            Pending::Cont(pid) => {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), Signal::SIGCONT);
+            }
+            Pending::Pass(link) => c.link(*link).set(proxy::Mode::Pass),
+            Pending::Stop(node) => node.stop(),
+        }
+    }
+    pending.retain(|(at, _)| *at > now);
+}
+
+/// Waits `bound`, or until `done` says so, while the faults already injected
+/// end on time and the nodes whose down time is over start again: the slow
+/// faults (`nats-restart`, `registry-rollback`) take seconds to tens of
+/// seconds, and a 5 s cut or pause must not last as long as they do (an
+/// earlier harness stretched them so, as its loop was waiting here).
+/// Returns whether `done` said so.
+async fn wait_applying<F, Fut>(
+    c: &mut Cluster,
+    pending: &mut Vec<(Instant, Pending)>,
+    bound: Duration,
+    mut done: F,
+) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + bound;
+    let mut next_check = Instant::now();
+    loop {
+        apply_due(c, pending);
+        let _ = c.supervise();
+        let now = Instant::now();
+        if now >= next_check {
+            if done().await {
+                return true;
+            }
+            next_check = Instant::now() + Duration::from_millis(500);
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn wait_until<F, Fut>(bound: Duration, mut f: F) -> bool
@@ -612,10 +706,17 @@ async fn nats_restart(
     client: &async_nats::Client,
     quiet: &std::sync::atomic::AtomicBool,
     submitted: &Arc<Mutex<Vec<Submitted>>>,
+    pending: &mut Vec<(Instant, Pending)>,
 ) -> String {
     quiet.store(true, std::sync::atomic::Ordering::Relaxed);
-    let settled = wait_until(Duration::from_secs(15), || async { settled(client, submitted).await }).await;
-    tokio::time::sleep(cluster::DUPLICATE_WINDOW + Duration::from_millis(1500)).await;
+    // Nodes whose down time ends meanwhile come back (nats-server too, if an
+    // earlier kill or power cut took it down), and cuts and pauses end on
+    // time: the tasks can only settle, and the restart only restart a
+    // running server, with them up.
+    let settled =
+        wait_applying(c, pending, Duration::from_secs(15), || async { settled(client, submitted).await }).await;
+    let quiet_for = cluster::DUPLICATE_WINDOW + Duration::from_millis(1500);
+    wait_applying(c, pending, quiet_for, || async { false }).await;
     let pid = c.nats_pid();
     c.kill_nats(Duration::ZERO);
     let restarted = c.supervise();
@@ -657,13 +758,18 @@ async fn registry_last_seq(client: &async_nats::Client) -> Option<u64> {
 /// since. A refused one is replaced by the good registry again; one led
 /// although behind is kept too (putting the good one back would lose what
 /// was written to it meanwhile), and reported.
-async fn registry_rollback(c: &mut Cluster, client: &async_nats::Client, n: u32) -> (String, bool) {
+async fn registry_rollback(
+    c: &mut Cluster,
+    client: &async_nats::Client,
+    n: u32,
+    pending: &mut Vec<(Instant, Pending)>,
+) -> (String, bool) {
     let old = c.dir.join(format!("registry-snapshot-{n}"));
     if let Err(e) = c.snapshot_registry(&old).await {
         return (format!("registry-rollback: no snapshot taken: {e:#}"), false);
     }
     // The registry and the mark in the lease move past the snapshot.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_applying(c, pending, Duration::from_secs(3), || async { false }).await;
     c.hold_coordinators();
     let good_seq = registry_last_seq(client).await;
     let good = c.dir.join(format!("registry-good-{n}"));
@@ -678,7 +784,7 @@ async fn registry_rollback(c: &mut Cluster, client: &async_nats::Client, n: u32)
         // Unknown: judged as a rollback.
         _ => true,
     };
-    let refused = wait_until(Duration::from_secs(30), || async {
+    let refused = wait_applying(c, pending, Duration::from_secs(30), || async {
         let reply: Option<ApiReply> =
             tenure_transport::request(client, subjects::API.to_owned(), &ApiRequest::Status, Duration::from_secs(2))
                 .await

@@ -157,6 +157,19 @@ impl Fault {
         )
     }
 
+    /// Whether the fault stops nats-server or changes its store (a kill, a
+    /// restart, a power cut of the NATS node, a registry swap): the faults a
+    /// registry that lost acknowledged writes is to be read against.
+    pub fn touches_nats_store(&self) -> bool {
+        matches!(
+            self,
+            Fault::KillNats { .. }
+                | Fault::NatsRestart
+                | Fault::RegistryRollback
+                | Fault::PowerLoss { node: PowerNode::Nats, .. }
+        )
+    }
+
     /// The fault's type, for counting.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -298,6 +311,18 @@ mod tests {
         let skews: Vec<i64> = skews.collect();
         assert!(skews.iter().all(|o| o.unsigned_abs() >= 60_000));
         assert!(skews.iter().any(|o| *o > 0) && skews.iter().any(|o| *o < 0));
+    }
+
+    #[test]
+    fn the_faults_on_the_nats_store_are_the_kills_restarts_cuts_and_swaps_of_the_nats_node() {
+        let touching: std::collections::BTreeSet<&str> = plan(7, 3_600_000, 3, 3, DEFAULT_GAP_MS)
+            .iter()
+            .filter(|p| p.fault.touches_nats_store())
+            .map(|p| p.fault.kind())
+            .collect();
+        assert_eq!(touching, ["kill-nats", "nats-restart", "power-loss", "registry-rollback"].into());
+        assert!(!Fault::PowerLoss { node: PowerNode::Machine(0), down_ms: 500 }.touches_nats_store());
+        assert!(Fault::PowerLoss { node: PowerNode::Nats, down_ms: 500 }.touches_nats_store());
     }
 
     #[test]
