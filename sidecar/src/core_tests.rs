@@ -556,3 +556,42 @@ fn an_attempt_started_before_the_machine_booted_again_is_said_to_have_died_with_
     let mut rebooted = Machine::restore(m.store.clone()).unwrap().with_boot(boot("second"));
     assert_eq!(rebooted.evidence(&task(), Attempt(2), Epoch(5), None), Ok(RecordView::Ended(o1())));
 }
+
+/// Tombstones are kept on disk: a sled store reopened after the leader's
+/// evidence query revoked an attempt (absent, or only accepted) and after a
+/// worker's abandon still refuses a late grant and a late intent of it.
+#[test]
+fn revocation_tombstones_survive_a_real_sled_reopen() {
+    let tmp = tempfile::tempdir().unwrap();
+    let revoked = |m: &mut Machine<crate::store::SledStore>, attempt: u32| {
+        assert!(
+            matches!(
+                m.handle(SidecarRequest::Accept(grant(attempt, 5))),
+                SidecarReply::Refused(SidecarRefusal::Revoked { .. })
+            ),
+            "attempt {attempt} accepted again"
+        );
+        let intent = SidecarRequest::Intent { task: task(), attempt: Attempt(attempt), epoch: Epoch(5), trace: None };
+        assert!(matches!(m.handle(intent), SidecarReply::Refused(_)), "attempt {attempt} got an intent");
+    };
+    {
+        let mut m = Machine::restore(crate::store::SledStore::open(tmp.path()).unwrap()).unwrap();
+        // Asked before its grant arrived: absent, and tombstoned.
+        assert_eq!(m.evidence(&task(), Attempt(2), Epoch(5), None), Ok(RecordView::Absent));
+        // Accepted, then asked: revoked and abandoned.
+        assert_eq!(m.handle(SidecarRequest::Accept(grant(3, 5))), SidecarReply::Ok);
+        assert_eq!(m.evidence(&task(), Attempt(3), Epoch(5), None), Ok(RecordView::Absent));
+        // Accepted, then given back by the worker.
+        assert_eq!(m.handle(SidecarRequest::Accept(grant(4, 5))), SidecarReply::Ok);
+        assert_eq!(m.handle(SidecarRequest::Abandon { task: task(), attempt: Attempt(4) }), SidecarReply::Ok);
+        for attempt in [2, 3, 4] {
+            revoked(&mut m, attempt);
+        }
+    }
+    let mut m = Machine::restore(crate::store::SledStore::open(tmp.path()).unwrap()).unwrap();
+    for attempt in [2, 3, 4] {
+        revoked(&mut m, attempt);
+    }
+    // A later attempt of the task is not caught by them.
+    assert_eq!(m.handle(SidecarRequest::Accept(grant(5, 5))), SidecarReply::Ok);
+}

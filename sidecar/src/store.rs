@@ -121,6 +121,14 @@ pub trait RecoveryStore {
     /// Keeps the machine's registry mark apart from the records, written
     /// before a record carrying a higher one is removed.
     fn put_mark(&mut self, mark: RegistryMark) -> Result<(), Error>;
+    /// While on, writes are not made durable one by one: a later
+    /// [`RecoveryStore::flush`] commits them together (group commit). A store
+    /// whose every write is durable at once ignores it.
+    fn defer_flush(&mut self, _on: bool) {}
+    /// Makes every write so far durable.
+    fn flush(&self) -> Result<(), Error> {
+        Ok(())
+    }
 }
 
 /// The key of an attempt in the `attempts` tree: `<task-id>/<attempt:010>`.
@@ -266,6 +274,14 @@ impl SledStore {
 }
 
 impl RecoveryStore for SledStore {
+    fn defer_flush(&mut self, on: bool) {
+        SledStore::defer_flush(self, on)
+    }
+
+    fn flush(&self) -> Result<(), Error> {
+        SledStore::flush(self)
+    }
+
     fn load(&self) -> Result<Loaded, Error> {
         let epoch = match self.meta.get(EPOCH_KEY)? {
             None => Epoch(0),

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, oneshot};
 use tracing::{error, warn};
 
 use crate::core::{Machine, RecordView};
-use crate::store::SledStore;
+use crate::store::RecoveryStore;
 
 enum Command {
     Handle(SidecarRequest, oneshot::Sender<SidecarReply>),
@@ -40,7 +40,9 @@ impl StoreHandle {
     /// Starts the store thread with `machine` (or the reason the store is
     /// unusable): the handle, and the thread, which ends once every handle
     /// is dropped and the store is flushed.
-    pub(crate) fn start(machine: Result<Machine<SledStore>, String>) -> (StoreHandle, tokio::task::JoinHandle<()>) {
+    pub(crate) fn start<S: RecoveryStore + Send + 'static>(
+        machine: Result<Machine<S>, String>,
+    ) -> (StoreHandle, tokio::task::JoinHandle<()>) {
         let (tx, commands) = mpsc::channel(64);
         (StoreHandle { tx }, tokio::task::spawn_blocking(move || own_machine(machine, commands)))
     }
@@ -114,7 +116,7 @@ fn request_name(req: &SidecarRequest) -> &'static str {
 /// still means durable. Should that flush fail, nothing of the batch is known
 /// to be durable: every command of it is refused, and the sidecar serves
 /// degraded (refusing everything) until it is restarted and reloads its store.
-fn own_machine(mut machine: Result<Machine<SledStore>, String>, mut commands: mpsc::Receiver<Command>) {
+fn own_machine<S: RecoveryStore>(mut machine: Result<Machine<S>, String>, mut commands: mpsc::Receiver<Command>) {
     while let Some(first) = commands.blocking_recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -187,7 +189,7 @@ impl Answer {
 }
 
 /// Applies one command to the machine (or refuses it when the store is unusable).
-fn apply(command: Command, machine: &mut Result<Machine<SledStore>, String>) -> Answer {
+fn apply<S: RecoveryStore>(command: Command, machine: &mut Result<Machine<S>, String>) -> Answer {
     match (command, machine) {
         (Command::Handle(req, reply), Ok(machine)) => {
             crate::metrics::get().requests.add(1, &[opentelemetry::KeyValue::new("request", request_name(&req))]);
@@ -219,5 +221,85 @@ fn apply(command: Command, machine: &mut Result<Machine<SledStore>, String>) -> 
             Answer::Latest(machine.record_for_output(&task).cloned().map(Box::new), reply)
         }
         (Command::Latest(_, reply), Err(_)) => Answer::Latest(None, reply),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Error, Loaded, MemoryStore};
+    use std::sync::mpsc as sync_mpsc;
+    use std::time::Duration;
+    use tenure_protocol::messages::RegistryMark;
+    use tenure_protocol::{Attempt, Epoch};
+
+    /// A memory store whose every flush waits for the test's word: `true`
+    /// commits, `false` fails.
+    struct GatedStore {
+        inner: MemoryStore,
+        gate: sync_mpsc::Receiver<bool>,
+    }
+
+    impl RecoveryStore for GatedStore {
+        fn load(&self) -> Result<Loaded, Error> {
+            self.inner.load()
+        }
+        fn put_epoch(&mut self, epoch: Epoch) -> Result<(), Error> {
+            self.inner.put_epoch(epoch)
+        }
+        fn put(&mut self, record: &AttemptRecord) -> Result<(), Error> {
+            self.inner.put(record)
+        }
+        fn remove(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
+            self.inner.remove(task, attempt)
+        }
+        fn put_revoked(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
+            self.inner.put_revoked(task, attempt)
+        }
+        fn put_mark(&mut self, mark: RegistryMark) -> Result<(), Error> {
+            self.inner.put_mark(mark)
+        }
+        fn flush(&self) -> Result<(), Error> {
+            match self.gate.recv() {
+                Ok(true) => Ok(()),
+                _ => Err(Error::Injected),
+            }
+        }
+    }
+
+    fn storage(reply: &SidecarReply) -> bool {
+        matches!(reply, SidecarReply::Refused(SidecarRefusal::Storage(_)))
+    }
+
+    /// Group commit: an answer leaves only after the flush that made its
+    /// request durable; a failed flush refuses every request of its batch,
+    /// and the sidecar then refuses everything until it is restarted.
+    #[tokio::test]
+    async fn answers_wait_for_their_flush_and_a_failed_flush_refuses_the_whole_batch() {
+        let (open, gate) = sync_mpsc::channel();
+        let machine = Machine::restore(GatedStore { inner: MemoryStore::new(), gate }).expect("restore");
+        let (handle, thread) = StoreHandle::start(Ok(machine));
+        let ask = |epoch| {
+            let handle = handle.clone();
+            tokio::spawn(async move { handle.handle(SidecarRequest::ObserveEpoch(Epoch(epoch))).await })
+        };
+        // The first request waits in its flush; two more queue behind it.
+        let first = ask(3);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (second, third) = (ask(4), ask(5));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!first.is_finished(), "answered before its flush");
+        open.send(true).expect("gate");
+        assert_eq!(first.await.expect("join"), SidecarReply::Ok);
+        // The other two were applied together; their one flush fails.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!second.is_finished() && !third.is_finished(), "answered before their flush");
+        open.send(false).expect("gate");
+        assert!(storage(&second.await.expect("join")));
+        assert!(storage(&third.await.expect("join")));
+        // Degraded from then on: refused without a flush.
+        assert!(storage(&ask(6).await.expect("join")));
+        drop(handle);
+        thread.await.expect("the store thread ends once every handle is gone");
     }
 }
