@@ -21,7 +21,7 @@ pub mod bus;
 pub mod check;
 pub mod client;
 pub mod coord;
-pub mod worker;
+pub mod machine;
 
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ use bus::{Bus, Dest, Node, Weather};
 use check::{Checker, Trace};
 use client::Client;
 use coord::Cluster;
-use worker::Host;
+use machine::Host;
 
 /// Simulated milliseconds per tick.
 pub const TICK_MS: u64 = 100;
