@@ -331,7 +331,7 @@ fn status_field(pid: i32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// Processes whose command line contains `needle` (the task monitors of one
+/// Processes whose command line contains `needle` (the task shims of one
 /// cluster name its data directory).
 pub fn pids_with_arg(needle: &str) -> Vec<i32> {
     let mut out = Vec::new();
@@ -361,8 +361,8 @@ pub fn cpu_ms(pid: i32) -> (f64, f64) {
 }
 
 /// `cpu_ms(pid)`, with the CPU of its live children (and of their reaped
-/// children) counted among its children's: a worker's monitor launcher lives
-/// as long as the worker, and the monitors it forks are its children.
+/// children) counted among its children's: a worker's shim launcher lives
+/// as long as the worker, and the shims it forks are its children.
 fn cpu_ms_with_live_children(pid: i32) -> (f64, f64) {
     let (own, mut children) = cpu_ms(pid);
     // Children are listed under the thread that started them.
@@ -395,7 +395,7 @@ impl CpuMeter {
     }
 
     /// Milliseconds of CPU per item since `start`, by process (children, such
-    /// as a worker's task monitors, under `<name> children`).
+    /// as a worker's task shims, under `<name> children`).
     pub fn per_item(&self, items: u64) -> serde_json::Value {
         let mut out = serde_json::Map::new();
         let n = items.max(1) as f64;

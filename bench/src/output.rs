@@ -54,7 +54,7 @@ async fn stream(ctx: &mut Ctx, cluster: &Cluster, size: u64) -> anyhow::Result<(
                 let mut seen: Vec<(String, i32)> = fixed.clone();
                 for pid in pids_with_arg(&worker_dir) {
                     if pid != worker_pid && pid != sidecar_pid {
-                        seen.push(("monitor".into(), pid));
+                        seen.push(("shim".into(), pid));
                     }
                 }
                 if let Some(pid) = *follower.lock().unwrap_or_else(|p| p.into_inner()) {

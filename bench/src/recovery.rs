@@ -6,7 +6,7 @@
 //!   heartbeat to the new leader), next to the lease TTL.
 //! - worker restart: the worker SIGKILLed with N running shell tasks and
 //!   started again at once; time until its first heartbeat holds every attempt
-//!   again (re-attached to the monitors), next to the same restart with no task.
+//!   again (re-attached to the shims), next to the same restart with no task.
 //! - sidecar reload: opening and loading a sidecar store of 10 000 and 100 000
 //!   records, next to bare sled opening and iterating the same tree.
 

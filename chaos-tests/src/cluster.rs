@@ -108,8 +108,8 @@ impl Duplicate {
     /// nothing: the leader never binds a live worker's id to it).
     pub fn stop(&mut self) {
         self.node.stop();
-        for (monitor, pgid) in monitors_in(&self.data) {
-            let _ = kill(Pid::from_raw(monitor), Signal::SIGKILL);
+        for (shim, pgid) in shims_in(&self.data) {
+            let _ = kill(Pid::from_raw(shim), Signal::SIGKILL);
             if let Some(g) = pgid.filter(|g| *g > 1) {
                 let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
             }
@@ -117,14 +117,14 @@ impl Duplicate {
     }
 }
 
-/// Live monitors under the data directory `dir`, with their task's process group.
-fn monitors_in(dir: &Path) -> Vec<(i32, Option<i32>)> {
+/// Live shims under the data directory `dir`, with their task's process group.
+fn shims_in(dir: &Path) -> Vec<(i32, Option<i32>)> {
     let mut out = Vec::new();
     let Ok(entries) = std::fs::read_dir(dir.join("attempts")) else { return out };
     for e in entries.flatten() {
         let files = AttemptFiles::new(e.path());
-        if let Some(monitor) = files.monitor().filter(|m| m.alive()) {
-            out.push((monitor.pid, files.pgid()));
+        if let Some(shim) = files.shim().filter(|m| m.alive()) {
+            out.push((shim.pid, files.pgid()));
         }
     }
     out
@@ -426,13 +426,13 @@ impl Cluster {
         c.next_env = vec![("TENURE_TEST_CLOCK_OFFSET_MS".into(), offset_ms.to_string())];
     }
 
-    /// Live monitors on machine `i`, with their task's process group.
-    pub fn monitors(&self, i: usize) -> Vec<(i32, Option<i32>)> {
-        monitors_in(&self.worker_dir(i))
+    /// Live shims on machine `i`, with their task's process group.
+    pub fn shims(&self, i: usize) -> Vec<(i32, Option<i32>)> {
+        shims_in(&self.worker_dir(i))
     }
 
-    /// The monitor launcher of machine `i`'s worker: its child running
-    /// `monitor-launcher`.
+    /// The shim launcher of machine `i`'s worker: its child running
+    /// `shim-launcher`.
     pub fn launcher(&self, i: usize) -> Option<i32> {
         let worker = self.workers[i].pid()?;
         std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
@@ -440,7 +440,7 @@ impl Cluster {
             let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
             let ppid: i32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
             let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
-            (ppid == worker && cmdline.split(|b| *b == 0).any(|a| a == b"monitor-launcher")).then_some(pid)
+            (ppid == worker && cmdline.split(|b| *b == 0).any(|a| a == b"shim-launcher")).then_some(pid)
         })
     }
 
@@ -494,7 +494,7 @@ impl Cluster {
         Ok(Duplicate { node, data })
     }
 
-    /// A machine crash: the worker, the sidecar, every monitor and task group;
+    /// A machine crash: the worker, the sidecar, every shim and task group;
     /// the machine boots again (a new boot id) after `down`.
     pub fn kill_machine(&mut self, i: usize, down: Duration) {
         self.workers[i].kill9(down);
@@ -502,8 +502,8 @@ impl Cluster {
         let boot = vec![("TENURE_TEST_BOOT_ID".to_owned(), uuid::Uuid::new_v4().to_string())];
         self.workers[i].env.clone_from(&boot);
         self.sidecars[i].env = boot;
-        for (monitor, pgid) in self.monitors(i) {
-            let _ = kill(Pid::from_raw(monitor), Signal::SIGKILL);
+        for (shim, pgid) in self.shims(i) {
+            let _ = kill(Pid::from_raw(shim), Signal::SIGKILL);
             if let Some(g) = pgid.filter(|g| *g > 1) {
                 let _ = killpg(Pid::from_raw(g), Signal::SIGKILL);
             }

@@ -122,7 +122,7 @@ fn main() -> ExitCode {
         }
     });
     // Whatever happened, no process of this run outlives it: the cluster's nodes
-    // stop when it drops; tasks and monitors carry the run's marker.
+    // stop when it drops; tasks and shims carry the run's marker.
     for p in scan_procs(&run_id) {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid), Signal::SIGKILL);
     }
@@ -604,14 +604,14 @@ async fn inject(
             c.sidecars[*worker].kill9(ms(*down_ms));
             format!("kill-sidecar w{} (pid {pid:?}) SIGKILL, restart in {down_ms} ms", worker + 1)
         }
-        Fault::KillMonitor { worker } => {
-            let monitors = c.monitors(*worker);
-            if monitors.is_empty() {
-                return format!("kill-monitor w{}: no task running there", worker + 1);
+        Fault::KillShim { worker } => {
+            let shims = c.shims(*worker);
+            if shims.is_empty() {
+                return format!("kill-shim w{}: no task running there", worker + 1);
             }
-            let (pid, _) = monitors[rng.gen_range(0..monitors.len())];
+            let (pid, _) = shims[rng.gen_range(0..shims.len())];
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
-            format!("kill-monitor w{} monitor pid {pid} SIGKILL", worker + 1)
+            format!("kill-shim w{} shim pid {pid} SIGKILL", worker + 1)
         }
         Fault::KillLauncher { worker } => match c.launcher(*worker) {
             None => format!("kill-launcher w{}: no launcher running", worker + 1),
@@ -621,10 +621,10 @@ async fn inject(
             }
         },
         Fault::KillMachine { worker, down_ms } => {
-            let tasks = c.monitors(*worker).len();
+            let tasks = c.shims(*worker).len();
             c.kill_machine(*worker, ms(*down_ms));
             format!(
-                "kill-machine w{} (worker, sidecar, {tasks} monitors and their groups), back in {down_ms} ms",
+                "kill-machine w{} (worker, sidecar, {tasks} shims and their groups), back in {down_ms} ms",
                 worker + 1
             )
         }
@@ -648,9 +648,9 @@ async fn inject(
         Fault::PowerLoss { node, down_ms } if c.has_disks() => {
             let what = match node {
                 PowerNode::Machine(i) => {
-                    let tasks = c.monitors(*i).len();
+                    let tasks = c.shims(*i).len();
                     let cut = c.power_loss_machine(*i, ms(*down_ms));
-                    format!("machine w{} ({tasks} monitors and their groups): {cut:?}", i + 1)
+                    format!("machine w{} ({tasks} shims and their groups): {cut:?}", i + 1)
                 }
                 PowerNode::Nats => format!("the NATS node: {:?}", c.power_loss_nats(ms(*down_ms))),
             };
@@ -658,10 +658,10 @@ async fn inject(
         }
         Fault::PowerLoss { .. } => "power-loss: skipped, no power-loss filesystem in this run".into(),
         Fault::WipeMachine { worker, down_ms } => {
-            let tasks = c.monitors(*worker).len();
+            let tasks = c.shims(*worker).len();
             let wiped = c.wipe_machine(*worker, ms(*down_ms));
             format!(
-                "wipe-machine w{}: machine down ({tasks} monitors), data directory deleted ({wiped:?}), back in {down_ms} ms",
+                "wipe-machine w{}: machine down ({tasks} shims), data directory deleted ({wiped:?}), back in {down_ms} ms",
                 worker + 1
             )
         }

@@ -39,15 +39,15 @@ pub enum Fault {
         worker: usize,
         down_ms: u64,
     },
-    /// SIGKILL one running task's monitor on that machine.
-    KillMonitor {
+    /// SIGKILL one running task's shim on that machine.
+    KillShim {
         worker: usize,
     },
-    /// SIGKILL the worker's monitor launcher (the process that forks monitors).
+    /// SIGKILL the worker's shim launcher (the process that forks shims).
     KillLauncher {
         worker: usize,
     },
-    /// Worker, sidecar, every monitor and task process of the machine: a reboot.
+    /// Worker, sidecar, every shim and task process of the machine: a reboot.
     KillMachine {
         worker: usize,
         down_ms: u64,
@@ -112,7 +112,7 @@ pub enum Fault {
 /// Whose power a [`Fault::PowerLoss`] cuts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PowerNode {
-    /// A worker machine: worker, sidecar, monitors, tasks, and its data directory.
+    /// A worker machine: worker, sidecar, shims, tasks, and its data directory.
     Machine(usize),
     /// The NATS node: nats-server and its JetStream store.
     Nats,
@@ -126,7 +126,7 @@ impl Fault {
         match self {
             Fault::KillWorker { .. }
             | Fault::KillSidecar { .. }
-            | Fault::KillMonitor { .. }
+            | Fault::KillShim { .. }
             | Fault::KillLauncher { .. }
             | Fault::KillMachine { .. }
             | Fault::PauseWorker { .. }
@@ -178,7 +178,7 @@ impl Fault {
             Fault::PauseLeader { .. } => "pause-leader",
             Fault::KillWorker { .. } => "kill-worker",
             Fault::KillSidecar { .. } => "kill-sidecar",
-            Fault::KillMonitor { .. } => "kill-monitor",
+            Fault::KillShim { .. } => "kill-shim",
             Fault::KillLauncher { .. } => "kill-launcher",
             Fault::KillMachine { .. } => "kill-machine",
             Fault::PauseWorker { .. } => "pause-worker",
@@ -227,7 +227,7 @@ pub fn plan(seed: u64, duration_ms: u64, coordinators: usize, workers: usize, ga
             3 if coordinators > 1 => Fault::PauseLeader { ms: rng.gen_range(3000..6000) },
             4 => Fault::KillWorker { worker: w, down_ms: down },
             5 => Fault::KillSidecar { worker: w, down_ms: down },
-            6 => Fault::KillMonitor { worker: w },
+            6 => Fault::KillShim { worker: w },
             12 => Fault::KillLauncher { worker: w },
             7 => Fault::KillMachine { worker: w, down_ms: down },
             8 => Fault::PauseWorker { worker: w, ms: rng.gen_range(500..5000) },
@@ -335,7 +335,7 @@ mod tests {
             "pause-leader",
             "kill-worker",
             "kill-sidecar",
-            "kill-monitor",
+            "kill-shim",
             "kill-launcher",
             "kill-machine",
             "pause-worker",

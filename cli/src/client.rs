@@ -236,7 +236,7 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
         | Command::Worker { .. }
         | Command::Sidecar { .. }
         | Command::Dev { .. }
-        | Command::MonitorLauncher { .. }
+        | Command::ShimLauncher { .. }
         | Command::NatsAuth { .. } => bail!("not a client verb"),
     }
 }

@@ -169,7 +169,7 @@ impl Default for WorkerConfig {
             data_dir: None,
             kill_grace_ms: 5000,
             heartbeat_ms: 1000,
-            output_cap: tenure_worker::monitor::DEFAULT_OUTPUT_CAP,
+            output_cap: tenure_worker::shim::DEFAULT_OUTPUT_CAP,
             kill_tasks_on_exit: false,
             kinds: ["shell", "agent", "monitor", "noop", "sleep"].iter().filter_map(|k| k.parse().ok()).collect(),
             scratch_dir: None,

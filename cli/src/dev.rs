@@ -94,7 +94,7 @@ fn while_gone(name: &str) -> &'static str {
         "coordinator" => {
             "a standby (if any) takes the lease once it expires and adopts the running tasks without re-running them"
         }
-        "worker" => "its tasks keep running under their monitors; the restarted worker re-attaches them",
+        "worker" => "its tasks keep running under their shims; the restarted worker re-attaches them",
         "sidecar" => "its worker starts nothing new until it is back; running tasks go on",
         "nats" => "every component reconnects when it is back; nothing acknowledged is lost (sync_interval: always)",
         _ => "",

@@ -190,10 +190,10 @@ struct WorkerArgs {
     #[arg(long, env = "TENURE_HEARTBEAT_MS", default_value_t = 1000)]
     heartbeat_ms: u64,
     /// Output bytes kept per task; past it bytes are dropped and counted.
-    #[arg(long, env = "TENURE_OUTPUT_CAP", default_value_t = tenure_worker::monitor::DEFAULT_OUTPUT_CAP)]
+    #[arg(long, env = "TENURE_OUTPUT_CAP", default_value_t = tenure_worker::shim::DEFAULT_OUTPUT_CAP)]
     output_cap: u64,
     /// End running tasks when the worker stops (default: they keep running
-    /// under their monitors and a restarted worker re-attaches to them).
+    /// under their shims and a restarted worker re-attaches to them).
     #[arg(long, env = "TENURE_KILL_TASKS_ON_EXIT")]
     kill_tasks_on_exit: bool,
     /// Task kinds this worker runs and advertises, comma-separated. `agent`
@@ -207,7 +207,7 @@ struct WorkerArgs {
     /// HOME) is made: default `<data-dir>.scratch`, never inside the data dir.
     #[arg(long, env = "TENURE_SCRATCH_DIR", value_name = "DIR")]
     scratch_dir: Option<PathBuf>,
-    /// Run tasks (not the worker or their monitors) as this unprivileged user,
+    /// Run tasks (not the worker or their shims) as this unprivileged user,
     /// with its groups. The worker must run as root.
     #[arg(long, env = "TENURE_RUN_AS", value_name = "USER")]
     run_as: Option<String>,
@@ -232,9 +232,9 @@ enum Command {
     Coordinator(CoordinatorArgs),
     /// Run a worker (needs its sidecar running on the same data dir).
     Worker(WorkerArgs),
-    /// Internal: the process a worker starts to fork each attempt's monitor.
+    /// Internal: the process a worker starts to fork each attempt's shim.
     #[command(hide = true)]
-    MonitorLauncher {
+    ShimLauncher {
         #[arg(long)]
         data_dir: PathBuf,
     },
@@ -432,7 +432,7 @@ fn main() -> ExitCode {
             | Command::Worker(_)
             | Command::Sidecar(_)
             | Command::Dev { .. }
-            | Command::MonitorLauncher { .. }
+            | Command::ShimLauncher { .. }
             | Command::NatsAuth { .. }
     ) {
         // A client verb piped into `head` ends quietly on a closed pipe, as
@@ -442,11 +442,11 @@ fn main() -> ExitCode {
             nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl)
         };
     }
-    // The launcher forks monitors: it must stay single-threaded, so it runs
+    // The launcher forks shims: it must stay single-threaded, so it runs
     // before (and instead of) this process's multi-threaded runtime.
-    // Its monitors log to the worker's stderr, which may be gone: SIGPIPE stays
+    // Its shims log to the worker's stderr, which may be gone: SIGPIPE stays
     // ignored there (above), and a failed log write is dropped.
-    if let Command::MonitorLauncher { data_dir } = &cli.command {
+    if let Command::ShimLauncher { data_dir } = &cli.command {
         init_logging(true);
         return ExitCode::from(tenure_worker::launcher::serve(data_dir) as u8);
     }
@@ -537,7 +537,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             opts.kill_tasks_on_exit = cfg.kill_tasks_on_exit;
             opts.scratch_dir = cfg.scratch_dir;
             opts.run_as = cfg.run_as.as_deref().map(tenure_worker::sandbox::RunAs::resolve).transpose()?;
-            opts.monitor_program = std::env::current_exe()?;
+            opts.shim_program = std::env::current_exe()?;
             tenure_worker::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }

@@ -145,7 +145,7 @@ fn an_agent_task_answers_what_it_is_sent_in_order() {
     assert!(!dir.join("input").exists());
 }
 
-/// Input goes through the machine's sidecar to a FIFO the task's monitor holds,
+/// Input goes through the machine's sidecar to a FIFO the task's shim holds,
 /// so it reaches the task while its worker is dead and after it restarted:
 /// every line once, in order.
 #[test]

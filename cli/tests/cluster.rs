@@ -68,7 +68,7 @@ fn kill_ends_the_whole_process_group_including_double_forked_children() {
     c.wait_status(&task, "running", BOUND);
     let pgid: i32 = eventually(BOUND, || stdout(&c.cli(&["logs", &task])).trim().parse().ok()).expect("pgid printed");
     assert!(group_alive(pgid));
-    // The double-forked grandchild is re-parented to the task's monitor, not PID 1.
+    // The double-forked grandchild is re-parented to the task's shim, not PID 1.
     let members = eventually(BOUND, || Some(common::group_members(pgid)).filter(|m| m.len() >= 4)).expect("members");
     assert!(members.iter().all(|(_, ppid)| *ppid != 1), "re-parented to PID 1: {members:?}");
 
@@ -87,7 +87,7 @@ fn kill_ends_the_whole_process_group_including_double_forked_children() {
     assert_eq!((snap["status"].as_str(), snap["reported"].as_bool()), (Some("killed"), Some(true)));
 }
 
-/// The monitor blocks SIGCHLD and SIGTERM for itself (it reads them from a
+/// The shim blocks SIGCHLD and SIGTERM for itself (it reads them from a
 /// signalfd); the task must start with no signal blocked or ignored, or it
 /// would not die of a kill's SIGTERM.
 #[test]

@@ -109,7 +109,7 @@ fn a_task_sees_nothing_of_the_daemons_environment_and_runs_in_its_own_scratch_di
         assert!(!ls.iter().any(|l| l == private), "{private} visible to the task: {ls:?}");
     }
     // Only stdin, stdout, stderr (and `ls`'s own directory) are open: no
-    // descriptor of the monitor leaks into the task.
+    // descriptor of the shim leaks into the task.
     let fds = section("fd");
     assert!(fds.iter().all(|f| f.parse::<u32>().is_ok_and(|n| n <= 3)), "leaked descriptors: {fds:?}");
 

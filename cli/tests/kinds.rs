@@ -1,6 +1,6 @@
 //! The `workflow` and `monitor` kinds over a real cluster: steps run once each
 //! and in order through a leader failover, fail fast and stop on a kill; a
-//! monitor's matched lines are notified once each across a worker restart.
+//! shim's matched lines are notified once each across a worker restart.
 
 mod common;
 
@@ -77,7 +77,7 @@ fn a_workflow_fails_fast_and_a_kill_stops_its_running_step() {
 }
 
 #[test]
-fn a_monitors_matched_lines_are_notified_once_each_across_a_worker_restart() {
+fn a_shims_matched_lines_are_notified_once_each_across_a_worker_restart() {
     let mut c = Cluster::start(1);
     let gate = c.dir.path().join("gate");
     let script = format!(

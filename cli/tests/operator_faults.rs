@@ -81,8 +81,8 @@ fn a_wiped_machine_never_runs_its_tasks_again_and_says_its_store_was_replaced() 
     }
     eventually(BOUND, || (std::fs::read_to_string(&ledger).unwrap_or_default().lines().count() == 3).then_some(()))
         .expect("all three ran once");
-    // The machine goes down with everything on it: daemons, monitors, tasks.
-    // A monitor records its task's group just after spawning it, so a task
+    // The machine goes down with everything on it: daemons, shims, tasks.
+    // A shim records its task's group just after spawning it, so a task
     // can write its ledger line first: wait (bounded) for all three.
     let recorded = || {
         let groups: Vec<i32> = std::fs::read_dir(c.worker_dir("w1").join("attempts"))

@@ -55,7 +55,7 @@ impl Power {
     }
 
     /// SIGKILLs every process that has anything open, or its working
-    /// directory, on the mount (sidecar, monitor launcher, monitors, tasks):
+    /// directory, on the mount (sidecar, shim launcher, shims, tasks):
     /// a machine losing power takes them all. Waits until none is left.
     fn kill_machine(&self) {
         let mnt = self.mnt.canonicalize().expect("mountpoint");
@@ -219,7 +219,7 @@ fn power_cut_after_the_outcome_was_buffered_reports_it_without_rerunning() {
         c.logs()
     );
     assert_eq!(ledger_runs(&ledger), 1, "ran exactly once");
-    // The monitor synced the output (file and directory) before its status.
+    // The shim synced the output (file and directory) before its status.
     let output = c.worker_dir("w1").join("output").join(format!("{task}.out"));
     assert_eq!(std::fs::read_to_string(&output).unwrap_or_default(), "ran\n", "the output is kept");
     the_fence_held(&mut power, &mut c, &snap);

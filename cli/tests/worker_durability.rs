@@ -1,5 +1,5 @@
 //! Worker-machine durability over real processes: SIGKILL of the worker, the
-//! sidecar, a task's monitor and all of them, at named points of a task's life.
+//! sidecar, a task's shim and all of them, at named points of a task's life.
 //! Each test names the crash window it covers (see docs/durability.md).
 
 mod common;
@@ -29,8 +29,8 @@ fn attempt_files(c: &Cluster, task: &str) -> AttemptFiles {
     AttemptFiles::new(attempt_dir(c, task))
 }
 
-fn monitor_pid(c: &Cluster, task: &str) -> i32 {
-    eventually(BOUND, || attempt_files(c, task).monitor()).expect("monitor recorded").pid
+fn shim_pid(c: &Cluster, task: &str) -> i32 {
+    eventually(BOUND, || attempt_files(c, task).shim()).expect("shim recorded").pid
 }
 
 fn task_pgid(c: &Cluster, task: &str) -> i32 {
@@ -38,7 +38,7 @@ fn task_pgid(c: &Cluster, task: &str) -> i32 {
 }
 
 /// Window: mid-run. The worker dies; the task keeps running and writing under
-/// its monitor; the restarted worker re-attaches and reports it exactly once.
+/// its shim; the restarted worker re-attaches and reports it exactly once.
 #[test]
 fn a_task_outlives_a_sigkilled_worker_and_is_reported_once() {
     let mut c = Cluster::start(1);
@@ -65,7 +65,7 @@ fn a_task_outlives_a_sigkilled_worker_and_is_reported_once() {
     assert!(c.daemon("worker-w1").log_text().contains("re-attaching"), "{}", c.logs());
 }
 
-/// Window: exit → report, with the worker down. The monitor records the exit
+/// Window: exit → report, with the worker down. The shim records the exit
 /// status; the restarted worker reports it from that evidence.
 #[test]
 fn a_task_that_finished_while_the_worker_was_down_is_reported_from_its_status() {
@@ -74,7 +74,7 @@ fn a_task_that_finished_while_the_worker_was_down_is_reported_from_its_status() 
     c.wait_status(&task, "running", BOUND);
     let files = attempt_files(&c, &task);
     c.kill9("worker-w1");
-    eventually(BOUND, || files.status()).expect("monitor recorded the exit");
+    eventually(BOUND, || files.status()).expect("shim recorded the exit");
     c.spawn_worker("w1", &[]);
     let snap = c.wait_status(&task, "failed", BOUND);
     assert_eq!((snap["exit_code"].as_i64(), snap["attempt"].as_u64()), (Some(7), Some(1)));
@@ -90,10 +90,10 @@ fn after_a_simulated_reboot_a_started_task_is_unknown_not_rerun() {
     c.wait_status(&task, "running", BOUND);
     let out = output_file(&c, &task);
     eventually(BOUND, || read(&out).contains("started").then_some(())).expect("task started");
-    let (monitor, pgid) = (monitor_pid(&c, &task), task_pgid(&c, &task));
+    let (shim, pgid) = (shim_pid(&c, &task), task_pgid(&c, &task));
     c.kill9("worker-w1");
     c.kill9("sidecar-w1");
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(monitor), nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(shim), nix::sys::signal::Signal::SIGKILL);
     let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
     eventually(BOUND, || (!group_alive(pgid)).then_some(())).expect("group gone");
 
@@ -109,19 +109,19 @@ fn after_a_simulated_reboot_a_started_task_is_unknown_not_rerun() {
     assert_eq!(read(&out), "started\n");
 }
 
-/// Window: mid-run, the monitor alone is killed. The worker ends the orphaned
+/// Window: mid-run, the shim alone is killed. The worker ends the orphaned
 /// group (no process survives) and reports the outcome as lost.
 #[test]
-fn a_killed_monitor_leaves_no_process_and_an_honest_hint() {
+fn a_killed_shim_leaves_no_process_and_an_honest_hint() {
     let c = Cluster::start(1);
     let task = c.submit(&["--", "echo up; sleep 60 & sleep 61; wait"]);
     c.wait_status(&task, "running", BOUND);
-    let (monitor, pgid) = (monitor_pid(&c, &task), task_pgid(&c, &task));
+    let (shim, pgid) = (shim_pid(&c, &task), task_pgid(&c, &task));
     assert!(group_alive(pgid));
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(monitor), nix::sys::signal::Signal::SIGKILL).unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(shim), nix::sys::signal::Signal::SIGKILL).unwrap();
     let snap = c.wait_status(&task, "unknown", BOUND);
     assert_eq!(snap["hint"]["tag"], "maybe-ran");
-    assert!(!group_alive(pgid), "the task's processes outlived their monitor");
+    assert!(!group_alive(pgid), "the task's processes outlived their shim");
 }
 
 /// Windows: before intent (sidecar down: nothing starts) and mid-run (sidecar
@@ -187,17 +187,17 @@ fn output_is_capped_and_symlinks_are_refused() {
 }
 
 /// Corruption with machine loss: a flipped record in the real sled store and no
-/// monitor evidence surface the task as `unknown` with a `sidecar-corrupt` hint;
+/// shim evidence surface the task as `unknown` with a `sidecar-corrupt` hint;
 /// the sidecar and the rest of the machine keep working.
 #[test]
 fn a_corrupt_sidecar_record_surfaces_as_a_hint_not_a_crash() {
     let mut c = Cluster::start(1);
     let task = c.submit(&["--", "echo a; sleep 30"]);
     c.wait_status(&task, "running", BOUND);
-    let (monitor, pgid) = (monitor_pid(&c, &task), task_pgid(&c, &task));
+    let (shim, pgid) = (shim_pid(&c, &task), task_pgid(&c, &task));
     c.kill9("worker-w1");
     c.kill9("sidecar-w1");
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(monitor), nix::sys::signal::Signal::SIGKILL);
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(shim), nix::sys::signal::Signal::SIGKILL);
     let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
     corrupt_first_record(&c);
     c.start_worker("w1");
@@ -209,10 +209,10 @@ fn a_corrupt_sidecar_record_surfaces_as_a_hint_not_a_crash() {
     assert!(matches!(c.daemon("sidecar-w1").child.try_wait(), Ok(None)));
 }
 
-/// Corruption with the task alive: the record is unreadable but the monitor's
+/// Corruption with the task alive: the record is unreadable but the shim's
 /// files are not, so the task is re-attached and settled truthfully.
 #[test]
-fn a_corrupt_record_of_a_live_task_is_settled_from_the_monitors_evidence() {
+fn a_corrupt_record_of_a_live_task_is_settled_from_the_shims_evidence() {
     let mut c = Cluster::start(1);
     let task = c.submit(&["--", "echo a; sleep 2; echo b"]);
     c.wait_status(&task, "running", BOUND);
@@ -227,7 +227,7 @@ fn a_corrupt_record_of_a_live_task_is_settled_from_the_monitors_evidence() {
 
 /// An unopenable store: the sidecar serves degraded instead of crash-looping;
 /// the worker starts nothing new there and settles the running task from its
-/// monitor's evidence.
+/// shim's evidence.
 #[test]
 fn an_unopenable_store_degrades_the_sidecar_instead_of_crashing_it() {
     let mut c = Cluster::start(1);
@@ -326,7 +326,7 @@ fn crash_after_report_before_acknowledged_is_idempotent() {
 
 /// Raw damage: bytes flipped in the sled files themselves. Whatever sled makes
 /// of it, the sidecar stays up and the running task is settled from its
-/// monitor's evidence or marked unknown — never run again.
+/// shim's evidence or marked unknown — never run again.
 #[test]
 fn flipped_bytes_in_the_sled_files_never_crash_the_sidecar_or_rerun_a_task() {
     let mut c = Cluster::start(1);
@@ -391,27 +391,27 @@ fn status_shows_sidecar_health() {
     assert!(eventually(BOUND, || (health(&c).as_deref() == Some("ok")).then_some(())).is_some());
 }
 
-/// The worker's child that forks the monitors (its monitor launcher) of `worker`, if any.
-fn monitor_launcher(worker: i32) -> Option<i32> {
+/// The worker's child that forks the shims (its shim launcher) of `worker`, if any.
+fn shim_launcher(worker: i32) -> Option<i32> {
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: i32 = e.file_name().to_str()?.parse().ok()?;
         let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
         let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
         let ppid: i32 = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
-        (ppid == worker && cmdline.split(|b| *b == 0).any(|a| a == b"monitor-launcher")).then_some(pid)
+        (ppid == worker && cmdline.split(|b| *b == 0).any(|a| a == b"shim-launcher")).then_some(pid)
     })
 }
 
-/// Mid-run, the process that forks monitors is killed. Running tasks never
-/// depended on it: they finish under their monitors and are reported once; the
+/// Mid-run, the process that forks shims is killed. Running tasks never
+/// depended on it: they finish under their shims and are reported once; the
 /// worker starts another launcher for the next task.
 #[test]
-fn a_killed_monitor_launcher_is_replaced_and_running_tasks_go_on() {
+fn a_killed_shim_launcher_is_replaced_and_running_tasks_go_on() {
     let mut c = Cluster::start(1);
     let task = c.submit(&["--", "for i in $(seq 1 10); do echo tick-$i; sleep 0.1; done"]);
     c.wait_status(&task, "running", BOUND);
     let worker = c.daemon("worker-w1").pid();
-    let launcher = eventually(BOUND, || monitor_launcher(worker)).expect("the worker runs a monitor launcher");
+    let launcher = eventually(BOUND, || shim_launcher(worker)).expect("the worker runs a shim launcher");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher), nix::sys::signal::Signal::SIGKILL).unwrap();
 
     let snap = c.wait_status(&task, "completed", BOUND);
@@ -422,24 +422,24 @@ fn a_killed_monitor_launcher_is_replaced_and_running_tasks_go_on() {
     let next = c.submit(&["--", "echo after"]);
     c.wait_status(&next, "completed", BOUND);
     assert_eq!(stdout(&c.cli(&["logs", &next])), "after\n");
-    let again = monitor_launcher(worker).expect("a new launcher");
+    let again = shim_launcher(worker).expect("a new launcher");
     assert_ne!(again, launcher);
 }
 
 /// Machine shutdown: the service manager sends SIGTERM to every process,
-/// monitors included. The task is ended, but nobody asked for it: it fails,
+/// shims included. The task is ended, but nobody asked for it: it fails,
 /// tagged `machine-shutdown` — it is not recorded as a kill. A kill the user
 /// asked for stays `killed`.
 #[test]
-fn sigterm_to_a_monitor_at_machine_shutdown_is_not_recorded_as_a_user_kill() {
+fn sigterm_to_a_shim_at_machine_shutdown_is_not_recorded_as_a_user_kill() {
     let c = Cluster::start(1);
     let stopped = c.submit(&["--", "sleep 60"]);
     let asked = c.submit(&["--", "sleep 60"]);
     c.wait_status(&stopped, "running", BOUND);
     c.wait_status(&asked, "running", BOUND);
-    let monitor = monitor_pid(&c, &stopped);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(monitor), nix::sys::signal::Signal::SIGTERM)
-        .expect("signal the monitor");
+    let shim = shim_pid(&c, &stopped);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(shim), nix::sys::signal::Signal::SIGTERM)
+        .expect("signal the shim");
     let snap = c.wait_status(&stopped, "failed", BOUND);
     let detail = snap["detail"].as_str().unwrap_or_default().to_owned();
     assert!(detail.starts_with("machine-shutdown"), "{snap}\n{}", c.logs());

@@ -19,7 +19,7 @@ fn signal(c: &mut Cluster, name: &str, sig: Signal) {
 }
 
 /// The worker process dies for good, its machine does not: the sidecar answers
-/// "running" while the monitor runs, then the recorded outcome, and the task
+/// "running" while the shim runs, then the recorded outcome, and the task
 /// completes without its worker ever coming back.
 #[test]
 fn a_task_completes_on_its_sidecars_evidence_when_its_worker_never_returns() {

@@ -1,23 +1,23 @@
-//! The files one attempt's monitor shares with the worker, in the attempt's
+//! The files one attempt's shim shares with the worker, in the attempt's
 //! directory (`<data>/attempts/<task>.<attempt>/`):
 //!
 //! | file      | written by | when | meaning |
 //! |-----------|------------|------|---------|
-//! | `journal` | worker, then monitor | see below | the attempt's facts, one checksummed entry each |
-//! | `input`   | monitor    | before spawning an `agent` task; removed when its group is gone | the task's stdin, a FIFO (mode 0600) |
-//! | `matches` | monitor    | as a `monitor` task's output lines match its pattern | one JSON [`MatchedLine`] per line, append-only |
+//! | `journal` | worker, then shim | see below | the attempt's facts, one checksummed entry each |
+//! | `input`   | shim    | before spawning an `agent` task; removed when its group is gone | the task's stdin, a FIFO (mode 0600) |
+//! | `matches` | shim    | as a `monitor` task's output lines match its pattern | one JSON [`MatchedLine`] per line, append-only |
 //!
 //! The `journal` is append-only; each entry is its length, its CRC-32 and the
 //! encoded [`Entry`], written with one `write`. In order:
 //!
 //! | entry     | written by | when                        | durable |
 //! |-----------|------------|-----------------------------|---------|
-//! | `Grant`   | worker     | before the monitor exists   | yes: file and directory fsynced |
-//! | `Monitor` | monitor    | first thing it does         | no |
-//! | `Pgid`    | monitor    | right after spawning        | no |
-//! | `Status`  | monitor    | after the group is gone     | yes: data fsynced before the monitor exits |
+//! | `Grant`   | worker     | before the shim exists   | yes: file and directory fsynced |
+//! | `Shim` | shim    | first thing it does         | no |
+//! | `Pgid`    | shim    | right after spawning        | no |
+//! | `Status`  | shim    | after the group is gone     | yes: data fsynced before the shim exits |
 //!
-//! The monitor's identity and its task's process group are not fsynced: they
+//! The shim's identity and its task's process group are not fsynced: they
 //! name live processes, which matter only while the machine runs (a worker or
 //! sidecar crash leaves the page cache intact), and a machine crash ends those
 //! processes anyway — an entry lost after a reboot reads as "no process",
@@ -31,7 +31,7 @@
 //! written beside a temporary file and renamed), so an attempt creates its
 //! directory, its journal and its output file, and nothing else.
 //!
-//! `input` is a FIFO the monitor holds open read-write for the attempt's whole
+//! `input` is a FIFO the shim holds open read-write for the attempt's whole
 //! life, so the task never reads end-of-file while nobody writes and a writer
 //! (the sidecar, for `tenure send`) always finds a reader while the task runs —
 //! whatever happens to the worker. Every open of it is symlink-safe
@@ -54,9 +54,9 @@ use tenure_protocol::Outcome;
 
 pub use crate::process::{group_in_session, ProcessId};
 
-/// The exit evidence a monitor leaves behind.
+/// The exit evidence a shim leaves behind.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MonitorStatus {
+pub struct ShimStatus {
     pub outcome: Outcome,
     /// Bytes written to the output file by this attempt.
     pub output_written: u64,
@@ -101,13 +101,13 @@ impl AttemptFiles {
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no readable grant in the attempt's journal"))
     }
 
-    pub fn write_monitor(&self, id: ProcessId) -> io::Result<()> {
-        self.append(&Entry::Monitor { pid: id.pid, start_time: id.start_time }, Sync::No)
+    pub fn write_shim(&self, id: ProcessId) -> io::Result<()> {
+        self.append(&Entry::Shim { pid: id.pid, start_time: id.start_time }, Sync::No)
     }
 
-    /// The recorded monitor, if its entry exists and is readable.
-    pub fn monitor(&self) -> Option<ProcessId> {
-        self.journal().ok()?.monitor
+    /// The recorded shim, if its entry exists and is readable.
+    pub fn shim(&self) -> Option<ProcessId> {
+        self.journal().ok()?.shim
     }
 
     pub fn write_pgid(&self, pgid: i32) -> io::Result<()> {
@@ -119,7 +119,7 @@ impl AttemptFiles {
     }
 
     /// Marks that the leader asked for the task to be killed: written by the
-    /// worker before it signals the monitor, so the monitor can tell that
+    /// worker before it signals the shim, so the shim can tell that
     /// SIGTERM (a kill) from the one a stopping machine sends every process
     /// (not a kill: the task did not end by anyone's request).
     pub fn mark_kill_requested(&self) -> io::Result<()> {
@@ -132,12 +132,12 @@ impl AttemptFiles {
     }
 
     /// Records the exit evidence, durably.
-    pub fn write_status(&self, status: &MonitorStatus) -> io::Result<()> {
+    pub fn write_status(&self, status: &ShimStatus) -> io::Result<()> {
         self.append(&Entry::Status(status.clone()), Sync::Data)
     }
 
     /// The exit evidence, if complete and readable.
-    pub fn status(&self) -> Option<MonitorStatus> {
+    pub fn status(&self) -> Option<ShimStatus> {
         self.journal().ok()?.status
     }
 
@@ -148,7 +148,7 @@ impl AttemptFiles {
         for entry in self.entries()? {
             match entry {
                 Entry::Grant(g) => journal.grant = Some(g),
-                Entry::Monitor { pid, start_time } => journal.monitor = Some(ProcessId { pid, start_time }),
+                Entry::Shim { pid, start_time } => journal.shim = Some(ProcessId { pid, start_time }),
                 Entry::Pgid(p) if p > 1 => journal.pgid = Some(p),
                 Entry::Pgid(_) => {}
                 Entry::Status(s) => journal.status = Some(s),
@@ -222,11 +222,11 @@ impl AttemptFiles {
         let text = |name: &str| read(name).and_then(|b| String::from_utf8(b).ok());
         let grant = read(LEGACY_GRANT).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no attempt journal"))?;
         let mut entries: Vec<Entry> = tenure_protocol::decode(&grant).ok().map(Entry::Grant).into_iter().collect();
-        let monitor = text("monitor.pid").and_then(|t| {
+        let shim = text("monitor.pid").and_then(|t| {
             let mut parts = t.split_whitespace();
-            Some(Entry::Monitor { pid: parts.next()?.parse().ok()?, start_time: parts.next()?.parse().ok()? })
+            Some(Entry::Shim { pid: parts.next()?.parse().ok()?, start_time: parts.next()?.parse().ok()? })
         });
-        entries.extend(monitor);
+        entries.extend(shim);
         entries.extend(text("pgid").and_then(|t| t.trim().parse().ok()).map(Entry::Pgid));
         entries.extend(read("status").and_then(|b| tenure_protocol::decode(&b).ok()).map(Entry::Status));
         Ok(entries)
@@ -237,16 +237,16 @@ impl AttemptFiles {
         self.dir.join(INPUT)
     }
 
-    /// For the monitor, before it spawns the task: creates the input FIFO
+    /// For the shim, before it spawns the task: creates the input FIFO
     /// (mode 0600) and opens both of its ends. Anything already at the path —
-    /// a FIFO included, since a monitor runs once per attempt — is refused and
+    /// a FIFO included, since a shim runs once per attempt — is refused and
     /// left alone.
     pub fn create_input(&self) -> Result<InputFifo, InputError> {
         let path = self.input_path();
         let io = |source: io::Error| InputError::Io { path: path.clone(), source };
         nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR)
             .map_err(|e| io(e.into()))?;
-        // Read-write never blocks on a FIFO (Linux) and makes the monitor both a
+        // Read-write never blocks on a FIFO (Linux) and makes the shim both a
         // reader and a writer of it for as long as it holds `keeper`.
         let keeper = open_fifo(&path, OpenOptions::new().read(true).write(true), false)?;
         let stdin = open_fifo(&path, OpenOptions::new().read(true), true)?;
@@ -266,7 +266,7 @@ impl AttemptFiles {
         open_fifo(&self.input_path(), OpenOptions::new().write(true), true)
     }
 
-    /// For the monitor: opens the matched-lines file for appending (created
+    /// For the shim: opens the matched-lines file for appending (created
     /// if absent, never through a symlink).
     pub fn open_matches_for_append(&self) -> io::Result<File> {
         OpenOptions::new()
@@ -322,19 +322,25 @@ impl AttemptFiles {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Journal {
     pub grant: Option<LeaseGrant>,
-    pub monitor: Option<ProcessId>,
+    pub shim: Option<ProcessId>,
     /// The task's process group (never 0 or 1).
     pub pgid: Option<i32>,
-    pub status: Option<MonitorStatus>,
+    pub status: Option<ShimStatus>,
 }
 
 /// One fact in an attempt's journal.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 enum Entry {
     Grant(LeaseGrant),
-    Monitor { pid: i32, start_time: u64 },
+    /// Named `Monitor` on disk, as journals written before the shim had its
+    /// name spell it.
+    #[serde(rename = "Monitor")]
+    Shim {
+        pid: i32,
+        start_time: u64,
+    },
     Pgid(i32),
-    Status(MonitorStatus),
+    Status(ShimStatus),
 }
 
 /// How far an append is made durable.
@@ -353,15 +359,15 @@ const JOURNAL: &str = "journal";
 const LEGACY_GRANT: &str = "grant";
 /// File name of the input FIFO in an attempt directory.
 const INPUT: &str = "input";
-/// File name of a monitor task's matched lines.
+/// File name of a `monitor` task's matched lines.
 const MATCHES: &str = "matches";
 /// Present once the leader asked for the attempt to be killed.
 const KILL_REQUESTED: &str = "kill-requested";
 
-/// The two ends of an `agent` attempt's input FIFO, as its monitor holds them.
+/// The two ends of an `agent` attempt's input FIFO, as its shim holds them.
 #[derive(Debug)]
 pub struct InputFifo {
-    /// Read-write, held by the monitor until the task's group is gone: while it
+    /// Read-write, held by the shim until the task's group is gone: while it
     /// is open the task never reads end-of-file and writers find a reader.
     pub keeper: File,
     /// Read-only and blocking: becomes the task's stdin. Read-only, so the
@@ -375,8 +381,8 @@ pub enum InputError {
     /// No FIFO: the task has not been spawned yet, or its group is gone.
     #[error("the task has no input pipe (not started yet, or ended)")]
     Absent,
-    /// The FIFO exists but nobody reads it: the task's monitor is gone.
-    #[error("nobody reads the task's input pipe (its monitor is gone)")]
+    /// The FIFO exists but nobody reads it: the task's shim is gone.
+    #[error("nobody reads the task's input pipe (its shim is gone)")]
     NoReader,
     /// A symlink or anything else than a FIFO sits at the path; it is refused
     /// and left untouched.
@@ -439,18 +445,18 @@ mod tests {
     #[test]
     fn files_round_trip_and_absent_means_no_evidence() {
         let (_dir, files) = shell_attempt_dir();
-        assert!(files.status().is_none() && files.monitor().is_none() && files.pgid().is_none());
+        assert!(files.status().is_none() && files.shim().is_none() && files.pgid().is_none());
         let grant = grant();
         files.write_grant(&grant).unwrap();
         assert_eq!(files.read_grant().unwrap(), grant);
         let me = ProcessId::current().unwrap();
-        files.write_monitor(me).unwrap();
-        assert_eq!(files.monitor(), Some(me));
+        files.write_shim(me).unwrap();
+        assert_eq!(files.shim(), Some(me));
         assert!(me.alive());
-        assert!(!ProcessId { start_time: me.start_time + 1, ..me }.alive(), "a recycled pid is not the monitor");
+        assert!(!ProcessId { start_time: me.start_time + 1, ..me }.alive(), "a recycled pid is not the shim");
         files.write_pgid(4242).unwrap();
         assert_eq!(files.pgid(), Some(4242));
-        let status = MonitorStatus { outcome: Outcome::new(Ending::Completed, Some(0), None), output_written: 3 };
+        let status = ShimStatus { outcome: Outcome::new(Ending::Completed, Some(0), None), output_written: 3 };
         files.write_status(&status).unwrap();
         assert_eq!(files.status(), Some(status));
     }
@@ -458,14 +464,14 @@ mod tests {
     #[test]
     fn an_attempt_of_the_earlier_one_file_per_fact_layout_is_still_read() {
         let (_dir, files) = shell_attempt_dir();
-        assert!(files.read_grant().is_err() && files.monitor().is_none());
+        assert!(files.read_grant().is_err() && files.shim().is_none());
         let grant = grant();
-        let status = MonitorStatus { outcome: Outcome::new(Ending::Failed, Some(3), None), output_written: 9 };
+        let status = ShimStatus { outcome: Outcome::new(Ending::Failed, Some(3), None), output_written: 9 };
         std::fs::write(files.dir().join(LEGACY_GRANT), tenure_protocol::encode(&grant).unwrap()).unwrap();
         std::fs::write(files.dir().join("monitor.pid"), "4321 99\n").unwrap();
         std::fs::write(files.dir().join("pgid"), "4322\n").unwrap();
         assert_eq!(files.read_grant().unwrap(), grant);
-        assert_eq!(files.monitor(), Some(ProcessId { pid: 4321, start_time: 99 }));
+        assert_eq!(files.shim(), Some(ProcessId { pid: 4321, start_time: 99 }));
         assert_eq!((files.pgid(), files.status()), (Some(4322), None));
         std::fs::write(files.dir().join("status"), tenure_protocol::encode(&status).unwrap()).unwrap();
         assert_eq!(files.status(), Some(status));
@@ -475,9 +481,9 @@ mod tests {
     fn a_torn_or_damaged_entry_hides_itself_and_what_follows_never_what_precedes() {
         let (_dir, files) = shell_attempt_dir();
         let me = ProcessId::current().unwrap();
-        files.write_monitor(me).unwrap();
+        files.write_shim(me).unwrap();
         files.write_pgid(4242).unwrap();
-        let status = MonitorStatus { outcome: Outcome::new(Ending::Completed, Some(0), None), output_written: 3 };
+        let status = ShimStatus { outcome: Outcome::new(Ending::Completed, Some(0), None), output_written: 3 };
         files.write_status(&status).unwrap();
         let whole = std::fs::read(files.journal_path()).unwrap();
         // Every cut of the status entry (a crash mid-write) reads as no status.
@@ -486,16 +492,16 @@ mod tests {
         for cut in status_at..whole.len() {
             std::fs::write(files.journal_path(), &whole[..cut]).unwrap();
             assert_eq!(files.status(), None, "cut at {cut}");
-            assert_eq!((files.monitor(), files.pgid()), (Some(me), Some(4242)));
+            assert_eq!((files.shim(), files.pgid()), (Some(me), Some(4242)));
         }
         // A flipped bit in the pgid entry hides it and the status after it.
         let mut flipped = whole.clone();
         flipped[status_at - 1] ^= 0x40;
         std::fs::write(files.journal_path(), &flipped).unwrap();
-        assert_eq!((files.monitor(), files.pgid(), files.status()), (Some(me), None, None));
+        assert_eq!((files.shim(), files.pgid(), files.status()), (Some(me), None, None));
         // Garbage is no evidence, and no panic.
         std::fs::write(files.journal_path(), b"\xff\xff\xff\xff\x01garbage").unwrap();
-        assert!(files.status().is_none() && files.monitor().is_none() && files.read_grant().is_err());
+        assert!(files.status().is_none() && files.shim().is_none() && files.read_grant().is_err());
     }
 
     fn attempt_dir() -> (tempfile::TempDir, AttemptFiles) {
@@ -524,9 +530,9 @@ mod tests {
         // No writer left but the keeper: a read finds no data, not end-of-file.
         fcntl(stdin.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).unwrap();
         assert_eq!(stdin.read(&mut buf).unwrap_err().kind(), io::ErrorKind::WouldBlock);
-        // A second monitor for the same attempt is refused.
+        // A second shim for the same attempt is refused.
         assert!(matches!(files.create_input(), Err(InputError::Io { .. })));
-        // Once the monitor lets go, a writer finds no reader instead of blocking.
+        // Once the shim lets go, a writer finds no reader instead of blocking.
         drop((keeper, stdin));
         assert!(matches!(files.open_input_for_write(), Err(InputError::NoReader)));
         files.remove_input().unwrap();
@@ -543,7 +549,7 @@ mod tests {
         let _reader = OpenOptions::new().read(true).write(true).open(&real).unwrap();
         std::os::unix::fs::symlink(&real, files.input_path()).unwrap();
         assert!(matches!(files.open_input_for_write(), Err(InputError::NotAFifo(_))));
-        assert!(files.create_input().is_err(), "the monitor does not create through a link");
+        assert!(files.create_input().is_err(), "the shim does not create through a link");
         files.remove_input().unwrap();
         assert!(std::fs::symlink_metadata(files.input_path()).is_ok(), "a link is not ours to remove");
         // ... and a link to a regular file.

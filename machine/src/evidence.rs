@@ -5,7 +5,7 @@
 //! Two questions are answered here and nowhere else:
 //! - [`answer`]: the leader asks "what happened to this attempt?" (an
 //!   evidence query, answered by the sidecar);
-//! - [`settle`]: the worker holds an attempt whose monitor is gone and must
+//! - [`settle`]: the worker holds an attempt whose shim is gone and must
 //!   say how it ended (after a watch, and in start-up recovery).
 //!
 //! Both are pure: the callers read the store and the files, and act on the
@@ -42,13 +42,13 @@ pub enum RecordView {
 /// What an attempt's directory proves, read once.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FileFacts {
-    /// The exit status its monitor recorded (durable: fsynced before the
-    /// monitor exits).
+    /// The exit status its shim recorded (durable: fsynced before the
+    /// shim exits).
     pub status: Option<Outcome>,
-    /// Its monitor runs now (by pid and start time, never a recycled pid).
-    pub monitor_alive: bool,
+    /// Its shim runs now (by pid and start time, never a recycled pid).
+    pub shim_alive: bool,
     /// The directory holds the attempt's grant: the worker wrote it before
-    /// the monitor could exist, so the attempt got past its intent here.
+    /// the shim could exist, so the attempt got past its intent here.
     pub has_grant: bool,
 }
 
@@ -57,19 +57,19 @@ impl FileFacts {
     pub fn of(journal: &Journal) -> FileFacts {
         FileFacts {
             status: journal.status.as_ref().map(|s| s.outcome.clone()),
-            monitor_alive: journal.monitor.is_some_and(|m| m.alive()),
+            shim_alive: journal.shim.is_some_and(|m| m.alive()),
             has_grant: journal.grant.is_some(),
         }
     }
 
-    /// Reads the attempt's journal (checks its monitor in `/proc`).
+    /// Reads the attempt's journal (checks its shim in `/proc`).
     pub fn read(files: &AttemptFiles) -> FileFacts {
         FileFacts::of(&files.journal().unwrap_or_default())
     }
 
     /// What the files prove, or `unproven` when they prove nothing.
     fn or(&self, unproven: AttemptEvidence) -> AttemptEvidence {
-        match (&self.status, self.monitor_alive) {
+        match (&self.status, self.shim_alive) {
             (Some(outcome), _) => AttemptEvidence::Exited(outcome.clone()),
             (None, true) => AttemptEvidence::Running,
             (None, false) => unproven,
@@ -79,7 +79,7 @@ impl FileFacts {
 
 /// The answer to the leader's evidence query: the records' view judged
 /// together with the files. A recorded outcome is final; otherwise the files
-/// speak first (an exit status, a live monitor), and only when they prove
+/// speak first (an exit status, a live shim), and only when they prove
 /// nothing does the record's absence or damage decide.
 pub fn answer(view: Result<RecordView, SidecarRefusal>, files: &FileFacts) -> EvidenceReply {
     Ok(match view {
@@ -98,16 +98,16 @@ pub fn answer(view: Result<RecordView, SidecarRefusal>, files: &FileFacts) -> Ev
     })
 }
 
-/// How an attempt the worker holds ended, once its monitor is gone.
+/// How an attempt the worker holds ended, once its shim is gone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Settled {
-    /// The monitor recorded how it ended (or it was ended on request).
+    /// The shim recorded how it ended (or it was ended on request).
     Exited(Outcome),
     /// The process is gone and nothing recorded how it ended.
     Lost(RecoveryHint),
 }
 
-/// What the files of an attempt whose monitor is gone prove: the recorded
+/// What the files of an attempt whose shim is gone prove: the recorded
 /// status if there is one; a kill the worker asked for ended it (`killed`);
 /// otherwise the outcome is lost — and said to have died with the machine
 /// when the machine booted since the intent (`restarted`). `group` is the
@@ -117,7 +117,7 @@ pub fn settle(status: Option<Outcome>, killed: bool, group: Option<i32>, restart
         return Settled::Exited(outcome);
     }
     if killed {
-        let detail = "killed; the monitor ended before recording the exit status";
+        let detail = "killed; the shim ended before recording the exit status";
         return Settled::Exited(Outcome::new(Ending::Killed, None, Some(detail.into())));
     }
     if restarted {
@@ -133,7 +133,7 @@ pub fn settle(status: Option<Outcome>, killed: bool, group: Option<i32>, restart
         tag: HintTag::MaybeRan,
         message: match group {
             Some(pgid) => format!(
-                "the task's monitor died without recording an exit status; process group {pgid} is gone; \
+                "the task's shim died without recording an exit status; process group {pgid} is gone; \
                  the task ran but its outcome is lost"
             ),
             None => "the intent was recorded but no process or exit status was found; the task may or may not \
@@ -154,7 +154,7 @@ mod tests {
 
     /// The files, from proving nothing to proving the most.
     fn files() -> [FileFacts; 4] {
-        let f = |status: Option<Outcome>, monitor_alive, has_grant| FileFacts { status, monitor_alive, has_grant };
+        let f = |status: Option<Outcome>, shim_alive, has_grant| FileFacts { status, shim_alive, has_grant };
         [f(None, false, false), f(None, false, true), f(None, true, true), f(Some(done()), false, true)]
     }
 
@@ -211,7 +211,7 @@ mod tests {
     }
 
     #[test]
-    fn a_gone_monitor_settles_from_its_status_then_the_kill_then_as_lost() {
+    fn a_gone_shim_settles_from_its_status_then_the_kill_then_as_lost() {
         let a = Attempt(2);
         for (killed, restarted) in [(false, false), (true, false), (false, true), (true, true)] {
             assert_eq!(settle(Some(done()), killed, Some(40), restarted, a), Settled::Exited(done()));

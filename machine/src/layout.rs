@@ -53,7 +53,7 @@ pub enum Error {
 /// <root>/worker.lock     the worker's lock: held (fcntl) for its whole life
 /// <root>/scratch-root    where the worker keeps its tasks' scratch dirs
 /// <root>/output/<task>.out
-/// <root>/attempts/<task>.<attempt>/   the per-task monitor's files: journal,
+/// <root>/attempts/<task>.<attempt>/   the per-task shim's files: journal,
 ///                                     an agent's input FIFO, matches
 ///
 /// <scratch-root>/<task>.<attempt>/    the attempt's working directory and
@@ -175,7 +175,7 @@ impl Layout {
         self.root.join("attempts")
     }
 
-    /// The directory of one attempt's monitor (`<task>.<attempt>`).
+    /// The directory of one attempt's shim (`<task>.<attempt>`).
     pub fn attempt_dir(&self, task: &TaskId, attempt: tenure_protocol::Attempt) -> PathBuf {
         self.attempts_dir().join(format!("{task}.{attempt}"))
     }

@@ -1,6 +1,6 @@
 //! Process identity on this machine: a pid together with the kernel's start
 //! time of that pid, so that a recycled pid is never taken for the process
-//! that had it, and the check that a process group is a monitor's own.
+//! that had it, and the check that a process group is a shim's own.
 //!
 //! Read from `/proc` only; nothing here signals, waits for or starts a
 //! process.
@@ -8,8 +8,8 @@
 use std::fs;
 use std::io;
 
-/// A monitor's identity: pid plus the kernel's start time of that pid, so that a
-/// recycled pid is never mistaken for the monitor.
+/// A shim's identity: pid plus the kernel's start time of that pid, so that a
+/// recycled pid is never mistaken for the shim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcessId {
     pub pid: i32,
@@ -53,7 +53,7 @@ fn proc_stat(pid: i32) -> io::Result<Option<(char, u64)>> {
 }
 
 /// True when some live process is in process group `pgid` *and* in session
-/// `sid`. A monitor starts its own session (sid = its pid) and its task's group
+/// `sid`. A shim starts its own session (sid = its pid) and its task's group
 /// inside it, so this confirms a group is the task's and not a stranger that
 /// reuses the number.
 pub fn group_in_session(pgid: i32, sid: i32) -> bool {

@@ -10,7 +10,7 @@
 //!
 //! Record locks belong to a process, are not inherited across `fork`, and are
 //! released when the process closes *any* descriptor of the file: so the
-//! monitor launcher and the monitors (children of the worker) never hold it,
+//! shim launcher and the shims (children of the worker) never hold it,
 //! and the worker opens the file once, here, and never again. This module
 //! never deletes the lock file and never takes the lock for anyone but the
 //! caller.

@@ -123,7 +123,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         Ok(Err(e)) if e.to_string().contains("could not acquire lock") => return Err(e.into()),
         // An unusable store does not crash the sidecar into a restart loop: it
         // serves, refusing every request with the reason, so the worker starts
-        // nothing new and settles what runs from its monitors' own evidence.
+        // nothing new and settles what runs from its shims' own evidence.
         Ok(Err(e)) => {
             error!(worker = %worker, error = %e, "recovery store unusable; serving degraded (refusing every request)");
             Err(format!("recovery store unusable: {e}"))
@@ -467,7 +467,7 @@ where
 
 /// Carries out one cleanup job: the epoch fence first (a deposed leader's job
 /// removes nothing), then files (output, scratch and attempt directories), then records;
-/// refused while any attempt of the task still has a live monitor here. A
+/// refused while any attempt of the task still has a live shim here. A
 /// cancellation passes the fence and counts what is here instead.
 async fn cleanup(req: CleanupRequest, store: &StoreHandle, layout: &Layout) -> CleanupReply {
     let records = store.cleanup(req.clone(), true).await?;
@@ -502,7 +502,7 @@ impl TaskFiles {
     }
 
     fn remove(self, task: &TaskId) -> Result<u32, SidecarRefusal> {
-        if self.attempt_dirs.iter().any(|d| AttemptFiles::new(d.clone()).monitor().is_some_and(|m| m.alive())) {
+        if self.attempt_dirs.iter().any(|d| AttemptFiles::new(d.clone()).shim().is_some_and(|m| m.alive())) {
             return Err(SidecarRefusal::StillRunning { task: task.clone() });
         }
         let mut removed = 0;
@@ -514,7 +514,7 @@ impl TaskFiles {
             }
         }
         // The scratch directories first: the attempt directories are what says
-        // a monitor may still run there. `remove_dir_all` never follows a link
+        // a shim may still run there. `remove_dir_all` never follows a link
         // a task left inside its directory.
         for dir in self.scratch_dirs.into_iter().chain(self.attempt_dirs) {
             match std::fs::remove_dir_all(&dir) {

@@ -4,7 +4,7 @@
 //!
 //! The sidecar, not the worker, delivers input, so input reaches a task while
 //! its worker is down or restarting: the FIFO is held open by the task's
-//! monitor ([`tenure_machine::attempt_files`]), which outlives the worker.
+//! shim ([`tenure_machine::attempt_files`]), which outlives the worker.
 //!
 //! A request is checked like an output read — only the owner of the task's
 //! latest attempt on this machine is answered, anyone else gets `NotFound` —
@@ -124,7 +124,7 @@ async fn deliver(
     let fifo = match open_when_ready(&files, deadline).await {
         Ok(fifo) => fifo,
         Err(InputError::Absent) => return Err(not_running("its process has not started or has ended")),
-        Err(InputError::NoReader) => return Err(not_running("it has ended or its monitor is gone")),
+        Err(InputError::NoReader) => return Err(not_running("it has ended or its shim is gone")),
         Err(error) => {
             warn!(task = %task, attempt = %attempt, %error, "input pipe refused");
             return Err(ApiError::Unavailable(format!("cannot deliver input to {task}: {error}")));
@@ -148,14 +148,14 @@ async fn deliver(
 }
 
 /// Opens the attempt's FIFO for one delivery. An attempt is `running` as soon
-/// as its monitor started, a moment before the monitor has made the FIFO: an
-/// absent FIFO is waited for (bounded by `deadline`) while the monitor is not
+/// as its shim started, a moment before the shim has made the FIFO: an
+/// absent FIFO is waited for (bounded by `deadline`) while the shim is not
 /// known to be gone.
 async fn open_when_ready(files: &AttemptFiles, deadline: Instant) -> Result<File, InputError> {
     loop {
         match files.open_input_for_write() {
             Err(InputError::Absent) if Instant::now() < deadline => {
-                let gone = files.journal().ok().and_then(|j| j.monitor).is_some_and(|m| !m.alive());
+                let gone = files.journal().ok().and_then(|j| j.shim).is_some_and(|m| !m.alive());
                 if gone {
                     return Err(InputError::Absent);
                 }
@@ -175,7 +175,7 @@ fn check_target(record: &AttemptRecord) -> Result<Attempt, ApiError> {
     }
     let status = match record.phase {
         // The worker may hold an attempt at `intent` for its whole life (it
-        // re-attached to the monitor before recording `spawned`): the FIFO decides.
+        // re-attached to the shim before recording `spawned`): the FIFO decides.
         Phase::Intent | Phase::Spawned => return Ok(record.grant.attempt),
         Phase::Accepted => "it has not started yet",
         Phase::Exited | Phase::Acknowledged => "it ended",

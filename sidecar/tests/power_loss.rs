@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use tenure_machine::attempt_files::{AttemptFiles, MonitorStatus};
+use tenure_machine::attempt_files::{AttemptFiles, ShimStatus};
 use tenure_machine::Layout;
 use tenure_powerfs::{CutOptions, Mounted, Options, PowerFs};
 use tenure_protocol::messages::{AttemptRecord, LeaseGrant, Phase, RegistryMark, SidecarRefusal};
@@ -199,7 +199,7 @@ fn child() -> Result<()> {
             let files = AttemptFiles::new(layout.attempt_dir(&task(1), Attempt(1)));
             files.create()?;
             files.write_grant(&grant(1, 5, "echo one".into()))?;
-            files.write_status(&MonitorStatus {
+            files.write_status(&ShimStatus {
                 outcome: Outcome::new(Ending::Completed, Some(0), None),
                 output_written: 12,
             })?;

@@ -20,7 +20,7 @@ pub struct NatsServer {
     child: Child,
     pub port: u16,
     pub url: String,
-    /// The monitoring port, when the configuration has one.
+    /// The shiming port, when the configuration has one.
     pub http_port: Option<u16>,
     store: tempfile::TempDir,
     /// Started by [`NatsServer::start`] (its configuration is the kit's own).
@@ -204,7 +204,7 @@ impl NatsServer {
         std::fs::read_to_string(self.store.path().join("nats.log")).unwrap_or_default()
     }
 
-    /// `GET /healthz` on the monitoring port answered 200: the server is up and
+    /// `GET /healthz` on the shiming port answered 200: the server is up and
     /// its JetStream is current (in a cluster: it follows a meta leader).
     pub fn healthy(&self) -> bool {
         use std::io::{Read, Write};
@@ -278,7 +278,7 @@ impl PortMap {
 }
 
 /// Moves every `127.0.0.1:PORT` to a free port and `store_dir` to `store`;
-/// returns the text, the client port (`listen`) and the monitoring port (`http`).
+/// returns the text, the client port (`listen`) and the shiming port (`http`).
 fn rewrite_config(text: &str, ports: &mut PortMap, store: &Path) -> (String, Option<u16>, Option<u16>) {
     const HOST: &str = "127.0.0.1:";
     let (mut listen, mut http) = (None, None);

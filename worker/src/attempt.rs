@@ -4,11 +4,11 @@
 //! what every attempt's driver shares ([`Shared`], [`State`]).
 //!
 //! The worker never runs a task itself: it records the intent, has its
-//! launcher fork the attempt's monitor ([`crate::launcher`],
-//! [`crate::monitor`]), and watches it — through the pidfd the launcher
+//! launcher fork the attempt's shim ([`crate::launcher`],
+//! [`crate::shim`]), and watches it — through the pidfd the launcher
 //! handed over, or, after a restart, one opened for its recorded identity. The
-//! status the monitor records in the attempt's journal is the only exit
-//! evidence; a monitor gone without it means the outcome is lost, and that is
+//! status the shim records in the attempt's journal is the only exit
+//! evidence; a shim gone without it means the outcome is lost, and that is
 //! reported as such, never guessed.
 
 use std::collections::HashMap;
@@ -31,10 +31,10 @@ use tracing::Instrument;
 use crate::builtin::Builtin;
 use crate::core::{Action, Config, Done, Key, Worker};
 use crate::launcher::{LaunchError, Launched, Launcher};
-use crate::monitor::MonitorArgs;
 use crate::options::Options;
 use crate::process;
-use tenure_machine::attempt_files::{group_in_session, AttemptFiles, MonitorStatus, ProcessId};
+use crate::shim::ShimArgs;
+use tenure_machine::attempt_files::{group_in_session, AttemptFiles, ProcessId, ShimStatus};
 use tenure_machine::evidence::{settle, Settled as Evidence};
 
 /// The worker's memory: the pure core, and the kill handle of each attempt
@@ -137,33 +137,33 @@ pub(crate) fn crash_point(point: &str) {
     }
 }
 
-/// How the worker observes a monitor: by its identity (pid and start time,
+/// How the worker observes a shim: by its identity (pid and start time,
 /// never a recycled pid) and, where the kernel has them, through a pidfd that
-/// becomes readable the moment the monitor exits.
-struct Monitor {
+/// becomes readable the moment the shim exits.
+struct Shim {
     id: ProcessId,
     pidfd: Option<AsyncFd<OwnedFd>>,
 }
 
-impl Monitor {
+impl Shim {
     /// Must be called within the runtime (the pidfd is registered with it).
-    fn new(id: ProcessId, pidfd: Option<OwnedFd>) -> Monitor {
+    fn new(id: ProcessId, pidfd: Option<OwnedFd>) -> Shim {
         // SAFETY: an `OwnedFd` is open, owned, and always the same descriptor
         // until the `AsyncFd` that owns it drops it.
         let pidfd = pidfd.and_then(|fd| unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.ok());
-        Monitor { id, pidfd }
+        Shim { id, pidfd }
     }
 
-    /// A monitor found at start-up, if it still runs. Its pidfd is opened
+    /// A shim found at start-up, if it still runs. Its pidfd is opened
     /// first and the identity checked second: a recorded process alive after
     /// the open had the pid before it, so the pidfd names it.
-    fn attach(id: ProcessId) -> Option<Monitor> {
+    fn attach(id: ProcessId) -> Option<Shim> {
         let pidfd = rustix::process::Pid::from_raw(id.pid)
             .and_then(|pid| rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok());
-        id.alive().then(|| Monitor::new(id, pidfd))
+        id.alive().then(|| Shim::new(id, pidfd))
     }
 
-    /// Asks the monitor to end the task; never signals a recycled pid.
+    /// Asks the shim to end the task; never signals a recycled pid.
     fn request_kill(&self) {
         match &self.pidfd {
             Some(fd) => {
@@ -183,7 +183,7 @@ impl Monitor {
             }
         }
         // No pidfd (or it failed): poll. The recorded status ends the wait as
-        // soon as it exists, even if the monitor lingers as a zombie.
+        // soon as it exists, even if the shim lingers as a zombie.
         while self.id.alive() && files.status().is_none() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -194,7 +194,7 @@ impl Monitor {
 /// feeds the result back, until the core no longer holds it. Every decision
 /// is the core's ([`crate::core::Worker::advance`]); this only does IO.
 pub(crate) async fn drive(shared: Arc<Shared>, key: Key, kill: Arc<Notify>) {
-    let mut local = Local { monitor: None, reporter: None, report_delay: None };
+    let mut local = Local { shim: None, reporter: None, report_delay: None };
     loop {
         let Some((action, grant)) = shared.state().next(&key) else { break };
         let done = perform(&shared, &key, grant.as_deref(), action, &mut local, &kill).await;
@@ -217,8 +217,8 @@ pub(crate) async fn drive(shared: Arc<Shared>, key: Key, kill: Arc<Notify>) {
 /// What the driver keeps for one attempt between actions: the things that
 /// are not facts (a pidfd, a task, a retry delay).
 struct Local {
-    /// The monitor this process launched (with its pidfd).
-    monitor: Option<Monitor>,
+    /// The shim this process launched (with its pidfd).
+    shim: Option<Shim>,
     /// The `Started` report, sent from the spawn until the attempt ends.
     reporter: Option<tokio::task::JoinHandle<ReportAck>>,
     /// Set after a report went unanswered: wait this long before re-sending.
@@ -258,16 +258,16 @@ async fn perform(
             if let Some(builtin) = Builtin::of(&grant.spec.kind) {
                 return Done::Ended(Evidence::Exited(run_builtin(shared, builtin, grant, epoch, kill).await));
             }
-            match start_monitor(shared, grant, &files).await {
+            match start_shim(shared, grant, &files).await {
                 Ok(launched) => {
                     let pid = launched.id.pid;
-                    tracing::info!(task = %task, attempt = %attempt, monitor = pid, "monitor started");
-                    local.monitor = Some(Monitor::new(launched.id, launched.pidfd));
+                    tracing::info!(task = %task, attempt = %attempt, shim = pid, "shim started");
+                    local.shim = Some(Shim::new(launched.id, launched.pidfd));
                     Done::Launched(pid)
                 }
                 Err(LaunchError::NotStarted(detail)) => Done::NotStarted(detail),
                 Err(LaunchError::Unknown(detail)) => {
-                    tracing::warn!(task = %task, attempt = %attempt, %detail, "no word whether the monitor started; looking for it");
+                    tracing::warn!(task = %task, attempt = %attempt, %detail, "no word whether the shim started; looking for it");
                     Done::Unseen
                 }
             }
@@ -283,12 +283,12 @@ async fn perform(
         }
         Action::Watch { .. } => {
             // Ours since the launch, or found again by its recorded identity.
-            let monitor = local.monitor.take().or_else(|| {
+            let shim = local.shim.take().or_else(|| {
                 let journal = files.journal().unwrap_or_default();
-                journal.monitor.filter(|_| journal.status.is_none()).and_then(Monitor::attach)
+                journal.shim.filter(|_| journal.status.is_none()).and_then(Shim::attach)
             });
-            let settled = match monitor {
-                Some(monitor) => watch(shared, grant, &files, monitor, kill).await,
+            let settled = match shim {
+                Some(shim) => watch(shared, grant, &files, shim, kill).await,
                 None => evidence(shared, &files, false, None).await,
             };
             // Nothing waits on the network before the outcome is buffered; the
@@ -298,7 +298,7 @@ async fn perform(
             }
             Done::Ended(settled)
         }
-        Action::Seek { .. } => Done::Ended(unseen_monitor(shared, grant, &files, kill).await),
+        Action::Seek { .. } => Done::Ended(unseen_shim(shared, grant, &files, kill).await),
         Action::Settle { restarted } => {
             Done::Ended(evidence(shared, &files, false, restarted.then_some(attempt)).await)
         }
@@ -350,8 +350,8 @@ fn ended(key: &Key, settled: &Evidence) {
 
 /// A built-in attempt after its intent: it runs in this process, then its
 /// outcome goes the way of any other (buffered, reported, acknowledged). There
-/// is no monitor and no pid to record (`spawned` is skipped, as for an attempt
-/// whose monitor could not start). A `sleep` reports started while it runs,
+/// is no shim and no pid to record (`spawned` is skipped, as for an attempt
+/// whose shim could not start). A `sleep` reports started while it runs,
 /// naming the worker's own pid (the process it runs in); a `noop` is over
 /// before there is anything to report but its end (leased → completed).
 async fn run_builtin(
@@ -377,13 +377,9 @@ async fn run_builtin(
 }
 
 /// Writes the attempt's `grant`, makes its scratch directory and has the
-/// launcher fork its monitor (file writes, fsyncs and a fork: on a blocking
+/// launcher fork its shim (file writes, fsyncs and a fork: on a blocking
 /// thread).
-async fn start_monitor(
-    shared: &Arc<Shared>,
-    grant: &LeaseGrant,
-    files: &AttemptFiles,
-) -> Result<Launched, LaunchError> {
+async fn start_shim(shared: &Arc<Shared>, grant: &LeaseGrant, files: &AttemptFiles) -> Result<Launched, LaunchError> {
     let (shared, grant, files) = (shared.clone(), grant.clone(), files.clone());
     let started = tokio::task::spawn_blocking(move || {
         let not_started = LaunchError::NotStarted;
@@ -394,7 +390,7 @@ async fn start_monitor(
         let scratch = crate::sandbox::create_scratch_dir(&root, &name, shared.opts.run_as.as_ref()).map_err(|e| {
             not_started(format!("cannot create the task's scratch directory {}: {e}", root.join(&name).display()))
         })?;
-        shared.launcher.launch(&MonitorArgs {
+        shared.launcher.launch(&ShimArgs {
             data_dir: shared.layout.root().to_path_buf(),
             task: grant.task.clone(),
             attempt: grant.attempt,
@@ -405,31 +401,31 @@ async fn start_monitor(
             nats: shared.task_nats.clone(),
         })
     });
-    started.await.unwrap_or_else(|e| Err(LaunchError::NotStarted(format!("the monitor start was interrupted: {e}"))))
+    started.await.unwrap_or_else(|e| Err(LaunchError::NotStarted(format!("the shim start was interrupted: {e}"))))
 }
 
-/// How long a monitor whose launch went unanswered is looked for.
-const UNSEEN_MONITOR_BOUND: Duration = Duration::from_secs(2);
+/// How long a shim whose launch went unanswered is looked for.
+const UNSEEN_SHIM_BOUND: Duration = Duration::from_secs(2);
 
-/// The launcher ended between a request and its answer: a monitor may run.
+/// The launcher ended between a request and its answer: a shim may run.
 /// It is watched if it shows itself (its identity or its status in the journal) in
-/// time; otherwise the attempt is settled as one whose monitor is gone.
-async fn unseen_monitor(shared: &Shared, grant: Option<&LeaseGrant>, files: &AttemptFiles, kill: &Notify) -> Evidence {
-    let deadline = tokio::time::Instant::now() + UNSEEN_MONITOR_BOUND;
+/// time; otherwise the attempt is settled as one whose shim is gone.
+async fn unseen_shim(shared: &Shared, grant: Option<&LeaseGrant>, files: &AttemptFiles, kill: &Notify) -> Evidence {
+    let deadline = tokio::time::Instant::now() + UNSEEN_SHIM_BOUND;
     while tokio::time::Instant::now() < deadline {
         let journal = files.journal().unwrap_or_default();
         if journal.status.is_some() {
             break;
         }
-        if let Some(monitor) = journal.monitor.and_then(Monitor::attach) {
-            return watch(shared, grant, files, monitor, kill).await;
+        if let Some(shim) = journal.shim.and_then(Shim::attach) {
+            return watch(shared, grant, files, shim, kill).await;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     evidence(shared, files, false, None).await
 }
 
-/// Waits for the monitor to end (forwarding kills to it) and reads its evidence.
+/// Waits for the shim to end (forwarding kills to it) and reads its evidence.
 /// A `monitor` attempt's matched lines are forwarded this often.
 const FORWARD_MATCHES_EVERY: Duration = Duration::from_millis(250);
 
@@ -439,7 +435,7 @@ async fn watch(
     shared: &Shared,
     grant: Option<&LeaseGrant>,
     files: &AttemptFiles,
-    monitor: Monitor,
+    shim: Shim,
     kill_req: &Notify,
 ) -> Evidence {
     let mut killed = false;
@@ -447,17 +443,17 @@ async fn watch(
     let mut tick = tokio::time::interval(FORWARD_MATCHES_EVERY);
     loop {
         tokio::select! {
-            _ = monitor.exited(files) => break,
+            _ = shim.exited(files) => break,
             _ = kill_req.notified(), if !killed => {
                 killed = true;
-                // Marked first: the monitor tells a kill from a machine's
+                // Marked first: the shim tells a kill from a machine's
                 // shutdown by it. Should the mark fail, the task still ends
                 // (as a `machine-shutdown` failure rather than `killed`).
                 if let Err(error) = files.mark_kill_requested() {
                     tracing::warn!(dir = %files.dir().display(), %error, "cannot mark the kill request");
                 }
-                // The monitor ends the group (SIGTERM, grace, SIGKILL) and records it.
-                monitor.request_kill();
+                // The shim ends the group (SIGTERM, grace, SIGKILL) and records it.
+                shim.request_kill();
             }
             _ = tick.tick(), if matches.is_some() => {
                 if let Some(m) = matches.as_mut() {
@@ -517,8 +513,8 @@ impl MatchForwarder {
     }
 }
 
-/// What the attempt's files prove once its monitor is gone (the verdict is
-/// [`settle`]'s). A group that outlived its monitor is ended first: it is ours
+/// What the attempt's files prove once its shim is gone (the verdict is
+/// [`settle`]'s). A group that outlived its shim is ended first: it is ours
 /// by the recorded pgid. `restarted`: the attempt, when the machine booted
 /// since its intent.
 async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool, restarted: Option<Attempt>) -> Evidence {
@@ -526,27 +522,27 @@ async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool, restarted
     if let Some(status) = journal.status {
         return exited(shared, journal.grant.as_ref(), status);
     }
-    // The monitor is gone without evidence (it was killed, or the machine lost
+    // The shim is gone without evidence (it was killed, or the machine lost
     // it). A surviving group is ended only when confirmed ours: its processes
-    // sit in the monitor's session. A stranger reusing the number is left alone.
+    // sit in the shim's session. A stranger reusing the number is left alone.
     let group = journal.pgid;
     if let Some(pgid) = group.filter(|p| process::group_alive(*p)) {
-        let ours = journal.monitor.is_some_and(|m| group_in_session(pgid, m.pid));
+        let ours = journal.shim.is_some_and(|m| group_in_session(pgid, m.pid));
         if ours {
-            tracing::warn!(pgid, dir = %files.dir().display(), "monitor gone; ending its orphaned process group");
+            tracing::warn!(pgid, dir = %files.dir().display(), "shim gone; ending its orphaned process group");
             process::end_group(Pid::from_raw(pgid), shared.opts.kill_grace).await;
         } else {
-            tracing::warn!(pgid, dir = %files.dir().display(), "process group exists but is not in the monitor's session: not ours, left alone");
+            tracing::warn!(pgid, dir = %files.dir().display(), "process group exists but is not in the shim's session: not ours, left alone");
         }
     }
     settle(None, killed, group, restarted.is_some(), restarted.unwrap_or_default())
 }
 
-/// The outcome the monitor recorded, completed with what only the worker adds
+/// The outcome the shim recorded, completed with what only the worker adds
 /// (a final-output-only task's final output), and counted. Every path that
 /// settles an attempt from its recorded status goes through here; `grant` is
 /// the attempt's, when known.
-fn exited(shared: &Shared, grant: Option<&LeaseGrant>, status: MonitorStatus) -> Evidence {
+fn exited(shared: &Shared, grant: Option<&LeaseGrant>, status: ShimStatus) -> Evidence {
     let m = crate::metrics::get();
     m.output_bytes.add(status.output_written, &[]);
     m.output_dropped.add(status.outcome.output_dropped, &[]);

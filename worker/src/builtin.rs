@@ -5,10 +5,10 @@
 //! They exist to measure and exercise the runtime itself: a built-in attempt
 //! goes through the same durable steps as a shell attempt — accepted, intent
 //! flushed, started reported, outcome buffered as `exited`, reported until
-//! acknowledged, acknowledged — only the monitor and the process are missing.
+//! acknowledged, acknowledged — only the shim and the process are missing.
 //! Their "process" is a future of the worker: it dies with the worker, and a
-//! restarted worker finds an intent without a monitor and reports the attempt
-//! lost (`maybe-ran`), as it would for a shell attempt whose monitor vanished.
+//! restarted worker finds an intent without a shim and reports the attempt
+//! lost (`maybe-ran`), as it would for a shell attempt whose shim vanished.
 //!
 //! This module must never spawn a process or touch the attempt directory.
 

@@ -9,13 +9,13 @@
 //! - each attempt's next step ([`Worker::next`]) and what a step's result
 //!   leads to ([`Worker::advance`]): intent → launch → spawned → watch →
 //!   buffer → report → acknowledge, with the refused intent, the unseen
-//!   monitor and the gone monitor on their own paths;
+//!   shim and the gone shim on their own paths;
 //! - when an outcome may be forgotten (a report's answer, [`Worker::settles`]);
 //! - what start-up recovery concludes from the sidecar's records and the
 //!   attempts' files ([`Worker::recover`], [`unlisted`]).
 //!
 //! The driver (`attempt.rs`, `daemon.rs`) performs the [`Action`]s — sidecar
-//! calls, the monitor's launch and watch, reports — and feeds each result back
+//! calls, the shim's launch and watch, reports — and feeds each result back
 //! as a [`Done`]; the seeded simulation does the same with its modelled
 //! machine, so the decisions it checks are these.
 //!
@@ -58,17 +58,17 @@ pub enum Step {
     /// The sidecar refused the intent: give the attempt back (a tombstone),
     /// then report what the refusal proves.
     Abandon { refusal: SidecarReply },
-    /// Start it: fork its monitor, or run a built-in kind in this process.
+    /// Start it: fork its shim, or run a built-in kind in this process.
     Launch,
-    /// The monitor runs with this pid: record it (the started report goes
+    /// The shim runs with this pid: record it (the started report goes
     /// out at the same time).
     Spawned(i32),
-    /// Watch the monitor until it ends, forwarding a kill to it.
+    /// Watch the shim until it ends, forwarding a kill to it.
     Watch,
-    /// A launch went unanswered: look for the monitor (bounded), watch it if
+    /// A launch went unanswered: look for the shim (bounded), watch it if
     /// it shows itself, settle from the files otherwise.
     Seek,
-    /// The monitor is gone: settle from the files (ending an orphaned group
+    /// The shim is gone: settle from the files (ending an orphaned group
     /// first). `restarted`: the machine booted since the intent.
     Settle { restarted: bool },
     /// Buffer the outcome in the sidecar before anything is reported.
@@ -89,14 +89,14 @@ pub enum Action {
     /// Start the attempt ([`Step::Launch`]) under `epoch` (what its reports
     /// carry); `kill` when a kill is pending.
     Launch { kill: bool, epoch: Epoch },
-    /// Record the monitor's pid, and start reporting `Started { pid }` at
+    /// Record the shim's pid, and start reporting `Started { pid }` at
     /// once (until the attempt ends or the report is answered).
     Spawned { pid: i32, epoch: Epoch },
-    /// Watch the monitor; `kill` when a kill is pending.
+    /// Watch the shim; `kill` when a kill is pending.
     Watch { kill: bool },
-    /// Look for a monitor whose launch went unanswered.
+    /// Look for a shim whose launch went unanswered.
     Seek { kill: bool },
-    /// Settle from the files: the monitor is gone.
+    /// Settle from the files: the shim is gone.
     Settle { restarted: bool },
     /// Send this report, carrying this epoch (the driver adds the highest
     /// epoch seen when it sends).
@@ -110,11 +110,11 @@ pub enum Action {
 pub enum Done {
     /// The sidecar answered.
     Sidecar(SidecarReply),
-    /// The monitor was forked and answered with its pid.
+    /// The shim was forked and answered with its pid.
     Launched(i32),
-    /// The monitor could not be started: nothing ran.
+    /// The shim could not be started: nothing ran.
     NotStarted(String),
-    /// The launcher ended between the request and its answer: a monitor may run.
+    /// The launcher ended between the request and its answer: a shim may run.
     Unseen,
     /// The attempt ended (a built-in kind's run, a watch, a seek, a settle).
     Ended(Settled),
@@ -170,8 +170,8 @@ pub enum Found {
     /// A readable record.
     Record {
         record: AttemptRecord,
-        /// The monitor runs now (and recorded no status yet).
-        monitor_alive: bool,
+        /// The shim runs now (and recorded no status yet).
+        shim_alive: bool,
         /// The machine booted since the intent.
         restarted: bool,
     },
@@ -180,10 +180,10 @@ pub enum Found {
     FilesOnly {
         key: Key,
         grant: Option<LeaseGrant>,
-        /// The monitor recorded a status.
+        /// The shim recorded a status.
         status: bool,
-        /// The monitor runs now.
-        monitor_alive: bool,
+        /// The shim runs now.
+        shim_alive: bool,
         /// The record is unreadable (`None`: the directory has no record).
         corrupt: Option<String>,
     },
@@ -215,8 +215,8 @@ pub enum Unlisted {
 
 /// An attempt directory no record names: settled when its journal names it,
 /// removed only when confirmed dead (seed 004), kept otherwise.
-pub fn unlisted(grant_names_it: bool, monitor_alive: bool, group_alive: bool) -> Unlisted {
-    match (grant_names_it, monitor_alive || group_alive) {
+pub fn unlisted(grant_names_it: bool, shim_alive: bool, group_alive: bool) -> Unlisted {
+    match (grant_names_it, shim_alive || group_alive) {
         (true, _) => Unlisted::Settle,
         (false, true) => Unlisted::Keep,
         (false, false) => Unlisted::Remove,
@@ -461,16 +461,16 @@ impl Worker {
     /// | `acknowledged` | `Remove` its directory (confirmed done) |
     /// | `accepted` | `Abandon` it and `Report` not-started: nothing ran |
     /// | `exited` | held at `Report(Finished)`: the buffered completion again |
-    /// | `intent`/`spawned`, monitor alive | held at `Watch`: re-attached |
-    /// | `intent`/`spawned`, monitor gone | held at `Settle` (its status, or lost; `restarted` if the machine booted since) |
-    /// | files only, with evidence | held at `Settle`, or `Watch` while the monitor lives |
+    /// | `intent`/`spawned`, shim alive | held at `Watch`: re-attached |
+    /// | `intent`/`spawned`, shim gone | held at `Settle` (its status, or lost; `restarted` if the machine booted since) |
+    /// | files only, with evidence | held at `Settle`, or `Watch` while the shim lives |
     /// | unreadable record, no evidence | `Report` lost (`sidecar-corrupt`) |
     pub fn recover(&mut self, epoch: Epoch, found: Vec<Found>) -> Vec<Recovered> {
         self.observe(epoch);
         let mut out = Vec::new();
         for f in found {
             match f {
-                Found::Record { record, monitor_alive, restarted } => {
+                Found::Record { record, shim_alive, restarted } => {
                     let key = (record.grant.task.clone(), record.grant.attempt);
                     let step = match record.phase {
                         Phase::Acknowledged => {
@@ -489,14 +489,14 @@ impl Worker {
                             // one without is settled from the files.
                             None => Step::Settle { restarted: false },
                         },
-                        Phase::Intent | Phase::Spawned if monitor_alive => Step::Watch,
+                        Phase::Intent | Phase::Spawned if shim_alive => Step::Watch,
                         Phase::Intent | Phase::Spawned => Step::Settle { restarted },
                     };
                     let epoch = record.grant.epoch;
                     self.held.insert(key, Held { grant: Some(Arc::new(record.grant)), epoch, step, kill: false });
                 }
-                Found::FilesOnly { key, grant, status, monitor_alive, corrupt } => {
-                    if let (Some(reason), false) = (&corrupt, status || monitor_alive) {
+                Found::FilesOnly { key, grant, status, shim_alive, corrupt } => {
+                    if let (Some(reason), false) = (&corrupt, status || shim_alive) {
                         let hint = RecoveryHint {
                             tag: HintTag::SidecarCorrupt,
                             message: format!(
@@ -509,7 +509,7 @@ impl Worker {
                         continue;
                     }
                     let epoch = grant.as_ref().map_or(self.epoch_seen, |g| g.epoch.max(self.epoch_seen));
-                    let step = if monitor_alive && !status { Step::Watch } else { Step::Settle { restarted: false } };
+                    let step = if shim_alive && !status { Step::Watch } else { Step::Settle { restarted: false } };
                     self.held.insert(key, Held { grant: grant.map(Arc::new), epoch, step, kill: false });
                 }
             }

@@ -362,16 +362,13 @@ fn record(phase: Phase, outcome: Option<Outcome>) -> AttemptRecord {
 /// what is left to the driver.
 #[test]
 fn every_recovery_row() {
-    let found = |phase, outcome, monitor_alive, restarted| Found::Record {
-        record: record(phase, outcome),
-        monitor_alive,
-        restarted,
-    };
-    let files = |status, monitor_alive, corrupt: Option<&str>| Found::FilesOnly {
+    let found =
+        |phase, outcome, shim_alive, restarted| Found::Record { record: record(phase, outcome), shim_alive, restarted };
+    let files = |status, shim_alive, corrupt: Option<&str>| Found::FilesOnly {
         key: key(),
         grant: Some(grant(3)),
         status,
-        monitor_alive,
+        shim_alive,
         corrupt: corrupt.map(String::from),
     };
     let not_started = ReportEvent::NotStarted { reason: "worker restarted before the intent".into() };

@@ -2,8 +2,8 @@
 //! attempt is driven by [`crate::attempt`].
 //!
 //! Order of an attempt, each step durable in the sidecar before the next:
-//! accept (grant recorded) → intent (flushed) → monitor spawned → spawned (pid)
-//! → exit recorded by the monitor → exited (outcome buffered) → report until
+//! accept (grant recorded) → intent (flushed) → shim spawned → spawned (pid)
+//! → exit recorded by the shim → exited (outcome buffered) → report until
 //! acknowledged → acknowledged. Without a sidecar nothing new starts; a grant is
 //! refused rather than run without its intent.
 
@@ -28,7 +28,7 @@ use crate::launcher::Launcher;
 use crate::options::{Error, Options};
 
 /// Runs the worker until `shutdown` resolves. Running tasks keep running under
-/// their monitors unless `kill_tasks_on_exit` is set.
+/// their shims unless `kill_tasks_on_exit` is set.
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     let layout = Layout::new(&opts.data_dir);
     layout.create_dirs().map_err(|e| Error::Layout(e.to_string()))?;
@@ -52,7 +52,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     tenure_transport::identity::Trust::announce(&client, "worker");
     let sidecar = SidecarClient::new(layout.socket_path());
     let shared = Arc::new(Shared {
-        launcher: Launcher::new(opts.monitor_program.clone(), layout.root().to_path_buf()),
+        launcher: Launcher::new(opts.shim_program.clone(), layout.root().to_path_buf()),
         layout,
         client: client.clone(),
         sidecar,
@@ -164,7 +164,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     if shared.opts.kill_tasks_on_exit {
         stop_running(&shared).await;
     } else {
-        tracing::info!(worker = %shared.opts.id, running = shared.state().core.held_count(), "worker stopping; tasks keep running under their monitors");
+        tracing::info!(worker = %shared.opts.id, running = shared.state().core.held_count(), "worker stopping; tasks keep running under their shims");
     }
     Ok(())
 }
@@ -287,7 +287,7 @@ async fn on_kill(shared: &Shared, cmd: KillCommand) -> WorkerReply {
     answer.reply
 }
 
-/// Ends every running task (through its monitor) and gives the outcomes a
+/// Ends every running task (through its shim) and gives the outcomes a
 /// bounded time to be buffered and reported; what is not reported by then stays
 /// buffered in the sidecar for the next start.
 async fn stop_running(shared: &Shared) {

@@ -1,28 +1,28 @@
-//! The monitor launcher: a small single-threaded process the worker starts once
-//! and asks to fork each attempt's monitor (the fork-server, or zygote, idea).
+//! The shim launcher: a small single-threaded process the worker starts once
+//! and asks to fork each attempt's shim (the fork-server, or zygote, idea).
 //!
-//! Starting a monitor by `exec` of the `tenure` binary cost about 1.5 ms of CPU
-//! per attempt on top of the monitor's own work (dynamic loading and
+//! Starting a shim by `exec` of the `tenure` binary cost about 1.5 ms of CPU
+//! per attempt on top of the shim's own work (dynamic loading and
 //! relocation, CPU feature probing, argument parsing), as much again as the
 //! task's `sh -c` itself. A fork of the launcher — already loaded, one thread,
-//! a few MiB — costs a fraction of that, and the forked monitor is the same
+//! a few MiB — costs a fraction of that, and the forked shim is the same
 //! per-task process as before: its own session, subreaper of its task, writing
 //! the same attempt files. Forking the worker itself is not an option: it is
 //! multi-threaded, and after a fork only async-signal-safe code may run.
 //!
 //! The worker talks to the launcher over a `SOCK_SEQPACKET` socket pair (the
 //! launcher's end is its stdin): one request, one reply. A request names the
-//! attempt ([`MonitorArgs`]); the reply carries the monitor's pid and start
+//! attempt ([`ShimArgs`]); the reply carries the shim's pid and start
 //! time, and its pidfd as `SCM_RIGHTS`, opened by the launcher before it can
 //! reap the child, so the worker observes exactly that process — never a
 //! recycled pid — and learns of its exit without polling.
 //!
-//! The launcher reaps its monitors (it is their parent). When the worker goes,
-//! the launcher reads end-of-file and exits; its monitors, which never depended
+//! The launcher reaps its shims (it is their parent). When the worker goes,
+//! the launcher reads end-of-file and exits; its shims, which never depended
 //! on it, are re-parented and keep supervising their tasks. When the launcher
 //! dies, the worker starts another on its next request. A request whose reply
-//! never came may or may not have forked a monitor: the caller treats that
-//! attempt as one whose monitor it cannot see, never starts it again.
+//! never came may or may not have forked a shim: the caller treats that
+//! attempt as one whose shim it cannot see, never starts it again.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -39,7 +39,7 @@ use rustix::net::{
 use serde::{Deserialize, Serialize};
 use tenure_machine::attempt_files::ProcessId;
 
-use crate::monitor::{self, MonitorArgs};
+use crate::shim::{self, ShimArgs};
 
 /// Largest request or reply: an attempt's paths and names, far below this.
 const MAX_MESSAGE: usize = 16 * 1024;
@@ -49,33 +49,33 @@ const REPLY_BOUND: Duration = Duration::from_secs(10);
 /// The launcher's answer to one request.
 #[derive(Debug, Serialize, Deserialize)]
 enum Reply {
-    /// The monitor runs; its pidfd rides along when the kernel has pidfds.
+    /// The shim runs; its pidfd rides along when the kernel has pidfds.
     Forked { pid: i32, start_time: u64 },
     /// Nothing was forked.
     Failed(String),
-    /// A monitor was forked but cannot be identified: treated like a reply
+    /// A shim was forked but cannot be identified: treated like a reply
     /// that never came.
     Unidentified(String),
 }
 
-/// A forked monitor, as the worker holds it.
+/// A forked shim, as the worker holds it.
 #[derive(Debug)]
 pub struct Launched {
     pub id: ProcessId,
-    /// Readable once the monitor has exited. `None` on kernels without pidfds:
+    /// Readable once the shim has exited. `None` on kernels without pidfds:
     /// the worker then watches `id`.
     pub pidfd: Option<OwnedFd>,
 }
 
-/// Why a monitor could not be launched.
+/// Why a shim could not be launched.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
     /// Nothing was forked: the attempt's task did not start.
-    #[error("the task monitor was not started: {0}")]
+    #[error("the task shim was not started: {0}")]
     NotStarted(String),
-    /// The request reached the launcher but no answer came back: a monitor may
+    /// The request reached the launcher but no answer came back: a shim may
     /// have been forked.
-    #[error("the monitor launcher ended while starting the task monitor: {0}")]
+    #[error("the shim launcher ended while starting the task shim: {0}")]
     Unknown(String),
 }
 
@@ -100,15 +100,15 @@ impl Drop for Conn {
 }
 
 impl Launcher {
-    /// A launcher run as `PROGRAM monitor-launcher --data-dir DATA_DIR` (the
-    /// `tenure` binary), forking monitors for the attempts under `data_dir`.
+    /// A launcher run as `PROGRAM shim-launcher --data-dir DATA_DIR` (the
+    /// `tenure` binary), forking shims for the attempts under `data_dir`.
     pub fn new(program: PathBuf, data_dir: PathBuf) -> Launcher {
         Launcher { program, data_dir, conn: Mutex::new(None) }
     }
 
-    /// Forks the monitor of one attempt. Blocking (a fork and two socket
+    /// Forks the shim of one attempt. Blocking (a fork and two socket
     /// calls): call it from a blocking thread.
-    pub fn launch(&self, args: &MonitorArgs) -> Result<Launched, LaunchError> {
+    pub fn launch(&self, args: &ShimArgs) -> Result<Launched, LaunchError> {
         let request = tenure_protocol::encode(args).map_err(|e| LaunchError::NotStarted(e.to_string()))?;
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
         // A launcher found dead when the request is sent never received it: one
@@ -123,7 +123,7 @@ impl Launcher {
             if let Err(error) =
                 sendmsg(&c.sock, &[IoSlice::new(&request)], &mut SendAncillaryBuffer::default(), SendFlags::NOSIGNAL)
             {
-                tracing::warn!(%error, "monitor launcher gone; starting another");
+                tracing::warn!(%error, "shim launcher gone; starting another");
                 continue;
             }
             return match receive(&c.sock) {
@@ -138,7 +138,7 @@ impl Launcher {
                 }
             };
         }
-        Err(LaunchError::NotStarted("the monitor launcher does not take requests".into()))
+        Err(LaunchError::NotStarted("the shim launcher does not take requests".into()))
     }
 
     fn start(&self) -> Result<Conn, String> {
@@ -150,14 +150,14 @@ impl Launcher {
         rustix::net::sockopt::set_socket_timeout(&ours, rustix::net::sockopt::Timeout::Recv, Some(REPLY_BOUND))
             .map_err(|e| format!("cannot bound the launcher's answers: {e}"))?;
         let child = Command::new(&self.program)
-            .arg("monitor-launcher")
+            .arg("shim-launcher")
             .arg("--data-dir")
             .arg(&self.data_dir)
             .stdin(Stdio::from(theirs))
             .stdout(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot start the monitor launcher {}: {e}", self.program.display()))?;
-        tracing::info!(launcher = child.id(), "monitor launcher started");
+            .map_err(|e| format!("cannot start the shim launcher {}: {e}", self.program.display()))?;
+        tracing::info!(launcher = child.id(), "shim launcher started");
         Ok(Conn { sock: ours, child })
     }
 }
@@ -184,9 +184,9 @@ fn receive(sock: &OwnedFd) -> Result<(Reply, Option<OwnedFd>), String> {
     Ok((reply, pidfd))
 }
 
-/// The launcher process (`tenure monitor-launcher`): serves requests on its
+/// The launcher process (`tenure shim-launcher`): serves requests on its
 /// stdin until the worker closes it, for attempts under `data_dir` only (the
-/// monitors it forks show the same command line, so `ps` says whose they are).
+/// shims it forks show the same command line, so `ps` says whose they are).
 /// Returns the exit code.
 ///
 /// It must stay single-threaded (it forks): no runtime, no logging threads.
@@ -194,14 +194,14 @@ pub fn serve(data_dir: &std::path::Path) -> i32 {
     // SAFETY: the worker passed the launcher's end of the socket pair as stdin;
     // nothing else in this process uses fd 0.
     let sock = unsafe { OwnedFd::from_raw_fd(0) };
-    // Wake up now and then to reap monitors that ended (no signal handling
-    // needed: a zombie monitor already reads as exited through its pidfd).
+    // Wake up now and then to reap shims that ended (no signal handling
+    // needed: a zombie shim already reads as exited through its pidfd).
     if let Err(error) = rustix::net::sockopt::set_socket_timeout(
         &sock,
         rustix::net::sockopt::Timeout::Recv,
         Some(Duration::from_millis(200)),
     ) {
-        tracing::warn!(%error, "monitor launcher cannot set a receive timeout; monitors are reaped per request");
+        tracing::warn!(%error, "shim launcher cannot set a receive timeout; shims are reaped per request");
     }
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
@@ -211,21 +211,21 @@ pub fn serve(data_dir: &std::path::Path) -> i32 {
             Ok((n, _)) => n,
             Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => continue,
             Err(error) => {
-                tracing::error!(%error, "monitor launcher cannot read requests");
+                tracing::error!(%error, "shim launcher cannot read requests");
                 return 1;
             }
         };
-        let (reply, pidfd) = match tenure_protocol::decode::<MonitorArgs>(&buf[..got]) {
+        let (reply, pidfd) = match tenure_protocol::decode::<ShimArgs>(&buf[..got]) {
             Ok(args) if args.data_dir != data_dir => {
                 (Reply::Failed(format!("{} is not this launcher's data dir", args.data_dir.display())), None)
             }
-            Ok(args) => fork_monitor(&args),
+            Ok(args) => fork_shim(&args),
             Err(error) => (Reply::Failed(format!("malformed launch request: {error}")), None),
         };
         let bytes = match tenure_protocol::encode(&reply) {
             Ok(b) => b,
             Err(error) => {
-                tracing::error!(%error, "monitor launcher cannot encode a reply");
+                tracing::error!(%error, "shim launcher cannot encode a reply");
                 return 1;
             }
         };
@@ -236,14 +236,14 @@ pub fn serve(data_dir: &std::path::Path) -> i32 {
             control.push(SendAncillaryMessage::ScmRights(&fds));
         }
         if let Err(error) = sendmsg(&sock, &[IoSlice::new(&bytes)], &mut control, SendFlags::NOSIGNAL) {
-            // The worker is gone; the monitor runs on regardless.
-            tracing::warn!(%error, "monitor launcher cannot answer the worker");
+            // The worker is gone; the shim runs on regardless.
+            tracing::warn!(%error, "shim launcher cannot answer the worker");
             return 0;
         }
     }
 }
 
-/// Reaps every monitor that has ended, without waiting.
+/// Reaps every shim that has ended, without waiting.
 fn reap() {
     use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
     while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
@@ -253,8 +253,8 @@ fn reap() {
     }
 }
 
-/// Forks one attempt's monitor; in the child, runs it and exits.
-fn fork_monitor(args: &MonitorArgs) -> (Reply, Option<OwnedFd>) {
+/// Forks one attempt's shim; in the child, runs it and exits.
+fn fork_shim(args: &ShimArgs) -> (Reply, Option<OwnedFd>) {
     // Opened before the fork, so a failure is answered instead of lost.
     let null = match std::fs::File::open("/dev/null") {
         Ok(f) => f,
@@ -266,11 +266,11 @@ fn fork_monitor(args: &MonitorArgs) -> (Reply, Option<OwnedFd>) {
         Err(error) => (Reply::Failed(format!("fork failed: {error}")), None),
         Ok(nix::unistd::ForkResult::Child) => {
             // Stdin (the worker's socket) and stdout become /dev/null; stderr
-            // stays the worker's log, where the monitor's few lines belong.
+            // stays the worker's log, where the shim's few lines belong.
             let fd = std::os::fd::AsRawFd::as_raw_fd(&null);
             let redirected = nix::unistd::dup2(fd, 0).is_ok() && nix::unistd::dup2(fd, 1).is_ok();
             drop(null);
-            let code = if redirected { monitor::run(args) } else { 1 };
+            let code = if redirected { shim::run(args) } else { 1 };
             std::process::exit(code)
         }
         Ok(nix::unistd::ForkResult::Parent { child }) => {
@@ -280,7 +280,7 @@ fn fork_monitor(args: &MonitorArgs) -> (Reply, Option<OwnedFd>) {
                 .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
             match ProcessId::of(pid) {
                 Some(id) => (Reply::Forked { pid, start_time: id.start_time }, pidfd),
-                None => (Reply::Unidentified(format!("monitor {pid} forked but not found in /proc")), None),
+                None => (Reply::Unidentified(format!("shim {pid} forked but not found in /proc")), None),
             }
         }
     }

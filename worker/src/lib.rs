@@ -12,11 +12,11 @@ pub mod core;
 mod daemon;
 pub mod launcher;
 mod metrics;
-pub mod monitor;
 mod options;
 pub mod process;
 mod recovery;
 pub mod sandbox;
+pub mod shim;
 
 pub use daemon::run;
 pub use options::{Error, Options};

@@ -25,9 +25,9 @@ pub struct Options {
     pub heartbeat: Duration,
     /// Time between SIGTERM and SIGKILL when a task's group is ended.
     pub kill_grace: Duration,
-    /// The program whose `monitor-launcher` forks each attempt's monitor
+    /// The program whose `shim-launcher` forks each attempt's shim
     /// ([`crate::launcher`]): the `tenure` binary itself.
-    pub monitor_program: PathBuf,
+    pub shim_program: PathBuf,
     /// Output bytes kept per task; the rest is dropped and counted.
     pub output_cap: u64,
     /// End running tasks when the worker stops (for `tenure dev`). Off by default:
@@ -50,8 +50,8 @@ impl Options {
             kinds: ["shell", "agent", "monitor", "noop", "sleep"].iter().filter_map(|k| k.parse().ok()).collect(),
             heartbeat: Duration::from_millis(1000),
             kill_grace: Duration::from_secs(5),
-            monitor_program: PathBuf::from("tenure"),
-            output_cap: crate::monitor::DEFAULT_OUTPUT_CAP,
+            shim_program: PathBuf::from("tenure"),
+            output_cap: crate::shim::DEFAULT_OUTPUT_CAP,
             kill_tasks_on_exit: false,
             scratch_dir: None,
             run_as: None,

@@ -4,9 +4,9 @@
 //! environment, directory and user [`crate::sandbox`] decided, stdout and
 //! stderr appended to one output file (the same open file description, so their
 //! order is the order they were written), stdin from `/dev/null` or, for an
-//! `agent` task, from its input FIFO. Its monitor ([`crate::monitor`]) is a
+//! `agent` task, from its input FIFO. Its shim ([`crate::shim`]) is a
 //! child subreaper, so descendants that double-fork inside the group are
-//! re-parented to the monitor, never to PID 1, and are reaped there.
+//! re-parented to the shim, never to PID 1, and are reaped there.
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsString};
@@ -87,7 +87,7 @@ pub fn spawn(launch: &Launch<'_>, stdin: Option<OwnedFd>, output: impl Into<Owne
 
 /// Marks every descriptor above stderr close-on-exec, so that the task gets
 /// stdin, stdout and stderr and nothing else — not even a descriptor the
-/// worker's own parent left open and the launcher and monitor inherited.
+/// worker's own parent left open and the launcher and shim inherited.
 /// (Closing them outright would also close the pipe through which the
 /// standard library reports a failed `exec`.) Async-signal-safe.
 fn close_inherited_on_exec() {

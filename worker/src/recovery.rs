@@ -24,7 +24,7 @@ use crate::process;
 /// becomes), does what it returns and drives every attempt it holds again.
 ///
 /// Attempt directories that no record names are settled from their files when
-/// their journal names them, removed only when their monitor and group are
+/// their journal names them, removed only when their shim and group are
 /// confirmed gone, and kept otherwise, with a warning saying why
 /// ([`crate::core::unlisted`]). Scratch directories are kept while their task
 /// has a record here, and removed once it has none (its files were released).
@@ -43,7 +43,7 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
                 continue;
             }
             // The store is unusable: the records are lost, but every attempt
-            // that reached its intent has a directory, and its monitor's
+            // that reached its intent has a directory, and its shim's
             // evidence is there.
             Ok(SidecarReply::Refused(SidecarRefusal::Storage(reason))) => {
                 tracing::error!(%reason, "the sidecar cannot read its records; settling attempts from their directories");
@@ -61,9 +61,9 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
         let key = (record.grant.task.clone(), record.grant.attempt);
         known.insert(format!("{}.{}", key.0, key.1));
         let journal = AttemptFiles::new(shared.layout.attempt_dir(&key.0, key.1)).journal().unwrap_or_default();
-        let monitor_alive = journal.status.is_none() && journal.monitor.is_some_and(|m| m.alive());
+        let shim_alive = journal.status.is_none() && journal.shim.is_some_and(|m| m.alive());
         let restarted = tenure_machine::boot::booted_since(&record, boot.as_deref());
-        found.push(Found::Record { record, monitor_alive, restarted });
+        found.push(Found::Record { record, shim_alive, restarted });
     }
     for c in corrupt {
         let Some(key) = c.attempt else {
@@ -101,7 +101,7 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
                 tracing::info!(task = %task, attempt = %attempt, "re-reporting buffered completion")
             }
             _ => {
-                tracing::info!(task = %task, attempt = %attempt, "settling an attempt whose monitor is gone from its files")
+                tracing::info!(task = %task, attempt = %attempt, "settling an attempt whose shim is gone from its files")
             }
         }
         spawn_drive(shared, key, None);
@@ -123,7 +123,7 @@ fn files_only(shared: &Shared, key: Key, journal: Option<Journal>, corrupt: Opti
     Found::FilesOnly {
         key,
         status: journal.status.is_some(),
-        monitor_alive: journal.monitor.is_some_and(|m| m.alive()),
+        shim_alive: journal.shim.is_some_and(|m| m.alive()),
         grant: journal.grant,
         corrupt,
     }
@@ -153,18 +153,18 @@ fn unlisted_attempt_dirs(shared: &Shared, known: &std::collections::HashSet<Stri
             continue;
         }
         let names_it = journal.grant.as_ref().is_some_and(|g| name == format!("{}.{}", g.task, g.attempt));
-        let monitor_alive = journal.monitor.is_some_and(|m| m.alive());
+        let shim_alive = journal.shim.is_some_and(|m| m.alive());
         let group_alive = journal.pgid.is_some_and(process::group_alive);
-        match unlisted(names_it, monitor_alive, group_alive) {
+        match unlisted(names_it, shim_alive, group_alive) {
             Unlisted::Settle => {
-                tracing::warn!(dir = %name, "attempt directory without a record: the record was lost; settling from the monitor's files");
+                tracing::warn!(dir = %name, "attempt directory without a record: the record was lost; settling from the shim's files");
                 let key = journal.grant.as_ref().map(|g| (g.task.clone(), g.attempt));
                 if let Some(key) = key {
                     found.push(files_only(shared, key, Some(journal), None));
                 }
             }
             Unlisted::Keep => {
-                tracing::warn!(dir = %name, monitor_alive, group_alive, "attempt directory without a record but with live processes: kept");
+                tracing::warn!(dir = %name, shim_alive, group_alive, "attempt directory without a record but with live processes: kept");
             }
             Unlisted::Remove => {
                 tracing::info!(dir = %name, "removing an attempt directory no record names and no process uses");

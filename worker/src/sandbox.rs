@@ -14,7 +14,7 @@
 //! scratch root lies outside the data directory, belongs to the daemons' user
 //! and is not writable by anyone else, so a task can neither replace its own
 //! directory with a link nor reach the daemons' files from it. With
-//! `--run-as USER` the task (and only the task: not its monitor) runs as that
+//! `--run-as USER` the task (and only the task: not its shim) runs as that
 //! user, with its groups, and its scratch directory belongs to it.
 //!
 //! This module never runs a task and never removes anything: it decides what

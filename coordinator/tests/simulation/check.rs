@@ -23,7 +23,7 @@
 //! 9. A terminal notice is published only for a task whose terminal record is durable.
 //! 10. A task that never started ends `killed` only if a client asked to kill
 //!     it, and `unknown` only if a machine it was leased to was struck by a
-//!     fault (crashed, wiped, cut off, its monitor killed): nothing else
+//!     fault (crashed, wiped, cut off, its shim killed): nothing else
 //!     explains an outcome that could not be proved.
 
 use std::collections::{BTreeMap, BTreeSet};

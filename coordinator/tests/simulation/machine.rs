@@ -2,12 +2,12 @@
 //! the real worker core (`tenure_worker::core::Worker`: every grant, kill,
 //! step, report answer and recovery decision), the machine's one evidence
 //! verdict (`tenure_machine::evidence`), and around them a model of what the
-//! real drivers do with the core's actions: sidecar calls, the monitored
+//! real drivers do with the core's actions: sidecar calls, the shimed
 //! processes, reports over the bus.
 //!
 //! What survives what, as on a real machine:
 //!
-//! | crash   | worker memory | sidecar records | processes (monitors) | exit status files |
+//! | crash   | worker memory | sidecar records | processes (shims) | exit status files |
 //! |---------|---------------|-----------------|----------------------|-------------------|
 //! | worker  | lost          | kept            | keep running         | kept              |
 //! | sidecar | kept          | kept (flushed)  | keep running         | kept              |
@@ -34,7 +34,7 @@ use super::bus::{Asked, Dest, Envelope, Msg, Node, Reply, ReqId};
 use super::coord::host_id;
 use super::{Bug, Ctx, HEARTBEAT_EVERY, REPORT_TIMEOUT};
 
-/// An attempt's monitor and process group, as the machine sees it.
+/// An attempt's shim and process group, as the machine sees it.
 #[derive(Debug, Clone)]
 enum Proc {
     Running {
@@ -42,9 +42,9 @@ enum Proc {
         outcome: Outcome,
         killed: bool,
     },
-    /// The monitor recorded the exit status (a file: it survives everything).
+    /// The shim recorded the exit status (a file: it survives everything).
     Exited(Outcome),
-    /// The monitor died without recording anything (killed, or the machine went down).
+    /// The shim died without recording anything (killed, or the machine went down).
     Dead,
 }
 
@@ -111,7 +111,7 @@ impl Sidecar {
 /// What the driver keeps for one held attempt besides the core's facts.
 #[derive(Debug, Clone, Default)]
 struct Local {
-    /// The monitor's pid, once launched (or recorded).
+    /// The shim's pid, once launched (or recorded).
     pid: i32,
     /// The `Started` report was answered (or need not be sent: recovered).
     started_acked: bool,
@@ -258,8 +258,8 @@ impl Host {
         ctx.note(|| format!("FAULT m{i} data directory wiped"));
     }
 
-    /// SIGKILL of one running monitor: its group is gone and nothing is recorded.
-    pub fn kill_monitor(&mut self, ctx: &mut Ctx) {
+    /// SIGKILL of one running shim: its group is gone and nothing is recorded.
+    pub fn kill_shim(&mut self, ctx: &mut Ctx) {
         let running: Vec<Key> =
             self.procs.iter().filter(|(_, p)| matches!(p, Proc::Running { .. })).map(|(k, _)| k.clone()).collect();
         if running.is_empty() || !self.up {
@@ -268,7 +268,7 @@ impl Host {
         let key = running[ctx.rng.gen_range(0..running.len())].clone();
         self.procs.insert(key.clone(), Proc::Dead);
         let i = self.index;
-        ctx.note(|| format!("FAULT m{i} monitor of {}#{} killed", key.0, key.1));
+        ctx.note(|| format!("FAULT m{i} shim of {}#{} killed", key.0, key.1));
     }
 
     pub fn heal(&mut self, now: u64) {
@@ -415,8 +415,8 @@ impl Host {
             .into_iter()
             .map(|record| {
                 let key = (record.grant.task.clone(), record.grant.attempt);
-                let monitor_alive = matches!(self.procs.get(&key), Some(Proc::Running { .. }));
-                Found::Record { record, monitor_alive, restarted: false }
+                let shim_alive = matches!(self.procs.get(&key), Some(Proc::Running { .. }));
+                Found::Record { record, shim_alive, restarted: false }
             })
             .collect();
         let recovered = self.w().core.recover(epoch, found);
@@ -529,7 +529,7 @@ impl Host {
         Some(answer.reply)
     }
 
-    /// The sidecar's records judged together with the monitor's files, by
+    /// The sidecar's records judged together with the shim's files, by
     /// the machine's one verdict (as the sidecar server does). `None`: nobody
     /// answers.
     fn evidence(&mut self, ctx: &mut Ctx, r: &EvidenceRequest) -> Option<EvidenceReply> {
@@ -540,7 +540,7 @@ impl Host {
                 Some(Proc::Exited(o)) => Some(o.clone()),
                 _ => None,
             },
-            monitor_alive: matches!(proc, Some(Proc::Running { .. })),
+            shim_alive: matches!(proc, Some(Proc::Running { .. })),
             // An attempt gets its directory (and grant) before its process.
             has_grant: proc.is_some(),
         };

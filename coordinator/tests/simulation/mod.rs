@@ -6,7 +6,7 @@
 //! A schedule has two phases. **Chaos**: the client submits and kills tasks
 //! while messages are delayed, reordered (across subjects) and lost, nodes
 //! are partitioned, coordinators crash, pause and lose their lease, and
-//! workers, sidecars, monitors and whole machines crash. **Heal**: no more faults, every node up,
+//! workers, sidecars, shims and whole machines crash. **Heal**: no more faults, every node up,
 //! the network calm; the run goes on until the cluster is quiet (bounded).
 //! The checker ([`check`]) judges every step and the quiet end.
 //!
@@ -123,7 +123,7 @@ enum Event {
     /// under the same id on an empty store (another incarnation).
     MachineWipe(usize),
     MachinePartition(usize),
-    MonitorKill(usize),
+    ShimKill(usize),
 }
 
 /// Per-tick chances of each event, drawn per schedule (some calm, some
@@ -147,7 +147,7 @@ impl Rates {
             add(0.002, Event::MachineCrash(m));
             add(0.001, Event::MachineWipe(m));
             add(0.004, Event::MachinePartition(m));
-            add(0.002, Event::MonitorKill(m));
+            add(0.002, Event::ShimKill(m));
         }
         let total: f64 = table.iter().map(|(p, _)| p).sum();
         if total > 1.0 {
@@ -333,7 +333,7 @@ impl Sim {
         | Event::MachineCrash(m)
         | Event::MachineWipe(m)
         | Event::MachinePartition(m)
-        | Event::MonitorKill(m) = event
+        | Event::ShimKill(m) = event
         {
             ctx.check.machine_struck(&coord::host_id(m));
         }
@@ -385,7 +385,7 @@ impl Sim {
                 ctx.bus.partition(Node::Machine(m), ctx.now + d);
                 ctx.note(|| format!("FAULT m{m} cut off for {d} ticks"));
             }
-            Event::MonitorKill(m) => self.hosts[m].kill_monitor(ctx),
+            Event::ShimKill(m) => self.hosts[m].kill_shim(ctx),
         }
     }
 

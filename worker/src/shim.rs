@@ -1,6 +1,6 @@
-//! The per-task monitor: a small process, one per attempt, that owns the task's
+//! The per-task shim: a small process, one per attempt, that owns the task's
 //! process group so that the task outlives the worker (the containerd-shim /
-//! Nomad executor idea). The worker's monitor launcher forks it
+//! Nomad executor idea). The worker's shim launcher forks it
 //! ([`crate::launcher`]); from then on it depends on neither.
 //!
 //! It detaches into its own session, becomes the child subreaper of everything
@@ -45,15 +45,15 @@ use tenure_protocol::{Attempt, Ending, Kind, Outcome, TaskId};
 
 use crate::process;
 use crate::sandbox::{self, RunAs};
-use tenure_machine::attempt_files::{AttemptFiles, InputFifo, MonitorStatus, ProcessId};
+use tenure_machine::attempt_files::{AttemptFiles, InputFifo, ProcessId, ShimStatus};
 
 /// Default output cap per task.
 pub const DEFAULT_OUTPUT_CAP: u64 = 64 * 1024 * 1024;
 
-/// What the monitor is told: which attempt, and the worker's settings for it
+/// What the shim is told: which attempt, and the worker's settings for it
 /// (the rest — what to run — it reads from the attempt's `grant` file).
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct MonitorArgs {
+pub struct ShimArgs {
     pub data_dir: PathBuf,
     pub task: TaskId,
     pub attempt: Attempt,
@@ -62,49 +62,49 @@ pub struct MonitorArgs {
     /// The attempt's scratch directory, made by the worker: the task's `HOME`
     /// and, without a spec `cwd`, its working directory.
     pub scratch: PathBuf,
-    /// The user the task runs as (the monitor itself stays the worker's user).
+    /// The user the task runs as (the shim itself stays the worker's user).
     pub run_as: Option<RunAs>,
     /// The NATS servers as the task sees them (no credentials).
     pub nats: String,
 }
 
-/// Runs the monitor to completion. Returns the process exit code: 0 when the
+/// Runs the shim to completion. Returns the process exit code: 0 when the
 /// exit evidence was recorded, 1 when it could not be (the worker then treats
 /// the attempt as having no evidence).
 ///
 /// It is one thread and no runtime: a `poll` over the output pipe and a
 /// signalfd (SIGCHLD, SIGTERM) drives everything, because it runs once per
 /// attempt and every page it touches after its fork is a copy.
-pub fn run(args: &MonitorArgs) -> i32 {
-    let _span = tracing::info_span!("monitor", task = %args.task, attempt = %args.attempt).entered();
+pub fn run(args: &ShimArgs) -> i32 {
+    let _span = tracing::info_span!("shim", task = %args.task, attempt = %args.attempt).entered();
     // A new session: the worker's death, its terminal, or a signal to its
-    // process group never reaches the monitor.
+    // process group never reaches the shim.
     let _ = nix::unistd::setsid();
     process::become_subreaper();
     let layout = Layout::new(&args.data_dir);
     let files = AttemptFiles::new(layout.attempt_dir(&args.task, args.attempt));
-    let recorded = ProcessId::current().and_then(|me| files.write_monitor(me));
+    let recorded = ProcessId::current().and_then(|me| files.write_shim(me));
     if let Err(error) = recorded {
-        tracing::error!(dir = %files.dir().display(), %error, "monitor cannot record itself; not starting the task");
+        tracing::error!(dir = %files.dir().display(), %error, "shim cannot record itself; not starting the task");
         return 1;
     }
     let status = supervise(args, &layout, &files);
     // Also when the task could not be spawned after its FIFO was created.
     if let Err(error) = files.remove_input() {
-        tracing::warn!(%error, "monitor cannot remove the input pipe");
+        tracing::warn!(%error, "shim cannot remove the input pipe");
     }
     match files.write_status(&status) {
         Ok(()) => 0,
         Err(error) => {
-            tracing::error!(%error, "monitor cannot record the exit status");
+            tracing::error!(%error, "shim cannot record the exit status");
             1
         }
     }
 }
 
-fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> MonitorStatus {
+fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStatus {
     let failed =
-        |detail: String| MonitorStatus { outcome: Outcome::new(Ending::Failed, None, Some(detail)), output_written: 0 };
+        |detail: String| ShimStatus { outcome: Outcome::new(Ending::Failed, None, Some(detail)), output_written: 0 };
     let (spec, owner) = match files.read_grant() {
         Ok(grant) => (grant.spec, grant.owner),
         Err(e) => return failed(format!("cannot read the task's grant: {e}")),
@@ -153,14 +153,14 @@ fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> Monit
         }
     };
     if let Err(error) = files.write_pgid(leader) {
-        tracing::warn!(%error, "monitor cannot record the process group");
+        tracing::warn!(%error, "shim cannot record the process group");
     }
     let matcher = match spec.pattern.as_deref().map(|p| LineMatcher::new(p, files)) {
         None => None,
         Some(Ok(m)) => Some(m),
         // Validated at submit; a failure here is the matches file.
         Some(Err(e)) => {
-            tracing::warn!(error = %e, "monitor cannot record matched lines");
+            tracing::warn!(error = %e, "shim cannot record matched lines");
             None
         }
     };
@@ -179,8 +179,8 @@ fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> Monit
         match poll(&mut fds[..watched], timeout) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => {
-                tracing::error!(error = %e, "monitor cannot wait; ending the task");
-                group.abort(format!("the monitor could not wait for the task: {e}"));
+                tracing::error!(error = %e, "shim cannot wait; ending the task");
+                group.abort(format!("the shim could not wait for the task: {e}"));
                 std::thread::sleep(ENDING_CHECK);
             }
         }
@@ -204,21 +204,21 @@ fn supervise(args: &MonitorArgs, layout: &Layout, files: &AttemptFiles) -> Monit
     // Nobody reads the input any more: a sender now finds no pipe and is told
     // the task ended (the FIFO goes before its keeper is let go).
     if let Err(error) = files.remove_input() {
-        tracing::warn!(%error, "monitor cannot remove the input pipe");
+        tracing::warn!(%error, "shim cannot remove the input pipe");
     }
     let (written, dropped) = pump.finish();
     // The output file's data was synced by `finish`; its entry (created with
     // the first attempt of the task) needs the directory synced too.
     if let Err(error) = tenure_machine::layout::sync_dir(&layout.output_dir()) {
-        tracing::warn!(%error, "monitor cannot sync the output directory");
+        tracing::warn!(%error, "shim cannot sync the output directory");
     }
     let mut outcome = group.outcome();
     outcome.output_dropped = dropped;
-    MonitorStatus { outcome, output_written: written }
+    ShimStatus { outcome, output_written: written }
 }
 
 /// The tag that opens the detail of a task ended because its machine was
-/// stopping (SIGTERM to its monitor that no kill request explains).
+/// stopping (SIGTERM to its shim that no kill request explains).
 pub const MACHINE_SHUTDOWN: &str = "machine-shutdown";
 
 /// How long the output pipe may stay open after the task's group is gone: a
@@ -241,7 +241,7 @@ struct Group {
     killed: bool,
     /// SIGTERM without a kill request (machine shutdown), from this pid.
     shutdown: Option<u32>,
-    /// Why the monitor itself ended the task, if it had to.
+    /// Why the shim itself ended the task, if it had to.
     aborted: Option<String>,
     /// When SIGTERM went to the group.
     terminated_at: Option<Instant>,
@@ -267,14 +267,14 @@ impl Group {
         self.killed = true;
     }
 
-    /// The monitor was told to stop by someone other than the worker (the
+    /// The shim was told to stop by someone other than the worker (the
     /// machine shutting down): the group is ended as for a kill, but the
     /// task did not end by request — it fails, saying so.
     fn shutdown(&mut self, from_pid: u32) {
         self.shutdown.get_or_insert(from_pid);
     }
 
-    /// Ends the task for a reason of the monitor's own: it fails with it.
+    /// Ends the task for a reason of the shim's own: it fails with it.
     fn abort(&mut self, reason: String) {
         self.aborted.get_or_insert(reason);
     }
@@ -349,7 +349,7 @@ impl Group {
                 Ending::Failed,
                 code,
                 Some(format!(
-                    "{MACHINE_SHUTDOWN}: the task's monitor was sent SIGTERM by pid {pid}, not by a kill request \
+                    "{MACHINE_SHUTDOWN}: the task's shim was sent SIGTERM by pid {pid}, not by a kill request \
                      (the machine or its service manager stopping processes), and ended the task ({status}); \
                      resubmit it if it should run"
                 )),
