@@ -27,6 +27,8 @@ pub struct Process {
     log: PathBuf,
     own_group: bool,
     child: Option<Child>,
+    /// The pid of the last start, and its status once killed and reaped.
+    last: Option<(u32, Option<ExitStatus>)>,
 }
 
 impl Process {
@@ -41,6 +43,7 @@ impl Process {
             log: log.to_path_buf(),
             own_group: false,
             child: None,
+            last: None,
         }
     }
 
@@ -108,12 +111,19 @@ impl Process {
             command.spawn().map_err(|e| std::io::Error::new(e.kind(), format!("starting {}: {e}", self.name)))?;
         let pid = child.id();
         self.child = Some(child);
+        self.last = Some((pid, None));
         Ok(pid)
     }
 
-    /// The pid of the child last started (it may have exited since).
+    /// The pid of the child last started (it may have exited since); `None`
+    /// once [`Process::kill9`] or [`Process::stop`] reaped it.
     pub fn pid(&self) -> Option<i32> {
         self.child.as_ref().map(|c| c.id() as i32)
+    }
+
+    /// The pid of the last start, also after it was killed and reaped.
+    pub fn last_pid(&self) -> Option<i32> {
+        self.last.map(|(pid, _)| pid as i32)
     }
 
     /// Started and not exited.
@@ -121,9 +131,12 @@ impl Process {
         self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
-    /// Its exit status, once it exited by itself (reaped).
+    /// Its exit status once it exited (reaped), by itself or killed.
     pub fn try_exit(&mut self) -> Option<ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        match self.child.as_mut() {
+            Some(c) => c.try_wait().ok().flatten(),
+            None => self.last.and_then(|(_, status)| status),
+        }
     }
 
     /// Sends `signal` to it, by its pid, while it runs (never once it was
@@ -136,11 +149,12 @@ impl Process {
         }
     }
 
-    /// SIGKILLs it and reaps it.
+    /// SIGKILLs it (unless it exited already) and reaps it.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
-            let _ = c.wait();
+            let status = c.wait().ok();
+            self.last = Some((c.id(), status));
         }
     }
 
@@ -206,6 +220,8 @@ mod tests {
         assert!(said.is_some(), "{}", p.log_text());
         p.stop(Duration::from_secs(5));
         assert!(!p.running());
+        assert!(p.pid().is_none() && p.last_pid() == Some(first as i32));
+        assert!(p.try_exit().is_some(), "its status is kept once reaped");
         assert!(kill(Pid::from_raw(first as i32), None).is_err(), "stopped and reaped");
         let second = p.start().unwrap();
         assert_ne!(first, second);

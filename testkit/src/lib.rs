@@ -7,6 +7,13 @@
 //! sleeping.
 //!
 //! Never used by the daemons themselves.
+//!
+//! [`cluster`] is the one local-cluster harness of the tests: these servers
+//! and the real `tenure` daemons, started and stopped by their pids through
+//! `tenure-launch` (which `tenure dev`, the bench and the chaos harness use
+//! too).
+
+pub mod cluster;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
