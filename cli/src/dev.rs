@@ -15,14 +15,13 @@
 //! credentials. `DATA/dev.env` makes a shell act as `alice`.
 
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde::Serialize;
-use tokio::process::{Child, Command};
+use tenure_launch::process::Process;
 
 use crate::nats_auth;
 
@@ -68,7 +67,7 @@ const DEV_USERS: [&str; 3] = ["alice", "bob", "operator"];
 
 struct Running {
     name: String,
-    child: Child,
+    process: Process,
     started: std::time::Instant,
     /// Exits in a row that came soon after a start (a component that cannot run).
     quick_exits: u32,
@@ -159,16 +158,19 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     let mut components = Vec::new();
     for (name, argv, env_file) in plan {
         let log = logs.join(format!("{name}.log"));
-        let child = match spawn(&argv, env_file.as_deref(), &log) {
-            Ok(c) => c,
+        let started = component(&name, &argv, env_file.as_deref(), &log)
+            .with_context(|| format!("starting {name}"))
+            .and_then(|mut p| Ok((p.start()?, p)));
+        let (pid, process) = match started {
+            Ok(started) => started,
             Err(e) => {
                 stop_all(&mut running).await;
-                return Err(e.context(format!("starting {name}")));
+                return Err(e);
             }
         };
-        eprintln!("started {name:<16} pid {:<7} log {}", child.id().unwrap_or(0), log.display());
-        components.push(Component { name: name.clone(), pid: child.id().unwrap_or(0), command: argv, env_file, log });
-        running.push(Running { name: name.clone(), child, started: std::time::Instant::now(), quick_exits: 0 });
+        eprintln!("started {name:<16} pid {pid:<7} log {}", log.display());
+        components.push(Component { name: name.clone(), pid, command: argv, env_file, log });
+        running.push(Running { name: name.clone(), process, started: std::time::Instant::now(), quick_exits: 0 });
         if name == "nats" && !wait_for_port(opts.nats_port, Duration::from_secs(20)).await {
             stop_all(&mut running).await;
             bail!(
@@ -215,7 +217,7 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
                     if restarts.iter().any(|(_, j)| *j == i) {
                         continue;
                     }
-                    let Ok(Some(status)) = r.child.try_wait() else { continue };
+                    let Some(status) = r.process.try_exit() else { continue };
                     r.quick_exits = if r.started.elapsed() < QUICK_EXIT { r.quick_exits + 1 } else { 0 };
                     eprintln!("{} exited ({status}): {}; starting it again in {} s", r.name, while_gone(&r.name), RESTART_AFTER.as_secs());
                     restarts.push((tokio::time::Instant::now() + RESTART_AFTER, i));
@@ -230,11 +232,10 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
                 let restarted = !due.is_empty();
                 for i in due {
                     let c = &mut components[i];
-                    match spawn(&c.command, c.env_file.as_deref(), &c.log) {
-                        Ok(child) => {
-                            c.pid = child.id().unwrap_or(0);
+                    match running[i].process.start() {
+                        Ok(pid) => {
+                            c.pid = pid;
                             eprintln!("started {:<16} pid {:<7} again", c.name, c.pid);
-                            running[i].child = child;
                             running[i].started = std::time::Instant::now();
                         }
                         Err(e) => eprintln!("{} could not be started again: {e:#}", c.name),
@@ -253,33 +254,29 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     Ok(exit)
 }
 
-fn spawn(argv: &[String], env_file: Option<&Path>, log: &Path) -> anyhow::Result<Child> {
-    let file = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
-    let err = file.try_clone()?;
+/// One component as a `tenure_launch` process (started, signalled and
+/// stopped by its own pid; killed if `tenure dev` itself goes away).
+fn component(name: &str, argv: &[String], env_file: Option<&Path>, log: &Path) -> anyhow::Result<Process> {
     let (bin, args) = argv.split_first().ok_or_else(|| anyhow!("empty command"))?;
-    let mut command = Command::new(bin);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // Own process group: a Ctrl-C in the terminal reaches `tenure dev`, which
+    // then stops the components in order.
+    let mut process = Process::new(name, Path::new(bin), &args, log).own_process_group();
     // NATS connection settings of the caller's environment are meant for
     // another cluster: each component gets its own credentials, and no TLS.
-    for (name, _) in std::env::vars_os() {
-        if name.to_str().is_some_and(|n| n.starts_with("TENURE_NATS") && n != "TENURE_NATS_SERVER") {
-            command.env_remove(name);
+    for (var, _) in std::env::vars_os() {
+        if let Some(var) = var.to_str().filter(|n| n.starts_with("TENURE_NATS") && *n != "TENURE_NATS_SERVER") {
+            process = process.env_remove(var);
         }
     }
+    // One metrics address cannot serve every component of the cluster.
+    process = process.env_remove("TENURE_METRICS_ADDR");
     if let Some(file) = env_file {
-        command.envs(nats_auth::read_env_file(file)?);
+        for (k, v) in nats_auth::read_env_file(file)? {
+            process.set_env(&k, &v);
+        }
     }
-    Ok(command
-        .args(args)
-        // One metrics address cannot serve every component of the cluster.
-        .env_remove("TENURE_METRICS_ADDR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(file))
-        .stderr(Stdio::from(err))
-        // Own process group: a Ctrl-C in the terminal reaches `tenure dev`, which
-        // then stops the components in order.
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()?)
+    Ok(process)
 }
 
 async fn wait_for_port(port: u16, bound: Duration) -> bool {
@@ -296,15 +293,16 @@ async fn wait_for_port(port: u16, bound: Duration) -> bool {
 /// Stops components in reverse start order: workers end their tasks first, NATS last.
 async fn stop_all(running: &mut Vec<Running>) {
     while let Some(mut r) = running.pop() {
-        if let Some(pid) = r.child.id() {
-            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        r.process.signal(Signal::SIGTERM);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while r.process.running() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        match tokio::time::timeout(Duration::from_secs(10), r.child.wait()).await {
-            Ok(_) => eprintln!("stopped {}", r.name),
-            Err(_) => {
-                eprintln!("{} did not stop within 10s; killing it", r.name);
-                let _ = r.child.kill().await;
-            }
+        if r.process.running() {
+            eprintln!("{} did not stop within 10s; killing it", r.name);
+        } else {
+            eprintln!("stopped {}", r.name);
         }
+        r.process.kill9();
     }
 }
