@@ -130,9 +130,7 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
             board(&api, ApiRequest::Unarchive { session: api.session().clone(), task }).await
         }
         Command::Delete { task } => board(&api, ApiRequest::Delete { session: api.session().clone(), task }).await,
-        Command::Watch { once, json } => {
-            crate::watch::watch(api.nats().clone(), api.session().clone(), once, json).await
-        }
+        Command::Watch { once, json } => crate::watch::watch(&api, once, json).await,
         Command::Coordinator { .. }
         | Command::Worker { .. }
         | Command::Sidecar { .. }

@@ -11,7 +11,7 @@
 //!
 //! It must never: send a submit again under a new idempotency key (a retry
 //! that could duplicate a task), repeat a request the rule does not call safe
-//! (kills, board moves, marks, input to an agent), retry without a bound, or
+//! (kills, board moves, input to an agent), retry without a bound, or
 //! decide anything about tasks — what the coordinator answers is returned as
 //! it is ([`Error::Api`]). It prints nothing: rendering is the caller's.
 

@@ -12,8 +12,9 @@
 //! - Only requests that are safe to repeat are repeated: reads, waits, and a
 //!   submit — which carries its idempotency key on every try, so a retry of a
 //!   submit whose first reply was lost returns the task the first try
-//!   created, never a second one. Kills, board moves and marks are sent once:
-//!   the caller sees the failure and decides.
+//!   created, never a second one. Marking a task reported and reading
+//!   notices (with their acknowledgements) are idempotent too. Kills and
+//!   board moves are sent once: the caller sees the failure and decides.
 //! - Every retry is bounded by an overall deadline; pauses grow from
 //!   `first_pause` to `max_pause`.
 
@@ -51,7 +52,7 @@ pub enum Failure {
 pub enum Repeat {
     /// Reads, waits and submits (with their idempotency key): safe to send again.
     Safe,
-    /// Kills, board moves, marks and anything else: sent once.
+    /// Kills, board moves and anything else: sent once.
     Once,
 }
 
@@ -65,8 +66,15 @@ impl Repeat {
             | ApiRequest::ListPage { .. }
             | ApiRequest::Wait { .. }
             | ApiRequest::Status
-            | ApiRequest::FinalOutput { .. } => Repeat::Safe,
-            _ => Repeat::Once,
+            | ApiRequest::FinalOutput { .. }
+            // Marking reported again marks nothing new; acknowledging a
+            // notice twice acknowledges it once.
+            | ApiRequest::MarkReported { .. }
+            | ApiRequest::Notices { .. } => Repeat::Safe,
+            ApiRequest::Kill { .. }
+            | ApiRequest::Archive { .. }
+            | ApiRequest::Unarchive { .. }
+            | ApiRequest::Delete { .. } => Repeat::Once,
         }
     }
 }
@@ -249,8 +257,12 @@ mod tests {
             (ApiRequest::ListPage { session: session.clone(), all: true, after: None }, Repeat::Safe),
             (ApiRequest::Wait { session: session.clone(), task: task.clone(), timeout_ms: 1 }, Repeat::Safe),
             (ApiRequest::Status, Repeat::Safe),
+            (ApiRequest::MarkReported { session: session.clone(), task: task.clone() }, Repeat::Safe),
+            (
+                ApiRequest::Notices { session: session.clone(), acks: vec!["a".into()], max: 1, wait_ms: 0 },
+                Repeat::Safe,
+            ),
             (ApiRequest::Kill { session: session.clone(), task: task.clone() }, Repeat::Once),
-            (ApiRequest::MarkReported { session: session.clone(), task: task.clone() }, Repeat::Once),
             (ApiRequest::Delete { session, task }, Repeat::Once),
         ];
         for (req, want) in table {
