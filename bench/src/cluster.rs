@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use tenure_launch::daemon::DaemonArgs;
 use tenure_launch::process::Process;
 
 use crate::api::{Api, BenchApi};
@@ -188,14 +189,13 @@ impl Cluster {
         }
         for i in 1..=spec.workers {
             let id = format!("w{i}");
-            let data = c.dir.join("workers").join(&id).display().to_string();
-            c.spawn(&format!("sidecar-{id}"), &["sidecar", "--worker", &id, "--data-dir", &data])?;
-            let slots = spec.slots.to_string();
+            let data = c.worker_dir(&id);
+            c.spawn(&format!("sidecar-{id}"), DaemonArgs::sidecar(&c.url, &id, &data))?;
             let hb = HEARTBEAT_MS.to_string();
-            let mut args = vec!["worker", "--id", &id, "--slots", &slots, "--data-dir", &data];
-            args.extend(["--heartbeat-ms", &hb, "--kill-grace-ms", "1000", "--kill-tasks-on-exit"]);
-            args.extend(spec.worker_extra.iter().map(String::as_str));
-            c.spawn(&format!("worker-{id}"), &args)?;
+            let args = DaemonArgs::worker(&c.url, &id, spec.slots, &data)
+                .flags(&["--heartbeat-ms", &hb, "--kill-grace-ms", "1000", "--kill-tasks-on-exit"])
+                .flags(&spec.worker_extra);
+            c.spawn(&format!("worker-{id}"), args)?;
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -215,14 +215,12 @@ impl Cluster {
     }
 
     pub fn spawn_coordinator(&mut self, name: &str) -> anyhow::Result<()> {
-        let mut args = vec!["coordinator", "--name", name];
-        args.extend(LEASE_FLAGS);
-        self.spawn(&format!("coordinator-{name}"), &args)
+        let args = DaemonArgs::coordinator(&self.url, name).flags(&LEASE_FLAGS);
+        self.spawn(&format!("coordinator-{name}"), args)
     }
 
-    fn spawn(&mut self, name: &str, args: &[&str]) -> anyhow::Result<()> {
-        let mut all = vec!["--nats".to_owned(), self.url.clone()];
-        all.extend(args.iter().map(|a| a.to_string()));
+    fn spawn(&mut self, name: &str, args: DaemonArgs) -> anyhow::Result<()> {
+        let all = args.into_vec();
         let mut p = Proc::new(name, &self.tools.tenure, &all, &self.dir.join(format!("logs/{name}.log")));
         p.start()?;
         self.procs.push(p);
@@ -259,7 +257,7 @@ impl Cluster {
     }
 
     pub fn worker_dir(&self, id: &str) -> PathBuf {
-        self.dir.join("workers").join(id)
+        tenure_launch::daemon::machine_dir(&self.dir, id)
     }
 
     /// The last lines of every log, for failure messages.

@@ -11,6 +11,7 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use tenure_sidecar::attempt_files::AttemptFiles;
 
+use tenure_launch::daemon::{machine_dir, DaemonArgs};
 use tenure_launch::process::Process;
 
 use crate::power::{self, Disk};
@@ -160,7 +161,7 @@ impl Cluster {
         let nats_disk = disk("nats", dir.join("nats"), true)?;
         let mut disks = Vec::new();
         for i in 1..=workers {
-            disks.extend(disk(&format!("w{i}"), dir.join("workers").join(format!("w{i}")), false)?);
+            disks.extend(disk(&format!("w{i}"), machine_dir(dir, &format!("w{i}")), false)?);
         }
         std::fs::create_dir_all(&logs)?;
         // The run's directory may be passable for the tasks' user; the logs are not theirs.
@@ -194,14 +195,12 @@ impl Cluster {
             nats_disk,
             disks,
         };
+        // Each node reaches NATS through its own proxy: the URL hook of the
+        // daemons' command lines.
+        let window = DUPLICATE_WINDOW.as_millis().to_string();
         for i in 1..=coordinators {
             let p = Proxy::start(nats_port).await?;
-            let args = [
-                "--nats",
-                &url(&p),
-                "coordinator",
-                "--name",
-                &format!("c{i}"),
+            let args = DaemonArgs::coordinator(&url(&p), &format!("c{i}")).flags(&[
                 "--worker-ttl-ms",
                 "3000",
                 "--lease-ttl-ms",
@@ -212,40 +211,29 @@ impl Cluster {
                 "1200",
                 // Short, so that `nats-restart` can outwait it.
                 "--registry-duplicate-window-ms",
-                &DUPLICATE_WINDOW.as_millis().to_string(),
-            ];
-            c.coordinators.push(Node::new(&format!("c{i}"), bin, &args, &logs));
+                &window,
+            ]);
+            c.coordinators.push(Node::new(&format!("c{i}"), bin, &args.as_strs(), &logs));
             c.coordinator_links.push(p);
         }
         for i in 1..=workers {
             let id = format!("w{i}");
-            let data = dir.join("workers").join(&id).display().to_string();
+            let data = machine_dir(dir, &id);
             let ps = Proxy::start(nats_port).await?;
-            let args = ["--nats", &url(&ps), "sidecar", "--worker", &id, "--data-dir", &data];
-            c.sidecars.push(Node::new(&format!("sidecar-{id}"), bin, &args, &logs));
+            let args = DaemonArgs::sidecar(&url(&ps), &id, &data);
+            c.sidecars.push(Node::new(&format!("sidecar-{id}"), bin, &args.as_strs(), &logs));
             c.sidecar_links.push(ps);
             let pw = Proxy::start(nats_port).await?;
-            let url = url(&pw);
-            let slots = SLOTS.to_string();
-            let mut args = vec![
-                "--nats",
-                &url,
-                "worker",
-                "--id",
-                &id,
-                "--slots",
-                &slots,
-                "--data-dir",
-                &data,
+            let mut args = DaemonArgs::worker(&url(&pw), &id, SLOTS, &data).flags(&[
                 "--heartbeat-ms",
                 "300",
                 "--kill-grace-ms",
                 "1000",
-            ];
+            ]);
             if let Some(user) = run_as {
-                args.extend_from_slice(&["--run-as", user]);
+                args = args.flags(&["--run-as", user]);
             }
-            c.workers.push(Node::new(&format!("worker-{id}"), bin, &args, &logs));
+            c.workers.push(Node::new(&format!("worker-{id}"), bin, &args.as_strs(), &logs));
             c.worker_links.push(pw);
         }
         c.supervise()?;
@@ -257,7 +245,7 @@ impl Cluster {
     }
 
     pub fn worker_dir(&self, i: usize) -> PathBuf {
-        self.dir.join("workers").join(format!("w{}", i + 1))
+        machine_dir(&self.dir, &format!("w{}", i + 1))
     }
 
     /// Starts every node that is down and due, nats-server first.

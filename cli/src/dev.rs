@@ -21,6 +21,7 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use nix::sys::signal::Signal;
 use serde::Serialize;
+use tenure_launch::daemon::{machine_dir, DaemonArgs};
 use tenure_launch::process::Process;
 
 use crate::nats_auth;
@@ -125,31 +126,31 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
 
     let mut plan: Vec<(String, Vec<String>, Option<PathBuf>)> =
         vec![("nats".into(), vec![nats_bin.display().to_string(), "-c".into(), nats_conf.display().to_string()], None)];
-    let tenure = |args: &[&str]| -> Vec<String> {
-        let mut v = vec![exe.display().to_string(), "--nats".into(), url.clone()];
-        v.extend(args.iter().map(|s| s.to_string()));
+    // The daemons' command lines as tenure_launch writes them, after this binary.
+    let tenure = |args: DaemonArgs| -> Vec<String> {
+        let mut v = vec![exe.display().to_string()];
+        v.extend(args.into_vec());
         v
     };
     for i in 1..=opts.coordinators.max(1) {
         let name = format!("c{i}");
         plan.push((
             format!("coordinator-{name}"),
-            tenure(&["coordinator", "--name", &name, "--operator", "operator"]),
+            tenure(DaemonArgs::coordinator(&url, &name).flags(&["--operator", "operator"])),
             env_of(&format!("coordinator-{name}")),
         ));
     }
     for i in 1..=opts.workers {
         let id = format!("w{i}");
-        let dir = data.join("workers").join(&id).display().to_string();
+        let dir = machine_dir(&data, &id);
         plan.push((
             format!("sidecar-{id}"),
-            tenure(&["sidecar", "--worker", &id, "--data-dir", &dir]),
+            tenure(DaemonArgs::sidecar(&url, &id, &dir)),
             env_of(&format!("sidecar-{id}")),
         ));
-        let slots = opts.slots.to_string();
         plan.push((
             format!("worker-{id}"),
-            tenure(&["worker", "--id", &id, "--slots", &slots, "--data-dir", &dir, "--kill-tasks-on-exit"]),
+            tenure(DaemonArgs::worker(&url, &id, opts.slots, &dir).flags(&["--kill-tasks-on-exit"])),
             env_of(&format!("worker-{id}")),
         ));
     }

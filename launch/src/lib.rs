@@ -5,8 +5,9 @@
 //! It owns: finding a nats-server recent enough and saying what is missing
 //! and how to get it ([`nats::find`]); the configuration of a loopback
 //! nats-server with JetStream and its own store ([`nats::Config`]); free
-//! loopback ports and waiting for a port to listen; and child processes with
-//! a log file, stopped by their own pid ([`process::Process`]).
+//! loopback ports and waiting for a port to listen; how each daemon is
+//! invoked and where a machine's data directory lies ([`daemon`]); and child
+//! processes with a log file, stopped by their own pid ([`process::Process`]).
 //!
 //! It is an ordinary dependency (not test support) because `tenure dev`, a
 //! command users run, needs the same finder and server configuration as the
@@ -14,6 +15,7 @@
 //! stopped by the pid of its own child, never by name), pick a nats-server
 //! older than [`nats::MIN_VERSION`], or decide anything about tasks.
 
+pub mod daemon;
 pub mod nats;
 pub mod process;
 

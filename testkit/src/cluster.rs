@@ -13,6 +13,7 @@ use std::process::{Command, ExitStatus, Output};
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use tenure_launch::daemon::DaemonArgs;
 use tenure_launch::process::Process;
 
 use crate::{eventually, NatsCluster, NatsServer};
@@ -189,7 +190,7 @@ impl Cluster {
     }
 
     pub fn worker_dir(&self, id: &str) -> PathBuf {
-        self.dir.path().join("workers").join(id)
+        tenure_launch::daemon::machine_dir(self.dir.path(), id)
     }
 
     pub fn start_worker(&mut self, id: &str) {
@@ -199,24 +200,22 @@ impl Cluster {
 
     /// Starts (or restarts) the sidecar of worker `id`.
     pub fn spawn_sidecar(&mut self, id: &str) -> &mut Daemon {
-        let d = self.worker_dir(id).display().to_string();
-        self.spawn(&format!("sidecar-{id}"), &["sidecar", "--worker", id, "--data-dir", &d])
+        let args = DaemonArgs::sidecar(&self.nats.url, id, &self.worker_dir(id));
+        self.spawn_daemon(&format!("sidecar-{id}"), args, &[])
     }
 
     /// Starts (or restarts) the worker process `id`, with extra flags.
     pub fn spawn_worker(&mut self, id: &str, extra: &[&str]) -> &mut Daemon {
-        let d = self.worker_dir(id).display().to_string();
-        let mut args = vec!["worker", "--id", id, "--slots", "4", "--data-dir", &d];
-        args.extend_from_slice(&["--kill-grace-ms", "2000", "--heartbeat-ms", "300"]);
-        args.extend_from_slice(extra);
-        self.spawn(&format!("worker-{id}"), &args)
+        let args = DaemonArgs::worker(&self.nats.url, id, 4, &self.worker_dir(id))
+            .flags(&["--kill-grace-ms", "2000", "--heartbeat-ms", "300"])
+            .flags(extra);
+        self.spawn_daemon(&format!("worker-{id}"), args, &[])
     }
 
     /// Starts the worker process `id` set to crash at a named point (`TENURE_CRASH_AT`).
     pub fn spawn_worker_crashing_at(&mut self, id: &str, point: &str) -> &mut Daemon {
-        let d = self.worker_dir(id).display().to_string();
-        let args = ["worker", "--id", id, "--slots", "4", "--data-dir", &d, "--heartbeat-ms", "300"];
-        self.spawn_env(&format!("worker-{id}"), &args, &[("TENURE_CRASH_AT", point)])
+        let args = DaemonArgs::worker(&self.nats.url, id, 4, &self.worker_dir(id)).flags(&["--heartbeat-ms", "300"]);
+        self.spawn_daemon(&format!("worker-{id}"), args, &[("TENURE_CRASH_AT", point)])
     }
 
     /// SIGKILLs the newest daemon called `name` and reaps it.
@@ -229,10 +228,21 @@ impl Cluster {
     }
 
     pub fn spawn_env(&mut self, name: &str, args: &[&str], env: &[(&str, &str)]) -> &mut Daemon {
-        let log = self.dir.path().join(format!("{name}-{}.log", self.daemons.len()));
-        let role_env = self.auth.as_ref().map(|a| a.env(&user_of(args))).unwrap_or_default();
         let mut argv = vec!["--nats", &self.nats.url];
         argv.extend_from_slice(args);
+        let argv = argv.iter().map(|a| a.to_string()).collect::<Vec<_>>();
+        self.spawn_argv(name, &argv, env)
+    }
+
+    /// Starts a daemon from its command line as `tenure_launch` builds it.
+    fn spawn_daemon(&mut self, name: &str, args: DaemonArgs, env: &[(&str, &str)]) -> &mut Daemon {
+        self.spawn_argv(name, &args.into_vec(), env)
+    }
+
+    fn spawn_argv(&mut self, name: &str, argv: &[String], env: &[(&str, &str)]) -> &mut Daemon {
+        let log = self.dir.path().join(format!("{name}-{}.log", self.daemons.len()));
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let role_env = self.auth.as_ref().map(|a| a.env(&user_of(&argv[2..]))).unwrap_or_default();
         let mut process = Process::new(name, &BIN, &argv, &log).env("RUST_LOG", "info");
         for (k, v) in role_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).chain(env.iter().copied()) {
             process.set_env(k, v);
@@ -389,9 +399,8 @@ impl Cluster {
 
     /// Starts coordinator `name` (daemon `coordinator-<name>`) with a 3 s worker TTL and `extra` flags.
     pub fn spawn_coordinator(&mut self, name: &str, extra: &[&str]) -> &mut Daemon {
-        let mut args = vec!["coordinator", "--name", name, "--worker-ttl-ms", "3000"];
-        args.extend_from_slice(extra);
-        self.spawn(&format!("coordinator-{name}"), &args)
+        let args = DaemonArgs::coordinator(&self.nats.url, name).flags(&["--worker-ttl-ms", "3000"]).flags(extra);
+        self.spawn_daemon(&format!("coordinator-{name}"), args, &[])
     }
 
     /// `tenure status --json`, or `None` while no coordinator answers.
