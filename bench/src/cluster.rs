@@ -4,17 +4,17 @@
 //! started here and stopped here by its own pid: in reverse order at the end of
 //! a benchmark, and by [`stop_everything`] on Ctrl-C.
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use tenure_launch::daemon::DaemonArgs;
+use tenure_launch::process::Process;
 
-use crate::api::Api;
+use crate::api::{Api, BenchApi};
 
 /// Processes started and not yet stopped, for the Ctrl-C path.
 static LIVE: Mutex<Vec<i32>> = Mutex::new(Vec::new());
@@ -57,8 +57,9 @@ pub struct Tools {
 }
 
 impl Tools {
-    /// `tenure` beside this binary (same build) unless given; nats-server from
-    /// `TENURE_NATS_SERVER`, `PATH`, or `.tools/nats/bin` under the current dir.
+    /// `tenure` beside this binary (same build) unless given; nats-server as
+    /// `tenure_launch::nats::find` finds it (`TENURE_NATS_SERVER`, `PATH`,
+    /// `.tools/nats/bin`; at least 2.11).
     pub fn find(tenure: Option<PathBuf>, nats: Option<PathBuf>) -> anyhow::Result<Tools> {
         let tenure = match tenure {
             Some(p) => p,
@@ -67,13 +68,7 @@ impl Tools {
         if !tenure.is_file() {
             bail!("{} not found; build it (cargo build --release -p tenure-cli) or pass --tenure", tenure.display());
         }
-        let nats_server = nats
-            .or_else(|| std::env::var_os("TENURE_NATS_SERVER").map(PathBuf::from))
-            .into_iter()
-            .chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths).map(|p| p.join("nats-server")))
-            .chain(std::env::current_dir().ok().map(|d| d.join(".tools/nats/bin/nats-server")))
-            .find(|p| p.is_file())
-            .context("nats-server not found: put nats-server >= 2.11 on PATH or set TENURE_NATS_SERVER")?;
+        let nats_server = tenure_launch::nats::find(nats)?;
         Ok(Tools { tenure, nats_server })
     }
 }
@@ -102,58 +97,45 @@ const LEASE_FLAGS: [&str; 6] = ["--lease-ttl-ms", "2000", "--renew-interval-ms",
 /// Worker heartbeat of the bench (default 1000 ms).
 pub const HEARTBEAT_MS: u64 = 250;
 
+/// One process of the cluster: a [`Process`] in its own process group,
+/// registered for the Ctrl-C path while it runs.
 pub struct Proc {
     pub name: String,
-    program: PathBuf,
-    args: Vec<String>,
-    log: PathBuf,
-    child: Option<Child>,
+    process: Process,
 }
 
 impl Proc {
+    fn new(name: &str, program: &Path, args: &[String], log: &Path) -> Proc {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let process = Process::new(name, program, &args, log).env("RUST_LOG", "info").own_process_group();
+        Proc { name: name.into(), process }
+    }
+
     pub fn pid(&self) -> Option<i32> {
-        self.child.as_ref().map(|c| c.id() as i32)
+        self.process.pid()
     }
 
     fn start(&mut self) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
-        let child = Command::new(&self.program)
-            .args(&self.args)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            // Own process group: a Ctrl-C in the terminal reaches the bench
-            // only, which then stops the cluster in order.
-            .process_group(0)
-            .spawn()
-            .with_context(|| format!("starting {}", self.name))?;
-        live().push(child.id() as i32);
-        self.child = Some(child);
+        let pid = self.process.start()?;
+        live().push(pid as i32);
         Ok(())
     }
 
-    fn forget(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.wait();
-            let pid = child.id() as i32;
+    pub fn kill9(&mut self) {
+        if let Some(pid) = self.process.pid() {
+            self.process.kill9();
             live().retain(|p| *p != pid);
         }
     }
 
-    pub fn kill9(&mut self) {
-        if let Some(child) = self.child.as_mut() {
-            let _ = child.kill();
-        }
-        self.forget();
-    }
-
     async fn stop(&mut self, bound: Duration) {
-        let Some(pid) = self.pid() else { return };
-        let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        if self.pid().is_none() {
+            return;
+        }
+        self.process.signal(Signal::SIGTERM);
         let deadline = Instant::now() + bound;
         while Instant::now() < deadline {
-            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+            if self.process.try_exit().is_some() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -162,9 +144,7 @@ impl Proc {
     }
 
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(15)..].join("\n")
+        self.process.log_tail(15)
     }
 }
 
@@ -176,10 +156,6 @@ pub struct Cluster {
     tools: Tools,
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 impl Cluster {
     /// Starts nats-server, the coordinators (`c1` first, leading before the
     /// others start) and the workers with their sidecars; returns once every
@@ -187,23 +163,14 @@ impl Cluster {
     pub async fn start(tools: &Tools, root: &Path, name: &str, spec: &Spec) -> anyhow::Result<Cluster> {
         let dir = root.join(name);
         std::fs::create_dir_all(dir.join("logs"))?;
-        let port = free_port()?;
+        let port = tenure_launch::free_port()?;
         let url = format!("nats://127.0.0.1:{port}");
         let conf = dir.join("nats.conf");
-        let store = dir.join("nats");
-        let sync = if spec.sync_always { "\n  sync_interval: always" } else { "" };
-        std::fs::write(
-            &conf,
-            format!("listen: \"127.0.0.1:{port}\"\njetstream {{\n  store_dir: {:?}{sync}\n}}\n", store.display()),
-        )?;
+        let config = tenure_launch::nats::Config::new(port, dir.join("nats"));
+        tenure_launch::nats::Config { sync_always: spec.sync_always, ..config }.write(&conf)?;
         let mut procs = Vec::new();
-        let mut nats = Proc {
-            name: "nats".into(),
-            program: tools.nats_server.clone(),
-            args: vec!["-c".into(), conf.display().to_string()],
-            log: dir.join("logs/nats.log"),
-            child: None,
-        };
+        let args = ["-c".to_owned(), conf.display().to_string()];
+        let mut nats = Proc::new("nats", &tools.nats_server, &args, &dir.join("logs/nats.log"));
         nats.start()?;
         procs.push(nats);
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -213,7 +180,7 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let api = Api::connect(&url).await?;
+        let api = crate::api::connect(&url).await?;
         let mut c = Cluster { dir, url, procs, api, tools: tools.clone() };
         c.spawn_coordinator("c1")?;
         c.wait_leader(Duration::from_secs(30)).await?;
@@ -222,18 +189,17 @@ impl Cluster {
         }
         for i in 1..=spec.workers {
             let id = format!("w{i}");
-            let data = c.dir.join("workers").join(&id).display().to_string();
-            c.spawn(&format!("sidecar-{id}"), &["sidecar", "--worker", &id, "--data-dir", &data])?;
-            let slots = spec.slots.to_string();
+            let data = c.worker_dir(&id);
+            c.spawn(&format!("sidecar-{id}"), DaemonArgs::sidecar(&c.url, &id, &data))?;
             let hb = HEARTBEAT_MS.to_string();
-            let mut args = vec!["worker", "--id", &id, "--slots", &slots, "--data-dir", &data];
-            args.extend(["--heartbeat-ms", &hb, "--kill-grace-ms", "1000", "--kill-tasks-on-exit"]);
-            args.extend(spec.worker_extra.iter().map(String::as_str));
-            c.spawn(&format!("worker-{id}"), &args)?;
+            let args = DaemonArgs::worker(&c.url, &id, spec.slots, &data)
+                .flags(&["--heartbeat-ms", &hb, "--kill-grace-ms", "1000", "--kill-tasks-on-exit"])
+                .flags(&spec.worker_extra);
+            c.spawn(&format!("worker-{id}"), args)?;
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let alive = match c.api.status().await {
+            let alive = match c.api.cluster_status().await {
                 Ok(s) => s.workers.iter().filter(|w| w.alive).count() as u32,
                 Err(_) => 0,
             };
@@ -249,21 +215,13 @@ impl Cluster {
     }
 
     pub fn spawn_coordinator(&mut self, name: &str) -> anyhow::Result<()> {
-        let mut args = vec!["coordinator", "--name", name];
-        args.extend(LEASE_FLAGS);
-        self.spawn(&format!("coordinator-{name}"), &args)
+        let args = DaemonArgs::coordinator(&self.url, name).flags(&LEASE_FLAGS);
+        self.spawn(&format!("coordinator-{name}"), args)
     }
 
-    fn spawn(&mut self, name: &str, args: &[&str]) -> anyhow::Result<()> {
-        let mut all = vec!["--nats".to_owned(), self.url.clone()];
-        all.extend(args.iter().map(|a| a.to_string()));
-        let mut p = Proc {
-            name: name.into(),
-            program: self.tools.tenure.clone(),
-            args: all,
-            log: self.dir.join(format!("logs/{name}.log")),
-            child: None,
-        };
+    fn spawn(&mut self, name: &str, args: DaemonArgs) -> anyhow::Result<()> {
+        let all = args.into_vec();
+        let mut p = Proc::new(name, &self.tools.tenure, &all, &self.dir.join(format!("logs/{name}.log")));
         p.start()?;
         self.procs.push(p);
         Ok(())
@@ -286,7 +244,7 @@ impl Cluster {
     pub async fn wait_leader(&self, bound: Duration) -> anyhow::Result<String> {
         let deadline = Instant::now() + bound;
         loop {
-            if let Ok(s) = self.api.status_within(Duration::from_millis(500)).await {
+            if let Ok(s) = self.api.status(Duration::from_millis(500)).await {
                 if let Some(l) = s.leader {
                     return Ok(l.name);
                 }
@@ -299,7 +257,7 @@ impl Cluster {
     }
 
     pub fn worker_dir(&self, id: &str) -> PathBuf {
-        self.dir.join("workers").join(id)
+        tenure_launch::daemon::machine_dir(&self.dir, id)
     }
 
     /// The last lines of every log, for failure messages.

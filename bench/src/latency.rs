@@ -13,7 +13,7 @@ use std::time::Instant;
 use serde_json::json;
 use tenure_protocol::Status;
 
-use crate::api::Api;
+use crate::api::{Api, BenchApi};
 use crate::baseline::{Bare, COMPLETE_CHAIN, NOOP_TASK, START_CHAIN};
 use crate::cluster::{Cluster, Spec};
 use crate::report::{Better, Figure};
@@ -31,7 +31,7 @@ async fn measure_tenure(api: &Api, n: usize, pb: &indicatif::ProgressBar) -> any
     let mut m = Measured { started: Samples::default(), completed: Samples::default() };
     for _ in 0..n {
         let t0 = Instant::now();
-        let task = api.submit("sleep", "20").await?;
+        let task = api.submit_command("sleep", "20").await?;
         loop {
             let s = api.get(&task).await?;
             if s.status == Status::Running || s.status.is_terminal() {
@@ -39,7 +39,7 @@ async fn measure_tenure(api: &Api, n: usize, pb: &indicatif::ProgressBar) -> any
                 break;
             }
         }
-        api.wait(&task).await?;
+        api.wait_end(&task).await?;
         let t0 = Instant::now();
         api.run("noop", "-").await?;
         m.completed.push(t0.elapsed());

@@ -14,6 +14,7 @@ use anyhow::{bail, Context};
 use serde_json::json;
 use tokio::io::AsyncReadExt;
 
+use crate::api::BenchApi;
 use crate::cluster::{pids_with_arg, rss, Cluster, Spec};
 use crate::report::{Better, Figure};
 use crate::Ctx;
@@ -74,13 +75,13 @@ async fn stream(ctx: &mut Ctx, cluster: &Cluster, size: u64) -> anyhow::Result<(
     };
 
     let started = Instant::now();
-    let task = cluster.api.submit("shell", &format!("head -c {size} /dev/zero")).await?;
+    let task = cluster.api.submit_command("shell", &format!("head -c {size} /dev/zero")).await?;
     let mut logs = tokio::process::Command::new(&ctx.tools.tenure)
         .args([
             "--nats",
             &cluster.url,
             "--session",
-            cluster.api.session.as_str(),
+            cluster.api.session().as_str(),
             "logs",
             "--follow",
             &task.to_string(),

@@ -20,7 +20,7 @@ use tenure_protocol::messages::{AttemptRecord, Heartbeat, LeaseGrant, Phase};
 use tenure_protocol::{Attempt, Ending, Epoch, Outcome, Status, TaskId, TaskSpec};
 use tenure_sidecar::{RecoveryStore, SledStore};
 
-use crate::api::{count, Api};
+use crate::api::{count, Api, BenchApi};
 use crate::cluster::{Cluster, Spec, LEASE_TTL_MS};
 use crate::report::{Better, Figure};
 use crate::stats::Samples;
@@ -29,7 +29,7 @@ use crate::Ctx;
 /// Submits `n` tasks, 64 at a time; their ids.
 async fn submit_many(api: &Api, kind: &str, command: &str, n: usize) -> anyhow::Result<Vec<TaskId>> {
     let mut ids = Vec::with_capacity(n);
-    let mut pending = futures::stream::iter((0..n).map(|_| api.submit(kind, command))).buffer_unordered(64);
+    let mut pending = futures::stream::iter((0..n).map(|_| api.submit_command(kind, command))).buffer_unordered(64);
     while let Some(id) = pending.next().await {
         ids.push(id?);
     }
@@ -40,7 +40,7 @@ async fn submit_many(api: &Api, kind: &str, command: &str, n: usize) -> anyhow::
 async fn wait_running(api: &Api, n: u64, bound: Duration) -> anyhow::Result<()> {
     let deadline = Instant::now() + bound;
     loop {
-        if let Ok(s) = api.status().await {
+        if let Ok(s) = api.cluster_status().await {
             if count(&s, Status::Running) == n && s.unconfirmed == 0 {
                 return Ok(());
             }
@@ -84,7 +84,7 @@ async fn failover_rounds(
         pb.set_message(format!("failover: round {round}/{rounds}, waiting for a standby"));
         let deadline = Instant::now() + Duration::from_secs(30);
         let (old, epoch) = loop {
-            let s = cluster.api.status().await?;
+            let s = cluster.api.cluster_status().await?;
             if let (Some(l), false) = (&s.leader, s.standbys.is_empty()) {
                 break (l.name.clone(), s.leader_epoch);
             }
@@ -98,7 +98,7 @@ async fn failover_rounds(
         let killed = Instant::now();
         let deadline = killed + Duration::from_secs(60);
         loop {
-            if let Ok(s) = cluster.api.status_within(Duration::from_millis(300)).await {
+            if let Ok(s) = cluster.api.status(Duration::from_millis(300)).await {
                 let new_leader = s.leader.as_ref().filter(|l| l.name != old && s.leader_epoch > epoch);
                 if let Some(l) = new_leader {
                     if count(&s, Status::Running) == n as u64 && s.unconfirmed == 0 {
@@ -115,7 +115,7 @@ async fn failover_rounds(
         }
         cluster.restart(&format!("coordinator-{old}"))?;
     }
-    let s = cluster.api.status().await?;
+    let s = cluster.api.cluster_status().await?;
     let interrupted = n as u64 - count(&s, Status::Running);
     let details = json!({
         "running_tasks": n,
@@ -166,7 +166,7 @@ pub async fn worker_restart(ctx: &mut Ctx) -> anyhow::Result<()> {
 /// SIGKILLs the worker, starts it again, and times until a heartbeat of the new
 /// instance holds `n` attempts.
 async fn restart_once(cluster: &mut Cluster, n: usize) -> anyhow::Result<Duration> {
-    let mut beats = cluster.api.client.subscribe(tenure_protocol::subjects::HEARTBEAT_ALL).await?;
+    let mut beats = cluster.api.nats().subscribe(tenure_protocol::subjects::HEARTBEAT_ALL).await?;
     let old = loop {
         let msg = tokio::time::timeout(Duration::from_secs(5), beats.next()).await?.context("heartbeats ended")?;
         let hb: Heartbeat = tenure_protocol::decode(&msg.payload)?;

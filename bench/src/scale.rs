@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tenure_protocol::Status;
 
-use crate::api::count;
+use crate::api::{count, BenchApi};
 use crate::cluster::{rss, Cluster, Spec};
 use crate::report::{Better, Figure};
 use crate::Ctx;
@@ -36,7 +36,7 @@ fn rss_of(cluster: &Cluster) -> [u64; 3] {
 async fn cli(ctx: &Ctx, cluster: &Cluster, args: &[&str]) -> anyhow::Result<(f64, bool, usize, String)> {
     let t0 = Instant::now();
     let out = tokio::process::Command::new(&ctx.tools.tenure)
-        .args(["--nats", &cluster.url, "--session", cluster.api.session.as_str()])
+        .args(["--nats", &cluster.url, "--session", cluster.api.session().as_str()])
         .args(args)
         .stdin(std::process::Stdio::null())
         .output()
@@ -46,7 +46,7 @@ async fn cli(ctx: &Ctx, cluster: &Cluster, args: &[&str]) -> anyhow::Result<(f64
 }
 
 async fn registry_bytes_per_record(cluster: &Cluster) -> anyhow::Result<f64> {
-    let js = async_nats::jetstream::new(cluster.api.client.clone());
+    let js = async_nats::jetstream::new(cluster.api.nats().clone());
     let mut stream = js.get_stream(tenure_protocol::subjects::REGISTRY_STREAM).await?;
     let state = stream.info().await?.state.clone();
     Ok(state.bytes as f64 / state.messages.max(1) as f64)
@@ -103,7 +103,7 @@ async fn measure(ctx: &mut Ctx, cluster: &Cluster, terminal: u64, live: u64) -> 
     let mut submitted = 0;
     let api = cluster.api.clone();
     let mut pending = futures::StreamExt::buffer_unordered(
-        futures::stream::iter((0..live).map(|_| api.submit("sleep", "3600000"))),
+        futures::stream::iter((0..live).map(|_| api.submit_command("sleep", "3600000"))),
         64,
     );
     while let Some(id) = futures::StreamExt::next(&mut pending).await {
@@ -114,7 +114,7 @@ async fn measure(ctx: &mut Ctx, cluster: &Cluster, terminal: u64, live: u64) -> 
     pb.set_message("scale: waiting until every live task runs");
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
-        let s = cluster.api.status().await?;
+        let s = cluster.api.cluster_status().await?;
         if count(&s, Status::Running) == live && s.unconfirmed == 0 {
             break;
         }

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use crate::api::Api;
+use crate::api::{Api, BenchApi};
 use crate::baseline::{self, Bare, NOOP_TASK};
 use crate::cluster::{Cluster, CpuMeter, Spec};
 use crate::report::{Better, Figure};

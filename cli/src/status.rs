@@ -12,7 +12,7 @@ use std::io::{IsTerminal, Write as _};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use tenure_protocol::messages::{ApiError, ApiRequest, ApiResponse, ClusterStatus, SidecarHealth, TaskSnapshot};
+use tenure_protocol::messages::{ApiError, ClusterStatus, SidecarHealth, TaskSnapshot};
 use tenure_protocol::Status;
 
 use crate::client::{Api, API_TIMEOUT};
@@ -40,7 +40,12 @@ pub async fn status(api: &Api, json: bool, once: bool) -> anyhow::Result<ExitCod
                 render(&status, &mine, &nats_line(api))
             }
             // A coordinator that refuses to lead says why and how to recover.
-            Err(e) if matches!(e.downcast_ref::<ApiError>(), Some(ApiError::RegistryBehind { .. })) => {
+            Err(e)
+                if matches!(
+                    e.downcast_ref::<tenure_client::Error>().and_then(tenure_client::Error::api),
+                    Some(ApiError::RegistryBehind { .. })
+                ) =>
+            {
                 format!("{e:#}\n\n{}\n", nats_line(api))
             }
             Err(e) => format!(
@@ -59,10 +64,7 @@ pub async fn status(api: &Api, json: bool, once: bool) -> anyhow::Result<ExitCod
 }
 
 async fn fetch(api: &Api) -> anyhow::Result<ClusterStatus> {
-    match api.call(&ApiRequest::Status, API_TIMEOUT).await? {
-        ApiResponse::Status(s) => Ok(s),
-        other => anyhow::bail!("unexpected reply {other:?}"),
-    }
+    Ok(api.status(API_TIMEOUT).await?)
 }
 
 async fn own_running(api: &Api) -> anyhow::Result<Vec<TaskSnapshot>> {
@@ -71,7 +73,7 @@ async fn own_running(api: &Api) -> anyhow::Result<Vec<TaskSnapshot>> {
 }
 
 fn nats_line(api: &Api) -> String {
-    let info = api.client.server_info();
+    let info = api.nats().server_info();
     let trust = if info.auth_required {
         String::new()
     } else {
@@ -79,7 +81,7 @@ fn nats_line(api: &Api) -> String {
     };
     let line = format!(
         "nats: {:?} to {} ({} {}, {}:{})",
-        api.client.connection_state(),
+        api.nats().connection_state(),
         if info.server_name.is_empty() { "?" } else { &info.server_name },
         if info.cluster.as_deref().unwrap_or("").is_empty() {
             "single node".to_owned()

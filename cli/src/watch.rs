@@ -16,20 +16,32 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
+use tenure_client::{Client, Policy};
 use tenure_protocol::messages::{ApiError, ApiReply, ApiRequest, ApiResponse, MatchNotice, Notice, TaskSnapshot};
-use tenure_protocol::{subjects, SessionId};
+use tenure_protocol::SessionId;
 
 use crate::text::printable;
 
 /// How long one request waits for a first notice.
 const WAIT_MS: u64 = 2_000;
 
-pub async fn watch(client: async_nats::Client, session: SessionId, once: bool, json: bool) -> anyhow::Result<ExitCode> {
+/// The watch's requests ride out a leader change under the client's rule:
+/// for 30 s, a try every 500 ms.
+const WATCH: Policy = Policy {
+    overall: Duration::from_secs(30),
+    first_pause: Duration::from_millis(500),
+    max_pause: Duration::from_millis(500),
+    per_try: Duration::from_secs(5),
+    through_registry_behind: false,
+};
+
+pub async fn watch(client: &Client, once: bool, json: bool) -> anyhow::Result<ExitCode> {
+    let session = client.session().clone();
     let mut acks: Vec<String> = Vec::new();
     loop {
         let wait_ms = if once { 0 } else { WAIT_MS };
         let req = ApiRequest::Notices { session: session.clone(), acks: std::mem::take(&mut acks), max: 64, wait_ms };
-        let items = match call(&client, &req).await? {
+        let items = match call(client, &req).await? {
             Ok(ApiResponse::Notices(items)) => items,
             Err(e) => anyhow::bail!("reading notices: {e}"),
             Ok(other) => anyhow::bail!("unexpected reply {other:?}"),
@@ -40,7 +52,7 @@ pub async fn watch(client: async_nats::Client, session: SessionId, once: bool, j
         for item in items {
             match &item.notice {
                 Notice::Ended(notice) => {
-                    if let Some(snapshot) = claim(&client, &session, notice).await? {
+                    if let Some(snapshot) = claim(client, &session, notice).await? {
                         show(&snapshot, json)?;
                     }
                 }
@@ -55,11 +67,7 @@ pub async fn watch(client: async_nats::Client, session: SessionId, once: bool, j
 
 /// Marks the task reported unless something else reported it first; returns
 /// the snapshot to show, or `None` to skip the notice.
-async fn claim(
-    client: &async_nats::Client,
-    session: &SessionId,
-    notice: &TaskSnapshot,
-) -> anyhow::Result<Option<TaskSnapshot>> {
+async fn claim(client: &Client, session: &SessionId, notice: &TaskSnapshot) -> anyhow::Result<Option<TaskSnapshot>> {
     let get = ApiRequest::Get { session: session.clone(), task: notice.id.clone() };
     let current = match call(client, &get).await? {
         Ok(ApiResponse::Snapshot(s)) => s,
@@ -78,17 +86,13 @@ async fn claim(
     }
 }
 
-/// One API call, riding through a leader change for a while.
-async fn call(client: &async_nats::Client, req: &ApiRequest) -> anyhow::Result<ApiReply> {
-    let mut last = None;
-    for _ in 0..40 {
-        match tenure_transport::request(client, subjects::API.to_owned(), req, Duration::from_secs(5)).await {
-            Ok(reply) => return Ok(reply),
-            Err(e) => last = Some(e),
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+/// One API call under [`WATCH`]; a coordinator's refusal is returned as the reply.
+async fn call(client: &Client, req: &ApiRequest) -> anyhow::Result<ApiReply> {
+    match client.request(req, &WATCH).await {
+        Ok(reply) => Ok(Ok(reply)),
+        Err(tenure_client::Error::Api(refusal)) => Ok(Err(refusal)),
+        Err(e) => Err(e.into()),
     }
-    Err(last.map(anyhow::Error::from).unwrap_or_else(|| anyhow::anyhow!("no coordinator answered")))
 }
 
 fn show(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {

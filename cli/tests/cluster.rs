@@ -194,7 +194,7 @@ fn garbage_on_every_subject_gets_a_typed_error_and_breaks_nothing() {
     c.wait_status(&task, "completed", BOUND);
     assert_eq!(stdout(&c.cli(&["logs", &task])), "still-fine\n");
     for name in ["coordinator", "sidecar-w1", "worker-w1"] {
-        assert!(matches!(c.daemon(name).child.try_wait(), Ok(None)), "{name} died:\n{}", c.logs());
+        assert!(c.daemon(name).running(), "{name} died:\n{}", c.logs());
     }
     assert!(c.daemon("coordinator").log_text().contains("malformed"));
 }
@@ -231,7 +231,7 @@ fn ids_survive_a_coordinator_restart_and_a_later_coordinator_stands_by() {
     // c2 stops: c3 takes over under epoch 3 and continues the numbering.
     let c2 = c.daemons.iter_mut().filter(|d| d.name == "coordinator").nth(1).expect("c2");
     c2.stop();
-    assert!(c2.child.try_wait().ok().flatten().is_some_and(|s| s.success()), "{}", c2.log_text());
+    assert!(c2.try_exit().is_some_and(|s| s.success()), "{}", c2.log_text());
     let fourth = c.submit(&["--", "echo four"]);
     assert!(n(&fourth) > n(&third));
     let snap = c.wait_status(&fourth, "completed", BOUND);
@@ -246,8 +246,7 @@ fn a_completion_buffered_while_the_coordinator_is_down_is_delivered_once_after_r
     c.wait_status(&task, "running", BOUND);
     // The leader dies; the task finishes while nobody can acknowledge it.
     let coordinator = c.daemon("coordinator");
-    coordinator.child.kill().unwrap();
-    coordinator.child.wait().unwrap();
+    coordinator.kill9();
     let output = c.worker_dir("w1").join("output").join(format!("{task}.out"));
     let finished = eventually(BOUND, || std::fs::read_to_string(&output).ok().filter(|s| s.contains("finished-once")));
     assert!(finished.is_some(), "task did not finish:\n{}", c.logs());

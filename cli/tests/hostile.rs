@@ -248,7 +248,7 @@ fn a_second_worker_on_the_same_data_dir_is_refused_naming_the_first() {
     assert!(log.contains(&format!("another worker (pid {first}) is running on this data directory")), "{log}");
     let task = c.submit(&["--", "echo still-served"]);
     c.wait_status(&task, "completed", BOUND);
-    assert!(matches!(c.daemon("worker-w1").child.try_wait(), Ok(None)));
+    assert!(c.daemon("worker-w1").running());
 }
 
 /// Processes of `uid` on this machine, other than those in `ours`.
@@ -263,7 +263,7 @@ fn processes_of(uid: u32) -> Vec<i32> {
 }
 
 fn alive(d: &mut Daemon) -> bool {
-    matches!(d.child.try_wait(), Ok(None))
+    d.running()
 }
 
 /// (c) Under `--run-as nobody`, a task that deletes everything it can reach

@@ -21,10 +21,16 @@ fn big_workflow(last: usize) -> TaskSpec {
     TaskSpec { kind: Kind::workflow(), steps, ..TaskSpec::shell("big", "") }
 }
 
+/// One submit as `session` (one try): the coordinator's answer.
 async fn submit(client: &async_nats::Client, session: &SessionId, spec: TaskSpec) -> ApiReply {
+    let client = tenure_client::Client::new(client.clone(), session.clone());
     let req =
         ApiRequest::Submit(SubmitRequest { session: session.clone(), idempotency_key: uuid::Uuid::new_v4(), spec });
-    tenure_transport::request(client, subjects::API.to_owned(), &req, Duration::from_secs(10)).await.expect("an answer")
+    match client.call(&req, Duration::from_secs(10)).await {
+        Ok(reply) => Ok(reply),
+        Err(tenure_client::Error::Api(refusal)) => Err(refusal),
+        Err(e) => panic!("no answer: {e}"),
+    }
 }
 
 #[test]

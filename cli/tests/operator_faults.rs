@@ -45,7 +45,7 @@ fn a_second_worker_with_a_running_workers_id_runs_nothing_and_stops_naming_the_h
     let log = dup.log_text();
     assert!(log.contains("worker id w1 is taken"), "no clear error from the second process:\n{log}");
     assert!(c.daemon("coordinator").log_text().contains("a second live process claims this worker id"));
-    assert!(matches!(c.daemon("worker-w1").child.try_wait(), Ok(None)), "the first worker stopped\n{}", c.logs());
+    assert!(c.daemon("worker-w1").running(), "the first worker stopped\n{}", c.logs());
 }
 
 #[test]
@@ -120,32 +120,24 @@ fn a_wiped_machine_never_runs_its_tasks_again_and_says_its_store_was_replaced() 
 /// Submits with `key` until a coordinator answers (through a takeover);
 /// returns the task and whether it already existed.
 fn submit_with_key(c: &Cluster, rt: &tokio::runtime::Runtime, key: uuid::Uuid, label: &str) -> (String, bool) {
-    use tenure_protocol::messages::{ApiReply, ApiRequest, ApiResponse, SubmitRequest};
+    use tenure_protocol::messages::SubmitRequest;
     rt.block_on(async {
-        let client = tenure_transport::connect(&c.nats_options("client"), "tenure-test", false).await.expect("connect");
-        let req = ApiRequest::Submit(SubmitRequest {
-            session: "skew@test".parse().expect("session"),
-            idempotency_key: key,
-            spec: tenure_protocol::TaskSpec::shell(label, "true"),
-        });
-        // Bounded: at most 20 tries of up to 2 s, with a short pause.
-        let mut answered = None;
-        for _ in 0..20 {
-            let reply: Option<ApiReply> = tenure_transport::request(
-                &client,
-                tenure_protocol::subjects::API.to_owned(),
-                &req,
-                Duration::from_secs(2),
-            )
+        let session: tenure_protocol::SessionId = "skew@test".parse().expect("session");
+        let client = tenure_client::Client::connect(&c.nats_options("client"), "tenure-test", false, session.clone())
             .await
-            .ok();
-            if let Some(Ok(ApiResponse::Submitted { task, existing })) = reply {
-                answered = Some((task.to_string(), existing));
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        answered.expect("a coordinator answered the submit")
+            .expect("connect");
+        let req =
+            SubmitRequest { session, idempotency_key: key, spec: tenure_protocol::TaskSpec::shell(label, "true") };
+        // Bounded: about 20 tries of up to 2 s, with a short pause.
+        let policy = tenure_client::Policy {
+            overall: Duration::from_secs(44),
+            first_pause: Duration::from_millis(200),
+            max_pause: Duration::from_millis(200),
+            per_try: Duration::from_secs(2),
+            through_registry_behind: false,
+        };
+        let answer = client.submit_request(req, &policy).await.expect("a coordinator answered the submit");
+        (answer.task.to_string(), answer.existing)
     })
 }
 

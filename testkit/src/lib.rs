@@ -7,8 +7,14 @@
 //! sleeping.
 //!
 //! Never used by the daemons themselves.
+//!
+//! [`cluster`] is the one local-cluster harness of the tests: these servers
+//! and the real `tenure` daemons, started and stopped by their pids through
+//! `tenure-launch` (which `tenure dev`, the bench and the chaos harness use
+//! too).
 
-use std::net::TcpListener;
+pub mod cluster;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,23 +36,16 @@ pub struct NatsServer {
     jetstream: Option<(PathBuf, bool)>,
 }
 
-/// Finds the nats-server binary: `TENURE_NATS_SERVER`, then the project's own
-/// install under `.tools/nats/bin`, then `PATH`.
+/// The nats-server the tests run: [`tenure_launch::nats::find`] (the one
+/// finder: `TENURE_NATS_SERVER`, `PATH`, the project's `.tools/nats/bin`,
+/// at least 2.11). Panics with what is missing and how to get it.
 pub fn nats_server_binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("TENURE_NATS_SERVER") {
-        return PathBuf::from(p);
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap_or(Path::new("."));
-    let local = root.join(".tools/nats/bin/nats-server");
-    if local.exists() {
-        return local;
-    }
-    PathBuf::from("nats-server")
+    tenure_launch::nats::find(None).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released; good enough for tests).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
+    tenure_launch::free_port().expect("free port")
 }
 
 impl NatsServer {
@@ -86,11 +85,9 @@ impl NatsServer {
     fn spawn_plain(port: u16, store: &Path, jetstream: Option<&(PathBuf, bool)>) -> anyhow::Result<Child> {
         let conf = store.join("nats.conf");
         let (dir, always) = jetstream.cloned().unwrap_or_else(|| (store.join("jetstream"), true));
-        let sync = if always { "  sync_interval: always\n" } else { "" };
-        let text =
-            format!("listen: \"127.0.0.1:{port}\"\njetstream {{\n  store_dir: \"{}\"\n{sync}}}\n", dir.display());
-        std::fs::write(&conf, text)?;
-        Command::new(nats_server_binary())
+        tenure_launch::nats::Config { sync_always: always, ..tenure_launch::nats::Config::new(port, dir) }
+            .write(&conf)?;
+        Command::new(tenure_launch::nats::find(None)?)
             .arg("-c")
             .arg(&conf)
             .arg("-l")
@@ -98,7 +95,7 @@ impl NatsServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .context("starting nats-server (run deploy/install-nats.sh or put nats-server >= 2.11 on PATH)")
+            .context("starting nats-server")
     }
 
     /// SIGKILLs the server and starts it again on the same port and store
@@ -151,7 +148,7 @@ impl NatsServer {
         let conf = store.path().join("nats.conf");
         std::fs::write(&conf, text)?;
         let port = listen.with_context(|| format!("{} has no listen address", config.display()))?;
-        let child = Command::new(nats_server_binary())
+        let child = Command::new(tenure_launch::nats::find(None)?)
             .arg("-c")
             .arg(&conf)
             .arg("-l")
@@ -160,7 +157,7 @@ impl NatsServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .context("starting nats-server (run deploy/install-nats.sh or put nats-server >= 2.11 on PATH)")?;
+            .context("starting nats-server")?;
         Ok(NatsServer {
             child,
             port,

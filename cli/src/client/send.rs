@@ -17,7 +17,7 @@ use super::{Api, API_TIMEOUT};
 
 pub(super) async fn send(api: &Api, task: TaskId, text: Vec<String>, raw: bool) -> anyhow::Result<ExitCode> {
     let from_args = if text.is_empty() { None } else { Some(message(&text, raw)?) };
-    let snapshot = api.snapshot(&task).await?;
+    let snapshot = api.get(&task).await?;
     // The sidecar decides; these checks only spare a round trip and say it
     // in terms of the task's status, which the sidecar does not know.
     if snapshot.kind != Kind::agent() {
@@ -37,9 +37,9 @@ pub(super) async fn send(api: &Api, task: TaskId, text: Vec<String>, raw: bool) 
         Some(data) => data,
         None => tokio::task::spawn_blocking(move || message_from(std::io::stdin().lock(), raw)).await??,
     };
-    let req = InputRequest { session: api.session.clone(), task: task.clone(), data };
+    let req = InputRequest { session: api.session().clone(), task: task.clone(), data };
     let reply: Result<InputReply, _> =
-        tenure_transport::request(&api.client, subjects::input(&worker), &req, API_TIMEOUT).await;
+        tenure_transport::request(api.nats(), subjects::input(&worker), &req, API_TIMEOUT).await;
     let reply = match reply {
         Ok(reply) => reply,
         Err(tenure_transport::Error::NoResponders { .. }) => {

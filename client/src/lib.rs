@@ -1,0 +1,375 @@
+//! `tenure-client`: the one typed client of tenure's API, used by the CLI's
+//! verbs, the bench, the chaos harness and the tests.
+//!
+//! It owns: connecting (through `tenure_transport::connect`, so credentials,
+//! TLS and reconnects are the daemons'), one request to the leader
+//! ([`Client::call`]), the one rule for riding out a leader change
+//! ([`retry`], applied by [`Client::request`]), submit with its idempotency
+//! key, paging of the task list, waiting for a task's end, and reading a
+//! task's output by byte offset from its machine's sidecar (once, or followed
+//! until the attempt ended).
+//!
+//! It must never: send a submit again under a new idempotency key (a retry
+//! that could duplicate a task), repeat a request the rule does not call safe
+//! (kills, board moves, input to an agent), retry without a bound, or
+//! decide anything about tasks — what the coordinator answers is returned as
+//! it is ([`Error::Api`]). It prints nothing: rendering is the caller's.
+
+pub mod retry;
+
+use std::time::{Duration, Instant};
+
+use tenure_protocol::messages::{
+    ApiError, ApiReply, ApiRequest, ApiResponse, ClusterStatus, OutputChunk, OutputReply, OutputRequest, SubmitRequest,
+    TaskSnapshot, MAX_OUTPUT_CHUNK, MAX_WAIT_MS,
+};
+use tenure_protocol::{subjects, SessionId, TaskId, TaskSpec, WorkerId};
+
+pub use retry::{decide, Decision, Failure, Policy, Repeat};
+
+/// How long one plain request waits for its answer.
+pub const API_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Nobody serves the API subject: no coordinator runs, or standbys are
+    /// taking over from a leader that died.
+    #[error("no coordinator is answering (is the cluster running? try `tenure dev`)")]
+    NoCoordinator,
+    /// The coordinator (or a sidecar) answered with a refusal.
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    /// The request could not be sent or its reply did not come back.
+    #[error(transparent)]
+    Transport(tenure_transport::Error),
+    /// An answer that does not fit the request (a protocol mismatch).
+    #[error("unexpected reply to {verb}: {reply}")]
+    UnexpectedReply { verb: &'static str, reply: String },
+    /// Reading a task's output from its machine's sidecar failed.
+    #[error("reading output of {task} from {worker}")]
+    Output {
+        task: TaskId,
+        worker: WorkerId,
+        #[source]
+        source: Box<Error>,
+    },
+    /// The caller's sink refused the output bytes.
+    #[error("writing output: {0}")]
+    Sink(#[source] std::io::Error),
+}
+
+impl From<tenure_transport::Error> for Error {
+    fn from(e: tenure_transport::Error) -> Error {
+        match e {
+            tenure_transport::Error::NoResponders { .. } => Error::NoCoordinator,
+            e => Error::Transport(e),
+        }
+    }
+}
+
+impl Error {
+    /// The failure as the retry rule sees it.
+    pub fn failure(&self) -> Failure {
+        match self {
+            Error::NoCoordinator => Failure::NoResponders,
+            Error::Transport(tenure_transport::Error::Timeout { .. }) => Failure::Timeout,
+            Error::Transport(tenure_transport::Error::Nats { .. }) => Failure::Connection,
+            Error::Api(ApiError::NotLeader) => Failure::NotLeader,
+            Error::Api(ApiError::Unavailable(_)) => Failure::Unavailable,
+            Error::Api(ApiError::RegistryBehind { .. }) => Failure::RegistryBehind,
+            _ => Failure::Final,
+        }
+    }
+
+    /// The coordinator's refusal, when this is one.
+    pub fn api(&self) -> Option<&ApiError> {
+        match self {
+            Error::Api(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+fn unexpected(verb: &'static str, reply: ApiResponse) -> Error {
+    Error::UnexpectedReply { verb, reply: format!("{reply:?}") }
+}
+
+/// A submit's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Submitted {
+    pub task: TaskId,
+    /// The key was seen before: this is the task an earlier try created.
+    pub existing: bool,
+}
+
+/// A wait's answer: `finished` is false when the caller's deadline passed
+/// first (the snapshot is then live).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waited {
+    pub finished: bool,
+    pub snapshot: TaskSnapshot,
+}
+
+/// A connection to the cluster, acting for one session.
+#[derive(Clone)]
+pub struct Client {
+    nats: async_nats::Client,
+    session: SessionId,
+}
+
+impl Client {
+    /// Connects as `name` (the NATS client name); `wait_for_server` retries
+    /// the initial connect (for harnesses that start the server alongside).
+    pub async fn connect(
+        opts: &tenure_transport::NatsOptions,
+        name: &str,
+        wait_for_server: bool,
+        session: SessionId,
+    ) -> Result<Client, Error> {
+        let nats = tenure_transport::connect(opts, name, wait_for_server).await.map_err(Error::Transport)?;
+        Ok(Client { nats, session })
+    }
+
+    /// A client over an existing connection.
+    pub fn new(nats: async_nats::Client, session: SessionId) -> Client {
+        Client { nats, session }
+    }
+
+    /// The NATS connection (for subjects this client does not cover: notices,
+    /// input to agents, raw probes).
+    pub fn nats(&self) -> &async_nats::Client {
+        &self.nats
+    }
+
+    pub fn session(&self) -> &SessionId {
+        &self.session
+    }
+
+    /// The same connection acting for another session.
+    pub fn with_session(&self, session: SessionId) -> Client {
+        Client { nats: self.nats.clone(), session }
+    }
+
+    /// One request to the leader, one try.
+    pub async fn call(&self, req: &ApiRequest, timeout: Duration) -> Result<ApiResponse, Error> {
+        let reply: ApiReply = tenure_transport::request(&self.nats, subjects::API.to_owned(), req, timeout).await?;
+        Ok(reply?)
+    }
+
+    /// One request to the leader under the retry rule: sent again — the same
+    /// request, so a submit keeps its idempotency key — while the rule says
+    /// so, and at most until `policy.overall` after the first try.
+    pub async fn request(&self, req: &ApiRequest, policy: &Policy) -> Result<ApiResponse, Error> {
+        let start = Instant::now();
+        let repeat = Repeat::of(req);
+        let mut pause = policy.first_pause;
+        loop {
+            let err = match self.call(req, policy.try_timeout(start.elapsed())).await {
+                Ok(reply) => return Ok(reply),
+                Err(e) => e,
+            };
+            match decide(err.failure(), repeat, start.elapsed(), pause, policy) {
+                Decision::Retry { after } => {
+                    tracing::warn!(error = %err, verb = req.verb(), "request not answered; retrying");
+                    tokio::time::sleep(after).await;
+                    pause = policy.next_pause(pause);
+                }
+                Decision::GiveUp => return Err(err),
+            }
+        }
+    }
+
+    /// Submits `spec` under a fresh idempotency key, retried (with that key)
+    /// through a takeover under [`Policy::SUBMIT`].
+    pub async fn submit(&self, spec: TaskSpec) -> Result<Submitted, Error> {
+        let req = SubmitRequest { session: self.session.clone(), idempotency_key: uuid::Uuid::new_v4(), spec };
+        self.submit_request(req, &Policy::SUBMIT).await
+    }
+
+    /// Submits `req` as it is (its key included) under `policy`.
+    pub async fn submit_request(&self, req: SubmitRequest, policy: &Policy) -> Result<Submitted, Error> {
+        match self.request(&ApiRequest::Submit(req), policy).await? {
+            ApiResponse::Submitted { task, existing } => Ok(Submitted { task, existing }),
+            other => Err(unexpected("submit", other)),
+        }
+    }
+
+    /// The task's snapshot (one try).
+    pub async fn get(&self, task: &TaskId) -> Result<TaskSnapshot, Error> {
+        match self.call(&ApiRequest::Get { session: self.session.clone(), task: task.clone() }, API_TIMEOUT).await? {
+            ApiResponse::Snapshot(s) => Ok(s),
+            other => Err(unexpected("get", other)),
+        }
+    }
+
+    /// Every task of the session (`all`: archived and reported ones too),
+    /// page by page (each page one try).
+    pub async fn list(&self, all: bool) -> Result<Vec<TaskSnapshot>, Error> {
+        let (mut list, mut after) = (Vec::new(), None);
+        loop {
+            let req = ApiRequest::ListPage { session: self.session.clone(), all, after };
+            match self.call(&req, API_TIMEOUT).await? {
+                ApiResponse::Page { tasks, next } => {
+                    list.extend(tasks);
+                    match next {
+                        Some(n) => after = Some(n),
+                        None => return Ok(list),
+                    }
+                }
+                other => return Err(unexpected("list", other)),
+            }
+        }
+    }
+
+    /// The cluster's status (one try within `timeout`).
+    pub async fn status(&self, timeout: Duration) -> Result<ClusterStatus, Error> {
+        match self.call(&ApiRequest::Status, timeout).await? {
+            ApiResponse::Status(s) => Ok(s),
+            other => Err(unexpected("status", other)),
+        }
+    }
+
+    /// Sends a request that is answered with a snapshot (a board move), once.
+    pub async fn snapshot_of(&self, req: &ApiRequest) -> Result<TaskSnapshot, Error> {
+        match self.call(req, API_TIMEOUT).await? {
+            ApiResponse::Snapshot(s) => Ok(s),
+            other => Err(unexpected(req.verb(), other)),
+        }
+    }
+
+    /// Waits until `task` is terminal or `deadline` passes (none: forever),
+    /// in waits of at most [`MAX_WAIT_MS`] each. A takeover or a NATS hiccup
+    /// is not the task's end: the wait goes on under [`Policy::WAIT`] (its
+    /// bound counts from the first unanswered wait and starts again at every
+    /// answer), but never past `deadline`.
+    pub async fn wait(&self, task: &TaskId, deadline: Option<Instant>) -> Result<Waited, Error> {
+        let policy = Policy::WAIT;
+        let mut unanswered_since: Option<Instant> = None;
+        loop {
+            let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+            let wait_ms = left.map(|l| l.as_millis() as u64).unwrap_or(MAX_WAIT_MS).min(MAX_WAIT_MS);
+            let req = ApiRequest::Wait { session: self.session.clone(), task: task.clone(), timeout_ms: wait_ms };
+            let reply = match self.call(&req, Duration::from_millis(wait_ms) + API_TIMEOUT).await {
+                Ok(reply) => reply,
+                Err(e) => {
+                    let since = *unanswered_since.get_or_insert_with(Instant::now);
+                    let past_deadline = deadline.is_some_and(|d| Instant::now() >= d);
+                    match decide(e.failure(), Repeat::Safe, since.elapsed(), policy.first_pause, &policy) {
+                        Decision::Retry { after } if !past_deadline => {
+                            tracing::warn!(error = %e, "wait interrupted; retrying");
+                            tokio::time::sleep(after).await;
+                            continue;
+                        }
+                        _ => return Err(e),
+                    }
+                }
+            };
+            unanswered_since = None;
+            let ApiResponse::Waited { finished, snapshot } = reply else {
+                return Err(unexpected("wait", reply));
+            };
+            if finished || left.is_some_and(|l| l.is_zero()) || deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(Waited { finished, snapshot });
+            }
+        }
+    }
+
+    /// Waits (without a deadline) until `task` is terminal; its snapshot.
+    pub async fn wait_end(&self, task: &TaskId) -> Result<TaskSnapshot, Error> {
+        Ok(self.wait(task, None).await?.snapshot)
+    }
+
+    /// Marks a terminal task reported (its whole output reached its owner), once.
+    pub async fn mark_reported(&self, task: &TaskId) -> Result<(), Error> {
+        self.call(&ApiRequest::MarkReported { session: self.session.clone(), task: task.clone() }, API_TIMEOUT)
+            .await
+            .map(|_| ())
+    }
+
+    /// One read of `task`'s output from byte `offset`, at most `max` bytes,
+    /// from the sidecar of `worker` (one try).
+    pub async fn read_output(
+        &self,
+        worker: &WorkerId,
+        task: &TaskId,
+        offset: u64,
+        max: u32,
+    ) -> Result<OutputChunk, Error> {
+        let req = OutputRequest { session: self.session.clone(), task: task.clone(), offset, max };
+        let reply: Result<OutputReply, _> =
+            tenure_transport::request(&self.nats, subjects::output(worker), &req, API_TIMEOUT).await;
+        match reply {
+            Ok(r) => Ok(r?),
+            // A sidecar that does not serve is no coordinator missing.
+            Err(e) => Err(Error::Transport(e)),
+        }
+    }
+
+    /// Reads `task`'s output from byte `offset` into `sink`, from the sidecar
+    /// of the machine its latest attempt ran on (`snapshot` is the task's
+    /// snapshot when the read starts, refreshed when the task is quiet).
+    /// Without `follow`, returns once everything written so far is out; with
+    /// it, keeps reading until the attempt ended and every byte is out,
+    /// riding through a sidecar that does not answer yet. Once the whole
+    /// terminal output is out the task is marked reported. Returns the offset
+    /// reached.
+    pub async fn follow_output(
+        &self,
+        mut snapshot: TaskSnapshot,
+        follow: bool,
+        mut offset: u64,
+        mut sink: impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Result<u64, Error> {
+        const IDLE_MAX: Duration = Duration::from_millis(250);
+        let task = &snapshot.id.clone(); // `snapshot` is refreshed below
+        let mut idle = Duration::from_millis(20);
+        loop {
+            let Some(worker) = snapshot.worker.clone() else {
+                if !follow || snapshot.status.is_terminal() {
+                    return Ok(offset);
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                snapshot = self.get(task).await?;
+                continue;
+            };
+            let chunk = match self.read_output(&worker, task, offset, MAX_OUTPUT_CHUNK).await {
+                Ok(chunk) => chunk,
+                Err(e @ Error::Api(_)) => return Err(e),
+                Err(e) if follow => {
+                    tracing::warn!(error = %e, "output not readable yet; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+                Err(e) => return Err(Error::Output { task: task.clone(), worker, source: Box::new(e) }),
+            };
+            if !chunk.data.is_empty() {
+                sink(&chunk.data).map_err(Error::Sink)?;
+                offset = chunk.next_offset;
+                idle = Duration::from_millis(20);
+                continue;
+            }
+            // Everything written so far is out. Done unless following a live attempt.
+            if chunk.finished {
+                // The whole terminal output reached the owner: that reports the task.
+                for _ in 0..if follow { 20 } else { 1 } {
+                    match self.mark_reported(task).await {
+                        Ok(()) => break,
+                        // The registry may not have the end yet; a follower waits for it.
+                        Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+                    }
+                }
+                return Ok(offset);
+            }
+            if !follow || snapshot.status.is_terminal() {
+                return Ok(offset);
+            }
+            tokio::time::sleep(idle).await;
+            idle = (idle * 2).min(IDLE_MAX);
+            if idle == IDLE_MAX {
+                // A quiet task: check whether it ended or moved to another worker.
+                snapshot = self.get(task).await?;
+            }
+        }
+    }
+}
