@@ -26,7 +26,19 @@ pub(crate) type Api = tenure_client::Client;
 pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb: Command) -> anyhow::Result<ExitCode> {
     let api = Api::connect(nats, "tenure-cli", false, session).await?;
     match verb {
-        Command::Submit { kind, idempotent, label, cwd, env, pattern, steps, final_output, command } => {
+        Command::Submit {
+            kind,
+            idempotent,
+            label,
+            cwd,
+            env,
+            pattern,
+            steps,
+            final_output,
+            timeout,
+            idle_timeout,
+            command,
+        } => {
             let line = command_line(&command);
             let kind = if steps.is_empty() { kind } else { Kind::workflow() };
             let label = label.or_else(|| (!steps.is_empty()).then(|| format!("workflow of {} steps", steps.len())));
@@ -46,6 +58,7 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
                 pattern: pattern.map(Into::into),
                 steps,
                 final_output,
+                limits: time_limits(timeout, idle_timeout)?,
             };
             // The root span of the task's trace (exported only when configured).
             let span = tracing::info_span!("submit", kind = %spec.kind, task = tracing::field::Empty);
@@ -323,4 +336,20 @@ mod tests {
         );
         assert_eq!(command_line(&["echo".into(), "it's".into(), "".into()]), r"echo 'it'\''s' ''");
     }
+}
+
+/// The spec's time limits from `--timeout` and `--idle-timeout` (whole
+/// milliseconds; the range is checked where the spec is validated).
+fn time_limits(
+    timeout: Option<std::time::Duration>,
+    idle: Option<std::time::Duration>,
+) -> anyhow::Result<Option<Box<tenure_protocol::spec::TimeLimits>>> {
+    let ms = |d: Option<std::time::Duration>, flag: &str| {
+        d.map(|d| u64::try_from(d.as_millis()).map_err(|_| anyhow!("{flag} is too long"))).transpose()
+    };
+    let limits = tenure_protocol::spec::TimeLimits {
+        timeout_ms: ms(timeout, "--timeout")?,
+        idle_timeout_ms: ms(idle, "--idle-timeout")?,
+    };
+    Ok((limits != Default::default()).then(|| Box::new(limits)))
 }

@@ -312,6 +312,16 @@ enum Command {
         /// logs` prints its final output (the last 64 KiB), the same every time.
         #[arg(long)]
         final_output: bool,
+        /// End the task if it runs longer than this (e.g. `90s`, `10m`, `2h`):
+        /// SIGTERM to its group, the grace period, SIGKILL; it fails as
+        /// `timed-out`. Measured on its machine, through worker restarts and
+        /// failovers.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        timeout: Option<std::time::Duration>,
+        /// End the task if it writes no output for this long; it fails as
+        /// `idle-timeout`.
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        idle_timeout: Option<std::time::Duration>,
         /// The command line (one argument is run as is by `sh -c`; several are quoted and joined).
         #[arg(last = true, required_unless_present = "steps")]
         command: Vec<String>,

@@ -58,7 +58,34 @@ pub struct TaskSpec {
     /// coordinator. Not for `agent`, `monitor` or `workflow` tasks.
     #[serde(default)]
     pub final_output: bool,
+    /// Time limits, enforced on the worker machine by the attempt's shim on
+    /// its own monotonic clock (so through worker restarts, coordinator
+    /// failovers and while the coordinator is unreachable). Boxed: 8 bytes in
+    /// every task the coordinator keeps, with or without them; left out of
+    /// the encoding when absent, so records without them keep their bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<Box<TimeLimits>>,
 }
+
+/// A task's time limits. Reaching one ends the task with the normal kill
+/// sequence (SIGTERM to its group, the grace period, SIGKILL); it fails, its
+/// detail starting with [`TIMED_OUT`] or [`IDLE_TIMEOUT`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimeLimits {
+    /// Wall-clock run time, from the process's start.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// Longest time without a byte of output.
+    #[serde(default)]
+    pub idle_timeout_ms: Option<u64>,
+}
+
+/// The detail tag of a task ended for running longer than its timeout.
+pub const TIMED_OUT: &str = "timed-out";
+/// The detail tag of a task ended for staying silent longer than its idle timeout.
+pub const IDLE_TIMEOUT: &str = "idle-timeout";
+/// The longest time limit accepted (30 days).
+pub const MAX_TIME_LIMIT_MS: u64 = 30 * 24 * 3600 * 1000;
 
 /// Most bytes of a final-output-only task's output kept as its final output
 /// (the tail; a note says how much came before).
@@ -85,6 +112,7 @@ impl TaskSpec {
             pattern: None,
             steps: Vec::new(),
             final_output: false,
+            limits: None,
         }
     }
 
@@ -108,6 +136,7 @@ impl TaskSpec {
             pattern: None,
             steps: Vec::new(),
             final_output: false,
+            limits: None,
         })
     }
 
@@ -166,6 +195,22 @@ impl TaskSpec {
     }
 
     fn validate_common(&self) -> Result<(), SpecError> {
+        if let Some(limits) = &self.limits {
+            // Enforced on the worker machine; a workflow's steps are tasks
+            // of their own and do not inherit it (yet).
+            if self.kind == Kind::workflow() {
+                return Err(SpecError::TimeLimit(format!("a {} task takes no time limit", self.kind)));
+            }
+            for (name, ms) in [("timeout", limits.timeout_ms), ("idle timeout", limits.idle_timeout_ms)] {
+                match ms {
+                    Some(0) => return Err(SpecError::TimeLimit(format!("the {name} must be above zero"))),
+                    Some(ms) if ms > MAX_TIME_LIMIT_MS => {
+                        return Err(SpecError::TimeLimit(format!("the {name} is above the 30-day limit")))
+                    }
+                    _ => {}
+                }
+            }
+        }
         too_large("label", self.label.len(), MAX_LABEL_BYTES)?;
         if self.label.contains('\n') || self.label.contains('\0') {
             return Err(SpecError::NulByte("label"));
@@ -228,6 +273,8 @@ pub enum SpecError {
     Step { index: usize, error: Box<SpecError> },
     #[error("a {0} task streams its output; it cannot be final-output-only")]
     FinalOutput(String),
+    #[error("time limit: {0}")]
+    TimeLimit(String),
 }
 
 #[cfg(test)]
@@ -237,6 +284,29 @@ mod tests {
     #[test]
     fn accepts_a_plain_command() {
         assert_eq!(TaskSpec::shell("l", "echo hi").validate(), Ok(()));
+    }
+
+    #[test]
+    fn time_limits_are_above_zero_at_most_thirty_days_and_not_for_workflows() {
+        let with = |timeout_ms, idle_timeout_ms| TaskSpec {
+            limits: Some(Box::new(TimeLimits { timeout_ms, idle_timeout_ms })),
+            ..TaskSpec::shell("l", "sleep 9")
+        };
+        assert_eq!(with(Some(1), None).validate(), Ok(()));
+        assert_eq!(with(None, Some(MAX_TIME_LIMIT_MS)).validate(), Ok(()));
+        for bad in [with(Some(0), None), with(None, Some(0)), with(Some(MAX_TIME_LIMIT_MS + 1), None)] {
+            assert!(matches!(bad.validate(), Err(SpecError::TimeLimit(_))), "{bad:?}");
+        }
+        let workflow = TaskSpec {
+            kind: Kind::workflow(),
+            steps: vec![StepSpec { kind: Kind::shell(), command: "true".into() }],
+            ..with(Some(1000), None)
+        };
+        assert!(matches!(workflow.validate(), Err(SpecError::TimeLimit(m)) if m.contains("workflow")));
+        // A spec without limits round-trips as one without.
+        let old = TaskSpec::shell("l", "echo hi");
+        let decoded: TaskSpec = crate::decode(&crate::encode(&old).unwrap()).unwrap();
+        assert_eq!(decoded.limits, None);
     }
 
     #[test]

@@ -369,7 +369,7 @@ async fn run_builtin(
             async move { report_until_acked(&shared, &task, attempt, epoch, ReportEvent::Started { pid }).await },
         )
     });
-    let outcome = builtin.run(&grant.spec.command, kill).await;
+    let outcome = builtin.run(&grant.spec, kill).await;
     if let Some(reporter) = reporter {
         reporter.abort();
     }

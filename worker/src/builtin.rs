@@ -12,9 +12,11 @@
 //!
 //! This module must never spawn a process or touch the attempt directory.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tenure_protocol::{Ending, Kind, Outcome};
+use tenure_protocol::{Ending, Kind, Outcome, TaskSpec};
+
+use crate::limits::Deadlines;
 use tokio::sync::Notify;
 
 /// Longest `sleep` accepted (one day): a typo must not hold a slot for years.
@@ -37,17 +39,25 @@ impl Builtin {
         }
     }
 
-    /// Runs the attempt to its outcome; a kill ends a sleep at once.
-    pub async fn run(self, command: &str, kill: &Notify) -> Outcome {
+    /// Runs the attempt to its outcome; a kill ends a sleep at once, and so
+    /// does a time limit (a sleep writes no output: its idle timeout counts
+    /// from its start, like its timeout).
+    pub async fn run(self, spec: &TaskSpec, kill: &Notify) -> Outcome {
         match self {
             Builtin::Noop => Outcome::new(Ending::Completed, Some(0), None),
             Builtin::Sleep => {
-                let ms = match parse_sleep(command) {
+                let ms = match parse_sleep(&spec.command) {
                     Ok(ms) => ms,
                     Err(detail) => return Outcome::new(Ending::Failed, None, Some(detail)),
                 };
+                let deadlines = Deadlines::new(spec.limits.as_deref(), Instant::now());
+                let limit = deadlines.next_in(Instant::now()).unwrap_or(Duration::MAX);
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(ms)) => Outcome::new(Ending::Completed, Some(0), None),
+                    _ = tokio::time::sleep(limit), if limit < Duration::from_millis(ms) => {
+                        let reason = deadlines.passed(Instant::now()).unwrap_or_else(|| "timed-out".into());
+                        Outcome::new(Ending::Failed, None, Some(reason))
+                    }
                     _ = kill.notified() => Outcome::new(Ending::Killed, None, Some(format!("killed during a sleep of {ms} ms"))),
                 }
             }
@@ -70,6 +80,7 @@ fn parse_sleep(command: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tenure_protocol::spec::TimeLimits;
 
     #[test]
     fn kinds_are_recognised_by_name() {
@@ -87,16 +98,32 @@ mod tests {
     }
 
     #[test]
-    fn runs_complete_fail_or_die_by_kill() {
+    fn runs_complete_fail_or_die_by_kill_or_time_limit() {
+        let spec =
+            |kind: &str, command: &str| TaskSpec { kind: kind.parse().unwrap(), ..TaskSpec::shell("l", command) };
         let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         rt.block_on(async {
             let kill = Notify::new();
-            assert_eq!(Builtin::Noop.run("anything", &kill).await.ending, Ending::Completed);
-            assert_eq!(Builtin::Sleep.run("1", &kill).await.ending, Ending::Completed);
-            assert_eq!(Builtin::Sleep.run("soon", &kill).await.ending, Ending::Failed);
+            assert_eq!(Builtin::Noop.run(&spec("noop", "anything"), &kill).await.ending, Ending::Completed);
+            assert_eq!(Builtin::Sleep.run(&spec("sleep", "1"), &kill).await.ending, Ending::Completed);
+            assert_eq!(Builtin::Sleep.run(&spec("sleep", "soon"), &kill).await.ending, Ending::Failed);
+            // A time limit shorter than the sleep ends it, saying which.
+            for (limits, tag) in [
+                (TimeLimits { timeout_ms: Some(20), idle_timeout_ms: None }, "timed-out: "),
+                (TimeLimits { timeout_ms: Some(60_000), idle_timeout_ms: Some(20) }, "idle-timeout: "),
+            ] {
+                let limited = TaskSpec { limits: Some(Box::new(limits)), ..spec("sleep", "600000") };
+                let outcome = Builtin::Sleep.run(&limited, &kill).await;
+                assert_eq!(outcome.ending, Ending::Failed);
+                assert!(outcome.detail.as_deref().is_some_and(|d| d.starts_with(tag)), "{outcome:?}");
+            }
+            // A longer limit changes nothing.
+            let loose = TimeLimits { timeout_ms: Some(60_000), idle_timeout_ms: None };
+            let limited = TaskSpec { limits: Some(Box::new(loose)), ..spec("sleep", "1") };
+            assert_eq!(Builtin::Sleep.run(&limited, &kill).await.ending, Ending::Completed);
             // A kill that arrives first is kept by the Notify and ends the sleep.
             kill.notify_one();
-            assert_eq!(Builtin::Sleep.run("600000", &kill).await.ending, Ending::Killed);
+            assert_eq!(Builtin::Sleep.run(&spec("sleep", "600000"), &kill).await.ending, Ending::Killed);
         });
     }
 }

@@ -11,6 +11,7 @@ pub mod builtin;
 pub mod core;
 mod daemon;
 pub mod launcher;
+mod limits;
 mod metrics;
 mod options;
 pub mod process;

@@ -43,6 +43,7 @@ use tenure_machine::Layout;
 use tenure_protocol::messages::MatchedLine;
 use tenure_protocol::{Attempt, Ending, Kind, Outcome, TaskId};
 
+use crate::limits::Deadlines;
 use crate::process;
 use crate::sandbox::{self, RunAs};
 use tenure_machine::attempt_files::{AttemptFiles, InputFifo, ProcessId, ShimStatus};
@@ -166,8 +167,13 @@ fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStat
     };
     let mut pump = Pump { reader: Some(reader), output, cap: args.output_cap, matcher, written: 0, dropped: 0 };
     let mut group = Group::new(leader, args.kill_grace);
+    let mut clock = Deadlines::new(spec.limits.as_deref(), Instant::now());
     while !group.done(pump.reader.is_none()) {
-        let timeout = group.wake_in();
+        let timeout = match clock.next_in(Instant::now()).filter(|_| group.running()) {
+            // Rounded up, so the limit has passed when poll returns.
+            Some(due) => PollTimeout::try_from(due + Duration::from_millis(1)).unwrap_or(PollTimeout::MAX),
+            None => group.wake_in(),
+        };
         // The signalfd, then the pipe while it is open (the second slot only
         // counts then).
         let pipe = pump.reader.as_ref().map(|r| r.as_fd());
@@ -187,6 +193,13 @@ fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStat
         let output_ready = watched == 2 && fds[1].revents().is_some_and(|r| !r.is_empty());
         if output_ready {
             pump.step();
+            clock.output(Instant::now());
+        }
+        if group.running() {
+            if let Some(reason) = clock.passed(Instant::now()) {
+                tracing::info!(%reason, "ending the task: a time limit passed");
+                group.abort(reason);
+            }
         }
         while let Ok(Some(info)) = signalfd.read_signal() {
             if info.ssi_signo == Signal::SIGTERM as u32 {
@@ -277,6 +290,11 @@ impl Group {
     /// Ends the task for a reason of the shim's own: it fails with it.
     fn abort(&mut self, reason: String) {
         self.aborted.get_or_insert(reason);
+    }
+
+    /// Its leader runs and nothing has begun to end it.
+    fn running(&self) -> bool {
+        self.leader.is_none() && self.terminated_at.is_none() && !self.killed && self.shutdown.is_none()
     }
 
     /// Reaps every child that ended (the leader, and descendants re-parented

@@ -1,0 +1,113 @@
+//! A task's time limits (`--timeout`, `--idle-timeout`), decided on the
+//! monotonic clock of the process that runs it: the attempt's shim (which
+//! outlives the worker, so the limits hold through worker restarts,
+//! coordinator failovers and while no coordinator is reachable), or the
+//! worker for a built-in kind. Pure over the instants it is given; it never
+//! reads the clock or signals anything.
+
+use std::time::{Duration, Instant};
+
+use tenure_protocol::spec::{TimeLimits, IDLE_TIMEOUT, TIMED_OUT};
+
+/// A task's time limits on the monotonic clock of whoever runs it (its shim,
+/// or the worker for a built-in kind), from the start: its
+/// run time ([`TIMED_OUT`]) and its silence ([`IDLE_TIMEOUT`], from the last
+/// byte of output). Pure over the instants it is given.
+pub struct Deadlines {
+    started: Instant,
+    last_output: Instant,
+    timeout: Option<Duration>,
+    idle: Option<Duration>,
+}
+
+impl Deadlines {
+    pub fn new(limits: Option<&TimeLimits>, now: Instant) -> Deadlines {
+        let ms = |v: Option<u64>| v.map(Duration::from_millis);
+        Deadlines {
+            started: now,
+            last_output: now,
+            timeout: limits.and_then(|l| ms(l.timeout_ms)),
+            idle: limits.and_then(|l| ms(l.idle_timeout_ms)),
+        }
+    }
+
+    pub fn output(&mut self, now: Instant) {
+        self.last_output = now;
+    }
+
+    /// How long until the nearest limit; `None` without limits.
+    pub fn next_in(&self, now: Instant) -> Option<Duration> {
+        let run = self.timeout.map(|t| (self.started + t).saturating_duration_since(now));
+        let idle = self.idle.map(|t| (self.last_output + t).saturating_duration_since(now));
+        run.into_iter().chain(idle).min()
+    }
+
+    /// The limit that has passed, as the failure's detail.
+    pub fn passed(&self, now: Instant) -> Option<String> {
+        if let Some(t) = self.timeout.filter(|t| now.saturating_duration_since(self.started) >= *t) {
+            return Some(format!("{TIMED_OUT}: ran longer than its timeout of {}", humanize(t)));
+        }
+        let idle = self.idle.filter(|t| now.saturating_duration_since(self.last_output) >= *t)?;
+        Some(format!("{IDLE_TIMEOUT}: wrote no output for its idle timeout of {}", humanize(idle)))
+    }
+}
+
+/// `1h 30m`, `90s`, `250ms`: how a limit was probably written.
+fn humanize(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms % 1000 != 0 {
+        return format!("{ms}ms");
+    }
+    let mut secs = d.as_secs();
+    let mut parts = Vec::new();
+    for (unit, size) in [("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)] {
+        if secs >= size {
+            parts.push(format!("{}{unit}", secs / size));
+            secs %= size;
+        }
+    }
+    if parts.is_empty() {
+        "0s".to_owned()
+    } else {
+        parts.join(" ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_limits_pass_on_run_time_and_on_silence() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let none = Deadlines::new(None, t0);
+        assert_eq!((none.next_in(t0 + s(100)), none.passed(t0 + s(100_000))), (None, None));
+        let limits = TimeLimits { timeout_ms: Some(10_000), idle_timeout_ms: Some(3_000) };
+        let mut d = Deadlines::new(Some(&limits), t0);
+        assert_eq!(d.next_in(t0), Some(s(3)));
+        assert_eq!(d.passed(t0 + s(2)), None);
+        // Output pushes the idle limit back, never the run-time one.
+        d.output(t0 + s(2));
+        assert_eq!(d.next_in(t0 + s(2)), Some(s(3)));
+        assert_eq!(d.passed(t0 + s(4)), None);
+        let idle = d.passed(t0 + s(5)).expect("silent for 3 s");
+        assert!(idle.starts_with("idle-timeout: ") && idle.contains("3s"), "{idle}");
+        for at in [8, 9] {
+            d.output(t0 + s(at));
+        }
+        assert_eq!(d.next_in(t0 + s(9)), Some(s(1)));
+        let run = d.passed(t0 + s(10)).expect("ran 10 s");
+        assert!(run.starts_with("timed-out: ") && run.contains("10s"), "{run}");
+        // A limit already passed is due now.
+        assert_eq!(d.next_in(t0 + s(60)), Some(Duration::ZERO));
+    }
+
+    #[test]
+    fn limits_are_shown_as_written() {
+        let cases = [(90_000, "1m 30s"), (250, "250ms"), (7_200_000, "2h"), (86_400_000 + 1_000, "1d 1s"), (0, "0s")];
+        for (ms, text) in cases {
+            assert_eq!(humanize(Duration::from_millis(ms)), text);
+        }
+    }
+}
