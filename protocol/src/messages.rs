@@ -678,6 +678,9 @@ impl ReportAck {
 // ----------------------------------------------------- coordinator → worker
 
 /// Commands from the leader to one worker ([`crate::subjects::worker_commands`]).
+/// A message decoded once and consumed at once, never stored: the size of
+/// its largest variant costs nothing, so a grant is not boxed.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum WorkerCommand {
     Grant(LeaseGrant),
