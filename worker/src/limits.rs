@@ -55,7 +55,7 @@ impl Deadlines {
 /// `1h 30m`, `90s`, `250ms`: how a limit was probably written.
 fn humanize(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1000 != 0 {
+    if !ms.is_multiple_of(1000) {
         return format!("{ms}ms");
     }
     let mut secs = d.as_secs();
