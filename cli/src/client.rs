@@ -314,6 +314,22 @@ async fn logs(api: &Api, snapshot: TaskSnapshot, follow: bool, offset: u64) -> a
     Ok(())
 }
 
+/// The spec's time limits from `--timeout` and `--idle-timeout` (whole
+/// milliseconds; the range is checked where the spec is validated).
+fn time_limits(
+    timeout: Option<std::time::Duration>,
+    idle: Option<std::time::Duration>,
+) -> anyhow::Result<Option<Box<tenure_protocol::spec::TimeLimits>>> {
+    let ms = |d: Option<std::time::Duration>, flag: &str| {
+        d.map(|d| u64::try_from(d.as_millis()).map_err(|_| anyhow!("{flag} is too long"))).transpose()
+    };
+    let limits = tenure_protocol::spec::TimeLimits {
+        timeout_ms: ms(timeout, "--timeout")?,
+        idle_timeout_ms: ms(idle, "--idle-timeout")?,
+    };
+    Ok((limits != Default::default()).then(|| Box::new(limits)))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -336,20 +352,4 @@ mod tests {
         );
         assert_eq!(command_line(&["echo".into(), "it's".into(), "".into()]), r"echo 'it'\''s' ''");
     }
-}
-
-/// The spec's time limits from `--timeout` and `--idle-timeout` (whole
-/// milliseconds; the range is checked where the spec is validated).
-fn time_limits(
-    timeout: Option<std::time::Duration>,
-    idle: Option<std::time::Duration>,
-) -> anyhow::Result<Option<Box<tenure_protocol::spec::TimeLimits>>> {
-    let ms = |d: Option<std::time::Duration>, flag: &str| {
-        d.map(|d| u64::try_from(d.as_millis()).map_err(|_| anyhow!("{flag} is too long"))).transpose()
-    };
-    let limits = tenure_protocol::spec::TimeLimits {
-        timeout_ms: ms(timeout, "--timeout")?,
-        idle_timeout_ms: ms(idle, "--idle-timeout")?,
-    };
-    Ok((limits != Default::default()).then(|| Box::new(limits)))
 }
