@@ -3,7 +3,7 @@
 
 use super::*;
 use tenure_protocol::messages::{AttemptEvidence, EvidenceRequest, HeldAttempt, SidecarRefusal};
-use tenure_protocol::{Attempt, Ending, HintTag, Outcome, TaskSpec};
+use tenure_protocol::{Attempt, Ending, HintTag, Outcome, RecoveryHint, TaskSpec};
 
 struct Harness {
     core: Core,
@@ -1336,4 +1336,42 @@ fn a_deposed_leaders_stale_answer_does_not_settle_a_report_the_new_leader_acknow
     assert_eq!(current, ReportAck::Ack);
     assert!(current.settles(report.epoch));
     assert_eq!(new.status(&fresh), Status::Completed);
+}
+
+/// Defect C of the simulation, pinned without a seed: a refusal of a late
+/// copy of a grant proves nothing once the attempt ran. Attempt 1 starts, its
+/// worker reports it `Lost` (the task is `unknown`, maybe ran), and then a
+/// copy of the grant is refused (the sidecar is down). The lifecycle table
+/// would queue an `unknown` task again on `Refused` ("it never started"), and
+/// with a kill pending end it `killed`: the core must not turn this refusal
+/// into that event, so the task stays `unknown` and nothing is granted.
+#[test]
+fn a_refused_late_grant_leaves_an_unknown_task_unknown() {
+    for kill_pending in [false, true] {
+        let mut h = Harness::new();
+        h.heartbeat("w1", 4);
+        let key = Uuid::new_v4();
+        let (fx, _) = h.api(ApiRequest::Submit(SubmitRequest {
+            session: s("s"),
+            idempotency_key: key,
+            spec: TaskSpec::shell("once", "true"),
+        }));
+        let (_, grant) = grants(&fx).pop().expect("granted at submit");
+        let t = grant.task.clone();
+        assert_eq!(h.report("w1", &t, 1, ReportEvent::Started { pid: 1 }), ReportAck::Ack);
+        if kill_pending {
+            h.api(ApiRequest::Kill { session: s("s"), task: t.clone() });
+            assert_eq!(h.status(&t), Status::Stopping);
+        }
+        let hint = RecoveryHint { tag: HintTag::MaybeRan, message: "its monitor was killed".into() };
+        assert_eq!(h.report("w1", &t, 1, ReportEvent::Lost(hint)), ReportAck::Ack);
+        assert_eq!(h.status(&t), Status::Unknown);
+        for refusal in [Refusal::SidecarUnavailable("down".into()), Refusal::NoSlot, Refusal::UnknownAttempt] {
+            let fx = h.refuse("w1", grant.clone(), refusal.clone());
+            assert!(grants(&fx).is_empty(), "{refusal:?}: {fx:?}");
+            assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))), "{refusal:?} changed the task: {fx:?}");
+            let r = h.core.task(&t).unwrap();
+            assert_eq!((r.life.status, r.life.attempt), (Status::Unknown, Attempt(1)), "{refusal:?}");
+        }
+    }
 }
