@@ -3,7 +3,7 @@
 //!
 //! [`Core::handle`] takes one [`Input`] and the current time and returns the
 //! [`Effect`]s to carry out, in order. It never awaits, never reads a clock and
-//! never touches NATS: the driver in `service.rs` does that. Task status changes
+//! never touches NATS: the driver in `daemon.rs` does that. Task status changes
 //! only through [`tenure_protocol::apply`]; this module decides *which* events
 //! happen (a grant to which worker, a worker judged lost) and keeps indexes.
 //!
@@ -16,10 +16,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use tenure_protocol::messages::{
-    ApiError, ApiReply, ApiRequest, ApiResponse, CleanupReply, CleanupRequest, ClusterStatus, EvidenceReply,
-    EvidenceRequest, Heartbeat, KillCommand, KillResult, LeaseGrant, MatchNotice, MatchedLine, Notice, Refusal, Report,
-    ReportAck, ReportEvent, SidecarHealth, SubmitRequest, TaskSnapshot, WorkerCommand, WorkerReply, WorkerStatus,
-    MAX_LIST_PAGE_BYTES, MAX_MATCHES_PER_REPORT, MAX_MATCH_LINE_BYTES, MAX_WAIT_MS,
+    ApiError, ApiReply, ApiRequest, ApiResponse, CleanupReply, CleanupRequest, ClusterStatus, CoordinatorPresence,
+    EvidenceReply, EvidenceRequest, Heartbeat, KillCommand, KillResult, LeaseGrant, MatchNotice, MatchedLine, Notice,
+    Refusal, Report, ReportAck, ReportEvent, SidecarHealth, SubmitRequest, TaskSnapshot, WorkerCommand, WorkerReply,
+    WorkerStatus, MAX_LIST_PAGE_BYTES, MAX_MATCHES_PER_REPORT, MAX_MATCH_LINE_BYTES, MAX_WAIT_MS,
 };
 use tenure_protocol::{apply, Board, Decision, Epoch, Event, Kind, SessionId, Status, TaskId, Unchanged, WorkerId};
 use uuid::Uuid;
@@ -27,6 +27,8 @@ use uuid::Uuid;
 use crate::limits::{Limits, Usage, Weight};
 use crate::record::TaskRecord;
 use crate::tasks::Tasks;
+pub use presence::Leader;
+use presence::Presence;
 
 /// Timing rules of the core. Durations are measured on the leader's monotonic clock.
 #[derive(Debug, Clone)]
@@ -129,6 +131,11 @@ pub enum Input {
         task: TaskId,
         reason: String,
     },
+    /// This process's leadership term as the leadership task published it:
+    /// at the start of the term and after every change (a renewal, say).
+    Leader(Leader),
+    /// A standby coordinator's presence message.
+    Presence(CoordinatorPresence),
     Tick,
 }
 
@@ -144,6 +151,10 @@ pub enum Effect {
         worker: WorkerId,
         instance: Uuid,
         command: WorkerCommand,
+        /// The W3C `traceparent` the command is sent under: a grant continues
+        /// the trace of its task's submit (kept in the record, so a new leader
+        /// continues it too); `None` for a kill, or an untraced task.
+        trace: Option<String>,
     },
     /// Tell a second live process with a bound worker id to stop (published on
     /// the id's shared subject; no answer).
@@ -274,6 +285,8 @@ pub struct Core {
     usage: Usage,
     /// Higher epochs others reported, to check against the registry.
     claims: epochs::Claims,
+    /// This leader's term and the standbys, for the status view.
+    presence: Presence,
 }
 
 impl Core {
@@ -307,6 +320,7 @@ impl Core {
             clock_at_start: records.iter().map(|r| r.clock_ms.max(r.ended_clock_ms)).max().unwrap_or(0),
             usage: Usage::default(),
             claims: epochs::Claims::default(),
+            presence: Presence::default(),
         };
         for mut r in records {
             // Ended before registry time was recorded: its age is counted
@@ -361,12 +375,12 @@ impl Core {
     /// end, so only ends near its last write can lack one. Registry time is
     /// never another machine's wall clock, so no skew widens or narrows the
     /// window. Without it (no previous leader), all.
-    pub fn pending_notices(&self, window: Option<Duration>) -> Vec<Effect> {
+    pub fn pending_notices(&self, window: Option<Duration>) -> Vec<Notice> {
         let since = window.map(|w| self.clock_at_start.saturating_sub(w.as_millis() as u64));
         let recent = |r: &&TaskRecord| since.is_none_or(|since| r.ended_clock_ms == 0 || r.ended_clock_ms >= since);
         // In task number order.
         let ended = self.tasks.values().filter(|r| r.life.status.is_terminal() && !r.reported).filter(recent);
-        ended.map(|r| Effect::Notify(Box::new(Notice::Ended(Box::new(self.snapshot_of(r)))))).collect()
+        ended.map(|r| Notice::Ended(Box::new(self.snapshot_of(r)))).collect()
     }
 
     /// Never allocate task numbers at or below `n` (seen in the registry, even in
@@ -434,6 +448,8 @@ impl Core {
             Input::EpochChecked { claimed, by, registry } => self.epoch_checked(claimed, by, registry, now, &mut fx),
             Input::RegistryUsage { bytes } => self.usage.sampled(bytes),
             Input::PersistFailed { task, reason } => self.persist_failed(&task, &reason, now, &mut fx),
+            Input::Leader(leader) => self.presence.leader(leader),
+            Input::Presence(presence) => self.presence.seen(presence, now.mono),
             Input::Tick => self.tick(now, &mut fx),
         }
         if !fx.iter().any(|e| matches!(e, Effect::StepDown { .. })) {
@@ -706,7 +722,7 @@ impl Core {
     fn status(&self, now: Now) -> ClusterStatus {
         let counts = self.counts();
         let load = self.load();
-        ClusterStatus {
+        let mut status = ClusterStatus {
             leader_epoch: self.epoch,
             workers: self
                 .workers
@@ -724,10 +740,11 @@ impl Core {
                 .collect(),
             tasks_by_status: counts.into_iter().collect(),
             unconfirmed: self.on_worker.iter().filter(|t| !self.confirmed.contains(*t)).count() as u64,
-            // Filled in by the driver, which owns the lease.
             leader: None,
             standbys: Vec::new(),
-        }
+        };
+        self.presence.fill(&mut status, now.mono);
+        status
     }
 
     // -------------------------------------------------------------- workers
@@ -1061,8 +1078,9 @@ impl Core {
         };
         // Sent only to a bound process; until one heartbeats, the retry sends it.
         let Some(instance) = self.instance_of(&worker) else { return };
+        let trace = r.trace.as_deref().map(str::to_owned);
         self.sent.insert(task.clone(), now.mono);
-        fx.push(Effect::Command { worker, instance, command: WorkerCommand::Grant(grant) });
+        fx.push(Effect::Command { worker, instance, command: WorkerCommand::Grant(grant), trace });
     }
 
     fn send_kill(&mut self, task: &TaskId, now: Now, fx: &mut Vec<Effect>) {
@@ -1071,7 +1089,7 @@ impl Core {
         let kill = KillCommand { task: task.clone(), attempt: r.life.attempt, epoch: self.epoch.max(r.life.epoch) };
         let Some(instance) = self.instance_of(&worker) else { return };
         self.sent.insert(task.clone(), now.mono);
-        fx.push(Effect::Command { worker, instance, command: WorkerCommand::Kill(kill) });
+        fx.push(Effect::Command { worker, instance, command: WorkerCommand::Kill(kill), trace: None });
     }
 
     // ------------------------------------------------------------ lifecycle
@@ -1197,6 +1215,8 @@ mod board;
 mod epochs;
 #[path = "liveness.rs"]
 mod liveness;
+#[path = "presence.rs"]
+mod presence;
 #[path = "workflow.rs"]
 mod workflow;
 

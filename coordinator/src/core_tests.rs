@@ -987,14 +987,16 @@ fn a_new_leader_republishes_the_notices_of_recent_unreported_ends_only() {
     h.report("w1", &recent, 1, completed());
     let records: Vec<TaskRecord> = [&old, &recent].iter().map(|t| h.core.task(t).unwrap().clone()).collect();
     let next = Core::new(CoreConfig::default(), Epoch(4), records, h.now);
-    let ids = |fx: Vec<Effect>| -> Vec<String> {
-        fx.into_iter()
-            .filter_map(|e| match e {
-                Effect::Notify(n) => match *n {
-                    Notice::Ended(s) => Some(s.id.to_string()),
-                    Notice::Matched(_) => None,
-                },
-                _ => None,
+    // Plain notices, each an end's whole snapshot: the driver only publishes them.
+    let ids = |notices: Vec<Notice>| -> Vec<String> {
+        notices
+            .into_iter()
+            .map(|n| match n {
+                Notice::Ended(s) => {
+                    assert_eq!((s.status, s.reported), (Status::Completed, false), "{s:?}");
+                    s.id.to_string()
+                }
+                Notice::Matched(m) => panic!("only ends are republished: {m:?}"),
             })
             .collect()
     };
@@ -1374,4 +1376,94 @@ fn a_refused_late_grant_leaves_an_unknown_task_unknown() {
             assert_eq!((r.life.status, r.life.attempt), (Status::Unknown, Attempt(1)), "{refusal:?}");
         }
     }
+}
+
+/// A grant carries the trace of its task's submit, so the driver sends it in
+/// that trace without reading the core back; a re-sent grant and a new
+/// leader's grant carry it too; a kill carries none.
+#[test]
+fn a_grant_carries_its_tasks_trace_and_a_kill_none() {
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".to_owned();
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let request = ApiRequest::Submit(SubmitRequest {
+        session: s("s"),
+        idempotency_key: Uuid::new_v4(),
+        spec: TaskSpec::shell("traced", "true"),
+    });
+    let fx = h.input(Input::Api { reply_to: Some("r".into()), request, trace: Some(traceparent.clone()) });
+    let traces = |fx: &[Effect]| -> Vec<(bool, Option<String>)> {
+        fx.iter()
+            .filter_map(|e| match e {
+                Effect::Command { command, trace, .. } => {
+                    Some((matches!(command, WorkerCommand::Grant(_)), trace.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(traces(&fx), [(true, Some(traceparent.clone()))]);
+    let task = grants(&fx)[0].1.task.clone();
+    // Unanswered: re-sent, in the same trace.
+    h.advance(Duration::from_secs(2));
+    assert_eq!(traces(&h.input(Input::Tick)), [(true, Some(traceparent.clone()))]);
+    // A new leader re-sends it from the record, in the same trace.
+    let record = h.core.task(&task).unwrap().clone();
+    let mut next = take_over(&BTreeMap::from([(task.clone(), record)]), CoreConfig::default(), h.now.wall_ms);
+    next.heartbeat("w1", 4);
+    next.advance(Duration::from_secs(2));
+    assert_eq!(traces(&next.input(Input::Tick)), [(true, Some(traceparent))]);
+    // An untraced task's grant, and every kill, carry none.
+    let untraced = h.submit("s", TaskSpec::shell("plain", "true"));
+    h.report("w1", &untraced, 1, ReportEvent::Started { pid: 1 });
+    let (fx, _) = h.api(ApiRequest::Kill { session: s("s"), task: untraced });
+    assert_eq!(traces(&fx), [(false, None)]);
+}
+
+fn leader(renewed_at: Duration) -> Input {
+    Input::Leader(Leader {
+        name: "c1".into(),
+        holder: "c1:aa".into(),
+        renewed_at,
+        renewals: 7,
+        ttl_ms: 6000,
+        adopted_in_ms: 42,
+    })
+}
+
+fn cluster_status(h: &mut Harness) -> ClusterStatus {
+    match h.api(ApiRequest::Status).1 {
+        Some(Ok(ApiResponse::Status(status))) => status,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The core answers `Status` whole — its own term and the standbys lately
+/// heard from — so the driver only sends the reply.
+#[test]
+fn the_status_names_this_leaders_term_and_the_standbys_lately_heard_from() {
+    let mut h = Harness::new();
+    let status = cluster_status(&mut h);
+    assert!(status.leader.is_none() && status.standbys.is_empty(), "told nothing yet: {status:?}");
+    h.input(leader(h.now.mono));
+    let presence =
+        |name: &str, holder: &str| Input::Presence(CoordinatorPresence { name: name.into(), holder: holder.into() });
+    h.input(presence("c3", "c3:cc"));
+    h.input(presence("c1", "c1:aa")); // this process's own presence
+    h.advance(Duration::from_secs(3));
+    h.input(presence("c2", "c2:bb"));
+    h.advance(Duration::from_millis(500));
+    let status = cluster_status(&mut h);
+    let l = status.leader.expect("the leader");
+    assert_eq!((l.name.as_str(), l.holder.as_str(), l.epoch), ("c1", "c1:aa", Epoch(3)));
+    assert_eq!((l.lease_age_ms, l.renewals, l.lease_ttl_ms, l.adopted_in_ms), (3500, 7, 6000, 42));
+    let standbys: Vec<(&str, u64)> = status.standbys.iter().map(|s| (s.name.as_str(), s.last_seen_ms)).collect();
+    assert_eq!(standbys, [("c2", 500), ("c3", 3500)]);
+    // A renewal resets the age; a standby not heard from for 5 s is gone.
+    h.advance(Duration::from_secs(2));
+    h.input(leader(h.now.mono));
+    let status = cluster_status(&mut h);
+    assert_eq!(status.leader.map(|l| l.lease_age_ms), Some(0));
+    let standbys: Vec<&str> = status.standbys.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(standbys, ["c2"]);
 }

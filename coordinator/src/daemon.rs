@@ -25,15 +25,13 @@
 //! dropped (a reply becomes an error), and the core drops the task from
 //! memory (`Input::PersistFailed`).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use tenure_protocol::messages::{
-    ApiError, ApiReply, ApiRequest, ApiResponse, CoordinatorPresence, Heartbeat, LeaderStatus, RegistryMark, Report,
-    StandbyStatus, WorkerCommand,
+    ApiError, ApiReply, ApiRequest, CoordinatorPresence, Heartbeat, RegistryMark, Report, WorkerCommand,
 };
 use tenure_protocol::{subjects, Epoch};
 use tenure_transport::identity::{self, Trust};
@@ -42,7 +40,7 @@ use tracing::Instrument;
 
 use opentelemetry::KeyValue;
 
-use crate::core::{Core, CoreConfig, Effect, Input, Now};
+use crate::core::{Core, CoreConfig, Effect, Input, Leader, Now};
 use crate::elector::{self, Clock, Elector, LeaseView, Term};
 use crate::lease::{self, ms, LeaseConfig};
 use crate::mark;
@@ -105,9 +103,6 @@ pub enum Error {
     #[error("the lease task stopped unexpectedly")]
     LeaseTask,
 }
-
-/// Standby coordinators are listed while heard from within this long.
-const STANDBY_FRESH: Duration = Duration::from_secs(5);
 
 /// The wall clock, only ever stamped on records for humans. Test-only:
 /// `TENURE_TEST_CLOCK_OFFSET_MS` (signed milliseconds, read once) shifts it, to
@@ -255,47 +250,6 @@ impl Guard {
                 }
             }
         }
-    }
-}
-
-/// What the leader knows about itself and the standbys, for the status reply.
-struct Visibility {
-    name: String,
-    holder: String,
-    ttl_ms: u64,
-    adopted_in_ms: u64,
-    standbys: HashMap<String, (String, Duration)>,
-}
-
-impl Visibility {
-    fn seen(&mut self, presence: CoordinatorPresence, now: Duration) {
-        if presence.holder != self.holder {
-            self.standbys.insert(presence.holder, (presence.name, now));
-        }
-    }
-
-    fn fill(&mut self, status: &mut tenure_protocol::messages::ClusterStatus, term: Option<Term>, now: Duration) {
-        self.standbys.retain(|_, (_, at)| now.saturating_sub(*at) < STANDBY_FRESH);
-        let mut standbys: Vec<StandbyStatus> = self
-            .standbys
-            .iter()
-            .map(|(holder, (name, at))| StandbyStatus {
-                name: name.clone(),
-                holder: holder.clone(),
-                last_seen_ms: ms(now.saturating_sub(*at)),
-            })
-            .collect();
-        standbys.sort_by(|a, b| a.name.cmp(&b.name).then(a.holder.cmp(&b.holder)));
-        status.standbys = standbys;
-        status.leader = term.map(|t| LeaderStatus {
-            name: self.name.clone(),
-            holder: self.holder.clone(),
-            epoch: status.leader_epoch,
-            lease_age_ms: ms(now.saturating_sub(t.renewed_at)),
-            renewals: t.renewals,
-            lease_ttl_ms: self.ttl_ms,
-            adopted_in_ms: self.adopted_in_ms,
-        });
     }
 }
 
@@ -485,18 +439,23 @@ async fn lead<F: Future<Output = ()>>(
     // Ends near the previous leader's last write may lack their notice;
     // earlier ones were published in their time.
     let window = loaded.last_claim.as_ref().map(|_| NOTICE_WINDOW);
-    for effect in core.pending_notices(window) {
-        if let Effect::Notify(notice) = effect {
-            notices.publish(*notice);
-        }
+    for notice in core.pending_notices(window) {
+        notices.publish(notice);
     }
-    let mut visibility = Visibility {
+    // The core answers `Status` whole: it is told this term as the lease task
+    // publishes it, now and after every change, and every standby's presence.
+    let leader = |term: &Term| Leader {
         name: opts.name.clone(),
         holder: elector.holder().to_owned(),
+        renewed_at: term.renewed_at,
+        renewals: term.renewals,
         ttl_ms: ms(opts.lease.ttl),
         adopted_in_ms,
-        standbys: HashMap::new(),
     };
+    let mut renewals = elector.view();
+    if let Some(term) = guard.current() {
+        core.handle(Input::Leader(leader(&term)), now());
+    }
 
     // Read once per term, not per request: the leader is connected by now (it
     // loaded the registry), and every node of a NATS cluster shares one
@@ -603,12 +562,19 @@ async fn lead<F: Future<Output = ()>>(
                     }
                 }
             }
-            Some(msg) = presence.next() => {
-                match tenure_protocol::decode::<CoordinatorPresence>(&msg.payload) {
-                    Ok(p) => visibility.seen(p, clock.now()),
-                    Err(error) => tracing::debug!(%error, "malformed coordinator presence ignored"),
+            Some(msg) = presence.next() => match tenure_protocol::decode::<CoordinatorPresence>(&msg.payload) {
+                Ok(p) => Input::Presence(p),
+                Err(error) => {
+                    tracing::debug!(%error, "malformed coordinator presence ignored");
+                    continue;
                 }
-                continue;
+            },
+            Ok(()) = renewals.changed() => {
+                // Another term's view (or none) is the guard's business.
+                let Some(term) = renewals.borrow_and_update().term().filter(|t| t.id == guard.term).cloned() else {
+                    continue;
+                };
+                Input::Leader(leader(&term))
             }
             Some(result) = results.recv() => result,
             _ = tick.tick() => {
@@ -630,7 +596,7 @@ async fn lead<F: Future<Output = ()>>(
                 let released = match durable {
                     Ok(durable) => {
                         elector.note_mark(registry.mark());
-                        pipeline.release(durable, registry.mark(), &outbox, &mut guard, &mut visibility).await
+                        pipeline.release(durable, registry.mark(), &outbox, &mut guard).await
                     }
                     Err(e) => Err(Stop::from(e)),
                 };
@@ -666,8 +632,8 @@ async fn lead<F: Future<Output = ()>>(
                     return Ok(Ended::SteppedDown { epoch, reason });
                 }
                 let Some(effect) = unwind(effect, &mut failed) else { continue };
-                let span = effect_span(&effect, &core, epoch).unwrap_or_else(|| span.clone());
-                let step = pipeline.effect(effect, span, &outbox, &mut registry, &mut guard, &mut visibility).await;
+                let span = effect_span(&effect, epoch).unwrap_or_else(|| span.clone());
+                let step = pipeline.effect(effect, span, &outbox, &mut registry, &mut guard).await;
                 match step {
                     Ok(()) => {}
                     Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
@@ -762,11 +728,10 @@ impl Pipeline {
         out: &Outbox<'_>,
         registry: &mut Registry,
         guard: &mut Guard,
-        visibility: &mut Visibility,
     ) -> Result<(), Stop> {
         match effect {
             Effect::Persist(record) => {
-                self.make_room(out, registry, guard, visibility).await?;
+                self.make_room(out, registry, guard).await?;
                 match registry.start_put_task(&record).await {
                     Ok(_) => Ok(()),
                     // Nothing was sent: only this record's change fails.
@@ -775,14 +740,12 @@ impl Pipeline {
                 }
             }
             Effect::Forget { task, at_ms } => {
-                self.make_room(out, registry, guard, visibility).await?;
+                self.make_room(out, registry, guard).await?;
                 registry.start_forget(&task, at_ms).await?;
                 Ok(())
             }
             Effect::StepDown { reason } => Err(Stop::StepDown(reason)),
-            other if registry.in_flight() == 0 => {
-                execute(other, registry.mark(), out, guard, visibility).instrument(span).await
-            }
+            other if registry.in_flight() == 0 => execute(other, registry.mark(), out).instrument(span).await,
             other => {
                 self.held.push_back((registry.last_ticket(), other, span));
                 Ok(())
@@ -791,33 +754,21 @@ impl Pipeline {
     }
 
     /// Waits while [`registry::MAX_IN_FLIGHT`] appends are in flight.
-    async fn make_room(
-        &mut self,
-        out: &Outbox<'_>,
-        registry: &mut Registry,
-        guard: &mut Guard,
-        visibility: &mut Visibility,
-    ) -> Result<(), Stop> {
+    async fn make_room(&mut self, out: &Outbox<'_>, registry: &mut Registry, guard: &mut Guard) -> Result<(), Stop> {
         while registry.in_flight() >= registry::MAX_IN_FLIGHT {
-            self.settle(out, registry, guard, visibility).await?;
+            self.settle(out, registry, guard).await?;
         }
         Ok(())
     }
 
     /// Waits until the oldest append is durable (or the term ends), then
     /// carries out the effects that waited for it.
-    async fn settle(
-        &mut self,
-        out: &Outbox<'_>,
-        registry: &mut Registry,
-        guard: &mut Guard,
-        visibility: &mut Visibility,
-    ) -> Result<(), Stop> {
+    async fn settle(&mut self, out: &Outbox<'_>, registry: &mut Registry, guard: &mut Guard) -> Result<(), Stop> {
         let durable = tokio::select! {
             durable = registry.settle() => durable?,
             reason = guard.lost() => return Err(Stop::StepDown(reason)),
         };
-        self.release(durable, registry.mark(), out, guard, visibility).await
+        self.release(durable, registry.mark(), out, guard).await
     }
 
     async fn release(
@@ -826,12 +777,11 @@ impl Pipeline {
         mark: RegistryMark,
         out: &Outbox<'_>,
         guard: &mut Guard,
-        visibility: &mut Visibility,
     ) -> Result<(), Stop> {
         while self.held.front().is_some_and(|(ticket, _, _)| *ticket <= durable) {
             let Some((_, effect, span)) = self.held.pop_front() else { break };
             guard.check().map_err(Stop::StepDown)?;
-            execute(effect, mark, out, guard, visibility).instrument(span).await?;
+            execute(effect, mark, out).instrument(span).await?;
         }
         Ok(())
     }
@@ -867,13 +817,14 @@ fn traced(headers: Option<&async_nats::HeaderMap>, make: impl FnOnce() -> tracin
     span
 }
 
-/// The span a command to a worker is sent in: a grant continues the trace of
-/// its task's submit (stored in the record, so a new leader continues it too).
-fn effect_span(effect: &Effect, core: &Core, epoch: Epoch) -> Option<tracing::Span> {
-    let Effect::Command { worker, command: WorkerCommand::Grant(g), .. } = effect else { return None };
-    let trace = core.task(&g.task)?.trace.as_deref()?;
+/// The span a command to a worker is sent in: a grant continues the trace the
+/// core gave it (its task's submit).
+fn effect_span(effect: &Effect, epoch: Epoch) -> Option<tracing::Span> {
+    let Effect::Command { worker, command: WorkerCommand::Grant(g), trace: Some(trace), .. } = effect else {
+        return None;
+    };
     let span = tracing::info_span!("lease", task = %g.task, attempt = %g.attempt, epoch = %epoch, worker = %worker);
-    tenure_transport::trace::continue_from(&span, tenure_transport::trace::from_traceparent(Some(trace)));
+    tenure_transport::trace::continue_from(&span, tenure_transport::trace::from_traceparent(Some(trace.as_str())));
     Some(span)
 }
 
@@ -907,13 +858,7 @@ struct Outbox<'a> {
 /// what it reflects durable, so a grant may carry it to its machine, whose
 /// store keeps the highest it was given (a registry that later goes back is
 /// caught by the machine's heartbeats).
-async fn execute(
-    mut effect: Effect,
-    mark: RegistryMark,
-    out: &Outbox<'_>,
-    guard: &mut Guard,
-    visibility: &mut Visibility,
-) -> Result<(), Stop> {
+async fn execute(mut effect: Effect, mark: RegistryMark, out: &Outbox<'_>) -> Result<(), Stop> {
     if let Effect::Command { command: WorkerCommand::Grant(grant), .. } = &mut effect {
         grant.mark = Some(mark);
     }
@@ -928,7 +873,7 @@ async fn execute(
         Effect::Persist(_) | Effect::Forget { .. } => {
             Err(Stop::StepDown("a registry append bypassed the pipeline".to_owned()))
         }
-        Effect::Command { worker, instance, command } => {
+        Effect::Command { worker, instance, command, trace: _ } => {
             let subject = subjects::instance_commands(&worker, &instance);
             out.in_background(subject, command, |command, result| Input::CommandResult { worker, command, result });
             Ok(())
@@ -955,10 +900,7 @@ async fn execute(
             out.in_background(subject, request, |request, result| Input::Evidence { worker, request, result });
             Ok(())
         }
-        Effect::Reply { to, mut reply } => {
-            if let Ok(ApiResponse::Status(status)) = &mut reply {
-                visibility.fill(status, guard.current(), guard.clock.now());
-            }
+        Effect::Reply { to, reply } => {
             let reply = match tenure_protocol::encode(&reply) {
                 Ok(_) => reply,
                 Err(e) => Err(ApiError::Unavailable(format!("reply too large: {e}"))),
@@ -1075,25 +1017,11 @@ mod tests {
             };
             let (_lease, view) = watch::channel(LeaseView::Leader(term));
             let mut guard = Guard { view, term: 1, clock };
-            let mut visibility = Visibility {
-                name: "test".into(),
-                holder: "test".into(),
-                ttl_ms: 0,
-                adopted_in_ms: 0,
-                standbys: HashMap::new(),
-            };
             let mut pipeline = Pipeline::default();
 
             let huge = record(1, "x".repeat(tenure_protocol::MAX_MESSAGE_BYTES));
             let step = pipeline
-                .effect(
-                    Effect::Persist(Box::new(huge)),
-                    tracing::Span::none(),
-                    &out,
-                    &mut registry,
-                    &mut guard,
-                    &mut visibility,
-                )
+                .effect(Effect::Persist(Box::new(huge)), tracing::Span::none(), &out, &mut registry, &mut guard)
                 .await;
             let Err(Stop::Record { task, reason }) = step else { panic!("{step:?}") };
             assert_eq!(task.to_string(), "shell-1");
@@ -1124,14 +1052,7 @@ mod tests {
             // The term goes on: the next record lands, unfenced.
             let small = record(2, "fine".into());
             pipeline
-                .effect(
-                    Effect::Persist(Box::new(small)),
-                    tracing::Span::none(),
-                    &out,
-                    &mut registry,
-                    &mut guard,
-                    &mut visibility,
-                )
+                .effect(Effect::Persist(Box::new(small)), tracing::Span::none(), &out, &mut registry, &mut guard)
                 .await
                 .unwrap();
             assert_eq!(registry.settle().await.unwrap(), 1);

@@ -198,7 +198,8 @@ impl Core {
             tracing::info!(%worker, task = %h.task, attempt = %h.attempt, current = %r.life.attempt, "stopping a stale copy");
             let kill = KillCommand { task: h.task.clone(), attempt: h.attempt, epoch: self.epoch };
             let Some(instance) = self.instance_of(worker) else { continue };
-            fx.push(Effect::Command { worker: worker.clone(), instance, command: WorkerCommand::Kill(kill) });
+            let command = WorkerCommand::Kill(kill);
+            fx.push(Effect::Command { worker: worker.clone(), instance, command, trace: None });
         }
     }
 }
