@@ -1,20 +1,20 @@
-//! The coordinator's driver. A process is a standby until the lease task
-//! ([`crate::elector`]) says it holds the leader lease; then it loads the
+//! The coordinator's driver. A process is a standby until the leadership task
+//! ([`crate::elector`]) says it holds the leadership; then it loads the
 //! registry, claims an epoch, and runs the leader's event loop — owns the NATS
 //! subscriptions and the registry, feeds every input to [`Core`] with the time,
-//! and carries out the effects in order — until the lease is lost or its renew
+//! and carries out the effects in order — until the leadership is lost or its renew
 //! deadline passes, the registry fences it, or a newer epoch appears. Then it
 //! logs "stepping down", drops everything the term built and is a standby again;
 //! the next term rebuilds its state from the registry.
 //!
 //! It must never decide anything about tasks itself: what to grant, when a
 //! worker is lost or what a kill means is the core's business. It must never
-//! append, reply or command unless the lease view says this process may act at
+//! append, reply or command unless the leadership view says this process may act at
 //! that moment, and a failed persist stops the loop before any later effect
 //! (reply, grant, kill) of the same batch leaves.
 //!
-//! A registry found behind the high-water mark the lease carries (see
-//! [`crate::mark`]) is not led: the process keeps the lease, claims nothing,
+//! A registry found behind the high-water mark the leadership carries (see
+//! [`crate::mark`]) is not led: the process keeps the leadership, claims nothing,
 //! writes nothing, answers every client request with
 //! `ApiError::RegistryBehind`, and loads the registry again every few seconds
 //! until it is restored (or an operator accepted the loss at start).
@@ -41,8 +41,8 @@ use tracing::Instrument;
 use opentelemetry::KeyValue;
 
 use crate::core::{Core, CoreConfig, Effect, Input, Leader, Now};
-use crate::elector::{self, Clock, Elector, LeaseView, Term};
-use crate::lease::{self, ms, LeaseConfig};
+use crate::elector::{self, Clock, Elector, LeadershipView, Term};
+use crate::leadership::{self, ms, LeadershipConfig};
 use crate::mark;
 use crate::metrics;
 use crate::notices::{NoticeLimits, Notices};
@@ -53,15 +53,15 @@ use crate::registry::{self, Loaded, Registry, StreamLimits};
 pub struct Options {
     /// How to reach NATS (servers, credentials, TLS).
     pub nats: tenure_transport::NatsOptions,
-    /// Human name of this coordinator (in its lease, epoch claims and presence).
+    /// Human name of this coordinator (in its leadership, epoch claims and presence).
     pub name: String,
     pub core: CoreConfig,
-    /// JetStream replicas of the registry stream and the lease bucket (3 on a
+    /// JetStream replicas of the registry stream and the leadership bucket (3 on a
     /// 3-node NATS cluster).
     pub replicas: usize,
     /// How long a worker command waits for its answer.
     pub command_timeout: Duration,
-    pub lease: LeaseConfig,
+    pub leadership: LeadershipConfig,
     /// Limits of the notice stream (the registry's are in `core.limits`).
     pub notices: NoticeLimits,
     /// The registry stream's duplicate window (JetStream forgets message ids
@@ -80,7 +80,7 @@ impl Default for Options {
             core: CoreConfig::default(),
             replicas: 1,
             command_timeout: Duration::from_secs(2),
-            lease: LeaseConfig::default(),
+            leadership: LeadershipConfig::default(),
             notices: NoticeLimits::default(),
             registry_duplicate_window: registry::DEFAULT_DUPLICATE_WINDOW,
             accept_registry_rollback: false,
@@ -97,11 +97,11 @@ pub enum Error {
     #[error(transparent)]
     Registry(#[from] registry::Error),
     #[error(transparent)]
-    Lease(#[from] elector::Error),
+    Leadership(#[from] elector::Error),
     #[error("invalid configuration")]
-    Config(#[from] lease::Error),
-    #[error("the lease task stopped unexpectedly")]
-    LeaseTask,
+    Config(#[from] leadership::Error),
+    #[error("the leadership task stopped unexpectedly")]
+    LeadershipTask,
 }
 
 /// The wall clock, only ever stamped on records for humans. Test-only:
@@ -116,15 +116,15 @@ fn wall_ms() -> u64 {
     ms.saturating_add_signed(offset)
 }
 
-/// Runs the coordinator — standby, leader, standby again as the lease goes —
-/// until `shutdown` resolves (the lease is then released) or a fatal error.
+/// Runs the coordinator — standby, leader, standby again as the leadership goes —
+/// until `shutdown` resolves (the leadership is then released) or a fatal error.
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
-    opts.lease.validate()?;
+    opts.leadership.validate()?;
     let client = tenure_transport::connect(&opts.nats, &format!("tenure-coordinator-{}", opts.name), true).await?;
     Trust::announce(&client, "coordinator");
     let clock = Clock::new();
     let holder = format!("{}:{}", opts.name, uuid::Uuid::new_v4().simple());
-    let elector = Elector::start(client.clone(), opts.replicas, &opts.name, holder, opts.lease, clock).await?;
+    let elector = Elector::start(client.clone(), opts.replicas, &opts.name, holder, opts.leadership, clock).await?;
     tokio::pin!(shutdown);
     let mut last_term = 0;
     loop {
@@ -134,14 +134,14 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                 tracing::info!("coordinator stopping");
                 return Ok(());
             }
-            term = elector.wait_leader(last_term) => term.ok_or(Error::LeaseTask)?,
+            term = elector.wait_leader(last_term) => term.ok_or(Error::LeadershipTask)?,
         };
         last_term = term.id;
         let (mut term, mut witness) = (term, None);
         loop {
             match lead(&opts, &client, &elector, term.clone(), witness.take(), shutdown.as_mut()).await {
                 // A machine kept a mark the registry does not reach: the
-                // lease went back with it. The lease carries the mark from
+                // leadership went back with it. The leadership carries the mark from
                 // now on, and this term refuses the registry as at a takeover.
                 Ok(Ended::Behind { expected, by }) => {
                     elector.note_mark(expected);
@@ -206,9 +206,9 @@ impl From<registry::Error> for Stop {
     }
 }
 
-/// Whether this process may act in one term, from the lease task's view.
+/// Whether this process may act in one term, from the leadership task's view.
 struct Guard {
-    view: watch::Receiver<LeaseView>,
+    view: watch::Receiver<LeadershipView>,
     term: u64,
     clock: Clock,
 }
@@ -245,7 +245,7 @@ impl Guard {
                 }
                 changed = self.view.changed() => {
                     if changed.is_err() {
-                        return "the lease task stopped".to_owned();
+                        return "the leadership task stopped".to_owned();
                     }
                 }
             }
@@ -261,8 +261,8 @@ enum Adoption {
     Behind(mark::Behind),
 }
 
-/// Loads the registry, judges it against the high-water mark the lease
-/// carries, and claims an epoch of at least the lease's (and past the mark's);
+/// Loads the registry, judges it against the high-water mark the leadership
+/// carries, and claims an epoch of at least the leadership's (and past the mark's);
 /// loads again when another writer moved the registry in between (a deposed
 /// leader's last append landing late).
 async fn adopt(
@@ -312,7 +312,7 @@ async fn adopt(
 /// (an operator may have restored it).
 const BEHIND_RECHECK: Duration = Duration::from_secs(3);
 
-/// Holds the lease over a registry behind its high-water mark without
+/// Holds the leadership over a registry behind its high-water mark without
 /// leading it: claims nothing, writes nothing, commands nobody; answers every
 /// client request with [`ApiError::RegistryBehind`] (so `tenure status` and
 /// every verb show the refusal); returns `None` to load the registry again
@@ -442,14 +442,14 @@ async fn lead<F: Future<Output = ()>>(
     for notice in core.pending_notices(window) {
         notices.publish(notice);
     }
-    // The core answers `Status` whole: it is told this term as the lease task
+    // The core answers `Status` whole: it is told this term as the leadership task
     // publishes it, now and after every change, and every standby's presence.
     let leader = |term: &Term| Leader {
         name: opts.name.clone(),
         holder: elector.holder().to_owned(),
         renewed_at: term.renewed_at,
         renewals: term.renewals,
-        ttl_ms: ms(opts.lease.ttl),
+        ttl_ms: ms(opts.leadership.ttl),
         adopted_in_ms,
     };
     let mut renewals = elector.view();
@@ -1015,7 +1015,7 @@ mod tests {
                 takeover_started: clock.now(),
                 mark: None,
             };
-            let (_lease, view) = watch::channel(LeaseView::Leader(term));
+            let (_leadership, view) = watch::channel(LeadershipView::Leader(term));
             let mut guard = Guard { view, term: 1, clock };
             let mut pipeline = Pipeline::default();
 
