@@ -8,23 +8,23 @@
 //! happen (a grant to which worker, a worker judged lost) and keeps indexes.
 //!
 //! This file holds the inputs, the effects, the lifecycle step every change
-//! goes through ([`Core::event`]) and the tick. The core's state is kept in
+//! goes through (`Core::event`) and the tick. The core's state is kept in
 //! named parts, each in its own module with the decisions that use it:
 //!
 //! | part | module | what it keeps |
 //! |---|---|---|
 //! | `tasks` | `crate::tasks` | every kept record, by task number |
-//! | `submits` | [`api`] | idempotency keys, task numbering (and the client API) |
-//! | `dispatch` | [`dispatch`] | the queue, slot holders, grants and kills in flight |
-//! | `workers` | [`workers`] | each worker's process, store, slots, kinds, liveness |
-//! | `doubts` | [`liveness`] | `unknown` tasks and attempts whose evidence is asked |
-//! | `waiters` | [`waiters`] | clients waiting for a task's end |
-//! | `cleanups` | [`board`] | cleanup jobs in flight, the garbage collector's pace |
-//! | `workflows` | [`workflow`] | each workflow's steps, workflows to advance |
+//! | `submits` | `api` | idempotency keys, task numbering (and the client API) |
+//! | `dispatch` | `dispatch` | the queue, slot holders, grants and kills in flight |
+//! | `workers` | `workers` | each worker's process, store, slots, kinds, liveness |
+//! | `doubts` | `liveness` | `unknown` tasks and attempts whose evidence is asked |
+//! | `waiters` | `waiters` | clients waiting for a task's end |
+//! | `cleanups` | `board` | cleanup jobs in flight, the garbage collector's pace |
+//! | `workflows` | `workflow` | each workflow's steps, workflows to advance |
 //! | `clock` | here | registry time ([`Core::registry_ms`]) |
 //! | `usage` | `crate::limits` | what each identity holds, the registry's room |
-//! | `claims` | [`epochs`] | higher epochs others reported |
-//! | `presence` | [`presence`] | this leader's term and the standbys, for `Status` |
+//! | `claims` | `epochs` | higher epochs others reported |
+//! | `presence` | `presence` | this leader's term and the standbys, for `Status` |
 //!
 //! **Invariant:** every effect that changes a task is preceded, in the returned
 //! list, by the `Persist` of the record that justifies it; the driver executes

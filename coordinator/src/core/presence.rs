@@ -2,8 +2,8 @@
 //! as the leadership task last published it, and the standby coordinators
 //! heard from lately.
 //!
-//! The driver only reports what it observed ([`Input::Leader`] after every
-//! change of its term, [`Input::Presence`] for every standby's presence
+//! The driver only reports what it observed ([`super::Input::Leader`] after every
+//! change of its term, [`super::Input::Presence`] for every standby's presence
 //! message); the core keeps it and answers `Status` whole. Nothing here
 //! decides anything about tasks, and it must never be taken as a right to
 //! act: the driver's guard is that.
