@@ -431,7 +431,6 @@ async fn lead<F: Future<Output = ()>>(
     let mut core = Core::new(cfg, epoch, loaded.records, now());
     // Task numbers below the high-water mark are never used again.
     core.reserve_through(registry.mark().highest_task);
-    core.handle(Input::RegistryUsage { bytes: loaded.bytes }, now());
     let notices = match Notices::open(js.clone(), opts.replicas, opts.notices).await {
         Ok(n) => n,
         Err(reason) => return Ok(Ended::SteppedDown { epoch, reason: format!("notice stream unavailable: {reason}") }),
@@ -453,8 +452,13 @@ async fn lead<F: Future<Output = ()>>(
         adopted_in_ms,
     };
     let mut renewals = elector.view();
+    // The term's first inputs, handled before anything is taken from NATS and
+    // carried out like every other input's effects: the registry's size, and
+    // this term. (Their effects are real: the first input advances every
+    // workflow the previous leader left mid-step.)
+    let mut first = std::collections::VecDeque::from([Input::RegistryUsage { bytes: loaded.bytes }]);
     if let Some(term) = guard.current() {
-        core.handle(Input::Leader(leader(&term)), now());
+        first.push_back(Input::Leader(leader(&term)));
     }
 
     // Read once per term, not per request: the leader is connected by now (it
@@ -488,122 +492,126 @@ async fn lead<F: Future<Output = ()>>(
         // The span an input is handled in: a traced client request or worker
         // report continues its trace here.
         let mut span = tracing::Span::none();
-        let input = tokio::select! {
-            _ = &mut shutdown => return Ok(Ended::Shutdown { epoch }),
-            reason = guard.lost() => return Ok(Ended::SteppedDown { epoch, reason }),
-            Some(msg) = api.next() => {
-                let reply_to = tenure_transport::identity::reply_to(&msg);
-                let request = tenure_protocol::decode::<ApiRequest>(&msg.payload)
-                    .map_err(|error| ApiError::InvalidRequest(error.to_string()))
-                    .and_then(|request| authenticate(trust, msg.headers.as_ref(), request));
-                match request {
-                    Ok(ApiRequest::Notices { session, acks, max, wait_ms }) => {
-                        // Read from the stream, not the core: served beside the loop.
-                        let (client, notices) = (client.clone(), notices.clone());
-                        tokio::spawn(async move {
-                            let reply = notices.serve(&session, &acks, max, Duration::from_millis(wait_ms)).await;
-                            if let Some(to) = reply_to {
-                                tenure_transport::reply(&client, to, &reply).await;
-                            }
-                        });
-                        continue;
-                    }
-                    Ok(request) => {
-                        metrics::get().api_requests.add(1, &[KeyValue::new("verb", request.verb())]);
-                        span = traced(msg.headers.as_ref(), || {
-                            tracing::info_span!("api", verb = request.verb(), epoch = %epoch)
-                        });
-                        let trace = span.in_scope(tenure_transport::trace::current_traceparent);
-                        Input::Api { reply_to, request, trace }
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "API request refused");
-                        if let (Some(to), Ok(())) = (reply_to, guard.check()) {
-                            tenure_transport::reply(client, to, &ApiReply::Err(error)).await;
+        let input = if let Some(input) = first.pop_front() {
+            input
+        } else {
+            tokio::select! {
+                _ = &mut shutdown => return Ok(Ended::Shutdown { epoch }),
+                reason = guard.lost() => return Ok(Ended::SteppedDown { epoch, reason }),
+                Some(msg) = api.next() => {
+                    let reply_to = tenure_transport::identity::reply_to(&msg);
+                    let request = tenure_protocol::decode::<ApiRequest>(&msg.payload)
+                        .map_err(|error| ApiError::InvalidRequest(error.to_string()))
+                        .and_then(|request| authenticate(trust, msg.headers.as_ref(), request));
+                    match request {
+                        Ok(ApiRequest::Notices { session, acks, max, wait_ms }) => {
+                            // Read from the stream, not the core: served beside the loop.
+                            let (client, notices) = (client.clone(), notices.clone());
+                            tokio::spawn(async move {
+                                let reply = notices.serve(&session, &acks, max, Duration::from_millis(wait_ms)).await;
+                                if let Some(to) = reply_to {
+                                    tenure_transport::reply(&client, to, &reply).await;
+                                }
+                            });
+                            continue;
                         }
-                        continue;
+                        Ok(request) => {
+                            metrics::get().api_requests.add(1, &[KeyValue::new("verb", request.verb())]);
+                            span = traced(msg.headers.as_ref(), || {
+                                tracing::info_span!("api", verb = request.verb(), epoch = %epoch)
+                            });
+                            let trace = span.in_scope(tenure_transport::trace::current_traceparent);
+                            Input::Api { reply_to, request, trace }
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, "API request refused");
+                            if let (Some(to), Ok(())) = (reply_to, guard.check()) {
+                                tenure_transport::reply(client, to, &ApiReply::Err(error)).await;
+                            }
+                            continue;
+                        }
                     }
                 }
-            }
-            Some(msg) = heartbeats.next() => match tenure_protocol::decode::<Heartbeat>(&msg.payload) {
-                Ok(hb) if speaks_for_itself(&msg.subject, &hb.worker) => {
-                    if let Some(expected) = mark::witnessed(hb.mark, registry.mark(), registry.accepted_floor()) {
-                        tracing::error!(
-                            worker = %hb.worker,
-                            kept = ?hb.mark,
-                            registry = %registry.mark(),
-                            "worker {}'s store was given a registry mark this registry does not reach: the \
-                             registry and the lease went back together; no longer leading it",
-                            hb.worker,
-                        );
-                        return Ok(Ended::Behind { expected, by: format!("worker {}'s store", hb.worker) });
-                    }
-                    Input::Heartbeat(hb)
-                }
-                Ok(_) => continue,
-                Err(error) => {
-                    tracing::warn!(%error, "malformed heartbeat ignored");
-                    continue;
-                }
-            },
-            Some(msg) = reports.next() => {
-                let reply_to = tenure_transport::identity::reply_to(&msg);
-                match tenure_protocol::decode::<Report>(&msg.payload) {
-                    Ok(report) if speaks_for_itself(&msg.subject, &report.worker) => {
-                        span = traced(msg.headers.as_ref(), || {
-                            tracing::info_span!("report", task = %report.task, attempt = %report.attempt, epoch = %report.epoch, worker = %report.worker, event = report.event.name())
-                        });
-                        Input::Report { reply_to, report }
+                Some(msg) = heartbeats.next() => match tenure_protocol::decode::<Heartbeat>(&msg.payload) {
+                    Ok(hb) if speaks_for_itself(&msg.subject, &hb.worker) => {
+                        if let Some(expected) = mark::witnessed(hb.mark, registry.mark(), registry.accepted_floor()) {
+                            tracing::error!(
+                                worker = %hb.worker,
+                                kept = ?hb.mark,
+                                registry = %registry.mark(),
+                                "worker {}'s store was given a registry mark this registry does not reach: the \
+                                 registry and the lease went back together; no longer leading it",
+                                hb.worker,
+                            );
+                            return Ok(Ended::Behind { expected, by: format!("worker {}'s store", hb.worker) });
+                        }
+                        Input::Heartbeat(hb)
                     }
                     Ok(_) => continue,
                     Err(error) => {
-                        tracing::warn!(%error, "malformed report ignored");
+                        tracing::warn!(%error, "malformed heartbeat ignored");
                         continue;
                     }
-                }
-            }
-            Some(msg) = presence.next() => match tenure_protocol::decode::<CoordinatorPresence>(&msg.payload) {
-                Ok(p) => Input::Presence(p),
-                Err(error) => {
-                    tracing::debug!(%error, "malformed coordinator presence ignored");
-                    continue;
-                }
-            },
-            Ok(()) = renewals.changed() => {
-                // Another term's view (or none) is the guard's business.
-                let Some(term) = renewals.borrow_and_update().term().filter(|t| t.id == guard.term).cloned() else {
-                    continue;
-                };
-                Input::Leader(leader(&term))
-            }
-            Some(result) = results.recv() => result,
-            _ = tick.tick() => {
-                ticks += 1;
-                if ticks.is_multiple_of(5) {
-                    record_gauges(&core, now());
-                }
-                if ticks.is_multiple_of(REGISTRY_SAMPLE_TICKS) {
-                    outbox.sample_registry();
-                }
-                // Appends settled while making room are noted here.
-                elector.note_mark(registry.mark());
-                Input::Tick
-            }
-            // An append may still be retrying when the renew deadline passes: the
-            // term ends by `guard.lost()`; should it land anyway, it landed
-            // conditionally on our sequence, which the next claim includes or fences.
-            durable = registry.settle(), if registry.in_flight() > 0 => {
-                let released = match durable {
-                    Ok(durable) => {
-                        elector.note_mark(registry.mark());
-                        pipeline.release(durable, registry.mark(), &outbox, &mut guard).await
+                },
+                Some(msg) = reports.next() => {
+                    let reply_to = tenure_transport::identity::reply_to(&msg);
+                    match tenure_protocol::decode::<Report>(&msg.payload) {
+                        Ok(report) if speaks_for_itself(&msg.subject, &report.worker) => {
+                            span = traced(msg.headers.as_ref(), || {
+                                tracing::info_span!("report", task = %report.task, attempt = %report.attempt, epoch = %report.epoch, worker = %report.worker, event = report.event.name())
+                            });
+                            Input::Report { reply_to, report }
+                        }
+                        Ok(_) => continue,
+                        Err(error) => {
+                            tracing::warn!(%error, "malformed report ignored");
+                            continue;
+                        }
                     }
-                    Err(e) => Err(Stop::from(e)),
-                };
-                match released {
-                    Ok(()) => continue,
-                    Err(Stop::StepDown(reason) | Stop::Record { reason, .. }) => {
-                        return Ok(Ended::SteppedDown { epoch, reason })
+                }
+                Some(msg) = presence.next() => match tenure_protocol::decode::<CoordinatorPresence>(&msg.payload) {
+                    Ok(p) => Input::Presence(p),
+                    Err(error) => {
+                        tracing::debug!(%error, "malformed coordinator presence ignored");
+                        continue;
+                    }
+                },
+                Ok(()) = renewals.changed() => {
+                    // Another term's view (or none) is the guard's business.
+                    let Some(term) = renewals.borrow_and_update().term().filter(|t| t.id == guard.term).cloned() else {
+                        continue;
+                    };
+                    Input::Leader(leader(&term))
+                }
+                Some(result) = results.recv() => result,
+                _ = tick.tick() => {
+                    ticks += 1;
+                    if ticks.is_multiple_of(5) {
+                        record_gauges(&core, now());
+                    }
+                    if ticks.is_multiple_of(REGISTRY_SAMPLE_TICKS) {
+                        outbox.sample_registry();
+                    }
+                    // Appends settled while making room are noted here.
+                    elector.note_mark(registry.mark());
+                    Input::Tick
+                }
+                // An append may still be retrying when the renew deadline passes: the
+                // term ends by `guard.lost()`; should it land anyway, it landed
+                // conditionally on our sequence, which the next claim includes or fences.
+                durable = registry.settle(), if registry.in_flight() > 0 => {
+                    let released = match durable {
+                        Ok(durable) => {
+                            elector.note_mark(registry.mark());
+                            pipeline.release(durable, registry.mark(), &outbox, &mut guard).await
+                        }
+                        Err(e) => Err(Stop::from(e)),
+                    };
+                    match released {
+                        Ok(()) => continue,
+                        Err(Stop::StepDown(reason) | Stop::Record { reason, .. }) => {
+                            return Ok(Ended::SteppedDown { epoch, reason })
+                        }
                     }
                 }
             }
