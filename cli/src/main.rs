@@ -512,7 +512,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             };
             let Some(cfg) = config::resolve(&args.config, &given_global, shared, overrides)? else { return printed() };
             let _metrics = metrics::start(role, cfg.metrics_addr).await?;
-            let lease = tenure_coordinator::LeaseConfig {
+            let leadership = tenure_coordinator::LeadershipConfig {
                 ttl: Duration::from_millis(cfg.lease_ttl_ms),
                 renew_interval: Duration::from_millis(cfg.renew_interval_ms),
                 renew_deadline: Duration::from_millis(cfg.renew_deadline_ms),
@@ -522,7 +522,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
                 nats: cfg.nats.clone(),
                 name: cfg.name.clone(),
                 replicas: cfg.replicas,
-                lease,
+                leadership,
                 registry_duplicate_window: Duration::from_millis(cfg.registry_duplicate_window_ms),
                 accept_registry_rollback: cfg.accept_registry_rollback,
                 ..Default::default()

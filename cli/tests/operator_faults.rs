@@ -271,7 +271,7 @@ fn wait_mark_through(url: &str, n: u64) {
             let js = async_nats::jetstream::new(async_nats::connect(url).await.ok()?);
             let kv = js.get_key_value(tenure_protocol::subjects::LEADER_BUCKET).await.ok()?;
             let value = kv.get(tenure_protocol::subjects::LEADER_KEY).await.ok()??;
-            let lease: tenure_coordinator::lease::LeaseValue = tenure_protocol::decode(&value).ok()?;
+            let lease: tenure_coordinator::leadership::LeadershipRecord = tenure_protocol::decode(&value).ok()?;
             (lease.mark?.highest_task >= n).then_some(())
         })
     });

@@ -1,20 +1,20 @@
-//! The coordinator's driver. A process is a standby until the lease task
-//! ([`crate::elector`]) says it holds the leader lease; then it loads the
+//! The coordinator's driver. A process is a standby until the leadership task
+//! ([`crate::elector`]) says it holds the leadership; then it loads the
 //! registry, claims an epoch, and runs the leader's event loop — owns the NATS
 //! subscriptions and the registry, feeds every input to [`Core`] with the time,
-//! and carries out the effects in order — until the lease is lost or its renew
+//! and carries out the effects in order — until the leadership is lost or its renew
 //! deadline passes, the registry fences it, or a newer epoch appears. Then it
 //! logs "stepping down", drops everything the term built and is a standby again;
 //! the next term rebuilds its state from the registry.
 //!
 //! It must never decide anything about tasks itself: what to grant, when a
 //! worker is lost or what a kill means is the core's business. It must never
-//! append, reply or command unless the lease view says this process may act at
+//! append, reply or command unless the leadership view says this process may act at
 //! that moment, and a failed persist stops the loop before any later effect
 //! (reply, grant, kill) of the same batch leaves.
 //!
-//! A registry found behind the high-water mark the lease carries (see
-//! [`crate::mark`]) is not led: the process keeps the lease, claims nothing,
+//! A registry found behind the high-water mark the leadership carries (see
+//! [`crate::mark`]) is not led: the process keeps the leadership, claims nothing,
 //! writes nothing, answers every client request with
 //! `ApiError::RegistryBehind`, and loads the registry again every few seconds
 //! until it is restored (or an operator accepted the loss at start).
@@ -25,15 +25,13 @@
 //! dropped (a reply becomes an error), and the core drops the task from
 //! memory (`Input::PersistFailed`).
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use tenure_protocol::messages::{
-    ApiError, ApiReply, ApiRequest, ApiResponse, CoordinatorPresence, Heartbeat, LeaderStatus, RegistryMark, Report,
-    StandbyStatus, WorkerCommand,
+    ApiError, ApiReply, ApiRequest, CoordinatorPresence, Heartbeat, RegistryMark, Report, WorkerCommand,
 };
 use tenure_protocol::{subjects, Epoch};
 use tenure_transport::identity::{self, Trust};
@@ -42,9 +40,9 @@ use tracing::Instrument;
 
 use opentelemetry::KeyValue;
 
-use crate::core::{Core, CoreConfig, Effect, Input, Now};
-use crate::elector::{self, Clock, Elector, LeaseView, Term};
-use crate::lease::{self, ms, LeaseConfig};
+use crate::core::{Core, CoreConfig, Effect, Input, Leader, Now};
+use crate::elector::{self, Clock, Elector, LeadershipView, Term};
+use crate::leadership::{self, ms, LeadershipConfig};
 use crate::mark;
 use crate::metrics;
 use crate::notices::{NoticeLimits, Notices};
@@ -55,15 +53,15 @@ use crate::registry::{self, Loaded, Registry, StreamLimits};
 pub struct Options {
     /// How to reach NATS (servers, credentials, TLS).
     pub nats: tenure_transport::NatsOptions,
-    /// Human name of this coordinator (in its lease, epoch claims and presence).
+    /// Human name of this coordinator (in its leadership, epoch claims and presence).
     pub name: String,
     pub core: CoreConfig,
-    /// JetStream replicas of the registry stream and the lease bucket (3 on a
+    /// JetStream replicas of the registry stream and the leadership bucket (3 on a
     /// 3-node NATS cluster).
     pub replicas: usize,
     /// How long a worker command waits for its answer.
     pub command_timeout: Duration,
-    pub lease: LeaseConfig,
+    pub leadership: LeadershipConfig,
     /// Limits of the notice stream (the registry's are in `core.limits`).
     pub notices: NoticeLimits,
     /// The registry stream's duplicate window (JetStream forgets message ids
@@ -82,7 +80,7 @@ impl Default for Options {
             core: CoreConfig::default(),
             replicas: 1,
             command_timeout: Duration::from_secs(2),
-            lease: LeaseConfig::default(),
+            leadership: LeadershipConfig::default(),
             notices: NoticeLimits::default(),
             registry_duplicate_window: registry::DEFAULT_DUPLICATE_WINDOW,
             accept_registry_rollback: false,
@@ -99,15 +97,12 @@ pub enum Error {
     #[error(transparent)]
     Registry(#[from] registry::Error),
     #[error(transparent)]
-    Lease(#[from] elector::Error),
+    Leadership(#[from] elector::Error),
     #[error("invalid configuration")]
-    Config(#[from] lease::Error),
-    #[error("the lease task stopped unexpectedly")]
-    LeaseTask,
+    Config(#[from] leadership::Error),
+    #[error("the leadership task stopped unexpectedly")]
+    LeadershipTask,
 }
-
-/// Standby coordinators are listed while heard from within this long.
-const STANDBY_FRESH: Duration = Duration::from_secs(5);
 
 /// The wall clock, only ever stamped on records for humans. Test-only:
 /// `TENURE_TEST_CLOCK_OFFSET_MS` (signed milliseconds, read once) shifts it, to
@@ -121,15 +116,15 @@ fn wall_ms() -> u64 {
     ms.saturating_add_signed(offset)
 }
 
-/// Runs the coordinator — standby, leader, standby again as the lease goes —
-/// until `shutdown` resolves (the lease is then released) or a fatal error.
+/// Runs the coordinator — standby, leader, standby again as the leadership goes —
+/// until `shutdown` resolves (the leadership is then released) or a fatal error.
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
-    opts.lease.validate()?;
+    opts.leadership.validate()?;
     let client = tenure_transport::connect(&opts.nats, &format!("tenure-coordinator-{}", opts.name), true).await?;
     Trust::announce(&client, "coordinator");
     let clock = Clock::new();
     let holder = format!("{}:{}", opts.name, uuid::Uuid::new_v4().simple());
-    let elector = Elector::start(client.clone(), opts.replicas, &opts.name, holder, opts.lease, clock).await?;
+    let elector = Elector::start(client.clone(), opts.replicas, &opts.name, holder, opts.leadership, clock).await?;
     tokio::pin!(shutdown);
     let mut last_term = 0;
     loop {
@@ -139,14 +134,14 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                 tracing::info!("coordinator stopping");
                 return Ok(());
             }
-            term = elector.wait_leader(last_term) => term.ok_or(Error::LeaseTask)?,
+            term = elector.wait_leader(last_term) => term.ok_or(Error::LeadershipTask)?,
         };
         last_term = term.id;
         let (mut term, mut witness) = (term, None);
         loop {
             match lead(&opts, &client, &elector, term.clone(), witness.take(), shutdown.as_mut()).await {
                 // A machine kept a mark the registry does not reach: the
-                // lease went back with it. The lease carries the mark from
+                // leadership went back with it. The leadership carries the mark from
                 // now on, and this term refuses the registry as at a takeover.
                 Ok(Ended::Behind { expected, by }) => {
                     elector.note_mark(expected);
@@ -211,9 +206,9 @@ impl From<registry::Error> for Stop {
     }
 }
 
-/// Whether this process may act in one term, from the lease task's view.
+/// Whether this process may act in one term, from the leadership task's view.
 struct Guard {
-    view: watch::Receiver<LeaseView>,
+    view: watch::Receiver<LeadershipView>,
     term: u64,
     clock: Clock,
 }
@@ -250,52 +245,11 @@ impl Guard {
                 }
                 changed = self.view.changed() => {
                     if changed.is_err() {
-                        return "the lease task stopped".to_owned();
+                        return "the leadership task stopped".to_owned();
                     }
                 }
             }
         }
-    }
-}
-
-/// What the leader knows about itself and the standbys, for the status reply.
-struct Visibility {
-    name: String,
-    holder: String,
-    ttl_ms: u64,
-    adopted_in_ms: u64,
-    standbys: HashMap<String, (String, Duration)>,
-}
-
-impl Visibility {
-    fn seen(&mut self, presence: CoordinatorPresence, now: Duration) {
-        if presence.holder != self.holder {
-            self.standbys.insert(presence.holder, (presence.name, now));
-        }
-    }
-
-    fn fill(&mut self, status: &mut tenure_protocol::messages::ClusterStatus, term: Option<Term>, now: Duration) {
-        self.standbys.retain(|_, (_, at)| now.saturating_sub(*at) < STANDBY_FRESH);
-        let mut standbys: Vec<StandbyStatus> = self
-            .standbys
-            .iter()
-            .map(|(holder, (name, at))| StandbyStatus {
-                name: name.clone(),
-                holder: holder.clone(),
-                last_seen_ms: ms(now.saturating_sub(*at)),
-            })
-            .collect();
-        standbys.sort_by(|a, b| a.name.cmp(&b.name).then(a.holder.cmp(&b.holder)));
-        status.standbys = standbys;
-        status.leader = term.map(|t| LeaderStatus {
-            name: self.name.clone(),
-            holder: self.holder.clone(),
-            epoch: status.leader_epoch,
-            lease_age_ms: ms(now.saturating_sub(t.renewed_at)),
-            renewals: t.renewals,
-            lease_ttl_ms: self.ttl_ms,
-            adopted_in_ms: self.adopted_in_ms,
-        });
     }
 }
 
@@ -307,8 +261,8 @@ enum Adoption {
     Behind(mark::Behind),
 }
 
-/// Loads the registry, judges it against the high-water mark the lease
-/// carries, and claims an epoch of at least the lease's (and past the mark's);
+/// Loads the registry, judges it against the high-water mark the leadership
+/// carries, and claims an epoch of at least the leadership's (and past the mark's);
 /// loads again when another writer moved the registry in between (a deposed
 /// leader's last append landing late).
 async fn adopt(
@@ -358,7 +312,7 @@ async fn adopt(
 /// (an operator may have restored it).
 const BEHIND_RECHECK: Duration = Duration::from_secs(3);
 
-/// Holds the lease over a registry behind its high-water mark without
+/// Holds the leadership over a registry behind its high-water mark without
 /// leading it: claims nothing, writes nothing, commands nobody; answers every
 /// client request with [`ApiError::RegistryBehind`] (so `tenure status` and
 /// every verb show the refusal); returns `None` to load the registry again
@@ -477,7 +431,6 @@ async fn lead<F: Future<Output = ()>>(
     let mut core = Core::new(cfg, epoch, loaded.records, now());
     // Task numbers below the high-water mark are never used again.
     core.reserve_through(registry.mark().highest_task);
-    core.handle(Input::RegistryUsage { bytes: loaded.bytes }, now());
     let notices = match Notices::open(js.clone(), opts.replicas, opts.notices).await {
         Ok(n) => n,
         Err(reason) => return Ok(Ended::SteppedDown { epoch, reason: format!("notice stream unavailable: {reason}") }),
@@ -485,18 +438,28 @@ async fn lead<F: Future<Output = ()>>(
     // Ends near the previous leader's last write may lack their notice;
     // earlier ones were published in their time.
     let window = loaded.last_claim.as_ref().map(|_| NOTICE_WINDOW);
-    for effect in core.pending_notices(window) {
-        if let Effect::Notify(notice) = effect {
-            notices.publish(*notice);
-        }
+    for notice in core.pending_notices(window) {
+        notices.publish(notice);
     }
-    let mut visibility = Visibility {
+    // The core answers `Status` whole: it is told this term as the leadership task
+    // publishes it, now and after every change, and every standby's presence.
+    let leader = |term: &Term| Leader {
         name: opts.name.clone(),
         holder: elector.holder().to_owned(),
-        ttl_ms: ms(opts.lease.ttl),
+        renewed_at: term.renewed_at,
+        renewals: term.renewals,
+        ttl_ms: ms(opts.leadership.ttl),
         adopted_in_ms,
-        standbys: HashMap::new(),
     };
+    let mut renewals = elector.view();
+    // The term's first inputs, handled before anything is taken from NATS and
+    // carried out like every other input's effects: the registry's size, and
+    // this term. (Their effects are real: the first input advances every
+    // workflow the previous leader left mid-step.)
+    let mut first = std::collections::VecDeque::from([Input::RegistryUsage { bytes: loaded.bytes }]);
+    if let Some(term) = guard.current() {
+        first.push_back(Input::Leader(leader(&term)));
+    }
 
     // Read once per term, not per request: the leader is connected by now (it
     // loaded the registry), and every node of a NATS cluster shares one
@@ -529,115 +492,126 @@ async fn lead<F: Future<Output = ()>>(
         // The span an input is handled in: a traced client request or worker
         // report continues its trace here.
         let mut span = tracing::Span::none();
-        let input = tokio::select! {
-            _ = &mut shutdown => return Ok(Ended::Shutdown { epoch }),
-            reason = guard.lost() => return Ok(Ended::SteppedDown { epoch, reason }),
-            Some(msg) = api.next() => {
-                let reply_to = tenure_transport::identity::reply_to(&msg);
-                let request = tenure_protocol::decode::<ApiRequest>(&msg.payload)
-                    .map_err(|error| ApiError::InvalidRequest(error.to_string()))
-                    .and_then(|request| authenticate(trust, msg.headers.as_ref(), request));
-                match request {
-                    Ok(ApiRequest::Notices { session, acks, max, wait_ms }) => {
-                        // Read from the stream, not the core: served beside the loop.
-                        let (client, notices) = (client.clone(), notices.clone());
-                        tokio::spawn(async move {
-                            let reply = notices.serve(&session, &acks, max, Duration::from_millis(wait_ms)).await;
-                            if let Some(to) = reply_to {
-                                tenure_transport::reply(&client, to, &reply).await;
-                            }
-                        });
-                        continue;
-                    }
-                    Ok(request) => {
-                        metrics::get().api_requests.add(1, &[KeyValue::new("verb", request.verb())]);
-                        span = traced(msg.headers.as_ref(), || {
-                            tracing::info_span!("api", verb = request.verb(), epoch = %epoch)
-                        });
-                        let trace = span.in_scope(tenure_transport::trace::current_traceparent);
-                        Input::Api { reply_to, request, trace }
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "API request refused");
-                        if let (Some(to), Ok(())) = (reply_to, guard.check()) {
-                            tenure_transport::reply(client, to, &ApiReply::Err(error)).await;
+        let input = if let Some(input) = first.pop_front() {
+            input
+        } else {
+            tokio::select! {
+                _ = &mut shutdown => return Ok(Ended::Shutdown { epoch }),
+                reason = guard.lost() => return Ok(Ended::SteppedDown { epoch, reason }),
+                Some(msg) = api.next() => {
+                    let reply_to = tenure_transport::identity::reply_to(&msg);
+                    let request = tenure_protocol::decode::<ApiRequest>(&msg.payload)
+                        .map_err(|error| ApiError::InvalidRequest(error.to_string()))
+                        .and_then(|request| authenticate(trust, msg.headers.as_ref(), request));
+                    match request {
+                        Ok(ApiRequest::Notices { session, acks, max, wait_ms }) => {
+                            // Read from the stream, not the core: served beside the loop.
+                            let (client, notices) = (client.clone(), notices.clone());
+                            tokio::spawn(async move {
+                                let reply = notices.serve(&session, &acks, max, Duration::from_millis(wait_ms)).await;
+                                if let Some(to) = reply_to {
+                                    tenure_transport::reply(&client, to, &reply).await;
+                                }
+                            });
+                            continue;
                         }
-                        continue;
+                        Ok(request) => {
+                            metrics::get().api_requests.add(1, &[KeyValue::new("verb", request.verb())]);
+                            span = traced(msg.headers.as_ref(), || {
+                                tracing::info_span!("api", verb = request.verb(), epoch = %epoch)
+                            });
+                            let trace = span.in_scope(tenure_transport::trace::current_traceparent);
+                            Input::Api { reply_to, request, trace }
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, "API request refused");
+                            if let (Some(to), Ok(())) = (reply_to, guard.check()) {
+                                tenure_transport::reply(client, to, &ApiReply::Err(error)).await;
+                            }
+                            continue;
+                        }
                     }
                 }
-            }
-            Some(msg) = heartbeats.next() => match tenure_protocol::decode::<Heartbeat>(&msg.payload) {
-                Ok(hb) if speaks_for_itself(&msg.subject, &hb.worker) => {
-                    if let Some(expected) = mark::witnessed(hb.mark, registry.mark(), registry.accepted_floor()) {
-                        tracing::error!(
-                            worker = %hb.worker,
-                            kept = ?hb.mark,
-                            registry = %registry.mark(),
-                            "worker {}'s store was given a registry mark this registry does not reach: the \
-                             registry and the lease went back together; no longer leading it",
-                            hb.worker,
-                        );
-                        return Ok(Ended::Behind { expected, by: format!("worker {}'s store", hb.worker) });
-                    }
-                    Input::Heartbeat(hb)
-                }
-                Ok(_) => continue,
-                Err(error) => {
-                    tracing::warn!(%error, "malformed heartbeat ignored");
-                    continue;
-                }
-            },
-            Some(msg) = reports.next() => {
-                let reply_to = tenure_transport::identity::reply_to(&msg);
-                match tenure_protocol::decode::<Report>(&msg.payload) {
-                    Ok(report) if speaks_for_itself(&msg.subject, &report.worker) => {
-                        span = traced(msg.headers.as_ref(), || {
-                            tracing::info_span!("report", task = %report.task, attempt = %report.attempt, epoch = %report.epoch, worker = %report.worker, event = report.event.name())
-                        });
-                        Input::Report { reply_to, report }
+                Some(msg) = heartbeats.next() => match tenure_protocol::decode::<Heartbeat>(&msg.payload) {
+                    Ok(hb) if speaks_for_itself(&msg.subject, &hb.worker) => {
+                        if let Some(expected) = mark::witnessed(hb.mark, registry.mark(), registry.accepted_floor()) {
+                            tracing::error!(
+                                worker = %hb.worker,
+                                kept = ?hb.mark,
+                                registry = %registry.mark(),
+                                "worker {}'s store was given a registry mark this registry does not reach: the \
+                                 registry and the lease went back together; no longer leading it",
+                                hb.worker,
+                            );
+                            return Ok(Ended::Behind { expected, by: format!("worker {}'s store", hb.worker) });
+                        }
+                        Input::Heartbeat(hb)
                     }
                     Ok(_) => continue,
                     Err(error) => {
-                        tracing::warn!(%error, "malformed report ignored");
+                        tracing::warn!(%error, "malformed heartbeat ignored");
                         continue;
                     }
-                }
-            }
-            Some(msg) = presence.next() => {
-                match tenure_protocol::decode::<CoordinatorPresence>(&msg.payload) {
-                    Ok(p) => visibility.seen(p, clock.now()),
-                    Err(error) => tracing::debug!(%error, "malformed coordinator presence ignored"),
-                }
-                continue;
-            }
-            Some(result) = results.recv() => result,
-            _ = tick.tick() => {
-                ticks += 1;
-                if ticks.is_multiple_of(5) {
-                    record_gauges(&core, now());
-                }
-                if ticks.is_multiple_of(REGISTRY_SAMPLE_TICKS) {
-                    outbox.sample_registry();
-                }
-                // Appends settled while making room are noted here.
-                elector.note_mark(registry.mark());
-                Input::Tick
-            }
-            // An append may still be retrying when the renew deadline passes: the
-            // term ends by `guard.lost()`; should it land anyway, it landed
-            // conditionally on our sequence, which the next claim includes or fences.
-            durable = registry.settle(), if registry.in_flight() > 0 => {
-                let released = match durable {
-                    Ok(durable) => {
-                        elector.note_mark(registry.mark());
-                        pipeline.release(durable, registry.mark(), &outbox, &mut guard, &mut visibility).await
+                },
+                Some(msg) = reports.next() => {
+                    let reply_to = tenure_transport::identity::reply_to(&msg);
+                    match tenure_protocol::decode::<Report>(&msg.payload) {
+                        Ok(report) if speaks_for_itself(&msg.subject, &report.worker) => {
+                            span = traced(msg.headers.as_ref(), || {
+                                tracing::info_span!("report", task = %report.task, attempt = %report.attempt, epoch = %report.epoch, worker = %report.worker, event = report.event.name())
+                            });
+                            Input::Report { reply_to, report }
+                        }
+                        Ok(_) => continue,
+                        Err(error) => {
+                            tracing::warn!(%error, "malformed report ignored");
+                            continue;
+                        }
                     }
-                    Err(e) => Err(Stop::from(e)),
-                };
-                match released {
-                    Ok(()) => continue,
-                    Err(Stop::StepDown(reason) | Stop::Record { reason, .. }) => {
-                        return Ok(Ended::SteppedDown { epoch, reason })
+                }
+                Some(msg) = presence.next() => match tenure_protocol::decode::<CoordinatorPresence>(&msg.payload) {
+                    Ok(p) => Input::Presence(p),
+                    Err(error) => {
+                        tracing::debug!(%error, "malformed coordinator presence ignored");
+                        continue;
+                    }
+                },
+                Ok(()) = renewals.changed() => {
+                    // Another term's view (or none) is the guard's business.
+                    let Some(term) = renewals.borrow_and_update().term().filter(|t| t.id == guard.term).cloned() else {
+                        continue;
+                    };
+                    Input::Leader(leader(&term))
+                }
+                Some(result) = results.recv() => result,
+                _ = tick.tick() => {
+                    ticks += 1;
+                    if ticks.is_multiple_of(5) {
+                        record_gauges(&core, now());
+                    }
+                    if ticks.is_multiple_of(REGISTRY_SAMPLE_TICKS) {
+                        outbox.sample_registry();
+                    }
+                    // Appends settled while making room are noted here.
+                    elector.note_mark(registry.mark());
+                    Input::Tick
+                }
+                // An append may still be retrying when the renew deadline passes: the
+                // term ends by `guard.lost()`; should it land anyway, it landed
+                // conditionally on our sequence, which the next claim includes or fences.
+                durable = registry.settle(), if registry.in_flight() > 0 => {
+                    let released = match durable {
+                        Ok(durable) => {
+                            elector.note_mark(registry.mark());
+                            pipeline.release(durable, registry.mark(), &outbox, &mut guard).await
+                        }
+                        Err(e) => Err(Stop::from(e)),
+                    };
+                    match released {
+                        Ok(()) => continue,
+                        Err(Stop::StepDown(reason) | Stop::Record { reason, .. }) => {
+                            return Ok(Ended::SteppedDown { epoch, reason })
+                        }
                     }
                 }
             }
@@ -666,8 +640,8 @@ async fn lead<F: Future<Output = ()>>(
                     return Ok(Ended::SteppedDown { epoch, reason });
                 }
                 let Some(effect) = unwind(effect, &mut failed) else { continue };
-                let span = effect_span(&effect, &core, epoch).unwrap_or_else(|| span.clone());
-                let step = pipeline.effect(effect, span, &outbox, &mut registry, &mut guard, &mut visibility).await;
+                let span = effect_span(&effect, epoch).unwrap_or_else(|| span.clone());
+                let step = pipeline.effect(effect, span, &outbox, &mut registry, &mut guard).await;
                 match step {
                     Ok(()) => {}
                     Err(Stop::StepDown(reason)) => return Ok(Ended::SteppedDown { epoch, reason }),
@@ -762,11 +736,10 @@ impl Pipeline {
         out: &Outbox<'_>,
         registry: &mut Registry,
         guard: &mut Guard,
-        visibility: &mut Visibility,
     ) -> Result<(), Stop> {
         match effect {
             Effect::Persist(record) => {
-                self.make_room(out, registry, guard, visibility).await?;
+                self.make_room(out, registry, guard).await?;
                 match registry.start_put_task(&record).await {
                     Ok(_) => Ok(()),
                     // Nothing was sent: only this record's change fails.
@@ -775,14 +748,12 @@ impl Pipeline {
                 }
             }
             Effect::Forget { task, at_ms } => {
-                self.make_room(out, registry, guard, visibility).await?;
+                self.make_room(out, registry, guard).await?;
                 registry.start_forget(&task, at_ms).await?;
                 Ok(())
             }
             Effect::StepDown { reason } => Err(Stop::StepDown(reason)),
-            other if registry.in_flight() == 0 => {
-                execute(other, registry.mark(), out, guard, visibility).instrument(span).await
-            }
+            other if registry.in_flight() == 0 => execute(other, registry.mark(), out).instrument(span).await,
             other => {
                 self.held.push_back((registry.last_ticket(), other, span));
                 Ok(())
@@ -791,33 +762,21 @@ impl Pipeline {
     }
 
     /// Waits while [`registry::MAX_IN_FLIGHT`] appends are in flight.
-    async fn make_room(
-        &mut self,
-        out: &Outbox<'_>,
-        registry: &mut Registry,
-        guard: &mut Guard,
-        visibility: &mut Visibility,
-    ) -> Result<(), Stop> {
+    async fn make_room(&mut self, out: &Outbox<'_>, registry: &mut Registry, guard: &mut Guard) -> Result<(), Stop> {
         while registry.in_flight() >= registry::MAX_IN_FLIGHT {
-            self.settle(out, registry, guard, visibility).await?;
+            self.settle(out, registry, guard).await?;
         }
         Ok(())
     }
 
     /// Waits until the oldest append is durable (or the term ends), then
     /// carries out the effects that waited for it.
-    async fn settle(
-        &mut self,
-        out: &Outbox<'_>,
-        registry: &mut Registry,
-        guard: &mut Guard,
-        visibility: &mut Visibility,
-    ) -> Result<(), Stop> {
+    async fn settle(&mut self, out: &Outbox<'_>, registry: &mut Registry, guard: &mut Guard) -> Result<(), Stop> {
         let durable = tokio::select! {
             durable = registry.settle() => durable?,
             reason = guard.lost() => return Err(Stop::StepDown(reason)),
         };
-        self.release(durable, registry.mark(), out, guard, visibility).await
+        self.release(durable, registry.mark(), out, guard).await
     }
 
     async fn release(
@@ -826,12 +785,11 @@ impl Pipeline {
         mark: RegistryMark,
         out: &Outbox<'_>,
         guard: &mut Guard,
-        visibility: &mut Visibility,
     ) -> Result<(), Stop> {
         while self.held.front().is_some_and(|(ticket, _, _)| *ticket <= durable) {
             let Some((_, effect, span)) = self.held.pop_front() else { break };
             guard.check().map_err(Stop::StepDown)?;
-            execute(effect, mark, out, guard, visibility).instrument(span).await?;
+            execute(effect, mark, out).instrument(span).await?;
         }
         Ok(())
     }
@@ -867,13 +825,14 @@ fn traced(headers: Option<&async_nats::HeaderMap>, make: impl FnOnce() -> tracin
     span
 }
 
-/// The span a command to a worker is sent in: a grant continues the trace of
-/// its task's submit (stored in the record, so a new leader continues it too).
-fn effect_span(effect: &Effect, core: &Core, epoch: Epoch) -> Option<tracing::Span> {
-    let Effect::Command { worker, command: WorkerCommand::Grant(g), .. } = effect else { return None };
-    let trace = core.task(&g.task)?.trace.as_deref()?;
+/// The span a command to a worker is sent in: a grant continues the trace the
+/// core gave it (its task's submit).
+fn effect_span(effect: &Effect, epoch: Epoch) -> Option<tracing::Span> {
+    let Effect::Command { worker, command: WorkerCommand::Grant(g), trace: Some(trace), .. } = effect else {
+        return None;
+    };
     let span = tracing::info_span!("lease", task = %g.task, attempt = %g.attempt, epoch = %epoch, worker = %worker);
-    tenure_transport::trace::continue_from(&span, tenure_transport::trace::from_traceparent(Some(trace)));
+    tenure_transport::trace::continue_from(&span, tenure_transport::trace::from_traceparent(Some(trace.as_str())));
     Some(span)
 }
 
@@ -907,13 +866,7 @@ struct Outbox<'a> {
 /// what it reflects durable, so a grant may carry it to its machine, whose
 /// store keeps the highest it was given (a registry that later goes back is
 /// caught by the machine's heartbeats).
-async fn execute(
-    mut effect: Effect,
-    mark: RegistryMark,
-    out: &Outbox<'_>,
-    guard: &mut Guard,
-    visibility: &mut Visibility,
-) -> Result<(), Stop> {
+async fn execute(mut effect: Effect, mark: RegistryMark, out: &Outbox<'_>) -> Result<(), Stop> {
     if let Effect::Command { command: WorkerCommand::Grant(grant), .. } = &mut effect {
         grant.mark = Some(mark);
     }
@@ -928,7 +881,7 @@ async fn execute(
         Effect::Persist(_) | Effect::Forget { .. } => {
             Err(Stop::StepDown("a registry append bypassed the pipeline".to_owned()))
         }
-        Effect::Command { worker, instance, command } => {
+        Effect::Command { worker, instance, command, trace: _ } => {
             let subject = subjects::instance_commands(&worker, &instance);
             out.in_background(subject, command, |command, result| Input::CommandResult { worker, command, result });
             Ok(())
@@ -955,10 +908,7 @@ async fn execute(
             out.in_background(subject, request, |request, result| Input::Evidence { worker, request, result });
             Ok(())
         }
-        Effect::Reply { to, mut reply } => {
-            if let Ok(ApiResponse::Status(status)) = &mut reply {
-                visibility.fill(status, guard.current(), guard.clock.now());
-            }
+        Effect::Reply { to, reply } => {
             let reply = match tenure_protocol::encode(&reply) {
                 Ok(_) => reply,
                 Err(e) => Err(ApiError::Unavailable(format!("reply too large: {e}"))),
@@ -1073,27 +1023,13 @@ mod tests {
                 takeover_started: clock.now(),
                 mark: None,
             };
-            let (_lease, view) = watch::channel(LeaseView::Leader(term));
+            let (_leadership, view) = watch::channel(LeadershipView::Leader(term));
             let mut guard = Guard { view, term: 1, clock };
-            let mut visibility = Visibility {
-                name: "test".into(),
-                holder: "test".into(),
-                ttl_ms: 0,
-                adopted_in_ms: 0,
-                standbys: HashMap::new(),
-            };
             let mut pipeline = Pipeline::default();
 
             let huge = record(1, "x".repeat(tenure_protocol::MAX_MESSAGE_BYTES));
             let step = pipeline
-                .effect(
-                    Effect::Persist(Box::new(huge)),
-                    tracing::Span::none(),
-                    &out,
-                    &mut registry,
-                    &mut guard,
-                    &mut visibility,
-                )
+                .effect(Effect::Persist(Box::new(huge)), tracing::Span::none(), &out, &mut registry, &mut guard)
                 .await;
             let Err(Stop::Record { task, reason }) = step else { panic!("{step:?}") };
             assert_eq!(task.to_string(), "shell-1");
@@ -1124,14 +1060,7 @@ mod tests {
             // The term goes on: the next record lands, unfenced.
             let small = record(2, "fine".into());
             pipeline
-                .effect(
-                    Effect::Persist(Box::new(small)),
-                    tracing::Span::none(),
-                    &out,
-                    &mut registry,
-                    &mut guard,
-                    &mut visibility,
-                )
+                .effect(Effect::Persist(Box::new(small)), tracing::Span::none(), &out, &mut registry, &mut guard)
                 .await
                 .unwrap();
             assert_eq!(registry.settle().await.unwrap(), 1);

@@ -1,12 +1,12 @@
-//! The lease driver: one task per coordinator process that reads and writes the
-//! leader key in JetStream KV on behalf of the pure [`Lease`] machine, and tells
+//! The leadership driver: one task per coordinator process that reads and writes the
+//! leader key in JetStream KV on behalf of the pure [`Leadership`] machine, and tells
 //! the service whether this process leads.
 //!
 //! It owns the KV bucket handle, the machine, the monotonic clock reading for
 //! it, and the standby's presence messages. Every decision — when to take over,
 //! renew or give up — is the machine's; this module only carries writes out
 //! (compare-and-set on the revision, bounded by a timeout), reads the key
-//! regularly, and publishes a [`LeaseView`] the service checks before every
+//! regularly, and publishes a [`LeadershipView`] the service checks before every
 //! write and command. It must never write the key except as the machine says,
 //! and never extend the view's `valid_until` past what the machine computed.
 
@@ -17,7 +17,7 @@ use tenure_protocol::messages::{CoordinatorPresence, RegistryMark};
 use tenure_protocol::{subjects, Epoch};
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::lease::{ms, Decision, KeyState, Lease, LeaseConfig, LeaseValue, Observation, Write};
+use crate::leadership::{ms, Decision, KeyState, Leadership, LeadershipConfig, LeadershipRecord, Observation, Write};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -60,28 +60,28 @@ pub struct Term {
     pub epoch: Epoch,
     /// The leader may act while `Clock::now() < valid_until`.
     pub valid_until: Duration,
-    /// When the last successful lease write was sent.
+    /// When the last successful leadership write was sent.
     pub renewed_at: Duration,
     pub renewals: u64,
-    /// When this process judged the previous lease expired.
+    /// When this process judged the previous holder's leadership expired.
     pub takeover_started: Duration,
-    /// The registry's high-water mark in the lease this term holds: at the
+    /// The registry's high-water mark in the leadership this term holds: at the
     /// takeover, the one the previous holder left.
     pub mark: Option<RegistryMark>,
 }
 
 /// Whether this process leads, published after every change.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LeaseView {
+pub enum LeadershipView {
     Standby,
     Leader(Term),
 }
 
-impl LeaseView {
+impl LeadershipView {
     pub fn term(&self) -> Option<&Term> {
         match self {
-            LeaseView::Leader(t) => Some(t),
-            LeaseView::Standby => None,
+            LeadershipView::Leader(t) => Some(t),
+            LeadershipView::Standby => None,
         }
     }
 }
@@ -93,22 +93,22 @@ enum Command {
     Shutdown(oneshot::Sender<()>),
 }
 
-/// The service's handle on the lease task.
+/// The service's handle on the leadership task.
 pub struct Elector {
     commands: mpsc::Sender<Command>,
-    view: watch::Receiver<LeaseView>,
+    view: watch::Receiver<LeadershipView>,
     clock: Clock,
     holder: String,
     mark: watch::Sender<Option<RegistryMark>>,
 }
 
 struct Driver {
-    lease: Lease,
+    leadership: Leadership,
     store: kv::Store,
     client: async_nats::Client,
     clock: Clock,
     name: String,
-    view: watch::Sender<LeaseView>,
+    view: watch::Sender<LeadershipView>,
     term_id: u64,
     /// The holder and epoch last logged, so that a change is logged once.
     last_logged: Option<(String, Epoch)>,
@@ -118,22 +118,22 @@ struct Driver {
 }
 
 impl Elector {
-    /// Opens (or creates) the lease bucket and starts the lease task as a standby.
+    /// Opens (or creates) the leadership bucket and starts the leadership task as a standby.
     pub async fn start(
         client: async_nats::Client,
         replicas: usize,
         name: &str,
         holder: String,
-        cfg: LeaseConfig,
+        cfg: LeadershipConfig,
         clock: Clock,
     ) -> Result<Elector, Error> {
         let js = jetstream::new(client.clone());
         let store = open_bucket(&js, replicas).await?;
-        let (view_tx, view_rx) = watch::channel(LeaseView::Standby);
+        let (view_tx, view_rx) = watch::channel(LeadershipView::Standby);
         let (cmd_tx, cmd_rx) = mpsc::channel(16);
         let (mark_tx, mark_rx) = watch::channel(None);
         let driver = Driver {
-            lease: Lease::new(cfg, holder.clone()),
+            leadership: Leadership::new(cfg, holder.clone()),
             store,
             client,
             clock,
@@ -157,12 +157,12 @@ impl Elector {
     }
 
     /// A receiver of the view, for the leader loop.
-    pub fn view(&self) -> watch::Receiver<LeaseView> {
+    pub fn view(&self) -> watch::Receiver<LeadershipView> {
         self.view.clone()
     }
 
     /// Waits until this process leads a term newer than `after`. `None` if the
-    /// lease task is gone.
+    /// leadership task is gone.
     pub async fn wait_leader(&self, after: u64) -> Option<Term> {
         let mut view = self.view.clone();
         loop {
@@ -173,12 +173,12 @@ impl Elector {
         }
     }
 
-    /// The leader claimed `epoch` in the registry: write it back to the lease.
+    /// The leader claimed `epoch` in the registry: write it back to the leadership.
     pub async fn adopt_epoch(&self, epoch: Epoch) {
         let _ = self.commands.send(Command::AdoptEpoch(epoch)).await;
     }
 
-    /// The registry's high-water mark moved: the lease's next write carries
+    /// The registry's high-water mark moved: the leadership's next write carries
     /// it (renewals are not hurried for it). Never blocks.
     pub fn note_mark(&self, mark: RegistryMark) {
         self.mark.send_if_modified(|current| {
@@ -188,12 +188,12 @@ impl Elector {
         });
     }
 
-    /// The leader stopped acting in term `term`: release the lease and become a standby.
+    /// The leader stopped acting in term `term`: release the leadership and become a standby.
     pub async fn step_down(&self, term: u64) {
         let _ = self.commands.send(Command::StepDown(term)).await;
     }
 
-    /// Releases the lease if held and stops the lease task.
+    /// Releases the leadership if held and stops the leadership task.
     pub async fn shutdown(&self) {
         let (tx, rx) = oneshot::channel();
         if self.commands.send(Command::Shutdown(tx)).await.is_ok() {
@@ -202,9 +202,9 @@ impl Elector {
     }
 }
 
-/// Largest lease value the bucket takes (a [`LeaseValue`] is ≈ 100 bytes).
+/// Largest leadership record the bucket takes (a [`LeadershipRecord`] is ≈ 100 bytes).
 const LEASE_MAX_VALUE: i32 = 4096;
-/// Bytes the lease bucket may hold.
+/// Bytes the leadership bucket may hold.
 const LEASE_MAX_BYTES: i64 = 1 << 20;
 
 /// Gets the bucket, creating it when absent (two coordinators creating it at
@@ -237,14 +237,14 @@ async fn open_bucket(js: &jetstream::Context, replicas: usize) -> Result<kv::Sto
 
 impl Driver {
     async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
-        let mut tick = tokio::time::interval(self.lease.tick_period());
+        let mut tick = tokio::time::interval(self.leadership.tick_period());
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let poll_every = (self.lease.config().renew_interval / 2).min(Duration::from_millis(250));
+        let poll_every = (self.leadership.config().renew_interval / 2).min(Duration::from_millis(250));
         let mut poll = tokio::time::interval(poll_every);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut presence = tokio::time::interval(Duration::from_secs(1));
         presence.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tracing::info!(holder = %self.lease.holder(), "standby: watching the leader lease");
+        tracing::info!(holder = %self.leadership.holder(), "standby: watching the leader lease");
         loop {
             let obs = tokio::select! {
                 _ = tick.tick() => Observation::Tick,
@@ -253,18 +253,18 @@ impl Driver {
                     None => continue,
                 },
                 _ = presence.tick() => {
-                    if self.lease.held().is_none() {
+                    if self.leadership.held().is_none() {
                         self.announce().await;
                     }
                     continue;
                 }
                 command = commands.recv() => match command {
                     Some(Command::AdoptEpoch(epoch)) => {
-                        self.lease.adopt_epoch(epoch, self.clock.now());
+                        self.leadership.adopt_epoch(epoch, self.clock.now());
                         Observation::Tick
                     }
                     Some(Command::StepDown(term)) => {
-                        // A term that already ended (lost by the lease itself) is not ended again.
+                        // A term that already ended (lost by the leadership itself) is not ended again.
                         if term == self.term_id {
                             self.step_down().await;
                         }
@@ -292,7 +292,7 @@ impl Driver {
     /// poll brings (so a lagging replica cannot make it spin).
     async fn step(&mut self, mut obs: Observation) {
         loop {
-            let decision = self.lease.handle(obs, self.clock.now());
+            let decision = self.leadership.handle(obs, self.clock.now());
             obs = match decision {
                 Decision::None => break,
                 Decision::Acquire(w) => {
@@ -324,8 +324,8 @@ impl Driver {
     }
 
     fn publish(&mut self) {
-        let view = match (self.lease.held(), self.lease.valid_until()) {
-            (Some(h), Some(valid_until)) => LeaseView::Leader(Term {
+        let view = match (self.leadership.held(), self.leadership.valid_until()) {
+            (Some(h), Some(valid_until)) => LeadershipView::Leader(Term {
                 id: self.term_id,
                 epoch: h.value.epoch,
                 valid_until,
@@ -334,7 +334,7 @@ impl Driver {
                 takeover_started: h.takeover_started,
                 mark: h.value.mark,
             }),
-            _ => LeaseView::Standby,
+            _ => LeadershipView::Standby,
         };
         self.view.send_if_modified(|current| {
             let changed = *current != view;
@@ -343,25 +343,25 @@ impl Driver {
         });
     }
 
-    /// Takes the registry mark the service noted last into the lease value.
+    /// Takes the registry mark the service noted last into the leadership record.
     fn adopt_noted_mark(&mut self) {
         if self.mark.has_changed().unwrap_or(false) {
             if let Some(mark) = *self.mark.borrow_and_update() {
-                self.lease.adopt_mark(mark);
+                self.leadership.adopt_mark(mark);
             }
         }
     }
 
     async fn step_down(&mut self) {
-        // The release write carries the latest mark: one noted just before a
+        // The releadership write carries the latest mark: one noted just before a
         // shutdown (a machine's mark that caught the registry behind) must
         // not be lost with this process.
         self.adopt_noted_mark();
-        let Some(release) = self.lease.step_down(self.clock.now()) else {
+        let Some(release) = self.leadership.step_down(self.clock.now()) else {
             self.publish();
             return;
         };
-        // Publish first: nothing may act on the lease once it is being released.
+        // Publish first: nothing may act on the leadership once it is being released.
         self.publish();
         match self.cas(&release).await {
             Ok(Ok(_)) => tracing::info!(epoch = %release.value.epoch, "leader lease released"),
@@ -371,7 +371,7 @@ impl Driver {
     }
 
     async fn announce(&self) {
-        let presence = CoordinatorPresence { name: self.name.clone(), holder: self.lease.holder().to_owned() };
+        let presence = CoordinatorPresence { name: self.name.clone(), holder: self.leadership.holder().to_owned() };
         match tenure_protocol::encode(&presence) {
             Ok(bytes) => {
                 if let Err(error) = self.client.publish(subjects::COORD_PRESENCE, bytes.into()).await {
@@ -398,7 +398,7 @@ impl Driver {
         let (revision, state) = match entry {
             None => (0, KeyState::Absent),
             Some(e) if e.operation != kv::Operation::Put => (e.revision, KeyState::Absent),
-            Some(e) => match tenure_protocol::decode::<LeaseValue>(&e.value) {
+            Some(e) => match tenure_protocol::decode::<LeadershipRecord>(&e.value) {
                 Ok(v) => (e.revision, KeyState::Held(v)),
                 Err(error) => {
                     tracing::warn!(revision = e.revision, %error, "leader lease value unreadable");
@@ -408,7 +408,7 @@ impl Driver {
         };
         if let KeyState::Held(v) = &state {
             let logged = Some((v.holder.clone(), v.epoch));
-            if v.holder != self.lease.holder() && self.last_logged != logged {
+            if v.holder != self.leadership.holder() && self.last_logged != logged {
                 tracing::info!(leader = %v.holder, epoch = %v.epoch, released = v.is_released(), "leader lease seen");
                 self.last_logged = logged;
             }
@@ -425,7 +425,7 @@ impl Driver {
                 (Observation::WriteFailed, "failed")
             }
         };
-        crate::metrics::get().lease_writes.add(1, &[opentelemetry::KeyValue::new("result", result)]);
+        crate::metrics::get().leadership_writes.add(1, &[opentelemetry::KeyValue::new("result", result)]);
         observation
     }
 

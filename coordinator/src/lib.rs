@@ -1,10 +1,11 @@
-//! The coordinator: owns task identity, lifecycle state, scheduling, leases and
-//! heartbeats for the cluster, and the leader lease among coordinators.
+//! The coordinator: owns task identity, lifecycle state, scheduling, task
+//! leases and heartbeats for the cluster, and the leadership among
+//! coordinators (held like a lease, which logs and flags call the leader lease).
 //!
-//! Layers: [`core`] decides about tasks and [`lease`] about leadership (both
+//! Layers: [`core`] decides about tasks and [`leadership`] about leadership (both
 //! pure, deterministic, driven by a fake clock in tests), [`registry`] stores
-//! (JetStream, conditional appends), [`elector`] drives the lease (JetStream KV,
-//! compare-and-set), and [`service`] drives the rest: a standby until the lease
+//! (JetStream, conditional appends), [`elector`] drives the leadership (JetStream KV,
+//! compare-and-set), and [`daemon`] drives the rest: a standby until the leadership
 //! is held, then the event loop that owns the NATS subscriptions, feeds the core
 //! and carries out its effects. [`limits`] decides what a submit may cost
 //! (record size, per-identity quotas, room in the registry); [`mark`] whether
@@ -13,7 +14,7 @@
 pub mod core;
 pub mod daemon;
 pub mod elector;
-pub mod lease;
+pub mod leadership;
 pub mod limits;
 pub mod mark;
 mod metrics;
@@ -23,5 +24,5 @@ pub mod registry;
 mod tasks;
 
 pub use daemon::{run, Error, Options};
-pub use lease::LeaseConfig;
+pub use leadership::LeadershipConfig;
 pub use limits::Limits;

@@ -2,7 +2,7 @@
 //! loaded be led?
 //!
 //! The mark ([`RegistryMark`]: last sequence, highest task number, highest
-//! epoch claimed) is kept outside the registry, in the leader lease, and
+//! epoch claimed) is kept outside the registry, in the leadership, and
 //! carried on by every renewal and takeover. A registry found behind it lost
 //! acknowledged writes (JetStream's periodic fsync and a power loss) or was
 //! deleted, recreated or restored from an older backup: leading it would let
@@ -11,7 +11,7 @@
 //! writes nothing — unless an operator accepted the loss
 //! (`--accept-registry-rollback`), which is then recorded with the claim.
 //!
-//! The lease can go back with the registry (one JetStream store that lost
+//! The leadership can go back with the registry (one JetStream store that lost
 //! acknowledged writes, or both restored from one backup). Every grant
 //! therefore carries the registry's mark to the machine, whose store keeps
 //! the highest it was given and whose heartbeats carry it: a leader that
@@ -33,7 +33,7 @@ pub struct Behind {
     pub expected: RegistryMark,
     /// What the registry holds.
     pub found: RegistryMark,
-    /// Who kept the mark, when it was not the lease (a machine's store).
+    /// Who kept the mark, when it was not the leadership (a machine's store).
     #[serde(default)]
     pub witness: Option<String>,
 }
@@ -50,7 +50,7 @@ pub enum Verdict {
 }
 
 /// Judges a registry found at `found` against the mark `expected` (none when
-/// the lease carries none: a new cluster, or a lease written before marks).
+/// the leadership carries none: a new cluster, or a leadership written before marks).
 pub fn judge(expected: Option<RegistryMark>, found: RegistryMark, accept_rollback: bool) -> Verdict {
     match expected {
         Some(expected) if expected.is_ahead_of(&found) => {
@@ -85,10 +85,10 @@ pub fn witnessed(
 }
 
 /// The least epoch the next claim may take: past every epoch the mark says
-/// was claimed (sidecars may have seen it) and at least the lease's.
-pub fn least_epoch(expected: Option<RegistryMark>, lease_epoch: Epoch) -> Epoch {
+/// was claimed (sidecars may have seen it) and at least the leadership's.
+pub fn least_epoch(expected: Option<RegistryMark>, leadership_epoch: Epoch) -> Epoch {
     let past_mark = expected.map(|m| m.epoch.checked_next().unwrap_or(m.epoch)).unwrap_or_default();
-    lease_epoch.max(past_mark)
+    leadership_epoch.max(past_mark)
 }
 
 /// The highest task number already used: the next task takes the one after

@@ -13,8 +13,8 @@ pub(crate) struct Metrics {
     pub dispatch: Histogram<f64>,
     /// Registry appends, from sent to acknowledged (`s`; pipelined, so they overlap).
     pub append: Histogram<f64>,
-    /// Leader lease writes by `result` (`renewed`, `conflict`, `failed`).
-    pub lease_writes: Counter<u64>,
+    /// Leadership writes by `result` (`renewed`, `conflict`, `failed`).
+    pub leadership_writes: Counter<u64>,
     /// Terms this process started leading.
     pub takeovers: Counter<u64>,
     /// Seconds since each `worker`'s last heartbeat (recorded every second).
@@ -41,7 +41,7 @@ pub(crate) fn get() -> &'static Metrics {
                 .with_description("Registry appends, acknowledged by JetStream")
                 .with_boundaries(vec![0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0])
                 .build(),
-            lease_writes: m
+            leadership_writes: m
                 .u64_counter("tenure.coordinator.lease.writes")
                 .with_description("Leader lease writes by result")
                 .build(),

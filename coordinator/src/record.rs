@@ -27,7 +27,7 @@ pub struct TaskRecord {
     /// Boxed: rarely set, and every kept task carries the field.
     #[serde(default)]
     pub parent: Option<Box<StepOf>>,
-    /// For a monitor: the output offset up to which matched lines were
+    /// For a `monitor` task: the output offset up to which matched lines were
     /// notified (a repeated report below it notifies nothing), and how many.
     #[serde(default)]
     pub matched_through: u64,

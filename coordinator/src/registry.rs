@@ -5,7 +5,7 @@
 //! sequence (`Nats-Expected-Last-Sequence`). The leader is the only writer, so it
 //! knows that sequence; a new leader's claim moves it, after which every append
 //! of a deposed leader fails with [`Error::Fenced`] — whatever the deposed leader
-//! believes about its lease. The leader lease (`lease.rs`) decides who *should*
+//! believes about its leadership. The leadership (`leadership.rs`) decides who *should*
 //! write; this fence is what makes a stale writer *unable* to. Retries of one append reuse its `Nats-Msg-Id` (a
 //! per-process nonce and the expected sequence), so a write whose ack was lost is
 //! deduplicated instead of being mistaken for fencing; JetStream checks ids before
@@ -271,8 +271,8 @@ impl Registry {
         Ok((registry, loaded))
     }
 
-    /// Claims the next epoch, and at least `at_least` (the epoch of the leader
-    /// lease just won, so that lease and registry agree): appends a claim
+    /// Claims the next epoch, and at least `at_least` (the epoch of the
+    /// leadership just won, so that leadership and registry agree): appends a claim
     /// conditional on the sequence this coordinator loaded. Fails with
     /// [`Error::Fenced`] if anyone wrote since; the caller loads again.
     /// `accepted_rollback` records, with the claim, an operator's acceptance

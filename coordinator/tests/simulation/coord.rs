@@ -385,7 +385,7 @@ impl Cluster {
                     }
                     self.append(ctx, s, epoch, *record);
                 }
-                Effect::Command { worker, command, instance } => {
+                Effect::Command { worker, command, instance, .. } => {
                     let w = worker_index(&worker);
                     let line = if ctx.trace.enabled { fmt_command(&command) } else { String::new() };
                     let asked = Asked::Command { worker: w, command: command.clone() };

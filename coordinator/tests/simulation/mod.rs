@@ -463,6 +463,8 @@ pub fn fmt_input(input: &Input) -> String {
         }
         Input::RegistryUsage { bytes } => format!("registry holds {bytes} bytes"),
         Input::PersistFailed { task, reason } => format!("{task} not stored: {reason}"),
+        Input::Leader(leader) => format!("leading as {} ({} renewals)", leader.holder, leader.renewals),
+        Input::Presence(p) => format!("standby {} present", p.holder),
         Input::Tick => "tick".into(),
     }
 }

@@ -4,6 +4,9 @@
 //! makes its tasks `unknown` (or, when idempotent, queued again). A worker that
 //! comes back holding attempts the registry moved past is told to stop them.
 
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::Duration;
+
 use tenure_protocol::messages::{
     AttemptEvidence, EvidenceReply, EvidenceRequest, HeldAttempt, KillCommand, SidecarRefusal, WorkerCommand,
 };
@@ -14,10 +17,72 @@ use super::{Core, Effect, Now};
 /// Heartbeats in a row that may omit a started attempt before its machine is doubted.
 const UNLISTED_BEATS: u32 = 3;
 
+/// Tasks whose machine's evidence is (or may be) wanted.
+#[derive(Debug, Default)]
+pub(super) struct Doubts {
+    /// Tasks `unknown` (their machine's evidence may still settle them).
+    unknown: BTreeSet<TaskId>,
+    /// When the sidecar of a lost worker was last asked about a task.
+    asked: HashMap<TaskId, Duration>,
+    /// Started tasks whose live worker has not listed their attempt, by how
+    /// many heartbeats in a row.
+    unlisted: HashMap<TaskId, u32>,
+    /// Tasks whose machine is doubted (its store was replaced, or it stopped
+    /// listing them): their evidence is asked for although the worker lives.
+    doubted: HashSet<TaskId>,
+}
+
+impl Doubts {
+    /// Keeps the `unknown` index in step with a status change.
+    pub(super) fn index(&mut self, task: &TaskId, before: Option<Status>, after: Status) {
+        if before == Some(Status::Unknown) {
+            self.unknown.remove(task);
+        }
+        if after == Status::Unknown {
+            self.unknown.insert(task.clone());
+        }
+    }
+
+    /// Doubts the machine of `task`; whether it was not doubted yet.
+    pub(super) fn doubt(&mut self, task: &TaskId) -> bool {
+        self.doubted.insert(task.clone())
+    }
+
+    fn asked_within(&self, task: &TaskId, now: Now, within: Duration) -> bool {
+        self.asked.get(task).is_some_and(|at| now.mono.saturating_sub(*at) < within)
+    }
+
+    /// Another heartbeat of a live worker that did not list `task`; how many in a row.
+    fn missed(&mut self, task: &TaskId) -> u32 {
+        let misses = self.unlisted.entry(task.clone()).or_insert(0);
+        *misses = misses.saturating_add(1);
+        *misses
+    }
+
+    /// The machine's evidence settled `task`: nothing more is asked.
+    fn settled(&mut self, task: &TaskId) {
+        self.asked.remove(task);
+        self.doubted.remove(task);
+        self.unlisted.remove(task);
+    }
+
+    /// `task` left its worker: its listing no longer matters.
+    pub(super) fn off_worker(&mut self, task: &TaskId) {
+        self.unlisted.remove(task);
+        self.doubted.remove(task);
+    }
+
+    /// Drops `task` entirely (its record is gone from memory).
+    pub(super) fn forget(&mut self, task: &TaskId) {
+        self.unknown.remove(task);
+        self.settled(task);
+    }
+}
+
 impl Core {
     /// Asks the sidecars of lost workers about every attempt they still hold —
     /// at once for a newly lost worker, then again every worker TTL while the
-    /// task stays on it (a monitor that keeps running the task keeps it there).
+    /// task stays on it (a shim that keeps running the task keeps it there).
     /// Tasks made `unknown` because the machine could not be reached at all
     /// are asked about every worker TTL too, until an answer settles them: a
     /// lost answer must not leave a task unknown for good when its machine is
@@ -25,17 +90,14 @@ impl Core {
     /// the query revoked is held nowhere).
     pub(super) fn ask_about_lost_workers(&mut self, now: Now, fx: &mut Vec<Effect>) {
         let due: Vec<(TaskId, WorkerId, EvidenceRequest)> = self
-            .on_worker
-            .iter()
-            .chain(self.unknown.iter())
+            .dispatch
+            .on_worker()
+            .chain(self.doubts.unknown.iter())
             .filter_map(|t| {
                 let r = self.tasks.get(t)?;
                 let worker = r.life.worker.clone()?;
-                let lost = self.workers.get(&worker).is_some_and(|w| !w.alive)
-                    || self.doubted.contains(t)
-                    || unreached(&r.life);
-                let asked_recently =
-                    self.asked.get(t).is_some_and(|at| now.mono.saturating_sub(*at) < self.cfg.worker_ttl);
+                let lost = self.workers.lost(&worker) || self.doubts.doubted.contains(t) || unreached(&r.life);
+                let asked_recently = self.doubts.asked_within(t, now, self.cfg.worker_ttl);
                 (lost && !asked_recently).then(|| {
                     let request = EvidenceRequest {
                         task: t.clone(),
@@ -48,7 +110,7 @@ impl Core {
             })
             .collect();
         for (task, worker, request) in due {
-            self.asked.insert(task, now.mono);
+            self.doubts.asked.insert(task, now.mono);
             fx.push(Effect::AskEvidence { worker, request });
         }
     }
@@ -66,8 +128,8 @@ impl Core {
         let Some(life) = self.tasks.get(&task).map(|r| &r.life) else { return };
         let still_there = life.worker.as_ref() == Some(&worker) && life.attempt == attempt;
         let unreached = unreached(life);
-        let worker_alive = self.workers.get(&worker).is_some_and(|w| w.alive);
-        if !still_there || (worker_alive && !self.doubted.contains(&task) && !unreached) {
+        let worker_alive = self.workers.alive(&worker);
+        if !still_there || (worker_alive && !self.doubts.doubted.contains(&task) && !unreached) {
             return;
         }
         // Still no answer about a task already unknown for want of one: it
@@ -99,7 +161,7 @@ impl Core {
                 match evidence {
                     AttemptEvidence::NeverStarted => Event::Refused { attempt, epoch },
                     AttemptEvidence::Exited(outcome) => Event::Finished { attempt, epoch, outcome },
-                    // Its monitor still runs it: only the worker process is gone.
+                    // Its shim still runs it: only the worker process is gone.
                     AttemptEvidence::Running => return,
                     AttemptEvidence::NoEvidence => lost(
                         format!(
@@ -132,9 +194,7 @@ impl Core {
                 }
             }
         };
-        self.asked.remove(&task);
-        self.doubted.remove(&task);
-        self.unlisted.remove(&task);
+        self.doubts.settled(&task);
         self.event(&task, event, now, fx);
     }
 
@@ -155,8 +215,8 @@ impl Core {
         let listed: std::collections::HashSet<(&TaskId, Attempt)> = held.iter().map(|h| (&h.task, h.attempt)).collect();
         // (task, its machine's store was replaced, the worker holds it as far as we can tell)
         let placed: Vec<(TaskId, bool, bool)> = self
-            .on_worker
-            .iter()
+            .dispatch
+            .on_worker()
             .filter_map(|t| {
                 let r = self.tasks.get(t).filter(|r| r.life.worker.as_ref() == Some(worker))?;
                 let replaced = matches!((r.incarnation.as_deref(), incarnation), (Some(a), Some(b)) if *a != b);
@@ -166,16 +226,15 @@ impl Core {
             .collect();
         for (task, replaced, held_there) in placed {
             if held_there && !replaced {
-                self.unlisted.remove(&task);
+                self.doubts.unlisted.remove(&task);
                 continue;
             }
-            let misses = self.unlisted.entry(task.clone()).or_insert(0);
-            *misses = misses.saturating_add(1);
-            if (replaced || *misses >= UNLISTED_BEATS) && self.doubted.insert(task.clone()) {
+            let misses = self.doubts.missed(&task);
+            if (replaced || misses >= UNLISTED_BEATS) && self.doubts.doubt(&task) {
                 tracing::warn!(%worker, task = %task, replaced, "a live worker's machine does not hold a task placed on it: asking its evidence");
             }
         }
-        if !self.doubted.is_empty() {
+        if !self.doubts.doubted.is_empty() {
             self.ask_about_lost_workers(now, fx);
         }
     }
@@ -190,15 +249,14 @@ impl Core {
             // The current attempt (even if already terminal: the worker is still
             // finishing its report) is the worker's to keep.
             if r.life.attempt == h.attempt && r.life.worker.as_ref() == Some(worker) {
-                if self.on_worker.contains(&h.task) {
-                    self.confirmed.insert(h.task.clone());
-                }
+                self.dispatch.confirm(&h.task);
                 continue;
             }
             tracing::info!(%worker, task = %h.task, attempt = %h.attempt, current = %r.life.attempt, "stopping a stale copy");
             let kill = KillCommand { task: h.task.clone(), attempt: h.attempt, epoch: self.epoch };
-            let Some(instance) = self.instance_of(worker) else { continue };
-            fx.push(Effect::Command { worker: worker.clone(), instance, command: WorkerCommand::Kill(kill) });
+            let Some(instance) = self.workers.instance_of(worker) else { continue };
+            let command = WorkerCommand::Kill(kill);
+            fx.push(Effect::Command { worker: worker.clone(), instance, command, trace: None });
         }
     }
 }

@@ -12,12 +12,12 @@ use super::*;
 
 const MS: Duration = Duration::from_millis(1);
 
-fn cfg() -> LeaseConfig {
-    LeaseConfig::default()
+fn cfg() -> LeadershipConfig {
+    LeadershipConfig::default()
 }
 
 fn held(holder: &str, epoch: u64, renewals: u64) -> KeyState {
-    KeyState::Held(LeaseValue { holder: holder.into(), epoch: Epoch(epoch), renewals, ttl_ms: 6000, mark: None })
+    KeyState::Held(LeadershipRecord { holder: holder.into(), epoch: Epoch(epoch), renewals, ttl_ms: 6000, mark: None })
 }
 
 fn key(revision: u64, state: KeyState) -> Observation {
@@ -26,17 +26,17 @@ fn key(revision: u64, state: KeyState) -> Observation {
 
 /// Drives one machine with a manual clock.
 struct Clocked {
-    lease: Lease,
+    leadership: Leadership,
     now: Duration,
 }
 
 impl Clocked {
     fn new(holder: &str) -> Clocked {
-        Clocked { lease: Lease::new(cfg(), holder), now: Duration::from_secs(100) }
+        Clocked { leadership: Leadership::new(cfg(), holder), now: Duration::from_secs(100) }
     }
 
     fn at(&mut self, obs: Observation) -> Decision {
-        self.lease.handle(obs, self.now)
+        self.leadership.handle(obs, self.now)
     }
 
     fn advance(&mut self, d: Duration) {
@@ -56,7 +56,7 @@ impl Clocked {
         None
     }
 
-    /// Takes the lease from an absent key and returns the leader's epoch.
+    /// Takes the leadership from an absent key and returns the leader's epoch.
     fn lead(&mut self) -> Epoch {
         let Decision::Acquire(w) = self.at(key(0, KeyState::Absent)) else { panic!("no acquire on an absent key") };
         match self.at(Observation::Written { revision: 1 }) {
@@ -72,7 +72,7 @@ impl Clocked {
 #[test]
 fn timing_must_be_ordered() {
     assert_eq!(cfg().validate(), Ok(()));
-    let bad = |interval, deadline, ttl| LeaseConfig {
+    let bad = |interval, deadline, ttl| LeadershipConfig {
         ttl: Duration::from_millis(ttl),
         renew_interval: Duration::from_millis(interval),
         renew_deadline: Duration::from_millis(deadline),
@@ -115,12 +115,15 @@ fn silence_for_the_ttl_leads_to_one_takeover_attempt_on_the_revision_seen() {
     assert!(at - t0 < cfg().ttl + 100 * MS);
     let Decision::Acquire(w) = d else { panic!("{d:?}") };
     assert_eq!(w.expected, 4);
-    assert_eq!(w.value, LeaseValue { holder: "b".into(), epoch: Epoch(6), renewals: 0, ttl_ms: 6000, mark: None });
+    assert_eq!(
+        w.value,
+        LeadershipRecord { holder: "b".into(), epoch: Epoch(6), renewals: 0, ttl_ms: 6000, mark: None }
+    );
     // No second write while the first is unanswered.
     assert_eq!(c.tick_for(Duration::from_secs(1)), None);
     c.advance(10 * MS);
     assert_eq!(c.at(Observation::Written { revision: 5 }), Decision::Lead { epoch: Epoch(6), takeover_started: at });
-    assert!(c.lease.may_act(c.now));
+    assert!(c.leadership.may_act(c.now));
 }
 
 #[test]
@@ -142,8 +145,13 @@ fn a_refused_takeover_waits_for_a_read_and_restarts_the_count_on_a_new_revision(
 #[test]
 fn the_holders_longer_ttl_is_respected() {
     let mut c = Clocked::new("b");
-    let long =
-        KeyState::Held(LeaseValue { holder: "a".into(), epoch: Epoch(1), renewals: 0, ttl_ms: 10_000, mark: None });
+    let long = KeyState::Held(LeadershipRecord {
+        holder: "a".into(),
+        epoch: Epoch(1),
+        renewals: 0,
+        ttl_ms: 10_000,
+        mark: None,
+    });
     c.at(key(2, long));
     assert_eq!(c.tick_for(Duration::from_millis(9_900)), None);
     assert!(matches!(c.tick_for(Duration::from_millis(200)), Some((_, Decision::Acquire(_)))));
@@ -158,7 +166,7 @@ fn an_absent_or_released_key_is_taken_at_once() {
 
     let mut c = Clocked::new("b");
     let released =
-        KeyState::Held(LeaseValue { holder: "a".into(), epoch: Epoch(4), renewals: 8, ttl_ms: 0, mark: None });
+        KeyState::Held(LeadershipRecord { holder: "a".into(), epoch: Epoch(4), renewals: 8, ttl_ms: 0, mark: None });
     let Decision::Acquire(w) = c.at(key(9, released)) else { panic!() };
     assert_eq!((w.expected, w.value.epoch), (9, Epoch(5)));
 
@@ -176,11 +184,11 @@ fn the_leader_renews_every_interval_with_a_cas_on_its_revision() {
     for i in 1..=10u64 {
         let (at, d) = c.tick_for(Duration::from_secs(3)).expect("renewal");
         let Decision::Renew(w) = d else { panic!("{d:?}") };
-        // The lease landed at revision 1; renewal i expects revision i.
+        // The leadership landed at revision 1; renewal i expects revision i.
         assert_eq!((w.expected, w.value.renewals), (i, i));
         assert!(at >= Duration::from_secs(100) + cfg().renew_interval * i as u32);
         assert_eq!(c.at(Observation::Written { revision: i + 1 }), Decision::None);
-        assert!(c.lease.may_act(c.now));
+        assert!(c.leadership.may_act(c.now));
     }
 }
 
@@ -207,7 +215,7 @@ fn a_leader_that_misses_its_renew_deadline_steps_down_before_anyone_can_take_ove
             Decision::None => {}
             other => panic!("{other:?}"),
         }
-        assert_eq!(leader.lease.may_act(leader.now), stepped.is_none());
+        assert_eq!(leader.leadership.may_act(leader.now), stepped.is_none());
     }
     let (stopped_at, reason) = stepped.unwrap();
     assert!(matches!(reason, StepDownReason::DeadlineMissed { .. }), "{reason:?}");
@@ -224,7 +232,7 @@ fn a_refused_renewal_or_a_newer_holder_means_stepping_down() {
     let (_, d) = c.tick_for(Duration::from_secs(3)).unwrap();
     assert!(matches!(d, Decision::Renew(_)));
     assert!(matches!(c.at(Observation::Conflict), Decision::StepDown(StepDownReason::Lost { .. })));
-    assert!(!c.lease.may_act(c.now));
+    assert!(!c.leadership.may_act(c.now));
 
     let mut c = Clocked::new("a");
     c.lead();
@@ -238,7 +246,7 @@ fn a_refused_renewal_or_a_newer_holder_means_stepping_down() {
     }
     // Back to standby: it waits a full ttl before competing, even for a released key.
     let released =
-        KeyState::Held(LeaseValue { holder: "b".into(), epoch: Epoch(2), renewals: 1, ttl_ms: 0, mark: None });
+        KeyState::Held(LeadershipRecord { holder: "b".into(), epoch: Epoch(2), renewals: 1, ttl_ms: 0, mark: None });
     assert_eq!(c.at(key(3, released)), Decision::None);
     assert_eq!(c.tick_for(Duration::from_millis(5900)), None);
     assert!(matches!(c.tick_for(Duration::from_millis(200)), Some((_, Decision::Acquire(_)))));
@@ -254,7 +262,7 @@ fn an_unanswered_write_is_resolved_by_reading_the_key() {
     assert_eq!(c.at(Observation::WriteFailed), Decision::None);
     assert_eq!(c.tick_for(Duration::from_secs(1)), None, "no second write before a read");
     assert_eq!(c.at(key(2, KeyState::Held(w.value.clone()))), Decision::None);
-    assert_eq!(c.lease.held().map(|h| (h.revision, h.value.renewals)), Some((2, 1)));
+    assert_eq!(c.leadership.held().map(|h| (h.revision, h.value.renewals)), Some((2, 1)));
 
     // It did not land: the next renewal is tried on the old revision.
     let (_, d) = c.tick_for(Duration::from_secs(3)).unwrap();
@@ -286,7 +294,7 @@ fn an_older_write_of_ours_landing_late_is_not_taken_for_the_pending_one() {
     // The *first* try landed late. It is not the pending write: no lead, and the
     // lease it made is judged like anyone's (it expires unless renewed).
     assert_eq!(c.at(key(5, KeyState::Held(first.value.clone()))), Decision::None);
-    assert!(!c.lease.may_act(c.now));
+    assert!(!c.leadership.may_act(c.now));
     assert_eq!(c.tick_for(Duration::from_millis(5900)), None);
     let (_, d) = c.tick_for(Duration::from_millis(200)).expect("takeover of the orphan");
     let Decision::Acquire(w) = d else { panic!("{d:?}") };
@@ -299,12 +307,12 @@ fn an_adopted_epoch_is_written_back_at_once() {
     let mut c = Clocked::new("a");
     assert_eq!(c.lead(), Epoch(1));
     c.advance(10 * MS);
-    c.lease.adopt_epoch(Epoch(7), c.now);
+    c.leadership.adopt_epoch(Epoch(7), c.now);
     let Decision::Renew(w) = c.at(Observation::Tick) else { panic!() };
     assert_eq!((w.value.epoch, w.value.renewals), (Epoch(7), 1));
     // A lower epoch changes nothing.
     c.at(Observation::Written { revision: 2 });
-    c.lease.adopt_epoch(Epoch(3), c.now);
+    c.leadership.adopt_epoch(Epoch(3), c.now);
     assert_eq!(c.at(Observation::Tick), Decision::None);
 }
 
@@ -312,17 +320,17 @@ fn an_adopted_epoch_is_written_back_at_once() {
 fn stepping_down_releases_the_key_and_late_answers_never_lead() {
     let mut c = Clocked::new("a");
     c.lead();
-    let release = c.lease.step_down(c.now).expect("a release write");
+    let release = c.leadership.step_down(c.now).expect("a release write");
     assert_eq!((release.expected, release.value.ttl_ms, release.value.holder.as_str()), (1, 0, "a"));
-    assert!(!c.lease.may_act(c.now));
-    assert_eq!(c.lease.step_down(c.now), None);
+    assert!(!c.leadership.may_act(c.now));
+    assert_eq!(c.leadership.step_down(c.now), None);
 
     // A takeover answered after the renew deadline does not lead.
     let mut c = Clocked::new("b");
     let Decision::Acquire(_) = c.at(key(0, KeyState::Absent)) else { panic!() };
     c.advance(cfg().renew_deadline);
     assert!(matches!(c.at(Observation::Written { revision: 1 }), Decision::StepDown(_)));
-    assert!(!c.lease.may_act(c.now));
+    assert!(!c.leadership.may_act(c.now));
 }
 
 // ------------------------------------------------------ random schedules
@@ -331,7 +339,7 @@ fn stepping_down_releases_the_key_and_late_answers_never_lead() {
 /// answer to a write before it handles anything else; a write whose answer was
 /// lost may still land later ("orphan").
 struct Node {
-    lease: Lease,
+    leadership: Leadership,
     paused: bool,
     /// Reads on their way to the process.
     inbox: VecDeque<Observation>,
@@ -368,7 +376,7 @@ struct Sim {
     nodes: Vec<Node>,
     now: Duration,
     revision: u64,
-    key: Option<(u64, LeaseValue)>,
+    key: Option<(u64, LeadershipRecord)>,
     /// Epochs in the order leaders were elected (from the key), and claimed (registry).
     lead_epochs: Vec<Epoch>,
     claims: Vec<Epoch>,
@@ -376,10 +384,10 @@ struct Sim {
 }
 
 impl Sim {
-    fn new(n: usize, cfg: LeaseConfig) -> Sim {
+    fn new(n: usize, cfg: LeadershipConfig) -> Sim {
         let nodes = (0..n)
             .map(|i| Node {
-                lease: Lease::new(cfg, format!("n{i}")),
+                leadership: Leadership::new(cfg, format!("n{i}")),
                 paused: false,
                 inbox: VecDeque::new(),
                 in_flight: None,
@@ -410,7 +418,7 @@ impl Sim {
 
     fn feed(&mut self, i: usize, obs: Observation) {
         let now = self.now;
-        let d = self.nodes[i].lease.handle(obs.clone(), now);
+        let d = self.nodes[i].leadership.handle(obs.clone(), now);
         self.trace.push(format!("{:>7}ms n{i} <- {obs:?} -> {d:?}", now.as_millis()));
         match d {
             Decision::None => {}
@@ -426,7 +434,7 @@ impl Sim {
                 // The registry claim: max(lease epoch, last claim + 1), written back.
                 let claim = epoch.max(self.claims.last().map_or(Epoch(1), |e| e.next()));
                 self.claims.push(claim);
-                self.nodes[i].lease.adopt_epoch(claim, now);
+                self.nodes[i].leadership.adopt_epoch(claim, now);
             }
             Decision::StepDown(_) => {}
         }
@@ -490,7 +498,7 @@ impl Sim {
                 let i = i % n;
                 let node = &mut self.nodes[i];
                 if !node.busy() && node.answer.is_none() {
-                    if let Some(w) = node.lease.step_down(self.now) {
+                    if let Some(w) = node.leadership.step_down(self.now) {
                         self.trace.push(format!("{:>7}ms n{i} resigns", self.now.as_millis()));
                         node.orphans.push(w);
                     }
@@ -501,7 +509,8 @@ impl Sim {
     }
 
     fn check_one_actor(&self) {
-        let acting: Vec<usize> = (0..self.nodes.len()).filter(|i| self.nodes[*i].lease.may_act(self.now)).collect();
+        let acting: Vec<usize> =
+            (0..self.nodes.len()).filter(|i| self.nodes[*i].leadership.may_act(self.now)).collect();
         assert!(acting.len() <= 1, "nodes {acting:?} may all act at {:?}\n{}", self.now, self.trace.join("\n"));
     }
 
@@ -553,9 +562,9 @@ proptest! {
         timing in 0usize..3,
     ) {
         let cfg = [
-            LeaseConfig::default(),
-            LeaseConfig { ttl: 1500 * MS, renew_interval: 300 * MS, renew_deadline: 900 * MS },
-            LeaseConfig { ttl: 1000 * MS, renew_interval: 100 * MS, renew_deadline: 950 * MS },
+            LeadershipConfig::default(),
+            LeadershipConfig { ttl: 1500 * MS, renew_interval: 300 * MS, renew_deadline: 900 * MS },
+            LeadershipConfig { ttl: 1000 * MS, renew_interval: 100 * MS, renew_deadline: 950 * MS },
         ][timing];
         let mut sim = Sim::new(3, cfg);
         for step in steps {
@@ -563,12 +572,12 @@ proptest! {
         }
         let rounds = (cfg.ttl * 4).as_millis() as usize / 50;
         sim.calm(rounds);
-        let leaders: Vec<usize> = (0..3).filter(|i| sim.nodes[*i].lease.may_act(sim.now)).collect();
+        let leaders: Vec<usize> = (0..3).filter(|i| sim.nodes[*i].leadership.may_act(sim.now)).collect();
         prop_assert_eq!(leaders.len(), 1, "no single leader after a calm period\n{}", sim.trace.join("\n"));
         for pair in sim.claims.windows(2) {
             prop_assert!(pair[0] < pair[1]);
         }
-        let leader = &sim.nodes[leaders[0]].lease;
+        let leader = &sim.nodes[leaders[0]].leadership;
         let claimed = sim.claims.last().copied();
         prop_assert_eq!(leader.held().map(|h| h.value.epoch), claimed);
         prop_assert_eq!(sim.key.as_ref().map(|(_, v)| v.epoch), claimed, "the claimed epoch is written back");
@@ -583,28 +592,29 @@ fn mark(last_seq: u64, highest_task: u64, epoch: u64) -> RegistryMark {
 fn renewals_carry_the_latest_mark_the_leader_adopted() {
     let mut c = Clocked::new("a");
     c.lead();
-    c.lease.adopt_mark(mark(10, 3, 1));
+    c.leadership.adopt_mark(mark(10, 3, 1));
     let (_, d) = c.tick_for(Duration::from_secs(3)).expect("renewal");
     let Decision::Renew(w) = d else { panic!("{d:?}") };
     assert_eq!(w.value.mark, Some(mark(10, 3, 1)));
     // A mark adopted while that renewal is in flight is not overwritten by it.
-    c.lease.adopt_mark(mark(12, 4, 1));
+    c.leadership.adopt_mark(mark(12, 4, 1));
     c.advance(10 * MS);
     assert_eq!(c.at(Observation::Written { revision: 2 }), Decision::None);
     let (_, d) = c.tick_for(Duration::from_secs(3)).expect("renewal");
     let Decision::Renew(w) = d else { panic!("{d:?}") };
     assert_eq!(w.value.mark, Some(mark(12, 4, 1)));
-    // Releasing the lease keeps the mark for whoever comes next.
+    // Releasing the leadership keeps the mark for whoever comes next.
     c.advance(10 * MS);
     c.at(Observation::Written { revision: 3 });
-    let release = c.lease.step_down(c.now).expect("release");
+    let release = c.leadership.step_down(c.now).expect("release");
     assert_eq!(release.value.mark, Some(mark(12, 4, 1)));
 }
 
 #[test]
 fn a_takeover_carries_the_mark_of_the_value_it_replaces() {
     let mut c = Clocked::new("b");
-    let old = LeaseValue { holder: "a".into(), epoch: Epoch(5), renewals: 9, ttl_ms: 6000, mark: Some(mark(40, 7, 5)) };
+    let old =
+        LeadershipRecord { holder: "a".into(), epoch: Epoch(5), renewals: 9, ttl_ms: 6000, mark: Some(mark(40, 7, 5)) };
     c.at(key(4, KeyState::Held(old)));
     let (_, d) = c.tick_for(Duration::from_secs(7)).expect("takeover");
     let Decision::Acquire(w) = d else { panic!("{d:?}") };
@@ -612,7 +622,8 @@ fn a_takeover_carries_the_mark_of_the_value_it_replaces() {
     // Even when the key is gone afterwards (the bucket was recreated), the
     // mark this process read is written on.
     let mut c = Clocked::new("b");
-    let old = LeaseValue { holder: "a".into(), epoch: Epoch(5), renewals: 9, ttl_ms: 0, mark: Some(mark(40, 7, 5)) };
+    let old =
+        LeadershipRecord { holder: "a".into(), epoch: Epoch(5), renewals: 9, ttl_ms: 0, mark: Some(mark(40, 7, 5)) };
     let first = c.at(key(4, KeyState::Held(old)));
     assert!(matches!(first, Decision::Acquire(_)), "a released lease is taken at once: {first:?}");
     c.at(Observation::Conflict);
@@ -632,7 +643,7 @@ fn a_lease_value_written_before_the_mark_existed_still_decodes() {
     }
     let bytes =
         tenure_protocol::encode(&Old { holder: "a".into(), epoch: Epoch(3), renewals: 1, ttl_ms: 6000 }).unwrap();
-    let value: LeaseValue = tenure_protocol::decode(&bytes).unwrap();
+    let value: LeadershipRecord = tenure_protocol::decode(&bytes).unwrap();
     assert_eq!(value.mark, None);
     assert_eq!(value.epoch, Epoch(3));
 }

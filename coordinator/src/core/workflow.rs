@@ -15,18 +15,63 @@
 //! workflow's notice stands for its steps: a step that ends is `reported` with
 //! it and raises no notice of its own.
 
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
 use tenure_protocol::messages::{StepView, TaskSnapshot};
 use tenure_protocol::{Ending, Event, HintTag, Outcome, RecoveryHint, Status, TaskId};
 
 use super::{Core, Effect, Now};
 use crate::record::{StepOf, TaskRecord};
 
+/// Each workflow's steps, and the workflows to advance.
+#[derive(Debug, Default)]
+pub(super) struct Workflows {
+    /// The steps of each workflow: step index → child task.
+    steps: HashMap<TaskId, BTreeMap<u32, TaskId>>,
+    /// Workflows to advance before this input's effects are returned.
+    due: BTreeSet<TaskId>,
+}
+
+impl Workflows {
+    /// Remembers a child task under its workflow (at load and at creation).
+    pub(super) fn index_step(&mut self, child: &TaskId, of: &StepOf) {
+        self.steps.entry(of.workflow.clone()).or_default().insert(of.index, child.clone());
+    }
+
+    /// `workflow` is advanced before the effects of this input are returned.
+    pub(super) fn due(&mut self, workflow: &TaskId) {
+        self.due.insert(workflow.clone());
+    }
+
+    /// Whether `task` is a workflow with at least one step created.
+    pub(super) fn has_steps(&self, task: &TaskId) -> bool {
+        self.steps.contains_key(task)
+    }
+
+    /// The latest step of `workflow`: its index and task.
+    fn current(&self, workflow: &TaskId) -> Option<(u32, TaskId)> {
+        self.steps.get(workflow).and_then(|c| c.last_key_value()).map(|(i, t)| (*i, t.clone()))
+    }
+
+    /// A step whose record could not be stored: no longer one of its workflow's.
+    pub(super) fn forget_step(&mut self, of: &StepOf) {
+        if let Some(steps) = self.steps.get_mut(&of.workflow) {
+            steps.remove(&of.index);
+        }
+    }
+
+    /// Drops `task`'s steps (its record is gone from memory).
+    pub(super) fn forget(&mut self, task: &TaskId) {
+        self.steps.remove(task);
+    }
+}
+
 impl Core {
     /// A fresh snapshot of `r`, with its steps when it is a workflow.
     pub(super) fn snapshot_of(&self, r: &TaskRecord) -> TaskSnapshot {
         let mut s = r.snapshot();
         if !r.spec.steps.is_empty() {
-            let children = self.children.get(&r.id);
+            let children = self.workflows.steps.get(&r.id);
             s.steps = r
                 .spec
                 .steps
@@ -68,11 +113,6 @@ impl Core {
         s
     }
 
-    /// Remembers a child task under its workflow (at load and at creation).
-    pub(super) fn index_child(&mut self, child: &TaskId, of: &StepOf) {
-        self.children.entry(of.workflow.clone()).or_default().insert(of.index, child.clone());
-    }
-
     /// Begins a just-submitted workflow: running at once, first step created.
     pub(super) fn begin_workflow(&mut self, workflow: &TaskId, now: Now, fx: &mut Vec<Effect>) {
         self.event(workflow, Event::StepsBegan { epoch: self.epoch }, now, fx);
@@ -81,7 +121,7 @@ impl Core {
 
     /// Advances every workflow something happened to since the last call.
     pub(super) fn advance_due_workflows(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        while let Some(workflow) = self.workflows_due.pop_first() {
+        while let Some(workflow) = self.workflows.due.pop_first() {
             self.advance(&workflow, now, fx);
         }
     }
@@ -94,7 +134,7 @@ impl Core {
             return;
         }
         let (steps, killing) = (w.spec.steps.len() as u32, w.life.kill_requested);
-        let current = self.children.get(workflow).and_then(|c| c.last_key_value()).map(|(i, t)| (*i, t.clone()));
+        let current = self.workflows.current(workflow);
         let Some((index, child)) = current else {
             return match killing {
                 true => self.end_workflow(workflow, Ending::Killed, "killed before its first step".into(), now, fx),
@@ -141,7 +181,7 @@ impl Core {
         let Some(w) = self.tasks.get(workflow) else { return };
         let Some(spec) = w.spec.step(index as usize) else { return };
         let (owner, key, trace) = (w.owner.clone(), w.idempotency_key, w.trace.clone());
-        let id = match self.allocate().and_then(|n| {
+        let id = match self.submits.allocate().and_then(|n| {
             TaskId::new(spec.kind.clone(), n)
                 .map_err(|e| tenure_protocol::messages::ApiError::InvalidRequest(e.to_string()))
         }) {
@@ -162,7 +202,7 @@ impl Core {
         };
         tracing::info!(task = %id, workflow = %workflow, step = index + 1, "workflow step created");
         self.index(&id, None, Status::Queued);
-        self.index_child(&id, &of);
+        self.workflows.index_step(&id, &of);
         fx.push(Effect::Persist(Box::new(record.clone())));
         self.usage.add(&record);
         self.tasks.insert(record);
@@ -183,6 +223,6 @@ impl Core {
 
     /// The children of a workflow, in step order.
     pub(super) fn steps_of(&self, workflow: &TaskId) -> Vec<TaskId> {
-        self.children.get(workflow).map(|c| c.values().cloned().collect()).unwrap_or_default()
+        self.workflows.steps.get(workflow).map(|c| c.values().cloned().collect()).unwrap_or_default()
     }
 }

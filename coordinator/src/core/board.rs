@@ -10,6 +10,7 @@
 //! answers: the sidecar serves requests in order, so its answer says for
 //! certain whether the files are still there. `cleaned` is the truth either way.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tenure_protocol::messages::{ApiError, ApiReply, ApiResponse, CleanupReply, CleanupRequest};
@@ -24,6 +25,55 @@ const LAST_RETRY: Duration = Duration::from_secs(60);
 const GC_EVERY: Duration = Duration::from_secs(5);
 /// How long after its task ended a submit's idempotency key is remembered.
 pub(super) const KEEP_KEYS: Duration = Duration::from_secs(600);
+
+/// Cleanup jobs in flight, and the garbage collector's pace.
+#[derive(Debug, Default)]
+pub(super) struct Cleanups {
+    /// When each unsettled job was last sent, and how often: exactly the
+    /// tasks with an unsettled job, so retries never scan the registry.
+    tries: HashMap<TaskId, (Duration, u32)>,
+    /// When the garbage collector last ran.
+    last_gc: Option<Duration>,
+}
+
+impl Cleanups {
+    /// A job the previous leader left pending: sent at the next tick.
+    pub(super) fn resume(&mut self, task: &TaskId, now: Now) {
+        self.tries.insert(task.clone(), (now.mono, 0));
+    }
+
+    /// The job of `task` was sent now.
+    fn tried(&mut self, task: &TaskId, now: Now) {
+        let tries = self.tries.entry(task.clone()).or_insert((now.mono, 0));
+        *tries = (now.mono, tries.1.saturating_add(1));
+    }
+
+    /// The job of `task` is settled (or replaced, or its task gone): no retry.
+    pub(super) fn settled(&mut self, task: &TaskId) {
+        self.tries.remove(task);
+    }
+
+    /// The jobs whose backoff has passed (or never sent).
+    fn due(&self, now: Now) -> Vec<TaskId> {
+        self.tries
+            .iter()
+            .filter(|(_, (at, tries))| {
+                let wait = FIRST_RETRY.saturating_mul(1 << (*tries).min(6)).min(LAST_RETRY);
+                *tries == 0 || now.mono.saturating_sub(*at) >= wait
+            })
+            .map(|(task, _)| task.clone())
+            .collect()
+    }
+
+    /// Whether the garbage collector runs now (at most every [`GC_EVERY`]).
+    fn collect_now(&mut self, now: Now) -> bool {
+        if self.last_gc.is_some_and(|at| now.mono.saturating_sub(at) < GC_EVERY) {
+            return false;
+        }
+        self.last_gc = Some(now.mono);
+        true
+    }
+}
 
 impl Core {
     /// Applies a board event for the owner, then starts, reuses or cancels the
@@ -52,7 +102,7 @@ impl Core {
             Event::Unarchive if pending.is_some() => {
                 r.cleanup = pending.map(|j| CleanupJob { cancelled: true, ..j });
                 fx.push(Effect::Persist(Box::new(r.clone())));
-                self.cleanup_tries.remove(task);
+                self.cleanups.settled(task);
                 tracing::info!(task = %task, "unarchived: its pending cleanup job is cancelled");
                 self.send_cleanup(task, now, fx);
             }
@@ -75,7 +125,7 @@ impl Core {
         let job = r.cleanup.map(|j| j.job.saturating_add(1)).unwrap_or(1);
         r.cleanup = Some(CleanupJob { job, done: false, cancelled: false, cancel_confirmed: false });
         fx.push(Effect::Persist(Box::new(r.clone())));
-        self.cleanup_tries.remove(task);
+        self.cleanups.settled(task);
         self.send_cleanup(task, now, fx);
     }
 
@@ -85,10 +135,9 @@ impl Core {
     /// terminal tasks are ever touched; a machine that cannot be reached keeps
     /// the job pending, and the record, until it answers.
     pub(super) fn collect_garbage(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        if self.last_gc.is_some_and(|at| now.mono.saturating_sub(at) < GC_EVERY) {
+        if !self.cleanups.collect_now(now) {
             return;
         }
-        self.last_gc = Some(now.mono);
         self.forget_old_keys(now);
         let Some(retention) = self.cfg.retention else { return };
         // Registry time, not the wall clock: the end may have been stamped
@@ -109,10 +158,11 @@ impl Core {
             }
             if let Some(r) = self.tasks.remove(&task) {
                 self.usage.remove(&r);
-                self.by_key.remove(&(r.owner, r.idempotency_key));
-                self.children.remove(&task);
-                self.waiters.remove(&task);
-                self.cleanup_tries.remove(&task);
+                self.submits.forget(&r.owner, r.idempotency_key);
+                self.workflows.forget(&task);
+                self.waiters.take(&task);
+                self.cleanups.settled(&task);
+                self.doubts.forget(&task);
                 tracing::info!(task = %task, "garbage-collected");
                 fx.push(Effect::Forget { task, at_ms: now.wall_ms });
             }
@@ -128,9 +178,9 @@ impl Core {
     fn forget_old_keys(&mut self, now: Now) {
         let Some(horizon) = self.registry_ms(now).checked_sub(KEEP_KEYS.as_millis() as u64) else { return };
         let tasks = &self.tasks;
-        self.by_key.retain(|_, n| {
+        self.submits.retain(|n| {
             tasks
-                .by_number(*n)
+                .by_number(n)
                 .is_some_and(|r| !r.life.status.is_terminal() || r.ended_clock_ms == 0 || r.ended_clock_ms > horizon)
         });
     }
@@ -139,28 +189,17 @@ impl Core {
         let pending =
             self.tasks.get(task).and_then(|r| Some((r.cleanup.filter(CleanupJob::unsettled)?, r.life.worker.clone()?)));
         let Some((job, worker)) = pending else {
-            self.cleanup_tries.remove(task);
+            self.cleanups.settled(task);
             return;
         };
-        let tries = self.cleanup_tries.entry(task.clone()).or_insert((now.mono, 0));
-        *tries = (now.mono, tries.1.saturating_add(1));
+        self.cleanups.tried(task, now);
         let request = CleanupRequest { task: task.clone(), job: job.job, epoch: self.epoch, cancel: job.cancelled };
         fx.push(Effect::Cleanup { worker, request });
     }
 
-    /// Re-sends unsettled jobs whose backoff has passed. `cleanup_tries` holds
-    /// exactly the tasks with an unsettled job, so this never scans the registry.
+    /// Re-sends unsettled jobs whose backoff has passed.
     pub(super) fn retry_cleanups(&mut self, now: Now, fx: &mut Vec<Effect>) {
-        let due: Vec<TaskId> = self
-            .cleanup_tries
-            .iter()
-            .filter(|(_, (at, tries))| {
-                let wait = FIRST_RETRY.saturating_mul(1 << (*tries).min(6)).min(LAST_RETRY);
-                *tries == 0 || now.mono.saturating_sub(*at) >= wait
-            })
-            .map(|(task, _)| task.clone())
-            .collect();
-        for task in due {
+        for task in self.cleanups.due(now) {
             self.send_cleanup(&task, now, fx);
         }
     }
@@ -184,7 +223,7 @@ impl Core {
                 let released = !request.cancel || done.files == 0;
                 r.cleanup = Some(CleanupJob { done: released, cancel_confirmed: request.cancel, ..job });
                 fx.push(Effect::Persist(Box::new(r.clone())));
-                self.cleanup_tries.remove(&task);
+                self.cleanups.settled(&task);
                 match (request.cancel, released) {
                     (false, _) => {
                         tracing::info!(task = %task, %worker, files = done.files, records = done.records, "cleanup job done")

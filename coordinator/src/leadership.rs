@@ -1,9 +1,14 @@
-//! The coordinators' leader lease as a pure state machine: when to take the
-//! lease, when to renew it, when to stop leading.
+//! The coordinators' leadership as a pure state machine: when to take it,
+//! when to renew it, when to stop leading.
 //!
-//! The lease is one key ([`tenure_protocol::subjects::LEADER_KEY`]) in a
-//! JetStream KV bucket; its value is a [`LeaseValue`] and every write to it is a
-//! compare-and-set on the revision the writer last saw. [`Lease::handle`] takes
+//! Leadership is held like a lease — for a TTL, renewed by its holder — and
+//! the logs, flags and config keys call it the *leader lease* (`leader lease
+//! acquired`, `--lease-ttl-ms`); in code "lease" means only a task's lease (a
+//! worker's time-bounded right to run one attempt), so this is `Leadership`.
+//!
+//! The leadership is one key ([`tenure_protocol::subjects::LEADER_KEY`]) in a
+//! JetStream KV bucket; its value is a [`LeadershipRecord`] and every write to it is a
+//! compare-and-set on the revision the writer last saw. [`Leadership::handle`] takes
 //! what the driver observed (the key as read, the answer to a write, or just the
 //! passing of time) and this process's monotonic time, and returns one
 //! [`Decision`]. It does no IO and reads no clock; `elector.rs` reads the key,
@@ -23,14 +28,14 @@
 //!   differences and the time the holder needs to notice.
 //! - **Epochs only grow.** A takeover writes the epoch of the value it replaces
 //!   plus one; the leader later writes back the epoch it claimed in the registry
-//!   ([`Lease::adopt_epoch`]), which is at least that.
+//!   ([`Leadership::adopt_epoch`]), which is at least that.
 //!
 //! - **Every write is distinct.** `renewals` counts all of a holder's writes,
 //!   so a read that shows exactly the value of our unanswered write proves that
 //!   very write landed (and when it was sent), never an earlier identical try.
 //!
 //! It must never: propose a takeover on a revision it has not seen unchanged for
-//! the TTL (except an absent or released key), report the lease as held past
+//! the TTL (except an absent or released key), report the leadership as held past
 //! the renew deadline, or issue a second write before the first was answered.
 
 use std::time::Duration;
@@ -39,9 +44,9 @@ use serde::{Deserialize, Serialize};
 use tenure_protocol::messages::RegistryMark;
 use tenure_protocol::Epoch;
 
-/// Lease timing. All durations are measured on the observer's monotonic clock.
+/// Leadership timing. All durations are measured on the observer's monotonic clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseConfig {
+pub struct LeadershipConfig {
     /// A standby takes over once the key's revision has not changed for this long.
     pub ttl: Duration,
     /// The leader renews this often.
@@ -51,9 +56,9 @@ pub struct LeaseConfig {
     pub renew_deadline: Duration,
 }
 
-impl Default for LeaseConfig {
+impl Default for LeadershipConfig {
     fn default() -> Self {
-        LeaseConfig {
+        LeadershipConfig {
             ttl: Duration::from_millis(6000),
             renew_interval: Duration::from_millis(2000),
             renew_deadline: Duration::from_millis(4000),
@@ -64,7 +69,7 @@ impl Default for LeaseConfig {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// The timing cannot be safe: a leader could still act after a standby
-    /// judged its lease expired, or it could not renew in time.
+    /// judged its leadership expired, or it could not renew in time.
     #[error(
         "lease timing must satisfy 0 < renew interval ({interval_ms} ms) < renew deadline ({deadline_ms} ms) \
          < lease ttl ({ttl_ms} ms)"
@@ -72,7 +77,7 @@ pub enum Error {
     Timing { interval_ms: u64, deadline_ms: u64, ttl_ms: u64 },
 }
 
-impl LeaseConfig {
+impl LeadershipConfig {
     /// Checks `0 < renew_interval < renew_deadline < ttl`.
     pub fn validate(&self) -> Result<(), Error> {
         let ok = !self.renew_interval.is_zero()
@@ -100,20 +105,20 @@ pub(crate) fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// The value of the lease key (encoded with `tenure_protocol::encode`).
+/// The value of the leadership key (encoded with `tenure_protocol::encode`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseValue {
+pub struct LeadershipRecord {
     /// Coordinator name and per-process nonce: unique to one process.
     pub holder: String,
     /// The leadership term; raised to the epoch claimed in the registry.
     pub epoch: Epoch,
-    /// This holder's count of lease writes (takeover, renewals, release). It
+    /// This holder's count of leadership writes (takeover, renewals, release). It
     /// grows with every write, tried or landed, so no two writes of a holder
     /// carry the same value: a read showing exactly the value of our unanswered
     /// write proves *that* write landed, not an earlier identical one.
     pub renewals: u64,
     /// The TTL the holder counts on. Standbys wait at least this long. `0`
-    /// means the holder released the lease after it stopped acting.
+    /// means the holder released the leadership after it stopped acting.
     pub ttl_ms: u64,
     /// The registry's high-water mark as the holder last knew it durable
     /// (renewals carry the latest; a takeover carries the one it replaces).
@@ -122,7 +127,7 @@ pub struct LeaseValue {
     pub mark: Option<RegistryMark>,
 }
 
-impl LeaseValue {
+impl LeadershipRecord {
     pub fn is_released(&self) -> bool {
         self.ttl_ms == 0
     }
@@ -133,7 +138,7 @@ impl LeaseValue {
 pub enum KeyState {
     /// Never written, deleted or purged.
     Absent,
-    Held(LeaseValue),
+    Held(LeadershipRecord),
     /// A value that does not decode. Treated as held by someone unknown.
     Unreadable,
 }
@@ -160,7 +165,7 @@ pub enum Observation {
 pub struct Write {
     /// The revision the key must still have; 0 means it must not exist.
     pub expected: u64,
-    pub value: LeaseValue,
+    pub value: LeadershipRecord,
 }
 
 /// Why the leader stopped.
@@ -188,12 +193,12 @@ impl std::fmt::Display for StepDownReason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {
     None,
-    /// Try to take the lease (it expired in our eyes, was released, or is absent).
+    /// Try to take the leadership (it expired in our eyes, was released, or is absent).
     Acquire(Write),
-    /// Renew the lease we hold.
+    /// Renew the leadership we hold.
     Renew(Write),
     /// Our takeover landed: lead under `epoch`. `takeover_started` is when this
-    /// process judged the previous lease expired.
+    /// process judged the previous holder's leadership expired.
     Lead {
         epoch: Epoch,
         takeover_started: Duration,
@@ -228,11 +233,11 @@ struct Standby {
     takeover_started: Option<Duration>,
 }
 
-/// The lease as its holder sees it.
+/// The leadership as its holder sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Held {
     pub revision: u64,
-    pub value: LeaseValue,
+    pub value: LeadershipRecord,
     /// When the last successful write was sent.
     pub renewed_at: Duration,
     pub takeover_started: Duration,
@@ -245,10 +250,10 @@ enum Role {
     Leader(Held),
 }
 
-/// One coordinator's side of the leader lease.
+/// One coordinator's side of the leadership.
 #[derive(Debug, Clone)]
-pub struct Lease {
-    cfg: LeaseConfig,
+pub struct Leadership {
+    cfg: LeadershipConfig,
     holder: String,
     role: Role,
     pending: Option<Pending>,
@@ -262,10 +267,10 @@ pub struct Lease {
     mark: Option<RegistryMark>,
 }
 
-impl Lease {
+impl Leadership {
     /// A standby that has not read the key yet. `holder` must be unique to this process.
-    pub fn new(cfg: LeaseConfig, holder: impl Into<String>) -> Lease {
-        Lease {
+    pub fn new(cfg: LeadershipConfig, holder: impl Into<String>) -> Leadership {
+        Leadership {
             cfg,
             holder: holder.into(),
             role: Role::Standby(Standby {
@@ -285,11 +290,11 @@ impl Lease {
         &self.holder
     }
 
-    pub fn config(&self) -> &LeaseConfig {
+    pub fn config(&self) -> &LeadershipConfig {
         &self.cfg
     }
 
-    /// The lease we hold, if we lead.
+    /// The leadership we hold, if we lead.
     pub fn held(&self) -> Option<&Held> {
         match &self.role {
             Role::Leader(h) => Some(h),
@@ -362,10 +367,10 @@ impl Lease {
             return None;
         };
         let renewals = self.next_write;
-        let release = self
-            .pending
-            .is_none()
-            .then(|| Write { expected: h.revision, value: LeaseValue { renewals, ttl_ms: 0, ..h.value.clone() } });
+        let release = self.pending.is_none().then(|| Write {
+            expected: h.revision,
+            value: LeadershipRecord { renewals, ttl_ms: 0, ..h.value.clone() },
+        });
         self.next_write += 1;
         self.become_standby(now);
         release
@@ -442,7 +447,7 @@ impl Lease {
                     takeover_started,
                     next_renew_at: p.sent_at + self.cfg.renew_interval,
                 });
-                // Answered so late that the lease may already be judged expired:
+                // Answered so late that the leadership may already be judged expired:
                 // the poll that follows steps down instead of leading.
                 (now < p.sent_at + deadline).then_some(Decision::Lead { epoch, takeover_started })
             }
@@ -501,7 +506,7 @@ impl Lease {
                 }
                 let write = Write {
                     expected: h.revision,
-                    value: LeaseValue { renewals: self.next_write, ttl_ms: ms(cfg.ttl), ..h.value.clone() },
+                    value: LeadershipRecord { renewals: self.next_write, ttl_ms: ms(cfg.ttl), ..h.value.clone() },
                 };
                 self.next_write += 1;
                 h.next_renew_at = now + cfg.retry();
@@ -531,7 +536,7 @@ impl Lease {
                 s.takeover_started.get_or_insert(now);
                 let write = Write {
                     expected: seen.revision,
-                    value: LeaseValue {
+                    value: LeadershipRecord {
                         holder: self.holder.clone(),
                         epoch: base.next(),
                         renewals: self.next_write,
@@ -554,5 +559,5 @@ impl Lease {
 }
 
 #[cfg(test)]
-#[path = "lease_tests.rs"]
+#[path = "leadership_tests.rs"]
 mod tests;

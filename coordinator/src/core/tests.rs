@@ -1,0 +1,761 @@
+//! Deterministic tests of the coordinator core with a fake clock: no NATS, no
+//! registry, just inputs and the effects they produce. This file holds the
+//! harness and the client API's tests; `workers_tests.rs` (workers, dispatch,
+//! liveness), `workflow_tests.rs` (board, cleanups, workflows) and
+//! `limits_tests.rs` (limits, epoch claims) use it.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::*;
+use crate::record::TaskRecord;
+use tenure_protocol::messages::{
+    ApiError, ApiReply, ApiRequest, ApiResponse, CleanupReply, ClusterStatus, CoordinatorPresence, EvidenceReply,
+    Heartbeat, KillCommand, KillResult, LeaseGrant, MatchedLine, Notice, Refusal, Report, ReportAck, ReportEvent,
+    SubmitRequest, TaskSnapshot, WorkerCommand, WorkerReply,
+};
+use tenure_protocol::messages::{AttemptEvidence, EvidenceRequest, HeldAttempt, SidecarRefusal};
+use tenure_protocol::{Attempt, Ending, HintTag, Outcome, RecoveryHint, TaskSpec};
+use tenure_protocol::{Board, Epoch, Kind, SessionId, Status, TaskId, WorkerId};
+use uuid::Uuid;
+
+struct Harness {
+    core: Core,
+    now: Now,
+}
+
+fn s(x: &str) -> SessionId {
+    x.parse().unwrap()
+}
+
+fn w(x: &str) -> WorkerId {
+    x.parse().unwrap()
+}
+
+impl Harness {
+    /// A leader that has led for longer than the worker TTL (past the grace
+    /// in which an unknown kind is "not known yet").
+    fn new() -> Harness {
+        let start = Now { mono: Duration::from_secs(100), wall_ms: 1_000_000 };
+        let core = Core::new(CoreConfig::default(), Epoch(3), Vec::new(), start);
+        let mut h = Harness { core, now: start };
+        h.advance(CoreConfig::default().worker_ttl);
+        h
+    }
+
+    fn advance(&mut self, d: Duration) {
+        self.now.mono += d;
+        self.now.wall_ms += d.as_millis() as u64;
+    }
+
+    fn input(&mut self, input: Input) -> Vec<Effect> {
+        self.core.handle(input, self.now)
+    }
+
+    fn api(&mut self, request: ApiRequest) -> (Vec<Effect>, Option<ApiReply>) {
+        let fx = self.input(Input::Api { reply_to: Some("r".into()), request, trace: None });
+        let reply = fx.iter().find_map(|e| match e {
+            Effect::Reply { to, reply } if to == "r" => Some(reply.clone()),
+            _ => None,
+        });
+        (fx, reply)
+    }
+
+    fn submit(&mut self, session: &str, spec: TaskSpec) -> TaskId {
+        let (_, reply) =
+            self.api(ApiRequest::Submit(SubmitRequest { session: s(session), idempotency_key: Uuid::new_v4(), spec }));
+        match reply {
+            Some(Ok(ApiResponse::Submitted { task, .. })) => task,
+            other => panic!("submit failed: {other:?}"),
+        }
+    }
+
+    fn heartbeat(&mut self, worker: &str, slots: u32) -> Vec<Effect> {
+        self.input(beat(worker, 0, slots, None))
+    }
+
+    /// `worker` answers `grant` with `refusal`.
+    fn refuse(&mut self, worker: &str, grant: LeaseGrant, refusal: Refusal) -> Vec<Effect> {
+        self.input(Input::CommandResult {
+            worker: w(worker),
+            command: WorkerCommand::Grant(grant),
+            result: Ok(WorkerReply::Refused(refusal)),
+        })
+    }
+
+    fn report(&mut self, worker: &str, task: &TaskId, attempt: u32, event: ReportEvent) -> ReportAck {
+        let fx = self.input(Input::Report {
+            reply_to: Some("ack".into()),
+            report: Report { worker: w(worker), task: task.clone(), attempt: Attempt(attempt), epoch: Epoch(3), event },
+        });
+        fx.into_iter()
+            .find_map(|e| match e {
+                Effect::Ack { ack, .. } => Some(ack),
+                _ => None,
+            })
+            .expect("an ack")
+    }
+
+    fn status(&self, task: &TaskId) -> Status {
+        self.core.task(task).unwrap().life.status
+    }
+}
+
+fn grants(fx: &[Effect]) -> Vec<(WorkerId, LeaseGrant)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Command { worker, command: WorkerCommand::Grant(g), .. } => Some((worker.clone(), g.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+fn completed() -> ReportEvent {
+    ReportEvent::Finished(Outcome::new(Ending::Completed, Some(0), None))
+}
+
+#[test]
+fn a_task_runs_from_submit_to_completed_and_every_change_is_persisted_first() {
+    let mut h = Harness::new();
+    let (fx, reply) = h.api(ApiRequest::Submit(SubmitRequest {
+        session: s("alice"),
+        idempotency_key: Uuid::new_v4(),
+        spec: TaskSpec::shell("hi", "echo hi"),
+    }));
+    let Some(Ok(ApiResponse::Submitted { task, existing: false })) = reply else { panic!("{reply:?}") };
+    assert_eq!(task.to_string(), "shell-1");
+    assert!(matches!(fx[0], Effect::Persist(_)), "persist before reply: {fx:?}");
+
+    let fx = h.heartbeat("w1", 2);
+    let g = grants(&fx);
+    assert_eq!(g.len(), 1);
+    assert_eq!((g[0].0.as_str(), g[0].1.attempt, g[0].1.epoch), ("w1", Attempt(1), Epoch(3)));
+    let persist_at = fx.iter().position(|e| matches!(e, Effect::Persist(_))).unwrap();
+    let grant_at = fx.iter().position(|e| matches!(e, Effect::Command { .. })).unwrap();
+    assert!(persist_at < grant_at);
+    assert_eq!(h.status(&task), Status::Leased);
+
+    assert_eq!(h.report("w1", &task, 1, ReportEvent::Started { pid: 42 }), ReportAck::Ack);
+    assert_eq!(h.status(&task), Status::Running);
+    let (_, reply) = h.api(ApiRequest::Wait { session: s("alice"), task: task.clone(), timeout_ms: 5000 });
+    assert!(reply.is_none(), "wait is held until the task ends");
+
+    let fx = h.input(Input::Report {
+        reply_to: Some("ack".into()),
+        report: Report {
+            worker: w("w1"),
+            task: task.clone(),
+            attempt: Attempt(1),
+            epoch: Epoch(3),
+            event: completed(),
+        },
+    });
+    let waited = fx.iter().find_map(|e| match e {
+        Effect::Reply { to, reply: Ok(ApiResponse::Waited { finished, snapshot }) } if to == "r" => {
+            Some((*finished, snapshot.clone()))
+        }
+        _ => None,
+    });
+    let (finished, snap) = waited.expect("waiter answered");
+    assert!(finished && snap.reported && snap.status == Status::Completed && snap.exit_code == Some(0));
+    // A retried report is acknowledged and changes nothing.
+    assert_eq!(h.report("w1", &task, 1, completed()), ReportAck::Ack);
+    assert_eq!(h.status(&task), Status::Completed);
+}
+
+#[test]
+fn ids_are_monotonic_across_kinds_and_restarts() {
+    let mut h = Harness::new();
+    let a = h.submit("s", TaskSpec::shell("a", "true"));
+    let b = h.submit("s", TaskSpec::shell("b", "true"));
+    assert_eq!((a.number(), b.number()), (1, 2));
+    let records: Vec<TaskRecord> = [a, b].iter().map(|t| h.core.task(t).unwrap().clone()).collect();
+    let mut again = Core::new(CoreConfig::default(), Epoch(4), records, h.now);
+    let fx = again.handle(
+        Input::Api {
+            reply_to: Some("r".into()),
+            request: ApiRequest::Submit(SubmitRequest {
+                session: s("s"),
+                idempotency_key: Uuid::new_v4(),
+                spec: TaskSpec::shell("c", "true"),
+            }),
+            trace: None,
+        },
+        h.now,
+    );
+    assert!(fx.iter().any(
+        |e| matches!(e, Effect::Reply { reply: Ok(ApiResponse::Submitted { task, .. }), .. } if task.number() == 3)
+    ));
+}
+
+#[test]
+fn a_retried_submit_returns_the_same_task() {
+    let mut h = Harness::new();
+    let req = SubmitRequest { session: s("s"), idempotency_key: Uuid::new_v4(), spec: TaskSpec::shell("a", "true") };
+    let (_, first) = h.api(ApiRequest::Submit(req.clone()));
+    let (fx, second) = h.api(ApiRequest::Submit(req));
+    let (
+        Some(Ok(ApiResponse::Submitted { task: t1, existing: false })),
+        Some(Ok(ApiResponse::Submitted { task: t2, existing: true })),
+    ) = (first, second)
+    else {
+        panic!()
+    };
+    assert_eq!(t1, t2);
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+}
+
+#[test]
+fn bad_submits_are_refused_and_change_nothing() {
+    let mut h = Harness::new();
+    let cases = [
+        (TaskSpec::shell("x", "   "), "InvalidSpec"),
+        (TaskSpec { kind: "nosuch".parse().unwrap(), ..TaskSpec::shell("x", "true") }, "UnknownKind"),
+        (TaskSpec::shell("x", "y".repeat(70_000)), "InvalidSpec"),
+    ];
+    for (spec, want) in cases {
+        let (fx, reply) =
+            h.api(ApiRequest::Submit(SubmitRequest { session: s("s"), idempotency_key: Uuid::new_v4(), spec }));
+        let err = reply.unwrap().unwrap_err();
+        assert!(format!("{err:?}").starts_with(want), "{err:?}");
+        assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    }
+    let (_, reply) = h.api(ApiRequest::List { session: s("s"), all: true });
+    assert_eq!(reply, Some(Ok(ApiResponse::List(vec![]))));
+}
+
+#[test]
+fn other_sessions_see_not_found() {
+    let mut h = Harness::new();
+    let t = h.submit("alice", TaskSpec::shell("a", "true"));
+    for req in [
+        ApiRequest::Get { session: s("bob"), task: t.clone() },
+        ApiRequest::Kill { session: s("bob"), task: t.clone() },
+        ApiRequest::Wait { session: s("bob"), task: t.clone(), timeout_ms: 10 },
+        ApiRequest::Get { session: s("alice"), task: "shell-99".parse().unwrap() },
+    ] {
+        let (fx, reply) = h.api(req);
+        assert!(matches!(reply, Some(Err(ApiError::NotFound(_)))), "{reply:?}");
+        assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    }
+    assert_eq!(h.status(&t), Status::Queued);
+}
+
+/// Lets `w1` go silent while `w2` keeps heartbeating; returns the evidence
+/// queries the leader sent about w1's attempts.
+fn lose_w1(h: &mut Harness) -> Vec<EvidenceRequest> {
+    let mut asked = Vec::new();
+    for _ in 0..8 {
+        h.advance(Duration::from_secs(1));
+        h.heartbeat("w2", 4);
+        for e in h.input(Input::Tick) {
+            if let Effect::AskEvidence { worker, request } = e {
+                assert_eq!(worker.as_str(), "w1");
+                asked.push(request);
+            }
+        }
+    }
+    asked
+}
+
+fn answer(h: &mut Harness, request: &EvidenceRequest, result: Result<EvidenceReply, String>) -> Vec<Effect> {
+    h.input(Input::Evidence { worker: w("w1"), request: request.clone(), result })
+}
+
+#[test]
+fn kill_paths() {
+    let mut h = Harness::new();
+    let queued = h.submit("s", TaskSpec::shell("q", "sleep 9"));
+    let (_, reply) = h.api(ApiRequest::Kill { session: s("s"), task: queued.clone() });
+    let Some(Ok(ApiResponse::Kill { result: KillResult::Requested, snapshot })) = reply else { panic!("{reply:?}") };
+    assert_eq!((snapshot.status, snapshot.reported), (Status::Killed, true));
+
+    h.heartbeat("w1", 1);
+    let running = h.submit("s", TaskSpec::shell("r", "sleep 9"));
+    h.heartbeat("w1", 1);
+    h.report("w1", &running, 1, ReportEvent::Started { pid: 7 });
+    let (fx, reply) = h.api(ApiRequest::Kill { session: s("s"), task: running.clone() });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Kill { result: KillResult::Requested, .. }))));
+    assert!(fx.iter().any(|e| matches!(e, Effect::Command { command: WorkerCommand::Kill(_), .. })));
+    assert_eq!(h.status(&running), Status::Stopping);
+    // Repeated kill is idempotent.
+    let (_, reply) = h.api(ApiRequest::Kill { session: s("s"), task: running.clone() });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Kill { result: KillResult::Requested, .. }))));
+    // Unanswered kills are re-sent.
+    h.advance(Duration::from_secs(3));
+    let fx = h.input(Input::Tick);
+    assert!(fx.iter().any(|e| matches!(e, Effect::Command { command: WorkerCommand::Kill(_), .. })));
+    let killed = ReportEvent::Finished(Outcome::new(Ending::Killed, None, Some("signal 15".into())));
+    assert_eq!(h.report("w1", &running, 1, killed), ReportAck::Ack);
+    assert_eq!(h.status(&running), Status::Killed);
+    let (_, reply) = h.api(ApiRequest::Kill { session: s("s"), task: running.clone() });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Kill { result: KillResult::AlreadyFinished, .. }))));
+}
+
+#[test]
+fn wait_times_out_with_a_live_snapshot_and_does_not_mark_reported() {
+    let mut h = Harness::new();
+    let t = h.submit("s", TaskSpec::shell("a", "true"));
+    let (_, reply) = h.api(ApiRequest::Wait { session: s("s"), task: t.clone(), timeout_ms: 1000 });
+    assert!(reply.is_none());
+    h.advance(Duration::from_millis(1500));
+    let fx = h.input(Input::Tick);
+    let reply = fx.iter().find_map(|e| match e {
+        Effect::Reply { reply, .. } => Some(reply.clone()),
+        _ => None,
+    });
+    let Some(Ok(ApiResponse::Waited { finished: false, snapshot })) = reply else { panic!("{reply:?}") };
+    assert!(!snapshot.reported);
+    assert_eq!(snapshot.status, Status::Queued);
+}
+
+#[test]
+fn an_operator_sees_and_kills_every_sessions_tasks_but_never_reports_them() {
+    let op: SessionId = "ops/console".parse().unwrap();
+    let cfg = CoreConfig { operators: vec!["ops".into()], ..CoreConfig::default() };
+    let now = Now { mono: Duration::from_secs(1), wall_ms: 1 };
+    let mut h = Harness { core: Core::new(cfg, Epoch(3), Vec::new(), now), now };
+    let t = h.submit("alice", TaskSpec::shell("a", "sleep 9"));
+    let (_, reply) = h.api(ApiRequest::List { session: op.clone(), all: true });
+    assert!(matches!(reply, Some(Ok(ApiResponse::List(l))) if l.len() == 1));
+    let (_, reply) = h.api(ApiRequest::Get { session: op.clone(), task: t.clone() });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Snapshot(_)))));
+    let (_, reply) = h.api(ApiRequest::Kill { session: op.clone(), task: t.clone() });
+    let Some(Ok(ApiResponse::Kill { snapshot, .. })) = reply else { panic!("{reply:?}") };
+    assert_eq!((snapshot.status, snapshot.reported), (Status::Killed, false), "the owner was not told");
+    // Waiting and reporting stay the owner's.
+    let (_, reply) = h.api(ApiRequest::MarkReported { session: op.clone(), task: t.clone() });
+    assert!(matches!(reply, Some(Err(ApiError::NotFound(_)))));
+    // Others still see nothing.
+    let (_, reply) = h.api(ApiRequest::Get { session: s("bob"), task: t });
+    assert!(matches!(reply, Some(Err(ApiError::NotFound(_)))));
+}
+
+fn cleanups(fx: &[Effect]) -> usize {
+    fx.iter().filter(|e| matches!(e, Effect::Cleanup { .. })).count()
+}
+
+fn notices(fx: &[Effect]) -> Vec<Notice> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Notify(n) => Some((**n).clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn finish(h: &mut Harness, worker: &str, g: &LeaseGrant, ending: Ending) -> Vec<Effect> {
+    assert_eq!(h.report(worker, &g.task, g.attempt.0, ReportEvent::Started { pid: 7 }), ReportAck::Ack);
+    let fx = h.input(Input::Report {
+        reply_to: None,
+        report: Report {
+            worker: w(worker),
+            task: g.task.clone(),
+            attempt: g.attempt,
+            epoch: Epoch(3),
+            event: ReportEvent::Finished(Outcome::new(ending, None, Some(format!("{ending:?}")))),
+        },
+    });
+    fx
+}
+
+/// Submits a workflow; its first step is granted in the same turn.
+fn start_flow(h: &mut Harness, spec: TaskSpec) -> (TaskId, Vec<(WorkerId, LeaseGrant)>) {
+    let (fx, reply) =
+        h.api(ApiRequest::Submit(SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec }));
+    match reply {
+        Some(Ok(ApiResponse::Submitted { task, .. })) => (task, grants(&fx)),
+        other => panic!("submit failed: {other:?}"),
+    }
+}
+
+fn snapshot(h: &mut Harness, task: &TaskId) -> TaskSnapshot {
+    match h.api(ApiRequest::Get { session: s("alice"), task: task.clone() }).1 {
+        Some(Ok(ApiResponse::Snapshot(s))) => s,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn matched_lines_are_notified_once_each_and_repeats_change_nothing() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let spec = TaskSpec { kind: Kind::monitor(), pattern: Some("ERR".into()), ..TaskSpec::shell("m", "tail -f log") };
+    let (_, reply) = h.api(ApiRequest::Submit(SubmitRequest {
+        session: s("alice"),
+        idempotency_key: Uuid::new_v4(),
+        spec: spec.clone(),
+    }));
+    assert!(matches!(reply, Some(Err(ApiError::UnknownKind { .. }))), "no worker advertised monitor: {reply:?}");
+    h.input(Input::Heartbeat(Heartbeat {
+        worker: w("w1"),
+        instance: Uuid::nil(),
+        slots: 4,
+        kinds: vec![Kind::shell(), Kind::monitor()],
+        epoch_seen: Epoch(3),
+        attempts: Vec::new(),
+        sidecar: Default::default(),
+        replaces: None,
+        incarnation: None,
+        mark: None,
+    }));
+    let (fx, reply) =
+        h.api(ApiRequest::Submit(SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec }));
+    let Some(Ok(ApiResponse::Submitted { task, .. })) = reply else { panic!("{reply:?}") };
+    assert_eq!(grants(&fx).len(), 1);
+    let line = |offset: u64| MatchedLine { offset, text: format!("ERR at {offset}") };
+    let report = |h: &mut Harness, lines: Vec<MatchedLine>| {
+        h.input(Input::Report {
+            reply_to: Some("ack".into()),
+            report: Report {
+                worker: w("w1"),
+                task: task.clone(),
+                attempt: Attempt(1),
+                epoch: Epoch(3),
+                event: ReportEvent::Matched(lines),
+            },
+        })
+    };
+    let fx = report(&mut h, vec![line(0), line(40)]);
+    assert_eq!(notices(&fx).len(), 2);
+    assert!(matches!(fx[0], Effect::Persist(ref r) if r.matched_through == 41 && r.matches == 2), "{fx:?}");
+    // A retry after a lost ack, and a restarted worker re-reading from the start.
+    let fx = report(&mut h, vec![line(40), line(0), line(90)]);
+    let n = notices(&fx);
+    assert!(matches!(&n[..], [Notice::Matched(m)] if m.line.offset == 90), "{n:?}");
+    assert_eq!(snapshot(&mut h, &task).matches, 3);
+    let fx = report(&mut h, vec![line(90)]);
+    assert!(notices(&fx).is_empty() && !fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    assert!(fx.iter().any(|e| matches!(e, Effect::Ack { ack: ReportAck::Ack, .. })));
+    // Another worker's report is stale.
+    let stale = h.input(Input::Report {
+        reply_to: Some("ack".into()),
+        report: Report {
+            worker: w("w9"),
+            task: task.clone(),
+            attempt: Attempt(1),
+            epoch: Epoch(3),
+            event: ReportEvent::Matched(vec![line(200)]),
+        },
+    });
+    assert!(stale.iter().any(|e| matches!(e, Effect::Ack { ack: ReportAck::StaleAt { epoch: Epoch(3) }, .. })));
+}
+
+#[test]
+fn right_after_a_takeover_an_unknown_kind_is_not_known_yet_rather_than_refused() {
+    let now = Now { mono: Duration::from_secs(100), wall_ms: 1_000_000 };
+    let mut h = Harness { core: Core::new(CoreConfig::default(), Epoch(3), Vec::new(), now), now };
+    let spec = TaskSpec { kind: Kind::agent(), ..TaskSpec::shell("a", "cat") };
+    let submit = |h: &mut Harness| {
+        h.api(ApiRequest::Submit(SubmitRequest {
+            session: s("s"),
+            idempotency_key: Uuid::new_v4(),
+            spec: spec.clone(),
+        }))
+    };
+    let (fx, reply) = submit(&mut h);
+    assert!(matches!(reply, Some(Err(ApiError::Unavailable(_)))), "{reply:?}");
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    h.advance(CoreConfig::default().worker_ttl);
+    let (_, reply) = submit(&mut h);
+    assert!(matches!(reply, Some(Err(ApiError::UnknownKind { .. }))), "{reply:?}");
+}
+
+#[test]
+fn a_final_output_is_empty_while_live_then_the_same_every_read_and_reads_report_the_task() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let task = h.submit("alice", TaskSpec { final_output: true, ..TaskSpec::shell("f", "echo 42") });
+    let read = |h: &mut Harness, t: &TaskId| h.api(ApiRequest::FinalOutput { session: s("alice"), task: t.clone() }).1;
+    assert!(
+        matches!(read(&mut h, &task), Some(Ok(ApiResponse::FinalOutput { finished: false, ref text })) if text.is_empty())
+    );
+    let mut outcome = Outcome::new(Ending::Completed, Some(0), None);
+    outcome.output = Some("42\n".into());
+    h.report("w1", &task, 1, ReportEvent::Finished(outcome));
+    for _ in 0..2 {
+        let reply = read(&mut h, &task);
+        assert!(
+            matches!(reply, Some(Ok(ApiResponse::FinalOutput { finished: true, ref text })) if text == "42\n"),
+            "{reply:?}"
+        );
+    }
+    assert!(h.core.task(&task).unwrap().reported);
+    assert!(matches!(
+        h.api(ApiRequest::FinalOutput { session: s("bob"), task: task.clone() }).1,
+        Some(Err(ApiError::NotFound(_)))
+    ));
+    let streamed = h.submit("alice", TaskSpec::shell("s", "echo"));
+    assert!(matches!(read(&mut h, &streamed), Some(Err(ApiError::InvalidRequest(_)))));
+}
+
+#[test]
+fn list_pages_cover_every_task_once_each_page_within_the_message_limit() {
+    let mut h = Harness::new();
+    let n = 3000u64;
+    for i in 0..n {
+        h.submit("s", TaskSpec::shell(format!("{i}-{}", "l".repeat(300)), "true"));
+    }
+    let (mut seen, mut after, mut pages) = (Vec::new(), None, 0);
+    loop {
+        let (_, reply) = h.api(ApiRequest::ListPage { session: s("s"), all: true, after });
+        let reply = reply.expect("a reply");
+        let bytes = tenure_protocol::encode(&reply).expect("a page always fits a message").len();
+        assert!(bytes <= tenure_protocol::MAX_MESSAGE_BYTES);
+        let Ok(ApiResponse::Page { tasks, next }) = reply else { panic!("{reply:?}") };
+        pages += 1;
+        seen.extend(tasks.iter().map(|t| t.id.number()));
+        match next {
+            Some(last) => after = Some(last),
+            None => break,
+        }
+    }
+    assert!(pages > 2, "{pages} pages");
+    assert_eq!(seen, (1..=n).collect::<Vec<_>>());
+    // Another session's pages are empty.
+    let (_, reply) = h.api(ApiRequest::ListPage { session: s("other"), all: true, after: None });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Page { ref tasks, next: None })) if tasks.is_empty()));
+}
+
+#[test]
+fn an_idempotency_key_is_remembered_while_its_task_runs_and_for_a_while_after() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 1);
+    let key = Uuid::new_v4();
+    let submit = |h: &mut Harness| {
+        let req = SubmitRequest { session: s("s"), idempotency_key: key, spec: TaskSpec::shell("k", "true") };
+        match h.api(ApiRequest::Submit(req)).1 {
+            Some(Ok(ApiResponse::Submitted { task, existing })) => (task, existing),
+            other => panic!("{other:?}"),
+        }
+    };
+    let (task, existing) = submit(&mut h);
+    assert!(!existing);
+    h.report("w1", &task, 1, completed());
+    h.advance(Duration::from_secs(60));
+    h.input(Input::Tick);
+    assert_eq!(submit(&mut h), (task.clone(), true), "a retry a minute after the end is the same task");
+    h.advance(super::board::KEEP_KEYS);
+    h.input(Input::Tick);
+    let (again, existing) = submit(&mut h);
+    assert!(!existing && again != task, "the key was forgotten after KEEP_KEYS");
+}
+
+#[test]
+fn a_new_leader_republishes_the_notices_of_recent_unreported_ends_only() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let old = h.submit("s", TaskSpec::shell("old", "true"));
+    h.report("w1", &old, 1, completed());
+    h.advance(Duration::from_secs(3600));
+    let recent = h.submit("s", TaskSpec::shell("recent", "true"));
+    h.report("w1", &recent, 1, completed());
+    let records: Vec<TaskRecord> = [&old, &recent].iter().map(|t| h.core.task(t).unwrap().clone()).collect();
+    let next = Core::new(CoreConfig::default(), Epoch(4), records, h.now);
+    // Plain notices, each an end's whole snapshot: the driver only publishes them.
+    let ids = |notices: Vec<Notice>| -> Vec<String> {
+        notices
+            .into_iter()
+            .map(|n| match n {
+                Notice::Ended(s) => {
+                    assert_eq!((s.status, s.reported), (Status::Completed, false), "{s:?}");
+                    s.id.to_string()
+                }
+                Notice::Matched(m) => panic!("only ends are republished: {m:?}"),
+            })
+            .collect()
+    };
+    // The old end lies an hour of registry time before the last write.
+    assert_eq!(ids(next.pending_notices(Some(Duration::from_secs(600)))), [recent.to_string()]);
+    assert_eq!(ids(next.pending_notices(None)), [old.to_string(), recent.to_string()]);
+}
+
+/// A heartbeat of `worker` from process `instance` (0: the nil one), naming the
+/// process it replaces, on a machine whose store is incarnation 1000.
+fn beat(worker: &str, instance: u128, slots: u32, replaces: Option<u128>) -> Input {
+    Input::Heartbeat(Heartbeat {
+        worker: w(worker),
+        instance: Uuid::from_u128(instance),
+        slots,
+        kinds: vec![Kind::shell()],
+        epoch_seen: Epoch(3),
+        attempts: Vec::<HeldAttempt>::new(),
+        sidecar: Default::default(),
+        replaces: replaces.map(Uuid::from_u128),
+        incarnation: Some(Uuid::from_u128(1000)),
+        mark: None,
+    })
+}
+
+fn beat_from(h: &mut Harness, worker: &str, instance: u128, replaces: Option<u128>) -> Vec<Effect> {
+    h.input(beat(worker, instance, 4, replaces))
+}
+
+fn taken(fx: &[Effect]) -> Option<(Uuid, Uuid)> {
+    fx.iter().find_map(|e| match e {
+        Effect::InstanceTaken { instance, holder, .. } => Some((*instance, *holder)),
+        _ => None,
+    })
+}
+
+// ------------------------------------------------- clocks of two leaders
+
+/// The latest persisted version of each record in the effects, as the
+/// registry would hold them for the next leader.
+fn persisted(fx: &[Effect], into: &mut BTreeMap<TaskId, TaskRecord>) {
+    for e in fx {
+        if let Effect::Persist(r) = e {
+            into.insert(r.id.clone(), (**r).clone());
+        }
+    }
+}
+
+/// A leader whose wall clock reads `skew_ms` away from the old one's takes
+/// over the registry the old one wrote.
+fn take_over(records: &BTreeMap<TaskId, TaskRecord>, cfg: CoreConfig, wall_ms: u64) -> Harness {
+    let now = Now { mono: Duration::from_secs(5), wall_ms };
+    let core = Core::new(cfg, Epoch(4), records.values().cloned().collect(), now);
+    let mut h = Harness { core, now };
+    h.advance(CoreConfig::default().worker_ttl);
+    h
+}
+
+#[test]
+fn a_new_leader_with_a_clock_minutes_ahead_still_knows_a_retried_submits_key() {
+    let mut old = Harness::new();
+    let mut registry = BTreeMap::new();
+    let fx = old.heartbeat("w1", 1);
+    persisted(&fx, &mut registry);
+    let key = Uuid::new_v4();
+    let req = SubmitRequest { session: s("s"), idempotency_key: key, spec: TaskSpec::shell("k", "true") };
+    let (fx, _) = old.api(ApiRequest::Submit(req.clone()));
+    persisted(&fx, &mut registry);
+    let task = registry.keys().next().cloned().unwrap();
+    let fx = old.input(Input::Tick);
+    persisted(&fx, &mut registry);
+    let fx = old.input(Input::Report {
+        reply_to: None,
+        report: Report {
+            worker: w("w1"),
+            task: task.clone(),
+            attempt: Attempt(1),
+            epoch: Epoch(3),
+            event: completed(),
+        },
+    });
+    persisted(&fx, &mut registry);
+    assert!(registry[&task].life.status.is_terminal());
+    // The old leader dies; the next one's wall clock is 20 minutes ahead
+    // (more than the time a key is remembered).
+    for skew in [20 * 60_000, 3 * 24 * 3_600_000] {
+        let mut new = take_over(&registry, CoreConfig::default(), old.now.wall_ms + skew);
+        new.heartbeat("w1", 1);
+        new.input(Input::Tick);
+        match new.api(ApiRequest::Submit(req.clone())).1 {
+            Some(Ok(ApiResponse::Submitted { task: again, existing })) => {
+                assert_eq!((again, existing), (task.clone(), true), "the retried submit made a second task")
+            }
+            other => panic!("{other:?}"),
+        }
+        // And it is forgotten once this leader has itself seen the time pass.
+        new.advance(super::board::KEEP_KEYS);
+        new.input(Input::Tick);
+        let Some(Ok(ApiResponse::Submitted { existing, .. })) = new.api(ApiRequest::Submit(req.clone())).1 else {
+            panic!("submit refused")
+        };
+        assert!(!existing, "the key is forgotten after KEEP_KEYS of this leader's time");
+    }
+}
+
+#[test]
+fn a_new_leader_with_a_clock_days_ahead_does_not_collect_fresh_tasks() {
+    let cfg = CoreConfig { retention: Some(Duration::from_secs(3600)), ..CoreConfig::default() };
+    let start = Now { mono: Duration::from_secs(1), wall_ms: 1_000_000 };
+    let mut old = Harness { core: Core::new(cfg.clone(), Epoch(3), Vec::new(), start), now: start };
+    let mut registry = BTreeMap::new();
+    let task = old.submit("s", TaskSpec::shell("b", "sleep 9"));
+    let (fx, _) = old.api(ApiRequest::Kill { session: s("s"), task: task.clone() });
+    persisted(&fx, &mut registry);
+    // Half the retention passes on the old leader, and it writes on.
+    old.advance(Duration::from_secs(1800));
+    let other = old.submit("s", TaskSpec::shell("c", "sleep 9"));
+    let (fx, _) = old.api(ApiRequest::Kill { session: s("s"), task: other.clone() });
+    persisted(&fx, &mut registry);
+    assert!(registry[&task].life.status.is_terminal());
+    for wall_ms in [old.now.wall_ms + 5 * 24 * 3_600_000, old.now.wall_ms.saturating_sub(5 * 24 * 3_600_000)] {
+        let mut new = take_over(&registry, cfg.clone(), wall_ms);
+        let forgets = |fx: &[Effect]| {
+            fx.iter()
+                .filter_map(|e| match e {
+                    Effect::Forget { task, .. } => Some(task.clone()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        let fx = new.input(Input::Tick);
+        assert!(forgets(&fx).is_empty(), "fresh tasks collected by a skewed leader: {fx:?}");
+        // The rest of the first task's retention passes on the new leader:
+        // only it is collected.
+        new.advance(Duration::from_secs(1800));
+        let fx = new.input(Input::Tick);
+        assert_eq!(forgets(&fx), vec![task.clone()]);
+        new.advance(Duration::from_secs(1800));
+        let fx = new.input(Input::Tick);
+        assert_eq!(forgets(&fx), vec![other.clone()]);
+    }
+}
+
+fn leader(renewed_at: Duration) -> Input {
+    Input::Leader(Leader {
+        name: "c1".into(),
+        holder: "c1:aa".into(),
+        renewed_at,
+        renewals: 7,
+        ttl_ms: 6000,
+        adopted_in_ms: 42,
+    })
+}
+
+fn cluster_status(h: &mut Harness) -> ClusterStatus {
+    match h.api(ApiRequest::Status).1 {
+        Some(Ok(ApiResponse::Status(status))) => status,
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The core answers `Status` whole — its own term and the standbys lately
+/// heard from — so the driver only sends the reply.
+#[test]
+fn the_status_names_this_leaders_term_and_the_standbys_lately_heard_from() {
+    let mut h = Harness::new();
+    let status = cluster_status(&mut h);
+    assert!(status.leader.is_none() && status.standbys.is_empty(), "told nothing yet: {status:?}");
+    h.input(leader(h.now.mono));
+    let presence =
+        |name: &str, holder: &str| Input::Presence(CoordinatorPresence { name: name.into(), holder: holder.into() });
+    h.input(presence("c3", "c3:cc"));
+    h.input(presence("c1", "c1:aa")); // this process's own presence
+    h.advance(Duration::from_secs(3));
+    h.input(presence("c2", "c2:bb"));
+    h.advance(Duration::from_millis(500));
+    let status = cluster_status(&mut h);
+    let l = status.leader.expect("the leader");
+    assert_eq!((l.name.as_str(), l.holder.as_str(), l.epoch), ("c1", "c1:aa", Epoch(3)));
+    assert_eq!((l.lease_age_ms, l.renewals, l.lease_ttl_ms, l.adopted_in_ms), (3500, 7, 6000, 42));
+    let standbys: Vec<(&str, u64)> = status.standbys.iter().map(|s| (s.name.as_str(), s.last_seen_ms)).collect();
+    assert_eq!(standbys, [("c2", 500), ("c3", 3500)]);
+    // A renewal resets the age; a standby not heard from for 5 s is gone.
+    h.advance(Duration::from_secs(2));
+    h.input(leader(h.now.mono));
+    let status = cluster_status(&mut h);
+    assert_eq!(status.leader.map(|l| l.lease_age_ms), Some(0));
+    let standbys: Vec<&str> = status.standbys.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(standbys, ["c2"]);
+}
+
+#[path = "limits_tests.rs"]
+mod limits;
+#[path = "workers_tests.rs"]
+mod workers;
+#[path = "workflow_tests.rs"]
+mod workflow;
