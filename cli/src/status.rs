@@ -15,7 +15,7 @@ use std::time::Duration;
 use tenure_protocol::messages::{ApiError, ClusterStatus, SidecarHealth, TaskSnapshot};
 use tenure_protocol::Status;
 
-use crate::client::{Api, API_TIMEOUT};
+use tenure_client::{Client as Api, API_TIMEOUT};
 use crate::text::printable;
 
 const REFRESH: Duration = Duration::from_secs(1);
