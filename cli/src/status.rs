@@ -15,8 +15,8 @@ use std::time::Duration;
 use tenure_protocol::messages::{ApiError, ClusterStatus, SidecarHealth, TaskSnapshot};
 use tenure_protocol::Status;
 
-use tenure_client::{Client as Api, API_TIMEOUT};
 use crate::text::printable;
+use tenure_client::{Client as Api, API_TIMEOUT};
 
 const REFRESH: Duration = Duration::from_secs(1);
 

@@ -96,13 +96,13 @@ impl Shared {
 
 /// Starts driving a held attempt ([`drive`]) in its own task, with a
 /// kill handle the event loop can reach.
-pub(crate) fn spawn_drive(shared: &Arc<Shared>, key: Key, span: Option<tracing::Span>) {
+/// The attempt's span is a child of the current one (a traced grant's).
+pub(crate) fn spawn_drive(shared: &Arc<Shared>, key: Key) {
     let kill = Arc::new(Notify::new());
     shared.state().kills.insert(key.clone(), kill.clone());
     let epoch = shared.state().core.held(&key).map(|h| h.epoch).unwrap_or_default();
-    let span = span.unwrap_or_else(
-        || tracing::info_span!("attempt", task = %key.0, attempt = %key.1, epoch = %epoch, worker = %shared.opts.id),
-    );
+    let span =
+        tracing::info_span!("attempt", task = %key.0, attempt = %key.1, epoch = %epoch, worker = %shared.opts.id);
     tokio::spawn(drive(shared.clone(), key, kill).instrument(span));
 }
 

@@ -104,7 +104,7 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
                 tracing::info!(task = %task, attempt = %attempt, "settling an attempt whose shim is gone from its files")
             }
         }
-        spawn_drive(shared, key, None);
+        spawn_drive(shared, key);
     }
     // Without the records nothing says which scratch directories are still
     // wanted: they are all kept.
