@@ -10,7 +10,7 @@
 //! answers: the sidecar serves requests in order, so its answer says for
 //! certain whether the files are still there. `cleaned` is the truth either way.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tenure_protocol::messages::{ApiError, ApiReply, ApiResponse, CleanupReply, CleanupRequest};
@@ -31,7 +31,7 @@ pub(super) const KEEP_KEYS: Duration = Duration::from_secs(600);
 pub(super) struct Cleanups {
     /// When each unsettled job was last sent, and how often: exactly the
     /// tasks with an unsettled job, so retries never scan the registry.
-    tries: HashMap<TaskId, (Duration, u32)>,
+    tries: BTreeMap<TaskId, (Duration, u32)>,
     /// When the garbage collector last ran.
     last_gc: Option<Duration>,
 }

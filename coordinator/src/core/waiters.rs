@@ -6,7 +6,7 @@
 //! its deadline passes, or with an error when the task's record could not be
 //! stored. A wait that times out never marks the task reported.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tenure_protocol::messages::ApiResponse;
@@ -25,7 +25,7 @@ pub(super) struct Waiter {
 /// The waiters of each task.
 #[derive(Debug, Default)]
 pub(super) struct Waiters {
-    by_task: HashMap<TaskId, Vec<Waiter>>,
+    by_task: BTreeMap<TaskId, Vec<Waiter>>,
 }
 
 impl Waiters {
