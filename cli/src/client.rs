@@ -127,9 +127,9 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
                 ExitCode::FAILURE
             })
         }
-        Command::Kill { task } => {
+        Command::Kill { task, reason } => {
             let ApiResponse::Kill { result, .. } =
-                api.call(&ApiRequest::Kill { session: api.session().clone(), task }, API_TIMEOUT).await?
+                api.call(&ApiRequest::Kill { session: api.session().clone(), task, reason }, API_TIMEOUT).await?
             else {
                 bail!("unexpected reply");
             };
@@ -224,6 +224,9 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     println!("owner:      {}", printable(s.owner.as_str()));
     println!("status:     {}", s.status);
     println!("detail:     {}", opt(s.detail.as_deref().map(|d| printable(d).into_owned())));
+    if let Some(reason) = &s.kill_reason {
+        println!("kill reason: {}", printable(reason));
+    }
     println!("exit code:  {}", opt(s.exit_code.map(|c| c.to_string())));
     if s.output_dropped > 0 {
         println!("dropped:    {} output bytes past the cap", s.output_dropped);

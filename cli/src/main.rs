@@ -358,7 +358,13 @@ enum Command {
         json: bool,
     },
     /// Ask to stop a task (SIGTERM to its process group, SIGKILL after the grace period).
-    Kill { task: TaskId },
+    Kill {
+        task: TaskId,
+        /// Why, kept verbatim on the task and shown by `get` (the first
+        /// kill's reason stays; at most 1 KiB).
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Send one message to the stdin of a running agent task: the TEXT words
     /// joined by spaces, or all of stdin when no TEXT is given.
     Send {

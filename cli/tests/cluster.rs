@@ -259,3 +259,28 @@ fn a_completion_buffered_while_the_coordinator_is_down_is_delivered_once_after_r
     assert_eq!((snap["attempt"].as_u64(), snap["exit_code"].as_i64()), (Some(1), Some(0)));
     assert_eq!(std::fs::read_to_string(&output).unwrap(), "finished-once\n", "the task ran more than once");
 }
+
+/// `tenure kill --reason`: the reason is kept verbatim with the kill, shown by
+/// `get`, and read back from the registry by the next leader.
+#[test]
+fn a_kill_reason_is_kept_verbatim_and_outlives_the_leader() {
+    let mut c = Cluster::start(1);
+    let task = c.submit(&["--", "sleep 60"]);
+    c.wait_status(&task, "running", BOUND);
+    let why = "superseded by a newer run — keep «this» text\tas is";
+    assert_eq!(stdout(&c.cli(&["kill", &task, "--reason", why])).trim(), "requested");
+    // A second kill's reason does not replace the first.
+    c.cli(&["kill", &task, "--reason", "another"]);
+    let snap = c.wait_status(&task, "killed", BOUND);
+    assert_eq!(snap["kill_reason"], why, "{snap}");
+    assert!(stdout(&c.cli(&["get", &task])).contains("kill reason: superseded by a newer run"));
+    let too_long = "x".repeat(2000);
+    let out = c.cli(&["kill", &task, "--reason", &too_long]);
+    assert!(!out.status.success() && stderr(&out).contains("kill reason"), "{}", stderr(&out));
+    // The next leader reads the reason from the registry.
+    c.kill9("coordinator");
+    c.spawn_coordinator("c2", &[]);
+    c.wait_leader("c2");
+    let snap: serde_json::Value = serde_json::from_slice(&c.cli(&["get", &task, "--json"]).stdout).expect("json");
+    assert_eq!(snap["kill_reason"], why, "{snap}");
+}

@@ -262,7 +262,7 @@ mod tests {
                 ApiRequest::Notices { session: session.clone(), acks: vec!["a".into()], max: 1, wait_ms: 0 },
                 Repeat::Safe,
             ),
-            (ApiRequest::Kill { session: session.clone(), task: task.clone() }, Repeat::Once),
+            (ApiRequest::Kill { session: session.clone(), task: task.clone(), reason: None }, Repeat::Once),
             (ApiRequest::Delete { session, task }, Repeat::Once),
         ];
         for (req, want) in table {

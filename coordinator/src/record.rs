@@ -144,6 +144,7 @@ impl TaskRecord {
             worker: self.life.worker.clone(),
             idempotent: self.life.idempotent,
             kill_requested: self.life.kill_requested,
+            kill_reason: self.life.kill_reason.as_deref().map(Into::into),
             hint: self.life.hint.as_deref().cloned(),
             created_at_ms: self.created_at_ms,
             started_at_ms: self.started_at_ms,

@@ -87,11 +87,12 @@ mod tests {
     /// should be boxed or justified (432 bytes at the time of writing: 400,
     /// the boxed store incarnation a grant is fenced by, the two registry
     /// times that age is measured by without comparing leaders' clocks, and
-    /// the spec's boxed time limits).
+    /// the spec's boxed time limits; 448 since the first kill's reason, a
+    /// 16-byte `Option<Box<str>>` kept in the lifecycle).
     #[test]
     #[cfg(target_pointer_width = "64")]
     fn a_record_stays_small() {
         let size = std::mem::size_of::<TaskRecord>();
-        assert!(size <= 432, "TaskRecord is {size} bytes");
+        assert!(size <= 448, "TaskRecord is {size} bytes");
     }
 }

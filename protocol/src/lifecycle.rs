@@ -232,6 +232,10 @@ pub struct Lifecycle {
     pub worker: Option<WorkerId>,
     pub idempotent: bool,
     pub kill_requested: bool,
+    /// Why the task was asked to stop, as the first kill said it (kept
+    /// verbatim; later kills do not change it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kill_reason: Option<Box<str>>,
     /// Boxed: rarely set, and every kept task carries the field.
     pub hint: Option<Box<RecoveryHint>>,
     pub outcome: Option<Outcome>,
@@ -272,6 +276,7 @@ impl Lifecycle {
             worker: None,
             idempotent,
             kill_requested: false,
+            kill_reason: None,
             hint: None,
             outcome: None,
             board: Board::Active,
@@ -291,8 +296,8 @@ pub enum Event {
     Started { attempt: Attempt, epoch: Epoch },
     /// The attempt finished; evidence from the worker or its sidecar.
     Finished { attempt: Attempt, epoch: Epoch, outcome: Outcome },
-    /// A client asked to stop the task.
-    KillRequested,
+    /// A client asked to stop the task, saying why (or not).
+    KillRequested { reason: Option<Box<str>> },
     /// The leader judged `worker` lost (no heartbeat for the worker TTL) and
     /// could not reach its sidecar either: no evidence either way.
     WorkerLost { worker: WorkerId },
@@ -478,24 +483,28 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
             _ => Keep(Unchanged::NotApplicable),
         },
         Event::Archive | Event::Unarchive | Event::Delete => Keep(Unchanged::NotApplicable),
-        Event::KillRequested => match l.status {
-            Queued => {
-                next.status = Killed;
-                next.kill_requested = true;
-                next.outcome = Some(Outcome::new(Ending::Killed, None, Some("killed while queued".into())));
-                Changed(next)
+        Event::KillRequested { reason } => {
+            // The first kill's reason is the one kept.
+            next.kill_reason = l.kill_reason.clone().or_else(|| reason.clone());
+            match l.status {
+                Queued => {
+                    next.status = Killed;
+                    next.kill_requested = true;
+                    next.outcome = Some(Outcome::new(Ending::Killed, None, Some("killed while queued".into())));
+                    Changed(next)
+                }
+                Leased | Running => {
+                    next.status = Stopping;
+                    next.kill_requested = true;
+                    Changed(next)
+                }
+                Unknown if !l.kill_requested => {
+                    next.kill_requested = true;
+                    Changed(next)
+                }
+                _ => Keep(Unchanged::Duplicate),
             }
-            Leased | Running => {
-                next.status = Stopping;
-                next.kill_requested = true;
-                Changed(next)
-            }
-            Unknown if !l.kill_requested => {
-                next.kill_requested = true;
-                Changed(next)
-            }
-            _ => Keep(Unchanged::Duplicate),
-        },
+        }
         Event::WorkerLost { worker } => {
             if l.worker.as_ref() != Some(worker) || !l.status.is_on_worker() {
                 return Keep(Unchanged::NotApplicable);

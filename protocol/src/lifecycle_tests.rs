@@ -32,7 +32,7 @@ fn events() -> Vec<(&'static str, Event)> {
         ("finished-failed", Event::Finished { attempt: cur, epoch: Epoch(6), outcome: outcome(Ending::Failed) }),
         ("finished-killed", Event::Finished { attempt: cur, epoch: e, outcome: outcome(Ending::Killed) }),
         ("finished-old-epoch", Event::Finished { attempt: cur, epoch: olde, outcome: outcome(Ending::Completed) }),
-        ("kill", Event::KillRequested),
+        ("kill", Event::KillRequested { reason: Some("not needed".into()) }),
         ("lost-holder", Event::WorkerLost { worker: w("w1") }),
         ("lost-other", Event::WorkerLost { worker: w("w9") }),
         ("attempt-lost", Event::Lost { attempt: cur, epoch: e, hint: hint() }),
@@ -87,6 +87,7 @@ fn start(row: &str, idempotent: bool) -> Lifecycle {
         worker: Some(w("w1")),
         idempotent,
         kill_requested: kill,
+        kill_reason: kill.then(|| "first".into()),
         hint: None,
         outcome: None,
         board: Board::Active,
@@ -197,7 +198,7 @@ fn arb_event() -> impl Strategy<Value = Event> {
             epoch,
             outcome: outcome(ending)
         }),
-        Just(Event::KillRequested),
+        Just(Event::KillRequested { reason: None }),
         worker.prop_map(|worker| Event::WorkerLost { worker }),
         ((0u32..4).prop_map(Attempt), (0u64..4).prop_map(Epoch)).prop_map(|(attempt, epoch)| Event::Lost {
             attempt,
@@ -310,7 +311,7 @@ fn a_workflow_runs_without_a_worker_and_settles_only_by_its_steps() {
     assert_eq!(apply(&running, &Event::StepsBegan { epoch: Epoch(3) }), Decision::Unchanged(Unchanged::Duplicate));
     // No worker holds it: a lost worker or a late worker report means nothing.
     assert_eq!(apply(&running, &Event::WorkerLost { worker: w("w1") }), Decision::Unchanged(Unchanged::NotApplicable));
-    let Decision::Changed(stopping) = apply(&running, &Event::KillRequested) else { panic!() };
+    let Decision::Changed(stopping) = apply(&running, &Event::KillRequested { reason: None }) else { panic!() };
     assert_eq!(stopping.status, Status::Stopping);
     let ended = Event::StepsEnded { outcome: outcome(Ending::Killed) };
     let Decision::Changed(killed) = apply(&stopping, &ended) else { panic!() };
@@ -320,4 +321,28 @@ fn a_workflow_runs_without_a_worker_and_settles_only_by_its_steps() {
     assert_eq!(apply(&start("running", false), &ended), Decision::Unchanged(Unchanged::NotApplicable));
     let requeued = Lifecycle { attempt: Attempt(1), ..Lifecycle::queued(true) };
     assert_eq!(apply(&requeued, &Event::StepsBegan { epoch: Epoch(3) }), Decision::Unchanged(Unchanged::NotApplicable));
+}
+
+#[test]
+fn a_kill_keeps_the_first_reason_and_a_finished_task_takes_none() {
+    let kill = |reason: Option<&str>| Event::KillRequested { reason: reason.map(Into::into) };
+    for (status, reason, stays) in [
+        ("queued", Some("no longer needed"), "no longer needed"),
+        ("running", Some("wrong branch"), "wrong branch"),
+        ("leased", None, ""),
+    ] {
+        let l = start(status, false);
+        let Decision::Changed(next) = apply(&l, &kill(reason)) else { panic!("{status}: a kill changed nothing") };
+        assert_eq!(next.kill_reason.as_deref().unwrap_or(""), stays, "{status}");
+        assert!(next.kill_requested);
+        // A second kill, with another reason, keeps the first.
+        let again = match apply(&next, &kill(Some("second thoughts"))) {
+            Decision::Changed(l) => l,
+            Decision::Unchanged(_) => next.clone(),
+        };
+        assert_eq!(again.kill_reason, next.kill_reason, "{status}");
+    }
+    for status in ["completed", "killed", "failed"] {
+        assert!(matches!(apply(&start(status, false), &kill(Some("late"))), Decision::Unchanged(Unchanged::Terminal)));
+    }
 }

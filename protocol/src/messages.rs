@@ -38,6 +38,10 @@ pub enum ApiRequest {
     Kill {
         session: SessionId,
         task: TaskId,
+        /// Why, kept verbatim on the task (the first kill's; at most
+        /// [`MAX_KILL_REASON_BYTES`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
     },
     /// Hold the reply until the task is terminal or `timeout_ms` passed (capped by
     /// the coordinator at [`MAX_WAIT_MS`]; clients loop for longer waits).
@@ -347,6 +351,9 @@ pub struct TaskSnapshot {
     pub worker: Option<WorkerId>,
     pub idempotent: bool,
     pub kill_requested: bool,
+    /// Why it was asked to stop, as the first kill said it.
+    #[serde(default)]
+    pub kill_reason: Option<String>,
     pub hint: Option<RecoveryHint>,
     /// Epoch milliseconds (wall clock, for humans).
     pub created_at_ms: u64,
@@ -674,6 +681,9 @@ impl ReportAck {
         matches!(self, ReportAck::Stale | ReportAck::StaleAt { .. })
     }
 }
+
+/// Longest kill reason kept on a task.
+pub const MAX_KILL_REASON_BYTES: usize = 1024;
 
 // ----------------------------------------------------- coordinator → worker
 

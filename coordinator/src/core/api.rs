@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tenure_protocol::messages::{
     ApiError, ApiReply, ApiRequest, ApiResponse, ClusterStatus, KillResult, SubmitRequest, TaskSnapshot,
-    MAX_LIST_PAGE_BYTES, MAX_WAIT_MS,
+    MAX_KILL_REASON_BYTES, MAX_LIST_PAGE_BYTES, MAX_WAIT_MS,
 };
 use tenure_protocol::{Board, Decision, Event, Kind, SessionId, Status, TaskId, Unchanged};
 use uuid::Uuid;
@@ -104,7 +104,7 @@ impl Core {
                 }
                 Ok(ApiResponse::Page { tasks, next })
             }
-            ApiRequest::Kill { session, task } => self.kill(&session, &task, now, fx),
+            ApiRequest::Kill { session, task, reason } => self.kill(&session, &task, reason, now, fx),
             ApiRequest::Wait { session, task, timeout_ms } => match self.owned(&session, &task) {
                 Err(e) => Err(e),
                 Ok(r) if r.life.status.is_terminal() => {
@@ -276,9 +276,25 @@ impl Core {
         }
     }
 
-    fn kill(&mut self, session: &SessionId, task: &TaskId, now: Now, fx: &mut Vec<Effect>) -> ApiReply {
+    fn kill(
+        &mut self,
+        session: &SessionId,
+        task: &TaskId,
+        reason: Option<String>,
+        now: Now,
+        fx: &mut Vec<Effect>,
+    ) -> ApiReply {
         let by_owner = &self.visible(session, task)?.owner == session;
-        let result = match self.event(task, Event::KillRequested, now, fx) {
+        if let Some(r) = &reason {
+            if r.len() > MAX_KILL_REASON_BYTES || r.contains('\0') {
+                return Err(ApiError::InvalidRequest(format!(
+                    "a kill reason is at most {MAX_KILL_REASON_BYTES} bytes, without NUL ({} given)",
+                    r.len()
+                )));
+            }
+        }
+        let reason = reason.map(String::into_boxed_str);
+        let result = match self.event(task, Event::KillRequested { reason }, now, fx) {
             Some(Decision::Unchanged(Unchanged::Terminal)) => KillResult::AlreadyFinished,
             _ => KillResult::Requested,
         };

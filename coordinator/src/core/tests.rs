@@ -12,7 +12,7 @@ use crate::record::TaskRecord;
 use tenure_protocol::messages::{
     ApiError, ApiReply, ApiRequest, ApiResponse, CleanupReply, ClusterStatus, CoordinatorPresence, EvidenceReply,
     Heartbeat, KillCommand, KillResult, LeaseGrant, MatchedLine, Notice, Refusal, Report, ReportAck, ReportEvent,
-    SubmitRequest, TaskSnapshot, WorkerCommand, WorkerReply,
+    SubmitRequest, TaskSnapshot, WorkerCommand, WorkerReply, MAX_KILL_REASON_BYTES,
 };
 use tenure_protocol::messages::{AttemptEvidence, EvidenceRequest, HeldAttempt, SidecarRefusal};
 use tenure_protocol::{Attempt, Ending, HintTag, Outcome, RecoveryHint, TaskSpec};
@@ -230,7 +230,7 @@ fn other_sessions_see_not_found() {
     let t = h.submit("alice", TaskSpec::shell("a", "true"));
     for req in [
         ApiRequest::Get { session: s("bob"), task: t.clone() },
-        ApiRequest::Kill { session: s("bob"), task: t.clone() },
+        ApiRequest::Kill { session: s("bob"), task: t.clone(), reason: None },
         ApiRequest::Wait { session: s("bob"), task: t.clone(), timeout_ms: 10 },
         ApiRequest::Get { session: s("alice"), task: "shell-99".parse().unwrap() },
     ] {
@@ -263,10 +263,39 @@ fn answer(h: &mut Harness, request: &EvidenceRequest, result: Result<EvidenceRep
 }
 
 #[test]
+fn a_kill_reason_is_stored_with_the_kill_and_kept_verbatim() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 1);
+    let t = h.submit("s", TaskSpec::shell("r", "sleep 9"));
+    h.heartbeat("w1", 1);
+    h.report("w1", &t, 1, ReportEvent::Started { pid: 7 });
+    // Too long, or with a NUL: refused, nothing changes.
+    for bad in ["x".repeat(MAX_KILL_REASON_BYTES + 1), "a\0b".to_owned()] {
+        let (fx, reply) = h.api(ApiRequest::Kill { session: s("s"), task: t.clone(), reason: Some(bad) });
+        assert!(matches!(reply, Some(Err(ApiError::InvalidRequest(_)))), "{reply:?}");
+        assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+        assert_eq!(h.status(&t), Status::Running);
+    }
+    let why = "superseded by shell-9 — «retry» with\ttabs";
+    let (fx, reply) = h.api(ApiRequest::Kill { session: s("s"), task: t.clone(), reason: Some(why.into()) });
+    let Some(Ok(ApiResponse::Kill { snapshot, .. })) = reply else { panic!("{reply:?}") };
+    assert_eq!(snapshot.kill_reason.as_deref(), Some(why));
+    // Persisted with the kill itself: a new leader reads it from the registry.
+    let persisted = fx.iter().find_map(|e| match e {
+        Effect::Persist(r) => Some(r.life.kill_reason.clone()),
+        _ => None,
+    });
+    assert_eq!(persisted, Some(Some(why.into())));
+    let (_, reply) = h.api(ApiRequest::Kill { session: s("s"), task: t.clone(), reason: Some("later".into()) });
+    let Some(Ok(ApiResponse::Kill { snapshot, .. })) = reply else { panic!("{reply:?}") };
+    assert_eq!(snapshot.kill_reason.as_deref(), Some(why), "the first reason stays");
+}
+
+#[test]
 fn kill_paths() {
     let mut h = Harness::new();
     let queued = h.submit("s", TaskSpec::shell("q", "sleep 9"));
-    let (_, reply) = h.api(ApiRequest::Kill { session: s("s"), task: queued.clone() });
+    let (_, reply) = h.api(ApiRequest::Kill { session: s("s"), task: queued.clone(), reason: None });
     let Some(Ok(ApiResponse::Kill { result: KillResult::Requested, snapshot })) = reply else { panic!("{reply:?}") };
     assert_eq!((snapshot.status, snapshot.reported), (Status::Killed, true));
 
@@ -274,12 +303,12 @@ fn kill_paths() {
     let running = h.submit("s", TaskSpec::shell("r", "sleep 9"));
     h.heartbeat("w1", 1);
     h.report("w1", &running, 1, ReportEvent::Started { pid: 7 });
-    let (fx, reply) = h.api(ApiRequest::Kill { session: s("s"), task: running.clone() });
+    let (fx, reply) = h.api(ApiRequest::Kill { session: s("s"), task: running.clone(), reason: None });
     assert!(matches!(reply, Some(Ok(ApiResponse::Kill { result: KillResult::Requested, .. }))));
     assert!(fx.iter().any(|e| matches!(e, Effect::Command { command: WorkerCommand::Kill(_), .. })));
     assert_eq!(h.status(&running), Status::Stopping);
     // Repeated kill is idempotent.
-    let (_, reply) = h.api(ApiRequest::Kill { session: s("s"), task: running.clone() });
+    let (_, reply) = h.api(ApiRequest::Kill { session: s("s"), task: running.clone(), reason: None });
     assert!(matches!(reply, Some(Ok(ApiResponse::Kill { result: KillResult::Requested, .. }))));
     // Unanswered kills are re-sent.
     h.advance(Duration::from_secs(3));
@@ -288,7 +317,7 @@ fn kill_paths() {
     let killed = ReportEvent::Finished(Outcome::new(Ending::Killed, None, Some("signal 15".into())));
     assert_eq!(h.report("w1", &running, 1, killed), ReportAck::Ack);
     assert_eq!(h.status(&running), Status::Killed);
-    let (_, reply) = h.api(ApiRequest::Kill { session: s("s"), task: running.clone() });
+    let (_, reply) = h.api(ApiRequest::Kill { session: s("s"), task: running.clone(), reason: None });
     assert!(matches!(reply, Some(Ok(ApiResponse::Kill { result: KillResult::AlreadyFinished, .. }))));
 }
 
@@ -320,7 +349,7 @@ fn an_operator_sees_and_kills_every_sessions_tasks_but_never_reports_them() {
     assert!(matches!(reply, Some(Ok(ApiResponse::List(l))) if l.len() == 1));
     let (_, reply) = h.api(ApiRequest::Get { session: op.clone(), task: t.clone() });
     assert!(matches!(reply, Some(Ok(ApiResponse::Snapshot(_)))));
-    let (_, reply) = h.api(ApiRequest::Kill { session: op.clone(), task: t.clone() });
+    let (_, reply) = h.api(ApiRequest::Kill { session: op.clone(), task: t.clone(), reason: None });
     let Some(Ok(ApiResponse::Kill { snapshot, .. })) = reply else { panic!("{reply:?}") };
     assert_eq!((snapshot.status, snapshot.reported), (Status::Killed, false), "the owner was not told");
     // Waiting and reporting stay the owner's.
@@ -674,12 +703,12 @@ fn a_new_leader_with_a_clock_days_ahead_does_not_collect_fresh_tasks() {
     let mut old = Harness { core: Core::new(cfg.clone(), Epoch(3), Vec::new(), start), now: start };
     let mut registry = BTreeMap::new();
     let task = old.submit("s", TaskSpec::shell("b", "sleep 9"));
-    let (fx, _) = old.api(ApiRequest::Kill { session: s("s"), task: task.clone() });
+    let (fx, _) = old.api(ApiRequest::Kill { session: s("s"), task: task.clone(), reason: None });
     persisted(&fx, &mut registry);
     // Half the retention passes on the old leader, and it writes on.
     old.advance(Duration::from_secs(1800));
     let other = old.submit("s", TaskSpec::shell("c", "sleep 9"));
-    let (fx, _) = old.api(ApiRequest::Kill { session: s("s"), task: other.clone() });
+    let (fx, _) = old.api(ApiRequest::Kill { session: s("s"), task: other.clone(), reason: None });
     persisted(&fx, &mut registry);
     assert!(registry[&task].life.status.is_terminal());
     for wall_ms in [old.now.wall_ms + 5 * 24 * 3_600_000, old.now.wall_ms.saturating_sub(5 * 24 * 3_600_000)] {

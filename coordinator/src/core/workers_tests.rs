@@ -407,7 +407,7 @@ fn a_refused_late_grant_leaves_an_unknown_task_unknown() {
         let t = grant.task.clone();
         assert_eq!(h.report("w1", &t, 1, ReportEvent::Started { pid: 1 }), ReportAck::Ack);
         if kill_pending {
-            h.api(ApiRequest::Kill { session: s("s"), task: t.clone() });
+            h.api(ApiRequest::Kill { session: s("s"), task: t.clone(), reason: None });
             assert_eq!(h.status(&t), Status::Stopping);
         }
         let hint = RecoveryHint { tag: HintTag::MaybeRan, message: "its shim was killed".into() };
@@ -461,6 +461,6 @@ fn a_grant_carries_its_tasks_trace_and_a_kill_none() {
     // An untraced task's grant, and every kill, carry none.
     let untraced = h.submit("s", TaskSpec::shell("plain", "true"));
     h.report("w1", &untraced, 1, ReportEvent::Started { pid: 1 });
-    let (fx, _) = h.api(ApiRequest::Kill { session: s("s"), task: untraced });
+    let (fx, _) = h.api(ApiRequest::Kill { session: s("s"), task: untraced, reason: None });
     assert_eq!(traces(&fx), [(false, None)]);
 }

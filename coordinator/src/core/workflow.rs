@@ -168,7 +168,9 @@ impl Core {
             // Not settled yet (running, or unknown until evidence arrives): a
             // kill of the workflow is carried to the step, once.
             _ if killing && !child_killed => {
-                self.event(&child, Event::KillRequested, now, fx);
+                // The step is stopped for the workflow's reason.
+                let reason = self.tasks.get(workflow).and_then(|w| w.life.kill_reason.clone());
+                self.event(&child, Event::KillRequested { reason }, now, fx);
                 if self.tasks.get(&child).is_some_and(|c| c.life.status == Status::Stopping) {
                     self.send_kill(&child, now, fx);
                 }

@@ -84,7 +84,7 @@ fn finished_tasks_are_collected_after_their_retention_files_first() {
     let mut h = Harness { core: Core::new(cfg, Epoch(3), Vec::new(), now), now };
     // Killed while queued, before any worker: it never ran anywhere.
     let never = h.submit("s", TaskSpec::shell("b", "sleep 9"));
-    h.api(ApiRequest::Kill { session: s("s"), task: never.clone() });
+    h.api(ApiRequest::Kill { session: s("s"), task: never.clone(), reason: None });
     h.heartbeat("w1", 2);
     let ran = h.submit("s", TaskSpec::shell("a", "true"));
     h.heartbeat("w1", 2);
@@ -171,7 +171,7 @@ fn killing_a_workflow_stops_its_current_step_and_completion_can_still_win() {
     let (flow, g) = start_flow(&mut h, TaskSpec::workflow("k", ["sleep 100".to_owned(), "echo never".to_owned()]));
     let step = g[0].1.task.clone();
     assert_eq!(h.report("w1", &step, 1, ReportEvent::Started { pid: 7 }), ReportAck::Ack);
-    let (fx, reply) = h.api(ApiRequest::Kill { session: s("alice"), task: flow.clone() });
+    let (fx, reply) = h.api(ApiRequest::Kill { session: s("alice"), task: flow.clone(), reason: None });
     assert!(matches!(reply, Some(Ok(ApiResponse::Kill { result: KillResult::Requested, .. }))), "{reply:?}");
     assert!(
         fx.iter().any(|e| matches!(e, Effect::Command { command: WorkerCommand::Kill(k), .. } if k.task == step)),
@@ -181,13 +181,13 @@ fn killing_a_workflow_stops_its_current_step_and_completion_can_still_win() {
     let fx = finish(&mut h, "w1", &g[0].1.clone(), Ending::Killed);
     assert!(grants(&fx).is_empty(), "no later step begins");
     assert_eq!(h.status(&flow), Status::Killed);
-    let (_, reply) = h.api(ApiRequest::Kill { session: s("alice"), task: flow.clone() });
+    let (_, reply) = h.api(ApiRequest::Kill { session: s("alice"), task: flow.clone(), reason: None });
     assert!(matches!(reply, Some(Ok(ApiResponse::Kill { result: KillResult::AlreadyFinished, .. }))), "{reply:?}");
 
     // The last step completing before the kill lands: the workflow completed.
     let (flow, g) = start_flow(&mut h, TaskSpec::workflow("k2", ["true".to_owned()]));
     finish(&mut h, "w1", &g[0].1.clone(), Ending::Completed);
-    let (_, reply) = h.api(ApiRequest::Kill { session: s("alice"), task: flow.clone() });
+    let (_, reply) = h.api(ApiRequest::Kill { session: s("alice"), task: flow.clone(), reason: None });
     assert!(matches!(reply, Some(Ok(ApiResponse::Kill { result: KillResult::AlreadyFinished, .. }))), "{reply:?}");
     assert_eq!(h.status(&flow), Status::Completed);
 }

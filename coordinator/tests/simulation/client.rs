@@ -74,7 +74,9 @@ impl Client {
                     idempotency_key: t.key,
                     spec: t.spec.clone(),
                 }),
-                (Some(id), _, Kill::Wanted) => ApiRequest::Kill { session: self.session.clone(), task: id.clone() },
+                (Some(id), _, Kill::Wanted) => {
+                    ApiRequest::Kill { session: self.session.clone(), task: id.clone(), reason: None }
+                }
                 _ => continue,
             };
             let is_kill = matches!(request, ApiRequest::Kill { .. });
