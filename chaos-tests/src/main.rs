@@ -727,11 +727,6 @@ async fn nats_restart(
     )
 }
 
-/// `registry-rollback`: snapshots the registry stream (nats-server stopped
-/// for the copy), lets the run move past it, stops every coordinator, puts
-/// the snapshot in place and starts them: they must refuse to lead and say so
-/// to clients (`ApiError::RegistryBehind`). Then the good registry goes back
-/// and the run continues. Returns the trace line and whether it was refused.
 /// The registry stream's last sequence, as the server answers it now
 /// (retried for a while: the server may have just restarted).
 async fn registry_last_seq(client: &Client) -> Option<u64> {
@@ -758,6 +753,32 @@ async fn registry_last_seq(client: &Client) -> Option<u64> {
 /// since. A refused one is replaced by the good registry again; one led
 /// although behind is kept too (putting the good one back would lose what
 /// was written to it meanwhile), and reported.
+/// The last sequence the registry's high-water mark in the leader lease
+/// names, as the server holds it now (only the `mark` of the lease value is
+/// read; `None` while there is none or the lease cannot be read).
+async fn lease_mark(client: &Client) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Leader {
+        #[serde(default)]
+        mark: Option<tenure_protocol::messages::RegistryMark>,
+    }
+    let js = async_nats::jetstream::new(client.nats().clone());
+    let kv = js.get_key_value(subjects::LEADER_BUCKET).await.ok()?;
+    let value = kv.get(subjects::LEADER_KEY).await.ok()??;
+    let leader: Leader = tenure_protocol::decode(&value).ok()?;
+    leader.mark.map(|m| m.last_seq)
+}
+
+/// `registry-rollback`: snapshots the registry stream (nats-server stopped
+/// for the copy), lets the run move past it, stops every coordinator, puts
+/// the snapshot in place and starts them: they must refuse to lead and say so
+/// to clients (`ApiError::RegistryBehind`). Then the good registry goes back
+/// and the run continues. Returns the trace line and whether it was refused.
+///
+/// A rollback is judged only once the mark in the lease has passed
+/// everything the snapshot can hold: appends newer than the last mark the
+/// leader wrote (every renewal carries it) are not covered by it, and going
+/// back over only those is not what the mark can see.
 async fn registry_rollback(
     c: &mut Cluster,
     client: &Client,
@@ -768,8 +789,14 @@ async fn registry_rollback(
     if let Err(e) = c.snapshot_registry(&old).await {
         return (format!("registry-rollback: no snapshot taken: {e:#}"), false);
     }
+    // At most this much is in the snapshot.
+    let snapshot_seq = registry_last_seq(client).await;
     // The registry and the mark in the lease move past the snapshot.
     wait_applying(c, pending, Duration::from_secs(3), || async { false }).await;
+    let covered = wait_applying(c, pending, Duration::from_secs(10), || async {
+        matches!((lease_mark(client).await, snapshot_seq), (Some(mark), Some(snap)) if mark > snap)
+    })
+    .await;
     c.hold_coordinators();
     let good_seq = registry_last_seq(client).await;
     let good = c.dir.join(format!("registry-good-{n}"));
@@ -784,6 +811,8 @@ async fn registry_rollback(
         // Unknown: judged as a rollback.
         _ => true,
     };
+    // Behind, but not behind the mark: leading it is all the mark allows.
+    let judged = behind && covered;
     let refused = wait_applying(c, pending, Duration::from_secs(30), || async {
         let reply = client.call(&ApiRequest::Status, Duration::from_secs(2)).await;
         matches!(reply, Err(tenure_client::Error::Api(ApiError::RegistryBehind { .. })))
@@ -791,8 +820,12 @@ async fn registry_rollback(
     .await;
     let seqs = format!("sequence {old_seq:?} restored over {good_seq:?}");
     if !refused {
-        let what = if behind { "NOT REFUSED though behind" } else { "nothing was written since: led, as it should be" };
-        return (format!("registry-rollback: snapshot restored with coordinators down ({seqs}); {what}; kept"), behind);
+        let what = match (behind, covered) {
+            (true, true) => "NOT REFUSED though behind its mark",
+            (true, false) => "led: the mark in the lease had not passed the snapshot, so it cannot see this rollback",
+            (false, _) => "nothing was written since: led, as it should be",
+        };
+        return (format!("registry-rollback: snapshot restored with coordinators down ({seqs}); {what}; kept"), judged);
     }
     // Put the good registry back (the refusing coordinator loads it again).
     let back = c.dir.join(format!("registry-rolled-back-{n}"));
