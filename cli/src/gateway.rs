@@ -182,3 +182,18 @@ pub fn creds_on_command_line(matches: &clap::ArgMatches) -> Option<PathBuf> {
     }
     found
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_is_read_strictly_and_the_token_file_is_required() {
+        let cfg: GatewayConfig = toml::from_str("listen = '0.0.0.0:9000'\ntokens = '/etc/tenure/t.json'").unwrap();
+        assert_eq!(cfg.listen.port(), 9000);
+        cfg.validate().unwrap();
+        assert!(toml::from_str::<GatewayConfig>("tokenz = 'x'").unwrap_err().to_string().contains("tokenz"));
+        let err = GatewayConfig::default().validate().unwrap_err().to_string();
+        assert!(err.contains("tokens is required"), "{err}");
+    }
+}

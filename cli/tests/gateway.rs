@@ -465,12 +465,14 @@ fn the_board_shows_the_callers_tasks_in_a_real_browser() {
     assert!(row.contains("completed"), "the row shows the status: {row}");
     assert!(row.contains("board check") && row.contains("ago"), "label and relative time: {row}");
     assert!(dom.contains("signed in as alice"), "{dom}");
+    assert!(!dom.contains("<body data-errors"), "the page raised uncaught errors:\n{dom}");
     assert!(!dom.contains(&format!("data-task=\"{bobs}\"")), "bob's task is not on alice's board");
     assert!(!dom.contains(&alice), "the token is taken out of the page's address and markup");
 
     let task_page = format!("{}/#token={alice}&task={done}", gw.url);
     let dom = browse(&browser, &task_page, "--dump-dom");
     assert!(dom.contains("from-the-board"), "the task page shows its output:\n{dom}");
+    assert!(!dom.contains("<body data-errors"), "the task page raised uncaught errors:\n{dom}");
 
     let shot = artifacts().join("board.png");
     let _ = std::fs::remove_file(&shot);
