@@ -474,8 +474,19 @@ fn the_board_shows_the_callers_tasks_in_a_real_browser() {
     assert!(dom.contains("from-the-board"), "the task page shows its output:\n{dom}");
     assert!(!dom.contains("<body data-errors"), "the task page raised uncaught errors:\n{dom}");
 
-    let shot = artifacts().join("board.png");
-    let _ = std::fs::remove_file(&shot);
-    browse(&browser, &board, &format!("--screenshot={}", shot.display()));
-    assert!(std::fs::metadata(&shot).map(|m| m.len() > 1000).unwrap_or(false), "no screenshot at {}", shot.display());
+    let cluster_page = format!("{}/#token={alice}&cluster", gw.url);
+    let dom = browse(&browser, &cluster_page, "--dump-dom");
+    let row = dom.split("<tr").find(|r| r.contains("data-worker=\"w1\"")).unwrap_or_else(|| {
+        panic!("the cluster page does not list worker w1:\n{dom}");
+    });
+    assert!(row.contains("/ 4") && row.contains(">ok<"), "slots and sidecar health: {row}");
+    assert!(!dom.contains("<body data-errors"), "the cluster page raised uncaught errors:\n{dom}");
+
+    for (name, url) in [("board.png", &board), ("board-task.png", &task_page), ("board-cluster.png", &cluster_page)] {
+        let shot = artifacts().join(name);
+        let _ = std::fs::remove_file(&shot);
+        browse(&browser, url, &format!("--screenshot={}", shot.display()));
+        let size = std::fs::metadata(&shot).map(|m| m.len()).unwrap_or(0);
+        assert!(size > 1000, "no screenshot at {}", shot.display());
+    }
 }
