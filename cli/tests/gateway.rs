@@ -201,6 +201,24 @@ fn the_api_acts_as_the_caller_with_json_errors_and_resumable_output() {
     let (status, body) = gw.post(&format!("/v1/tasks/{running}/kill"), &alice, json!(null));
     assert_eq!((status, body["result"].as_str()), (StatusCode::OK, Some("requested")));
 
+    // Input to an agent task reaches its stdin, once.
+    let (_, agent) =
+        gw.post("/v1/tasks", &alice, json!({"kind": "agent", "command": "while read -r l; do echo \"got: $l\"; done"}));
+    let agent = agent["task"].as_str().unwrap().to_owned();
+    let sent = tenure_testkit::eventually(Duration::from_secs(30), || {
+        let (status, body) = gw.post(&format!("/v1/tasks/{agent}/input"), &alice, json!({"text": "hello"}));
+        (status == StatusCode::OK).then_some(body)
+    });
+    assert_eq!(sent.expect("input accepted once the agent runs")["bytes"], 6);
+    let got = tenure_testkit::eventually(Duration::from_secs(30), || {
+        let (_, out) = gw.get(&format!("/v1/tasks/{agent}/logs"), &alice);
+        (out["text"] == "got: hello\n").then_some(())
+    });
+    assert!(got.is_some(), "the agent did not echo its input");
+    let (status, _) = gw.post(&format!("/v1/tasks/{agent}/input"), &bob, json!({"text": "intruder"}));
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    gw.post(&format!("/v1/tasks/{agent}/kill"), &alice, json!(null));
+
     // SSE: the whole output live, then resumed from a Last-Event-ID.
     let (_, streamed) =
         gw.post("/v1/tasks", &alice, json!({"command": "for i in 1 2 3; do echo line-$i; sleep 0.3; done"}));
