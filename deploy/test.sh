@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 nats="$(deploy/install-nats.sh)"
 export PATH="$(dirname "$nats"):$PATH"
 echo "== nats-server: $("$nats" --version)"
+# The gateway board's browser test fails (never skips) without a browser.
+TENURE_CHROMIUM="$(deploy/install-chromium.sh)"
+export TENURE_CHROMIUM
+echo "== chromium: $("$TENURE_CHROMIUM" --version 2>/dev/null || echo "$TENURE_CHROMIUM")"
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy --all-targets -- -D warnings"

@@ -147,6 +147,7 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
         Command::Coordinator { .. }
         | Command::Worker { .. }
         | Command::Sidecar { .. }
+        | Command::Gateway(_)
         | Command::Dev { .. }
         | Command::ShimLauncher { .. }
         | Command::NatsAuth { .. } => bail!("not a client verb"),

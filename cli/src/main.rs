@@ -6,6 +6,7 @@ mod client;
 #[macro_use]
 mod config;
 mod dev;
+mod gateway;
 mod metrics;
 mod nats_auth;
 mod status;
@@ -244,6 +245,9 @@ enum Command {
     },
     /// Run a worker machine's sidecar (its recovery store).
     Sidecar(SidecarArgs),
+    /// Serve the HTTP API, its OpenAPI document and the live task board
+    /// (`token create|revoke|list` manage its bearer tokens).
+    Gateway(gateway::GatewayArgs),
     /// Start a whole local cluster: nats-server, coordinators (one leads, the rest stand by), workers with sidecars.
     Dev {
         #[arg(long, default_value = ".tenure-dev")]
@@ -451,6 +455,7 @@ fn main() -> ExitCode {
         Command::Coordinator(_)
             | Command::Worker(_)
             | Command::Sidecar(_)
+            | Command::Gateway(_)
             | Command::Dev { .. }
             | Command::ShimLauncher { .. }
             | Command::NatsAuth { .. }
@@ -474,6 +479,7 @@ fn main() -> ExitCode {
         Command::Coordinator(_) => ("coordinator", true),
         Command::Worker(_) => ("worker", true),
         Command::Sidecar(_) => ("sidecar", true),
+        Command::Gateway(ref g) => ("gateway", g.action.is_none()),
         Command::Dev { .. } => ("dev", true),
         _ => ("cli", false),
     };
@@ -571,6 +577,10 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             tenure_sidecar::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Gateway(args) => {
+            let caller_creds = gateway::creds_on_command_line(matches);
+            gateway::run(args, caller_creds, sub, &given_global, shared, shutdown_signal()).await
+        }
         Command::NatsAuth { out, coordinators, machines, users, routes, tls_hosts } => {
             let plan = nats_auth::Plan { coordinators, machines, users, routes, tls_hosts };
             let identities = nats_auth::write(&out, &plan)?;
@@ -595,6 +605,21 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every subcommand's flags are consistent (no long name used twice, as a
+    /// subcommand's own flag against a global one), checked for the whole tree.
+    #[test]
+    fn the_command_line_is_consistent() {
+        <Cli as clap::CommandFactory>::command().debug_assert();
+        let caller = |args: &[&str]| {
+            let m = <Cli as clap::CommandFactory>::command().try_get_matches_from(args).unwrap();
+            gateway::creds_on_command_line(&m)
+        };
+        let create = ["tenure", "gateway", "--tokens", "t.json", "token", "create", "--identity", "alice"];
+        assert_eq!(caller(&create), None);
+        let with = [&create[..], &["--nats-creds", "/c/alice.env"]].concat();
+        assert_eq!(caller(&with), Some(PathBuf::from("/c/alice.env")));
+    }
 
     /// The flags' defaults are the libraries' (through the config defaults),
     /// and those are what the daemons have always defaulted to.

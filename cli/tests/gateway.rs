@@ -1,0 +1,510 @@
+//! `tenure gateway` over a real cluster: the HTTP API as the caller, its
+//! errors, SSE resumed from `Last-Event-ID`, the OpenAPI document against
+//! the routes, identities on an authenticating cluster, and the board in a
+//! real headless Chromium.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Cluster, BIN};
+use reqwest::blocking::{Client, Response};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+/// A gateway of the test's cluster on a free loopback port, with its token file.
+struct Gateway {
+    url: String,
+    tokens: PathBuf,
+    http: Client,
+}
+
+impl Gateway {
+    fn start(c: &mut Cluster) -> Gateway {
+        let port = tenure_testkit::free_port();
+        let tokens = c.dir.path().join("gateway-tokens.json");
+        let listen = format!("127.0.0.1:{port}");
+        c.spawn("gateway", &["gateway", "--listen", &listen, "--tokens", tokens.to_str().expect("utf-8 path")]);
+        let http = Client::builder().timeout(Duration::from_secs(90)).build().expect("http client");
+        let url = format!("http://{listen}");
+        let up = tenure_testkit::eventually(Duration::from_secs(30), || {
+            http.get(format!("{url}/openapi.json")).send().ok().filter(|r| r.status().is_success())
+        });
+        assert!(up.is_some(), "the gateway did not come up:\n{}", c.daemon("gateway").log_text());
+        Gateway { url, tokens, http }
+    }
+
+    /// `tenure gateway token ...`; its stdout.
+    fn token_verb(&self, args: &[&str]) -> String {
+        let out = Command::new(BIN)
+            .args(["gateway", "--tokens"])
+            .arg(&self.tokens)
+            .arg("token")
+            .args(args)
+            .output()
+            .expect("run tenure gateway token");
+        assert!(out.status.success(), "token {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    }
+
+    fn token(&self, identity: &str, creds: Option<&Path>) -> String {
+        let mut args = vec!["create", "--identity", identity];
+        let creds = creds.map(|p| p.to_str().expect("utf-8 path").to_owned());
+        if let Some(c) = &creds {
+            args.extend(["--nats-creds", c]);
+        }
+        self.token_verb(&args)
+    }
+
+    fn req(&self, method: reqwest::Method, path: &str, token: &str) -> reqwest::blocking::RequestBuilder {
+        self.http.request(method, format!("{}{path}", self.url)).bearer_auth(token)
+    }
+
+    fn get(&self, path: &str, token: &str) -> (StatusCode, Value) {
+        json_of(self.req(reqwest::Method::GET, path, token).send().expect("GET"))
+    }
+
+    fn post(&self, path: &str, token: &str, body: Value) -> (StatusCode, Value) {
+        json_of(self.req(reqwest::Method::POST, path, token).json(&body).send().expect("POST"))
+    }
+
+    /// An SSE stream, read event by event.
+    fn stream(&self, path: &str, token: &str, last_event_id: Option<&str>, timeout: Duration) -> SseReader {
+        let mut req = self.req(reqwest::Method::GET, path, token).timeout(timeout);
+        if let Some(id) = last_event_id {
+            req = req.header("Last-Event-ID", id);
+        }
+        let resp = req.send().expect("SSE");
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert!(resp.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+        SseReader { lines: BufReader::new(resp).lines() }
+    }
+
+    /// The events of an SSE stream until (and with) the first `end` or `error`.
+    fn events(&self, path: &str, token: &str, last_event_id: Option<&str>) -> Vec<(String, String, Value)> {
+        let mut reader = self.stream(path, token, last_event_id, Duration::from_secs(90));
+        let mut events = Vec::new();
+        while let Some(e) = reader.next_event() {
+            let last = matches!(e.0.as_str(), "end" | "error");
+            events.push(e);
+            if last {
+                break;
+            }
+        }
+        events
+    }
+}
+
+/// Events (name, id, JSON data) of one SSE response.
+struct SseReader {
+    lines: std::io::Lines<BufReader<Response>>,
+}
+
+impl SseReader {
+    /// The next event; `None` when the stream ended or timed out.
+    fn next_event(&mut self) -> Option<(String, String, Value)> {
+        let (mut name, mut id, mut data) = (String::new(), String::new(), String::new());
+        for line in self.lines.by_ref() {
+            let Ok(line) = line else { return None };
+            if line.is_empty() {
+                if !data.is_empty() {
+                    let value: Value = serde_json::from_str(&data).expect("event data is JSON");
+                    return Some((name, id, value));
+                }
+                continue;
+            }
+            if let Some(v) = line.strip_prefix("event:") {
+                name = v.trim().to_owned();
+            } else if let Some(v) = line.strip_prefix("id:") {
+                id = v.trim().to_owned();
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data.push_str(v.strip_prefix(' ').unwrap_or(v));
+            }
+        }
+        None
+    }
+}
+
+fn json_of(r: Response) -> (StatusCode, Value) {
+    let status = r.status();
+    let text = r.text().expect("body");
+    let value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({status}): {e}: {text:?}"));
+    (status, value)
+}
+
+#[test]
+fn the_api_acts_as_the_caller_with_json_errors_and_resumable_output() {
+    let mut c = Cluster::start(1);
+    let gw = Gateway::start(&mut c);
+    let alice = gw.token("alice", None);
+    let bob = gw.token("bob", None);
+
+    // Authentication: none, garbage, and a revoked token are 401 with a JSON error.
+    let (status, body) = json_of(gw.http.get(format!("{}/v1/tasks", gw.url)).send().unwrap());
+    assert_eq!((status, body["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")));
+    let (status, body) = gw.get("/v1/tasks", "tnr_nope_nope");
+    assert_eq!((status, body["code"].as_str()), (StatusCode::UNAUTHORIZED, Some("unauthorized")));
+    let (status, me) = gw.get("/v1/whoami", &alice);
+    assert_eq!((status, me["identity"].as_str()), (StatusCode::OK, Some("alice")));
+
+    // Submit with an idempotency key twice: one task.
+    let spec = json!({"command": "printf 'hello\\nworld\\n'", "idempotency_key": "build-42"});
+    let (status, first) = gw.post("/v1/tasks", &alice, spec.clone());
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    let task = first["task"].as_str().unwrap().to_owned();
+    let (status, again) = gw.post("/v1/tasks", &alice, spec);
+    assert_eq!((status, &again["task"], &again["existing"]), (StatusCode::OK, &first["task"], &json!(true)));
+
+    // Wait (bounded), then logs by byte offset.
+    let (status, waited) = gw.get(&format!("/v1/tasks/{task}/wait?timeout_ms=30000"), &alice);
+    assert_eq!(status, StatusCode::OK, "{waited}");
+    assert_eq!((&waited["finished"], &waited["task"]["status"]), (&json!(true), &json!("completed")));
+    assert!(waited["task"]["created_at"].as_str().unwrap().ends_with('Z'), "RFC 3339 times: {waited}");
+    let (_, all) = gw.get(&format!("/v1/tasks/{task}/logs"), &alice);
+    assert_eq!((all["text"].as_str(), all["next_offset"].as_u64()), (Some("hello\nworld\n"), Some(12)));
+    let (_, tail) = gw.get(&format!("/v1/tasks/{task}/logs?offset=6"), &alice);
+    assert_eq!(tail["text"], "world\n");
+
+    // Another identity's task does not exist for it.
+    let (status, body) = gw.get(&format!("/v1/tasks/{task}"), &bob);
+    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("not-found")));
+    let (status, _) = gw.post(&format!("/v1/tasks/{task}/kill"), &bob, json!(null));
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, bobs) = gw.get("/v1/tasks?all=true", &bob);
+    assert_eq!(bobs["tasks"], json!([]));
+    let (_, alices) = gw.get("/v1/tasks?all=true", &alice);
+    assert!(alices["tasks"].as_array().unwrap().iter().any(|t| t["id"] == task.as_str()));
+
+    // Bad input: malformed JSON 400, unknown field 400, oversized body 413, bad id 400 — all JSON.
+    let bad = gw.req(reqwest::Method::POST, "/v1/tasks", &alice).header("content-type", "application/json").body("{");
+    let (status, body) = json_of(bad.send().unwrap());
+    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("malformed-json")));
+    let (status, body) = gw.post("/v1/tasks", &alice, json!({"command": "true", "comand": "x"}));
+    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("invalid-body")));
+    let big = json!({"command": "true", "label": "x".repeat(300 * 1024)});
+    let (status, body) = gw.post("/v1/tasks", &alice, big);
+    assert_eq!((status, body["code"].as_str()), (StatusCode::PAYLOAD_TOO_LARGE, Some("too-large")));
+    let (status, body) = gw.get("/v1/tasks/not%20an%20id", &alice);
+    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("bad-task-id")));
+    let (status, body) = gw.get("/v1/no/such/route", &alice);
+    assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("no-route")));
+    // A state conflict: archiving a running task.
+    let (_, running) = gw.post("/v1/tasks", &alice, json!({"command": "sleep 30"}));
+    let running = running["task"].as_str().unwrap().to_owned();
+    let (status, body) = gw.post(&format!("/v1/tasks/{running}/archive"), &alice, json!(null));
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (status, body) = gw.post(&format!("/v1/tasks/{running}/input"), &alice, json!({"text": "hi"}));
+    assert_eq!((status, body["code"].as_str()), (StatusCode::CONFLICT, Some("no-input")));
+    let (status, body) = gw.post(&format!("/v1/tasks/{running}/kill"), &alice, json!(null));
+    assert_eq!((status, body["result"].as_str()), (StatusCode::OK, Some("requested")));
+
+    // Input to an agent task reaches its stdin, once.
+    let (_, agent) =
+        gw.post("/v1/tasks", &alice, json!({"kind": "agent", "command": "while read -r l; do echo \"got: $l\"; done"}));
+    let agent = agent["task"].as_str().unwrap().to_owned();
+    let sent = tenure_testkit::eventually(Duration::from_secs(30), || {
+        let (status, body) = gw.post(&format!("/v1/tasks/{agent}/input"), &alice, json!({"text": "hello"}));
+        (status == StatusCode::OK).then_some(body)
+    });
+    assert_eq!(sent.expect("input accepted once the agent runs")["bytes"], 6);
+    let got = tenure_testkit::eventually(Duration::from_secs(30), || {
+        let (_, out) = gw.get(&format!("/v1/tasks/{agent}/logs"), &alice);
+        (out["text"] == "got: hello\n").then_some(())
+    });
+    assert!(got.is_some(), "the agent did not echo its input");
+    let (status, _) = gw.post(&format!("/v1/tasks/{agent}/input"), &bob, json!({"text": "intruder"}));
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    gw.post(&format!("/v1/tasks/{agent}/kill"), &alice, json!(null));
+
+    // SSE: the whole output live, then resumed from a Last-Event-ID.
+    let (_, streamed) =
+        gw.post("/v1/tasks", &alice, json!({"command": "for i in 1 2 3; do echo line-$i; sleep 0.3; done"}));
+    let streamed = streamed["task"].as_str().unwrap().to_owned();
+    let path = format!("/v1/tasks/{streamed}/logs/stream");
+    let events = gw.events(&path, &alice, None);
+    let text: String = events.iter().filter(|e| e.0 == "output").map(|e| e.2["text"].as_str().unwrap()).collect();
+    assert_eq!(text, "line-1\nline-2\nline-3\n");
+    let end = events.last().unwrap();
+    assert_eq!((end.0.as_str(), end.2["status"].as_str()), ("end", Some("completed")));
+    for (name, id, data) in events.iter().filter(|e| e.0 == "output") {
+        assert_eq!(id, &data["next_offset"].to_string(), "{name}: the id is the offset after the event");
+    }
+    let resumed = gw.events(&path, &alice, Some("7"));
+    let text: String = resumed.iter().filter(|e| e.0 == "output").map(|e| e.2["text"].as_str().unwrap()).collect();
+    assert_eq!(text, "line-2\nline-3\n");
+    assert_eq!(resumed[0].2["offset"], 7);
+    // Another identity cannot follow it.
+    let (status, _) = gw.get(&path, &bob);
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // Archive/unarchive/delete, status.
+    let (status, moved) = gw.post(&format!("/v1/tasks/{task}/archive"), &alice, json!(null));
+    assert_eq!((status, moved["board"].as_str()), (StatusCode::OK, Some("archived")));
+    let (_, moved) = gw.post(&format!("/v1/tasks/{task}/unarchive"), &alice, json!(null));
+    assert_eq!(moved["board"], "active");
+    let (status, moved) =
+        json_of(gw.req(reqwest::Method::DELETE, &format!("/v1/tasks/{task}"), &alice).send().unwrap());
+    assert_eq!((status, moved["board"].as_str()), (StatusCode::OK, Some("deleted")));
+    let (status, cluster) = gw.get("/v1/status", &alice);
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(cluster["workers"].as_array().map(Vec::len), Some(1), "{cluster}");
+
+    // Revoked: refused from the next request on, without a gateway restart.
+    let id = gw.token_verb(&["list", "--json"]);
+    let list: Value = serde_json::from_str(&id).unwrap();
+    let bob_id =
+        list.as_array().unwrap().iter().find(|t| t["identity"] == "bob").unwrap()["id"].as_str().unwrap().to_owned();
+    assert!(!id.contains(&bob[5 + bob_id.len() + 1..]), "token list shows no secret");
+    gw.token_verb(&["revoke", &bob_id]);
+    let (status, _) = gw.get("/v1/whoami", &bob);
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _) = gw.get("/v1/whoami", &alice);
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[test]
+fn output_resumes_on_a_restarted_gateway_and_streams_end_when_their_token_is_revoked() {
+    let mut c = Cluster::start(1);
+    let gw = Gateway::start(&mut c);
+    let alice = gw.token("alice", None);
+    let (_, t) =
+        gw.post("/v1/tasks", &alice, json!({"command": "for i in $(seq 1 30); do echo tick-$i; sleep 0.1; done"}));
+    let task = t["task"].as_str().unwrap().to_owned();
+    let path = format!("/v1/tasks/{task}/logs/stream");
+
+    // Read a few events, then the gateway dies mid-stream.
+    let mut reader = gw.stream(&path, &alice, None, Duration::from_secs(60));
+    let (mut text, mut last_id) = (String::new(), String::new());
+    while text.lines().count() < 3 {
+        let (name, id, data) = reader.next_event().expect("an output event");
+        assert_eq!(name, "output");
+        text.push_str(data["text"].as_str().unwrap());
+        last_id = id;
+    }
+    drop(reader);
+    c.kill9("gateway");
+    let gw = Gateway::start(&mut c);
+    // Another gateway (same token file) resumes at the byte after the last event.
+    let rest = gw.events(&path, &alice, Some(&last_id));
+    assert_eq!(rest.last().map(|e| e.0.as_str()), Some("end"), "{rest:?}");
+    for e in rest.iter().filter(|e| e.0 == "output") {
+        text.push_str(e.2["text"].as_str().unwrap());
+    }
+    let expected: String = (1..=30).map(|i| format!("tick-{i}\n")).collect();
+    assert_eq!(text, expected, "nothing lost or repeated across the restart");
+
+    // A token revoked while its stream is open ends the stream.
+    let admin = gw.token("alice", None);
+    let (_, t) = gw.post("/v1/tasks", &alice, json!({"command": "while true; do echo x; sleep 0.2; done"}));
+    let endless = t["task"].as_str().unwrap().to_owned();
+    let mut reader = gw.stream(&format!("/v1/tasks/{endless}/logs/stream"), &alice, None, Duration::from_secs(30));
+    assert_eq!(reader.next_event().map(|e| e.0), Some("output".to_owned()));
+    let list: Value = serde_json::from_str(&gw.token_verb(&["list", "--json"])).unwrap();
+    let first = list[0]["id"].as_str().unwrap().to_owned();
+    gw.token_verb(&["revoke", &first]);
+    let ended = std::iter::from_fn(|| reader.next_event()).find(|e| e.0 != "output");
+    let (name, _, data) = ended.expect("the stream ends with an event");
+    assert_eq!((name.as_str(), data["code"].as_str()), ("error", Some("unauthorized")));
+    let (status, _) = gw.post(&format!("/v1/tasks/{endless}/kill"), &admin, json!(null));
+    assert_eq!(status, StatusCode::OK, "another token of alice's still works");
+}
+
+#[test]
+fn notices_stream_each_unreported_end_once() {
+    let mut c = Cluster::start(1);
+    let gw = Gateway::start(&mut c);
+    let alice = gw.token("alice", None);
+    let bob = gw.token("bob", None);
+    let (_, t) = gw.post("/v1/tasks", &alice, json!({"command": "exit 3"}));
+    let task = t["task"].as_str().unwrap().to_owned();
+    let failed = tenure_testkit::eventually(Duration::from_secs(30), || {
+        let (_, s) = gw.get(&format!("/v1/tasks/{task}"), &alice);
+        (s["status"] == "failed").then_some(s)
+    });
+    assert!(failed.is_some(), "the task did not fail");
+
+    let mut reader = gw.stream("/v1/notices/stream", &alice, None, Duration::from_secs(30));
+    let (name, _, data) = reader.next_event().expect("a notice");
+    assert_eq!((name.as_str(), data["id"].as_str(), &data["reported"]), ("ended", Some(task.as_str()), &json!(true)));
+    drop(reader);
+    // Shown once: a second reader (and another identity) gets nothing of it.
+    for token in [&alice, &bob] {
+        let mut again = gw.stream("/v1/notices/stream", token, None, Duration::from_secs(4));
+        let seen = again.next_event();
+        assert!(seen.is_none(), "shown again: {seen:?}");
+    }
+}
+
+/// Every documented operation is served (it answers 401 without a token,
+/// never the router's `no-route`), and the document lists exactly the API.
+#[test]
+fn the_openapi_document_matches_the_routes() {
+    let mut c = Cluster::start(0);
+    let gw = Gateway::start(&mut c);
+    let (status, doc) = json_of(gw.http.get(format!("{}/openapi.json", gw.url)).send().unwrap());
+    assert_eq!(status, StatusCode::OK);
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"), "{}", doc["openapi"]);
+    let mut documented = Vec::new();
+    for (path, ops) in doc["paths"].as_object().expect("paths") {
+        for method in ops.as_object().unwrap().keys() {
+            documented.push(format!("{} {path}", method.to_uppercase()));
+            let url = format!("{}{}", gw.url, path.replace("{id}", "shell-1"));
+            let r = gw.http.request(method.to_uppercase().parse().unwrap(), url).send().unwrap();
+            let (status, body) = json_of(r);
+            assert_eq!(
+                (status, body["code"].as_str()),
+                (StatusCode::UNAUTHORIZED, Some("unauthorized")),
+                "{method} {path} is documented but not served as an authenticated route"
+            );
+        }
+    }
+    documented.sort();
+    let mut expected = vec![
+        "POST /v1/tasks",
+        "GET /v1/tasks",
+        "GET /v1/tasks/{id}",
+        "DELETE /v1/tasks/{id}",
+        "GET /v1/tasks/{id}/logs",
+        "GET /v1/tasks/{id}/logs/stream",
+        "POST /v1/tasks/{id}/kill",
+        "POST /v1/tasks/{id}/input",
+        "GET /v1/tasks/{id}/wait",
+        "POST /v1/tasks/{id}/archive",
+        "POST /v1/tasks/{id}/unarchive",
+        "GET /v1/status",
+        "GET /v1/whoami",
+        "GET /v1/notices/stream",
+    ];
+    expected.sort();
+    assert_eq!(documented, expected, "the document and the API's routes differ");
+    // Undocumented methods on documented paths are not served either.
+    let r = gw.http.request(reqwest::Method::PUT, format!("{}/v1/tasks", gw.url)).send().unwrap();
+    let (status, body) = json_of(r);
+    assert_eq!((status, body["code"].as_str()), (StatusCode::METHOD_NOT_ALLOWED, Some("method-not-allowed")));
+    // The two unauthenticated routes: the document and the board.
+    let board = gw.http.get(&gw.url).send().unwrap();
+    assert_eq!(board.status(), StatusCode::OK);
+    assert!(board.text().unwrap().contains("tenure board"));
+}
+
+/// On an authenticating cluster each token acts with its own NATS user:
+/// tasks are owned by that user, another user's are 404, and a token without
+/// credentials is refused rather than served as the gateway.
+#[test]
+fn on_an_authenticating_cluster_the_gateway_connects_as_each_caller() {
+    let mut c = Cluster::secured();
+    c.spawn_coordinator("c1", &[]);
+    c.start_worker("w1");
+    c.wait_workers(1);
+    let gw = Gateway::start(&mut c);
+    let creds = c.auth.as_ref().unwrap().dir.path().to_owned();
+    let alice = gw.token("alice", Some(&creds.join("alice.env")));
+    let bob = gw.token("bob", Some(&creds.join("bob.env")));
+    let nobody = gw.token("alice", None);
+
+    let (status, sub) = gw.post("/v1/tasks", &alice, json!({"command": "echo secured"}));
+    assert_eq!(status, StatusCode::CREATED, "{sub}");
+    let task = sub["task"].as_str().unwrap().to_owned();
+    let (_, waited) = gw.get(&format!("/v1/tasks/{task}/wait?timeout_ms=30000"), &alice);
+    assert_eq!(waited["task"]["status"], "completed", "{waited}");
+    assert!(waited["task"]["owner"].as_str().unwrap().starts_with("alice"), "owned by the NATS user: {waited}");
+    let (_, out) = gw.get(&format!("/v1/tasks/{task}/logs"), &alice);
+    assert_eq!(out["text"], "secured\n");
+    let (status, _) = gw.get(&format!("/v1/tasks/{task}"), &bob);
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    // bob claiming alice's session label is still bob.
+    let (status, _) = gw.get(&format!("/v1/tasks/{task}/logs"), &bob);
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, body) = gw.get("/v1/tasks", &nobody);
+    assert_eq!((status, body["code"].as_str()), (StatusCode::FORBIDDEN, Some("no-credentials")));
+}
+
+/// Where the test artifacts go: `target/test-artifacts/`.
+fn artifacts() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let dir = target.join("test-artifacts");
+    std::fs::create_dir_all(&dir).expect("artifacts dir");
+    dir
+}
+
+fn chromium() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("TENURE_CHROMIUM").filter(|p| !p.is_empty()) {
+        return Some(p.into());
+    }
+    ["chromium", "chromium-browser", "google-chrome"].iter().find_map(|name| {
+        std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(name)).find(|p| p.is_file())
+    })
+}
+
+/// Runs headless Chromium on `url` with `mode` (`--dump-dom` or `--screenshot=…`); its stdout.
+fn browse(browser: &Path, url: &str, mode: &str) -> String {
+    let profile = tempfile::tempdir().expect("profile dir");
+    let out = Command::new(browser)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"])
+        .args(["--disable-background-networking", "--disable-component-update", "--disable-sync"])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(["--window-size=1280,800", "--virtual-time-budget=5000", mode, url])
+        .output()
+        .expect("run chromium");
+    assert!(out.status.success(), "chromium {mode}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_board_shows_the_callers_tasks_in_a_real_browser() {
+    let Some(browser) = chromium() else {
+        if std::env::var_os("TENURE_SKIP_BROWSER").is_some_and(|v| v == "1") {
+            eprintln!("skipped: no chromium and TENURE_SKIP_BROWSER=1");
+            return;
+        }
+        panic!("no chromium on PATH (deploy/test.sh installs Debian's `chromium`; or set TENURE_CHROMIUM=/path, or TENURE_SKIP_BROWSER=1 locally)");
+    };
+    let mut c = Cluster::start(1);
+    let gw = Gateway::start(&mut c);
+    let alice = gw.token("alice", None);
+    let bob = gw.token("bob", None);
+    let (_, done) = gw.post("/v1/tasks", &alice, json!({"command": "echo from-the-board", "label": "board check"}));
+    let done = done["task"].as_str().unwrap().to_owned();
+    let (_, w) = gw.get(&format!("/v1/tasks/{done}/wait?timeout_ms=30000"), &alice);
+    assert_eq!(w["task"]["status"], "completed");
+    let (_, bobs) = gw.post("/v1/tasks", &bob, json!({"command": "true", "label": "not alice's"}));
+    let bobs = bobs["task"].as_str().unwrap().to_owned();
+
+    let board = format!("{}/#token={alice}", gw.url);
+    let dom = browse(&browser, &board, "--dump-dom");
+    let row = dom.split("<tr").find(|r| r.contains(&format!("data-task=\"{done}\""))).unwrap_or_else(|| {
+        panic!("the board does not list {done}:\n{dom}");
+    });
+    assert!(row.contains("completed"), "the row shows the status: {row}");
+    assert!(row.contains("board check") && row.contains("ago"), "label and relative time: {row}");
+    assert!(dom.contains("signed in as alice"), "{dom}");
+    assert!(!dom.contains("<body data-errors"), "the page raised uncaught errors:\n{dom}");
+    assert!(!dom.contains(&format!("data-task=\"{bobs}\"")), "bob's task is not on alice's board");
+    assert!(!dom.contains(&alice), "the token is taken out of the page's address and markup");
+
+    let task_page = format!("{}/#token={alice}&task={done}", gw.url);
+    let dom = browse(&browser, &task_page, "--dump-dom");
+    assert!(dom.contains("from-the-board"), "the task page shows its output:\n{dom}");
+    assert!(!dom.contains("<body data-errors"), "the task page raised uncaught errors:\n{dom}");
+
+    let cluster_page = format!("{}/#token={alice}&cluster", gw.url);
+    let dom = browse(&browser, &cluster_page, "--dump-dom");
+    let row = dom.split("<tr").find(|r| r.contains("data-worker=\"w1\"")).unwrap_or_else(|| {
+        panic!("the cluster page does not list worker w1:\n{dom}");
+    });
+    assert!(row.contains("/ 4") && row.contains(">ok<"), "slots and sidecar health: {row}");
+    assert!(!dom.contains("<body data-errors"), "the cluster page raised uncaught errors:\n{dom}");
+
+    for (name, url) in [("board.png", &board), ("board-task.png", &task_page), ("board-cluster.png", &cluster_page)] {
+        let shot = artifacts().join(name);
+        let _ = std::fs::remove_file(&shot);
+        browse(&browser, url, &format!("--screenshot={}", shot.display()));
+        let size = std::fs::metadata(&shot).map(|m| m.len()).unwrap_or(0);
+        assert!(size > 1000, "no screenshot at {}", shot.display());
+    }
+}

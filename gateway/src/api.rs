@@ -1,0 +1,648 @@
+//! The JSON API: one handler per client verb, each documented with
+//! `#[utoipa::path]` and registered through `utoipa_axum::routes!`, so the
+//! routes and the OpenAPI document are made from the same list.
+//!
+//! Handlers translate HTTP into `tenure-client` calls made as the caller and
+//! tenure's answers into JSON; they decide nothing about tasks.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use serde::{Deserialize, Serialize};
+use tenure_protocol::messages::{
+    ApiError, ApiRequest, ApiResponse, InputReply, InputRequest, TaskSnapshot, MAX_INPUT_BYTES, MAX_OUTPUT_CHUNK,
+};
+use tenure_protocol::{subjects, Kind, Status, StepSpec, TaskId, TaskSpec};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{IntoParams, OpenApi, ToSchema};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::error::{Error, ErrorBody};
+use crate::{Caller, State};
+
+/// The document's frame; paths are added by [`router`].
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "tenure gateway", description = "tenure's client verbs over HTTP. Every route needs `Authorization: Bearer <token>`; errors are `{code, message}`."),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+    components(schemas(ErrorBody))
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl utoipa::Modify for BearerAuth {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let components = doc.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The documented routes.
+pub fn router() -> OpenApiRouter<State> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(submit, list))
+        .routes(routes!(get_task, delete_task))
+        .routes(routes!(logs))
+        .routes(routes!(crate::stream::follow_output))
+        .routes(routes!(kill))
+        .routes(routes!(send))
+        .routes(routes!(wait))
+        .routes(routes!(archive))
+        .routes(routes!(unarchive))
+        .routes(routes!(status))
+        .routes(routes!(whoami))
+        .routes(routes!(crate::stream::notices))
+}
+
+// ------------------------------------------------------------- extractors
+
+/// A JSON body whose rejections are JSON errors (400 malformed, 413 too large).
+pub struct Body<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequest<S> for Body<T> {
+    type Rejection = Error;
+
+    async fn from_request(req: axum::extract::Request, state: &S) -> Result<Self, Error> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(Body(v)),
+            Err(e) => Err(json_rejection(e)),
+        }
+    }
+}
+
+fn json_rejection(e: JsonRejection) -> Error {
+    match &e {
+        JsonRejection::JsonDataError(_) => Error::bad_request("invalid-body", e.body_text()),
+        JsonRejection::JsonSyntaxError(_) => Error::bad_request("malformed-json", e.body_text()),
+        JsonRejection::MissingJsonContentType(_) => {
+            Error::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "content-type", e.body_text())
+        }
+        JsonRejection::BytesRejection(_) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Error::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too-large",
+            format!("the request body is larger than {} bytes", crate::MAX_BODY_BYTES),
+        ),
+        _ => Error::new(e.status(), "bad-body", e.body_text()),
+    }
+}
+
+/// A task id from the path, refused as JSON.
+pub struct TaskPath(pub TaskId);
+
+impl<S: Send + Sync> FromRequestParts<S> for TaskPath {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Error> {
+        let axum::extract::Path(raw) = axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|e: PathRejection| Error::bad_request("bad-path", e.body_text()))?;
+        let id = raw.parse::<TaskId>().map_err(|e| Error::bad_request("bad-task-id", format!("{raw:?}: {e}")))?;
+        Ok(TaskPath(id))
+    }
+}
+
+/// A query string, refused as JSON.
+pub struct Query<T>(pub T);
+
+impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for Query<T> {
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, Error> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|axum::extract::Query(v)| Query(v))
+            .map_err(|e: QueryRejection| Error::bad_request("bad-query", e.body_text()))
+    }
+}
+
+// ------------------------------------------------------------- views
+
+/// A task as the API shows it: the snapshot's fields, times also as RFC 3339.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TaskView {
+    /// `<kind>-<n>`.
+    pub id: String,
+    pub kind: String,
+    pub label: String,
+    pub owner: String,
+    /// queued, leased, running, stopping, completed, killed, failed, unknown.
+    pub status: String,
+    pub detail: Option<String>,
+    pub exit_code: Option<i32>,
+    pub output_dropped: u64,
+    pub attempt: u32,
+    pub epoch: u64,
+    pub worker: Option<String>,
+    pub idempotent: bool,
+    pub kill_requested: bool,
+    /// Why the outcome could not be proved (for `unknown`) and what to do.
+    pub hint: Option<HintView>,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    pub created_at_ms: u64,
+    pub started_at: Option<String>,
+    pub started_at_ms: Option<u64>,
+    pub finished_at: Option<String>,
+    pub finished_at_ms: Option<u64>,
+    pub reported: bool,
+    /// active, archived or deleted.
+    pub board: String,
+    pub cleaned: bool,
+    pub parent: Option<String>,
+    /// A workflow's steps, as tenure reports them.
+    #[schema(value_type = Vec<Object>)]
+    pub steps: serde_json::Value,
+    pub matches: u64,
+    pub final_output: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct HintView {
+    pub tag: String,
+    pub message: String,
+}
+
+/// Epoch milliseconds as RFC 3339 (UTC, milliseconds).
+pub fn rfc3339(ms: u64) -> String {
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    t.format(&time::format_description::well_known::Rfc3339).unwrap_or_else(|_| ms.to_string())
+}
+
+impl From<&TaskSnapshot> for TaskView {
+    fn from(s: &TaskSnapshot) -> TaskView {
+        TaskView {
+            id: s.id.to_string(),
+            kind: s.kind.to_string(),
+            label: s.label.clone(),
+            owner: s.owner.to_string(),
+            status: s.status.as_str().to_owned(),
+            detail: s.detail.clone(),
+            exit_code: s.exit_code,
+            output_dropped: s.output_dropped,
+            attempt: s.attempt.0,
+            epoch: s.epoch.0,
+            worker: s.worker.as_ref().map(ToString::to_string),
+            idempotent: s.idempotent,
+            kill_requested: s.kill_requested,
+            hint: s.hint.as_ref().map(|h| HintView { tag: h.tag.as_str().to_owned(), message: h.message.clone() }),
+            created_at: rfc3339(s.created_at_ms),
+            created_at_ms: s.created_at_ms,
+            started_at: s.started_at_ms.map(rfc3339),
+            started_at_ms: s.started_at_ms,
+            finished_at: s.finished_at_ms.map(rfc3339),
+            finished_at_ms: s.finished_at_ms,
+            reported: s.reported,
+            board: s.board.as_str().to_owned(),
+            cleaned: s.cleaned,
+            parent: s.parent.as_ref().map(ToString::to_string),
+            steps: serde_json::to_value(&s.steps).unwrap_or_default(),
+            matches: s.matches,
+            final_output: s.final_output,
+        }
+    }
+}
+
+type Reply<T> = Result<axum::Json<T>, Error>;
+
+// ------------------------------------------------------------- submit
+
+/// A task to submit.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitBody {
+    /// `shell` (default), `agent`, `monitor`, `workflow` (with `steps`), …
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// The command line, run as `sh -c COMMAND` (not for workflows).
+    #[serde(default)]
+    pub command: String,
+    /// Defaults to the command's first line.
+    #[serde(default)]
+    pub label: Option<String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// May tenure run it again if its worker is lost? Default false.
+    #[serde(default)]
+    pub idempotent: bool,
+    /// For `monitor`: the regular expression a line must match.
+    #[serde(default)]
+    pub pattern: Option<String>,
+    /// Workflow steps (shell commands, in order); makes the task a workflow.
+    #[serde(default)]
+    pub steps: Vec<String>,
+    #[serde(default)]
+    pub final_output: bool,
+    /// Same key, same task: a submit retried with the key it was first sent
+    /// with never makes a second task. Also read from `Idempotency-Key`.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Submitted {
+    pub task: String,
+    /// The idempotency key was seen before: this is the task it created.
+    pub existing: bool,
+}
+
+/// The idempotency key as tenure takes it: a UUID as given, any other
+/// string mapped to a UUID (v5) within the caller's identity.
+fn idempotency_key(identity: &str, key: Option<&str>) -> Result<uuid::Uuid, Error> {
+    let Some(key) = key else { return Ok(uuid::Uuid::new_v4()) };
+    if key.is_empty() || key.len() > 256 {
+        return Err(Error::bad_request("bad-idempotency-key", "an idempotency key holds 1 to 256 characters"));
+    }
+    Ok(key.parse().unwrap_or_else(|_| {
+        uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, format!("tenure-gateway:{identity}:{key}").as_bytes())
+    }))
+}
+
+/// Submit a task.
+#[utoipa::path(post, path = "/v1/tasks", request_body = SubmitBody,
+    params(("Idempotency-Key" = Option<String>, Header, description = "retry with the same key: never a second task")),
+    responses((status = 201, body = Submitted, description = "created"), (status = 200, body = Submitted, description = "the key's earlier task"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 413, body = ErrorBody), (status = 429, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn submit(
+    caller: Caller,
+    headers: HeaderMap,
+    Body(body): Body<SubmitBody>,
+) -> Result<impl IntoResponse, Error> {
+    let header_key = headers
+        .get("idempotency-key")
+        .map(|v| v.to_str().map_err(|_| Error::bad_request("bad-idempotency-key", "not ASCII")));
+    let header_key = header_key.transpose()?;
+    let key = idempotency_key(&caller.identity, body.idempotency_key.as_deref().or(header_key))?;
+    let workflow = !body.steps.is_empty();
+    if workflow && !body.command.is_empty() {
+        return Err(Error::bad_request("invalid-spec", "give either `command` or `steps`"));
+    }
+    if !workflow && body.command.is_empty() {
+        return Err(Error::bad_request("invalid-spec", "`command` is required (or `steps` for a workflow)"));
+    }
+    let kind: Kind = match (&body.kind, workflow) {
+        (_, true) => Kind::workflow(),
+        (Some(k), false) => k.parse().map_err(|e| Error::bad_request("invalid-spec", format!("kind {k:?}: {e}")))?,
+        (None, false) => Kind::shell(),
+    };
+    let label = body.label.clone().unwrap_or_else(|| {
+        if workflow {
+            format!("workflow of {} steps", body.steps.len())
+        } else {
+            body.command.lines().next().unwrap_or("").chars().take(120).collect()
+        }
+    });
+    let spec = TaskSpec {
+        kind,
+        label,
+        command: body.command,
+        cwd: body.cwd.map(Into::into),
+        env: body.env,
+        idempotent: body.idempotent,
+        pattern: body.pattern.map(Into::into),
+        steps: body.steps.into_iter().map(|command| StepSpec { kind: Kind::shell(), command }).collect(),
+        final_output: body.final_output,
+    };
+    let req = tenure_protocol::messages::SubmitRequest {
+        session: caller.client.session().clone(),
+        idempotency_key: key,
+        spec,
+    };
+    let done = caller.client.submit_request(req, &tenure_client::Policy::SUBMIT).await?;
+    let status = if done.existing { StatusCode::OK } else { StatusCode::CREATED };
+    Ok((status, axum::Json(Submitted { task: done.task.to_string(), existing: done.existing })))
+}
+
+// ------------------------------------------------------------- get, list
+
+/// One task (404 when it does not exist or is not yours).
+#[utoipa::path(get, path = "/v1/tasks/{id}", params(("id" = String, Path, description = "task id, `<kind>-<n>`")),
+    responses((status = 200, body = TaskView), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn get_task(caller: Caller, TaskPath(id): TaskPath) -> Reply<TaskView> {
+    Ok(axum::Json(TaskView::from(&caller.client.get(&id).await?)))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct ListQuery {
+    /// Also archived and reported tasks (default: active and unreported).
+    #[serde(default)]
+    pub all: bool,
+    /// Continue after this task number (`next` of the previous page).
+    pub after: Option<u64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Page {
+    pub tasks: Vec<TaskView>,
+    /// Pass as `after` for the next page; absent on the last.
+    pub next: Option<u64>,
+}
+
+/// The caller's tasks, one page at a time.
+#[utoipa::path(get, path = "/v1/tasks", params(ListQuery),
+    responses((status = 200, body = Page), (status = 401, body = ErrorBody)))]
+pub async fn list(caller: Caller, Query(q): Query<ListQuery>) -> Reply<Page> {
+    let req = ApiRequest::ListPage { session: caller.client.session().clone(), all: q.all, after: q.after };
+    match caller.client.request(&req, &tenure_client::Policy::READ).await? {
+        ApiResponse::Page { tasks, next } => {
+            Ok(axum::Json(Page { tasks: tasks.iter().map(TaskView::from).collect(), next }))
+        }
+        other => Err(unexpected(&other)),
+    }
+}
+
+fn unexpected(reply: &ApiResponse) -> Error {
+    Error::new(StatusCode::BAD_GATEWAY, "cluster", format!("unexpected reply {reply:?}"))
+}
+
+// ------------------------------------------------------------- logs
+
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct LogsQuery {
+    /// Byte offset to read from (default 0).
+    #[serde(default)]
+    pub offset: u64,
+    /// Most bytes to return (default and cap: one chunk, 256 KiB or the cluster's).
+    pub max: Option<u32>,
+}
+
+/// A piece of a task's output.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LogChunk {
+    pub offset: u64,
+    /// Offset of the byte after `text`: pass it as the next `offset`.
+    pub next_offset: u64,
+    /// The bytes, as UTF-8 (invalid sequences replaced; a character cut at
+    /// the chunk's end is left for the next read).
+    pub text: String,
+    /// The attempt ended and every byte is out: no more output will come.
+    pub finished: bool,
+}
+
+/// Read a task's output from a byte offset (once; see `/logs/stream` to follow).
+#[utoipa::path(get, path = "/v1/tasks/{id}/logs", params(("id" = String, Path), LogsQuery),
+    responses((status = 200, body = LogChunk), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn logs(caller: Caller, TaskPath(id): TaskPath, Query(q): Query<LogsQuery>) -> Reply<LogChunk> {
+    let snapshot = caller.client.get(&id).await?;
+    let max = q.max.unwrap_or(MAX_OUTPUT_CHUNK).clamp(1, MAX_OUTPUT_CHUNK);
+    Ok(axum::Json(read_chunk(&caller.client, &snapshot, q.offset, max).await?))
+}
+
+/// One read of output at `offset`; a finished read marks the task reported.
+pub async fn read_chunk(
+    client: &tenure_client::Client,
+    s: &TaskSnapshot,
+    offset: u64,
+    max: u32,
+) -> Result<LogChunk, Error> {
+    if s.final_output {
+        let req = ApiRequest::FinalOutput { session: client.session().clone(), task: s.id.clone() };
+        return match client.call(&req, tenure_client::API_TIMEOUT).await? {
+            ApiResponse::FinalOutput { finished, text } => {
+                let bytes = text.as_bytes();
+                let from = (offset as usize).min(bytes.len());
+                let (text, used) = utf8_prefix(&bytes[from..]);
+                Ok(LogChunk {
+                    offset,
+                    next_offset: (from + used) as u64,
+                    finished: finished && from + used == bytes.len(),
+                    text,
+                })
+            }
+            other => Err(unexpected(&other)),
+        };
+    }
+    if s.kind == Kind::workflow() {
+        return Err(Error::bad_request(
+            "workflow-output",
+            "a workflow's output is its steps' outputs: read each step's task",
+        ));
+    }
+    let Some(worker) = &s.worker else {
+        return Ok(LogChunk { offset, next_offset: offset, text: String::new(), finished: s.status.is_terminal() });
+    };
+    let chunk = client.read_output(worker, &s.id, offset, max).await?;
+    let (text, used) = utf8_prefix(&chunk.data);
+    let finished = chunk.finished && chunk.data.is_empty();
+    if finished {
+        // The whole terminal output reached the owner: that reports the task.
+        let _ = client.mark_reported(&s.id).await;
+    }
+    Ok(LogChunk { offset, next_offset: offset + used as u64, text, finished })
+}
+
+/// The bytes as text and how many were used: a UTF-8 character cut at the
+/// end is left out (for the next read); invalid bytes elsewhere are replaced.
+pub fn utf8_prefix(data: &[u8]) -> (String, usize) {
+    match std::str::from_utf8(data) {
+        Ok(s) => (s.to_owned(), data.len()),
+        Err(e) if e.error_len().is_none() && e.valid_up_to() > 0 => {
+            let used = e.valid_up_to();
+            (String::from_utf8_lossy(&data[..used]).into_owned(), used)
+        }
+        Err(_) => (String::from_utf8_lossy(data).into_owned(), data.len()),
+    }
+}
+
+// ------------------------------------------------------------- kill, send, wait, board
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Killed {
+    pub task: String,
+    /// `requested`, or `already-finished`.
+    pub result: String,
+}
+
+/// Ask to stop a task (SIGTERM to its process group, SIGKILL after the grace).
+#[utoipa::path(post, path = "/v1/tasks/{id}/kill", params(("id" = String, Path)),
+    responses((status = 200, body = Killed), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn kill(caller: Caller, TaskPath(id): TaskPath) -> Reply<Killed> {
+    let req = ApiRequest::Kill { session: caller.client.session().clone(), task: id.clone() };
+    match caller.client.call(&req, tenure_client::API_TIMEOUT).await? {
+        ApiResponse::Kill { result, .. } => {
+            Ok(axum::Json(Killed { task: id.to_string(), result: result.as_str().to_owned() }))
+        }
+        other => Err(unexpected(&other)),
+    }
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputBody {
+    /// The message; a newline is added unless it ends with one or `raw`.
+    pub text: String,
+    #[serde(default)]
+    pub raw: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Sent {
+    pub task: String,
+    pub bytes: u64,
+}
+
+/// Send one message to the stdin of a running agent task (never sent twice:
+/// a lost answer is a 504 saying the message is in doubt).
+#[utoipa::path(post, path = "/v1/tasks/{id}/input", params(("id" = String, Path)), request_body = InputBody,
+    responses((status = 200, body = Sent), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 504, body = ErrorBody)))]
+pub async fn send(caller: Caller, TaskPath(id): TaskPath, Body(body): Body<InputBody>) -> Reply<Sent> {
+    let mut data = body.text.into_bytes();
+    if !body.raw && data.last() != Some(&b'\n') {
+        data.push(b'\n');
+    }
+    if data.is_empty() || data.len() > MAX_INPUT_BYTES {
+        return Err(ApiError::InputSize { size: data.len() as u64, max: MAX_INPUT_BYTES as u64 }.into());
+    }
+    let s = caller.client.get(&id).await?;
+    if s.kind != Kind::agent() {
+        return Err(ApiError::NoInput { task: id.to_string(), kind: s.kind.to_string() }.into());
+    }
+    let worker = match &s.worker {
+        Some(w) if !s.status.is_terminal() && s.status != Status::Queued => w.clone(),
+        _ => return Err(ApiError::NotRunning { task: id.to_string(), status: s.status.as_str().to_owned() }.into()),
+    };
+    let req = InputRequest { session: caller.client.session().clone(), task: id.clone(), data };
+    let reply: Result<InputReply, _> =
+        tenure_transport::request(caller.client.nats(), subjects::input(&worker), &req, tenure_client::API_TIMEOUT)
+            .await;
+    match reply {
+        Ok(reply) => {
+            let ack = reply?;
+            Ok(axum::Json(Sent { task: id.to_string(), bytes: ack.bytes }))
+        }
+        Err(tenure_transport::Error::NoResponders { .. }) => Err(Error::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "sidecar-unavailable",
+            format!("the sidecar of worker {worker} is not answering; nothing was sent"),
+        )),
+        Err(tenure_transport::Error::Timeout { .. }) => Err(Error::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "input-in-doubt",
+            format!("no answer from the sidecar of worker {worker}: the message may or may not have reached {id}"),
+        )),
+        Err(e) => Err(Error::new(StatusCode::BAD_GATEWAY, "cluster", e.to_string())),
+    }
+}
+
+/// Longest wait one request may ask for.
+pub const MAX_HTTP_WAIT_MS: u64 = 60_000;
+
+#[derive(Debug, Deserialize, IntoParams)]
+pub struct WaitQuery {
+    /// Milliseconds to wait at most (default and cap 60000).
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Waited {
+    /// False when the timeout passed first (the task is then still live).
+    pub finished: bool,
+    pub task: TaskView,
+}
+
+/// Wait (bounded) for a task to end.
+#[utoipa::path(get, path = "/v1/tasks/{id}/wait", params(("id" = String, Path), WaitQuery),
+    responses((status = 200, body = Waited), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn wait(caller: Caller, TaskPath(id): TaskPath, Query(q): Query<WaitQuery>) -> Reply<Waited> {
+    let ms = q.timeout_ms.unwrap_or(MAX_HTTP_WAIT_MS).min(MAX_HTTP_WAIT_MS);
+    let deadline = Instant::now() + Duration::from_millis(ms);
+    let w = caller.client.wait(&id, Some(deadline)).await?;
+    Ok(axum::Json(Waited { finished: w.finished, task: TaskView::from(&w.snapshot) }))
+}
+
+async fn board_move(caller: &Caller, req: ApiRequest) -> Reply<TaskView> {
+    Ok(axum::Json(TaskView::from(&caller.client.snapshot_of(&req).await?)))
+}
+
+/// Archive a finished task (409 while it runs).
+#[utoipa::path(post, path = "/v1/tasks/{id}/archive", params(("id" = String, Path)),
+    responses((status = 200, body = TaskView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn archive(caller: Caller, TaskPath(id): TaskPath) -> Reply<TaskView> {
+    let req = ApiRequest::Archive { session: caller.client.session().clone(), task: id };
+    board_move(&caller, req).await
+}
+
+/// Bring an archived task back.
+#[utoipa::path(post, path = "/v1/tasks/{id}/unarchive", params(("id" = String, Path)),
+    responses((status = 200, body = TaskView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn unarchive(caller: Caller, TaskPath(id): TaskPath) -> Reply<TaskView> {
+    let req = ApiRequest::Unarchive { session: caller.client.session().clone(), task: id };
+    board_move(&caller, req).await
+}
+
+/// Delete a finished task (hidden for good, its record kept for audit).
+#[utoipa::path(delete, path = "/v1/tasks/{id}", params(("id" = String, Path)),
+    responses((status = 200, body = TaskView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn delete_task(caller: Caller, TaskPath(id): TaskPath) -> Reply<TaskView> {
+    let req = ApiRequest::Delete { session: caller.client.session().clone(), task: id };
+    board_move(&caller, req).await
+}
+
+// ------------------------------------------------------------- status, whoami
+
+/// The cluster: leader, epoch, standbys, workers (slots, heartbeats, sidecars), tasks by status.
+#[utoipa::path(get, path = "/v1/status",
+    responses((status = 200, body = Object, description = "tenure's ClusterStatus"), (status = 503, body = ErrorBody)))]
+pub async fn status(caller: Caller) -> Result<axum::Json<serde_json::Value>, Error> {
+    let s = caller.client.status(tenure_client::API_TIMEOUT).await?;
+    serde_json::to_value(&s)
+        .map(axum::Json)
+        .map_err(|e| Error::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WhoAmI {
+    /// The tenure identity the token acts as.
+    pub identity: String,
+    /// The session the gateway claims for it.
+    pub session: String,
+    /// The gateway's clock, epoch milliseconds (for relative times).
+    pub now_ms: u64,
+}
+
+/// Who the token acts as.
+#[utoipa::path(get, path = "/v1/whoami", responses((status = 200, body = WhoAmI), (status = 401, body = ErrorBody)))]
+pub async fn whoami(caller: Caller) -> Reply<WhoAmI> {
+    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    Ok(axum::Json(WhoAmI { identity: caller.identity, session: caller.client.session().to_string(), now_ms }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_keeps_a_cut_character_for_the_next_read() {
+        let s = "é".as_bytes();
+        assert_eq!(utf8_prefix(b"abc"), ("abc".into(), 3));
+        assert_eq!(utf8_prefix(&[b'a', s[0]]), ("a".into(), 1));
+        assert_eq!(utf8_prefix(&[0xff, b'a']).1, 2);
+    }
+
+    #[test]
+    fn idempotency_keys_are_stable_per_identity() {
+        let a = idempotency_key("alice", Some("k1")).unwrap();
+        assert_eq!(a, idempotency_key("alice", Some("k1")).unwrap());
+        assert_ne!(a, idempotency_key("bob", Some("k1")).unwrap());
+        let u = uuid::Uuid::new_v4();
+        assert_eq!(idempotency_key("alice", Some(&u.to_string())).unwrap(), u);
+        assert!(idempotency_key("alice", Some("")).is_err());
+    }
+
+    #[test]
+    fn times_are_rfc3339() {
+        assert_eq!(rfc3339(1_764_588_053_412), "2025-12-01T11:20:53.412Z");
+    }
+}

@@ -1,0 +1,150 @@
+//! `tenure-gateway`: tenure over HTTP — a JSON API for every client verb,
+//! Server-Sent Events for a task's output and the caller's notices, an
+//! OpenAPI 3.1 document generated from the handlers (`/openapi.json`), and a
+//! live task board at `/`.
+//!
+//! The gateway is a client like the CLI, not a privileged party: every
+//! request goes through `tenure-client` (its retry rule included), acting as
+//! the caller its bearer token names ([`callers`]), and it keeps no state of
+//! its own besides connections, so any number of gateways can serve one
+//! cluster. Tokens are checked against a file of hashes ([`tokens`]).
+//!
+//! It must never talk to JetStream, act for anyone but the authenticated
+//! caller, or answer an error that is not JSON.
+
+pub mod api;
+pub mod callers;
+pub mod error;
+pub mod stream;
+pub mod tokens;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::extract::{FromRef, FromRequestParts};
+use axum::http::request::Parts;
+use axum::response::{Html, IntoResponse};
+use axum::routing::get;
+use axum::Router;
+use tenure_client::Client;
+
+pub use error::{Error, ErrorBody};
+
+/// Most bytes a request body may hold (a task spec with its environment,
+/// one input message); larger bodies are refused with 413.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+
+/// What a gateway needs to run.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub listen: SocketAddr,
+    /// The file of token hashes (`tenure gateway token create`).
+    pub tokens: PathBuf,
+    /// How to reach NATS. On an authenticating cluster callers connect with
+    /// their own credentials; these only say that the cluster authenticates.
+    pub nats: tenure_transport::NatsOptions,
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct State {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    tokens: tokens::TokenStore,
+    callers: callers::Callers,
+}
+
+impl State {
+    pub fn new(tokens: tokens::TokenStore, nats: tenure_transport::NatsOptions) -> State {
+        State { inner: Arc::new(Inner { tokens, callers: callers::Callers::new(nats) }) }
+    }
+}
+
+/// The authenticated caller of a request: its identity and a client acting as it.
+pub struct Caller {
+    pub identity: String,
+    pub client: Client,
+    /// The bearer token, to check again during long streams (never logged).
+    token: String,
+}
+
+impl<S> FromRequestParts<S> for Caller
+where
+    State: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = Error;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Caller, Error> {
+        let state = State::from_ref(state);
+        let header = parts.headers.get(axum::http::header::AUTHORIZATION).ok_or_else(|| {
+            Error::unauthorized("missing Authorization: Bearer <token> (create one with `tenure gateway token create`)")
+        })?;
+        let token = header
+            .to_str()
+            .ok()
+            .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
+            .map(str::trim)
+            .ok_or_else(|| Error::unauthorized("the Authorization header is not `Bearer <token>`"))?;
+        let record = state.inner.tokens.verify(token).ok_or_else(|| Error::unauthorized("unknown or revoked token"))?;
+        let client = state.inner.callers.client(&record).await?;
+        Ok(Caller { identity: record.identity, client, token: token.to_owned() })
+    }
+}
+
+/// The whole application: the API (documented), the document, the board.
+pub fn app(state: State) -> Router {
+    let (api, doc) = api::router().split_for_parts();
+    let doc = Arc::new(doc);
+    Router::new()
+        .merge(api)
+        .route("/openapi.json", get(move || async move { axum::Json((*doc).clone()) }))
+        .route("/", get(board))
+        .fallback(|| async {
+            Error::new(axum::http::StatusCode::NOT_FOUND, "no-route", "no such route; see /openapi.json")
+        })
+        .method_not_allowed_fallback(|| async {
+            Error::new(axum::http::StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "see /openapi.json")
+        })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// The board: one static page, its script inline, no build step.
+async fn board() -> impl IntoResponse {
+    (
+        [
+            ("content-security-policy", "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'"),
+            ("x-frame-options", "DENY"),
+            ("referrer-policy", "no-referrer"),
+        ],
+        Html(include_str!("board.html")),
+    )
+}
+
+/// Serves until `shutdown` resolves.
+pub async fn run(
+    opts: Options,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), RunError> {
+    let tokens = tokens::TokenStore::open(opts.tokens.clone()).map_err(RunError::Tokens)?;
+    let listener = tokio::net::TcpListener::bind(opts.listen).await.map_err(|e| RunError::Listen(opts.listen, e))?;
+    let local = listener.local_addr().map_err(|e| RunError::Listen(opts.listen, e))?;
+    tracing::info!(listen = %local, tokens = %opts.tokens.display(), "gateway serving");
+    let app = app(State::new(tokens, opts.nats));
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(RunError::Serve)
+}
+
+/// Why the gateway could not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Tokens(tokens::Error),
+    #[error("cannot listen on {0}: {1}")]
+    Listen(SocketAddr, std::io::Error),
+    #[error("serving: {0}")]
+    Serve(std::io::Error),
+}
