@@ -198,8 +198,19 @@ fn the_api_acts_as_the_caller_with_json_errors_and_resumable_output() {
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     let (status, body) = gw.post(&format!("/v1/tasks/{running}/input"), &alice, json!({"text": "hi"}));
     assert_eq!((status, body["code"].as_str()), (StatusCode::CONFLICT, Some("no-input")));
-    let (status, body) = gw.post(&format!("/v1/tasks/{running}/kill"), &alice, json!(null));
+    let (status, body) = gw.post(&format!("/v1/tasks/{running}/kill?reason=not%20needed"), &alice, json!(null));
     assert_eq!((status, body["result"].as_str()), (StatusCode::OK, Some("requested")));
+    let (_, view) = gw.get(&format!("/v1/tasks/{running}"), &alice);
+    assert_eq!(view["kill_reason"], "not needed", "{view}");
+    // Time limits: the shim ends the task past its timeout.
+    let (_, limited) = gw.post("/v1/tasks", &alice, json!({"command": "sleep 30", "timeout_ms": 500}));
+    let limited = limited["task"].as_str().unwrap().to_owned();
+    let ended = tenure_testkit::eventually(Duration::from_secs(30), || {
+        let (_, v) = gw.get(&format!("/v1/tasks/{limited}"), &alice);
+        (v["status"] == "failed").then_some(v)
+    });
+    let ended = ended.expect("the timed-out task failed");
+    assert!(ended["detail"].as_str().is_some_and(|d| d.starts_with("timed-out: ")), "{ended}");
 
     // Input to an agent task reaches its stdin, once.
     let (_, agent) =

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use tenure_protocol::messages::{
     ApiError, ApiRequest, ApiResponse, InputReply, InputRequest, TaskSnapshot, MAX_INPUT_BYTES, MAX_OUTPUT_CHUNK,
 };
+use tenure_protocol::spec::TimeLimits;
 use tenure_protocol::{subjects, Kind, Status, StepSpec, TaskId, TaskSpec};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoParams, OpenApi, ToSchema};
@@ -145,6 +146,8 @@ pub struct TaskView {
     pub worker: Option<String>,
     pub idempotent: bool,
     pub kill_requested: bool,
+    /// Why it was asked to stop, as the first kill said it.
+    pub kill_reason: Option<String>,
     /// Why the outcome could not be proved (for `unknown`) and what to do.
     pub hint: Option<HintView>,
     /// RFC 3339, UTC.
@@ -195,6 +198,7 @@ impl From<&TaskSnapshot> for TaskView {
             worker: s.worker.as_ref().map(ToString::to_string),
             idempotent: s.idempotent,
             kill_requested: s.kill_requested,
+            kill_reason: s.kill_reason.clone(),
             hint: s.hint.as_ref().map(|h| HintView { tag: h.tag.as_str().to_owned(), message: h.message.clone() }),
             created_at: rfc3339(s.created_at_ms),
             created_at_ms: s.created_at_ms,
@@ -245,6 +249,12 @@ pub struct SubmitBody {
     pub steps: Vec<String>,
     #[serde(default)]
     pub final_output: bool,
+    /// End the task past this much run time (it fails as `timed-out`).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    /// End the task past this long without output (it fails as `idle-timeout`).
+    #[serde(default)]
+    pub idle_timeout_ms: Option<u64>,
     /// Same key, same task: a submit retried with the key it was first sent
     /// with never makes a second task. Also read from `Idempotency-Key`.
     #[serde(default)]
@@ -314,6 +324,8 @@ pub async fn submit(
         pattern: body.pattern.map(Into::into),
         steps: body.steps.into_iter().map(|command| StepSpec { kind: Kind::shell(), command }).collect(),
         final_output: body.final_output,
+        limits: (body.timeout_ms.is_some() || body.idle_timeout_ms.is_some())
+            .then(|| Box::new(TimeLimits { timeout_ms: body.timeout_ms, idle_timeout_ms: body.idle_timeout_ms })),
     };
     let req = tenure_protocol::messages::SubmitRequest {
         session: caller.client.session().clone(),
@@ -465,11 +477,17 @@ pub struct Killed {
     pub result: String,
 }
 
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+pub struct KillQuery {
+    /// Why: kept verbatim on the task (the first kill's; at most 1 KiB).
+    pub reason: Option<String>,
+}
+
 /// Ask to stop a task (SIGTERM to its process group, SIGKILL after the grace).
-#[utoipa::path(post, path = "/v1/tasks/{id}/kill", params(("id" = String, Path)),
-    responses((status = 200, body = Killed), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
-pub async fn kill(caller: Caller, TaskPath(id): TaskPath) -> Reply<Killed> {
-    let req = ApiRequest::Kill { session: caller.client.session().clone(), task: id.clone() };
+#[utoipa::path(post, path = "/v1/tasks/{id}/kill", params(("id" = String, Path), KillQuery),
+    responses((status = 200, body = Killed), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn kill(caller: Caller, TaskPath(id): TaskPath, Query(query): Query<KillQuery>) -> Reply<Killed> {
+    let req = ApiRequest::Kill { session: caller.client.session().clone(), task: id.clone(), reason: query.reason };
     match caller.client.call(&req, tenure_client::API_TIMEOUT).await? {
         ApiResponse::Kill { result, .. } => {
             Ok(axum::Json(Killed { task: id.to_string(), result: result.as_str().to_owned() }))
