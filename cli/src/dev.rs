@@ -32,6 +32,8 @@ pub struct DevOptions {
     pub workers: u32,
     pub slots: u32,
     pub coordinators: u32,
+    /// 0: no gateway; otherwise its port (a free one when this is taken).
+    pub gateway_port: u16,
 }
 
 #[derive(Serialize)]
@@ -60,7 +62,20 @@ struct ClusterFile<'a> {
     data_dir: &'a Path,
     /// The users of the clients' account, by name.
     identities: std::collections::BTreeMap<String, ClientIdentity>,
+    /// The HTTP gateway, when one runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gateway: Option<&'a DevGateway>,
     components: &'a [Component],
+}
+
+/// The dev cluster's gateway: where it listens, and a bearer token for each
+/// user (acting with that user's NATS credentials).
+#[derive(Serialize)]
+struct DevGateway {
+    url: String,
+    /// The task board, signed in as alice.
+    board: String,
+    tokens: std::collections::BTreeMap<String, String>,
 }
 
 /// The users of the clients' account a dev cluster starts with.
@@ -90,6 +105,7 @@ fn while_gone(name: &str) -> &'static str {
         "worker" => "its tasks keep running under their shims; the restarted worker re-attaches them",
         "sidecar" => "its worker starts nothing new until it is back; running tasks go on",
         "nats" => "every component reconnects when it is back; nothing acknowledged is lost (sync_interval: always)",
+        "gateway" => "HTTP clients and the board get no answer until it is back; tasks go on, and followed output resumes from its offset",
         _ => "",
     }
 }
@@ -103,6 +119,7 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     let logs = data.join("logs");
     std::fs::create_dir_all(&logs)?;
     let url = format!("nats://127.0.0.1:{}", opts.nats_port);
+    let url_of_nats = url.clone();
     if std::net::TcpStream::connect(("127.0.0.1", opts.nats_port)).is_ok() {
         bail!("port {} is already in use; stop what runs there or pass --nats-port", opts.nats_port);
     }
@@ -155,6 +172,36 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
         ));
     }
 
+    // The gateway acts as each user with that user's own credentials: one
+    // token per user, made anew at every start (the file is rewritten).
+    let gateway = if opts.gateway_port == 0 {
+        None
+    } else {
+        let port = match std::net::TcpListener::bind(("127.0.0.1", opts.gateway_port)) {
+            Ok(_) => opts.gateway_port,
+            Err(_) => tenure_launch::free_port()?,
+        };
+        let tokens_path = data.join("gateway-tokens.json");
+        let mut file = tenure_gateway::tokens::TokenFile::default();
+        let mut tokens = std::collections::BTreeMap::new();
+        for user in DEV_USERS {
+            let (token, _) = file.create(user, env_of(user), Some("tenure dev".into()))?;
+            tokens.insert(user.to_owned(), token);
+        }
+        file.save(&tokens_path)?;
+        let url = format!("http://127.0.0.1:{port}");
+        let board = format!("{url}/#token={}", tokens.get("alice").map(String::as_str).unwrap_or(""));
+        let mut argv = vec![exe.display().to_string(), "gateway".into(), "--nats".into(), url_of_nats.clone()];
+        argv.extend([
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--tokens".into(),
+            tokens_path.display().to_string(),
+        ]);
+        plan.push(("gateway".into(), argv, None));
+        Some(DevGateway { url, board, tokens })
+    };
+
     let mut running: Vec<Running> = Vec::new();
     let mut components = Vec::new();
     for (name, argv, env_file) in plan {
@@ -190,7 +237,13 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
             (i.user.clone(), id)
         })
         .collect();
-    let cluster = ClusterFile { nats_url: &url, data_dir: &data, identities: clients.clone(), components: &components };
+    let cluster = ClusterFile {
+        nats_url: &url,
+        data_dir: &data,
+        identities: clients.clone(),
+        gateway: gateway.as_ref(),
+        components: &components,
+    };
     let cluster_path = data.join("cluster.json");
     nats_auth::write_private(&cluster_path, &serde_json::to_string_pretty(&cluster)?, 0o600)?;
     // A shell that sources this acts as alice on this cluster.
@@ -204,6 +257,14 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
         "then: tenure submit -- echo hello   (bob and operator: {}/{{bob,operator}}.env); Ctrl-C stops the cluster",
         creds.display()
     );
+    if let Some(g) = &gateway {
+        eprintln!("task board (as alice): {}", g.board);
+        eprintln!(
+            "HTTP API: curl -H \"Authorization: Bearer $(jq -r .gateway.tokens.alice {})\" {}/v1/tasks",
+            cluster_path.display(),
+            g.url
+        );
+    }
 
     tokio::pin!(shutdown);
     // Every component that exits is started again: killing one shows what
@@ -212,43 +273,49 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     let mut restarts: Vec<(tokio::time::Instant, usize)> = Vec::new();
     let exit = loop {
         tokio::select! {
-            _ = &mut shutdown => break ExitCode::SUCCESS,
-            _ = tokio::time::sleep(Duration::from_millis(250)) => {
-                for (i, r) in running.iter_mut().enumerate() {
-                    if restarts.iter().any(|(_, j)| *j == i) {
-                        continue;
-                    }
-                    let Some(status) = r.process.try_exit() else { continue };
-                    r.quick_exits = if r.started.elapsed() < QUICK_EXIT { r.quick_exits + 1 } else { 0 };
-                    eprintln!("{} exited ({status}): {}; starting it again in {} s", r.name, while_gone(&r.name), RESTART_AFTER.as_secs());
-                    restarts.push((tokio::time::Instant::now() + RESTART_AFTER, i));
-                }
-                if let Some(r) = running.iter().find(|r| r.quick_exits >= QUICK_EXITS_TOLERATED) {
-                    eprintln!("{} keeps exiting right after it starts; stopping the cluster (see logs/{}.log)", r.name, r.name);
-                    break ExitCode::FAILURE;
-                }
-                let now = tokio::time::Instant::now();
-                let due: Vec<usize> = restarts.iter().filter(|(at, _)| *at <= now).map(|(_, i)| *i).collect();
-                restarts.retain(|(at, _)| *at > now);
-                let restarted = !due.is_empty();
-                for i in due {
-                    let c = &mut components[i];
-                    match running[i].process.start() {
-                        Ok(pid) => {
-                            c.pid = pid;
-                            eprintln!("started {:<16} pid {:<7} again", c.name, c.pid);
-                            running[i].started = std::time::Instant::now();
+                _ = &mut shutdown => break ExitCode::SUCCESS,
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {
+                    for (i, r) in running.iter_mut().enumerate() {
+                        if restarts.iter().any(|(_, j)| *j == i) {
+                            continue;
                         }
-                        Err(e) => eprintln!("{} could not be started again: {e:#}", c.name),
+                        let Some(status) = r.process.try_exit() else { continue };
+                        r.quick_exits = if r.started.elapsed() < QUICK_EXIT { r.quick_exits + 1 } else { 0 };
+                        eprintln!("{} exited ({status}): {}; starting it again in {} s", r.name, while_gone(&r.name), RESTART_AFTER.as_secs());
+                        restarts.push((tokio::time::Instant::now() + RESTART_AFTER, i));
                     }
-                }
-                // cluster.json keeps naming each component's pid.
-                if restarted {
-                    let cluster = ClusterFile { nats_url: &url, data_dir: &data, identities: clients.clone(), components: &components };
-                    let _ = serde_json::to_string_pretty(&cluster).map(|t| nats_auth::write_private(&cluster_path, &t, 0o600));
+                    if let Some(r) = running.iter().find(|r| r.quick_exits >= QUICK_EXITS_TOLERATED) {
+                        eprintln!("{} keeps exiting right after it starts; stopping the cluster (see logs/{}.log)", r.name, r.name);
+                        break ExitCode::FAILURE;
+                    }
+                    let now = tokio::time::Instant::now();
+                    let due: Vec<usize> = restarts.iter().filter(|(at, _)| *at <= now).map(|(_, i)| *i).collect();
+                    restarts.retain(|(at, _)| *at > now);
+                    let restarted = !due.is_empty();
+                    for i in due {
+                        let c = &mut components[i];
+                        match running[i].process.start() {
+                            Ok(pid) => {
+                                c.pid = pid;
+                                eprintln!("started {:<16} pid {:<7} again", c.name, c.pid);
+                                running[i].started = std::time::Instant::now();
+                            }
+                            Err(e) => eprintln!("{} could not be started again: {e:#}", c.name),
+                        }
+                    }
+                    // cluster.json keeps naming each component's pid.
+                    if restarted {
+                        let cluster = ClusterFile {
+            nats_url: &url,
+            data_dir: &data,
+            identities: clients.clone(),
+            gateway: gateway.as_ref(),
+            components: &components,
+        };
+                        let _ = serde_json::to_string_pretty(&cluster).map(|t| nats_auth::write_private(&cluster_path, &t, 0o600));
+                    }
                 }
             }
-        }
     };
     stop_all(&mut running).await;
     eprintln!("cluster stopped");

@@ -261,6 +261,10 @@ enum Command {
         /// Coordinator processes `c1` … `cN`: one leads, the others stand by.
         #[arg(long, default_value_t = 1)]
         coordinators: u32,
+        /// The gateway's port on 127.0.0.1 (HTTP API and task board); a
+        /// free one is taken when it is in use. 0: no gateway.
+        #[arg(long, default_value_t = 8080)]
+        gateway_port: u16,
     },
     /// Write the NATS users and permissions of a cluster: `DIR/auth.conf` for
     /// nats-server (included by deploy/nats/*.conf) and `DIR/<user>.env` with
@@ -590,8 +594,9 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Dev { data_dir, nats_port, workers, slots, coordinators } => {
-            dev::run(dev::DevOptions { data_dir, nats_port, workers, slots, coordinators }, shutdown_signal()).await
+        Command::Dev { data_dir, nats_port, workers, slots, coordinators, gateway_port } => {
+            let opts = dev::DevOptions { data_dir, nats_port, workers, slots, coordinators, gateway_port };
+            dev::run(opts, shutdown_signal()).await
         }
         verb => {
             shared.nats.validate()?;

@@ -57,7 +57,7 @@ fn the_dev_cluster_is_secured_and_outlives_a_killed_worker() {
     let data = dir.path().join("dev");
     let port = free_port().to_string();
     let child = Command::new(BIN)
-        .args(["dev", "--workers", "1", "--nats-port", &port, "--data-dir"])
+        .args(["dev", "--workers", "1", "--nats-port", &port, "--gateway-port", &free_port().to_string(), "--data-dir"])
         .arg(&data)
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
@@ -99,6 +99,29 @@ fn the_dev_cluster_is_secured_and_outlives_a_killed_worker() {
     .expect("running");
     assert_eq!(running["owner"].as_str().map(|o| o.starts_with("alice/")), Some(true), "{running}");
     assert!(!snapshot(&bob).status.success(), "bob read alice's task");
+
+    // The dev cluster's gateway acts as each user with a token of their own.
+    let gateway = cluster["gateway"]["url"].as_str().expect("gateway url").to_owned();
+    assert!(cluster["gateway"]["board"].as_str().is_some_and(|b| b.starts_with(&gateway)), "{cluster}");
+    let http = reqwest::blocking::Client::new();
+    let token = |user: &str| cluster["gateway"]["tokens"][user].as_str().expect("token").to_owned();
+    let submitted = eventually(BOUND, || {
+        let r = http
+            .post(format!("{gateway}/v1/tasks"))
+            .bearer_auth(token("alice"))
+            .json(&serde_json::json!({"command": "echo via the gateway"}))
+            .send()
+            .ok()?;
+        (r.status().as_u16() == 201).then(|| r.json::<serde_json::Value>().ok()).flatten()
+    })
+    .expect("alice submits through the gateway");
+    let via = submitted["task"].as_str().expect("task id").to_owned();
+    let status_as = |user: &str| {
+        let r = http.get(format!("{gateway}/v1/tasks/{via}")).bearer_auth(token(user)).send().expect("GET");
+        r.status().as_u16()
+    };
+    assert_eq!(status_as("alice"), 200);
+    assert_eq!(status_as("bob"), 404, "bob read alice's task through the gateway");
 
     // Kill the worker: the demo goes on, the worker comes back, the task ends.
     let worker = cluster["components"]
