@@ -182,9 +182,9 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// A wall-clock time as people read it: UTC to the millisecond, and how long
-/// ago (`2026-12-01 11:20:53.412 UTC (3m ago)`). Epoch milliseconds that are
-/// out of range print as they are.
+/// A wall-clock time as people read it: RFC 3339 in UTC to the millisecond,
+/// and how long ago (`2026-12-01T11:20:53.412Z (3m ago)`). Epoch milliseconds
+/// that are out of range print as they are.
 fn when(at_ms: u64, now_ms: u64) -> String {
     let Ok(t) = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(at_ms) * 1_000_000) else {
         return at_ms.to_string();
@@ -194,7 +194,7 @@ fn when(at_ms: u64, now_ms: u64) -> String {
         None => "in the future by this machine's clock".to_owned(),
     };
     format!(
-        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:03} UTC ({ago})",
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z ({ago})",
         t.year(),
         u8::from(t.month()),
         t.day(),
@@ -339,8 +339,8 @@ mod tests {
     #[test]
     fn times_read_as_dates_and_ages() {
         let at = 1_764_588_053_412; // 2025-12-01 11:20:53.412 UTC
-        assert_eq!(when(at, at + 180_000), "2025-12-01 11:20:53.412 UTC (3m ago)");
-        assert_eq!(when(at, at + 5_000), "2025-12-01 11:20:53.412 UTC (5s ago)");
+        assert_eq!(when(at, at + 180_000), "2025-12-01T11:20:53.412Z (3m ago)");
+        assert_eq!(when(at, at + 5_000), "2025-12-01T11:20:53.412Z (5s ago)");
         assert!(when(at, at - 1).ends_with("(in the future by this machine's clock)"));
         assert_eq!(when(u64::MAX, 0), u64::MAX.to_string());
     }
