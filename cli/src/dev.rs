@@ -48,7 +48,7 @@ struct Component {
 }
 
 /// How a client acts as one of the dev cluster's users.
-#[derive(Serialize, Clone)]
+#[derive(Serialize)]
 struct ClientIdentity {
     user: String,
     password: String,
@@ -61,7 +61,7 @@ struct ClusterFile<'a> {
     nats_url: &'a str,
     data_dir: &'a Path,
     /// The users of the clients' account, by name.
-    identities: std::collections::BTreeMap<String, ClientIdentity>,
+    identities: &'a std::collections::BTreeMap<String, ClientIdentity>,
     /// The HTTP gateway, when one runs.
     #[serde(skip_serializing_if = "Option::is_none")]
     gateway: Option<&'a DevGateway>,
@@ -237,15 +237,20 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
             (i.user.clone(), id)
         })
         .collect();
-    let cluster = ClusterFile {
-        nats_url: &url,
-        data_dir: &data,
-        identities: clients.clone(),
-        gateway: gateway.as_ref(),
-        components: &components,
-    };
+    // cluster.json (0600: it holds credentials and tokens), written again
+    // whenever a component's pid changes.
     let cluster_path = data.join("cluster.json");
-    nats_auth::write_private(&cluster_path, &serde_json::to_string_pretty(&cluster)?, 0o600)?;
+    let describe = |components: &[Component]| -> anyhow::Result<()> {
+        let cluster = ClusterFile {
+            nats_url: &url,
+            data_dir: &data,
+            identities: &clients,
+            gateway: gateway.as_ref(),
+            components,
+        };
+        nats_auth::write_private(&cluster_path, &serde_json::to_string_pretty(&cluster)?, 0o600)
+    };
+    describe(&components)?;
     // A shell that sources this acts as alice on this cluster.
     let alice = identities.iter().find(|i| i.user == "alice").context("alice's credentials")?;
     let dev_env = data.join("dev.env");
@@ -273,49 +278,42 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     let mut restarts: Vec<(tokio::time::Instant, usize)> = Vec::new();
     let exit = loop {
         tokio::select! {
-                _ = &mut shutdown => break ExitCode::SUCCESS,
-                _ = tokio::time::sleep(Duration::from_millis(250)) => {
-                    for (i, r) in running.iter_mut().enumerate() {
-                        if restarts.iter().any(|(_, j)| *j == i) {
-                            continue;
+            _ = &mut shutdown => break ExitCode::SUCCESS,
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {
+                for (i, r) in running.iter_mut().enumerate() {
+                    if restarts.iter().any(|(_, j)| *j == i) {
+                        continue;
+                    }
+                    let Some(status) = r.process.try_exit() else { continue };
+                    r.quick_exits = if r.started.elapsed() < QUICK_EXIT { r.quick_exits + 1 } else { 0 };
+                    eprintln!("{} exited ({status}): {}; starting it again in {} s", r.name, while_gone(&r.name), RESTART_AFTER.as_secs());
+                    restarts.push((tokio::time::Instant::now() + RESTART_AFTER, i));
+                }
+                if let Some(r) = running.iter().find(|r| r.quick_exits >= QUICK_EXITS_TOLERATED) {
+                    eprintln!("{} keeps exiting right after it starts; stopping the cluster (see logs/{}.log)", r.name, r.name);
+                    break ExitCode::FAILURE;
+                }
+                let now = tokio::time::Instant::now();
+                let due: Vec<usize> = restarts.iter().filter(|(at, _)| *at <= now).map(|(_, i)| *i).collect();
+                restarts.retain(|(at, _)| *at > now);
+                let restarted = !due.is_empty();
+                for i in due {
+                    let c = &mut components[i];
+                    match running[i].process.start() {
+                        Ok(pid) => {
+                            c.pid = pid;
+                            eprintln!("started {:<16} pid {:<7} again", c.name, c.pid);
+                            running[i].started = std::time::Instant::now();
                         }
-                        let Some(status) = r.process.try_exit() else { continue };
-                        r.quick_exits = if r.started.elapsed() < QUICK_EXIT { r.quick_exits + 1 } else { 0 };
-                        eprintln!("{} exited ({status}): {}; starting it again in {} s", r.name, while_gone(&r.name), RESTART_AFTER.as_secs());
-                        restarts.push((tokio::time::Instant::now() + RESTART_AFTER, i));
-                    }
-                    if let Some(r) = running.iter().find(|r| r.quick_exits >= QUICK_EXITS_TOLERATED) {
-                        eprintln!("{} keeps exiting right after it starts; stopping the cluster (see logs/{}.log)", r.name, r.name);
-                        break ExitCode::FAILURE;
-                    }
-                    let now = tokio::time::Instant::now();
-                    let due: Vec<usize> = restarts.iter().filter(|(at, _)| *at <= now).map(|(_, i)| *i).collect();
-                    restarts.retain(|(at, _)| *at > now);
-                    let restarted = !due.is_empty();
-                    for i in due {
-                        let c = &mut components[i];
-                        match running[i].process.start() {
-                            Ok(pid) => {
-                                c.pid = pid;
-                                eprintln!("started {:<16} pid {:<7} again", c.name, c.pid);
-                                running[i].started = std::time::Instant::now();
-                            }
-                            Err(e) => eprintln!("{} could not be started again: {e:#}", c.name),
-                        }
-                    }
-                    // cluster.json keeps naming each component's pid.
-                    if restarted {
-                        let cluster = ClusterFile {
-            nats_url: &url,
-            data_dir: &data,
-            identities: clients.clone(),
-            gateway: gateway.as_ref(),
-            components: &components,
-        };
-                        let _ = serde_json::to_string_pretty(&cluster).map(|t| nats_auth::write_private(&cluster_path, &t, 0o600));
+                        Err(e) => eprintln!("{} could not be started again: {e:#}", c.name),
                     }
                 }
+                // cluster.json keeps naming each component's pid.
+                if restarted {
+                    let _ = describe(&components);
+                }
             }
+        }
     };
     stop_all(&mut running).await;
     eprintln!("cluster stopped");
