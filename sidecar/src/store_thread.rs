@@ -37,6 +37,12 @@ pub(crate) struct StoreHandle {
 }
 
 impl StoreHandle {
+    /// Commands waiting for the store thread (for tests).
+    #[cfg(test)]
+    fn queued(&self) -> usize {
+        self.tx.max_capacity() - self.tx.capacity()
+    }
+
     /// Starts the store thread with `machine` (or the reason the store is
     /// unusable): the handle, and the thread, which ends once every handle
     /// is dropped and the store is flushed.
@@ -233,10 +239,11 @@ mod tests {
     use tenure_protocol::messages::RegistryMark;
     use tenure_protocol::{Attempt, Epoch};
 
-    /// A memory store whose every flush waits for the test's word: `true`
-    /// commits, `false` fails.
+    /// A memory store whose every flush says it began, then waits for the
+    /// test's word: `true` commits, `false` fails.
     struct GatedStore {
         inner: MemoryStore,
+        began: sync_mpsc::Sender<()>,
         gate: sync_mpsc::Receiver<bool>,
     }
 
@@ -260,6 +267,7 @@ mod tests {
             self.inner.put_mark(mark)
         }
         fn flush(&self) -> Result<(), Error> {
+            let _ = self.began.send(());
             match self.gate.recv() {
                 Ok(true) => Ok(()),
                 _ => Err(Error::Injected),
@@ -274,31 +282,42 @@ mod tests {
     /// Group commit: an answer leaves only after the flush that made its
     /// request durable; a failed flush refuses every request of its batch,
     /// and the sidecar then refuses everything until it is restarted.
-    #[tokio::test]
+    // Two runtime threads: the test blocks on the flush's signal while the
+    // requests' tasks run.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn answers_wait_for_their_flush_and_a_failed_flush_refuses_the_whole_batch() {
         let (open, gate) = sync_mpsc::channel();
-        let machine = Machine::restore(GatedStore { inner: MemoryStore::new(), gate }).expect("restore");
+        let (began_tx, began) = sync_mpsc::channel();
+        let store = GatedStore { inner: MemoryStore::new(), began: began_tx, gate };
+        let machine = Machine::restore(store).expect("restore");
         let (handle, thread) = StoreHandle::start(Ok(machine));
         let ask = |epoch| {
             let handle = handle.clone();
             tokio::spawn(async move { handle.handle(SidecarRequest::ObserveEpoch(Epoch(epoch))).await })
         };
+        let flushing = || began.recv_timeout(Duration::from_secs(10)).expect("a flush began");
         // The first request waits in its flush; two more queue behind it.
         let first = ask(3);
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        flushing();
         let (second, third) = (ask(4), ask(5));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let queued = tokio::time::timeout(Duration::from_secs(10), async {
+            while handle.queued() < 2 {
+                tokio::task::yield_now().await;
+            }
+        });
+        queued.await.expect("both requests queued");
         assert!(!first.is_finished(), "answered before its flush");
         open.send(true).expect("gate");
         assert_eq!(first.await.expect("join"), SidecarReply::Ok);
         // The other two were applied together; their one flush fails.
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        flushing();
         assert!(!second.is_finished() && !third.is_finished(), "answered before their flush");
         open.send(false).expect("gate");
         assert!(storage(&second.await.expect("join")));
         assert!(storage(&third.await.expect("join")));
         // Degraded from then on: refused without a flush.
         assert!(storage(&ask(6).await.expect("join")));
+        assert!(began.try_recv().is_err(), "a degraded store flushed");
         drop(handle);
         thread.await.expect("the store thread ends once every handle is gone");
     }

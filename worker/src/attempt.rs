@@ -307,25 +307,12 @@ async fn perform(
                 tokio::time::sleep(delay).await;
             }
             let finished = matches!(event, ReportEvent::Finished(_));
-            let ack = report_once(shared, task, attempt, epoch, event).await;
-            let settles = ack.as_ref().is_some_and(|a| shared.state().core.settles(a, epoch));
-            if settles {
-                local.report_delay = None;
-                if ack.as_ref().is_some_and(ReportAck::is_stale) {
-                    tracing::info!(task = %task, attempt = %attempt, "report is stale; the leader settled it otherwise");
-                }
-                if finished {
-                    crash_point("after-report");
-                }
-            } else {
-                if let Some(ReportAck::StaleAt { epoch: said }) = ack {
-                    tracing::warn!(task = %task, attempt = %attempt, %said, "a leader below the highest epoch seen calls the report stale; kept, re-sent later");
-                }
-                let delay =
-                    local.report_delay.map_or(Duration::from_millis(50), |d| (d * 2).min(Duration::from_secs(1)));
-                local.report_delay = Some(delay);
+            let (ack, settles) = report_judged(shared, task, attempt, epoch, event).await;
+            local.report_delay = (!settles).then(|| next_report_delay(local.report_delay));
+            if settles && finished {
+                crash_point("after-report");
             }
-            Done::Reported(ack.unwrap_or(ReportAck::NotLeader))
+            Done::Reported(ack)
         }
         Action::Release => {
             let _ = std::fs::remove_dir_all(files.dir());
@@ -582,26 +569,45 @@ pub(crate) async fn report_until_acked(
     epoch: Epoch,
     event: ReportEvent,
 ) -> ReportAck {
-    let mut delay = Duration::from_millis(50);
+    let mut delay = None;
     loop {
-        match report_once(shared, task, attempt, epoch, event.clone()).await {
-            Some(ReportAck::Ack) => return ReportAck::Ack,
-            Some(ack) if ack.is_stale() && shared.state().core.settles(&ack, epoch) => {
-                tracing::info!(task = %task, attempt = %attempt, "report is stale; the leader settled it otherwise");
-                return ack;
-            }
-            answer => {
-                if let Some(ReportAck::StaleAt { epoch: said }) = answer {
-                    tracing::warn!(
-                        task = %task, attempt = %attempt, %said,
-                        "a leader below the highest epoch seen calls the report stale; kept, re-sent later"
-                    );
-                }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
-            }
+        let (ack, settles) = report_judged(shared, task, attempt, epoch, event.clone()).await;
+        if settles {
+            return ack;
         }
+        let next = next_report_delay(delay);
+        tokio::time::sleep(next).await;
+        delay = Some(next);
     }
+}
+
+/// The pause before a report is sent again: 50 ms, doubling up to 1 s.
+fn next_report_delay(last: Option<Duration>) -> Duration {
+    last.map_or(Duration::from_millis(50), |d| (d * 2).min(Duration::from_secs(1)))
+}
+
+/// Sends a report once and judges its answer: whether it settles the report
+/// (no answer counts as `NotLeader`: retry), saying so for a stale one.
+async fn report_judged(
+    shared: &Shared,
+    task: &TaskId,
+    attempt: Attempt,
+    epoch: Epoch,
+    event: ReportEvent,
+) -> (ReportAck, bool) {
+    let ack = report_once(shared, task, attempt, epoch, event).await.unwrap_or(ReportAck::NotLeader);
+    let settles = shared.state().core.settles(&ack, epoch);
+    match ack {
+        ReportAck::Stale | ReportAck::StaleAt { .. } if settles => {
+            tracing::info!(task = %task, attempt = %attempt, "report is stale; the leader settled it otherwise");
+        }
+        ReportAck::StaleAt { epoch: said } => tracing::warn!(
+            task = %task, attempt = %attempt, %said,
+            "a leader below the highest epoch seen calls the report stale; kept, re-sent later"
+        ),
+        _ => {}
+    }
+    (ack, settles)
 }
 
 /// Sends a report once; `None` when no leader answered.
