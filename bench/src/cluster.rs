@@ -1,53 +1,18 @@
-//! The cluster under measurement: a nats-server on a free loopback port with
-//! its own store, coordinators, and workers with their sidecars — the real
-//! `tenure` binary, each a child process of the bench. Every process is
-//! started here and stopped here by its own pid: in reverse order at the end of
-//! a benchmark, and by [`stop_everything`] on Ctrl-C.
+//! The cluster under measurement: the one local-cluster harness
+//! ([`tenure_launch::cluster`]) with the bench's timings — a nats-server on
+//! a free loopback port with its own store, coordinators, and workers with
+//! their sidecars, the real `tenure` binary, each a child process of the
+//! bench in a process group of its own. The harness stops them by their own
+//! pids in reverse start order (workers end their tasks first) when the
+//! cluster stops or is dropped (a failed benchmark, a Ctrl-C).
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
-use tenure_launch::daemon::DaemonArgs;
-use tenure_launch::process::Process;
+use anyhow::bail;
+use tenure_launch::cluster::{Cluster as Harness, Layout, Member};
 
 use crate::api::{Api, BenchApi};
-
-/// Processes started and not yet stopped, for the Ctrl-C path.
-static LIVE: Mutex<Vec<i32>> = Mutex::new(Vec::new());
-
-fn live() -> std::sync::MutexGuard<'static, Vec<i32>> {
-    LIVE.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Stops every process this bench started and is still running: SIGTERM
-/// (workers end their tasks, newest first), a bounded wait, then SIGKILL.
-pub fn stop_everything() {
-    let pids: Vec<i32> = live().iter().rev().copied().collect();
-    for pid in &pids {
-        let _ = kill(Pid::from_raw(*pid), Signal::SIGTERM);
-    }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline && pids.iter().any(|p| alive(*p)) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    for pid in pids {
-        if alive(pid) {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-    }
-}
-
-/// Alive and not a zombie.
-fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat.rsplit_once(')').is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
-}
 
 /// The programs the bench runs.
 #[derive(Debug, Clone)]
@@ -89,6 +54,19 @@ impl Spec {
     pub fn new(workers: u32, slots: u32) -> Spec {
         Spec { coordinators: 1, workers, slots, sync_always: false, worker_extra: Vec::new() }
     }
+
+    /// The harness's layout: the bench's lease timings and heartbeat.
+    fn layout(&self) -> Layout {
+        let flags = |f: &[&str]| f.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let hb = HEARTBEAT_MS.to_string();
+        let mut worker_flags = flags(&["--heartbeat-ms", &hb, "--kill-grace-ms", "1000", "--kill-tasks-on-exit"]);
+        worker_flags.extend(self.worker_extra.iter().cloned());
+        Layout {
+            coordinator_flags: flags(&LEASE_FLAGS),
+            worker_flags,
+            ..Layout::new(self.coordinators, self.workers, self.slots)
+        }
+    }
 }
 
 /// Lease timings of the bench's coordinators (the defaults are 6000/2000/4000).
@@ -97,63 +75,11 @@ const LEASE_FLAGS: [&str; 6] = ["--lease-ttl-ms", "2000", "--renew-interval-ms",
 /// Worker heartbeat of the bench (default 1000 ms).
 pub const HEARTBEAT_MS: u64 = 250;
 
-/// One process of the cluster: a [`Process`] in its own process group,
-/// registered for the Ctrl-C path while it runs.
-pub struct Proc {
-    pub name: String,
-    process: Process,
-}
-
-impl Proc {
-    fn new(name: &str, program: &Path, args: &[String], log: &Path) -> Proc {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let process = Process::new(name, program, &args, log).env("RUST_LOG", "info").own_process_group();
-        Proc { name: name.into(), process }
-    }
-
-    pub fn pid(&self) -> Option<i32> {
-        self.process.pid()
-    }
-
-    fn start(&mut self) -> anyhow::Result<()> {
-        let pid = self.process.start()?;
-        live().push(pid as i32);
-        Ok(())
-    }
-
-    pub fn kill9(&mut self) {
-        if let Some(pid) = self.process.pid() {
-            self.process.kill9();
-            live().retain(|p| *p != pid);
-        }
-    }
-
-    async fn stop(&mut self, bound: Duration) {
-        if self.pid().is_none() {
-            return;
-        }
-        self.process.signal(Signal::SIGTERM);
-        let deadline = Instant::now() + bound;
-        while Instant::now() < deadline {
-            if self.process.try_exit().is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        self.kill9();
-    }
-
-    pub fn log_tail(&self) -> String {
-        self.process.log_tail(15)
-    }
-}
-
 pub struct Cluster {
     pub dir: PathBuf,
     pub url: String,
-    pub procs: Vec<Proc>,
     pub api: Api,
-    tools: Tools,
+    harness: Harness,
 }
 
 impl Cluster {
@@ -162,40 +88,28 @@ impl Cluster {
     /// worker is alive in the leader's view.
     pub async fn start(tools: &Tools, root: &Path, name: &str, spec: &Spec) -> anyhow::Result<Cluster> {
         let dir = root.join(name);
-        std::fs::create_dir_all(dir.join("logs"))?;
-        let port = tenure_launch::free_port()?;
-        let url = format!("nats://127.0.0.1:{port}");
-        let conf = dir.join("nats.conf");
-        let config = tenure_launch::nats::Config::new(port, dir.join("nats"));
-        tenure_launch::nats::Config { sync_always: spec.sync_always, ..config }.write(&conf)?;
-        let mut procs = Vec::new();
-        let args = ["-c".to_owned(), conf.display().to_string()];
-        let mut nats = Proc::new("nats", &tools.nats_server, &args, &dir.join("logs/nats.log"));
-        nats.start()?;
-        procs.push(nats);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if Instant::now() > deadline {
-                bail!("nats-server did not listen on 127.0.0.1:{port} within 20 s");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let mut harness = Harness::new(&dir, &tools.tenure, "")?;
+        harness.own_process_groups();
+        harness.set_stop_grace(Duration::from_secs(10));
+        let config = tenure_launch::nats::Config::new(tenure_launch::free_port()?, dir.join("nats"));
+        harness.start_nats(
+            &tools.nats_server,
+            tenure_launch::nats::Config { sync_always: spec.sync_always, ..config },
+            "",
+        )?;
+        let url = harness.url().to_owned();
         let api = crate::api::connect(&url).await?;
-        let mut c = Cluster { dir, url, procs, api, tools: tools.clone() };
-        c.spawn_coordinator("c1")?;
-        c.wait_leader(Duration::from_secs(30)).await?;
-        for i in 2..=spec.coordinators {
-            c.spawn_coordinator(&format!("c{i}"))?;
+        let layout = spec.layout();
+        let coordinators = layout.coordinators(|_| url.clone());
+        let mut c = Cluster { dir, url, api, harness };
+        for (i, planned) in coordinators.iter().enumerate() {
+            c.harness.spawn_planned(planned)?;
+            if i == 0 {
+                c.wait_leader(Duration::from_secs(30)).await?;
+            }
         }
-        for i in 1..=spec.workers {
-            let id = format!("w{i}");
-            let data = c.worker_dir(&id);
-            c.spawn(&format!("sidecar-{id}"), DaemonArgs::sidecar(&c.url, &id, &data))?;
-            let hb = HEARTBEAT_MS.to_string();
-            let args = DaemonArgs::worker(&c.url, &id, spec.slots, &data)
-                .flags(&["--heartbeat-ms", &hb, "--kill-grace-ms", "1000", "--kill-tasks-on-exit"])
-                .flags(&spec.worker_extra);
-            c.spawn(&format!("worker-{id}"), args)?;
+        for planned in layout.machines(&c.dir, |_| c.url.clone()) {
+            c.harness.spawn_planned(&planned)?;
         }
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -214,30 +128,19 @@ impl Cluster {
         Ok(c)
     }
 
-    pub fn spawn_coordinator(&mut self, name: &str) -> anyhow::Result<()> {
-        let args = DaemonArgs::coordinator(&self.url, name).flags(&LEASE_FLAGS);
-        self.spawn(&format!("coordinator-{name}"), args)
-    }
-
-    fn spawn(&mut self, name: &str, args: DaemonArgs) -> anyhow::Result<()> {
-        let all = args.into_vec();
-        let mut p = Proc::new(name, &self.tools.tenure, &all, &self.dir.join(format!("logs/{name}.log")));
-        p.start()?;
-        self.procs.push(p);
-        Ok(())
-    }
-
-    pub fn proc(&mut self, name: &str) -> anyhow::Result<&mut Proc> {
-        self.procs.iter_mut().find(|p| p.name == name).with_context(|| format!("no process {name}"))
+    /// The member called `name` (`coordinator-c1`, `worker-w1`, …).
+    pub fn member(&mut self, name: &str) -> anyhow::Result<&mut Member> {
+        Ok(self.harness.member_mut(name)?)
     }
 
     pub fn pid(&self, name: &str) -> Option<i32> {
-        self.procs.iter().find(|p| p.name == name).and_then(Proc::pid)
+        self.harness.pid(name)
     }
 
-    /// Starts a stopped process again with the same command line.
+    /// Starts a stopped member again with the same command line.
     pub fn restart(&mut self, name: &str) -> anyhow::Result<()> {
-        self.proc(name)?.start()
+        self.member(name)?.start()?;
+        Ok(())
     }
 
     /// Waits until some coordinator answers as the leader; its name.
@@ -257,20 +160,18 @@ impl Cluster {
     }
 
     pub fn worker_dir(&self, id: &str) -> PathBuf {
-        tenure_launch::daemon::machine_dir(&self.dir, id)
+        self.harness.machine_dir(id)
     }
 
     /// The last lines of every log, for failure messages.
     pub fn logs(&self) -> String {
-        self.procs.iter().map(|p| format!("---- {} ----\n{}\n", p.name, p.log_tail())).collect()
+        self.harness.logs_tail(15)
     }
 
     /// Stops everything in reverse start order (workers end their tasks first,
     /// NATS last) and removes the cluster's files.
     pub async fn stop(mut self) {
-        while let Some(mut p) = self.procs.pop() {
-            p.stop(Duration::from_secs(10)).await;
-        }
+        self.harness.stop_all(|_, _| {});
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
@@ -343,7 +244,8 @@ impl CpuMeter {
     pub fn start(cluster: &Cluster) -> CpuMeter {
         let me = std::process::id() as i32;
         let mut start: Vec<_> = cluster
-            .procs
+            .harness
+            .members()
             .iter()
             .filter_map(|p| p.pid().map(|pid| (p.name.clone(), pid, cpu_ms_with_live_children(pid))))
             .collect();

@@ -167,10 +167,10 @@ fn main() -> ExitCode {
             }
         }
     });
-    // Whatever is still running (an interrupted or failed benchmark) stops here;
-    // in-process work still writing to the scratch directory (a store being
-    // filled) ends with the runtime, before the directory goes.
-    cluster::stop_everything();
+    // Whatever still ran (an interrupted benchmark) was stopped when its
+    // cluster was dropped with the benchmark's future; in-process work still
+    // writing to the scratch directory (a store being filled) ends with the
+    // runtime, before the directory goes.
     runtime.shutdown_timeout(Duration::from_secs(10));
     let _ = std::fs::remove_dir_all(&root);
     code
@@ -202,9 +202,8 @@ async fn run_all(mut ctx: Ctx, selected: &[&str]) -> ExitCode {
             Ok(()) => ctx.say(format!("-- {name} done in {:.1} s", t.elapsed().as_secs_f64())),
             Err(e) => {
                 ctx.say(format!("-- {name} FAILED: {e:#}"));
+                // Its cluster was stopped when the benchmark returned.
                 failed.push(*name);
-                // Leftovers of the failed run must not disturb the next one.
-                cluster::stop_everything();
             }
         }
     }

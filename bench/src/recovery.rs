@@ -94,7 +94,7 @@ async fn failover_rounds(
             tokio::time::sleep(Duration::from_millis(100)).await;
         };
         pb.set_message(format!("failover: round {round}/{rounds}, leader {old} SIGKILLed"));
-        cluster.proc(&format!("coordinator-{old}"))?.kill9();
+        cluster.member(&format!("coordinator-{old}"))?.kill9();
         let killed = Instant::now();
         let deadline = killed + Duration::from_secs(60);
         loop {
@@ -174,7 +174,7 @@ async fn restart_once(cluster: &mut Cluster, n: usize) -> anyhow::Result<Duratio
             break hb.instance;
         }
     };
-    cluster.proc("worker-w1")?.kill9();
+    cluster.member("worker-w1")?.kill9();
     let killed = Instant::now();
     cluster.restart("worker-w1")?;
     let deadline = killed + Duration::from_secs(60);

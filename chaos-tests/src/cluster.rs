@@ -1,84 +1,42 @@
-//! The cluster under test: a real nats-server, coordinators, and workers with
-//! their sidecars — the real `tenure` binary — each node reaching NATS through
-//! its own fault-injecting proxy. Every process is started here, signalled by
-//! its own pid, and stopped here.
+//! The cluster under test: the one local-cluster harness
+//! ([`tenure_launch::cluster`]) — a real nats-server, coordinators, and
+//! workers with their sidecars, the real `tenure` binary — with each node
+//! reaching NATS through its own fault-injecting proxy, and the faults the
+//! schedule names (power-loss disks, wiped machines, duplicate workers,
+//! registry swaps). Every process is started by the harness, signalled by its
+//! own pid, and stopped by it.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::bail;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use tenure_machine::attempt_files::AttemptFiles;
 
-use tenure_launch::daemon::{machine_dir, DaemonArgs};
+use tenure_launch::cluster::{Cluster as Harness, Layout, Member};
+use tenure_launch::daemon::machine_dir;
 use tenure_launch::process::Process;
 
 use crate::power::{self, Disk};
 use crate::proxy::{Mode, Proxy};
 use crate::schedule::Link;
 
-/// One supervised process: restarted by [`Cluster::supervise`] whenever it is
-/// not running and its down time is over.
-pub struct Node {
-    pub name: String,
-    process: Process,
-    down_until: Option<Instant>,
-    /// Environment for the next start only (a crash-window hook).
-    next_env: Vec<(String, String)>,
-}
-
-impl Node {
-    fn new(name: &str, program: &Path, args: &[&str], logs: &Path) -> Node {
-        let process = Process::new(name, program, args, &logs.join(format!("{name}.log"))).env("RUST_LOG", "info");
-        Node { name: name.into(), process, down_until: None, next_env: Vec::new() }
-    }
-
-    fn start(&mut self) -> anyhow::Result<()> {
-        let once = std::mem::take(&mut self.next_env);
-        self.process.start_with(&once)?;
-        Ok(())
-    }
-
-    pub fn pid(&self) -> Option<i32> {
-        self.process.pid()
-    }
-
-    fn running(&mut self) -> bool {
-        self.process.running()
-    }
-
-    /// SIGKILL now; restarted after `down`.
-    pub fn kill9(&mut self, down: Duration) {
-        self.process.kill9();
-        self.down_until = Some(Instant::now() + down);
-    }
-
-    pub fn signal(&mut self, sig: Signal) {
-        self.process.signal(sig);
-    }
-
-    fn stop(&mut self) {
-        self.process.signal(Signal::SIGCONT);
-        self.process.kill9();
-    }
-}
-
 /// A second worker process with another's id, and its data directory.
 pub struct Duplicate {
-    node: Node,
+    process: Process,
     data: PathBuf,
 }
 
 impl Duplicate {
     pub fn pid(&self) -> Option<i32> {
-        self.node.pid()
+        self.process.pid()
     }
 
     /// Stops it and whatever it may have started (it should have started
     /// nothing: the leader never binds a live worker's id to it).
     pub fn stop(&mut self) {
-        self.node.stop();
+        self.process.kill9();
         for (shim, pgid) in shims_in(&self.data) {
             let _ = kill(Pid::from_raw(shim), Signal::SIGKILL);
             if let Some(g) = pgid.filter(|g| *g > 1) {
@@ -102,12 +60,12 @@ fn shims_in(dir: &Path) -> Vec<(i32, Option<i32>)> {
 }
 
 pub struct Cluster {
+    /// The one local-cluster harness: nats-server (member `nats`),
+    /// `coordinator-cN`, `sidecar-wN`, `worker-wN`.
+    harness: Harness,
     pub dir: PathBuf,
     pub nats_port: u16,
-    nats: Node,
-    pub coordinators: Vec<Node>,
-    pub workers: Vec<Node>,
-    pub sidecars: Vec<Node>,
+    coordinators: usize,
     coordinator_links: Vec<Proxy>,
     worker_links: Vec<Proxy>,
     sidecar_links: Vec<Proxy>,
@@ -167,40 +125,26 @@ impl Cluster {
         // The run's directory may be passable for the tasks' user; the logs are not theirs.
         std::fs::set_permissions(&logs, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
         let nats_port = tenure_launch::free_port()?;
+        let mut harness = Harness::new(dir, bin, "")?;
         // JetStream with `sync_interval: always`, as the shipped configurations:
         // an acknowledged write survives the nats-server SIGKILLs of the run.
-        let conf = dir.join("nats.conf");
-        tenure_launch::nats::Config::new(nats_port, dir.join("nats")).write(&conf)?;
-        let conf = conf.display().to_string();
-        let mut nats = Node::new("nats", nats_bin, &["-c", &conf], &logs);
-        nats.start()?;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", nats_port)).is_err() {
-            if Instant::now() > deadline {
-                bail!("nats-server did not start");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let url = |p: &Proxy| format!("nats://127.0.0.1:{}", p.port);
-        let mut c = Cluster {
-            dir: dir.to_path_buf(),
-            nats_port,
-            nats,
-            coordinators: Vec::new(),
-            workers: Vec::new(),
-            sidecars: Vec::new(),
-            coordinator_links: Vec::new(),
-            worker_links: Vec::new(),
-            sidecar_links: Vec::new(),
-            nats_disk,
-            disks,
-        };
+        harness.start_nats(nats_bin, tenure_launch::nats::Config::new(nats_port, dir.join("nats")), "")?;
         // Each node reaches NATS through its own proxy: the URL hook of the
-        // daemons' command lines.
+        // harness's layout.
+        let mut links = std::collections::HashMap::new();
+        let members = (1..=coordinators)
+            .map(|i| format!("coordinator-c{i}"))
+            .chain((1..=workers).flat_map(|i| [format!("sidecar-w{i}"), format!("worker-w{i}")]));
+        for name in members {
+            links.insert(name, Proxy::start(nats_port).await?);
+        }
+        let url = |name: &str| links.get(name).map(|p| format!("nats://127.0.0.1:{}", p.port)).unwrap_or_default();
+        let flags = |f: &[&str]| f.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let window = DUPLICATE_WINDOW.as_millis().to_string();
-        for i in 1..=coordinators {
-            let p = Proxy::start(nats_port).await?;
-            let args = DaemonArgs::coordinator(&url(&p), &format!("c{i}")).flags(&[
+        let mut worker_flags = flags(&["--heartbeat-ms", "300", "--kill-grace-ms", "1000"]);
+        worker_flags.extend(run_as.map(|user| ["--run-as".to_owned(), user.to_owned()]).into_iter().flatten());
+        let layout = Layout {
+            coordinator_flags: flags(&[
                 "--worker-ttl-ms",
                 "3000",
                 "--lease-ttl-ms",
@@ -212,32 +156,52 @@ impl Cluster {
                 // Short, so that `nats-restart` can outwait it.
                 "--registry-duplicate-window-ms",
                 &window,
-            ]);
-            c.coordinators.push(Node::new(&format!("c{i}"), bin, &args.as_strs(), &logs));
-            c.coordinator_links.push(p);
+            ]),
+            worker_flags,
+            ..Layout::new(coordinators as u32, workers as u32, SLOTS)
+        };
+        for planned in layout.coordinators(url).iter().chain(&layout.machines(dir, url)) {
+            harness.spawn_planned(planned)?;
         }
-        for i in 1..=workers {
-            let id = format!("w{i}");
-            let data = machine_dir(dir, &id);
-            let ps = Proxy::start(nats_port).await?;
-            let args = DaemonArgs::sidecar(&url(&ps), &id, &data);
-            c.sidecars.push(Node::new(&format!("sidecar-{id}"), bin, &args.as_strs(), &logs));
-            c.sidecar_links.push(ps);
-            let pw = Proxy::start(nats_port).await?;
-            let mut args = DaemonArgs::worker(&url(&pw), &id, SLOTS, &data).flags(&[
-                "--heartbeat-ms",
-                "300",
-                "--kill-grace-ms",
-                "1000",
-            ]);
-            if let Some(user) = run_as {
-                args = args.flags(&["--run-as", user]);
-            }
-            c.workers.push(Node::new(&format!("worker-{id}"), bin, &args.as_strs(), &logs));
-            c.worker_links.push(pw);
-        }
-        c.supervise()?;
-        Ok(c)
+        let mut take = |prefix: &str, n: usize| -> Vec<Proxy> {
+            (1..=n).filter_map(|i| links.remove(&format!("{prefix}{i}"))).collect()
+        };
+        Ok(Cluster {
+            coordinator_links: take("coordinator-c", coordinators),
+            sidecar_links: take("sidecar-w", workers),
+            worker_links: take("worker-w", workers),
+            harness,
+            dir: dir.to_path_buf(),
+            nats_port,
+            coordinators,
+            nats_disk,
+            disks,
+        })
+    }
+
+    /// How many coordinators the cluster has.
+    pub fn coordinator_count(&self) -> usize {
+        self.coordinators
+    }
+
+    /// Coordinator `i` (from 0).
+    pub fn coordinator(&mut self, i: usize) -> &mut Member {
+        self.member(&format!("coordinator-c{}", i + 1))
+    }
+
+    /// The worker process of machine `i` (from 0).
+    pub fn worker(&mut self, i: usize) -> &mut Member {
+        self.member(&format!("worker-w{}", i + 1))
+    }
+
+    /// The sidecar of machine `i` (from 0).
+    pub fn sidecar(&mut self, i: usize) -> &mut Member {
+        self.member(&format!("sidecar-w{}", i + 1))
+    }
+
+    fn member(&mut self, name: &str) -> &mut Member {
+        // Every name asked for is one the layout started.
+        self.harness.member_mut(name).unwrap_or_else(|e| panic!("{e}"))
     }
 
     pub fn nats_url(&self) -> String {
@@ -250,51 +214,33 @@ impl Cluster {
 
     /// Starts every node that is down and due, nats-server first.
     pub fn supervise(&mut self) -> anyhow::Result<()> {
-        let now = Instant::now();
-        let nodes = std::iter::once(&mut self.nats)
-            .chain(self.coordinators.iter_mut())
-            .chain(self.sidecars.iter_mut())
-            .chain(self.workers.iter_mut());
-        for n in nodes {
-            if !n.running() && n.down_until.is_none_or(|t| now >= t) {
-                n.start()?;
-            }
+        for (name, started) in self.harness.supervise() {
+            started.map_err(|e| anyhow::anyhow!("starting {name} again: {e}"))?;
         }
         Ok(())
     }
 
     pub fn kill_nats(&mut self, down: Duration) {
-        self.nats.kill9(down);
+        self.member("nats").kill_for(down);
     }
 
     pub fn nats_pid(&self) -> Option<i32> {
-        self.nats.pid()
+        self.harness.pid("nats")
     }
 
     /// SIGTERMs nats-server (it flushes its store) and waits for it to exit;
     /// it stays down until [`Cluster::start_nats`].
     fn stop_nats(&mut self) {
-        if let Some(pid) = self.nats.pid() {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-        }
-        self.nats.process.wait_exit(Duration::from_secs(20));
-        self.nats.kill9(Duration::from_secs(24 * 3600));
+        let nats = self.member("nats");
+        nats.signal(Signal::SIGTERM);
+        nats.wait_exit(Duration::from_secs(20));
+        nats.hold();
     }
 
     /// Starts nats-server again and waits until it listens.
     async fn start_nats(&mut self) -> anyhow::Result<()> {
-        self.nats.down_until = None;
-        if !self.nats.running() {
-            self.nats.start()?;
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(("127.0.0.1", self.nats_port)).is_err() {
-            if Instant::now() > deadline {
-                bail!("nats-server did not start again");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(())
+        self.member("nats").release();
+        Ok(self.harness.restart_nats()?)
     }
 
     /// The registry stream's directory in nats-server's store.
@@ -333,15 +279,15 @@ impl Cluster {
 
     /// Stops every coordinator until [`Cluster::release_coordinators`].
     pub fn hold_coordinators(&mut self) {
-        for c in &mut self.coordinators {
-            c.kill9(Duration::from_secs(24 * 3600));
+        for i in 0..self.coordinators {
+            self.coordinator(i).hold();
         }
     }
 
     /// Lets the supervisor start the coordinators again.
     pub fn release_coordinators(&mut self) -> anyhow::Result<()> {
-        for c in &mut self.coordinators {
-            c.down_until = None;
+        for i in 0..self.coordinators {
+            self.coordinator(i).release();
         }
         self.supervise()
     }
@@ -356,17 +302,17 @@ impl Cluster {
 
     /// Restarts worker `i` so that it crashes at `point` of its next attempt.
     pub fn crash_worker_at(&mut self, i: usize, point: &str) {
-        let w = &mut self.workers[i];
-        w.kill9(Duration::ZERO);
-        w.next_env = vec![("TENURE_CRASH_AT".into(), point.into())];
+        let w = self.worker(i);
+        w.kill9();
+        w.next_start_env(vec![("TENURE_CRASH_AT".into(), point.into())]);
     }
 
     /// Restarts coordinator `i` at once with its wall clock `offset_ms` off
     /// (the test-only `TENURE_TEST_CLOCK_OFFSET_MS`), until its next restart.
     pub fn skew_coordinator(&mut self, i: usize, offset_ms: i64) {
-        let c = &mut self.coordinators[i];
-        c.kill9(Duration::ZERO);
-        c.next_env = vec![("TENURE_TEST_CLOCK_OFFSET_MS".into(), offset_ms.to_string())];
+        let c = self.coordinator(i);
+        c.kill9();
+        c.next_start_env(vec![("TENURE_TEST_CLOCK_OFFSET_MS".into(), offset_ms.to_string())]);
     }
 
     /// Live shims on machine `i`, with their task's process group.
@@ -377,7 +323,7 @@ impl Cluster {
     /// The shim launcher of machine `i`'s worker: its child running
     /// `shim-launcher`.
     pub fn launcher(&self, i: usize) -> Option<i32> {
-        let worker = self.workers[i].pid()?;
+        let worker = self.harness.pid(&format!("worker-w{}", i + 1))?;
         std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
             let pid: i32 = e.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
@@ -412,7 +358,7 @@ impl Cluster {
     /// A power loss of the NATS node: nats-server killed, its store back to
     /// what was synced; it boots again after `down`.
     pub fn power_loss_nats(&mut self, down: Duration) -> anyhow::Result<()> {
-        self.nats.kill9(down);
+        self.kill_nats(down);
         match self.nats_disk.as_mut() {
             Some(disk) => disk.power_cycle(),
             None => bail!("the NATS node has no power-loss disk"),
@@ -424,27 +370,30 @@ impl Cluster {
     /// through the same link and with the same flags; stop it with
     /// [`Duplicate::stop`].
     pub fn duplicate_worker(&mut self, i: usize, serial: usize) -> anyhow::Result<Duplicate> {
-        let real = &self.workers[i];
         let data = self.dir.join("duplicates").join(format!("w{}-{serial}", i + 1));
-        let mut args: Vec<String> = real.process.args().to_vec();
+        let log_dir = self.dir.join("logs");
+        let real = self.worker(i).process();
+        let mut args: Vec<String> = real.args().to_vec();
         if let Some(at) = args.iter().position(|a| a == "--data-dir") {
             args[at + 1] = data.display().to_string();
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let logs = self.dir.join("logs");
-        let mut node = Node::new(&format!("duplicate-w{}-{serial}", i + 1), real.process.program(), &args, &logs);
-        node.start()?;
-        Ok(Duplicate { node, data })
+        let name = format!("duplicate-w{}-{serial}", i + 1);
+        let log = log_dir.join(format!("{name}.log"));
+        let mut process = Process::new(&name, real.program(), &args, &log).env("RUST_LOG", "info");
+        process.start()?;
+        Ok(Duplicate { process, data })
     }
 
     /// A machine crash: the worker, the sidecar, every shim and task group;
     /// the machine boots again (a new boot id) after `down`.
     pub fn kill_machine(&mut self, i: usize, down: Duration) {
-        self.workers[i].kill9(down);
-        self.sidecars[i].kill9(down);
         let boot = uuid::Uuid::new_v4().to_string();
-        self.workers[i].process.set_env("TENURE_TEST_BOOT_ID", &boot);
-        self.sidecars[i].process.set_env("TENURE_TEST_BOOT_ID", &boot);
+        for name in [format!("worker-w{}", i + 1), format!("sidecar-w{}", i + 1)] {
+            let member = self.member(&name);
+            member.kill_for(down);
+            member.set_env("TENURE_TEST_BOOT_ID", &boot);
+        }
         for (shim, pgid) in self.shims(i) {
             let _ = kill(Pid::from_raw(shim), Signal::SIGKILL);
             if let Some(g) = pgid.filter(|g| *g > 1) {
@@ -458,31 +407,16 @@ impl Cluster {
         for p in self.coordinator_links.iter().chain(&self.worker_links).chain(&self.sidecar_links) {
             p.set(Mode::Pass);
         }
-        for n in self
-            .coordinators
-            .iter_mut()
-            .chain(self.sidecars.iter_mut())
-            .chain(self.workers.iter_mut())
-            .chain(std::iter::once(&mut self.nats))
-        {
-            n.signal(Signal::SIGCONT);
-            n.down_until = None;
-            n.next_env.clear();
+        for m in self.harness.members_mut() {
+            m.signal(Signal::SIGCONT);
+            m.release();
+            m.next_start_env(Vec::new());
         }
         self.supervise()
     }
 
-    /// Stops every process this cluster started.
+    /// Stops every process this cluster started (SIGKILL, newest first).
     pub fn stop(&mut self) {
-        for n in self.workers.iter_mut().chain(self.sidecars.iter_mut()).chain(self.coordinators.iter_mut()) {
-            n.stop();
-        }
-        self.nats.stop();
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        self.stop();
+        self.harness.stop_all(|_, _| {});
     }
 }

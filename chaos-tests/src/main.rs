@@ -574,20 +574,20 @@ async fn inject(
     match fault {
         Fault::KillLeader { down_ms } | Fault::KillStandby { down_ms } => {
             let lead = leader(client).await;
-            let n = c.coordinators.len();
+            let n = c.coordinator_count();
             let target = match (fault, lead) {
                 (Fault::KillLeader { .. }, Some(l)) => l,
                 (Fault::KillStandby { .. }, Some(l)) if n > 1 => (l + 1 + rng.gen_range(0..n - 1)) % n,
                 _ => rng.gen_range(0..n),
             };
-            let node = &mut c.coordinators[target];
+            let node = c.coordinator(target);
             let pid = node.pid();
-            node.kill9(ms(*down_ms));
+            node.kill_for(ms(*down_ms));
             format!("{} {} (pid {pid:?}) SIGKILL, restart in {down_ms} ms", fault.kind(), node.name)
         }
         Fault::PauseLeader { ms: pause } => {
             let Some(l) = leader(client).await else { return "pause-leader: no leader to pause".into() };
-            let node = &mut c.coordinators[l];
+            let node = c.coordinator(l);
             node.signal(Signal::SIGSTOP);
             if let Some(pid) = node.pid() {
                 pending.push((Instant::now() + ms(*pause), Pending::Cont(pid)));
@@ -595,13 +595,13 @@ async fn inject(
             format!("pause-leader {} (pid {:?}) SIGSTOP for {pause} ms", node.name, node.pid())
         }
         Fault::KillWorker { worker, down_ms } => {
-            let pid = c.workers[*worker].pid();
-            c.workers[*worker].kill9(ms(*down_ms));
+            let pid = c.worker(*worker).pid();
+            c.worker(*worker).kill_for(ms(*down_ms));
             format!("kill-worker w{} (pid {pid:?}) SIGKILL, restart in {down_ms} ms", worker + 1)
         }
         Fault::KillSidecar { worker, down_ms } => {
-            let pid = c.sidecars[*worker].pid();
-            c.sidecars[*worker].kill9(ms(*down_ms));
+            let pid = c.sidecar(*worker).pid();
+            c.sidecar(*worker).kill_for(ms(*down_ms));
             format!("kill-sidecar w{} (pid {pid:?}) SIGKILL, restart in {down_ms} ms", worker + 1)
         }
         Fault::KillShim { worker } => {
@@ -629,7 +629,7 @@ async fn inject(
             )
         }
         Fault::PauseWorker { worker, ms: pause } => {
-            let node = &mut c.workers[*worker];
+            let node = c.worker(*worker);
             node.signal(Signal::SIGSTOP);
             if let Some(pid) = node.pid() {
                 pending.push((Instant::now() + ms(*pause), Pending::Cont(pid)));
@@ -679,12 +679,12 @@ async fn inject(
         Fault::ClockSkew { offset_ms } => {
             // The leader, so that the next leader takes over a registry
             // written under another clock; any coordinator without one.
-            let target = leader(client).await.unwrap_or_else(|| rng.gen_range(0..c.coordinators.len()));
-            let pid = c.coordinators[target].pid();
+            let target = leader(client).await.unwrap_or_else(|| rng.gen_range(0..c.coordinator_count()));
+            let pid = c.coordinator(target).pid();
             c.skew_coordinator(target, *offset_ms);
             format!(
                 "clock-skew {} (pid {pid:?}) restarted with its clock {offset_ms} ms off",
-                c.coordinators[target].name
+                c.coordinator(target).name
             )
         }
         Fault::CrashWindow { worker, point } => {

@@ -1,6 +1,7 @@
 //! `tenure dev`: a whole local cluster in one command — nats-server with
 //! JetStream on loopback, coordinators `c1` … `cN` (one leads, the others stand
-//! by), N workers each with its sidecar — as child processes of this one,
+//! by), N workers each with its sidecar, a gateway — as child processes of
+//! this one, started by the one local-cluster harness ([`tenure_launch::cluster`]),
 //! described in `DATA/cluster.json` (with every component's command line and
 //! credentials file) and stopped cleanly on Ctrl-C / SIGTERM. A component that
 //! exits — killed to see what happens — is started again after 2 s, and what
@@ -18,11 +19,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context};
-use nix::sys::signal::Signal;
+use anyhow::{bail, Context};
 use serde::Serialize;
-use tenure_launch::daemon::{machine_dir, DaemonArgs};
-use tenure_launch::process::Process;
+use tenure_launch::cluster::{Cluster, Layout};
+use tenure_launch::daemon::{nats_user, DaemonArgs};
 
 use crate::nats_auth;
 
@@ -81,14 +81,6 @@ struct DevGateway {
 /// The users of the clients' account a dev cluster starts with.
 const DEV_USERS: [&str; 3] = ["alice", "bob", "operator"];
 
-struct Running {
-    name: String,
-    process: Process,
-    started: std::time::Instant,
-    /// Exits in a row that came soon after a start (a component that cannot run).
-    quick_exits: u32,
-}
-
 /// A component that exits this soon after its start, this many times in a
 /// row, cannot run here: the cluster stops instead of restarting it forever.
 const QUICK_EXIT: Duration = Duration::from_secs(3);
@@ -116,10 +108,6 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     let exe = std::env::current_exe().context("locating the tenure binary")?;
     std::fs::create_dir_all(&opts.data_dir)?;
     let data = std::fs::canonicalize(&opts.data_dir)?;
-    let logs = data.join("logs");
-    std::fs::create_dir_all(&logs)?;
-    let url = format!("nats://127.0.0.1:{}", opts.nats_port);
-    let url_of_nats = url.clone();
     if std::net::TcpStream::connect(("127.0.0.1", opts.nats_port)).is_ok() {
         bail!("port {} is already in use; stop what runs there or pass --nats-port", opts.nats_port);
     }
@@ -134,42 +122,41 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     };
     let identities = nats_auth::write(&creds, &auth_plan).context("generating the cluster's credentials")?;
     let env_of = |user: &str| identities.iter().find(|i| i.user == user).map(|i| i.env_file(&creds));
-    let nats_conf = data.join("nats.conf");
+
+    // The one local-cluster harness: every daemon with its own credentials,
+    // in a process group of its own (a Ctrl-C in the terminal reaches
+    // `tenure dev`, which then stops them in order).
+    let mut cluster = Cluster::new(&data, &exe, "")?;
+    cluster.own_process_groups();
+    cluster.set_stop_grace(Duration::from_secs(10));
+    // NATS connection settings of the caller's environment are meant for
+    // another cluster: each component gets its own credentials, and no TLS.
+    for (var, _) in std::env::vars_os() {
+        if let Some(var) = var.to_str().filter(|n| n.starts_with("TENURE_NATS") && *n != "TENURE_NATS_SERVER") {
+            cluster.remove_env(var);
+        }
+    }
+    // One metrics address cannot serve every component of the cluster.
+    cluster.remove_env("TENURE_METRICS_ADDR");
+    let mut credentials = std::collections::BTreeMap::new();
+    for identity in &identities {
+        credentials.insert(identity.user.clone(), nats_auth::read_env_file(&identity.env_file(&creds))?);
+    }
+    cluster.set_credentials(credentials);
+
     let config = tenure_launch::nats::Config {
         include: Some(format!("creds/{}", nats_auth::AUTH_FILE)),
         ..tenure_launch::nats::Config::new(opts.nats_port, data.join("nats"))
     };
-    std::fs::write(&nats_conf, format!("# Written by `tenure dev`.\n{}", config.render()))?;
-
-    let mut plan: Vec<(String, Vec<String>, Option<PathBuf>)> =
-        vec![("nats".into(), vec![nats_bin.display().to_string(), "-c".into(), nats_conf.display().to_string()], None)];
-    // The daemons' command lines as tenure_launch writes them, after this binary.
-    let tenure = |args: DaemonArgs| -> Vec<String> {
-        let mut v = vec![exe.display().to_string()];
-        v.extend(args.into_vec());
-        v
+    cluster.start_nats(&nats_bin, config, "# Written by `tenure dev`.\n")?;
+    let url = cluster.url().to_owned();
+    let layout = Layout {
+        coordinator_flags: vec!["--operator".into(), "operator".into()],
+        worker_flags: vec!["--kill-tasks-on-exit".into()],
+        ..Layout::new(opts.coordinators.max(1), opts.workers, opts.slots)
     };
-    for i in 1..=opts.coordinators.max(1) {
-        let name = format!("c{i}");
-        plan.push((
-            format!("coordinator-{name}"),
-            tenure(DaemonArgs::coordinator(&url, &name).flags(&["--operator", "operator"])),
-            env_of(&format!("coordinator-{name}")),
-        ));
-    }
-    for i in 1..=opts.workers {
-        let id = format!("w{i}");
-        let dir = machine_dir(&data, &id);
-        plan.push((
-            format!("sidecar-{id}"),
-            tenure(DaemonArgs::sidecar(&url, &id, &dir)),
-            env_of(&format!("sidecar-{id}")),
-        ));
-        plan.push((
-            format!("worker-{id}"),
-            tenure(DaemonArgs::worker(&url, &id, opts.slots, &dir).flags(&["--kill-tasks-on-exit"])),
-            env_of(&format!("worker-{id}")),
-        ));
+    for planned in layout.coordinators(|_| url.clone()).iter().chain(&layout.machines(&data, |_| url.clone())) {
+        cluster.spawn_planned(planned)?;
     }
 
     // The gateway acts as each user with that user's own credentials: one
@@ -189,45 +176,24 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
             tokens.insert(user.to_owned(), token);
         }
         file.save(&tokens_path)?;
-        let url = format!("http://127.0.0.1:{port}");
-        let board = format!("{url}/#token={}", tokens.get("alice").map(String::as_str).unwrap_or(""));
-        let mut argv = vec![exe.display().to_string(), "gateway".into(), "--nats".into(), url_of_nats.clone()];
-        argv.extend([
+        let gateway_url = format!("http://127.0.0.1:{port}");
+        let board = format!("{gateway_url}/#token={}", tokens.get("alice").map(String::as_str).unwrap_or(""));
+        let args = vec![
+            "gateway".into(),
+            "--nats".into(),
+            url.clone(),
             "--listen".into(),
             format!("127.0.0.1:{port}"),
             "--tokens".into(),
             tokens_path.display().to_string(),
-        ]);
-        plan.push(("gateway".into(), argv, None));
-        Some(DevGateway { url, board, tokens })
+        ];
+        cluster.spawn("gateway", DaemonArgs::from_vec(args))?;
+        Some(DevGateway { url: gateway_url, board, tokens })
     };
-
-    let mut running: Vec<Running> = Vec::new();
-    let mut components = Vec::new();
-    for (name, argv, env_file) in plan {
-        let log = logs.join(format!("{name}.log"));
-        let started = component(&name, &argv, env_file.as_deref(), &log)
-            .with_context(|| format!("starting {name}"))
-            .and_then(|mut p| Ok((p.start()?, p)));
-        let (pid, process) = match started {
-            Ok(started) => started,
-            Err(e) => {
-                stop_all(&mut running).await;
-                return Err(e);
-            }
-        };
-        eprintln!("started {name:<16} pid {pid:<7} log {}", log.display());
-        components.push(Component { name: name.clone(), pid, command: argv, env_file, log });
-        running.push(Running { name: name.clone(), process, started: std::time::Instant::now(), quick_exits: 0 });
-        if name == "nats" && !wait_for_port(opts.nats_port, Duration::from_secs(20)).await {
-            stop_all(&mut running).await;
-            bail!(
-                "nats-server did not listen on 127.0.0.1:{} within 20s; see {}",
-                opts.nats_port,
-                logs.join("nats.log").display()
-            );
-        }
+    for m in cluster.members() {
+        eprintln!("started {:<16} pid {:<7} log {}", m.name, m.last_pid().unwrap_or(0), m.log_path().display());
     }
+
     let clients: std::collections::BTreeMap<String, ClientIdentity> = identities
         .iter()
         .filter(|i| DEV_USERS.contains(&i.user.as_str()))
@@ -240,17 +206,29 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     // cluster.json (0600: it holds credentials and tokens), written again
     // whenever a component's pid changes.
     let cluster_path = data.join("cluster.json");
-    let describe = |components: &[Component]| -> anyhow::Result<()> {
-        let cluster = ClusterFile {
+    let describe = |cluster: &Cluster| -> anyhow::Result<()> {
+        let components: Vec<Component> = cluster
+            .members()
+            .iter()
+            .map(|m| {
+                let process = m.process();
+                let mut command = vec![process.program().display().to_string()];
+                command.extend(process.args().iter().cloned());
+                let env_file = nats_user(process.args()).and_then(|u| env_of(&u));
+                let pid = m.last_pid().unwrap_or(0) as u32;
+                Component { name: m.name.clone(), pid, command, env_file, log: m.log_path().to_path_buf() }
+            })
+            .collect();
+        let file = ClusterFile {
             nats_url: &url,
             data_dir: &data,
             identities: &clients,
             gateway: gateway.as_ref(),
-            components,
+            components: &components,
         };
-        nats_auth::write_private(&cluster_path, &serde_json::to_string_pretty(&cluster)?, 0o600)
+        nats_auth::write_private(&cluster_path, &serde_json::to_string_pretty(&file)?, 0o600)
     };
-    describe(&components)?;
+    describe(&cluster)?;
     // A shell that sources this acts as alice on this cluster.
     let alice = identities.iter().find(|i| i.user == "alice").context("alice's credentials")?;
     let dev_env = data.join("dev.env");
@@ -275,100 +253,42 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     // Every component that exits is started again: killing one shows what
     // the product does meanwhile (`tenure status` in another shell), it does
     // not end the demo.
-    let mut restarts: Vec<(tokio::time::Instant, usize)> = Vec::new();
+    let mut quick_exits: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
     let exit = loop {
         tokio::select! {
             _ = &mut shutdown => break ExitCode::SUCCESS,
             _ = tokio::time::sleep(Duration::from_millis(250)) => {
-                for (i, r) in running.iter_mut().enumerate() {
-                    if restarts.iter().any(|(_, j)| *j == i) {
-                        continue;
-                    }
-                    let Some(status) = r.process.try_exit() else { continue };
-                    r.quick_exits = if r.started.elapsed() < QUICK_EXIT { r.quick_exits + 1 } else { 0 };
-                    eprintln!("{} exited ({status}): {}; starting it again in {} s", r.name, while_gone(&r.name), RESTART_AFTER.as_secs());
-                    restarts.push((tokio::time::Instant::now() + RESTART_AFTER, i));
+                for (name, status) in cluster.note_exits(RESTART_AFTER) {
+                    let quick = cluster.member(&name).and_then(|m| m.uptime()).is_some_and(|up| up < QUICK_EXIT);
+                    let n = quick_exits.entry(name.clone()).or_default();
+                    *n = if quick { *n + 1 } else { 0 };
+                    eprintln!("{name} exited ({status}): {}; starting it again in {} s", while_gone(&name), RESTART_AFTER.as_secs());
                 }
-                if let Some(r) = running.iter().find(|r| r.quick_exits >= QUICK_EXITS_TOLERATED) {
-                    eprintln!("{} keeps exiting right after it starts; stopping the cluster (see logs/{}.log)", r.name, r.name);
+                if let Some((name, _)) = quick_exits.iter().find(|(_, n)| **n >= QUICK_EXITS_TOLERATED) {
+                    eprintln!("{name} keeps exiting right after it starts; stopping the cluster (see logs/{name}.log)");
                     break ExitCode::FAILURE;
                 }
-                let now = tokio::time::Instant::now();
-                let due: Vec<usize> = restarts.iter().filter(|(at, _)| *at <= now).map(|(_, i)| *i).collect();
-                restarts.retain(|(at, _)| *at > now);
-                let restarted = !due.is_empty();
-                for i in due {
-                    let c = &mut components[i];
-                    match running[i].process.start() {
-                        Ok(pid) => {
-                            c.pid = pid;
-                            eprintln!("started {:<16} pid {:<7} again", c.name, c.pid);
-                            running[i].started = std::time::Instant::now();
-                        }
-                        Err(e) => eprintln!("{} could not be started again: {e:#}", c.name),
+                let restarted = cluster.supervise();
+                for (name, started) in &restarted {
+                    match started {
+                        Ok(pid) => eprintln!("started {name:<16} pid {pid:<7} again"),
+                        Err(e) => eprintln!("{name} could not be started again: {e}"),
                     }
                 }
                 // cluster.json keeps naming each component's pid.
-                if restarted {
-                    let _ = describe(&components);
+                if !restarted.is_empty() {
+                    let _ = describe(&cluster);
                 }
             }
         }
     };
-    stop_all(&mut running).await;
+    cluster.stop_all(|name, in_grace| {
+        if in_grace {
+            eprintln!("stopped {name}");
+        } else {
+            eprintln!("{name} did not stop within 10s; killed it");
+        }
+    });
     eprintln!("cluster stopped");
     Ok(exit)
-}
-
-/// One component as a `tenure_launch` process (started, signalled and
-/// stopped by its own pid; killed if `tenure dev` itself goes away).
-fn component(name: &str, argv: &[String], env_file: Option<&Path>, log: &Path) -> anyhow::Result<Process> {
-    let (bin, args) = argv.split_first().ok_or_else(|| anyhow!("empty command"))?;
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    // Own process group: a Ctrl-C in the terminal reaches `tenure dev`, which
-    // then stops the components in order.
-    let mut process = Process::new(name, Path::new(bin), &args, log).own_process_group();
-    // NATS connection settings of the caller's environment are meant for
-    // another cluster: each component gets its own credentials, and no TLS.
-    for (var, _) in std::env::vars_os() {
-        if let Some(var) = var.to_str().filter(|n| n.starts_with("TENURE_NATS") && *n != "TENURE_NATS_SERVER") {
-            process = process.env_remove(var);
-        }
-    }
-    // One metrics address cannot serve every component of the cluster.
-    process = process.env_remove("TENURE_METRICS_ADDR");
-    if let Some(file) = env_file {
-        for (k, v) in nats_auth::read_env_file(file)? {
-            process.set_env(&k, &v);
-        }
-    }
-    Ok(process)
-}
-
-async fn wait_for_port(port: u16, bound: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + bound;
-    while tokio::time::Instant::now() < deadline {
-        if tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    false
-}
-
-/// Stops components in reverse start order: workers end their tasks first, NATS last.
-async fn stop_all(running: &mut Vec<Running>) {
-    while let Some(mut r) = running.pop() {
-        r.process.signal(Signal::SIGTERM);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while r.process.running() && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        if r.process.running() {
-            eprintln!("{} did not stop within 10s; killing it", r.name);
-        } else {
-            eprintln!("stopped {}", r.name);
-        }
-        r.process.kill9();
-    }
 }

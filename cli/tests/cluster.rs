@@ -206,7 +206,7 @@ fn ids_survive_a_coordinator_restart_and_a_later_coordinator_stands_by() {
     c.wait_status(&first, "completed", BOUND);
 
     // A graceful stop releases the leader lease: the next coordinator takes it at once.
-    c.daemon("coordinator").stop();
+    c.stop("coordinator");
     c.spawn("coordinator", &["coordinator", "--name", "c2", "--worker-ttl-ms", "3000"]);
     c.wait_workers(1);
     let second = eventually(BOUND, || {
@@ -229,8 +229,8 @@ fn ids_survive_a_coordinator_restart_and_a_later_coordinator_stands_by() {
     assert_eq!(c.wait_status(&third, "completed", BOUND)["epoch"], 2);
 
     // c2 stops: c3 takes over under epoch 3 and continues the numbering.
-    let c2 = c.daemons.iter_mut().filter(|d| d.name == "coordinator").nth(1).expect("c2");
-    c2.stop();
+    let c2 = c.daemons().iter_mut().filter(|d| d.name == "coordinator").nth(1).expect("c2");
+    c2.stop(common::STOP_GRACE);
     assert!(c2.try_exit().is_some_and(|s| s.success()), "{}", c2.log_text());
     let fourth = c.submit(&["--", "echo four"]);
     assert!(n(&fourth) > n(&third));
@@ -251,7 +251,7 @@ fn a_completion_buffered_while_the_coordinator_is_down_is_delivered_once_after_r
     let finished = eventually(BOUND, || std::fs::read_to_string(&output).ok().filter(|s| s.contains("finished-once")));
     assert!(finished.is_some(), "task did not finish:\n{}", c.logs());
     // The worker goes too: the outcome now lives only in the sidecar.
-    c.daemon("worker-w1").stop();
+    c.stop("worker-w1");
 
     c.spawn("coordinator", &["coordinator", "--name", "c2", "--worker-ttl-ms", "3000"]);
     c.spawn_worker("w1", &[]);

@@ -140,7 +140,7 @@ fn a_restarted_worker_removes_only_released_scratch_dirs() {
     assert!(kept.join("here").is_file());
     std::fs::create_dir(&released).expect("mkdir");
     std::fs::create_dir(&stranger).expect("mkdir");
-    c.daemon("worker-w1").stop();
+    c.stop("worker-w1");
     let data = c.worker_dir("w1").display().to_string();
     c.spawn("worker-w1", &["worker", "--id", "w1", "--data-dir", &data, "--heartbeat-ms", "300"]);
     let swept = eventually(BOUND, || (!released.exists()).then_some(()));
@@ -228,8 +228,8 @@ fn a_task_cannot_talk_to_the_sidecar_even_as_the_same_user() {
     // The cluster still works: the machine's fence did not move to the top.
     let after = c.submit(&["--", "echo fine"]);
     c.wait_status(&after, "completed", BOUND);
-    c.daemon("worker-w1").stop();
-    c.daemon("sidecar-w1").stop();
+    c.stop("worker-w1");
+    c.stop("sidecar-w1");
     let epoch = stored_epoch(&c);
     assert!(epoch < Epoch(1000), "the hostile request was persisted: epoch {epoch:?}");
 }
@@ -239,7 +239,7 @@ fn a_task_cannot_talk_to_the_sidecar_even_as_the_same_user() {
 #[test]
 fn a_second_worker_on_the_same_data_dir_is_refused_naming_the_first() {
     let mut c = Cluster::start(1);
-    let first = c.daemon("worker-w1").pid();
+    let first = c.daemon("worker-w1").last_pid().expect("started");
     let data = c.worker_dir("w1").display().to_string();
     let second = c.spawn("worker-w1-again", &["worker", "--id", "w1", "--data-dir", &data]);
     let status = second.wait_exit(BOUND).expect("the second worker exits by itself");
@@ -367,8 +367,8 @@ echo "still here"
     let after = c.submit(&["--", "echo fine"]);
     c.wait_status(&after, "completed", BOUND);
     assert_eq!(logs(&c, &after), "fine\n");
-    c.daemon("worker-w1").stop();
-    c.daemon("sidecar-w1").stop();
+    c.stop("worker-w1");
+    c.stop("sidecar-w1");
     assert!(stored_epoch(&c) < Epoch(1000));
 }
 

@@ -142,7 +142,7 @@ fn a_forged_heartbeat_claiming_the_last_epoch_deposes_nobody() {
         client.flush().await.expect("flush");
     });
     // The leader checked the claim against the registry and ignored it.
-    let leader_log = || c.daemons.iter().find(|d| d.name == "coordinator").map(|d| d.log_text()).unwrap_or_default();
+    let leader_log = || c.log_of("coordinator");
     let checked = eventually(Duration::from_secs(20), || {
         leader_log().contains("claims epoch 18446744073709551615, which no coordinator claimed").then_some(())
     });

@@ -324,7 +324,7 @@ impl Lost {
     /// The operator accepts the loss: a task submitted then completes under
     /// a number none of the lost tasks had, and each lost task ran once.
     fn accept(&mut self) {
-        self.c.daemon("coordinator-c1").stop();
+        self.c.stop("coordinator-c1");
         let mut accept = common::FAST_LEASE.to_vec();
         accept.push("--accept-registry-rollback");
         self.c.spawn_coordinator("c1", &accept);
@@ -349,7 +349,7 @@ impl Lost {
 fn a_registry_restored_from_an_older_backup_is_not_led_until_the_operator_accepts_it() {
     let mut l = Lost::start();
     wait_mark_through(&l.c.nats.url, number(&l.lost[1]));
-    l.c.daemon("coordinator-c1").stop();
+    l.c.stop("coordinator-c1");
 
     registry_restore(&l.c.nats.url, &l.backup);
     l.c.spawn_coordinator("c1", &common::FAST_LEASE);
@@ -388,7 +388,7 @@ fn lease_lost(url: &str) {
 #[test]
 fn a_registry_gone_back_with_its_lease_is_caught_by_a_machines_mark() {
     let mut l = Lost::start();
-    l.c.daemon("coordinator-c1").stop();
+    l.c.stop("coordinator-c1");
 
     registry_restore(&l.c.nats.url, &l.backup);
     lease_lost(&l.c.nats.url);
@@ -401,7 +401,7 @@ fn a_registry_gone_back_with_its_lease_is_caught_by_a_machines_mark() {
     assert!(!out.status.success(), "a submit was taken by a coordinator that refuses to lead");
 
     // A restart does not forget it: the lease carries the machine's mark.
-    l.c.daemon("coordinator-c1").stop();
+    l.c.stop("coordinator-c1");
     l.c.spawn_coordinator("c1", &common::FAST_LEASE);
     let again = eventually(BOUND, || {
         let out = l.c.cli(&["submit", "--", &l.run("refused")]);

@@ -296,7 +296,7 @@ fn jetstream_cut(options: Options, sync_always: bool) -> AfterCut {
         Err(_) => assert_eq!(outcome, AfterCut::RefusedBehind, "a submit was refused though the task was kept"),
     }
     eprintln!("jetstream {options:?} sync_always={sync_always}: {outcome:?}");
-    c.daemons.iter_mut().for_each(|d| d.stop());
+    c.daemons().iter_mut().for_each(|d| d.stop(common::STOP_GRACE));
     c.nats.nodes[0].kill9();
     outcome
 }

@@ -410,7 +410,7 @@ fn a_killed_shim_launcher_is_replaced_and_running_tasks_go_on() {
     let mut c = Cluster::start(1);
     let task = c.submit(&["--", "for i in $(seq 1 10); do echo tick-$i; sleep 0.1; done"]);
     c.wait_status(&task, "running", BOUND);
-    let worker = c.daemon("worker-w1").pid();
+    let worker = c.daemon("worker-w1").last_pid().expect("started");
     let launcher = eventually(BOUND, || shim_launcher(worker)).expect("the worker runs a shim launcher");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher), nix::sys::signal::Signal::SIGKILL).unwrap();
 

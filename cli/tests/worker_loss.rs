@@ -14,7 +14,7 @@ use tenure_testkit::eventually;
 const BOUND: Duration = Duration::from_secs(40);
 
 fn signal(c: &mut Cluster, name: &str, sig: Signal) {
-    let pid = c.daemon(name).pid();
+    let pid = c.daemon(name).last_pid().expect("started");
     kill(Pid::from_raw(pid), sig).unwrap();
 }
 

@@ -34,6 +34,11 @@ impl DaemonArgs {
         DaemonArgs::of(nats_url, &["worker", "--id", id, "--slots", &slots, "--data-dir", &dir])
     }
 
+    /// A command line as it is (the chaos harness edits one it copied).
+    pub fn from_vec(args: Vec<String>) -> DaemonArgs {
+        DaemonArgs(args)
+    }
+
     fn of(nats_url: &str, args: &[&str]) -> DaemonArgs {
         let mut all = vec!["--nats".to_owned(), nats_url.to_owned()];
         all.extend(args.iter().map(|a| a.to_string()));
@@ -53,6 +58,32 @@ impl DaemonArgs {
 
     pub fn into_vec(self) -> Vec<String> {
         self.0
+    }
+}
+
+/// The subcommand of a `tenure` command line (`[--nats URL] SUBCOMMAND …`).
+pub fn subcommand(args: &[String]) -> Option<&str> {
+    let mut rest = args.iter().map(String::as_str);
+    loop {
+        match rest.next()? {
+            "--nats" => {
+                rest.next()?;
+            }
+            sub => return Some(sub),
+        }
+    }
+}
+
+/// The NATS user `tenure nats-auth` generates for the daemon of a `tenure`
+/// command line: `coordinator-NAME`, `sidecar-ID`, `worker-ID`; `None` for
+/// anything else (clients, the gateway, which acts as each caller).
+pub fn nats_user(args: &[String]) -> Option<String> {
+    let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1));
+    match subcommand(args)? {
+        "coordinator" => Some(format!("coordinator-{}", flag("--name").map_or("c1", String::as_str))),
+        "sidecar" => flag("--worker").map(|id| format!("sidecar-{id}")),
+        "worker" => flag("--id").map(|id| format!("worker-{id}")),
+        _ => None,
     }
 }
 
@@ -89,5 +120,20 @@ mod tests {
                 "300"
             ]
         );
+    }
+
+    #[test]
+    fn each_daemon_has_its_nats_user() {
+        let d = Path::new("/c/workers/w2");
+        let url = "nats://127.0.0.1:1";
+        let user = |a: DaemonArgs| nats_user(&a.into_vec());
+        assert_eq!(user(DaemonArgs::coordinator(url, "c2")).as_deref(), Some("coordinator-c2"));
+        assert_eq!(user(DaemonArgs::sidecar(url, "w2", d)).as_deref(), Some("sidecar-w2"));
+        assert_eq!(user(DaemonArgs::worker(url, "w2", 1, d)).as_deref(), Some("worker-w2"));
+        let args = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(nats_user(&args(&["coordinator"])).as_deref(), Some("coordinator-c1"), "the default name");
+        assert_eq!(nats_user(&args(&["--nats", url, "gateway", "--listen", "x"])), None);
+        assert_eq!(nats_user(&args(&["--nats"])), None);
+        assert_eq!(subcommand(&args(&["--nats", url, "worker"])), Some("worker"));
     }
 }

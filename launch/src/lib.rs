@@ -2,7 +2,9 @@
 //! local clusters of `tenure dev`, the tests (through `tenure-testkit`), the
 //! bench and the chaos harness.
 //!
-//! It owns: finding a nats-server recent enough and saying what is missing
+//! It owns the one local-cluster harness ([`cluster::Cluster`]: members,
+//! logs, credentials, supervision, stop order) and what it is built from:
+//! finding a nats-server recent enough and saying what is missing
 //! and how to get it ([`nats::find`]); the configuration of a loopback
 //! nats-server with JetStream and its own store ([`nats::Config`]); free
 //! loopback ports and waiting for a port to listen; how each daemon is
@@ -15,6 +17,7 @@
 //! stopped by the pid of its own child, never by name), pick a nats-server
 //! older than [`nats::MIN_VERSION`], or decide anything about tasks.
 
+pub mod cluster;
 pub mod daemon;
 pub mod nats;
 pub mod process;
