@@ -16,24 +16,21 @@
 pub mod cluster;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+use tenure_launch::process::Process;
 
 use anyhow::{bail, Context};
 
 /// A running nats-server owned by one test.
 pub struct NatsServer {
-    child: Child,
+    process: Process,
     pub port: u16,
     pub url: String,
-    /// The shiming port, when the configuration has one.
+    /// The HTTP monitoring port, when the configuration has one.
     pub http_port: Option<u16>,
     store: tempfile::TempDir,
     /// Started by [`NatsServer::start`] (its configuration is the kit's own).
     plain: bool,
-    /// Where a plain server keeps its JetStream data, and whether it runs
-    /// with `sync_interval: always` (see [`NatsServer::start_with_jetstream`]).
-    jetstream: Option<(PathBuf, bool)>,
 }
 
 /// The nats-server the tests run: [`tenure_launch::nats::find`] (the one
@@ -57,9 +54,9 @@ impl NatsServer {
     /// Starts on a given port (to restart a server where clients expect it).
     pub fn start_on(port: u16) -> anyhow::Result<NatsServer> {
         let store = tempfile::tempdir()?;
-        let child = Self::spawn_plain(port, store.path(), None)?;
+        let process = Self::spawn_plain(port, store.path(), None)?;
         let url = format!("nats://127.0.0.1:{port}");
-        let server = NatsServer { child, port, url, http_port: None, store, plain: true, jetstream: None };
+        let server = NatsServer { process, port, url, http_port: None, store, plain: true };
         server.wait_listening()?;
         Ok(server)
     }
@@ -71,10 +68,9 @@ impl NatsServer {
     pub fn start_with_jetstream(jetstream: &Path, sync_always: bool) -> anyhow::Result<NatsServer> {
         let port = free_port();
         let store = tempfile::tempdir()?;
-        let setting = Some((jetstream.to_path_buf(), sync_always));
-        let child = Self::spawn_plain(port, store.path(), setting.as_ref())?;
+        let process = Self::spawn_plain(port, store.path(), Some((jetstream.to_path_buf(), sync_always)))?;
         let url = format!("nats://127.0.0.1:{port}");
-        let server = NatsServer { child, port, url, http_port: None, store, plain: true, jetstream: setting };
+        let server = NatsServer { process, port, url, http_port: None, store, plain: true };
         server.wait_listening()?;
         Ok(server)
     }
@@ -82,20 +78,24 @@ impl NatsServer {
     /// JetStream with `sync_interval: always`, as the shipped configurations
     /// and `tenure dev` run it: an acknowledged write is on disk, so a test
     /// that kills the server loses nothing it was told was stored.
-    fn spawn_plain(port: u16, store: &Path, jetstream: Option<&(PathBuf, bool)>) -> anyhow::Result<Child> {
+    fn spawn_plain(port: u16, store: &Path, jetstream: Option<(PathBuf, bool)>) -> anyhow::Result<Process> {
         let conf = store.join("nats.conf");
-        let (dir, always) = jetstream.cloned().unwrap_or_else(|| (store.join("jetstream"), true));
+        let (dir, always) = jetstream.unwrap_or_else(|| (store.join("jetstream"), true));
         tenure_launch::nats::Config { sync_always: always, ..tenure_launch::nats::Config::new(port, dir) }
             .write(&conf)?;
-        Command::new(tenure_launch::nats::find(None)?)
-            .arg("-c")
-            .arg(&conf)
-            .arg("-l")
-            .arg(store.join("nats.log"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting nats-server")
+        Self::spawn(&conf, store, &[])
+    }
+
+    /// nats-server with `conf`, its output in `STORE/nats.log`.
+    fn spawn(conf: &Path, store: &Path, env: &[(&str, &str)]) -> anyhow::Result<Process> {
+        let conf = conf.display().to_string();
+        let mut process =
+            Process::new("nats", &tenure_launch::nats::find(None)?, &["-c", &conf], &store.join("nats.log"));
+        for (k, v) in env {
+            process.set_env(k, v);
+        }
+        process.start()?;
+        Ok(process)
     }
 
     /// SIGKILLs the server and starts it again on the same port and store
@@ -106,7 +106,7 @@ impl NatsServer {
             bail!("only a server started by NatsServer::start can be restarted by the kit");
         }
         self.kill9();
-        self.child = Self::spawn_plain(self.port, self.store.path(), self.jetstream.as_ref())?;
+        self.process.start()?;
         self.wait_listening()
     }
 
@@ -148,25 +148,8 @@ impl NatsServer {
         let conf = store.path().join("nats.conf");
         std::fs::write(&conf, text)?;
         let port = listen.with_context(|| format!("{} has no listen address", config.display()))?;
-        let child = Command::new(tenure_launch::nats::find(None)?)
-            .arg("-c")
-            .arg(&conf)
-            .arg("-l")
-            .arg(store.path().join("nats.log"))
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting nats-server")?;
-        Ok(NatsServer {
-            child,
-            port,
-            url: format!("nats://127.0.0.1:{port}"),
-            http_port: http,
-            store,
-            plain: false,
-            jetstream: None,
-        })
+        let process = Self::spawn(&conf, store.path(), env)?;
+        Ok(NatsServer { process, port, url: format!("nats://127.0.0.1:{port}"), http_port: http, store, plain: false })
     }
 
     fn wait_listening_then(self) -> anyhow::Result<NatsServer> {
@@ -187,13 +170,12 @@ impl NatsServer {
 
     /// The server's pid (this kit started it).
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.last_pid().unwrap_or_default() as u32
     }
 
     /// SIGKILLs the server and reaps it; its store stays.
     pub fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.kill9();
     }
 
     /// What the server logged.
@@ -201,7 +183,7 @@ impl NatsServer {
         std::fs::read_to_string(self.store.path().join("nats.log")).unwrap_or_default()
     }
 
-    /// `GET /healthz` on the shiming port answered 200: the server is up and
+    /// `GET /healthz` on the HTTP monitoring port answered 200: the server is up and
     /// its JetStream is current (in a cluster: it follows a meta leader).
     pub fn healthy(&self) -> bool {
         use std::io::{Read, Write};
@@ -275,7 +257,7 @@ impl PortMap {
 }
 
 /// Moves every `127.0.0.1:PORT` to a free port and `store_dir` to `store`;
-/// returns the text, the client port (`listen`) and the shiming port (`http`).
+/// returns the text, the client port (`listen`) and the HTTP monitoring port (`http`).
 fn rewrite_config(text: &str, ports: &mut PortMap, store: &Path) -> (String, Option<u16>, Option<u16>) {
     const HOST: &str = "127.0.0.1:";
     let (mut listen, mut http) = (None, None);
@@ -312,13 +294,6 @@ fn rewrite_config(text: &str, ports: &mut PortMap, store: &Path) -> (String, Opt
         out.push('\n');
     }
     (out, listen, http)
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Polls `f` every 20 ms until it returns `Some` or `bound` elapses.

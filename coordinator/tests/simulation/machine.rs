@@ -2,8 +2,8 @@
 //! the real worker core (`tenure_worker::core::Worker`: every grant, kill,
 //! step, report answer and recovery decision), the machine's one evidence
 //! verdict (`tenure_machine::evidence`), and around them a model of what the
-//! real drivers do with the core's actions: sidecar calls, the shimed
-//! processes, reports over the bus.
+//! real drivers do with the core's actions: sidecar calls, the shims and
+//! their processes, reports over the bus.
 //!
 //! What survives what, as on a real machine:
 //!
