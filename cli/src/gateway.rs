@@ -1,6 +1,7 @@
 //! `tenure gateway`: the HTTP gateway daemon (`tenure-gateway`) with the
-//! daemons' configuration rules, and its token verbs (`token create`,
-//! `token revoke`, `token list`), which only edit the token file.
+//! daemons' configuration rules, and its credential verbs (`token create`,
+//! `token revoke`, `token list`; `cert allow`, `cert revoke`, `cert list`),
+//! which only edit the token file.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -14,7 +15,8 @@ use tenure_transport::NatsOptions;
 
 use crate::config::{self, DaemonConfig, SharedFlags, Validate};
 
-/// Default address: loopback only; put a TLS-terminating proxy in front to expose it.
+/// Default address: loopback only; serve HTTPS (`--tls-cert`) or put a
+/// TLS-terminating proxy in front to expose it.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
 /// `tenure gateway`.
@@ -28,6 +30,16 @@ pub struct GatewayArgs {
     /// The token file (hashes only; mode 0600), shared by every gateway of the cluster.
     #[arg(long, env = "TENURE_GATEWAY_TOKENS", value_name = "FILE", global = true)]
     pub tokens: Option<PathBuf>,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, env = "TENURE_GATEWAY_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, env = "TENURE_GATEWAY_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Take client certificates this PEM CA issued, as the identities
+    /// `cert allow` grants their subjects (needs --tls-cert).
+    #[arg(long, env = "TENURE_GATEWAY_TLS_CLIENT_CA", value_name = "FILE", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
     #[command(subcommand)]
     pub action: Option<GatewayAction>,
 }
@@ -37,6 +49,30 @@ pub enum GatewayAction {
     /// Manage the gateway's bearer tokens.
     #[command(subcommand)]
     Token(TokenAction),
+    /// Manage which client-certificate subjects act as which identity.
+    #[command(subcommand)]
+    Cert(CertAction),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CertAction {
+    /// Let client certificates with subject common name SUBJECT (issued by
+    /// the gateway's --tls-client-ca) act as IDENTITY. `--nats-creds FILE`
+    /// names the identity's own NATS credentials, as for `token create`.
+    Allow {
+        subject: String,
+        #[arg(long)]
+        identity: String,
+        #[arg(long)]
+        label: Option<String>,
+    },
+    /// Revoke SUBJECT's grant (refused from the next request on, by every gateway).
+    Revoke { subject: String },
+    /// List certificate grants.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -72,6 +108,18 @@ pub struct GatewayConfig {
     pub tokens: Option<PathBuf>,
     pub metrics_addr: Option<SocketAddr>,
     pub nats: NatsOptions,
+    /// `[tls]`: serve HTTPS (`cert`, `key`) and take client certificates (`client_ca`).
+    pub tls: Option<GatewayTls>,
+}
+
+/// `[tls]` of the gateway's configuration file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
 }
 
 impl Default for GatewayConfig {
@@ -81,6 +129,7 @@ impl Default for GatewayConfig {
             tokens: None,
             metrics_addr: None,
             nats: NatsOptions::default(),
+            tls: None,
         }
     }
 }
@@ -111,23 +160,75 @@ pub async fn run(
     shared: SharedFlags,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<ExitCode> {
-    if let Some(GatewayAction::Token(action)) = args.action {
+    if let Some(action) = args.action {
         let file = args
             .tokens
             .or_else(|| config::load::<GatewayConfig>(args.config.config.as_deref()).ok().and_then(|c| c.tokens))
             .context("the token file is required: --tokens FILE (or TENURE_GATEWAY_TOKENS)")?;
-        return token(&file, action, caller_creds);
+        let caller_creds = checked_creds(caller_creds)?;
+        return match action {
+            GatewayAction::Token(action) => token(&file, action, caller_creds),
+            GatewayAction::Cert(action) => cert(&file, action, caller_creds),
+        };
     }
+    let tls_given = args.tls_cert.is_some();
+    let tls_flags = args.tls_cert.zip(args.tls_key).map(|(cert, key)| GatewayTls {
+        cert,
+        key,
+        client_ca: args.tls_client_ca.clone(),
+    });
     let overrides = |cfg: &mut GatewayConfig| {
         override_given!(sub, cfg, args, listen, tokens);
+        if tls_given {
+            cfg.tls = tls_flags.clone();
+        }
     };
     let Some(cfg) = config::resolve(&args.config, given_global, shared, overrides)? else {
         return Ok(ExitCode::SUCCESS);
     };
     let _metrics = crate::metrics::start("gateway", cfg.metrics_addr).await?;
     let Some(tokens) = cfg.tokens else { unreachable!("validated") };
-    let opts = tenure_gateway::Options { listen: cfg.listen, tokens, nats: cfg.nats };
+    let tls = cfg.tls.map(|t| tenure_gateway::tls::TlsOptions { cert: t.cert, key: t.key, client_ca: t.client_ca });
+    let opts = tenure_gateway::Options { listen: cfg.listen, tokens, nats: cfg.nats, tls };
     tenure_gateway::run(opts, shutdown).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--nats-creds` of a credential verb: an existing file, made absolute
+/// (the gateway may run from another directory).
+fn checked_creds(nats_creds: Option<PathBuf>) -> anyhow::Result<Option<PathBuf>> {
+    if let Some(creds) = &nats_creds {
+        anyhow::ensure!(creds.is_file(), "--nats-creds {}: no such file", creds.display());
+    }
+    Ok(nats_creds.map(|p| std::path::absolute(&p)).transpose()?)
+}
+
+fn cert(file: &std::path::Path, action: CertAction, nats_creds: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    let mut tokens = TokenFile::load(file)?;
+    match action {
+        CertAction::Allow { subject, identity, label } => {
+            let record = tokens.allow_certificate(&subject, &identity, nats_creds, label)?.clone();
+            tokens.save(file)?;
+            println!("client certificates with subject {:?} act as {}", record.subject, record.identity);
+        }
+        CertAction::Revoke { subject } => {
+            let record = tokens.revoke_certificate(&subject)?.clone();
+            tokens.save(file)?;
+            println!("revoked the grant of {:?} ({})", record.subject, record.identity);
+        }
+        CertAction::List { json } => {
+            if json {
+                println!("{}", serde_json::to_string_pretty(&tokens.certificates)?);
+            } else {
+                println!("{:<32} {:<20} {:<8} LABEL", "SUBJECT", "IDENTITY", "STATE");
+                for c in &tokens.certificates {
+                    let state = if c.revoked_at_ms.is_some() { "revoked" } else { "active" };
+                    let subject = format!("{:?}", c.subject);
+                    println!("{subject:<32} {:<20} {state:<8} {}", c.identity, c.label.as_deref().unwrap_or("-"));
+                }
+            }
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -135,10 +236,6 @@ fn token(file: &std::path::Path, action: TokenAction, nats_creds: Option<PathBuf
     let mut tokens = TokenFile::load(file)?;
     match action {
         TokenAction::Create { identity, label } => {
-            if let Some(creds) = &nats_creds {
-                anyhow::ensure!(creds.is_file(), "--nats-creds {}: no such file", creds.display());
-            }
-            let nats_creds = nats_creds.map(|p| std::path::absolute(&p)).transpose()?;
             let (secret, record) = tokens.create(&identity, nats_creds, label)?;
             tokens.save(file)?;
             eprintln!(
@@ -195,5 +292,10 @@ mod tests {
         assert!(toml::from_str::<GatewayConfig>("tokenz = 'x'").unwrap_err().to_string().contains("tokenz"));
         let err = GatewayConfig::default().validate().unwrap_err().to_string();
         assert!(err.contains("tokens is required"), "{err}");
+        let cfg: GatewayConfig =
+            toml::from_str("tokens = 't.json'\n[tls]\ncert = 'c.pem'\nkey = 'k.pem'\nclient_ca = 'ca.pem'").unwrap();
+        assert_eq!(cfg.tls.map(|t| t.client_ca), Some(Some(PathBuf::from("ca.pem"))));
+        let err = toml::from_str::<GatewayConfig>("[tls]\ncert = 'c.pem'").unwrap_err().to_string();
+        assert!(err.contains("key"), "{err}");
     }
 }

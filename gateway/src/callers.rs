@@ -18,13 +18,13 @@ use tenure_protocol::SessionId;
 use tenure_transport::{NatsOptions, Secret};
 use tokio::sync::Mutex;
 
-use crate::tokens::TokenRecord;
+use crate::tokens::Grant;
 
 /// Why no client could be had for a caller.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The cluster authenticates and the token names no credentials of the caller.
-    #[error("this token names no NATS credentials and the cluster authenticates: create it with --nats-creds")]
+    #[error("this token or certificate grant names no NATS credentials and the cluster authenticates: create it with --nats-creds")]
     NoCredentials,
     #[error("the caller's NATS credentials {path} cannot be read: {reason}")]
     Credentials { path: PathBuf, reason: String },
@@ -52,8 +52,8 @@ impl Callers {
         Callers { base, authenticating, shared: Mutex::new(None), own: Mutex::new(HashMap::new()) }
     }
 
-    /// The client acting as the token's identity.
-    pub async fn client(&self, token: &TokenRecord) -> Result<Client, Error> {
+    /// The client acting as the grant's identity.
+    pub async fn client(&self, token: &Grant) -> Result<Client, Error> {
         let session: SessionId = token.identity.parse().map_err(|_| Error::Session(token.identity.clone()))?;
         if let Some(path) = &token.nats_creds {
             let mut own = self.own.lock().await;

@@ -5,9 +5,11 @@
 //!
 //! The gateway is a client like the CLI, not a privileged party: every
 //! request goes through `tenure-client` (its retry rule included), acting as
-//! the caller its bearer token names ([`callers`]), and it keeps no state of
-//! its own besides connections, so any number of gateways can serve one
-//! cluster. Tokens are checked against a file of hashes ([`tokens`]).
+//! the caller its bearer token or client certificate names ([`callers`]), and
+//! it keeps no state of its own besides connections, so any number of
+//! gateways can serve one cluster. Tokens are checked against a file of
+//! hashes, certificates' subjects against the grants in the same file
+//! ([`tokens`]); HTTPS and client certificates are [`tls`].
 //!
 //! It must never talk to JetStream, act for anyone but the authenticated
 //! caller, or answer an error that is not JSON.
@@ -16,6 +18,7 @@ pub mod api;
 pub mod callers;
 pub mod error;
 pub mod stream;
+pub mod tls;
 pub mod tokens;
 
 use std::net::SocketAddr;
@@ -44,6 +47,8 @@ pub struct Options {
     /// How to reach NATS. On an authenticating cluster callers connect with
     /// their own credentials; these only say that the cluster authenticates.
     pub nats: tenure_transport::NatsOptions,
+    /// Serve HTTPS (and take client certificates) instead of plain HTTP.
+    pub tls: Option<tls::TlsOptions>,
 }
 
 /// What every handler shares.
@@ -67,8 +72,29 @@ impl State {
 pub struct Caller {
     pub identity: String,
     pub client: Client,
-    /// The bearer token, to check again during long streams (never logged).
-    token: String,
+    /// What authenticated it, to check again during long streams.
+    credential: Credential,
+}
+
+/// What a caller authenticated with.
+#[derive(Clone)]
+enum Credential {
+    /// A bearer token (never logged).
+    Token(String),
+    /// A verified client certificate's subject.
+    Certificate(String),
+}
+
+impl Credential {
+    /// Who it acts as now: `None` once revoked.
+    fn grant(&self, tokens: &tokens::TokenStore) -> Option<tokens::Grant> {
+        match self {
+            Credential::Token(token) => {
+                tokens.verify(token).map(|r| tokens::Grant { identity: r.identity, nats_creds: r.nats_creds })
+            }
+            Credential::Certificate(subject) => tokens.verify_certificate(subject),
+        }
+    }
 }
 
 impl<S> FromRequestParts<S> for Caller
@@ -80,18 +106,36 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Caller, Error> {
         let state = State::from_ref(state);
-        let header = parts.headers.get(axum::http::header::AUTHORIZATION).ok_or_else(|| {
-            Error::unauthorized("missing Authorization: Bearer <token> (create one with `tenure gateway token create`)")
+        // A token, when one is given, decides: a request never mixes two credentials.
+        let credential = match parts.headers.get(axum::http::header::AUTHORIZATION) {
+            Some(header) => {
+                let token = header
+                    .to_str()
+                    .ok()
+                    .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
+                    .map(str::trim)
+                    .ok_or_else(|| Error::unauthorized("the Authorization header is not `Bearer <token>`"))?;
+                Credential::Token(token.to_owned())
+            }
+            None => match parts.extensions.get::<tls::PeerSubject>() {
+                Some(tls::PeerSubject(subject)) => Credential::Certificate(subject.clone()),
+                None => {
+                    return Err(Error::unauthorized(
+                        "missing Authorization: Bearer <token> (create one with `tenure gateway token create`) \
+                         or a client certificate (`tenure gateway cert allow`)",
+                    ))
+                }
+            },
+        };
+        let grant = credential.grant(&state.inner.tokens).ok_or_else(|| match &credential {
+            Credential::Token(_) => Error::unauthorized("unknown or revoked token"),
+            Credential::Certificate(subject) => Error::unauthorized(format!(
+                "the client certificate's subject {subject:?} is not allowed (or was revoked): \
+                 `tenure gateway cert allow {subject} --identity …`"
+            )),
         })?;
-        let token = header
-            .to_str()
-            .ok()
-            .and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")))
-            .map(str::trim)
-            .ok_or_else(|| Error::unauthorized("the Authorization header is not `Bearer <token>`"))?;
-        let record = state.inner.tokens.verify(token).ok_or_else(|| Error::unauthorized("unknown or revoked token"))?;
-        let client = state.inner.callers.client(&record).await?;
-        Ok(Caller { identity: record.identity, client, token: token.to_owned() })
+        let client = state.inner.callers.client(&grant).await?;
+        Ok(Caller { identity: grant.identity, client, credential })
     }
 }
 
@@ -131,11 +175,19 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
     let tokens = tokens::TokenStore::open(opts.tokens.clone()).map_err(RunError::Tokens)?;
+    let tls = opts.tls.as_ref().map(tls::server_config).transpose().map_err(RunError::Tls)?;
     let listener = tokio::net::TcpListener::bind(opts.listen).await.map_err(|e| RunError::Listen(opts.listen, e))?;
     let local = listener.local_addr().map_err(|e| RunError::Listen(opts.listen, e))?;
-    tracing::info!(listen = %local, tokens = %opts.tokens.display(), "gateway serving");
+    let client_certificates = opts.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+    tracing::info!(listen = %local, tokens = %opts.tokens.display(), https = tls.is_some(), client_certificates, "gateway serving");
     let app = app(State::new(tokens, opts.nats));
-    axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(RunError::Serve)
+    match tls {
+        Some(config) => {
+            tls::serve(listener, config, app, shutdown).await;
+            Ok(())
+        }
+        None => axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(RunError::Serve),
+    }
 }
 
 /// Why the gateway could not serve.
@@ -143,6 +195,8 @@ pub async fn run(
 pub enum RunError {
     #[error(transparent)]
     Tokens(tokens::Error),
+    #[error(transparent)]
+    Tls(tls::Error),
     #[error("cannot listen on {0}: {1}")]
     Listen(SocketAddr, std::io::Error),
     #[error("serving: {0}")]

@@ -46,10 +46,11 @@ fn event<T: Serialize>(name: &str, data: &T) -> Event {
     Event::default().event(name).json_data(data).unwrap_or_else(|_| Event::default().event(name))
 }
 
-/// Whether the caller's token still holds (checked at most once a second).
+/// Whether the caller's token or certificate grant still holds (checked at
+/// most once a second).
 struct StillValid {
     state: State,
-    token: String,
+    credential: crate::Credential,
     checked: Instant,
 }
 
@@ -59,7 +60,7 @@ impl StillValid {
             return true;
         }
         self.checked = Instant::now();
-        self.state.inner.tokens.verify(&self.token).is_some()
+        self.credential.grant(&self.state.inner.tokens).is_some()
     }
 }
 
@@ -111,7 +112,7 @@ pub async fn follow_output(
         ));
     }
     let (tx, rx) = mpsc::channel(4);
-    let valid = StillValid { state, token: caller.token.clone(), checked: Instant::now() };
+    let valid = StillValid { state, credential: caller.credential.clone(), checked: Instant::now() };
     tokio::spawn(pump_output(caller.client, snapshot, offset, tx, valid));
     Ok(sse(rx))
 }
@@ -205,7 +206,7 @@ pub struct MatchEvent {
     responses((status = 200, content_type = "text/event-stream", body = TaskView), (status = 401, body = ErrorBody)))]
 pub async fn notices(caller: Caller, AxState(state): AxState<State>) -> Result<Events, Error> {
     let (tx, rx) = mpsc::channel(4);
-    let valid = StillValid { state, token: caller.token.clone(), checked: Instant::now() };
+    let valid = StillValid { state, credential: caller.credential.clone(), checked: Instant::now() };
     tokio::spawn(pump_notices(caller.client, tx, valid));
     Ok(sse(rx))
 }

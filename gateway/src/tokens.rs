@@ -1,5 +1,6 @@
-//! The gateway's bearer tokens: created and revoked by `tenure gateway token`,
-//! checked on every request.
+//! The gateway's bearer tokens and client-certificate grants: created and
+//! revoked by `tenure gateway token` and `tenure gateway cert`, checked on
+//! every request.
 //!
 //! A token is `tnr_<id>_<secret>`: `id` names it in lists and revocations,
 //! `secret` holds 244 random bits. Only the SHA-256 of the whole token is
@@ -12,8 +13,13 @@
 //! modification time), so a revocation holds for every gateway that shares
 //! the file from the next request on, without a restart.
 //!
+//! A certificate grant maps the subject common name of a client certificate
+//! (issued by the gateway's `--tls-client-ca`, see [`crate::tls`]) to an
+//! identity and its NATS credentials, exactly as a token does; one active
+//! grant per subject.
+//!
 //! This module must never store, log or return a token's secret, and never
-//! accept a revoked token.
+//! accept a revoked token or grant.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -36,6 +42,12 @@ pub enum Error {
     Identity(String),
     #[error("no token with id {0:?}")]
     Unknown(String),
+    #[error("no certificate grant for subject {0:?}")]
+    UnknownSubject(String),
+    #[error("subject {subject:?} is already allowed as {identity:?}; revoke that grant first")]
+    SubjectTaken { subject: String, identity: String },
+    #[error("subject {0:?} is not valid: 1 to 256 printable characters")]
+    Subject(String),
 }
 
 /// One token as stored: everything but its secret.
@@ -62,11 +74,40 @@ pub struct TokenRecord {
     pub revoked_at_ms: Option<u64>,
 }
 
+/// A client certificate's subject allowed to act as an identity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateRecord {
+    /// The certificate's subject common name, as the client CA issued it.
+    pub subject: String,
+    /// The tenure identity it acts as (as [`TokenRecord::identity`]).
+    pub identity: String,
+    /// The identity's own NATS credentials (as [`TokenRecord::nats_creds`]).
+    #[serde(default)]
+    pub nats_creds: Option<PathBuf>,
+    #[serde(default)]
+    pub label: Option<String>,
+    pub created_at_ms: u64,
+    /// Set by `revoke`; a revoked grant is refused and kept for audit.
+    #[serde(default)]
+    pub revoked_at_ms: Option<u64>,
+}
+
+/// Who a verified credential (a token or a certificate) acts as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub identity: String,
+    pub nats_creds: Option<PathBuf>,
+}
+
 /// The token file's content.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenFile {
     pub tokens: Vec<TokenRecord>,
+    /// Client-certificate grants (absent in files written before them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub certificates: Vec<CertificateRecord>,
 }
 
 /// Whether an identity name can be a NATS user and a session label.
@@ -152,6 +193,50 @@ impl TokenFile {
         let hash = sha256_hex(token.as_bytes());
         self.tokens.iter().find(|t| t.id == id && t.sha256 == hash && t.revoked_at_ms.is_none())
     }
+
+    /// Lets client certificates with `subject` act as `identity`.
+    pub fn allow_certificate(
+        &mut self,
+        subject: &str,
+        identity: &str,
+        nats_creds: Option<PathBuf>,
+        label: Option<String>,
+    ) -> Result<&CertificateRecord, Error> {
+        if subject.is_empty() || subject.len() > 256 || subject.chars().any(char::is_control) {
+            return Err(Error::Subject(subject.to_owned()));
+        }
+        if !valid_identity(identity) {
+            return Err(Error::Identity(identity.to_owned()));
+        }
+        if let Some(taken) = self.certificate(subject) {
+            return Err(Error::SubjectTaken { subject: subject.to_owned(), identity: taken.identity.clone() });
+        }
+        self.certificates.push(CertificateRecord {
+            subject: subject.to_owned(),
+            identity: identity.to_owned(),
+            nats_creds,
+            label,
+            created_at_ms: now_ms(),
+            revoked_at_ms: None,
+        });
+        Ok(self.certificates.last().unwrap_or_else(|| unreachable!("just pushed")))
+    }
+
+    /// Revokes the active grant of `subject`.
+    pub fn revoke_certificate(&mut self, subject: &str) -> Result<&CertificateRecord, Error> {
+        let record = self
+            .certificates
+            .iter_mut()
+            .find(|c| c.subject == subject && c.revoked_at_ms.is_none())
+            .ok_or_else(|| Error::UnknownSubject(subject.to_owned()))?;
+        record.revoked_at_ms = Some(now_ms());
+        Ok(record)
+    }
+
+    /// The active grant of `subject`, if there is one.
+    pub fn certificate(&self, subject: &str) -> Option<&CertificateRecord> {
+        self.certificates.iter().find(|c| c.subject == subject && c.revoked_at_ms.is_none())
+    }
 }
 
 /// The token file as a running gateway sees it: read again when it changed.
@@ -186,10 +271,23 @@ impl TokenStore {
     /// The live record of `token`. A file that became unreadable refuses
     /// every token (and says why in the log) rather than keep old ones.
     pub fn verify(&self, token: &str) -> Option<TokenRecord> {
+        self.with_file(|file| file.verify(token).cloned())
+    }
+
+    /// Who a verified client certificate with `subject` acts as, if its
+    /// grant is active (an unreadable file refuses, as for tokens).
+    pub fn verify_certificate(&self, subject: &str) -> Option<Grant> {
+        self.with_file(|file| {
+            let c = file.certificate(subject)?;
+            Some(Grant { identity: c.identity.clone(), nats_creds: c.nats_creds.clone() })
+        })
+    }
+
+    fn with_file<T>(&self, f: impl FnOnce(&TokenFile) -> Option<T>) -> Option<T> {
         match self.current() {
-            Ok(file) => file.verify(token).cloned(),
+            Ok(file) => f(&file),
             Err(e) => {
-                tracing::error!(error = %e, "token file unreadable; refusing tokens");
+                tracing::error!(error = %e, "token file unreadable; refusing tokens and certificates");
                 None
             }
         }
@@ -222,6 +320,35 @@ mod tests {
         file.save(&path).unwrap();
         assert!(store.verify(&token).is_none(), "a revoked token is refused by a running store");
         assert!(file.create("not ok", None, None).is_err());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn certificate_grants_are_one_per_subject_until_revoked() {
+        let dir = tempfile_dir();
+        let path = dir.join("tokens.json");
+        let mut file = TokenFile::default();
+        file.allow_certificate("alice", "alice", None, None).unwrap();
+        let taken = file.allow_certificate("alice", "mallory", None, None).unwrap_err();
+        assert!(taken.to_string().contains("already allowed as \"alice\""), "{taken}");
+        assert!(matches!(file.allow_certificate("", "alice", None, None), Err(Error::Subject(_))));
+        assert!(matches!(file.allow_certificate("x\ny", "alice", None, None), Err(Error::Subject(_))));
+        assert!(matches!(file.allow_certificate("bob", "not ok", None, None), Err(Error::Identity(_))));
+        file.save(&path).unwrap();
+        let store = TokenStore::open(path.clone()).unwrap();
+        assert_eq!(store.verify_certificate("alice").map(|g| g.identity), Some("alice".into()));
+        assert!(store.verify_certificate("bob").is_none());
+        file.revoke_certificate("alice").unwrap();
+        assert!(matches!(file.revoke_certificate("alice"), Err(Error::UnknownSubject(_))));
+        file.certificates[0].label = Some("revoked".into());
+        file.save(&path).unwrap();
+        assert!(store.verify_certificate("alice").is_none(), "a revoked grant is refused by a running store");
+        // The subject can be granted again after a revocation (the old grant stays for audit).
+        file.allow_certificate("alice", "alice", None, None).unwrap();
+        assert_eq!(file.certificates.len(), 2);
+        // A file of tokens only, as written before certificate grants, still loads.
+        std::fs::write(&path, r#"{"tokens": []}"#).unwrap();
+        assert!(TokenFile::load(&path).unwrap().certificates.is_empty());
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -210,7 +210,13 @@ impl Cluster {
     /// Starts a daemon from its command line as `tenure_launch` builds it,
     /// with its NATS user's credentials on a secured cluster.
     fn spawn_daemon(&mut self, name: &str, args: DaemonArgs, env: &[(&str, &str)]) -> &mut Daemon {
-        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        // Anything but a coordinator, sidecar or worker (the gateway) runs as
+        // the client identity, as a client verb would.
+        let daemon_user = tenure_launch::daemon::nats_user(&args.clone().into_vec());
+        if let (Some(auth), None) = (&self.auth, daemon_user) {
+            env.splice(0..0, auth.env(CLIENT));
+        }
         self.harness.spawn_with(name, args, env).unwrap_or_else(|e| panic!("{e}"))
     }
 
