@@ -519,3 +519,191 @@ fn the_board_shows_the_callers_tasks_in_a_real_browser() {
         assert!(size > 1000, "no screenshot at {}", shot.display());
     }
 }
+
+/// Headless Chromium driven over the DevTools protocol (a WebSocket): what
+/// a person does on the board — waiting for a row to change, clicking a
+/// button with the mouse — plus every uncaught exception and `console.error`
+/// the page raised.
+mod cdp {
+    use std::net::TcpStream;
+    use std::path::Path;
+    use std::process::{Child, Command, Stdio};
+    use std::time::Duration;
+
+    use serde_json::{json, Value};
+    use tungstenite::stream::MaybeTlsStream;
+    use tungstenite::{Message, WebSocket};
+
+    pub struct Browser {
+        child: Child,
+        ws: WebSocket<MaybeTlsStream<TcpStream>>,
+        session: String,
+        next: u64,
+        /// Uncaught exceptions and `console.error` calls, as text.
+        pub errors: Vec<String>,
+        _profile: tempfile::TempDir,
+    }
+
+    impl Browser {
+        /// Starts `bin` headless and opens `url` in a page of its own.
+        pub fn open(bin: &Path, url: &str) -> Browser {
+            let profile = tempfile::tempdir().expect("profile dir");
+            let child = Command::new(bin)
+                .args(["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"])
+                .args(["--disable-background-networking", "--disable-component-update", "--disable-sync"])
+                .args(["--remote-debugging-port=0", "--window-size=1280,800"])
+                .arg(format!("--user-data-dir={}", profile.path().display()))
+                .arg("about:blank")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start chromium");
+            // Chromium writes the port it took and the browser's path here.
+            let file = profile.path().join("DevToolsActivePort");
+            let active = tenure_testkit::eventually(Duration::from_secs(30), || {
+                let text = std::fs::read_to_string(&file).ok()?;
+                let mut lines = text.lines();
+                Some(format!("ws://127.0.0.1:{}{}", lines.next()?, lines.next()?))
+            })
+            .expect("chromium's DevTools endpoint");
+            let (ws, _) = tungstenite::connect(active.as_str()).expect("connect to DevTools");
+            if let MaybeTlsStream::Plain(tcp) = ws.get_ref() {
+                tcp.set_read_timeout(Some(Duration::from_secs(60))).expect("read timeout");
+            }
+            let mut b = Browser { child, ws, session: String::new(), next: 0, errors: Vec::new(), _profile: profile };
+            let target = b.call("Target.createTarget", json!({"url": "about:blank"}));
+            let target = target["targetId"].as_str().expect("target id").to_owned();
+            let attached = b.call("Target.attachToTarget", json!({"targetId": target, "flatten": true}));
+            b.session = attached["sessionId"].as_str().expect("session id").to_owned();
+            b.call("Runtime.enable", json!({}));
+            b.call("Page.enable", json!({}));
+            b.call("Page.navigate", json!({"url": url}));
+            b
+        }
+
+        /// One command (to the page once attached); its result. Events read
+        /// meanwhile are kept when they are errors.
+        pub fn call(&mut self, method: &str, params: Value) -> Value {
+            self.next += 1;
+            let mut msg = json!({"id": self.next, "method": method, "params": params});
+            if !self.session.is_empty() {
+                msg["sessionId"] = json!(self.session);
+            }
+            self.ws.send(Message::text(msg.to_string())).expect("send to DevTools");
+            loop {
+                let text = match self.ws.read().expect("read from DevTools") {
+                    Message::Text(t) => t.to_string(),
+                    _ => continue,
+                };
+                let v: Value = serde_json::from_str(&text).expect("DevTools JSON");
+                if v["id"] == json!(self.next) {
+                    assert!(v.get("error").is_none(), "{method}: {v}");
+                    return v["result"].clone();
+                }
+                match v["method"].as_str() {
+                    Some("Runtime.exceptionThrown") => self.errors.push(v["params"]["exceptionDetails"].to_string()),
+                    Some("Runtime.consoleAPICalled") if v["params"]["type"] == "error" => {
+                        self.errors.push(v["params"]["args"].to_string())
+                    }
+                    _ => {}
+                }
+            }
+        }
+
+        /// The value of a JavaScript expression in the page.
+        pub fn eval(&mut self, expression: &str) -> Value {
+            let r = self.call(
+                "Runtime.evaluate",
+                json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
+            );
+            r["result"]["value"].clone()
+        }
+
+        /// Waits (bounded, polling) until `expression` is truthy; its value.
+        pub fn wait_for(&mut self, expression: &str, bound: Duration) -> Option<Value> {
+            tenure_testkit::eventually(bound, || {
+                let v = self.eval(expression);
+                let truthy = !(v.is_null() || v == json!(false) || v == json!("") || v == json!(0));
+                truthy.then_some(v)
+            })
+        }
+
+        /// A left click with the mouse in the middle of the element `selector`.
+        pub fn click(&mut self, selector: &str) {
+            let at = self.eval(&format!(
+                "(() => {{ const e = document.querySelector({selector:?}); if (!e) return null; \
+                 e.scrollIntoView(); const r = e.getBoundingClientRect(); \
+                 return [r.x + r.width / 2, r.y + r.height / 2]; }})()"
+            ));
+            let (x, y) = (at[0].as_f64().expect("element on the page"), at[1].as_f64().expect("element"));
+            for kind in ["mousePressed", "mouseReleased"] {
+                let event = json!({"type": kind, "x": x, "y": y, "button": "left", "clickCount": 1});
+                self.call("Input.dispatchMouseEvent", event);
+            }
+        }
+
+        /// A PNG of the page as it is now.
+        pub fn screenshot(&mut self, to: &Path) {
+            use base64::Engine as _;
+            let shot = self.call("Page.captureScreenshot", json!({"format": "png"}));
+            let png = base64::engine::general_purpose::STANDARD
+                .decode(shot["data"].as_str().expect("screenshot data"))
+                .expect("base64");
+            std::fs::write(to, png).expect("write screenshot");
+        }
+    }
+
+    impl Drop for Browser {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A person on the board: a task submitted elsewhere appears and moves to
+/// `completed` without a reload; on a running task's page the Kill button,
+/// clicked with the mouse, stops it (the page shows `killed`, and the API
+/// agrees); the page raises no error on the way.
+#[test]
+fn on_the_board_tasks_move_live_and_a_click_on_kill_stops_one() {
+    let Some(bin) = chromium() else {
+        if std::env::var_os("TENURE_SKIP_BROWSER").is_some_and(|v| v == "1") {
+            eprintln!("skipped: no chromium and TENURE_SKIP_BROWSER=1");
+            return;
+        }
+        panic!("no chromium on PATH (deploy/test.sh installs Debian's `chromium`; or set TENURE_CHROMIUM=/path, or TENURE_SKIP_BROWSER=1 locally)");
+    };
+    let mut c = Cluster::start(1);
+    let gw = Gateway::start(&mut c);
+    let alice = gw.token("alice", None);
+    let mut page = cdp::Browser::open(&bin, &format!("{}/#token={alice}", gw.url));
+    let bound = Duration::from_secs(60);
+    assert!(page.wait_for("document.getElementById('who').textContent.includes('alice')", bound).is_some());
+
+    // Submitted through the API while the board is open: it shows up and completes, no reload.
+    let (_, sub) = gw.post("/v1/tasks", &alice, json!({"command": "sleep 2; echo live", "label": "live row"}));
+    let task = sub["task"].as_str().unwrap().to_owned();
+    let row = format!("document.querySelector('tr[data-task=\"{task}\"] .status')?.textContent");
+    let seen = page.wait_for(&row, bound).unwrap_or_else(|| panic!("{task} never appeared\n{}", c.logs()));
+    assert!(["queued", "leased", "running"].iter().any(|s| seen.as_str().unwrap_or("").starts_with(s)), "{seen}");
+    let done = page.wait_for(&format!("({row}) === 'completed'"), bound);
+    assert!(done.is_some(), "{task} never showed completed: {}", page.eval(&row));
+    assert_eq!(page.eval("performance.getEntriesByType('navigation').length"), json!(1), "no reload happened");
+
+    // A running task's page: the mouse clicks Kill.
+    let (_, sub) = gw.post("/v1/tasks", &alice, json!({"command": "sleep 600", "label": "to kill"}));
+    let victim = sub["task"].as_str().unwrap().to_owned();
+    page.eval(&format!("location.hash = 'task={victim}'"));
+    let status = "[...document.querySelectorAll('#task-fields dt')].find(d => d.textContent === 'status')?.nextSibling?.textContent";
+    assert!(page.wait_for(&format!("({status}) === 'running'"), bound).is_some(), "{}", page.eval(status));
+    assert!(page.wait_for("!document.getElementById('kill').disabled", bound).is_some());
+    page.click("#kill");
+    let killed = page.wait_for(&format!("({status} || '').startsWith('killed')"), bound);
+    assert!(killed.is_some(), "the page never showed killed: {}", page.eval(status));
+    assert!(page.eval("document.getElementById('kill').disabled") == json!(true), "Kill is off once it ended");
+    let (_, snap) = gw.get(&format!("/v1/tasks/{victim}"), &alice);
+    assert_eq!(snap["status"], "killed", "{snap}");
+    page.screenshot(&artifacts().join("board-killed.png"));
+    assert!(page.errors.is_empty(), "the page raised errors: {:?}", page.errors);
+}
