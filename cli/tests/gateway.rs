@@ -452,6 +452,20 @@ fn chromium() -> Option<PathBuf> {
     })
 }
 
+/// The browser of the board's tests; `None` (skip) only when there is none
+/// and `TENURE_SKIP_BROWSER=1` says skipping is meant.
+fn browser_or_skip() -> Option<PathBuf> {
+    let found = chromium();
+    if found.is_none() {
+        assert!(
+            std::env::var_os("TENURE_SKIP_BROWSER").is_some_and(|v| v == "1"),
+            "no chromium on PATH (deploy/test.sh installs Debian's `chromium`; or set TENURE_CHROMIUM=/path, or TENURE_SKIP_BROWSER=1 locally)"
+        );
+        eprintln!("skipped: no chromium and TENURE_SKIP_BROWSER=1");
+    }
+    found
+}
+
 /// Runs headless Chromium on `url` with `mode` (`--dump-dom` or `--screenshot=…`); its stdout.
 fn browse(browser: &Path, url: &str, mode: &str) -> String {
     let profile = tempfile::tempdir().expect("profile dir");
@@ -468,13 +482,7 @@ fn browse(browser: &Path, url: &str, mode: &str) -> String {
 
 #[test]
 fn the_board_shows_the_callers_tasks_in_a_real_browser() {
-    let Some(browser) = chromium() else {
-        if std::env::var_os("TENURE_SKIP_BROWSER").is_some_and(|v| v == "1") {
-            eprintln!("skipped: no chromium and TENURE_SKIP_BROWSER=1");
-            return;
-        }
-        panic!("no chromium on PATH (deploy/test.sh installs Debian's `chromium`; or set TENURE_CHROMIUM=/path, or TENURE_SKIP_BROWSER=1 locally)");
-    };
+    let Some(browser) = browser_or_skip() else { return };
     let mut c = Cluster::start(1);
     let gw = Gateway::start(&mut c);
     let alice = gw.token("alice", None);
@@ -667,13 +675,7 @@ mod cdp {
 /// agrees); the page raises no error on the way.
 #[test]
 fn on_the_board_tasks_move_live_and_a_click_on_kill_stops_one() {
-    let Some(bin) = chromium() else {
-        if std::env::var_os("TENURE_SKIP_BROWSER").is_some_and(|v| v == "1") {
-            eprintln!("skipped: no chromium and TENURE_SKIP_BROWSER=1");
-            return;
-        }
-        panic!("no chromium on PATH (deploy/test.sh installs Debian's `chromium`; or set TENURE_CHROMIUM=/path, or TENURE_SKIP_BROWSER=1 locally)");
-    };
+    let Some(bin) = browser_or_skip() else { return };
     let mut c = Cluster::start(1);
     let gw = Gateway::start(&mut c);
     let alice = gw.token("alice", None);
