@@ -330,6 +330,26 @@ enum Command {
         /// `idle-timeout`.
         #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
         idle_timeout: Option<std::time::Duration>,
+        /// Run an idempotent task again, up to N times, after an attempt that
+        /// failed for a cause `--retry-on` lists (at most 20; refused for a
+        /// task that is not `--idempotent`). Each attempt shows in `tenure get`.
+        #[arg(long, value_name = "N")]
+        retries: Option<u32>,
+        /// The delay before the first retry, and the most any retry waits:
+        /// `BASE[,MAX]` (e.g. `2s,1m`; default `1s,5m`). Each retry doubles
+        /// it, with jitter (a delay drawn from the upper half).
+        #[arg(long, value_name = "BASE[,MAX]", value_parser = parse_backoff, requires = "retries")]
+        backoff: Option<(std::time::Duration, Option<std::time::Duration>)>,
+        /// Which failures are retried: `exit` (non-zero exit, signal),
+        /// `lost` (its worker or machine lost), `timeout` (`--timeout`,
+        /// `--idle-timeout`). Default: all three.
+        #[arg(long, value_name = "CAUSES", value_delimiter = ',', requires = "retries")]
+        retry_on: Vec<tenure_protocol::retry::RetryCause>,
+        /// Do not start before TIME: RFC 3339 (`2030-01-01T09:00:00Z`) or a
+        /// duration from now (`90s`, `2h`); at most 30 days away. Until then the
+        /// task is `queued` and `tenure get` says when it may start.
+        #[arg(long, value_name = "TIME", value_parser = parse_not_before)]
+        not_before: Option<tenure_protocol::retry::NotBefore>,
         /// The command line (one argument is run as is by `sh -c`; several are quoted and joined).
         #[arg(last = true, required_unless_present = "steps")]
         command: Vec<String>,
@@ -446,6 +466,29 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
+}
+
+/// `--backoff BASE[,MAX]`: one or two humantime durations.
+fn parse_backoff(s: &str) -> Result<(std::time::Duration, Option<std::time::Duration>), String> {
+    let (base, max) = match s.split_once(',') {
+        Some((b, m)) => (b, Some(m)),
+        None => (s, None),
+    };
+    let parse = |d: &str| humantime::parse_duration(d.trim()).map_err(|e| format!("{d:?}: {e}"));
+    Ok((parse(base)?, max.map(parse).transpose()?))
+}
+
+/// `--not-before TIME`: an RFC 3339 time, or a humantime duration from now.
+fn parse_not_before(s: &str) -> Result<tenure_protocol::retry::NotBefore, String> {
+    use tenure_protocol::retry::NotBefore;
+    if let Ok(t) = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339) {
+        let ms = u64::try_from(t.unix_timestamp_nanos() / 1_000_000).map_err(|_| format!("{s:?} is before 1970"))?;
+        return Ok(NotBefore::At { unix_ms: ms });
+    }
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is neither an RFC 3339 time (2030-01-01T09:00:00Z) nor a duration ({e})"))?;
+    let ms = u64::try_from(d.as_millis()).map_err(|_| format!("{s:?} is too far away"))?;
+    Ok(NotBefore::In { ms })
 }
 
 fn main() -> ExitCode {

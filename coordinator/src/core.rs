@@ -439,6 +439,13 @@ impl Core {
     /// the record and indexes, stamps times, persists, and answers waiters.
     fn event(&mut self, task: &TaskId, event: Event, now: Now, fx: &mut Vec<Effect>) -> Option<Decision> {
         let event = crate::limits::bounded(event);
+        // Retries: an attempt whose retry was decided is settled; an end the
+        // task's policy retries becomes a retry (see `retry.rs`).
+        if self.retried_already(task, &event) {
+            tracing::debug!(task = %task, ?event, "the attempt was already retried; changes nothing");
+            return Some(Decision::Unchanged(tenure_protocol::Unchanged::Stale));
+        }
+        let (event, ended) = self.retry_or_final(task, event);
         let granted_to = match &event {
             Event::Grant { worker, .. } => Some(self.workers.incarnation_of(worker)),
             _ => None,
@@ -452,7 +459,8 @@ impl Core {
         };
         let before = record.life.status;
         let weight = Weight::of(record);
-        record.life = life.clone();
+        let prior = std::mem::replace(&mut record.life, life.clone());
+        retry::note(record, &prior, ended, now, clock);
         if let Some(incarnation) = granted_to {
             record.incarnation = incarnation.map(Box::new);
         }
@@ -531,6 +539,7 @@ mod dispatch;
 mod epochs;
 mod liveness;
 mod presence;
+mod retry;
 mod waiters;
 mod workers;
 mod workflow;

@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 use tenure_protocol::messages::{CleanupState, TaskSnapshot};
+use tenure_protocol::retry::AttemptEnd;
 use tenure_protocol::{Epoch, Lifecycle, SessionId, TaskId, TaskSpec};
 use uuid::Uuid;
 
@@ -55,6 +56,42 @@ pub struct TaskRecord {
     /// counts the age from its takeover).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ended_clock_ms: u64,
+    /// The attempt history and the delayed start of a task with a retry
+    /// policy or a `--not-before` (see `core/retry.rs`). Boxed, and left out
+    /// of the encoding when absent: other tasks keep their bytes, and records
+    /// written before it existed load as tasks without either.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<Box<AttemptLog>>,
+}
+
+/// What a task with a retry policy or a delayed start keeps beyond its
+/// lifecycle: its ended attempts, and the time before which it is not granted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptLog {
+    /// Each ended attempt, oldest first: the retried ones and the final one
+    /// (at most the policy's retries + 1).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<AttemptEnd>,
+    /// Registry time (see `clock_ms`) before which the queued task is not
+    /// granted; 0 for none. In registry time, so a new leader continues the
+    /// wait where the last one left it (never shorter: registry time only
+    /// lags), and no two leaders' wall clocks are compared.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ready_clock_ms: u64,
+    /// The same time on the wall clock of the leader that decided it (epoch
+    /// ms): what `get` shows. Never decides anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_wall_ms: Option<u64>,
+    /// When the current attempt was seen running (wall clock, for humans).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_ms: Option<u64>,
+}
+
+impl AttemptLog {
+    /// How many attempts were retried so far.
+    pub fn retried(&self) -> u32 {
+        self.history.iter().filter(|a| a.retried).count() as u32
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -125,6 +162,7 @@ impl TaskRecord {
             incarnation: None,
             clock_ms: 0,
             ended_clock_ms: 0,
+            attempts: None,
         }
     }
 
@@ -157,6 +195,13 @@ impl TaskRecord {
             steps: Vec::new(),
             matches: self.matches,
             final_output: self.spec.final_output,
+            attempts: self.attempts.as_ref().map(|a| a.history.clone()).unwrap_or_default(),
+            not_before_ms: self
+                .attempts
+                .as_ref()
+                .filter(|a| self.life.status == tenure_protocol::Status::Queued && a.ready_clock_ms > 0)
+                .and_then(|a| a.ready_wall_ms),
+            retry: self.spec.retry.as_deref().cloned(),
         }
     }
 }

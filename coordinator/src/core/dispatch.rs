@@ -169,7 +169,7 @@ impl Core {
             if free.is_empty() {
                 break;
             }
-            if self.dispatch.held_back(&task, now) {
+            if self.dispatch.held_back(&task, now) || self.waiting_for_its_time(&task, now) {
                 continue;
             }
             let Some(kind) = self.tasks.get(&task).map(|r| r.spec.kind.clone()) else { continue };
