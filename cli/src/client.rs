@@ -41,6 +41,7 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
             backoff,
             retry_on,
             not_before,
+            priority,
             command,
         } => {
             let line = command_line(&command);
@@ -65,6 +66,7 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
                 limits: time_limits(timeout, idle_timeout)?,
                 retry: retry_policy(retries, backoff, retry_on)?,
                 not_before: not_before.map(Box::new),
+                priority,
             };
             // The root span of the task's trace (exported only when configured).
             let span = tracing::info_span!("submit", kind = %spec.kind, task = tracing::field::Empty);
@@ -241,6 +243,9 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     println!("attempt:    {} (epoch {})", s.attempt, s.epoch);
     println!("worker:     {}", opt(s.worker.as_ref().map(ToString::to_string)));
     println!("idempotent: {}", s.idempotent);
+    if s.priority != 0 {
+        println!("priority:   {}", s.priority);
+    }
     let now = now_ms();
     println!("created:    {}", when(s.created_at_ms, now));
     println!("started:    {}", opt(s.started_at_ms.map(|t| when(t, now))));

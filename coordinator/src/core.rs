@@ -69,6 +69,9 @@ pub struct CoreConfig {
     pub operators: Vec<String>,
     /// Record size, per-identity quotas and the registry's byte limit.
     pub limits: Limits,
+    /// A task queued (and free to start) this long goes before every task
+    /// queued later, whatever their priorities: no task starves.
+    pub priority_max_age: Duration,
 }
 
 impl Default for CoreConfig {
@@ -81,6 +84,7 @@ impl Default for CoreConfig {
             operators: Vec::new(),
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
             limits: Limits::default(),
+            priority_max_age: Duration::from_secs(10 * 60),
         }
     }
 }
@@ -299,7 +303,7 @@ impl Core {
             if let (true, Some(w)) = (r.life.status.is_on_worker(), &r.life.worker) {
                 core.workers.holding_tasks(w, now);
             }
-            core.index(&r.id, None, r.life.status);
+            core.index(&r.id, None, r.life.status, now);
             if let Some(of) = &r.parent {
                 core.workflows.index_step(&r.id, of);
             }
@@ -513,7 +517,7 @@ impl Core {
             }
         }
         if before != after {
-            self.index(task, Some(before), after);
+            self.index(task, Some(before), after, now);
             if !after.is_on_worker() {
                 self.dispatch.off_worker(task);
                 self.doubts.off_worker(task);
@@ -527,8 +531,8 @@ impl Core {
 
     /// Moves `task` between the parts' status indexes (`before` is `None`
     /// for a task new to this leader).
-    fn index(&mut self, task: &TaskId, before: Option<Status>, after: Status) {
-        self.dispatch.index(task, before, after);
+    fn index(&mut self, task: &TaskId, before: Option<Status>, after: Status, now: Now) {
+        self.dispatch.index(task, before, after, now.mono);
         self.doubts.index(task, before, after);
     }
 }
@@ -539,6 +543,7 @@ mod dispatch;
 mod epochs;
 mod liveness;
 mod presence;
+mod priority;
 mod retry;
 mod waiters;
 mod workers;

@@ -202,6 +202,7 @@ impl TaskRecord {
                 .filter(|a| self.life.status == tenure_protocol::Status::Queued && a.ready_clock_ms > 0)
                 .and_then(|a| a.ready_wall_ms),
             retry: self.spec.retry.as_deref().cloned(),
+            priority: self.spec.priority,
         }
     }
 }

@@ -180,6 +180,7 @@ pub struct TaskView {
     /// Its retry policy (`retries`, `backoff_ms`, `backoff_max_ms`, `on`).
     #[schema(value_type = Option<Object>)]
     pub retry: Option<serde_json::Value>,
+    pub priority: i32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -230,6 +231,7 @@ impl From<&TaskSnapshot> for TaskView {
             not_before: s.not_before_ms.map(rfc3339),
             not_before_ms: s.not_before_ms,
             retry: s.retry.as_ref().and_then(|r| serde_json::to_value(r).ok()),
+            priority: s.priority,
         }
     }
 }
@@ -292,6 +294,9 @@ pub struct SubmitBody {
     /// Do not start before this many milliseconds after the submit.
     #[serde(default)]
     pub not_before_in_ms: Option<u64>,
+    /// Dispatch priority, -100 to 100 (higher first; default 0).
+    #[serde(default)]
+    pub priority: i32,
     /// Same key, same task: a submit retried with the key it was first sent
     /// with never makes a second task. Also read from `Idempotency-Key`.
     #[serde(default)]
@@ -366,6 +371,7 @@ pub async fn submit(
             .then(|| Box::new(TimeLimits { timeout_ms: body.timeout_ms, idle_timeout_ms: body.idle_timeout_ms })),
         retry,
         not_before,
+        priority: body.priority,
     };
     let req = tenure_protocol::messages::SubmitRequest {
         session: caller.client.session().clone(),

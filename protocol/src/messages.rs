@@ -396,6 +396,13 @@ pub struct TaskSnapshot {
     /// The task's retry policy, when it has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// Its dispatch priority (0 when not set, and then left out).
+    #[serde(default, skip_serializing_if = "is_zero_i32")]
+    pub priority: i32,
+}
+
+fn is_zero_i32(n: &i32) -> bool {
+    *n == 0
 }
 
 /// Where a task's cleanup job stands.

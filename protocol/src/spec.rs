@@ -75,6 +75,22 @@ pub struct TaskSpec {
     /// a workflow). Boxed and left out of the encoding when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before: Option<Box<NotBefore>>,
+    /// Dispatch order among queued tasks: higher first, in submission order
+    /// within one priority ([`MIN_PRIORITY`] … [`MAX_PRIORITY`], default 0);
+    /// a task left queued longer than the leader's priority age goes first
+    /// whatever its priority, so none starves. A workflow's steps take the
+    /// workflow's. Left out of the encoding when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: i32,
+}
+
+/// The lowest priority a task may ask for.
+pub const MIN_PRIORITY: i32 = -100;
+/// The highest priority a task may ask for.
+pub const MAX_PRIORITY: i32 = 100;
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }
 
 /// A task's time limits. Reaching one ends the task with the normal kill
@@ -125,6 +141,7 @@ impl TaskSpec {
             limits: None,
             retry: None,
             not_before: None,
+            priority: 0,
         }
     }
 
@@ -151,6 +168,7 @@ impl TaskSpec {
             limits: None,
             retry: None,
             not_before: None,
+            priority: self.priority,
         })
     }
 
@@ -210,6 +228,9 @@ impl TaskSpec {
 
     fn validate_common(&self) -> Result<(), SpecError> {
         self.validate_retry()?;
+        if !(MIN_PRIORITY..=MAX_PRIORITY).contains(&self.priority) {
+            return Err(SpecError::Priority(self.priority));
+        }
         if let Some(limits) = &self.limits {
             // Enforced on the worker machine; a workflow's steps are tasks
             // of their own and do not inherit it (yet).
@@ -325,6 +346,8 @@ pub enum SpecError {
     RetryNotIdempotent,
     #[error("retries: {0}")]
     Retry(String),
+    #[error("priority {0} is out of range ({MIN_PRIORITY} to {MAX_PRIORITY})")]
+    Priority(i32),
 }
 
 #[cfg(test)]
@@ -383,6 +406,20 @@ mod tests {
         // A spec without either round-trips as one without.
         let decoded: TaskSpec = crate::decode(&crate::encode(&TaskSpec::shell("l", "x")).unwrap()).unwrap();
         assert_eq!((decoded.retry, decoded.not_before), (None, None));
+    }
+
+    #[test]
+    fn priorities_are_bounded_and_steps_take_their_workflows() {
+        let with = |priority| TaskSpec { priority, ..TaskSpec::shell("l", "x") };
+        assert_eq!(with(MAX_PRIORITY).validate(), Ok(()));
+        assert_eq!(with(MIN_PRIORITY).validate(), Ok(()));
+        assert_eq!(with(MAX_PRIORITY + 1).validate(), Err(SpecError::Priority(MAX_PRIORITY + 1)));
+        assert_eq!(with(i32::MIN).validate(), Err(SpecError::Priority(i32::MIN)));
+        let workflow = TaskSpec { priority: 7, ..TaskSpec::workflow("w", ["true".to_string()]) };
+        assert_eq!(workflow.step(0).map(|s| s.priority), Some(7));
+        // Priority 0 is left out of the encoding.
+        let plain = crate::encode(&TaskSpec::shell("l", "x")).unwrap();
+        assert!(!plain.windows(8).any(|w| w == b"priority"));
     }
 
     #[test]

@@ -242,7 +242,7 @@ impl Core {
             ..TaskRecord::new(id.clone(), req.session.clone(), req.idempotency_key, req.spec, now.wall_ms)
         };
         self.submits.remember(req.session, req.idempotency_key, id.number());
-        self.index(&id, None, Status::Queued);
+        self.index(&id, None, Status::Queued, now);
         let workflow = !record.spec.steps.is_empty();
         fx.push(Effect::Persist(Box::new(record.clone())));
         self.usage.add(&record);

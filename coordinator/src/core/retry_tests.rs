@@ -246,3 +246,70 @@ fn retries_of_a_task_that_is_not_idempotent_are_refused_and_nothing_is_stored() 
     assert!(matches!(&reply, Some(Err(ApiError::InvalidSpec(m))) if m.contains("not idempotent")), "{reply:?}");
     assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
 }
+
+// ---------------------------------------------------------------- priority
+
+/// Submits `specs` while the one slot is held, frees it, and returns the
+/// order in which the queued tasks were granted, one at a time.
+fn grant_order(h: &mut Harness, specs: Vec<TaskSpec>) -> Vec<TaskId> {
+    h.heartbeat("w1", 1);
+    let blocker = h.submit("alice", TaskSpec::shell("blocker", "x"));
+    h.report("w1", &blocker, 1, ReportEvent::Started { pid: 1 });
+    let ids: Vec<TaskId> = specs.into_iter().map(|s| h.submit("alice", s)).collect();
+    let mut order = Vec::new();
+    let mut running = blocker;
+    for _ in 0..ids.len() {
+        let fx = h.report_effects("w1", &running, 1, completed());
+        let g = grants(&fx);
+        assert_eq!(g.len(), 1, "one slot, one grant: {g:?}");
+        running = g[0].1.task.clone();
+        h.report("w1", &running, 1, ReportEvent::Started { pid: 2 });
+        order.push(running.clone());
+    }
+    order
+}
+
+#[test]
+fn queued_tasks_start_by_priority_and_in_submission_order_within_one() {
+    let mut h = Harness::new();
+    let p = |priority| TaskSpec { priority, ..TaskSpec::shell("p", "x") };
+    let order = grant_order(&mut h, vec![p(0), p(5), p(5), p(1), p(-3), p(0)]);
+    let numbers: Vec<u64> = order.iter().map(|t| t.number()).collect();
+    // shell-1 is the blocker; 2..7 were submitted with 0, 5, 5, 1, -3, 0.
+    assert_eq!(numbers, [3, 4, 5, 2, 7, 6]);
+}
+
+#[test]
+fn a_task_queued_past_the_priority_age_goes_first_whatever_its_priority() {
+    let mut h = Harness::new();
+    h.core.cfg.priority_max_age = Duration::from_secs(60);
+    h.heartbeat("w1", 1);
+    let blocker = h.submit("alice", TaskSpec::shell("blocker", "x"));
+    h.report("w1", &blocker, 1, ReportEvent::Started { pid: 1 });
+    let low = h.submit("alice", TaskSpec { priority: -100, ..TaskSpec::shell("low", "x") });
+    // Delayed by its own --not-before: its wait does not age it.
+    let delayed = h.submit(
+        "alice",
+        TaskSpec {
+            priority: -100,
+            not_before: Some(Box::new(NotBefore::In { ms: 50_000 })),
+            ..TaskSpec::shell("d", "x")
+        },
+    );
+    for _ in 0..61 {
+        h.advance(Duration::from_secs(1));
+        h.heartbeat("w1", 1);
+    }
+    let high = h.submit("alice", TaskSpec { priority: 100, ..TaskSpec::shell("high", "x") });
+    let fx = h.report_effects("w1", &blocker, 1, completed());
+    let g = grants(&fx);
+    assert_eq!(
+        g.iter().map(|(_, g)| g.task.clone()).collect::<Vec<_>>(),
+        std::slice::from_ref(&low),
+        "the old one first"
+    );
+    h.report("w1", &low, 1, ReportEvent::Started { pid: 2 });
+    let fx = h.report_effects("w1", &low, 1, completed());
+    assert_eq!(grants(&fx).iter().map(|(_, g)| g.task.clone()).collect::<Vec<_>>(), [high], "then by priority");
+    assert_eq!(h.status(&delayed), Status::Queued);
+}
