@@ -242,7 +242,7 @@ pub enum RegistryEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tenure_protocol::{Attempt, Ending, HintTag, Status};
+    use tenure_protocol::{Attempt, Ending, HintTag, Status, TaskSpec};
 
     /// A registry record as written before kinds, sessions and worker ids were
     /// interned and the hint, step and trace fields boxed: an unknown step
@@ -263,6 +263,52 @@ mod tests {
         "68657300a57472616365d93730302d30616637363531393136636434336464383434386562323131633830333139632d",
         "623761643662373136393230333333312d3031",
     ];
+
+    /// A task without a retry policy, a delayed start or a priority is
+    /// stored without any of their fields (the bytes of records written
+    /// before them); one with them round-trips whole.
+    #[test]
+    fn retry_fields_are_left_out_when_absent_and_round_trip_when_present() {
+        use tenure_protocol::retry::{AttemptEnd, NotBefore, RetryCause, RetryPolicy};
+        let plain = TaskRecord::new(
+            "shell-1".parse().unwrap(),
+            "s".parse().unwrap(),
+            Uuid::nil(),
+            TaskSpec::shell("l", "x"),
+            1,
+        );
+        let bytes = tenure_protocol::encode(&RegistryEntry::Task(Box::new(plain))).unwrap();
+        for field in [&b"attempts"[..], b"retry", b"not_before", b"priority"] {
+            assert!(!bytes.windows(field.len()).any(|w| w == field), "{:?} stored", String::from_utf8_lossy(field));
+        }
+        let spec = TaskSpec {
+            idempotent: true,
+            retry: Some(Box::new(RetryPolicy::with_defaults(2, None, None, Some(vec![RetryCause::Exit])))),
+            not_before: Some(Box::new(NotBefore::At { unix_ms: 9 })),
+            priority: -4,
+            ..TaskSpec::shell("l", "x")
+        };
+        let mut r = TaskRecord::new("shell-2".parse().unwrap(), "s".parse().unwrap(), Uuid::nil(), spec, 1);
+        r.attempts = Some(Box::new(AttemptLog {
+            history: vec![AttemptEnd {
+                attempt: Attempt(1),
+                worker: Some("w1".parse().unwrap()),
+                ending: Some(Ending::Failed),
+                cause: Some(RetryCause::Exit),
+                exit_code: Some(3),
+                detail: Some("exit code: 3".into()),
+                started_at_ms: Some(5),
+                ended_at_ms: 6,
+                retried: true,
+            }],
+            ready_clock_ms: 700,
+            ready_wall_ms: Some(800),
+            started_at_ms: None,
+        }));
+        let entry = RegistryEntry::Task(Box::new(r));
+        let back: RegistryEntry = tenure_protocol::decode(&tenure_protocol::encode(&entry).unwrap()).unwrap();
+        assert_eq!(back, entry);
+    }
 
     #[test]
     fn records_written_before_the_compact_layout_still_decode_to_the_same_bytes() {
