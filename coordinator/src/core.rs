@@ -26,6 +26,11 @@
 //! | `claims` | `epochs` | higher epochs others reported |
 //! | `presence` | `presence` | this leader's term and the standbys, for `Status` |
 //!
+//! Two modules keep no part of their own: `retry` (an attempt's end turned
+//! into a retry or a final event under the task's policy, the attempt
+//! history and the ready time kept in the record) and `priority` (the order
+//! in which queued tasks are offered to workers).
+//!
 //! **Invariant:** every effect that changes a task is preceded, in the returned
 //! list, by the `Persist` of the record that justifies it; the driver executes
 //! effects in order and stops at the first failed persist, so no reply, grant or
