@@ -37,6 +37,11 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
             final_output,
             timeout,
             idle_timeout,
+            retries,
+            backoff,
+            retry_on,
+            not_before,
+            priority,
             command,
         } => {
             let line = command_line(&command);
@@ -59,6 +64,9 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
                 steps,
                 final_output,
                 limits: time_limits(timeout, idle_timeout)?,
+                retry: retry_policy(retries, backoff, retry_on)?,
+                not_before: not_before.map(Box::new),
+                priority,
             };
             // The root span of the task's trace (exported only when configured).
             let span = tracing::info_span!("submit", kind = %spec.kind, task = tracing::field::Empty);
@@ -235,11 +243,15 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     println!("attempt:    {} (epoch {})", s.attempt, s.epoch);
     println!("worker:     {}", opt(s.worker.as_ref().map(ToString::to_string)));
     println!("idempotent: {}", s.idempotent);
+    if s.priority != 0 {
+        println!("priority:   {}", s.priority);
+    }
     let now = now_ms();
     println!("created:    {}", when(s.created_at_ms, now));
     println!("started:    {}", opt(s.started_at_ms.map(|t| when(t, now))));
     println!("finished:   {}", opt(s.finished_at_ms.map(|t| when(t, now))));
     println!("reported:   {}", s.reported);
+    print_retries(s, now);
     if let Some(h) = &s.hint {
         println!("hint:       [{}] {}", h.tag.as_str(), printable(&h.message));
     }
@@ -332,6 +344,70 @@ fn time_limits(
         idle_timeout_ms: ms(idle, "--idle-timeout")?,
     };
     Ok((limits != Default::default()).then(|| Box::new(limits)))
+}
+
+/// The spec's retry policy from `--retries`, `--backoff` and `--retry-on`
+/// (bounds and idempotence are checked where the spec is validated).
+fn retry_policy(
+    retries: Option<u32>,
+    backoff: Option<(Duration, Option<Duration>)>,
+    on: Vec<tenure_protocol::retry::RetryCause>,
+) -> anyhow::Result<Option<Box<tenure_protocol::retry::RetryPolicy>>> {
+    let Some(retries) = retries else { return Ok(None) };
+    let ms = |d: Duration| u64::try_from(d.as_millis()).map_err(|_| anyhow!("--backoff is too long"));
+    let (base, max) = match backoff {
+        Some((base, max)) => (Some(ms(base)?), max.map(ms).transpose()?),
+        None => (None, None),
+    };
+    let on = (!on.is_empty()).then_some(on);
+    Ok(Some(Box::new(tenure_protocol::retry::RetryPolicy::with_defaults(retries, base, max, on))))
+}
+
+/// A task's retry policy, attempt history and delayed start, as `get` shows them.
+fn print_retries(s: &TaskSnapshot, now: u64) {
+    if let Some(at) = s.not_before_ms {
+        let why = if s.attempts.is_empty() { "its --not-before" } else { "the backoff before its next retry" };
+        let until = match at.checked_sub(now) {
+            Some(d) => format!("in {}", age(d)),
+            None => "now: waiting for a worker".to_owned(),
+        };
+        println!("waiting:    not before {} ({until}; {why})", rfc3339(at));
+    }
+    if let Some(p) = &s.retry {
+        let on: Vec<&str> = p.on.iter().map(|c| c.as_str()).collect();
+        let used = s.attempts.iter().filter(|a| a.retried).count();
+        println!(
+            "retries:    {used} of {} used (backoff {}ms up to {}ms, on {})",
+            p.retries,
+            p.backoff_ms,
+            p.backoff_max_ms,
+            on.join(",")
+        );
+    }
+    for a in &s.attempts {
+        let ending = match (a.ending, a.cause) {
+            (Some(e), _) => format!("{e:?}").to_lowercase(),
+            (None, _) => "lost".to_owned(),
+        };
+        let code = a.exit_code.map(|c| format!(" exit {c}")).unwrap_or_default();
+        let detail = a.detail.as_deref().map(|d| format!(" ({})", printable(d))).unwrap_or_default();
+        let then = if a.retried { ", retried" } else { "" };
+        let started = a.started_at_ms.map(rfc3339).unwrap_or_else(|| "-".to_owned());
+        println!(
+            "attempt {}:  {ending}{code} on {}{then}; started {started}, ended {}{detail}",
+            a.attempt,
+            a.worker.as_ref().map(|w| w.as_str()).unwrap_or("-"),
+            rfc3339(a.ended_at_ms),
+        );
+    }
+}
+
+/// Epoch milliseconds as RFC 3339 (UTC, to the millisecond), without an age.
+fn rfc3339(at_ms: u64) -> String {
+    match when(at_ms, at_ms).split_once(' ') {
+        Some((t, _)) => t.to_owned(),
+        None => at_ms.to_string(),
+    }
 }
 
 #[cfg(test)]

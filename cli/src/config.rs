@@ -58,6 +58,9 @@ pub struct CoordinatorConfig {
     pub operators: Vec<String>,
     /// Finished tasks are garbage-collected this long after they ended; 0 keeps them.
     pub retention_secs: u64,
+    /// A task queued (and free to start) this long goes before every task
+    /// queued later, whatever their priorities (no starvation).
+    pub priority_max_age_ms: u64,
     /// Live (not finished) tasks one identity may hold; 0 is unlimited.
     pub max_live_tasks: u64,
     /// Tasks one identity may keep in the registry, finished ones until they
@@ -105,6 +108,7 @@ impl Default for CoordinatorConfig {
             renew_deadline_ms: ms(o.leadership.renew_deadline),
             operators: o.core.operators,
             retention_secs: o.core.retention.map(|d| d.as_secs()).unwrap_or(0),
+            priority_max_age_ms: ms(o.core.priority_max_age),
             max_live_tasks: o.core.limits.live_tasks.unwrap_or(0),
             max_kept_tasks: o.core.limits.kept_tasks.unwrap_or(0),
             max_output_bytes: o.core.limits.output_bytes.unwrap_or(0),
@@ -295,6 +299,9 @@ impl Validate for CoordinatorConfig {
         }
         if self.worker_ttl_ms == 0 || self.lease_ttl_ms == 0 || self.renew_interval_ms == 0 {
             bail!("worker_ttl_ms, lease_ttl_ms and renew_interval_ms must be above 0");
+        }
+        if self.priority_max_age_ms == 0 {
+            bail!("priority_max_age_ms must be above 0");
         }
         if self.renew_deadline_ms >= self.lease_ttl_ms {
             bail!(

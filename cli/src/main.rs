@@ -127,6 +127,10 @@ struct CoordinatorArgs {
     /// A worker silent for this long is judged lost.
     #[arg(long, env = "TENURE_WORKER_TTL_MS", default_value_t = C.worker_ttl_ms)]
     worker_ttl_ms: u64,
+    /// A task queued (and free to start) this long goes before every task
+    /// queued later, whatever their `--priority`: no task starves.
+    #[arg(long, env = "TENURE_PRIORITY_MAX_AGE_MS", default_value_t = C.priority_max_age_ms)]
+    priority_max_age_ms: u64,
     /// JetStream replicas of the registry, notices and lease bucket (3 on a 3-node NATS cluster).
     #[arg(long, env = "TENURE_REPLICAS", default_value_t = C.replicas)]
     replicas: usize,
@@ -330,6 +334,32 @@ enum Command {
         /// `idle-timeout`.
         #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
         idle_timeout: Option<std::time::Duration>,
+        /// Run an idempotent task again, up to N times, after an attempt that
+        /// failed for a cause `--retry-on` lists (at most 20; refused for a
+        /// task that is not `--idempotent`). Each attempt shows in `tenure get`.
+        #[arg(long, value_name = "N")]
+        retries: Option<u32>,
+        /// The delay before the first retry, and the most any retry waits:
+        /// `BASE[,MAX]` (e.g. `2s,1m`; default `1s,5m`). Each retry doubles
+        /// it, with jitter (a delay drawn from the upper half).
+        #[arg(long, value_name = "BASE[,MAX]", value_parser = parse_backoff, requires = "retries")]
+        backoff: Option<(std::time::Duration, Option<std::time::Duration>)>,
+        /// Which failures are retried: `exit` (non-zero exit, signal),
+        /// `lost` (its worker or machine lost), `timeout` (`--timeout`,
+        /// `--idle-timeout`). Default: all three.
+        #[arg(long, value_name = "CAUSES", value_delimiter = ',', requires = "retries")]
+        retry_on: Vec<tenure_protocol::retry::RetryCause>,
+        /// Do not start before TIME: RFC 3339 (`2030-01-01T09:00:00Z`) or a
+        /// duration from now (`90s`, `2h`); at most 30 days away. Until then the
+        /// task is `queued` and `tenure get` says when it may start.
+        #[arg(long, value_name = "TIME", value_parser = parse_not_before)]
+        not_before: Option<tenure_protocol::retry::NotBefore>,
+        /// Dispatch priority, -100 to 100 (default 0): queued tasks start
+        /// higher first, in submission order within one priority; a task
+        /// queued longer than the coordinators' `--priority-max-age-ms` goes
+        /// first whatever its priority.
+        #[arg(long, value_name = "N", allow_negative_numbers = true, default_value_t = 0)]
+        priority: i32,
         /// The command line (one argument is run as is by `sh -c`; several are quoted and joined).
         #[arg(last = true, required_unless_present = "steps")]
         command: Vec<String>,
@@ -448,6 +478,29 @@ async fn shutdown_signal() {
     }
 }
 
+/// `--backoff BASE[,MAX]`: one or two humantime durations.
+fn parse_backoff(s: &str) -> Result<(std::time::Duration, Option<std::time::Duration>), String> {
+    let (base, max) = match s.split_once(',') {
+        Some((b, m)) => (b, Some(m)),
+        None => (s, None),
+    };
+    let parse = |d: &str| humantime::parse_duration(d.trim()).map_err(|e| format!("{d:?}: {e}"));
+    Ok((parse(base)?, max.map(parse).transpose()?))
+}
+
+/// `--not-before TIME`: an RFC 3339 time, or a humantime duration from now.
+fn parse_not_before(s: &str) -> Result<tenure_protocol::retry::NotBefore, String> {
+    use tenure_protocol::retry::NotBefore;
+    if let Ok(t) = time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339) {
+        let ms = u64::try_from(t.unix_timestamp_nanos() / 1_000_000).map_err(|_| format!("{s:?} is before 1970"))?;
+        return Ok(NotBefore::At { unix_ms: ms });
+    }
+    let d = humantime::parse_duration(s)
+        .map_err(|e| format!("{s:?} is neither an RFC 3339 time (2030-01-01T09:00:00Z) nor a duration ({e})"))?;
+    let ms = u64::try_from(d.as_millis()).map_err(|_| format!("{s:?} is too far away"))?;
+    Ok(NotBefore::In { ms })
+}
+
 fn main() -> ExitCode {
     let matches = <Cli as clap::CommandFactory>::command().get_matches();
     let cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
@@ -524,7 +577,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
                 override_given!(sub, cfg, args, renew_deadline_ms, operators, retention_secs);
                 override_given!(sub, cfg, args, max_live_tasks, max_kept_tasks, max_output_bytes, registry_max_bytes);
                 override_given!(sub, cfg, args, notices_max_bytes, notices_max_consumers, registry_duplicate_window_ms);
-                override_given!(sub, cfg, args, accept_registry_rollback);
+                override_given!(sub, cfg, args, accept_registry_rollback, priority_max_age_ms);
             };
             let Some(cfg) = config::resolve(&args.config, &given_global, shared, overrides)? else { return printed() };
             let _metrics = metrics::start(role, cfg.metrics_addr).await?;
@@ -545,6 +598,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             };
             opts.core.limits = cfg.limits();
             opts.core.worker_ttl = Duration::from_millis(cfg.worker_ttl_ms);
+            opts.core.priority_max_age = Duration::from_millis(cfg.priority_max_age_ms);
             opts.core.operators = cfg.operators;
             opts.core.retention = (cfg.retention_secs > 0).then(|| Duration::from_secs(cfg.retention_secs));
             tenure_coordinator::run(opts, shutdown_signal()).await?;
@@ -650,6 +704,7 @@ mod tests {
         assert_eq!(notices, (d.registry_duplicate_window_ms, d.notices_max_bytes, d.notices_max_consumers));
         assert_eq!(notices, (120_000, 256 << 20, 4096));
         assert_eq!(c.accept_registry_rollback, d.accept_registry_rollback);
+        assert_eq!((c.priority_max_age_ms, d.priority_max_age_ms), (600_000, 600_000));
 
         let Command::Worker(w) = Cli::try_parse_from(["tenure", "worker"]).unwrap().command else {
             panic!("not a worker")

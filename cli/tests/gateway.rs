@@ -211,6 +211,32 @@ fn the_api_acts_as_the_caller_with_json_errors_and_resumable_output() {
     });
     let ended = ended.expect("the timed-out task failed");
     assert!(ended["detail"].as_str().is_some_and(|d| d.starts_with("timed-out: ")), "{ended}");
+    // Retries: refused for a task that is not idempotent; an idempotent
+    // one that keeps failing shows every attempt; a delayed start says when.
+    let (status, body) = gw.post("/v1/tasks", &alice, json!({"command": "false", "retries": 2}));
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["message"].as_str().is_some_and(|m| m.contains("not idempotent")), "{body}");
+    let (_, retried) = gw.post(
+        "/v1/tasks",
+        &alice,
+        json!({"command": "exit 3", "idempotent": true, "retries": 1, "backoff_ms": 50, "retry_on": ["exit"]}),
+    );
+    let retried = retried["task"].as_str().unwrap().to_owned();
+    let ended = tenure_testkit::eventually(Duration::from_secs(30), || {
+        let (_, v) = gw.get(&format!("/v1/tasks/{retried}"), &alice);
+        (v["status"] == "failed").then_some(v)
+    });
+    let ended = ended.expect("the retried task failed at last");
+    let attempts: Vec<(u64, bool)> = ended["attempts"]
+        .as_array()
+        .map(|a| a.iter().map(|a| (a["attempt"].as_u64().unwrap_or(0), a["retried"] == true)).collect())
+        .unwrap_or_default();
+    assert_eq!(attempts, [(1, true), (2, false)], "{ended}");
+    let (_, later) = gw.post("/v1/tasks", &alice, json!({"command": "true", "not_before_in_ms": 60000}));
+    let later = later["task"].as_str().unwrap().to_owned();
+    let (_, view) = gw.get(&format!("/v1/tasks/{later}"), &alice);
+    assert!(view["status"] == "queued" && view["not_before"].is_string(), "{view}");
+    gw.post(&format!("/v1/tasks/{later}/kill"), &alice, json!(null));
 
     // Input to an agent task reaches its stdin, once.
     let (_, agent) =

@@ -26,6 +26,11 @@
 //! | `claims` | `epochs` | higher epochs others reported |
 //! | `presence` | `presence` | this leader's term and the standbys, for `Status` |
 //!
+//! Two modules keep no part of their own: `retry` (an attempt's end turned
+//! into a retry or a final event under the task's policy, the attempt
+//! history and the ready time kept in the record) and `priority` (the order
+//! in which queued tasks are offered to workers).
+//!
 //! **Invariant:** every effect that changes a task is preceded, in the returned
 //! list, by the `Persist` of the record that justifies it; the driver executes
 //! effects in order and stops at the first failed persist, so no reply, grant or
@@ -69,6 +74,9 @@ pub struct CoreConfig {
     pub operators: Vec<String>,
     /// Record size, per-identity quotas and the registry's byte limit.
     pub limits: Limits,
+    /// A task queued (and free to start) this long goes before every task
+    /// queued later, whatever their priorities: no task starves.
+    pub priority_max_age: Duration,
 }
 
 impl Default for CoreConfig {
@@ -81,6 +89,7 @@ impl Default for CoreConfig {
             operators: Vec::new(),
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
             limits: Limits::default(),
+            priority_max_age: Duration::from_secs(10 * 60),
         }
     }
 }
@@ -299,7 +308,7 @@ impl Core {
             if let (true, Some(w)) = (r.life.status.is_on_worker(), &r.life.worker) {
                 core.workers.holding_tasks(w, now);
             }
-            core.index(&r.id, None, r.life.status);
+            core.index(&r.id, None, r.life.status, now);
             if let Some(of) = &r.parent {
                 core.workflows.index_step(&r.id, of);
             }
@@ -439,6 +448,13 @@ impl Core {
     /// the record and indexes, stamps times, persists, and answers waiters.
     fn event(&mut self, task: &TaskId, event: Event, now: Now, fx: &mut Vec<Effect>) -> Option<Decision> {
         let event = crate::limits::bounded(event);
+        // Retries: an attempt whose retry was decided is settled; an end the
+        // task's policy retries becomes a retry (see `retry.rs`).
+        if self.retried_already(task, &event) {
+            tracing::debug!(task = %task, ?event, "the attempt was already retried; changes nothing");
+            return Some(Decision::Unchanged(tenure_protocol::Unchanged::Stale));
+        }
+        let (event, ended) = self.retry_or_final(task, event);
         let granted_to = match &event {
             Event::Grant { worker, .. } => Some(self.workers.incarnation_of(worker)),
             _ => None,
@@ -452,7 +468,8 @@ impl Core {
         };
         let before = record.life.status;
         let weight = Weight::of(record);
-        record.life = life.clone();
+        let prior = std::mem::replace(&mut record.life, life.clone());
+        retry::note(record, &prior, ended, now, clock);
         if let Some(incarnation) = granted_to {
             record.incarnation = incarnation.map(Box::new);
         }
@@ -505,7 +522,7 @@ impl Core {
             }
         }
         if before != after {
-            self.index(task, Some(before), after);
+            self.index(task, Some(before), after, now);
             if !after.is_on_worker() {
                 self.dispatch.off_worker(task);
                 self.doubts.off_worker(task);
@@ -519,8 +536,8 @@ impl Core {
 
     /// Moves `task` between the parts' status indexes (`before` is `None`
     /// for a task new to this leader).
-    fn index(&mut self, task: &TaskId, before: Option<Status>, after: Status) {
-        self.dispatch.index(task, before, after);
+    fn index(&mut self, task: &TaskId, before: Option<Status>, after: Status, now: Now) {
+        self.dispatch.index(task, before, after, now.mono);
         self.doubts.index(task, before, after);
     }
 }
@@ -531,6 +548,8 @@ mod dispatch;
 mod epochs;
 mod liveness;
 mod presence;
+mod priority;
+mod retry;
 mod waiters;
 mod workers;
 mod workflow;

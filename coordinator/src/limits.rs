@@ -38,7 +38,8 @@ use tenure_protocol::{
 };
 use uuid::Uuid;
 
-use crate::record::{CleanupJob, RegistryEntry, StepOf, TaskRecord};
+use crate::record::{AttemptLog, CleanupJob, RegistryEntry, StepOf, TaskRecord};
+use tenure_protocol::retry::{AttemptEnd, RetryCause, MAX_ATTEMPT_DETAIL_BYTES, MAX_RETRIES};
 
 /// Per-identity quotas and the registry's limits. `None` is unlimited.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -273,8 +274,23 @@ pub(crate) fn size_bound(spec: &TaskSpec) -> usize {
         + output
         + MAX_DETAIL_BYTES
         + MAX_HINT_BYTES
+        + history_bound(spec)
         + RECORD_OVERHEAD
         + 10 * framing
+}
+
+/// Room for one entry of an attempt history beyond its detail: field names,
+/// numbers, times, a worker id.
+const ATTEMPT_ENTRY_OVERHEAD: usize = 192 + tenure_protocol::ids::MAX_WORKER_ID_LEN;
+
+/// An upper bound of the bytes a task's attempt history and delayed start
+/// may take: one entry per attempt its retry policy allows (retries + 1),
+/// each with its detail at [`MAX_ATTEMPT_DETAIL_BYTES`], and the times of a
+/// delayed start. Nothing for a task without either.
+fn history_bound(spec: &TaskSpec) -> usize {
+    let entries = spec.retry.as_ref().map_or(0, |p| p.retries.min(MAX_RETRIES) as usize + 1);
+    let log = if entries > 0 || spec.not_before.is_some() { 128 } else { 0 };
+    log + entries * (MAX_ATTEMPT_DETAIL_BYTES + ATTEMPT_ENTRY_OVERHEAD)
 }
 
 /// The encoded size of the registry message holding a task of `spec` with
@@ -308,6 +324,26 @@ pub fn largest_size(owner: &SessionId, spec: &TaskSpec, step: Option<u32>) -> Re
     r.matched_through = u64::MAX;
     r.matches = u64::MAX;
     r.trace = Some("0".repeat(64).into());
+    if spec.retry.is_some() || spec.not_before.is_some() {
+        let entries = spec.retry.as_ref().map_or(0, |p| p.retries.min(MAX_RETRIES) + 1);
+        let entry = |attempt| AttemptEnd {
+            attempt: Attempt(attempt),
+            worker: r.life.worker.clone(),
+            ending: Some(Ending::Failed),
+            cause: Some(RetryCause::Timeout),
+            exit_code: Some(i32::MIN),
+            detail: Some("x".repeat(MAX_ATTEMPT_DETAIL_BYTES).into()),
+            started_at_ms: Some(u64::MAX),
+            ended_at_ms: u64::MAX,
+            retried: true,
+        };
+        r.attempts = Some(Box::new(AttemptLog {
+            history: (0..entries).map(|i| entry(u32::MAX - i)).collect(),
+            ready_clock_ms: u64::MAX,
+            ready_wall_ms: Some(u64::MAX),
+            started_at_ms: Some(u64::MAX),
+        }));
+    }
     if let Some(index) = step {
         let workflow = TaskId::new(Kind::workflow(), number).map_err(|e| e.to_string())?;
         r.parent = Some(Box::new(StepOf { workflow, index }));
@@ -336,8 +372,17 @@ mod tests {
             steps in proptest::collection::vec(".{1,80}", 0..6),
             final_output in any::<bool>(),
             cwd in proptest::option::of("/[a-z/]{0,60}"),
+            retries in proptest::option::of(1u32..=MAX_RETRIES),
+            delayed in any::<bool>(),
         ) {
             let mut spec = TaskSpec { env: env.into_iter().collect::<BTreeMap<_, _>>(), cwd: cwd.map(Into::into), final_output, ..TaskSpec::shell(label, command) };
+            spec.retry = retries.map(|retries| Box::new(tenure_protocol::retry::RetryPolicy {
+                retries,
+                backoff_ms: 1,
+                backoff_max_ms: 1,
+                on: RetryCause::ALL.to_vec(),
+            }));
+            spec.not_before = delayed.then(|| Box::new(tenure_protocol::retry::NotBefore::In { ms: u64::MAX }));
             if !steps.is_empty() {
                 spec = TaskSpec {
                     kind: Kind::workflow(),

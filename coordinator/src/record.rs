@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 use tenure_protocol::messages::{CleanupState, TaskSnapshot};
+use tenure_protocol::retry::AttemptEnd;
 use tenure_protocol::{Epoch, Lifecycle, SessionId, TaskId, TaskSpec};
 use uuid::Uuid;
 
@@ -55,6 +56,42 @@ pub struct TaskRecord {
     /// counts the age from its takeover).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ended_clock_ms: u64,
+    /// The attempt history and the delayed start of a task with a retry
+    /// policy or a `--not-before` (see `core/retry.rs`). Boxed, and left out
+    /// of the encoding when absent: other tasks keep their bytes, and records
+    /// written before it existed load as tasks without either.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<Box<AttemptLog>>,
+}
+
+/// What a task with a retry policy or a delayed start keeps beyond its
+/// lifecycle: its ended attempts, and the time before which it is not granted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptLog {
+    /// Each ended attempt, oldest first: the retried ones and the final one
+    /// (at most the policy's retries + 1).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<AttemptEnd>,
+    /// Registry time (see `clock_ms`) before which the queued task is not
+    /// granted; 0 for none. In registry time, so a new leader continues the
+    /// wait where the last one left it (never shorter: registry time only
+    /// lags), and no two leaders' wall clocks are compared.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub ready_clock_ms: u64,
+    /// The same time on the wall clock of the leader that decided it (epoch
+    /// ms): what `get` shows. Never decides anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_wall_ms: Option<u64>,
+    /// When the current attempt was seen running (wall clock, for humans).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at_ms: Option<u64>,
+}
+
+impl AttemptLog {
+    /// How many attempts were retried so far.
+    pub fn retried(&self) -> u32 {
+        self.history.iter().filter(|a| a.retried).count() as u32
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -125,6 +162,7 @@ impl TaskRecord {
             incarnation: None,
             clock_ms: 0,
             ended_clock_ms: 0,
+            attempts: None,
         }
     }
 
@@ -157,6 +195,14 @@ impl TaskRecord {
             steps: Vec::new(),
             matches: self.matches,
             final_output: self.spec.final_output,
+            attempts: self.attempts.as_ref().map(|a| a.history.clone()).unwrap_or_default(),
+            not_before_ms: self
+                .attempts
+                .as_ref()
+                .filter(|a| self.life.status == tenure_protocol::Status::Queued && a.ready_clock_ms > 0)
+                .and_then(|a| a.ready_wall_ms),
+            retry: self.spec.retry.as_deref().cloned(),
+            priority: self.spec.priority,
         }
     }
 }
@@ -196,7 +242,7 @@ pub enum RegistryEntry {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tenure_protocol::{Attempt, Ending, HintTag, Status};
+    use tenure_protocol::{Attempt, Ending, HintTag, Status, TaskSpec};
 
     /// A registry record as written before kinds, sessions and worker ids were
     /// interned and the hint, step and trace fields boxed: an unknown step
@@ -217,6 +263,52 @@ mod tests {
         "68657300a57472616365d93730302d30616637363531393136636434336464383434386562323131633830333139632d",
         "623761643662373136393230333333312d3031",
     ];
+
+    /// A task without a retry policy, a delayed start or a priority is
+    /// stored without any of their fields (the bytes of records written
+    /// before them); one with them round-trips whole.
+    #[test]
+    fn retry_fields_are_left_out_when_absent_and_round_trip_when_present() {
+        use tenure_protocol::retry::{AttemptEnd, NotBefore, RetryCause, RetryPolicy};
+        let plain = TaskRecord::new(
+            "shell-1".parse().unwrap(),
+            "s".parse().unwrap(),
+            Uuid::nil(),
+            TaskSpec::shell("l", "x"),
+            1,
+        );
+        let bytes = tenure_protocol::encode(&RegistryEntry::Task(Box::new(plain))).unwrap();
+        for field in [&b"attempts"[..], b"retry", b"not_before", b"priority"] {
+            assert!(!bytes.windows(field.len()).any(|w| w == field), "{:?} stored", String::from_utf8_lossy(field));
+        }
+        let spec = TaskSpec {
+            idempotent: true,
+            retry: Some(Box::new(RetryPolicy::with_defaults(2, None, None, Some(vec![RetryCause::Exit])))),
+            not_before: Some(Box::new(NotBefore::At { unix_ms: 9 })),
+            priority: -4,
+            ..TaskSpec::shell("l", "x")
+        };
+        let mut r = TaskRecord::new("shell-2".parse().unwrap(), "s".parse().unwrap(), Uuid::nil(), spec, 1);
+        r.attempts = Some(Box::new(AttemptLog {
+            history: vec![AttemptEnd {
+                attempt: Attempt(1),
+                worker: Some("w1".parse().unwrap()),
+                ending: Some(Ending::Failed),
+                cause: Some(RetryCause::Exit),
+                exit_code: Some(3),
+                detail: Some("exit code: 3".into()),
+                started_at_ms: Some(5),
+                ended_at_ms: 6,
+                retried: true,
+            }],
+            ready_clock_ms: 700,
+            ready_wall_ms: Some(800),
+            started_at_ms: None,
+        }));
+        let entry = RegistryEntry::Task(Box::new(r));
+        let back: RegistryEntry = tenure_protocol::decode(&tenure_protocol::encode(&entry).unwrap()).unwrap();
+        assert_eq!(back, entry);
+    }
 
     #[test]
     fn records_written_before_the_compact_layout_still_decode_to_the_same_bytes() {

@@ -88,11 +88,13 @@ mod tests {
     /// the boxed store incarnation a grant is fenced by, the two registry
     /// times that age is measured by without comparing leaders' clocks, and
     /// the spec's boxed time limits; 448 since the first kill's reason, a
-    /// 16-byte `Option<Box<str>>` kept in the lifecycle).
+    /// 16-byte `Option<Box<str>>` kept in the lifecycle; 472 with the spec's
+    /// boxed retry policy and delayed start and the record's boxed attempt
+    /// log, 8 bytes each: absent for most tasks, which pay only the pointers).
     #[test]
     #[cfg(target_pointer_width = "64")]
     fn a_record_stays_small() {
         let size = std::mem::size_of::<TaskRecord>();
-        assert!(size <= 448, "TaskRecord is {size} bytes");
+        assert!(size <= 472, "TaskRecord is {size} bytes");
     }
 }

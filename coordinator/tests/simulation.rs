@@ -68,6 +68,7 @@ struct Summary {
     takeovers: u64,
     stale_answers: usize,
     by_status: std::collections::BTreeMap<String, usize>,
+    retries: usize,
     elapsed_ms: u128,
 }
 
@@ -89,6 +90,7 @@ fn run_all(seeds: &[u64], opts: &Options) -> (Vec<sim::Outcome>, Summary) {
         summary.starts += o.starts;
         summary.takeovers += o.takeovers;
         summary.stale_answers += o.stale_answers;
+        summary.retries += o.retries;
         for (status, n) in &o.by_status {
             *summary.by_status.entry(status.to_string()).or_default() += n;
         }
@@ -128,6 +130,7 @@ fn assert_all_pass(seeds: &[u64], opts: &Options) {
         panic!("{n} of {of} schedules failed (seeds {seeds:?})\n{}", explain(first, opts));
     }
     assert!(summary.starts > summary.schedules, "the schedules hardly ran anything: {summary:?}");
+    assert!(summary.retries > summary.schedules / 10, "the schedules hardly retried anything: {summary:?}");
 }
 
 #[test]

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use tenure_protocol::messages::{
     ApiError, ApiRequest, ApiResponse, InputReply, InputRequest, TaskSnapshot, MAX_INPUT_BYTES, MAX_OUTPUT_CHUNK,
 };
+use tenure_protocol::retry::{NotBefore, RetryCause, RetryPolicy};
 use tenure_protocol::spec::TimeLimits;
 use tenure_protocol::{subjects, Kind, Status, StepSpec, TaskId, TaskSpec};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -167,6 +168,19 @@ pub struct TaskView {
     pub steps: serde_json::Value,
     pub matches: u64,
     pub final_output: bool,
+    /// Each ended attempt of a task with a retry policy, oldest first
+    /// (`attempt`, `worker`, `ending`, `cause`, `exit_code`, `detail`,
+    /// `started_at_ms`, `ended_at_ms`, `retried`).
+    #[schema(value_type = Vec<Object>)]
+    pub attempts: serde_json::Value,
+    /// A queued task that may not start before this time (its `not_before`,
+    /// or the backoff before its next retry), RFC 3339, UTC.
+    pub not_before: Option<String>,
+    pub not_before_ms: Option<u64>,
+    /// Its retry policy (`retries`, `backoff_ms`, `backoff_max_ms`, `on`).
+    #[schema(value_type = Option<Object>)]
+    pub retry: Option<serde_json::Value>,
+    pub priority: i32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -213,6 +227,11 @@ impl From<&TaskSnapshot> for TaskView {
             steps: serde_json::to_value(&s.steps).unwrap_or_default(),
             matches: s.matches,
             final_output: s.final_output,
+            attempts: serde_json::to_value(&s.attempts).unwrap_or_default(),
+            not_before: s.not_before_ms.map(rfc3339),
+            not_before_ms: s.not_before_ms,
+            retry: s.retry.as_ref().and_then(|r| serde_json::to_value(r).ok()),
+            priority: s.priority,
         }
     }
 }
@@ -255,6 +274,29 @@ pub struct SubmitBody {
     /// End the task past this long without output (it fails as `idle-timeout`).
     #[serde(default)]
     pub idle_timeout_ms: Option<u64>,
+    /// Run an idempotent task again, up to this many times, after an attempt
+    /// that failed for a cause in `retry_on` (refused for a task that is
+    /// not idempotent).
+    #[serde(default)]
+    pub retries: Option<u32>,
+    /// The delay before the first retry (default 1000); each later one
+    /// doubles, with jitter, up to `backoff_max_ms` (default 300000).
+    #[serde(default)]
+    pub backoff_ms: Option<u64>,
+    #[serde(default)]
+    pub backoff_max_ms: Option<u64>,
+    /// Which failures are retried: `exit`, `lost`, `timeout` (default: all).
+    #[serde(default)]
+    pub retry_on: Option<Vec<String>>,
+    /// Do not start before this time (RFC 3339).
+    #[serde(default)]
+    pub not_before: Option<String>,
+    /// Do not start before this many milliseconds after the submit.
+    #[serde(default)]
+    pub not_before_in_ms: Option<u64>,
+    /// Dispatch priority, -100 to 100 (higher first; default 0).
+    #[serde(default)]
+    pub priority: i32,
     /// Same key, same task: a submit retried with the key it was first sent
     /// with never makes a second task. Also read from `Idempotency-Key`.
     #[serde(default)]
@@ -314,6 +356,7 @@ pub async fn submit(
             body.command.lines().next().unwrap_or("").chars().take(120).collect()
         }
     });
+    let (retry, not_before) = retry_fields(&body)?;
     let spec = TaskSpec {
         kind,
         label,
@@ -326,6 +369,9 @@ pub async fn submit(
         final_output: body.final_output,
         limits: (body.timeout_ms.is_some() || body.idle_timeout_ms.is_some())
             .then(|| Box::new(TimeLimits { timeout_ms: body.timeout_ms, idle_timeout_ms: body.idle_timeout_ms })),
+        retry,
+        not_before,
+        priority: body.priority,
     };
     let req = tenure_protocol::messages::SubmitRequest {
         session: caller.client.session().clone(),
@@ -335,6 +381,38 @@ pub async fn submit(
     let done = caller.client.submit_request(req, &tenure_client::Policy::SUBMIT).await?;
     let status = if done.existing { StatusCode::OK } else { StatusCode::CREATED };
     Ok((status, axum::Json(Submitted { task: done.task.to_string(), existing: done.existing })))
+}
+
+/// The retry policy and delayed start of a submit body (their bounds, and
+/// that retries are only for idempotent tasks, are checked by the leader).
+#[allow(clippy::type_complexity)]
+fn retry_fields(body: &SubmitBody) -> Result<(Option<Box<RetryPolicy>>, Option<Box<NotBefore>>), Error> {
+    let bad = |m: String| Error::bad_request("invalid-spec", m);
+    let on = match &body.retry_on {
+        Some(causes) => {
+            Some(causes.iter().map(|c| c.parse::<RetryCause>()).collect::<Result<Vec<_>, _>>().map_err(bad)?)
+        }
+        None => None,
+    };
+    let retry = match body.retries {
+        Some(n) => Some(Box::new(RetryPolicy::with_defaults(n, body.backoff_ms, body.backoff_max_ms, on))),
+        None if body.backoff_ms.is_some() || body.backoff_max_ms.is_some() || on.is_some() => {
+            return Err(bad("`backoff_ms`, `backoff_max_ms` and `retry_on` need `retries`".into()))
+        }
+        None => None,
+    };
+    let not_before = match (&body.not_before, body.not_before_in_ms) {
+        (Some(_), Some(_)) => return Err(bad("give either `not_before` or `not_before_in_ms`".into())),
+        (Some(at), None) => {
+            let t = time::OffsetDateTime::parse(at, &time::format_description::well_known::Rfc3339)
+                .map_err(|e| bad(format!("not_before {at:?}: {e} (RFC 3339, e.g. 2030-01-01T00:00:00Z)")))?;
+            let ms = t.unix_timestamp_nanos() / 1_000_000;
+            Some(Box::new(NotBefore::At { unix_ms: u64::try_from(ms).unwrap_or(0) }))
+        }
+        (None, Some(ms)) => Some(Box::new(NotBefore::In { ms })),
+        (None, None) => None,
+    };
+    Ok((retry, not_before))
 }
 
 // ------------------------------------------------------------- get, list

@@ -316,6 +316,18 @@ pub enum Event {
     Unarchive,
     /// The owner deletes a finished task: hidden for good.
     Delete,
+    // ---- retries (see `retry_move`) ----
+    /// The current attempt ended for a cause the task's retry policy lists,
+    /// with retries left (the coordinator decided so from the policy and the
+    /// attempt count): queued again, to be granted as the next attempt once its
+    /// backoff passed. Only for an idempotent task nobody asked to kill.
+    Retry { attempt: Attempt, epoch: Epoch },
+    /// `worker` was judged lost with no evidence either way, and the task's
+    /// retry policy allows no further attempt for a lost one (it does not list
+    /// `lost`, or its retries are used up): the idempotent task waits `unknown`
+    /// for its machine's evidence, as a non-idempotent one does, instead of
+    /// being queued again.
+    WorkerLostFinal { worker: WorkerId },
 }
 
 /// Why an event changed nothing.
@@ -366,6 +378,9 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
     }
     if l.status.is_terminal() {
         return Keep(Unchanged::Terminal);
+    }
+    if let Some(retry) = retry_move(l, event) {
+        return retry;
     }
     let mut next = l.clone();
     match event {
@@ -483,6 +498,8 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
             _ => Keep(Unchanged::NotApplicable),
         },
         Event::Archive | Event::Unarchive | Event::Delete => Keep(Unchanged::NotApplicable),
+        // Decided by `retry_move` above.
+        Event::Retry { .. } | Event::WorkerLostFinal { .. } => Keep(Unchanged::NotApplicable),
         Event::KillRequested { reason } => {
             // The first kill's reason is the one kept.
             next.kill_reason = l.kill_reason.clone().or_else(|| reason.clone());
@@ -553,6 +570,64 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
             }
         }
     }
+}
+
+/// The retry rules, for a task that is not terminal: `Some` for a retry
+/// event, `None` for every other event.
+///
+/// A retry queues again only an idempotent task whose current attempt it
+/// names, on a worker (`leased`, `running`) or `unknown` (late evidence of a
+/// failure), and never one with a kill requested: a kill always wins.
+fn retry_move(l: &Lifecycle, event: &Event) -> Option<Decision> {
+    use Status::*;
+    let decision = match event {
+        Event::Retry { attempt, epoch } => {
+            if !is_current(l, *attempt, *epoch) {
+                return Some(Decision::Unchanged(Unchanged::Stale));
+            }
+            match l.status {
+                Leased | Running | Unknown if l.idempotent && !l.kill_requested => {
+                    let mut next = l.clone();
+                    next.status = Queued;
+                    next.worker = None;
+                    next.hint = None;
+                    next.outcome = None;
+                    Decision::Changed(next)
+                }
+                Queued => Decision::Unchanged(Unchanged::Duplicate),
+                _ => Decision::Unchanged(Unchanged::NotApplicable),
+            }
+        }
+        Event::WorkerLostFinal { worker } => {
+            if l.worker.as_ref() != Some(worker) || !l.status.is_on_worker() {
+                return Some(Decision::Unchanged(Unchanged::NotApplicable));
+            }
+            // As for a task that may not run again: the plain rule, read as
+            // if the task were not idempotent.
+            let as_final = Lifecycle { idempotent: false, ..l.clone() };
+            match apply(&as_final, &Event::WorkerLost { worker: worker.clone() }) {
+                Decision::Changed(mut next) => {
+                    next.idempotent = l.idempotent;
+                    if next.status == Unknown {
+                        next.hint = Some(Box::new(RecoveryHint {
+                            tag: HintTag::WorkerUnreachable,
+                            message: format!(
+                                "worker {worker} and its sidecar are unreachable while holding attempt {}; the \
+                                 task's retry policy allows no further attempt after a lost one, so it is not run \
+                                 again. It settles by itself when the machine returns with evidence; otherwise \
+                                 check the worker machine and resubmit if it did not run.",
+                                l.attempt
+                            ),
+                        }));
+                    }
+                    Decision::Changed(next)
+                }
+                keep => keep,
+            }
+        }
+        _ => return None,
+    };
+    Some(decision)
 }
 
 /// The board rules: `Some` for a board event, `None` for every other event.

@@ -209,6 +209,9 @@ fn arb_event() -> impl Strategy<Value = Event> {
         Just(Event::Unarchive),
         Just(Event::Delete),
         (0u64..4).prop_map(|e| Event::StepsBegan { epoch: Epoch(e) }),
+        ((0u32..4).prop_map(Attempt), (0u64..4).prop_map(Epoch))
+            .prop_map(|(attempt, epoch)| Event::Retry { attempt, epoch }),
+        prop_oneof![Just(w("w1")), Just(w("w2"))].prop_map(|worker| Event::WorkerLostFinal { worker }),
         prop_oneof![Just(Ending::Completed), Just(Ending::Failed), Just(Ending::Killed)]
             .prop_map(|ending| Event::StepsEnded { outcome: outcome(ending) }),
     ]
@@ -218,7 +221,8 @@ fn names_attempt(e: &Event) -> Option<(Attempt, Epoch)> {
     match e {
         Event::Refused { attempt, epoch }
         | Event::Started { attempt, epoch }
-        | Event::Finished { attempt, epoch, .. } => Some((*attempt, *epoch)),
+        | Event::Finished { attempt, epoch, .. }
+        | Event::Retry { attempt, epoch } => Some((*attempt, *epoch)),
         _ => None,
     }
 }
@@ -248,6 +252,10 @@ proptest! {
             prop_assert!(after.attempt >= before.attempt && after.epoch >= before.epoch);
             if !idempotent && after.status == Status::Queued && before.status != Status::Queued {
                 prop_assert!(matches!(e, Event::Refused { .. }), "{:?} requeued a non-idempotent task", e);
+            }
+            // A retry never outruns a kill, and never queues what is not idempotent.
+            if matches!(e, Event::Retry { .. }) && after != before {
+                prop_assert!(idempotent && !before.kill_requested, "{:?} retried {:?}", e, before);
             }
             if after.status == Status::Unknown && before.status != Status::Unknown {
                 prop_assert!(after.hint.is_some());
@@ -345,4 +353,85 @@ fn a_kill_keeps_the_first_reason_and_a_finished_task_takes_none() {
     for status in ["completed", "killed", "failed"] {
         assert!(matches!(apply(&start(status, false), &kill(Some("late"))), Decision::Unchanged(Unchanged::Terminal)));
     }
+}
+
+// ---------------------------------------------------------------- retries
+
+/// The retry event columns, apart from the main table so that its rows keep
+/// their shape.
+fn retry_events() -> Vec<(&'static str, Event)> {
+    vec![
+        ("retry", Event::Retry { attempt: Attempt(2), epoch: Epoch(5) }),
+        ("retry-old-attempt", Event::Retry { attempt: Attempt(1), epoch: Epoch(5) }),
+        ("retry-old-epoch", Event::Retry { attempt: Attempt(2), epoch: Epoch(4) }),
+        ("lost-final-holder", Event::WorkerLostFinal { worker: w("w1") }),
+        ("lost-final-other", Event::WorkerLostFinal { worker: w("w9") }),
+    ]
+}
+
+/// Same shape as [`TABLE`]: a retry queues again only an idempotent task's
+/// current attempt, never after a kill; a final loss treats an idempotent
+/// task as a non-idempotent one is treated.
+const RETRY_TABLE: &str = "
+    queued     . . . . .  |  . . . . .
+    leased     . . . U .  |  Q . . U .
+    running    . . . U .  |  Q . . U .
+    stopping+k . . . S .  |  . . . S .
+    completed  . . . . .  |  . . . . .
+    killed     . . . . .  |  . . . . .
+    failed     . . . . .  |  . . . . .
+    unknown    . . . . .  |  Q . . . .
+    unknown+k  . . . . .  |  . . . . .
+";
+
+#[test]
+fn every_status_retry_event_pair_matches_the_retry_table() {
+    let events = retry_events();
+    let mut checked = 0;
+    for line in RETRY_TABLE.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let (left, right) = line.split_once('|').unwrap();
+        let mut left = left.split_whitespace();
+        let row = left.next().unwrap();
+        for (idempotent, cells) in [(false, left.collect::<Vec<_>>()), (true, right.split_whitespace().collect())] {
+            assert_eq!(cells.len(), events.len(), "row {row}");
+            for ((name, event), cell) in events.iter().zip(cells) {
+                let before = start(row, idempotent);
+                let decision = apply(&before, event);
+                let got = match &decision {
+                    Decision::Changed(after) => {
+                        assert_ne!(after, &before, "{row}/{name}: Changed must change something");
+                        assert_eq!(after.idempotent, before.idempotent, "{row}/{name}");
+                        letter(after.status).to_string()
+                    }
+                    Decision::Unchanged(_) => ".".to_string(),
+                };
+                assert_eq!(got, cell, "row {row} idempotent={idempotent} event {name}: got {decision:?}");
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 9 * 5 * 2);
+}
+
+#[test]
+fn a_retried_task_is_queued_clean_with_its_attempt_kept_and_its_next_grant_is_a_new_attempt() {
+    let l = start("running", true);
+    let Decision::Changed(q) = apply(&l, &Event::Retry { attempt: Attempt(2), epoch: Epoch(5) }) else { panic!() };
+    assert_eq!((q.status, q.attempt, q.worker.clone(), q.outcome.clone()), (Status::Queued, Attempt(2), None, None));
+    let Decision::Changed(next) = apply(&q, &Event::Grant { worker: w("w2"), epoch: Epoch(5) }) else { panic!() };
+    assert_eq!(next.attempt, Attempt(3));
+    // Reports of the retried attempt are stale once the next one was granted.
+    let late = Event::Finished { attempt: Attempt(2), epoch: Epoch(5), outcome: outcome(Ending::Failed) };
+    assert_eq!(apply(&next, &late), Decision::Unchanged(Unchanged::Stale));
+}
+
+#[test]
+fn a_final_loss_of_an_idempotent_task_names_its_retry_policy() {
+    let Decision::Changed(after) = apply(&start("running", true), &Event::WorkerLostFinal { worker: w("w1") }) else {
+        panic!()
+    };
+    assert_eq!(after.status, Status::Unknown);
+    let hint = after.hint.expect("hint");
+    assert_eq!(hint.tag, HintTag::WorkerUnreachable);
+    assert!(hint.message.contains("retry policy"), "{}", hint.message);
 }

@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use crate::ids::{Attempt, Epoch, Kind, SessionId, TaskId, WorkerId};
 use crate::lifecycle::{Board, Outcome, RecoveryHint, Status};
+use crate::retry::{AttemptEnd, RetryPolicy};
 use crate::spec::TaskSpec;
 
 // ---------------------------------------------------------------- client API
@@ -383,6 +384,25 @@ pub struct TaskSnapshot {
     /// A final-output-only task: read it with `FinalOutput`, not from the sidecar.
     #[serde(default)]
     pub final_output: bool,
+    /// Each ended attempt of a task with a retry policy, oldest first
+    /// (empty for other tasks, and left out of the encoding then).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<AttemptEnd>,
+    /// A queued task that may not start before this wall-clock time (epoch
+    /// ms, the leader's estimate): its `--not-before`, or the backoff before
+    /// its next retry. Never silently queued: `get` names the time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before_ms: Option<u64>,
+    /// The task's retry policy, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
+    /// Its dispatch priority (0 when not set, and then left out).
+    #[serde(default, skip_serializing_if = "is_zero_i32")]
+    pub priority: i32,
+}
+
+fn is_zero_i32(n: &i32) -> bool {
+    *n == 0
 }
 
 /// Where a task's cleanup job stands.

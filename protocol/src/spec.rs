@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::Kind;
+use crate::retry::{NotBefore, RetryPolicy, MAX_NOT_BEFORE_MS};
 
 /// Longest label kept (bytes).
 pub const MAX_LABEL_BYTES: usize = 512;
@@ -65,6 +66,31 @@ pub struct TaskSpec {
     /// the encoding when absent, so records without them keep their bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<Box<TimeLimits>>,
+    /// Retries of an idempotent task whose attempt failed (see
+    /// [`crate::retry`]). Refused for a task that is not idempotent and for a
+    /// workflow. Boxed and left out of the encoding when absent, like `limits`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<Box<RetryPolicy>>,
+    /// The earliest start, measured by the leader from the submit (refused for
+    /// a workflow). Boxed and left out of the encoding when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<Box<NotBefore>>,
+    /// Dispatch order among queued tasks: higher first, in submission order
+    /// within one priority ([`MIN_PRIORITY`] … [`MAX_PRIORITY`], default 0);
+    /// a task left queued longer than the leader's priority age goes first
+    /// whatever its priority, so none starves. A workflow's steps take the
+    /// workflow's. Left out of the encoding when 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: i32,
+}
+
+/// The lowest priority a task may ask for.
+pub const MIN_PRIORITY: i32 = -100;
+/// The highest priority a task may ask for.
+pub const MAX_PRIORITY: i32 = 100;
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
 }
 
 /// A task's time limits. Reaching one ends the task with the normal kill
@@ -113,6 +139,9 @@ impl TaskSpec {
             steps: Vec::new(),
             final_output: false,
             limits: None,
+            retry: None,
+            not_before: None,
+            priority: 0,
         }
     }
 
@@ -137,6 +166,9 @@ impl TaskSpec {
             steps: Vec::new(),
             final_output: false,
             limits: None,
+            retry: None,
+            not_before: None,
+            priority: self.priority,
         })
     }
 
@@ -195,6 +227,10 @@ impl TaskSpec {
     }
 
     fn validate_common(&self) -> Result<(), SpecError> {
+        self.validate_retry()?;
+        if !(MIN_PRIORITY..=MAX_PRIORITY).contains(&self.priority) {
+            return Err(SpecError::Priority(self.priority));
+        }
         if let Some(limits) = &self.limits {
             // Enforced on the worker machine; a workflow's steps are tasks
             // of their own and do not inherit it (yet).
@@ -230,6 +266,34 @@ impl TaskSpec {
                 && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
             if !name_ok || v.contains('\0') {
                 return Err(SpecError::EnvName(k.chars().take(80).collect()));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl TaskSpec {
+    /// The retry policy and delayed start: bounded, a retry only for an
+    /// idempotent task, neither for a workflow (its steps are tasks of their
+    /// own and do not inherit them).
+    fn validate_retry(&self) -> Result<(), SpecError> {
+        if let Some(policy) = &self.retry {
+            if !self.idempotent {
+                return Err(SpecError::RetryNotIdempotent);
+            }
+            if self.kind == Kind::workflow() {
+                return Err(SpecError::Retry(format!("a {} task takes no retries", self.kind)));
+            }
+            policy.validate().map_err(SpecError::Retry)?;
+        }
+        if let Some(at) = self.not_before.as_deref() {
+            if self.kind == Kind::workflow() {
+                return Err(SpecError::Retry(format!("a {} task takes no delayed start", self.kind)));
+            }
+            if let NotBefore::In { ms } = *at {
+                if ms > MAX_NOT_BEFORE_MS {
+                    return Err(SpecError::Retry("a delayed start is at most 30 days away".into()));
+                }
             }
         }
         Ok(())
@@ -275,6 +339,15 @@ pub enum SpecError {
     FinalOutput(String),
     #[error("time limit: {0}")]
     TimeLimit(String),
+    #[error(
+        "retries: the task is not idempotent, so it is never run again automatically; declare it idempotent \
+         (--idempotent) if running it twice is safe"
+    )]
+    RetryNotIdempotent,
+    #[error("retries: {0}")]
+    Retry(String),
+    #[error("priority {0} is out of range ({MIN_PRIORITY} to {MAX_PRIORITY})")]
+    Priority(i32),
 }
 
 #[cfg(test)]
@@ -307,6 +380,46 @@ mod tests {
         let old = TaskSpec::shell("l", "echo hi");
         let decoded: TaskSpec = crate::decode(&crate::encode(&old).unwrap()).unwrap();
         assert_eq!(decoded.limits, None);
+    }
+
+    #[test]
+    fn retries_only_for_idempotent_tasks_and_neither_retries_nor_delays_for_workflows() {
+        use crate::retry::{RetryCause, RetryPolicy};
+        let policy = RetryPolicy { retries: 3, backoff_ms: 100, backoff_max_ms: 1000, on: vec![RetryCause::Exit] };
+        let with =
+            |idempotent| TaskSpec { idempotent, retry: Some(Box::new(policy.clone())), ..TaskSpec::shell("l", "x") };
+        assert_eq!(with(true).validate(), Ok(()));
+        assert_eq!(with(false).validate(), Err(SpecError::RetryNotIdempotent));
+        assert!(with(false).validate().unwrap_err().to_string().contains("not idempotent"));
+        let zero = TaskSpec { retry: Some(Box::new(RetryPolicy { retries: 0, ..policy.clone() })), ..with(true) };
+        assert!(matches!(zero.validate(), Err(SpecError::Retry(_))));
+        let workflow = TaskSpec::workflow("w", ["true".to_string()]);
+        let retried = TaskSpec { idempotent: true, retry: Some(Box::new(policy)), ..workflow.clone() };
+        assert!(matches!(retried.validate(), Err(SpecError::Retry(m)) if m.contains("workflow")));
+        let delayed = TaskSpec { not_before: Some(Box::new(NotBefore::In { ms: 10 })), ..workflow };
+        assert!(matches!(delayed.validate(), Err(SpecError::Retry(m)) if m.contains("workflow")));
+        let far = TaskSpec {
+            not_before: Some(Box::new(NotBefore::In { ms: MAX_NOT_BEFORE_MS + 1 })),
+            ..TaskSpec::shell("l", "x")
+        };
+        assert!(matches!(far.validate(), Err(SpecError::Retry(_))));
+        // A spec without either round-trips as one without.
+        let decoded: TaskSpec = crate::decode(&crate::encode(&TaskSpec::shell("l", "x")).unwrap()).unwrap();
+        assert_eq!((decoded.retry, decoded.not_before), (None, None));
+    }
+
+    #[test]
+    fn priorities_are_bounded_and_steps_take_their_workflows() {
+        let with = |priority| TaskSpec { priority, ..TaskSpec::shell("l", "x") };
+        assert_eq!(with(MAX_PRIORITY).validate(), Ok(()));
+        assert_eq!(with(MIN_PRIORITY).validate(), Ok(()));
+        assert_eq!(with(MAX_PRIORITY + 1).validate(), Err(SpecError::Priority(MAX_PRIORITY + 1)));
+        assert_eq!(with(i32::MIN).validate(), Err(SpecError::Priority(i32::MIN)));
+        let workflow = TaskSpec { priority: 7, ..TaskSpec::workflow("w", ["true".to_string()]) };
+        assert_eq!(workflow.step(0).map(|s| s.priority), Some(7));
+        // Priority 0 is left out of the encoding.
+        let plain = crate::encode(&TaskSpec::shell("l", "x")).unwrap();
+        assert!(!plain.windows(8).any(|w| w == b"priority"));
     }
 
     #[test]

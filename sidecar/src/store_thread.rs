@@ -17,7 +17,9 @@ use crate::core::{Machine, RecordView};
 use crate::store::RecoveryStore;
 
 enum Command {
-    Handle(SidecarRequest, oneshot::Sender<SidecarReply>),
+    /// Boxed: a request carries a whole grant (and its task's spec), far
+    /// larger than the other commands.
+    Handle(Box<SidecarRequest>, oneshot::Sender<SidecarReply>),
     /// Owner and phase of the latest attempt of a task, for output reads.
     OutputOwner(TaskId, oneshot::Sender<Option<(SessionId, Phase, bool)>>),
     /// A cleanup job (after the task's files were removed).
@@ -56,7 +58,7 @@ impl StoreHandle {
     pub(crate) async fn handle(&self, req: SidecarRequest) -> SidecarReply {
         let (tx, rx) = oneshot::channel();
         let gone = || SidecarReply::Refused(SidecarRefusal::Storage("the sidecar is shutting down".to_owned()));
-        if self.tx.send(Command::Handle(req, tx)).await.is_err() {
+        if self.tx.send(Command::Handle(Box::new(req), tx)).await.is_err() {
             return gone();
         }
         rx.await.unwrap_or_else(|_| gone())
@@ -199,7 +201,7 @@ fn apply<S: RecoveryStore>(command: Command, machine: &mut Result<Machine<S>, St
     match (command, machine) {
         (Command::Handle(req, reply), Ok(machine)) => {
             crate::metrics::get().requests.add(1, &[opentelemetry::KeyValue::new("request", request_name(&req))]);
-            Answer::Handle(machine.handle(req), reply)
+            Answer::Handle(machine.handle(*req), reply)
         }
         (Command::Handle(_, reply), Err(reason)) => {
             Answer::Handle(SidecarReply::Refused(SidecarRefusal::Storage(reason.clone())), reply)

@@ -229,15 +229,20 @@ impl Core {
                 known: known.iter().map(ToString::to_string).collect(),
             });
         }
+        let delay = match req.spec.not_before.as_deref().copied() {
+            Some(at) => at.delay_from(now.wall_ms).map_err(|e| ApiError::InvalidSpec(format!("not before: {e}")))?,
+            None => 0,
+        };
         self.usage.admit(&self.cfg.limits, &req.session, &req.spec)?;
         let n = self.submits.allocate()?;
         let id = TaskId::new(req.spec.kind.clone(), n).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
         let record = TaskRecord {
             trace: trace.map(String::into_boxed_str),
+            attempts: super::retry::delayed_start(delay, now, self.registry_ms(now)),
             ..TaskRecord::new(id.clone(), req.session.clone(), req.idempotency_key, req.spec, now.wall_ms)
         };
         self.submits.remember(req.session, req.idempotency_key, id.number());
-        self.index(&id, None, Status::Queued);
+        self.index(&id, None, Status::Queued, now);
         let workflow = !record.spec.steps.is_empty();
         fx.push(Effect::Persist(Box::new(record.clone())));
         self.usage.add(&record);

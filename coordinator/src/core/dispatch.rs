@@ -35,17 +35,22 @@ pub(super) struct Dispatch {
     /// A task given back by a refusal is not granted again before this time, so a
     /// worker that keeps refusing (sidecar down, full) is not hammered.
     not_before: HashMap<TaskId, Duration>,
+    /// When each queued task entered the queue (this leader's monotonic
+    /// clock; a new leader counts from its takeover): its age for the
+    /// priority rule (see `priority.rs`).
+    queued_since: HashMap<TaskId, Duration>,
     /// Submit → running of tasks that started since the driver last took them
     /// (wall-clock milliseconds, for the dispatch-latency metric).
     latencies: Vec<u64>,
 }
 
 impl Dispatch {
-    /// Keeps the queue and the slot holders in step with a status change.
-    pub(super) fn index(&mut self, task: &TaskId, before: Option<Status>, after: Status) {
+    /// Keeps the queue and the slot holders in step with a status change at `at`.
+    pub(super) fn index(&mut self, task: &TaskId, before: Option<Status>, after: Status, at: Duration) {
         match before {
             Some(Status::Queued) => {
                 self.queue.remove(&(task.number(), task.clone()));
+                self.queued_since.remove(task);
             }
             Some(s) if s.is_on_worker() => {
                 self.on_worker.remove(task);
@@ -56,6 +61,7 @@ impl Dispatch {
         match after {
             Status::Queued => {
                 self.queue.insert((task.number(), task.clone()));
+                self.queued_since.insert(task.clone(), at);
             }
             // A workflow holds no slot: its steps do.
             s if s.is_on_worker() && *task.kind() != Kind::workflow() => {
@@ -144,6 +150,12 @@ impl Dispatch {
         self.confirmed.remove(task);
         self.sent.remove(task);
         self.not_before.remove(task);
+        self.queued_since.remove(task);
+    }
+
+    /// When queued `task` entered the queue, if it is queued.
+    pub(super) fn queued_since(&self, task: &TaskId) -> Option<Duration> {
+        self.queued_since.get(task).copied()
     }
 }
 
@@ -158,18 +170,22 @@ impl Core {
         load
     }
 
-    /// Grants queued tasks, in submission order, to the live worker with the
-    /// most free slots that runs their kind.
+    /// Grants queued tasks, in dispatch order (priority, then submission;
+    /// see `priority.rs`), to the live worker with the most free slots that
+    /// runs their kind.
     pub(super) fn schedule(&mut self, now: Now, fx: &mut Vec<Effect>) {
         if self.dispatch.nothing_queued() {
             return;
         }
-        let mut free = self.workers.free_slots(&self.load());
-        for task in self.dispatch.queued() {
+        let mut free = self.workers.free_slots(&self.load(), now);
+        if free.is_empty() {
+            return;
+        }
+        for task in self.dispatch_order(now) {
             if free.is_empty() {
                 break;
             }
-            if self.dispatch.held_back(&task, now) {
+            if self.dispatch.held_back(&task, now) || self.waiting_for_its_time(&task, now) {
                 continue;
             }
             let Some(kind) = self.tasks.get(&task).map(|r| r.spec.kind.clone()) else { continue };
@@ -310,7 +326,16 @@ impl Core {
                 let never_held = !is_kill || reason == Refusal::UnknownAttempt;
                 if never_held && waiting {
                     self.event(&task, Event::Refused { attempt, epoch }, now, fx);
-                    self.dispatch.hold_back(&task, now.mono + self.cfg.grant_retry / 2);
+                    let pause = now.mono + self.cfg.grant_retry / 2;
+                    // A worker without a free slot yet (it releases one only
+                    // once its last report was acknowledged) is paused, not
+                    // the task: the task keeps its place in the dispatch
+                    // order, and no lower-priority task overtakes it.
+                    if !is_kill && reason == Refusal::NoSlot {
+                        self.workers.full_until(&worker, pause);
+                    } else {
+                        self.dispatch.hold_back(&task, pause);
+                    }
                 }
             }
         }

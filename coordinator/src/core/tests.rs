@@ -84,16 +84,20 @@ impl Harness {
     }
 
     fn report(&mut self, worker: &str, task: &TaskId, attempt: u32, event: ReportEvent) -> ReportAck {
-        let fx = self.input(Input::Report {
-            reply_to: Some("ack".into()),
-            report: Report { worker: w(worker), task: task.clone(), attempt: Attempt(attempt), epoch: Epoch(3), event },
-        });
+        let fx = self.report_effects(worker, task, attempt, event);
         fx.into_iter()
             .find_map(|e| match e {
                 Effect::Ack { ack, .. } => Some(ack),
                 _ => None,
             })
             .expect("an ack")
+    }
+
+    fn report_effects(&mut self, worker: &str, task: &TaskId, attempt: u32, event: ReportEvent) -> Vec<Effect> {
+        self.input(Input::Report {
+            reply_to: Some("ack".into()),
+            report: Report { worker: w(worker), task: task.clone(), attempt: Attempt(attempt), epoch: Epoch(3), event },
+        })
     }
 
     fn status(&self, task: &TaskId) -> Status {
@@ -784,6 +788,8 @@ fn the_status_names_this_leaders_term_and_the_standbys_lately_heard_from() {
 
 #[path = "limits_tests.rs"]
 mod limits;
+#[path = "retry_tests.rs"]
+mod retry;
 #[path = "workers_tests.rs"]
 mod workers;
 #[path = "workflow_tests.rs"]

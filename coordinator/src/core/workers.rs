@@ -39,6 +39,10 @@ struct WorkerState {
     /// An epoch above ours its last heartbeat (or refusal) claimed, not yet
     /// claimed in the registry: nothing is scheduled on it meanwhile.
     unproven_epoch: Option<Epoch>,
+    /// It refused a grant for want of a slot (it had not yet released one
+    /// this leader saw freed): nothing is granted to it before this time,
+    /// and the refused task keeps its place in the dispatch order.
+    full_until: Option<Duration>,
 }
 
 impl WorkerState {
@@ -53,6 +57,7 @@ impl WorkerState {
             alive: true,
             sidecar: SidecarHealth::Ok,
             unproven_epoch: None,
+            full_until: None,
         }
     }
 }
@@ -165,7 +170,14 @@ impl Workers {
     }
 
     /// Free slots of the workers new work may go to, given the slots in use.
-    pub(super) fn free_slots(&self, load: &HashMap<WorkerId, u32>) -> BTreeMap<WorkerId, u32> {
+    /// `worker` refused a grant for want of a slot: nothing more for it before `until`.
+    pub(super) fn full_until(&mut self, worker: &WorkerId, until: Duration) {
+        if let Some(w) = self.by_id.get_mut(worker) {
+            w.full_until = Some(until);
+        }
+    }
+
+    pub(super) fn free_slots(&self, load: &HashMap<WorkerId, u32>, now: Now) -> BTreeMap<WorkerId, u32> {
         self.by_id
             .iter()
             // A machine whose sidecar is down or degraded would refuse the
@@ -178,6 +190,7 @@ impl Workers {
                     && w.unproven_epoch.is_none()
                     && w.instance.is_some()
                     && w.incarnation.is_some()
+                    && w.full_until.is_none_or(|until| now.mono >= until)
             })
             .map(|(id, w)| (id.clone(), w.slots.saturating_sub(load.get(id).copied().unwrap_or(0))))
             .filter(|(_, f)| *f > 0)

@@ -109,8 +109,15 @@ pub struct Envelope {
 /// What a requester remembers about a request it waits on.
 #[derive(Debug, Clone)]
 pub enum Asked {
-    Command { worker: usize, command: WorkerCommand },
-    Evidence { worker: usize, request: EvidenceRequest },
+    /// Boxed: a grant carries its task's whole spec.
+    Command {
+        worker: usize,
+        command: Box<WorkerCommand>,
+    },
+    Evidence {
+        worker: usize,
+        request: EvidenceRequest,
+    },
     Report,
     Api,
 }

@@ -21,6 +21,8 @@
 //!    machine, and never for a task the registry does not know.
 //! 8. (client) A submit key always names the same task; no task answers two keys.
 //! 9. A terminal notice is published only for a task whose terminal record is durable.
+//! 11. A task with a retry policy of R retries starts at most R + 1 attempts
+//!     (a retry is decided once per attempt, whatever reports repeat).
 //! 10. A task that never started ends `killed` only if a client asked to kill
 //!     it, and `unknown` only if a machine it was leased to was struck by a
 //!     fault (crashed, wiped, cut off, its shim killed): nothing else
@@ -99,10 +101,20 @@ impl Checker {
         worker: &WorkerId,
         task: &TaskId,
         attempt: Attempt,
-        idempotent: bool,
+        spec: &tenure_protocol::TaskSpec,
     ) {
+        let (idempotent, retries) = (spec.idempotent, spec.retry.as_ref().map(|p| p.retries));
         let starts = self.starts.entry(task.clone()).or_default();
         starts.push((attempt, machine, now));
+        let attempts: std::collections::BTreeSet<Attempt> = starts.iter().map(|s| s.0).collect();
+        if let Some(retries) = retries.filter(|r| attempts.len() as u64 > u64::from(*r) + 1) {
+            let starts = format!("{starts:?}");
+            self.fail(format!(
+                "rule 11: {task} with {retries} retries started {} attempts: (attempt, machine, tick) = {starts}",
+                attempts.len()
+            ));
+        }
+        let starts = self.starts.entry(task.clone()).or_default();
         if !idempotent && starts.len() > 1 {
             let starts = format!("{starts:?}");
             self.fail(format!(

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use rand::Rng;
 use tenure_protocol::messages::{ApiError, ApiRequest, ApiResponse, SubmitRequest};
+use tenure_protocol::retry::RetryPolicy;
 use tenure_protocol::{SessionId, TaskId, TaskSpec};
 use uuid::Uuid;
 
@@ -44,13 +45,25 @@ impl Client {
         self.tasks.len()
     }
 
-    /// A new task: `sleep <ticks>; exit <code>`, idempotent or not.
+    /// A new task: `sleep <ticks>; exit <code>`, idempotent or not; a third
+    /// of the idempotent ones flaky (`; ok-from <attempt>`) with a retry
+    /// policy of a few retries and a backoff of a few ticks.
     pub fn submit_new(&mut self, ctx: &mut Ctx) {
         let ticks = ctx.rng.gen_range(1..=40);
         let code = if ctx.rng.gen_bool(0.8) { 0 } else { ctx.rng.gen_range(1..=3) };
         let idempotent = ctx.rng.gen_bool(0.4);
         let n = self.tasks.len();
-        let spec = TaskSpec { idempotent, ..TaskSpec::shell(format!("t{n}"), format!("sleep {ticks}; exit {code}")) };
+        let mut spec =
+            TaskSpec { idempotent, ..TaskSpec::shell(format!("t{n}"), format!("sleep {ticks}; exit {code}")) };
+        if idempotent && ctx.rng.gen_bool(0.33) {
+            let retries = ctx.rng.gen_range(1..=3);
+            let code = ctx.rng.gen_range(1..=3);
+            let ok_from = ctx.rng.gen_range(1..=retries + 2);
+            spec.command = format!("sleep {ticks}; exit {code}; ok-from {ok_from}");
+            let backoff_ms = ctx.rng.gen_range(1..=5) * super::TICK_MS;
+            spec.retry =
+                Some(Box::new(RetryPolicy::with_defaults(retries, Some(backoff_ms), Some(4 * backoff_ms), None)));
+        }
         ctx.note(|| format!("client wants task {n}: {:?} idempotent={idempotent}", spec.command));
         self.tasks.push(Submitted { key: Uuid::from_u128(ctx.rng.gen()), spec, id: None, req: None, kill: Kill::No });
     }

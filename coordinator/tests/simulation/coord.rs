@@ -322,7 +322,7 @@ impl Cluster {
                 let Some(waiting) = ctx.bus.claim(req, Node::Coord(s), term_id) else { return };
                 match (waiting.asked, reply) {
                     (Asked::Command { worker, command }, Reply::Worker(r)) => {
-                        Input::CommandResult { worker: host_id(worker), command, result: Ok(r) }
+                        Input::CommandResult { worker: host_id(worker), command: *command, result: Ok(r) }
                     }
                     (Asked::Evidence { worker, request }, Reply::Evidence(r)) => {
                         Input::Evidence { worker: host_id(worker), request, result: Ok(r) }
@@ -335,7 +335,7 @@ impl Cluster {
                 let error = "request timed out".to_owned();
                 match waiting.asked {
                     Asked::Command { worker, command } => {
-                        Input::CommandResult { worker: host_id(worker), command, result: Err(error) }
+                        Input::CommandResult { worker: host_id(worker), command: *command, result: Err(error) }
                     }
                     Asked::Evidence { worker, request } => {
                         Input::Evidence { worker: host_id(worker), request, result: Err(error) }
@@ -388,7 +388,7 @@ impl Cluster {
                 Effect::Command { worker, command, instance, .. } => {
                     let w = worker_index(&worker);
                     let line = if ctx.trace.enabled { fmt_command(&command) } else { String::new() };
-                    let asked = Asked::Command { worker: w, command: command.clone() };
+                    let asked = Asked::Command { worker: w, command: Box::new(command.clone()) };
                     ask_machine(ctx, s, term_id, epoch, w, line, asked, |req| Msg::Command { req, command, instance });
                 }
                 // The model runs one process per worker id: never sent.

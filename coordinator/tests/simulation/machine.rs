@@ -164,11 +164,15 @@ pub struct Host {
     bug: Bug,
 }
 
-/// What a simulated task does: `sleep <ticks>; exit <code>`.
-fn behaviour(command: &str) -> (u64, Outcome) {
+/// What a simulated task does: `sleep <ticks>; exit <code>`, or, for a
+/// flaky task, `sleep <ticks>; exit <code>; ok-from <attempt>`: attempts
+/// before that one exit with the code, that one and later ones succeed.
+fn behaviour(command: &str, attempt: u32) -> (u64, Outcome) {
     let mut words = command.split([' ', ';']).filter(|w| !w.is_empty());
     let ticks = words.nth(1).and_then(|w| w.parse().ok()).unwrap_or(1);
     let code: i32 = words.nth(1).and_then(|w| w.parse().ok()).unwrap_or(0);
+    let ok_from: Option<u32> = words.nth(1).and_then(|w| w.parse().ok());
+    let code = if ok_from.is_some_and(|from| attempt >= from) { 0 } else { code };
     let outcome = if code == 0 {
         Outcome::new(Ending::Completed, Some(0), None)
     } else {
@@ -599,13 +603,13 @@ impl Host {
             Action::Sidecar(req) => self.side.call(ctx, i, req).map(Done::Sidecar),
             Action::Launch { kill, .. } => {
                 let Some(grant) = self.w().core.held(&key).and_then(|h| h.grant.clone()) else { return };
-                let (ticks, outcome) = behaviour(&grant.spec.command);
+                let (ticks, outcome) = behaviour(&grant.spec.command, grant.attempt.0);
                 self.next_pid += 1;
                 let pid = self.next_pid;
                 self.procs.insert(key.clone(), Proc::Running { until: ctx.now + ticks, outcome, killed: kill });
                 ctx.note(|| format!("m{i} STARTS {task}#{attempt} pid {pid} (idempotent={})", grant.spec.idempotent));
                 let id = self.id.clone();
-                ctx.check.process_started(ctx.now, i, &id, &task, attempt, grant.spec.idempotent);
+                ctx.check.process_started(ctx.now, i, &id, &task, attempt, &grant.spec);
                 self.w().local.insert(key.clone(), Local { pid, signalled: kill, ..local.clone() });
                 Some(Done::Launched(pid))
             }

@@ -181,6 +181,9 @@ pub struct Outcome {
     /// Client requests a deposed leader answered from its stale view.
     pub stale_answers: usize,
     pub by_status: Vec<(Status, usize)>,
+    /// Attempts the leaders retried under a task's policy (in the registry's
+    /// attempt histories).
+    pub retries: usize,
 }
 
 struct Sim {
@@ -255,6 +258,7 @@ pub fn run(seed: u64, opts: &Options) -> Outcome {
         takeovers: sim.cluster.takeovers,
         stale_answers: sim.ctx.check.stale_answers(),
         by_status,
+        retries: records.values().filter_map(|r| r.attempts.as_ref()).map(|a| a.retried() as usize).sum(),
     }
 }
 
