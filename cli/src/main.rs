@@ -231,6 +231,63 @@ struct SidecarArgs {
     data_dir: Option<PathBuf>,
 }
 
+/// What a task is: the options `submit` and `run` share.
+#[derive(Args, Debug)]
+struct SubmitArgs {
+    #[arg(long, default_value = "shell")]
+    kind: Kind,
+    /// The task may be run again if its worker is lost.
+    #[arg(long)]
+    idempotent: bool,
+    #[arg(long)]
+    label: Option<String>,
+    /// Working directory on the worker machine (absolute).
+    #[arg(long)]
+    cwd: Option<String>,
+    /// Environment variable for the task, NAME=VALUE (repeatable).
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    env: Vec<String>,
+    /// For `--kind monitor`: every output line matching this regular
+    /// expression raises a notification (`tenure watch`).
+    #[arg(long)]
+    pattern: Option<String>,
+    /// A workflow step, run as a `shell` task after the previous one
+    /// completed (repeatable, in order). Makes the task a `workflow`.
+    #[arg(long = "step", value_name = "COMMAND", conflicts_with = "command")]
+    steps: Vec<String>,
+    /// Final-output-only: no streaming while it runs; once it ended, `tenure
+    /// logs` prints its final output (the last 64 KiB), the same every time.
+    #[arg(long)]
+    final_output: bool,
+    /// End the task if it runs longer than this (e.g. `90s`, `10m`, `2h`):
+    /// SIGTERM to its group, the grace period, SIGKILL; it fails as
+    /// `timed-out`. Measured on its machine, through worker restarts and
+    /// failovers.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    timeout: Option<std::time::Duration>,
+    /// End the task if it writes no output for this long; it fails as
+    /// `idle-timeout`.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    idle_timeout: Option<std::time::Duration>,
+    /// The command line (one argument is run as is by `sh -c`; several are quoted and joined).
+    #[arg(last = true, required_unless_present = "steps")]
+    command: Vec<String>,
+}
+
+/// The exit codes of `run` and `attach` (`client/foreground.rs`).
+const FOREGROUND_EXIT_CODES: &str = "Exit codes: the task's own (0 completed, 1-255 failed with that code, \
+128+N ended by signal N); 121 killed; 122 failed without an exit code (could not start, time limit, machine \
+shutdown); 123 unknown (the recovery hint is printed); 130 detached by Ctrl-C, the task goes on.";
+
+/// How `run` and `attach` hold a task in the foreground.
+#[derive(Args, Debug, Clone, Copy)]
+struct ForegroundArgs {
+    /// Ctrl-C kills the task (with a reason saying so) instead of detaching
+    /// from it; a second Ctrl-C detaches.
+    #[arg(long)]
+    kill_on_interrupt: bool,
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a coordinator (leader of the registry).
@@ -294,45 +351,31 @@ enum Command {
         tls_hosts: Vec<String>,
     },
     /// Submit a task; prints its id.
-    Submit {
-        #[arg(long, default_value = "shell")]
-        kind: Kind,
-        /// The task may be run again if its worker is lost.
+    Submit(SubmitArgs),
+    /// Submit a task and run it in the foreground: stream its output, forward
+    /// this terminal's stdin to an `agent` task, and exit with the task's exit
+    /// code. Ctrl-C detaches (the task goes on; `tenure attach ID` comes back).
+    #[command(after_help = FOREGROUND_EXIT_CODES)]
+    Run {
+        #[command(flatten)]
+        submit: SubmitArgs,
+        #[command(flatten)]
+        foreground: ForegroundArgs,
+    },
+    /// Bring a task of yours to the foreground: its output from where you
+    /// choose, then live; stdin forwarded to an `agent` task; exits with the
+    /// task's exit code. Ctrl-C detaches again.
+    #[command(after_help = FOREGROUND_EXIT_CODES)]
+    Attach {
+        task: TaskId,
+        /// Start at this byte offset of the output (default: its beginning).
+        #[arg(long = "from", value_name = "OFFSET", conflicts_with = "tail")]
+        from: Option<u64>,
+        /// Start at the output's current end: only what comes next.
         #[arg(long)]
-        idempotent: bool,
-        #[arg(long)]
-        label: Option<String>,
-        /// Working directory on the worker machine (absolute).
-        #[arg(long)]
-        cwd: Option<String>,
-        /// Environment variable for the task, NAME=VALUE (repeatable).
-        #[arg(long = "env", value_name = "NAME=VALUE")]
-        env: Vec<String>,
-        /// For `--kind monitor`: every output line matching this regular
-        /// expression raises a notification (`tenure watch`).
-        #[arg(long)]
-        pattern: Option<String>,
-        /// A workflow step, run as a `shell` task after the previous one
-        /// completed (repeatable, in order). Makes the task a `workflow`.
-        #[arg(long = "step", value_name = "COMMAND", conflicts_with = "command")]
-        steps: Vec<String>,
-        /// Final-output-only: no streaming while it runs; once it ended, `tenure
-        /// logs` prints its final output (the last 64 KiB), the same every time.
-        #[arg(long)]
-        final_output: bool,
-        /// End the task if it runs longer than this (e.g. `90s`, `10m`, `2h`):
-        /// SIGTERM to its group, the grace period, SIGKILL; it fails as
-        /// `timed-out`. Measured on its machine, through worker restarts and
-        /// failovers.
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-        timeout: Option<std::time::Duration>,
-        /// End the task if it writes no output for this long; it fails as
-        /// `idle-timeout`.
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-        idle_timeout: Option<std::time::Duration>,
-        /// The command line (one argument is run as is by `sh -c`; several are quoted and joined).
-        #[arg(last = true, required_unless_present = "steps")]
-        command: Vec<String>,
+        tail: bool,
+        #[command(flatten)]
+        foreground: ForegroundArgs,
     },
     /// Show one task.
     Get {
