@@ -459,11 +459,13 @@ impl Core {
         let after = life.status;
         // Dispatched: the process started — or ended before its start report
         // was seen (a short task).
-        let dispatched = after == Status::Running || (before == Status::Leased && after.is_terminal());
+        // (A start may land `paused`: evidence of an attempt its owner paused.)
+        let started = matches!(after, Status::Running | Status::Paused);
+        let dispatched = started || (before == Status::Leased && after.is_terminal());
         if dispatched && record.started_at_ms.is_none() {
             self.dispatch.dispatched(now.wall_ms.saturating_sub(record.created_at_ms));
         }
-        if after == Status::Running && record.started_at_ms.is_none() {
+        if started && record.started_at_ms.is_none() {
             record.started_at_ms = Some(now.wall_ms);
         }
         let parent = record.parent.as_ref().map(|p| p.workflow.clone());

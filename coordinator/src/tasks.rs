@@ -88,11 +88,13 @@ mod tests {
     /// the boxed store incarnation a grant is fenced by, the two registry
     /// times that age is measured by without comparing leaders' clocks, and
     /// the spec's boxed time limits; 448 since the first kill's reason, a
-    /// 16-byte `Option<Box<str>>` kept in the lifecycle).
+    /// 16-byte `Option<Box<str>>` kept in the lifecycle; 456 since the
+    /// owner's pause wish, a `bool` that took the lifecycle's small fields past
+    /// one 8-byte word).
     #[test]
     #[cfg(target_pointer_width = "64")]
     fn a_record_stays_small() {
         let size = std::mem::size_of::<TaskRecord>();
-        assert!(size <= 448, "TaskRecord is {size} bytes");
+        assert!(size <= 456, "TaskRecord is {size} bytes");
     }
 }
