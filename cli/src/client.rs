@@ -110,6 +110,16 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { json, once } => crate::status::status(&api, json, once).await,
+        Command::Pause { task } => {
+            let s = api.snapshot_of(&ApiRequest::Pause { session: api.session().clone(), task }).await?;
+            println!("{} {}", s.id, s.status);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Resume { task } => {
+            let s = api.snapshot_of(&ApiRequest::Resume { session: api.session().clone(), task }).await?;
+            println!("{} {}", s.id, s.status);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Send { task, text, raw } => send::send(&api, task, text, raw).await,
         Command::Archive { task } => board(&api, ApiRequest::Archive { session: api.session().clone(), task }).await,
         Command::Unarchive { task } => {

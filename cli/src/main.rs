@@ -416,6 +416,12 @@ enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Hold a running task stopped: SIGSTOP to its whole process group,
+    /// recorded as `paused`; it stays paused through worker restarts and
+    /// failovers, can be killed, and its --timeout keeps counting.
+    Pause { task: TaskId },
+    /// Let a paused task go on (SIGCONT to its process group).
+    Resume { task: TaskId },
     /// Send one message to the stdin of a running agent task: the TEXT words
     /// joined by spaces, or all of stdin when no TEXT is given.
     Send {

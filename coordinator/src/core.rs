@@ -25,6 +25,7 @@
 //! | `usage` | `crate::limits` | what each identity holds, the registry's room |
 //! | `claims` | `epochs` | higher epochs others reported |
 //! | `presence` | `presence` | this leader's term and the standbys, for `Status` |
+//! | `pauses` | `pauses` | when each pause wish a heartbeat contradicts was last sent |
 //!
 //! **Invariant:** every effect that changes a task is preceded, in the returned
 //! list, by the `Persist` of the record that justifies it; the driver executes
@@ -233,6 +234,7 @@ pub struct Core {
     waiters: waiters::Waiters,
     cleanups: board::Cleanups,
     workflows: workflow::Workflows,
+    pauses: pauses::Pauses,
     clock: RegistryClock,
     /// What each identity holds, and the registry budget (see `limits.rs`).
     usage: Usage,
@@ -280,6 +282,7 @@ impl Core {
             waiters: waiters::Waiters::default(),
             cleanups: board::Cleanups::default(),
             workflows: workflow::Workflows::default(),
+            pauses: pauses::Pauses::default(),
             clock,
             usage: Usage::default(),
             claims: epochs::Claims::default(),
@@ -532,6 +535,7 @@ mod board;
 mod dispatch;
 mod epochs;
 mod liveness;
+mod pauses;
 mod presence;
 mod waiters;
 mod workers;

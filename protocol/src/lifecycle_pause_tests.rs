@@ -161,7 +161,8 @@ fn arb_event_with_pauses() -> impl Strategy<Value = Event> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(4000))]
+    // Half the main table's histories: these add to them.
+    #![proptest_config(ProptestConfig::with_cases(2000))]
 
     /// Over any history with pauses and resumes: terminal absorbs them, a
     /// task is paused only while a started attempt on a worker is held on
