@@ -1,18 +1,20 @@
 //! The client verbs: one request to the leader (or to a worker machine's
 //! sidecar for output) each, rendered for humans or as JSON.
 
+use std::cell::Cell;
 use std::io::Write;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail};
-use tenure_protocol::messages::{ApiRequest, ApiResponse, TaskSnapshot, MAX_WAIT_MS};
+use tenure_protocol::messages::{ApiRequest, ApiResponse, KillResult, TaskSnapshot, MAX_WAIT_MS};
 use tenure_protocol::{Kind, SessionId, Status, StepSpec, TaskId, TaskSpec};
 use tracing::Instrument;
 
 use crate::text::printable;
-use crate::Command;
+use crate::{Command, SubmitArgs};
 
+mod foreground;
 mod send;
 
 pub(crate) use tenure_client::API_TIMEOUT;
@@ -26,55 +28,23 @@ pub(crate) type Api = tenure_client::Client;
 pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb: Command) -> anyhow::Result<ExitCode> {
     let api = Api::connect(nats, "tenure-cli", false, session).await?;
     match verb {
-        Command::Submit {
-            kind,
-            idempotent,
-            label,
-            cwd,
-            env,
-            pattern,
-            steps,
-            final_output,
-            timeout,
-            idle_timeout,
-            retries,
-            backoff,
-            retry_on,
-            not_before,
-            priority,
-            command,
-        } => {
-            let line = command_line(&command);
-            let kind = if steps.is_empty() { kind } else { Kind::workflow() };
-            let label = label.or_else(|| (!steps.is_empty()).then(|| format!("workflow of {} steps", steps.len())));
-            let steps = steps.into_iter().map(|command| StepSpec { kind: Kind::shell(), command }).collect();
-            let mut env_map = std::collections::BTreeMap::new();
-            for kv in env {
-                let (k, v) = kv.split_once('=').ok_or_else(|| anyhow!("--env expects NAME=VALUE, got {kv:?}"))?;
-                env_map.insert(k.to_owned(), v.to_owned());
-            }
-            let spec = TaskSpec {
-                kind,
-                label: label.unwrap_or_else(|| line.lines().next().unwrap_or("").chars().take(120).collect()),
-                command: line,
-                cwd: cwd.map(Into::into),
-                env: env_map,
-                idempotent,
-                pattern: pattern.map(Into::into),
-                steps,
-                final_output,
-                limits: time_limits(timeout, idle_timeout)?,
-                retry: retry_policy(retries, backoff, retry_on)?,
-                not_before: not_before.map(Box::new),
-                priority,
-            };
-            // The root span of the task's trace (exported only when configured).
-            let span = tracing::info_span!("submit", kind = %spec.kind, task = tracing::field::Empty);
-            // Retried through a takeover under one idempotency key (tenure_client).
-            let task = api.submit(spec).instrument(span.clone()).await?.task;
-            span.record("task", tracing::field::display(&task));
+        Command::Submit(args) => {
+            let task = submit(&api, spec_of(args)?).await?;
             println!("{task}");
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Run { submit: args, foreground: how } => {
+            // Listening before the submit: a Ctrl-C from now on detaches
+            // (once the id is known) instead of ending this process unheard.
+            let mut interrupts = foreground::Interrupts::listen()?;
+            let task = submit(&api, spec_of(args)?).await?;
+            eprintln!("tenure: {task} submitted (Ctrl-C detaches; `tenure attach {task}` comes back)");
+            foreground::hold(&api, task, foreground::Start::Offset(0), how, &mut interrupts).await
+        }
+        Command::Attach { task, from, tail, foreground: how } => {
+            let mut interrupts = foreground::Interrupts::listen()?;
+            let start = if tail { foreground::Start::Tail } else { foreground::Start::Offset(from.unwrap_or(0)) };
+            foreground::hold(&api, task, start, how, &mut interrupts).await
         }
         Command::Get { task, json } => {
             let s = api.get(&task).await?;
@@ -118,7 +88,7 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
             if s.final_output {
                 final_output(&api, &task, follow).await?;
             } else {
-                logs(&api, s, follow, offset).await?;
+                logs(&api, s, follow, &Cell::new(offset)).await?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -136,15 +106,20 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
             })
         }
         Command::Kill { task, reason } => {
-            let ApiResponse::Kill { result, .. } =
-                api.call(&ApiRequest::Kill { session: api.session().clone(), task, reason }, API_TIMEOUT).await?
-            else {
-                bail!("unexpected reply");
-            };
-            println!("{}", result.as_str());
+            println!("{}", kill(&api, task, reason).await?.as_str());
             Ok(ExitCode::SUCCESS)
         }
         Command::Status { json, once } => crate::status::status(&api, json, once).await,
+        Command::Pause { task } => {
+            let s = api.snapshot_of(&ApiRequest::Pause { session: api.session().clone(), task }).await?;
+            println!("{} {}", s.id, s.status);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Resume { task } => {
+            let s = api.snapshot_of(&ApiRequest::Resume { session: api.session().clone(), task }).await?;
+            println!("{} {}", s.id, s.status);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Send { task, text, raw } => send::send(&api, task, text, raw).await,
         Command::Archive { task } => board(&api, ApiRequest::Archive { session: api.session().clone(), task }).await,
         Command::Unarchive { task } => {
@@ -160,6 +135,70 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
         | Command::ShimLauncher { .. }
         | Command::NatsAuth { .. } => bail!("not a client verb"),
     }
+}
+
+/// Asks the leader to stop `task` (once: a kill is never sent again).
+async fn kill(api: &Api, task: TaskId, reason: Option<String>) -> anyhow::Result<KillResult> {
+    match api.call(&ApiRequest::Kill { session: api.session().clone(), task, reason }, API_TIMEOUT).await? {
+        ApiResponse::Kill { result, .. } => Ok(result),
+        other => bail!("unexpected reply to kill: {other:?}"),
+    }
+}
+
+/// Submits `spec` (retried through a takeover under one idempotency key, by
+/// `tenure_client`) as the root span of the task's trace; the task's id.
+async fn submit(api: &Api, spec: TaskSpec) -> anyhow::Result<TaskId> {
+    // The root span of the task's trace (exported only when configured).
+    let span = tracing::info_span!("submit", kind = %spec.kind, task = tracing::field::Empty);
+    let task = api.submit(spec).instrument(span.clone()).await?.task;
+    span.record("task", tracing::field::display(&task));
+    Ok(task)
+}
+
+/// The spec `submit` and `run` send.
+fn spec_of(args: SubmitArgs) -> anyhow::Result<TaskSpec> {
+    let SubmitArgs {
+        kind,
+        idempotent,
+        label,
+        cwd,
+        env,
+        pattern,
+        steps,
+        final_output,
+        timeout,
+        idle_timeout,
+        retries,
+        backoff,
+        retry_on,
+        not_before,
+        priority,
+        command,
+    } = args;
+    let line = command_line(&command);
+    let kind = if steps.is_empty() { kind } else { Kind::workflow() };
+    let label = label.or_else(|| (!steps.is_empty()).then(|| format!("workflow of {} steps", steps.len())));
+    let steps = steps.into_iter().map(|command| StepSpec { kind: Kind::shell(), command }).collect();
+    let mut env_map = std::collections::BTreeMap::new();
+    for kv in env {
+        let (k, v) = kv.split_once('=').ok_or_else(|| anyhow!("--env expects NAME=VALUE, got {kv:?}"))?;
+        env_map.insert(k.to_owned(), v.to_owned());
+    }
+    Ok(TaskSpec {
+        kind,
+        label: label.unwrap_or_else(|| line.lines().next().unwrap_or("").chars().take(120).collect()),
+        command: line,
+        cwd: cwd.map(Into::into),
+        env: env_map,
+        idempotent,
+        pattern: pattern.map(Into::into),
+        steps,
+        final_output,
+        limits: time_limits(timeout, idle_timeout)?,
+        retry: retry_policy(retries, backoff, retry_on)?,
+        not_before: not_before.map(Box::new),
+        priority,
+    })
 }
 
 /// A board move; prints the task's id, status and board.
@@ -303,7 +342,7 @@ async fn workflow_logs(api: &Api, task: &TaskId, follow: bool) -> anyhow::Result
         let s = api.get(task).await?;
         while let Some((step, child)) = s.steps.get(shown).and_then(|st| Some((st, st.task.clone()?))) {
             println!("== step {} of {}: {} ({child}) ==", step.index, s.steps.len(), printable(&step.command));
-            logs(api, api.get(&child).await?, follow, 0).await?;
+            logs(api, api.get(&child).await?, follow, &Cell::new(0)).await?;
             shown += 1;
         }
         if s.status.is_terminal() {
@@ -318,13 +357,17 @@ async fn workflow_logs(api: &Api, task: &TaskId, follow: bool) -> anyhow::Result
     }
 }
 
-/// Reads output by offset from the sidecar of the task's worker machine;
-/// with `follow`, keeps reading until the attempt has ended and every byte is out.
-async fn logs(api: &Api, snapshot: TaskSnapshot, follow: bool, offset: u64) -> anyhow::Result<()> {
+/// Reads output by offset from the sidecar of the task's worker machine, from
+/// the offset in `reached`, which follows every byte written to stdout (so
+/// that a detach can say where it stopped); with `follow`, keeps reading
+/// until the attempt has ended and every byte is out.
+async fn logs(api: &Api, snapshot: TaskSnapshot, follow: bool, reached: &Cell<u64>) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
-    api.follow_output(snapshot, follow, offset, |bytes| {
+    api.follow_output(snapshot, follow, reached.get(), |bytes| {
         stdout.write_all(bytes)?;
-        stdout.flush()
+        stdout.flush()?;
+        reached.set(reached.get() + bytes.len() as u64);
+        Ok(())
     })
     .await?;
     Ok(())

@@ -235,6 +235,89 @@ struct SidecarArgs {
     data_dir: Option<PathBuf>,
 }
 
+/// What a task is: the options `submit` and `run` share.
+#[derive(Args, Debug)]
+struct SubmitArgs {
+    #[arg(long, default_value = "shell")]
+    kind: Kind,
+    /// The task may be run again if its worker is lost.
+    #[arg(long)]
+    idempotent: bool,
+    #[arg(long)]
+    label: Option<String>,
+    /// Working directory on the worker machine (absolute).
+    #[arg(long)]
+    cwd: Option<String>,
+    /// Environment variable for the task, NAME=VALUE (repeatable).
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    env: Vec<String>,
+    /// For `--kind monitor`: every output line matching this regular
+    /// expression raises a notification (`tenure watch`).
+    #[arg(long)]
+    pattern: Option<String>,
+    /// A workflow step, run as a `shell` task after the previous one
+    /// completed (repeatable, in order). Makes the task a `workflow`.
+    #[arg(long = "step", value_name = "COMMAND", conflicts_with = "command")]
+    steps: Vec<String>,
+    /// Final-output-only: no streaming while it runs; once it ended, `tenure
+    /// logs` prints its final output (the last 64 KiB), the same every time.
+    #[arg(long)]
+    final_output: bool,
+    /// End the task if it runs longer than this (e.g. `90s`, `10m`, `2h`):
+    /// SIGTERM to its group, the grace period, SIGKILL; it fails as
+    /// `timed-out`. Measured on its machine, through worker restarts and
+    /// failovers.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    timeout: Option<std::time::Duration>,
+    /// End the task if it writes no output for this long; it fails as
+    /// `idle-timeout`.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    idle_timeout: Option<std::time::Duration>,
+    /// Run an idempotent task again, up to N times, after an attempt that
+    /// failed for a cause `--retry-on` lists (at most 20; refused for a
+    /// task that is not `--idempotent`). Each attempt shows in `tenure get`.
+    #[arg(long, value_name = "N")]
+    retries: Option<u32>,
+    /// The delay before the first retry, and the most any retry waits:
+    /// `BASE[,MAX]` (e.g. `2s,1m`; default `1s,5m`). Each retry doubles
+    /// it, with jitter (a delay drawn from the upper half).
+    #[arg(long, value_name = "BASE[,MAX]", value_parser = parse_backoff, requires = "retries")]
+    backoff: Option<(std::time::Duration, Option<std::time::Duration>)>,
+    /// Which failures are retried: `exit` (non-zero exit, signal),
+    /// `lost` (its worker or machine lost), `timeout` (`--timeout`,
+    /// `--idle-timeout`). Default: all three.
+    #[arg(long, value_name = "CAUSES", value_delimiter = ',', requires = "retries")]
+    retry_on: Vec<tenure_protocol::retry::RetryCause>,
+    /// Do not start before TIME: RFC 3339 (`2030-01-01T09:00:00Z`) or a
+    /// duration from now (`90s`, `2h`); at most 30 days away. Until then the
+    /// task is `queued` and `tenure get` says when it may start.
+    #[arg(long, value_name = "TIME", value_parser = parse_not_before)]
+    not_before: Option<tenure_protocol::retry::NotBefore>,
+    /// Dispatch priority, -100 to 100 (default 0): queued tasks start
+    /// higher first, in submission order within one priority; a task
+    /// queued longer than the coordinators' `--priority-max-age-ms` goes
+    /// first whatever its priority.
+    #[arg(long, value_name = "N", allow_negative_numbers = true, default_value_t = 0)]
+    priority: i32,
+    /// The command line (one argument is run as is by `sh -c`; several are quoted and joined).
+    #[arg(last = true, required_unless_present = "steps")]
+    command: Vec<String>,
+}
+
+/// The exit codes of `run` and `attach` (`client/foreground.rs`).
+const FOREGROUND_EXIT_CODES: &str = "Exit codes: the task's own (0 completed, 1-255 failed with that code, \
+128+N ended by signal N); 121 killed; 122 failed without an exit code (could not start, time limit, machine \
+shutdown); 123 unknown (the recovery hint is printed); 130 detached by Ctrl-C, the task goes on.";
+
+/// How `run` and `attach` hold a task in the foreground.
+#[derive(Args, Debug, Clone, Copy)]
+struct ForegroundArgs {
+    /// Ctrl-C kills the task (with a reason saying so) instead of detaching
+    /// from it; a second Ctrl-C detaches.
+    #[arg(long)]
+    kill_on_interrupt: bool,
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a coordinator (leader of the registry).
@@ -298,71 +381,31 @@ enum Command {
         tls_hosts: Vec<String>,
     },
     /// Submit a task; prints its id.
-    Submit {
-        #[arg(long, default_value = "shell")]
-        kind: Kind,
-        /// The task may be run again if its worker is lost.
+    Submit(SubmitArgs),
+    /// Submit a task and run it in the foreground: stream its output, forward
+    /// this terminal's stdin to an `agent` task, and exit with the task's exit
+    /// code. Ctrl-C detaches (the task goes on; `tenure attach ID` comes back).
+    #[command(after_help = FOREGROUND_EXIT_CODES)]
+    Run {
+        #[command(flatten)]
+        submit: SubmitArgs,
+        #[command(flatten)]
+        foreground: ForegroundArgs,
+    },
+    /// Bring a task of yours to the foreground: its output from where you
+    /// choose, then live; stdin forwarded to an `agent` task; exits with the
+    /// task's exit code. Ctrl-C detaches again.
+    #[command(after_help = FOREGROUND_EXIT_CODES)]
+    Attach {
+        task: TaskId,
+        /// Start at this byte offset of the output (default: its beginning).
+        #[arg(long = "from", value_name = "OFFSET", conflicts_with = "tail")]
+        from: Option<u64>,
+        /// Start at the output's current end: only what comes next.
         #[arg(long)]
-        idempotent: bool,
-        #[arg(long)]
-        label: Option<String>,
-        /// Working directory on the worker machine (absolute).
-        #[arg(long)]
-        cwd: Option<String>,
-        /// Environment variable for the task, NAME=VALUE (repeatable).
-        #[arg(long = "env", value_name = "NAME=VALUE")]
-        env: Vec<String>,
-        /// For `--kind monitor`: every output line matching this regular
-        /// expression raises a notification (`tenure watch`).
-        #[arg(long)]
-        pattern: Option<String>,
-        /// A workflow step, run as a `shell` task after the previous one
-        /// completed (repeatable, in order). Makes the task a `workflow`.
-        #[arg(long = "step", value_name = "COMMAND", conflicts_with = "command")]
-        steps: Vec<String>,
-        /// Final-output-only: no streaming while it runs; once it ended, `tenure
-        /// logs` prints its final output (the last 64 KiB), the same every time.
-        #[arg(long)]
-        final_output: bool,
-        /// End the task if it runs longer than this (e.g. `90s`, `10m`, `2h`):
-        /// SIGTERM to its group, the grace period, SIGKILL; it fails as
-        /// `timed-out`. Measured on its machine, through worker restarts and
-        /// failovers.
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-        timeout: Option<std::time::Duration>,
-        /// End the task if it writes no output for this long; it fails as
-        /// `idle-timeout`.
-        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-        idle_timeout: Option<std::time::Duration>,
-        /// Run an idempotent task again, up to N times, after an attempt that
-        /// failed for a cause `--retry-on` lists (at most 20; refused for a
-        /// task that is not `--idempotent`). Each attempt shows in `tenure get`.
-        #[arg(long, value_name = "N")]
-        retries: Option<u32>,
-        /// The delay before the first retry, and the most any retry waits:
-        /// `BASE[,MAX]` (e.g. `2s,1m`; default `1s,5m`). Each retry doubles
-        /// it, with jitter (a delay drawn from the upper half).
-        #[arg(long, value_name = "BASE[,MAX]", value_parser = parse_backoff, requires = "retries")]
-        backoff: Option<(std::time::Duration, Option<std::time::Duration>)>,
-        /// Which failures are retried: `exit` (non-zero exit, signal),
-        /// `lost` (its worker or machine lost), `timeout` (`--timeout`,
-        /// `--idle-timeout`). Default: all three.
-        #[arg(long, value_name = "CAUSES", value_delimiter = ',', requires = "retries")]
-        retry_on: Vec<tenure_protocol::retry::RetryCause>,
-        /// Do not start before TIME: RFC 3339 (`2030-01-01T09:00:00Z`) or a
-        /// duration from now (`90s`, `2h`); at most 30 days away. Until then the
-        /// task is `queued` and `tenure get` says when it may start.
-        #[arg(long, value_name = "TIME", value_parser = parse_not_before)]
-        not_before: Option<tenure_protocol::retry::NotBefore>,
-        /// Dispatch priority, -100 to 100 (default 0): queued tasks start
-        /// higher first, in submission order within one priority; a task
-        /// queued longer than the coordinators' `--priority-max-age-ms` goes
-        /// first whatever its priority.
-        #[arg(long, value_name = "N", allow_negative_numbers = true, default_value_t = 0)]
-        priority: i32,
-        /// The command line (one argument is run as is by `sh -c`; several are quoted and joined).
-        #[arg(last = true, required_unless_present = "steps")]
-        command: Vec<String>,
+        tail: bool,
+        #[command(flatten)]
+        foreground: ForegroundArgs,
     },
     /// Show one task.
     Get {
@@ -403,6 +446,12 @@ enum Command {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Hold a running task stopped: SIGSTOP to its whole process group,
+    /// recorded as `paused`; it stays paused through worker restarts and
+    /// failovers, can be killed, and its --timeout keeps counting.
+    Pause { task: TaskId },
+    /// Let a paused task go on (SIGCONT to its process group).
+    Resume { task: TaskId },
     /// Send one message to the stdin of a running agent task: the TEXT words
     /// joined by spaces, or all of stdin when no TEXT is given.
     Send {

@@ -201,8 +201,11 @@ fn a_corrupt_sidecar_record_surfaces_as_a_hint_not_a_crash() {
     let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), nix::sys::signal::Signal::SIGKILL);
     corrupt_first_record(&c);
     c.start_worker("w1");
-    let snap = c.wait_status(&task, "unknown", BOUND);
-    assert_eq!(snap["hint"]["tag"], "sidecar-corrupt", "{snap}");
+    // The leader may judge the worker lost (`worker-unreachable`) before the
+    // restarted worker reports what its store says: wait for the latter.
+    let corrupt = eventually(BOUND, || c.try_snapshot(&task).filter(|s| s["hint"]["tag"] == "sidecar-corrupt"));
+    let snap = corrupt.unwrap_or_else(|| panic!("{:?}\n{}", c.try_snapshot(&task), c.logs()));
+    assert_eq!(snap["status"], "unknown", "{snap}");
     // The machine goes on working.
     let next = c.submit(&["--", "echo fine"]);
     c.wait_status(&next, "completed", BOUND);

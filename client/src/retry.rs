@@ -71,10 +71,13 @@ impl Repeat {
             // notice twice acknowledges it once.
             | ApiRequest::MarkReported { .. }
             | ApiRequest::Notices { .. } => Repeat::Safe,
+            // A pause sent again after someone's resume would undo it.
             ApiRequest::Kill { .. }
             | ApiRequest::Archive { .. }
             | ApiRequest::Unarchive { .. }
-            | ApiRequest::Delete { .. } => Repeat::Once,
+            | ApiRequest::Delete { .. }
+            | ApiRequest::Pause { .. }
+            | ApiRequest::Resume { .. } => Repeat::Once,
         }
     }
 }

@@ -25,6 +25,7 @@
 //! | `usage` | `crate::limits` | what each identity holds, the registry's room |
 //! | `claims` | `epochs` | higher epochs others reported |
 //! | `presence` | `presence` | this leader's term and the standbys, for `Status` |
+//! | `pauses` | `pauses` | when each pause wish a heartbeat contradicts was last sent |
 //!
 //! Two modules keep no part of their own: `retry` (an attempt's end turned
 //! into a retry or a final event under the task's policy, the attempt
@@ -242,6 +243,7 @@ pub struct Core {
     waiters: waiters::Waiters,
     cleanups: board::Cleanups,
     workflows: workflow::Workflows,
+    pauses: pauses::Pauses,
     clock: RegistryClock,
     /// What each identity holds, and the registry budget (see `limits.rs`).
     usage: Usage,
@@ -289,6 +291,7 @@ impl Core {
             waiters: waiters::Waiters::default(),
             cleanups: board::Cleanups::default(),
             workflows: workflow::Workflows::default(),
+            pauses: pauses::Pauses::default(),
             clock,
             usage: Usage::default(),
             claims: epochs::Claims::default(),
@@ -476,11 +479,13 @@ impl Core {
         let after = life.status;
         // Dispatched: the process started — or ended before its start report
         // was seen (a short task).
-        let dispatched = after == Status::Running || (before == Status::Leased && after.is_terminal());
+        // (A start may land `paused`: evidence of an attempt its owner paused.)
+        let started = matches!(after, Status::Running | Status::Paused);
+        let dispatched = started || (before == Status::Leased && after.is_terminal());
         if dispatched && record.started_at_ms.is_none() {
             self.dispatch.dispatched(now.wall_ms.saturating_sub(record.created_at_ms));
         }
-        if after == Status::Running && record.started_at_ms.is_none() {
+        if started && record.started_at_ms.is_none() {
             record.started_at_ms = Some(now.wall_ms);
         }
         let parent = record.parent.as_ref().map(|p| p.workflow.clone());
@@ -547,6 +552,7 @@ mod board;
 mod dispatch;
 mod epochs;
 mod liveness;
+mod pauses;
 mod presence;
 mod priority;
 mod retry;

@@ -90,11 +90,13 @@ mod tests {
     /// the spec's boxed time limits; 448 since the first kill's reason, a
     /// 16-byte `Option<Box<str>>` kept in the lifecycle; 472 with the spec's
     /// boxed retry policy and delayed start and the record's boxed attempt
-    /// log, 8 bytes each: absent for most tasks, which pay only the pointers).
+    /// log, 8 bytes each: absent for most tasks, which pay only the pointers;
+    /// 480 with the owner's pause wish, a `bool` that took the lifecycle's
+    /// small fields past one 8-byte word).
     #[test]
     #[cfg(target_pointer_width = "64")]
     fn a_record_stays_small() {
         let size = std::mem::size_of::<TaskRecord>();
-        assert!(size <= 472, "TaskRecord is {size} bytes");
+        assert!(size <= 480, "TaskRecord is {size} bytes");
     }
 }

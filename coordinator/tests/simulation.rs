@@ -138,6 +138,20 @@ fn seeded_schedules_keep_the_safety_rules() {
     assert_all_pass(&seeds(), &options());
 }
 
+/// The same with the client pausing and resuming tasks at random: a pause
+/// changes no outcome, starts nothing and settles nothing by itself.
+#[test]
+fn seeded_schedules_with_pauses_keep_the_safety_rules() {
+    let n = seeds().len().min(500);
+    assert_all_pass(&seeds()[..n], &Options { pauses: true, ..options() });
+    // The schedules did carry pauses and resumes to workers.
+    let traced = Options { pauses: true, trace: true, ..Options::default() };
+    let carried = |wish: &str| {
+        (0..50).any(|i| sim::run(FIRST_SEED + i, &traced).trace.iter().any(|l| l.contains(&format!("pause={wish}"))))
+    };
+    assert!(carried("true") && carried("false"), "no pause or resume reached a worker");
+}
+
 #[test]
 fn a_seed_replays_exactly() {
     let opts = Options { trace: true, ..Options::default() };

@@ -6,6 +6,7 @@
 //! | `journal` | worker, then shim | see below | the attempt's facts, one checksummed entry each |
 //! | `input`   | shim    | before spawning an `agent` task; removed when its group is gone | the task's stdin, a FIFO (mode 0600) |
 //! | `matches` | shim    | as a `monitor` task's output lines match its pattern | one JSON [`MatchedLine`] per line, append-only |
+//! | `pause-requested` | worker | on the leader's pause; removed on its resume (both fsynced with the directory) | the owner wants the task's group held stopped: the shim stops it on `SIGUSR1` and re-applies it whenever told to look again |
 //!
 //! The `journal` is append-only; each entry is its length, its CRC-32 and the
 //! encoded [`Entry`], written with one `write`. In order:
@@ -129,6 +130,36 @@ impl AttemptFiles {
     /// Whether [`AttemptFiles::mark_kill_requested`] was called.
     pub fn kill_requested(&self) -> bool {
         self.dir.join(KILL_REQUESTED).exists()
+    }
+
+    /// Records (`true`) or withdraws the owner's wish that the group be held
+    /// stopped, durably (the file and the directory fsynced), so that it
+    /// outlives a worker, shim launcher or machine-store restart. Repeating
+    /// either is harmless.
+    pub fn set_pause_requested(&self, paused: bool) -> io::Result<()> {
+        let path = self.dir.join(PAUSE_REQUESTED);
+        match paused {
+            true => {
+                let file = OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .mode(0o600)
+                    .custom_flags(OFlag::O_NOFOLLOW.bits())
+                    .open(&path)?;
+                file.sync_all()?;
+            }
+            false => match fs::remove_file(&path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            },
+        }
+        crate::layout::sync_dir(&self.dir)
+    }
+
+    /// Whether the owner's wish to hold the group stopped is recorded.
+    pub fn pause_requested(&self) -> bool {
+        self.dir.join(PAUSE_REQUESTED).exists()
     }
 
     /// Records the exit evidence, durably.
@@ -363,6 +394,8 @@ const INPUT: &str = "input";
 const MATCHES: &str = "matches";
 /// Present once the leader asked for the attempt to be killed.
 const KILL_REQUESTED: &str = "kill-requested";
+/// Present while the owner wants the attempt's group held stopped.
+const PAUSE_REQUESTED: &str = "pause-requested";
 
 /// The two ends of an `agent` attempt's input FIFO, as its shim holds them.
 #[derive(Debug)]
@@ -459,6 +492,24 @@ mod tests {
         let status = ShimStatus { outcome: Outcome::new(Ending::Completed, Some(0), None), output_written: 3 };
         files.write_status(&status).unwrap();
         assert_eq!(files.status(), Some(status));
+    }
+
+    #[test]
+    fn a_pause_wish_is_recorded_withdrawn_and_repeated_harmlessly() {
+        let (_dir, files) = shell_attempt_dir();
+        assert!(!files.pause_requested());
+        files.set_pause_requested(false).unwrap();
+        assert!(!files.pause_requested(), "withdrawing an absent wish is nothing");
+        files.set_pause_requested(true).unwrap();
+        files.set_pause_requested(true).unwrap();
+        assert!(files.pause_requested());
+        files.set_pause_requested(false).unwrap();
+        assert!(!files.pause_requested());
+        // A symlink planted at its path is not followed.
+        let target = files.dir().join("elsewhere");
+        std::os::unix::fs::symlink(&target, files.dir().join(PAUSE_REQUESTED)).unwrap();
+        assert!(files.set_pause_requested(true).is_err());
+        assert!(!target.exists());
     }
 
     #[test]

@@ -9,7 +9,9 @@
 //! - an event naming another attempt, or an older epoch than the task's lease,
 //!   changes nothing (a late or replayed message cannot rewind a task);
 //! - a non-idempotent task whose worker is lost is never queued again: it becomes
-//!   `unknown` with a recovery hint, and only evidence from its attempt settles it.
+//!   `unknown` with a recovery hint, and only evidence from its attempt settles it;
+//! - only a started attempt on a worker is `paused` (by its owner), and a paused
+//!   task still ends, is killed and is lost like a running one ([`pause_move`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -36,10 +38,14 @@ pub enum Status {
     Failed,
     /// The outcome cannot be proved; carries a [`RecoveryHint`]. Late evidence may settle it.
     Unknown,
+    /// Running, and stopped on its owner's request (`tenure pause`): its
+    /// process group is held with SIGSTOP until `tenure resume`. It keeps its
+    /// worker slot and its lease; a kill still ends it.
+    Paused,
 }
 
 impl Status {
-    pub const ALL: [Status; 8] = [
+    pub const ALL: [Status; 9] = [
         Status::Queued,
         Status::Leased,
         Status::Running,
@@ -48,6 +54,7 @@ impl Status {
         Status::Killed,
         Status::Failed,
         Status::Unknown,
+        Status::Paused,
     ];
 
     /// Completed, killed or failed: nothing moves the task again.
@@ -57,7 +64,7 @@ impl Status {
 
     /// Holds (or may hold) a worker slot.
     pub fn is_on_worker(self) -> bool {
-        matches!(self, Status::Leased | Status::Running | Status::Stopping)
+        matches!(self, Status::Leased | Status::Running | Status::Stopping | Status::Paused)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -70,6 +77,7 @@ impl Status {
             Status::Killed => "killed",
             Status::Failed => "failed",
             Status::Unknown => "unknown",
+            Status::Paused => "paused",
         }
     }
 }
@@ -242,6 +250,13 @@ pub struct Lifecycle {
     /// Where the task shows on the board; orthogonal to its status.
     #[serde(default)]
     pub board: Board,
+    /// The owner asked for the current attempt to be held stopped (`paused`)
+    /// and has not resumed it. Kept while the task is `unknown` or queued
+    /// again after its worker was lost, so that evidence of that attempt
+    /// brings it back `paused`, not `running`; a new grant clears it (a new
+    /// attempt starts running).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pause_requested: bool,
 }
 
 /// The board projection of a finished task. `deleted` hides it
@@ -280,6 +295,17 @@ impl Lifecycle {
             hint: None,
             outcome: None,
             board: Board::Active,
+            pause_requested: false,
+        }
+    }
+
+    /// What a start of the current attempt makes of the task: a pending kill
+    /// first, then a pending pause.
+    fn started_status(&self) -> Status {
+        match (self.kill_requested, self.pause_requested) {
+            (true, _) => Status::Stopping,
+            (false, true) => Status::Paused,
+            (false, false) => Status::Running,
         }
     }
 }
@@ -328,6 +354,11 @@ pub enum Event {
     /// for its machine's evidence, as a non-idempotent one does, instead of
     /// being queued again.
     WorkerLostFinal { worker: WorkerId },
+    // ---- pause and resume (see `pause_move`) ----
+    /// The owner asks for the running attempt to be held stopped.
+    PauseRequested,
+    /// The owner asks for a paused attempt to go on.
+    ResumeRequested,
 }
 
 /// Why an event changed nothing.
@@ -376,6 +407,9 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
     if let Some(board) = board_move(l, event) {
         return board;
     }
+    if let Some(pause) = pause_move(l, event) {
+        return pause;
+    }
     if l.status.is_terminal() {
         return Keep(Unchanged::Terminal);
     }
@@ -395,6 +429,7 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
             next.epoch = *epoch;
             next.worker = Some(worker.clone());
             next.hint = None;
+            next.pause_requested = false;
             Changed(next)
         }
         Event::Refused { attempt, epoch } => {
@@ -436,16 +471,16 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                 // evidence that the attempt lives. After the machine itself said
                 // the process is gone (`Lost`), a late start report proves nothing.
                 Leased | Queued => {
-                    next.status = if l.kill_requested { Stopping } else { Running };
+                    next.status = l.started_status();
                     next.hint = None;
                     Changed(next)
                 }
                 Unknown if l.hint.as_ref().is_none_or(|h| h.tag == HintTag::WorkerUnreachable) => {
-                    next.status = if l.kill_requested { Stopping } else { Running };
+                    next.status = l.started_status();
                     next.hint = None;
                     Changed(next)
                 }
-                Running | Stopping => Keep(Unchanged::Duplicate),
+                Running | Stopping | Paused => Keep(Unchanged::Duplicate),
                 _ => Keep(Unchanged::NotApplicable),
             }
         }
@@ -465,7 +500,7 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
             match l.status {
                 // Without exit evidence nothing proves the outcome, idempotent or
                 // not: the task waits, unknown, for an operator or late evidence.
-                Leased | Running | Stopping | Unknown => {
+                Leased | Running | Stopping | Unknown | Paused => {
                     next.status = Unknown;
                     next.hint = Some(Box::new(hint.clone()));
                     if next == *l {
@@ -500,6 +535,7 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
         Event::Archive | Event::Unarchive | Event::Delete => Keep(Unchanged::NotApplicable),
         // Decided by `retry_move` above.
         Event::Retry { .. } | Event::WorkerLostFinal { .. } => Keep(Unchanged::NotApplicable),
+        Event::PauseRequested | Event::ResumeRequested => Keep(Unchanged::NotApplicable),
         Event::KillRequested { reason } => {
             // The first kill's reason is the one kept.
             next.kill_reason = l.kill_reason.clone().or_else(|| reason.clone());
@@ -510,7 +546,9 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                     next.outcome = Some(Outcome::new(Ending::Killed, None, Some("killed while queued".into())));
                     Changed(next)
                 }
-                Leased | Running => {
+                // A paused group is ended too: the shim continues it after
+                // SIGTERM so that it can handle the signal.
+                Leased | Running | Paused => {
                     next.status = Stopping;
                     next.kill_requested = true;
                     Changed(next)
@@ -527,7 +565,7 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                 return Keep(Unchanged::NotApplicable);
             }
             match l.status {
-                Leased | Running if l.idempotent => {
+                Leased | Running | Paused if l.idempotent => {
                     next.status = Queued;
                     next.worker = None;
                     Changed(next)
@@ -548,7 +586,7 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                         Changed(next)
                     }
                 }
-                Leased | Running => {
+                Leased | Running | Paused => {
                     next.status = Unknown;
                     next.hint = Some(Box::new(RecoveryHint {
                         tag: HintTag::WorkerUnreachable,
@@ -576,7 +614,7 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
 /// event, `None` for every other event.
 ///
 /// A retry queues again only an idempotent task whose current attempt it
-/// names, on a worker (`leased`, `running`) or `unknown` (late evidence of a
+/// names, on a worker (`leased`, `running`, `paused`) or `unknown` (late evidence of a
 /// failure), and never one with a kill requested: a kill always wins.
 fn retry_move(l: &Lifecycle, event: &Event) -> Option<Decision> {
     use Status::*;
@@ -586,7 +624,7 @@ fn retry_move(l: &Lifecycle, event: &Event) -> Option<Decision> {
                 return Some(Decision::Unchanged(Unchanged::Stale));
             }
             match l.status {
-                Leased | Running | Unknown if l.idempotent && !l.kill_requested => {
+                Leased | Running | Paused | Unknown if l.idempotent && !l.kill_requested => {
                     let mut next = l.clone();
                     next.status = Queued;
                     next.worker = None;
@@ -630,6 +668,43 @@ fn retry_move(l: &Lifecycle, event: &Event) -> Option<Decision> {
     Some(decision)
 }
 
+/// The pause rules: `Some` for a pause or resume, `None` for every other
+/// event. Only a started attempt on a worker is paused (not a queued or
+/// leased task, not a workflow, whose steps are tasks of their own, not a
+/// task being killed); the wish is kept through `unknown`, where a resume
+/// withdraws it.
+fn pause_move(l: &Lifecycle, event: &Event) -> Option<Decision> {
+    use Decision::{Changed, Unchanged as Keep};
+    use Status::*;
+    let pause = match event {
+        Event::PauseRequested => true,
+        Event::ResumeRequested => false,
+        _ => return None,
+    };
+    if l.status.is_terminal() {
+        return Some(Keep(Unchanged::Terminal));
+    }
+    let mut next = l.clone();
+    next.pause_requested = pause;
+    let decision = match (pause, l.status) {
+        (true, Running) if l.worker.is_some() => {
+            next.status = Paused;
+            Changed(next)
+        }
+        (true, Paused) | (false, Running) => Keep(Unchanged::Duplicate),
+        (false, Paused) => {
+            next.status = Running;
+            Changed(next)
+        }
+        // A resume withdraws the wish of a task whose attempt is in doubt
+        // (`unknown`, or queued again after its worker was lost).
+        (false, Unknown | Queued) if l.pause_requested => Changed(next),
+        (false, Unknown) => Keep(Unchanged::Duplicate),
+        _ => Keep(Unchanged::NotApplicable),
+    };
+    Some(decision)
+}
+
 /// The board rules: `Some` for a board event, `None` for every other event.
 fn board_move(l: &Lifecycle, event: &Event) -> Option<Decision> {
     use Board::*;
@@ -653,3 +728,7 @@ fn board_move(l: &Lifecycle, event: &Event) -> Option<Decision> {
 #[cfg(test)]
 #[path = "lifecycle_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "lifecycle_pause_tests.rs"]
+mod pause_tests;

@@ -4,20 +4,20 @@
 use super::*;
 use proptest::prelude::*;
 
-fn w(s: &str) -> WorkerId {
+pub(super) fn w(s: &str) -> WorkerId {
     s.parse().unwrap()
 }
 
-fn outcome(ending: Ending) -> Outcome {
+pub(super) fn outcome(ending: Ending) -> Outcome {
     Outcome::new(ending, None, None)
 }
 
-fn hint() -> RecoveryHint {
+pub(super) fn hint() -> RecoveryHint {
     RecoveryHint { tag: HintTag::MaybeRan, message: "monitor gone, no exit status".into() }
 }
 
 /// The event columns of the table, in order.
-fn events() -> Vec<(&'static str, Event)> {
+pub(super) fn events() -> Vec<(&'static str, Event)> {
     let (cur, old) = (Attempt(2), Attempt(1));
     let (e, olde) = (Epoch(5), Epoch(4));
     vec![
@@ -61,7 +61,7 @@ const TABLE: &str = "
     unknown+k  . . K . . S . C F K . . . . U . . . . . .  |  . . K . . S . C F K . . . . U . . . . . .
 ";
 
-fn letter(s: Status) -> char {
+pub(super) fn letter(s: Status) -> char {
     match s {
         Status::Queued => 'Q',
         Status::Leased => 'L',
@@ -71,10 +71,11 @@ fn letter(s: Status) -> char {
         Status::Killed => 'K',
         Status::Failed => 'F',
         Status::Unknown => 'U',
+        Status::Paused => 'P',
     }
 }
 
-fn start(row: &str, idempotent: bool) -> Lifecycle {
+pub(super) fn start(row: &str, idempotent: bool) -> Lifecycle {
     let (name, kill) = match row.strip_suffix("+k") {
         Some(n) => (n, true),
         None => (row, false),
@@ -91,6 +92,7 @@ fn start(row: &str, idempotent: bool) -> Lifecycle {
         hint: None,
         outcome: None,
         board: Board::Active,
+        pause_requested: false,
     }
 }
 
@@ -184,7 +186,7 @@ fn outcomes_and_hints_from_the_network_are_cut_to_their_limits() {
     assert_eq!(small.clone().bounded(), small);
 }
 
-fn arb_event() -> impl Strategy<Value = Event> {
+pub(super) fn arb_event() -> impl Strategy<Value = Event> {
     let worker = prop_oneof![Just(w("w1")), Just(w("w2"))];
     let attempt = (0u32..4).prop_map(Attempt);
     let epoch = (0u64..4).prop_map(Epoch);

@@ -95,6 +95,18 @@ pub enum ApiRequest {
         max: u32,
         wait_ms: u64,
     },
+    /// Hold a running task's process group stopped (under kill's owner
+    /// rules); refused `NotRunning` unless it runs on a worker. Answered
+    /// with the snapshot once `paused` is recorded; the worker is told after.
+    Pause {
+        session: SessionId,
+        task: TaskId,
+    },
+    /// Let a paused task go on; a running one is answered as it is.
+    Resume {
+        session: SessionId,
+        task: TaskId,
+    },
 }
 
 /// Longest a single `Wait` request is held by the coordinator.
@@ -122,6 +134,8 @@ impl ApiRequest {
             ApiRequest::Status => "status",
             ApiRequest::FinalOutput { .. } => "final-output",
             ApiRequest::Notices { .. } => "notices",
+            ApiRequest::Pause { .. } => "pause",
+            ApiRequest::Resume { .. } => "resume",
         }
     }
 }
@@ -142,7 +156,9 @@ impl ApiRequest {
             | ApiRequest::Unarchive { session, .. }
             | ApiRequest::Delete { session, .. }
             | ApiRequest::FinalOutput { session, .. }
-            | ApiRequest::Notices { session, .. } => Some(session),
+            | ApiRequest::Notices { session, .. }
+            | ApiRequest::Pause { session, .. }
+            | ApiRequest::Resume { session, .. } => Some(session),
             ApiRequest::Status => None,
         }
     }
@@ -618,6 +634,10 @@ pub enum SidecarHealth {
 pub struct HeldAttempt {
     pub task: TaskId,
     pub attempt: Attempt,
+    /// The owner's pause wish the machine recorded for the attempt (the
+    /// leader sends its own again while the two differ).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// A worker's report about one attempt (request on [`crate::subjects::report`] of its worker),
@@ -723,6 +743,10 @@ pub enum WorkerCommand {
         instance: Uuid,
         holder: Uuid,
     },
+    /// The owner's pause wish for a running attempt: held stopped
+    /// (`paused`) or let go on. Idempotent; re-sent while the worker's
+    /// heartbeat says otherwise.
+    Pause(PauseCommand),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -740,6 +764,14 @@ pub struct LeaseGrant {
     /// the grant's identity (a re-sent grant may carry a later mark).
     #[serde(default)]
     pub mark: Option<RegistryMark>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PauseCommand {
+    pub task: TaskId,
+    pub attempt: Attempt,
+    pub epoch: Epoch,
+    pub paused: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -412,6 +412,23 @@ async fn unseen_shim(shared: &Shared, grant: Option<&LeaseGrant>, files: &Attemp
     evidence(shared, files, false, None).await
 }
 
+/// Tells an attempt's shim to look at the owner's pause wish again (and to
+/// re-apply a stop). Only a shim that recorded its task's group is signalled:
+/// it blocked `SIGUSR1` before spawning the task, while an earlier signal
+/// would end it; one that has not yet reads the wish itself after recording
+/// the group, and the wish was written before this looked. Never signals a
+/// recycled pid (the shim's start time is checked).
+pub(crate) fn tell_shim_to_look(files: &AttemptFiles) {
+    if files.pgid().is_none() {
+        return;
+    }
+    if let Some(id) = files.shim().filter(|id| id.pid > 1 && id.alive()) {
+        if let Err(error) = kill(Pid::from_raw(id.pid), Signal::SIGUSR1) {
+            tracing::warn!(pid = id.pid, %error, "cannot tell the shim to look at the pause wish");
+        }
+    }
+}
+
 /// Waits for the shim to end (forwarding kills to it) and reads its evidence.
 /// A `monitor` attempt's matched lines are forwarded this often.
 const FORWARD_MATCHES_EVERY: Duration = Duration::from_millis(250);
@@ -426,6 +443,10 @@ async fn watch(
     kill_req: &Notify,
 ) -> Evidence {
     let mut killed = false;
+    // A re-attached shim holds its group as the wish says, again.
+    if files.pause_requested() {
+        tell_shim_to_look(files);
+    }
     let mut matches = grant.filter(|g| g.spec.pattern.is_some()).cloned().map(MatchForwarder::new);
     let mut tick = tokio::time::interval(FORWARD_MATCHES_EVERY);
     loop {

@@ -5,7 +5,10 @@
 //! - whether a grant may be accepted ([`Worker::screen_grant`], then
 //!   [`Worker::grant_recorded`] with the sidecar's answer), and what a refusal
 //!   leaves behind (a tombstone, a remembered give-back);
-//! - what a kill means ([`Worker::kill`]);
+//! - what a kill means ([`Worker::kill`]), and what the owner's pause wish
+//!   means ([`Worker::pause`]: kept per held attempt, listed in heartbeats,
+//!   restored after a restart from the attempt's files by
+//!   [`Worker::restore_paused`]);
 //! - each attempt's next step ([`Worker::next`]) and what a step's result
 //!   leads to ([`Worker::advance`]): intent → launch → spawned → watch →
 //!   buffer → report → acknowledge, with the refused intent, the unseen
@@ -135,6 +138,8 @@ pub struct Held {
     pub step: Step,
     /// A kill was asked for.
     pub kill: bool,
+    /// The owner's pause wish, as recorded in the attempt's files.
+    pub paused: bool,
 }
 
 /// What to do with a grant before the sidecar is asked.
@@ -264,7 +269,10 @@ impl Worker {
 
     /// The attempts a heartbeat lists.
     pub fn attempts(&self) -> Vec<HeldAttempt> {
-        self.held.keys().map(|(task, attempt)| HeldAttempt { task: task.clone(), attempt: *attempt }).collect()
+        self.held
+            .iter()
+            .map(|((task, attempt), held)| HeldAttempt { task: task.clone(), attempt: *attempt, paused: held.paused })
+            .collect()
     }
 
     /// Every held attempt (for a shutdown that ends them all).
@@ -323,7 +331,8 @@ impl Worker {
         }
         self.observe(grant.epoch);
         let epoch = grant.epoch;
-        self.held.insert(key, Held { grant: Some(Arc::new(grant)), epoch, step: Step::Intent, kill: false });
+        self.held
+            .insert(key, Held { grant: Some(Arc::new(grant)), epoch, step: Step::Intent, kill: false, paused: false });
         Answer { reply: WorkerReply::Accepted, tombstone: false, drive: true }
     }
 
@@ -362,6 +371,47 @@ impl Worker {
                 Answer::reply(WorkerReply::Refused(Refusal::UnknownAttempt))
             }
         }
+    }
+
+    /// The owner's pause wish for a held attempt, once the sidecar took its
+    /// epoch (`fence`, as for a kill). A held attempt takes the wish (the
+    /// driver then records it in the attempt's files and tells the shim; if
+    /// that fails it calls [`Worker::set_paused`] back); an attempt not held
+    /// is refused `UnknownAttempt` and, unlike a kill, not given back: a
+    /// pause says nothing about whether its grant may still come.
+    pub fn pause(&mut self, key: &Key, epoch: Epoch, fence: Result<SidecarReply, String>, paused: bool) -> Answer {
+        match fence {
+            Ok(SidecarReply::Ok) => self.observe(epoch),
+            Ok(SidecarReply::Refused(SidecarRefusal::StaleEpoch { held, offered })) => {
+                return Answer::reply(WorkerReply::Refused(Refusal::StaleEpoch { held, offered }))
+            }
+            Ok(SidecarReply::Refused(SidecarRefusal::Storage(reason))) => {
+                return Answer::reply(WorkerReply::Refused(Refusal::SidecarStorage(reason)))
+            }
+            Ok(other) => return Answer::reply(WorkerReply::Refused(Refusal::SidecarUnavailable(format!("{other:?}")))),
+            Err(why) => return Answer::reply(WorkerReply::Refused(Refusal::SidecarUnavailable(why))),
+        }
+        match self.set_paused(key, paused) {
+            true => Answer::reply(WorkerReply::Accepted),
+            false => Answer::reply(WorkerReply::Refused(Refusal::UnknownAttempt)),
+        }
+    }
+
+    /// Sets the pause wish of a held attempt; false when it is not held.
+    pub fn set_paused(&mut self, key: &Key, paused: bool) -> bool {
+        match self.held.get_mut(key) {
+            Some(held) => {
+                held.paused = paused;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// After [`Worker::recover`]: an attempt held again whose files record
+    /// the owner's pause wish keeps it (and its heartbeats say so).
+    pub fn restore_paused(&mut self, key: &Key) {
+        self.set_paused(key, true);
     }
 
     // ------------------------------------------------------------ attempts
@@ -493,7 +543,10 @@ impl Worker {
                         Phase::Intent | Phase::Spawned => Step::Settle { restarted },
                     };
                     let epoch = record.grant.epoch;
-                    self.held.insert(key, Held { grant: Some(Arc::new(record.grant)), epoch, step, kill: false });
+                    self.held.insert(
+                        key,
+                        Held { grant: Some(Arc::new(record.grant)), epoch, step, kill: false, paused: false },
+                    );
                 }
                 Found::FilesOnly { key, grant, status, shim_alive, corrupt } => {
                     if let (Some(reason), false) = (&corrupt, status || shim_alive) {
@@ -510,7 +563,7 @@ impl Worker {
                     }
                     let epoch = grant.as_ref().map_or(self.epoch_seen, |g| g.epoch.max(self.epoch_seen));
                     let step = if shim_alive && !status { Step::Watch } else { Step::Settle { restarted: false } };
-                    self.held.insert(key, Held { grant: grant.map(Arc::new), epoch, step, kill: false });
+                    self.held.insert(key, Held { grant: grant.map(Arc::new), epoch, step, kill: false, paused: false });
                 }
             }
         }

@@ -47,7 +47,7 @@ fn stale() -> SidecarReply {
 fn holding(step: Step) -> Worker {
     let mut w = worker(4);
     w.observe(Epoch(5));
-    let held = Held { grant: Some(Arc::new(grant(3))), epoch: Epoch(3), step, kill: false };
+    let held = Held { grant: Some(Arc::new(grant(3))), epoch: Epoch(3), step, kill: false, paused: false };
     w.held.insert(key(), held);
     w
 }
@@ -340,6 +340,47 @@ fn a_kill_of_an_attempt_never_held_gives_it_back_so_its_late_grant_is_refused() 
     ));
     assert!(!w.held(&key()).unwrap().kill);
     assert_eq!(w.epoch_seen(), Epoch(5));
+}
+
+/// The owner's pause wish, for every sidecar answer to its epoch and for a
+/// held and an unknown attempt: only a fenced wish for a held attempt is
+/// taken; it is listed in heartbeats, withdrawn by a resume, restored after a
+/// restart, and an attempt never held is refused without being given back.
+#[test]
+fn a_pause_wish_is_taken_only_fenced_and_for_a_held_attempt() {
+    let paused = |w: &Worker| w.attempts().iter().find(|a| (a.task.clone(), a.attempt) == key()).map(|a| a.paused);
+    let cases: [(&str, Result<SidecarReply, String>, WorkerReply); 4] = [
+        ("ok", Ok(SidecarReply::Ok), WorkerReply::Accepted),
+        ("stale", Ok(stale()), WorkerReply::Refused(Refusal::StaleEpoch { held: Epoch(9), offered: Epoch(3) })),
+        ("storage", Ok(storage()), WorkerReply::Refused(Refusal::SidecarStorage("flush failed".into()))),
+        ("down", Err("down".into()), WorkerReply::Refused(Refusal::SidecarUnavailable("down".into()))),
+    ];
+    for (name, fence, reply) in cases {
+        let mut w = holding(Step::Watch);
+        let taken = reply == WorkerReply::Accepted;
+        assert_eq!(w.pause(&key(), Epoch(6), fence, true).reply, reply, "{name}");
+        assert_eq!(paused(&w), Some(taken), "{name}: listed as the wish taken");
+        assert_eq!(w.epoch_seen(), if taken { Epoch(6) } else { Epoch(5) }, "{name}");
+        assert_eq!(w.held(&key()).map(|h| h.step.clone()), Some(Step::Watch), "{name}: the attempt goes on");
+    }
+    // A resume withdraws it; a repeat changes nothing.
+    let mut w = holding(Step::Watch);
+    for wish in [true, true, false, false] {
+        assert_eq!(w.pause(&key(), Epoch(5), Ok(SidecarReply::Ok), wish).reply, WorkerReply::Accepted);
+        assert_eq!(paused(&w), Some(wish));
+    }
+    // Not held: refused, and its grant is still accepted later.
+    let mut w = worker(4);
+    let a = w.pause(&key(), Epoch(4), Ok(SidecarReply::Ok), true);
+    assert_eq!(a.reply, WorkerReply::Refused(Refusal::UnknownAttempt));
+    assert_eq!(w.screen_grant(&grant(4)), Screened::Record);
+    // After a restart the files say it: restored for a held attempt only.
+    let mut w = holding(Step::Watch);
+    w.restore_paused(&key());
+    assert_eq!(paused(&w), Some(true));
+    let mut w = worker(4);
+    w.restore_paused(&key());
+    assert!(w.attempts().is_empty());
 }
 
 #[test]

@@ -12,11 +12,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
+use tenure_machine::attempt_files::AttemptFiles;
 use tenure_machine::worker_lock::WorkerLock;
 use tenure_machine::{Layout, SidecarClient};
 use tenure_protocol::messages::{
-    KillCommand, LeaseGrant, Refusal, SidecarHealth, SidecarRefusal, SidecarReply, SidecarRequest, WorkerCommand,
-    WorkerReply,
+    KillCommand, LeaseGrant, PauseCommand, Refusal, SidecarHealth, SidecarRefusal, SidecarReply, SidecarRequest,
+    WorkerCommand, WorkerReply,
 };
 use tenure_protocol::{subjects, Epoch};
 use tracing::Instrument;
@@ -135,6 +136,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                     }
                     Ok(WorkerCommand::Grant(grant)) => on_grant(&shared, grant).await,
                     Ok(WorkerCommand::Kill(kill)) => on_kill(&shared, kill).await,
+                    Ok(WorkerCommand::Pause(pause)) => on_pause(&shared, pause).await,
                     Ok(WorkerCommand::InstanceTaken { instance: refused, holder }) => {
                         if refused == instance {
                             let now = tokio::time::Instant::now();
@@ -285,6 +287,40 @@ async fn on_kill(shared: &Shared, cmd: KillCommand) -> WorkerReply {
         }
     }
     answer.reply
+}
+
+/// The owner's pause wish for a held attempt: the core takes it (after the
+/// epoch fence), then it is recorded in the attempt's files, durably, and
+/// the shim is told to look; a wish that cannot be recorded is taken back
+/// and refused, so the leader sends it again.
+async fn on_pause(shared: &Shared, cmd: PauseCommand) -> WorkerReply {
+    let fence = shared.sidecar.call(&SidecarRequest::ObserveEpoch(cmd.epoch)).await.map_err(|e| e.to_string());
+    let key = (cmd.task, cmd.attempt);
+    let before = {
+        let mut state = shared.state();
+        let before = state.core.held(&key).map(|h| h.paused);
+        let answer = state.core.pause(&key, cmd.epoch, fence, cmd.paused);
+        if answer.reply != WorkerReply::Accepted {
+            return answer.reply;
+        }
+        before.unwrap_or(false)
+    };
+    let files = AttemptFiles::new(shared.layout.attempt_dir(&key.0, key.1));
+    let record = files.clone();
+    let recorded = tokio::task::spawn_blocking(move || record.set_pause_requested(cmd.paused)).await;
+    let failure = match recorded {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(e) => Some(e.to_string()),
+    };
+    if let Some(error) = failure {
+        tracing::error!(task = %key.0, attempt = %key.1, %error, "cannot record the pause wish");
+        shared.state().core.set_paused(&key, before);
+        return WorkerReply::Refused(Refusal::SidecarUnavailable(format!("cannot record the pause wish: {error}")));
+    }
+    attempt::tell_shim_to_look(&files);
+    tracing::info!(task = %key.0, attempt = %key.1, epoch = %cmd.epoch, paused = cmd.paused, "pause wish recorded");
+    WorkerReply::Accepted
 }
 
 /// Ends every running task (through its shim) and gives the outcomes a

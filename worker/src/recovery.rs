@@ -92,6 +92,12 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
         }
     }
     let held = shared.state().core.keys();
+    // The owner's pause wish of an attempt held again is in its files.
+    for key in &held {
+        if AttemptFiles::new(shared.layout.attempt_dir(&key.0, key.1)).pause_requested() {
+            shared.state().core.restore_paused(key);
+        }
+    }
     for key in held {
         let step = shared.state().core.held(&key).map(|h| h.step.clone());
         let (task, attempt) = (&key.0, key.1);

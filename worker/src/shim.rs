@@ -18,6 +18,14 @@
 //! task). The sidecar writes `tenure send` input into it; the worker is not
 //! involved, so input reaches the task while the worker is down.
 //!
+//! A pause is the owner's wish recorded in the attempt's `pause-requested`
+//! file by the worker, which then sends the shim `SIGUSR1`: the shim stops the
+//! whole group (`SIGSTOP`) or lets it go on (`SIGCONT`) as the file says, and
+//! stops it again at every `SIGUSR1` while the wish stands — a restarted
+//! worker re-attaching to it sends one, so the stop is re-applied after a
+//! re-attach. Ending the group continues it after its SIGTERM, so that a
+//! paused task can handle the signal.
+//!
 //! For a `monitor` task it also scans every output line (those past the cap
 //! too) against the task's pattern and appends the matching ones to the
 //! attempt's `matches` file, which the worker forwards to the leader.
@@ -133,6 +141,7 @@ fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStat
     let mut signals = SigSet::empty();
     signals.add(Signal::SIGCHLD);
     signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGUSR1);
     let signalfd = match signals
         .thread_block()
         .and_then(|()| SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC))
@@ -168,6 +177,11 @@ fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStat
     let mut pump = Pump { reader: Some(reader), output, cap: args.output_cap, matcher, written: 0, dropped: 0 };
     let mut group = Group::new(leader, args.kill_grace);
     let mut clock = Deadlines::new(spec.limits.as_deref(), Instant::now());
+    // A pause recorded before the group was (the worker signals only a shim
+    // that recorded its group: before that, SIGUSR1 was not blocked yet).
+    if files.pause_requested() && group.hold(true) == Some(true) {
+        clock.pause(Instant::now());
+    }
     while !group.done(pump.reader.is_none()) {
         let timeout = match clock.next_in(Instant::now()).filter(|_| group.running()) {
             // Rounded up, so the limit has passed when poll returns.
@@ -202,6 +216,14 @@ fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStat
             }
         }
         while let Ok(Some(info)) = signalfd.read_signal() {
+            if info.ssi_signo == Signal::SIGUSR1 as u32 {
+                // Look at the owner's wish again (and re-apply a stop).
+                match group.hold(files.pause_requested()) {
+                    Some(true) => clock.pause(Instant::now()),
+                    Some(false) => clock.resume(Instant::now()),
+                    None => {}
+                }
+            }
             if info.ssi_signo == Signal::SIGTERM as u32 {
                 // The worker marks a kill before it signals; any other SIGTERM
                 // is the machine (or an operator's `kill`) stopping processes.
@@ -260,6 +282,8 @@ struct Group {
     terminated_at: Option<Instant>,
     /// When the group was found empty.
     gone_at: Option<Instant>,
+    /// Held stopped on the owner's wish.
+    paused: bool,
 }
 
 impl Group {
@@ -273,7 +297,27 @@ impl Group {
             aborted: None,
             terminated_at: None,
             gone_at: None,
+            paused: false,
         }
+    }
+
+    /// Applies the owner's pause wish to the running group: `SIGSTOP` while
+    /// it stands (sent again each time, so a process continued behind the
+    /// shim's back is stopped anew), `SIGCONT` once it is withdrawn. Nothing
+    /// once the group is being ended. Returns the new state when it changed.
+    fn hold(&mut self, wish: bool) -> Option<bool> {
+        if !self.running() {
+            return None;
+        }
+        match (wish, self.paused) {
+            (true, _) => process::signal_group(self.pgid, Signal::SIGSTOP),
+            (false, true) => process::signal_group(self.pgid, Signal::SIGCONT),
+            (false, false) => return None,
+        }
+        tracing::info!(pgid = self.pgid, paused = wish, "the task's group is held as its owner asked");
+        let changed = wish != self.paused;
+        self.paused = wish;
+        changed.then_some(wish)
     }
 
     fn kill_requested(&mut self) {
@@ -322,6 +366,10 @@ impl Group {
         match self.terminated_at {
             None if start_ending => {
                 process::signal_group(self.pgid, Signal::SIGTERM);
+                // A stopped (paused) process handles SIGTERM only once continued.
+                if std::mem::take(&mut self.paused) {
+                    process::signal_group(self.pgid, Signal::SIGCONT);
+                }
                 self.terminated_at = Some(Instant::now());
             }
             Some(at) if at.elapsed() >= self.grace => process::signal_group(self.pgid, Signal::SIGKILL),

@@ -9,17 +9,49 @@
 use std::io::Read;
 use std::process::ExitCode;
 
-use anyhow::{anyhow, bail};
-use tenure_protocol::messages::{ApiError, InputReply, InputRequest, MAX_INPUT_BYTES};
-use tenure_protocol::{subjects, Kind, Status, TaskId};
+use anyhow::anyhow;
+use tenure_protocol::messages::{ApiError, InputAck, InputReply, InputRequest, MAX_INPUT_BYTES};
+use tenure_protocol::{subjects, Kind, Status, TaskId, WorkerId};
 
 use super::{Api, API_TIMEOUT};
 
+/// Why a message did not reach the task. Only [`SendError::InDoubt`] may
+/// have delivered it; every other case delivered nothing.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum SendError {
+    /// Refused before anything was written, by the snapshot's checks or by
+    /// the sidecar (not yours, not an agent, not running, input full, size).
+    #[error(transparent)]
+    Refused(#[from] ApiError),
+    #[error("the sidecar of worker {worker} is not answering; nothing was sent to {task}")]
+    NoSidecar { worker: WorkerId, task: TaskId },
+    #[error("no answer from the sidecar of worker {worker}: the message may or may not have reached {task}")]
+    InDoubt { worker: WorkerId, task: TaskId },
+    /// The coordinator could not be asked where the task runs.
+    #[error(transparent)]
+    Client(#[from] tenure_client::Error),
+    #[error(transparent)]
+    Transport(tenure_transport::Error),
+}
+
 pub(super) async fn send(api: &Api, task: TaskId, text: Vec<String>, raw: bool) -> anyhow::Result<ExitCode> {
     let from_args = if text.is_empty() { None } else { Some(message(&text, raw)?) };
-    let snapshot = api.get(&task).await?;
-    // The sidecar decides; these checks only spare a round trip and say it
-    // in terms of the task's status, which the sidecar does not know.
+    let worker = target(api, &task).await?;
+    // Stdin is read only now, so that a wrong task is reported before anyone types.
+    let data = match from_args {
+        Some(data) => data,
+        None => tokio::task::spawn_blocking(move || message_from(std::io::stdin().lock(), raw)).await??,
+    };
+    let ack = deliver(api, &worker, &task, data).await?;
+    tracing::debug!(task = %task, attempt = %ack.attempt, bytes = ack.bytes, "input delivered");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The worker whose sidecar takes input for `task` now. The sidecar decides;
+/// these checks only spare a round trip and say it in terms of the task's
+/// status, which the sidecar does not know.
+pub(super) async fn target(api: &Api, task: &TaskId) -> Result<WorkerId, SendError> {
+    let snapshot = api.get(task).await?;
     if snapshot.kind != Kind::agent() {
         return Err(ApiError::NoInput { task: task.to_string(), kind: snapshot.kind.to_string() }.into());
     }
@@ -28,31 +60,28 @@ pub(super) async fn send(api: &Api, task: TaskId, text: Vec<String>, raw: bool) 
         return Err(not_running(format!("it is {}", snapshot.status)).into());
     }
     // A queued task may still name the worker of an attempt that was given back.
-    let worker = match &snapshot.worker {
-        Some(worker) if snapshot.status != Status::Queued => worker.clone(),
-        _ => return Err(not_running("it is queued: no worker has started it yet".into()).into()),
-    };
-    // Stdin is read only now, so that a wrong task is reported before anyone types.
-    let data = match from_args {
-        Some(data) => data,
-        None => tokio::task::spawn_blocking(move || message_from(std::io::stdin().lock(), raw)).await??,
-    };
+    match snapshot.worker {
+        Some(worker) if snapshot.status != Status::Queued => Ok(worker),
+        _ => Err(not_running("it is queued: no worker has started it yet".into()).into()),
+    }
+}
+
+/// Sends one message to `task` through the sidecar of `worker`, once: a
+/// message is never sent again, so an unanswered request is in doubt.
+pub(super) async fn deliver(api: &Api, worker: &WorkerId, task: &TaskId, data: Vec<u8>) -> Result<InputAck, SendError> {
     let req = InputRequest { session: api.session().clone(), task: task.clone(), data };
     let reply: Result<InputReply, _> =
-        tenure_transport::request(api.nats(), subjects::input(&worker), &req, API_TIMEOUT).await;
-    let reply = match reply {
-        Ok(reply) => reply,
+        tenure_transport::request(api.nats(), subjects::input(worker), &req, API_TIMEOUT).await;
+    match reply {
+        Ok(reply) => Ok(reply?),
         Err(tenure_transport::Error::NoResponders { .. }) => {
-            bail!("the sidecar of worker {worker} is not answering; nothing was sent to {task}")
+            Err(SendError::NoSidecar { worker: worker.clone(), task: task.clone() })
         }
         Err(tenure_transport::Error::Timeout { .. }) => {
-            bail!("no answer from the sidecar of worker {worker}: the message may or may not have reached {task}")
+            Err(SendError::InDoubt { worker: worker.clone(), task: task.clone() })
         }
-        Err(e) => return Err(e.into()),
-    };
-    let ack = reply?;
-    tracing::debug!(task = %task, attempt = %ack.attempt, bytes = ack.bytes, "input delivered");
-    Ok(ExitCode::SUCCESS)
+        Err(e) => Err(SendError::Transport(e)),
+    }
 }
 
 /// The message made of TEXT words: joined by spaces, a newline added unless `raw`.

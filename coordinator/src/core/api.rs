@@ -105,6 +105,8 @@ impl Core {
                 Ok(ApiResponse::Page { tasks, next })
             }
             ApiRequest::Kill { session, task, reason } => self.kill(&session, &task, reason, now, fx),
+            ApiRequest::Pause { session, task } => self.pause(&session, &task, true, now, fx),
+            ApiRequest::Resume { session, task } => self.pause(&session, &task, false, now, fx),
             ApiRequest::Wait { session, task, timeout_ms } => match self.owned(&session, &task) {
                 Err(e) => Err(e),
                 Ok(r) if r.life.status.is_terminal() => {
@@ -193,7 +195,7 @@ impl Core {
     }
 
     /// The task if `session` owns it or holds the operator role.
-    fn visible(&self, session: &SessionId, task: &TaskId) -> Result<&TaskRecord, ApiError> {
+    pub(super) fn visible(&self, session: &SessionId, task: &TaskId) -> Result<&TaskRecord, ApiError> {
         match self.tasks.get(task) {
             Some(r) if &r.owner == session || self.is_operator(session) => Ok(r),
             _ => Err(ApiError::NotFound(task.to_string())),

@@ -284,6 +284,13 @@ impl Core {
             WorkerCommand::Kill(k) => (k.task.clone(), k.attempt, k.epoch, true),
             // Published, never answered.
             WorkerCommand::InstanceTaken { .. } => return,
+            // A wish not taken is carried again while heartbeats contradict it.
+            WorkerCommand::Pause(p) => {
+                if let Ok(WorkerReply::Refused(reason)) = &result {
+                    tracing::info!(%worker, task = %p.task, attempt = %p.attempt, %reason, "pause wish refused");
+                }
+                return;
+            }
         };
         match result {
             Ok(WorkerReply::Accepted) => {}

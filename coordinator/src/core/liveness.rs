@@ -220,7 +220,7 @@ impl Core {
             .filter_map(|t| {
                 let r = self.tasks.get(t).filter(|r| r.life.worker.as_ref() == Some(worker))?;
                 let replaced = matches!((r.incarnation.as_deref(), incarnation), (Some(a), Some(b)) if *a != b);
-                let started = matches!(r.life.status, Status::Running | Status::Stopping);
+                let started = matches!(r.life.status, Status::Running | Status::Stopping | Status::Paused);
                 Some((t.clone(), replaced, listed.contains(&(t, r.life.attempt)) || !started))
             })
             .collect();

@@ -794,3 +794,85 @@ mod retry;
 mod workers;
 #[path = "workflow_tests.rs"]
 mod workflow;
+
+/// The pause wishes a list of effects sends, as (paused, attempt, epoch).
+fn pause_commands(fx: &[Effect]) -> Vec<(bool, Attempt, Epoch)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Command { command: WorkerCommand::Pause(p), .. } => Some((p.paused, p.attempt, p.epoch)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A heartbeat of `w1` listing `task`'s attempt 1 with the machine's wish.
+fn beat_holding(h: &mut Harness, task: &TaskId, paused: bool) -> Vec<Effect> {
+    let Input::Heartbeat(mut hb) = beat("w1", 0, 4, None) else { unreachable!() };
+    hb.attempts = vec![HeldAttempt { task: task.clone(), attempt: Attempt(1), paused }];
+    h.input(Input::Heartbeat(hb))
+}
+
+/// Pause and resume: only a running task of the caller, recorded before the
+/// worker is told; carried again while heartbeats contradict the registry (at
+/// most once a second), also by a new leader that sent nothing itself; a
+/// paused task is still killed.
+#[test]
+fn pause_and_resume_are_recorded_then_carried_until_the_worker_shows_them() {
+    let mut h = Harness::new();
+    let queued = h.submit("s", TaskSpec::shell("q", "sleep 9"));
+    let (fx, reply) = h.api(ApiRequest::Pause { session: s("s"), task: queued.clone() });
+    assert!(matches!(reply, Some(Err(ApiError::NotRunning { .. }))), "{reply:?}");
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))) && pause_commands(&fx).is_empty());
+
+    h.heartbeat("w1", 4);
+    h.report("w1", &queued, 1, ReportEvent::Started { pid: 7 });
+    let t = queued;
+    let (fx, reply) = h.api(ApiRequest::Pause { session: s("bob"), task: t.clone() });
+    assert!(matches!(reply, Some(Err(ApiError::NotFound(_)))), "{reply:?}");
+    assert!(fx.is_empty() || pause_commands(&fx).is_empty());
+    assert_eq!(h.status(&t), Status::Running);
+
+    let (fx, reply) = h.api(ApiRequest::Pause { session: s("s"), task: t.clone() });
+    let Some(Ok(ApiResponse::Snapshot(snapshot))) = reply else { panic!("{reply:?}") };
+    assert_eq!(snapshot.status, Status::Paused);
+    let persisted = fx.iter().position(|e| matches!(e, Effect::Persist(r) if r.life.pause_requested));
+    let told = fx.iter().position(|e| matches!(e, Effect::Command { command: WorkerCommand::Pause(_), .. }));
+    assert!(matches!((persisted, told), (Some(p), Some(c)) if p < c), "recorded before the worker is told: {fx:?}");
+    assert_eq!(pause_commands(&fx), [(true, Attempt(1), Epoch(3))]);
+
+    // The machine has not taken it: carried again, at most once a second.
+    assert!(pause_commands(&beat_holding(&mut h, &t, false)).is_empty(), "just sent");
+    h.advance(Duration::from_secs(1));
+    assert_eq!(pause_commands(&beat_holding(&mut h, &t, false)), [(true, Attempt(1), Epoch(3))]);
+    assert!(pause_commands(&beat_holding(&mut h, &t, false)).is_empty());
+    h.advance(Duration::from_secs(1));
+    assert_eq!(pause_commands(&beat_holding(&mut h, &t, false)).len(), 1);
+    h.advance(Duration::from_secs(1));
+    assert!(pause_commands(&beat_holding(&mut h, &t, true)).is_empty(), "taken: nothing more");
+
+    // A new leader, from the registry alone: the heartbeat tells it.
+    let records: Vec<TaskRecord> = h.core.task(&t).cloned().into_iter().collect();
+    let mut next = Harness { core: Core::new(CoreConfig::default(), Epoch(4), records, h.now), now: h.now };
+    next.advance(CoreConfig::default().worker_ttl);
+    assert_eq!(next.status(&t), Status::Paused);
+    assert!(pause_commands(&beat_holding(&mut next, &t, true)).is_empty());
+    next.advance(Duration::from_secs(1));
+    assert_eq!(pause_commands(&beat_holding(&mut next, &t, false)), [(true, Attempt(1), Epoch(4))]);
+
+    // Resume: running again, and the machine is told.
+    let (fx, reply) = next.api(ApiRequest::Resume { session: s("s"), task: t.clone() });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Snapshot(ref s))) if s.status == Status::Running), "{reply:?}");
+    assert_eq!(pause_commands(&fx), [(false, Attempt(1), Epoch(4))]);
+    next.advance(Duration::from_secs(1));
+    assert_eq!(pause_commands(&beat_holding(&mut next, &t, true)), [(false, Attempt(1), Epoch(4))]);
+
+    // Paused again, then killed: the kill wins, and no wish is carried any more.
+    next.api(ApiRequest::Pause { session: s("s"), task: t.clone() });
+    let (_, reply) = next.api(ApiRequest::Kill { session: s("s"), task: t.clone(), reason: None });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Kill { .. }))), "{reply:?}");
+    assert_eq!(next.status(&t), Status::Stopping);
+    next.advance(Duration::from_secs(1));
+    assert!(pause_commands(&beat_holding(&mut next, &t, false)).is_empty());
+    let (_, reply) = next.api(ApiRequest::Resume { session: s("s"), task: t.clone() });
+    assert!(matches!(reply, Some(Err(ApiError::NotRunning { .. }))), "{reply:?}");
+}

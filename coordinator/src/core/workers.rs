@@ -240,6 +240,7 @@ impl Core {
         self.workers.beat(&hb, unproven, now);
         self.stop_stale_copies(&hb.worker, &hb.attempts, fx);
         self.check_listed(&hb.worker, hb.incarnation, &hb.attempts, now, fx);
+        self.reconcile_pauses(&hb.worker, &hb.attempts, now, fx);
     }
 
     /// A worker's report about an attempt it holds; the answer says whether

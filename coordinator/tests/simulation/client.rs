@@ -77,6 +77,28 @@ impl Client {
         }
     }
 
+    /// Pauses or resumes a random task whose id is known, once: the answer
+    /// is not waited for (a refusal — not running, a deposed leader — is
+    /// fine); the judge's rules must hold whatever the wishes were.
+    pub fn pause_one(&mut self, ctx: &mut Ctx) {
+        let known: Vec<TaskId> = self.tasks.iter().filter_map(|t| t.id.clone()).collect();
+        if known.is_empty() {
+            return;
+        }
+        let task = known[ctx.rng.gen_range(0..known.len())].clone();
+        let session = self.session.clone();
+        let request = match ctx.rng.gen_bool(0.6) {
+            true => ApiRequest::Pause { session, task: task.clone() },
+            false => ApiRequest::Resume { session, task: task.clone() },
+        };
+        let verb = request.verb();
+        let (req, fate) =
+            ctx.bus.request(&mut ctx.rng, ctx.now, Node::Client, 0, Dest::Leader, API_TIMEOUT, Asked::Api, |req| {
+                Msg::Api { req, request }
+            });
+        ctx.note(|| format!("client #{req} {verb} {task}: {fate}"));
+    }
+
     /// Sends what is unanswered: submits, and kills of tasks whose id is known.
     pub fn tick(&mut self, ctx: &mut Ctx) {
         for i in 0..self.tasks.len() {

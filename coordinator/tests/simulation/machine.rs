@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 use rand::Rng;
 use tenure_machine::evidence::{self, FileFacts, RecordView, Settled};
 use tenure_protocol::messages::{
-    EvidenceReply, EvidenceRequest, Heartbeat, KillCommand, LeaseGrant, Report, ReportAck, ReportEvent, SidecarRefusal,
-    SidecarReply, SidecarRequest, WorkerCommand, WorkerReply,
+    EvidenceReply, EvidenceRequest, Heartbeat, KillCommand, LeaseGrant, PauseCommand, Report, ReportAck, ReportEvent,
+    SidecarRefusal, SidecarReply, SidecarRequest, WorkerCommand, WorkerReply,
 };
 use tenure_protocol::{Ending, Epoch, Kind, Outcome, WorkerId};
 use tenure_sidecar::{Machine, MemoryStore};
@@ -465,6 +465,7 @@ impl Host {
                 let reply = match command {
                     WorkerCommand::Grant(g) => self.on_grant(ctx, g),
                     WorkerCommand::Kill(k) => self.on_kill(ctx, k),
+                    WorkerCommand::Pause(p) => self.on_pause(ctx, p),
                     // The model runs one process per worker id.
                     WorkerCommand::InstanceTaken { .. } => None,
                 };
@@ -530,6 +531,16 @@ impl Host {
         let i = self.index;
         let fence = self.side.call(ctx, i, SidecarRequest::ObserveEpoch(cmd.epoch));
         let answer = self.w().core.kill((cmd.task, cmd.attempt), cmd.epoch, fence.ok_or_else(|| "sidecar down".into()));
+        Some(answer.reply)
+    }
+
+    /// The owner's pause wish, through the worker's core (the model's
+    /// processes keep running: a pause changes no outcome the judge checks).
+    fn on_pause(&mut self, ctx: &mut Ctx, cmd: PauseCommand) -> Option<WorkerReply> {
+        let i = self.index;
+        let fence = self.side.call(ctx, i, SidecarRequest::ObserveEpoch(cmd.epoch));
+        let key = (cmd.task, cmd.attempt);
+        let answer = self.w().core.pause(&key, cmd.epoch, fence.ok_or_else(|| "sidecar down".into()), cmd.paused);
         Some(answer.reply)
     }
 

@@ -74,6 +74,9 @@ pub struct Options {
     /// to this; half the schedules get 0, a lease guard that works).
     pub zombie_max: u64,
     pub trace: bool,
+    /// The client also pauses and resumes tasks (off by default, so that
+    /// the seeds of the defects above keep their schedules).
+    pub pauses: bool,
 }
 
 impl Default for Options {
@@ -86,6 +89,7 @@ impl Default for Options {
             fifo_links: true,
             zombie_max: 12,
             trace: false,
+            pauses: false,
         }
     }
 }
@@ -274,6 +278,9 @@ impl Sim {
             }
             if chaos {
                 self.faults();
+                if self.opts.pauses && self.ctx.rng.gen_bool(0.05) {
+                    self.client.pause_one(&mut self.ctx);
+                }
             }
             self.cluster.restarts(&mut self.ctx);
             self.cluster.lease_step(&mut self.ctx, self.hosts.len());
@@ -436,6 +443,7 @@ pub fn fmt_command(c: &WorkerCommand) -> String {
         WorkerCommand::Grant(g) => format!("grant {}#{} e{}", g.task, g.attempt, g.epoch),
         WorkerCommand::Kill(k) => format!("kill {}#{} e{}", k.task, k.attempt, k.epoch),
         WorkerCommand::InstanceTaken { instance, .. } => format!("taken {instance}"),
+        WorkerCommand::Pause(p) => format!("pause={} {}#{} e{}", p.paused, p.task, p.attempt, p.epoch),
     }
 }
 
