@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 import httpx
 
@@ -80,7 +80,7 @@ def wait_ms(left_s: float) -> int:
     return max(0, min(int(left_s * 1000), MAX_WAIT_MS))
 
 
-def statuses(status: Optional[Any]) -> Optional[frozenset]:
+def statuses(status: Optional[Any]) -> Optional[FrozenSet[str]]:
     if status is None:
         return None
     if isinstance(status, str):
@@ -160,7 +160,7 @@ def notice_of(name: str, data: Any) -> Optional[Notice]:
 
 def backoff(failures: int) -> float:
     """Pause before reconnect number ``failures`` (1-based): 0.2 s doubling, at most 5 s."""
-    return min(0.2 * 2 ** (failures - 1), 5.0)
+    return min(0.2 * 2.0 ** (failures - 1), 5.0)
 
 
 def log_chunk(data: Any) -> "LogChunk":
