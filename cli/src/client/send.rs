@@ -11,15 +11,28 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, bail};
 use tenure_protocol::messages::{ApiError, InputReply, InputRequest, MAX_INPUT_BYTES};
-use tenure_protocol::{subjects, Kind, Status, TaskId};
+use tenure_protocol::{subjects, Kind, Status, TaskId, WorkerId};
 
 use super::{Api, API_TIMEOUT};
 
-pub(super) async fn send(api: &Api, task: TaskId, text: Vec<String>, raw: bool) -> anyhow::Result<ExitCode> {
+pub(crate) async fn send(api: &Api, task: TaskId, text: Vec<String>, raw: bool) -> anyhow::Result<ExitCode> {
     let from_args = if text.is_empty() { None } else { Some(message(&text, raw)?) };
-    let snapshot = api.get(&task).await?;
-    // The sidecar decides; these checks only spare a round trip and say it
-    // in terms of the task's status, which the sidecar does not know.
+    let worker = running_agent(api, &task).await?;
+    // Stdin is read only now, so that a wrong task is reported before anyone types.
+    let data = match from_args {
+        Some(data) => data,
+        None => tokio::task::spawn_blocking(move || message_from(std::io::stdin().lock(), raw)).await??,
+    };
+    deliver(api, &task, &worker, data).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The worker running `task`, an `agent` task that can take input now.
+///
+/// The sidecar decides; these checks only spare a round trip and say it in
+/// terms of the task's status, which the sidecar does not know.
+pub(crate) async fn running_agent(api: &Api, task: &TaskId) -> anyhow::Result<WorkerId> {
+    let snapshot = api.get(task).await?;
     if snapshot.kind != Kind::agent() {
         return Err(ApiError::NoInput { task: task.to_string(), kind: snapshot.kind.to_string() }.into());
     }
@@ -28,18 +41,19 @@ pub(super) async fn send(api: &Api, task: TaskId, text: Vec<String>, raw: bool) 
         return Err(not_running(format!("it is {}", snapshot.status)).into());
     }
     // A queued task may still name the worker of an attempt that was given back.
-    let worker = match &snapshot.worker {
-        Some(worker) if snapshot.status != Status::Queued => worker.clone(),
-        _ => return Err(not_running("it is queued: no worker has started it yet".into()).into()),
-    };
-    // Stdin is read only now, so that a wrong task is reported before anyone types.
-    let data = match from_args {
-        Some(data) => data,
-        None => tokio::task::spawn_blocking(move || message_from(std::io::stdin().lock(), raw)).await??,
-    };
+    match &snapshot.worker {
+        Some(worker) if snapshot.status != Status::Queued => Ok(worker.clone()),
+        _ => Err(not_running("it is queued: no worker has started it yet".into()).into()),
+    }
+}
+
+/// Sends one message to `task` through the sidecar of `worker`, once: a lost
+/// answer is an error saying the message is in doubt, never a retry.
+/// Returns the bytes delivered.
+pub(crate) async fn deliver(api: &Api, task: &TaskId, worker: &WorkerId, data: Vec<u8>) -> anyhow::Result<u64> {
     let req = InputRequest { session: api.session().clone(), task: task.clone(), data };
     let reply: Result<InputReply, _> =
-        tenure_transport::request(api.nats(), subjects::input(&worker), &req, API_TIMEOUT).await;
+        tenure_transport::request(api.nats(), subjects::input(worker), &req, API_TIMEOUT).await;
     let reply = match reply {
         Ok(reply) => reply,
         Err(tenure_transport::Error::NoResponders { .. }) => {
@@ -52,7 +66,7 @@ pub(super) async fn send(api: &Api, task: TaskId, text: Vec<String>, raw: bool) 
     };
     let ack = reply?;
     tracing::debug!(task = %task, attempt = %ack.attempt, bytes = ack.bytes, "input delivered");
-    Ok(ExitCode::SUCCESS)
+    Ok(ack.bytes)
 }
 
 /// The message made of TEXT words: joined by spaces, a newline added unless `raw`.
@@ -73,7 +87,7 @@ fn message_from(input: impl Read, raw: bool) -> anyhow::Result<Vec<u8>> {
     Ok(finish(data, raw)?)
 }
 
-fn finish(mut data: Vec<u8>, raw: bool) -> Result<Vec<u8>, ApiError> {
+pub(crate) fn finish(mut data: Vec<u8>, raw: bool) -> Result<Vec<u8>, ApiError> {
     if !raw && data.last() != Some(&b'\n') {
         data.push(b'\n');
     }
