@@ -15,7 +15,7 @@ use crate::text::printable;
 use crate::{Command, SubmitArgs};
 
 mod foreground;
-mod send;
+pub(crate) mod send;
 
 pub(crate) use tenure_client::API_TIMEOUT;
 
@@ -127,6 +127,7 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
         }
         Command::Delete { task } => board(&api, ApiRequest::Delete { session: api.session().clone(), task }).await,
         Command::Watch { once, json } => crate::watch::watch(&api, once, json).await,
+        Command::Mcp => crate::mcp::serve(api).await.map(|()| ExitCode::SUCCESS),
         Command::Coordinator { .. }
         | Command::Worker { .. }
         | Command::Sidecar { .. }

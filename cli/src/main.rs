@@ -7,6 +7,7 @@ mod client;
 mod config;
 mod dev;
 mod gateway;
+mod mcp;
 mod metrics;
 mod nats_auth;
 mod status;
@@ -463,6 +464,10 @@ enum Command {
         #[arg(long)]
         raw: bool,
     },
+    /// Serve the task contract as MCP tools on stdin/stdout, for an agent
+    /// that launches it (start, list, get, read output, send, stop, wait,
+    /// archive; each result lists the tasks that ended unreported, once).
+    Mcp,
     /// Show notices of your tasks that ended and were not reported elsewhere,
     /// each once; resumes where the last watch of the session stopped.
     Watch {

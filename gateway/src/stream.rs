@@ -241,13 +241,22 @@ async fn pump_notices(client: tenure_client::Client, tx: mpsc::Sender<Event>, mu
         };
         for item in items {
             let shown = match &item.notice {
-                Notice::Ended(notice) => match claim(&client, &notice.id).await {
-                    Ok(Some(s)) => tx.send(event("ended", &TaskView::from(&s))).await.is_ok(),
-                    Ok(None) => true,
-                    Err(e) => {
-                        let _ = tx.send(event("error", &e.body())).await;
-                        return;
-                    }
+                // Room in the channel first: claiming marks the task reported,
+                // so a reader that left must be found out before, not after
+                // (its notice then stays unacknowledged and comes again).
+                Notice::Ended(notice) => match tx.reserve().await {
+                    Err(_) => false,
+                    Ok(permit) => match claim(&client, &notice.id).await {
+                        Ok(Some(s)) => {
+                            permit.send(event("ended", &TaskView::from(&s)));
+                            true
+                        }
+                        Ok(None) => true,
+                        Err(e) => {
+                            permit.send(event("error", &e.body()));
+                            return;
+                        }
+                    },
                 },
                 Notice::Matched(m) => {
                     let data =

@@ -18,7 +18,7 @@ use super::{Api, API_TIMEOUT};
 /// Why a message did not reach the task. Only [`SendError::InDoubt`] may
 /// have delivered it; every other case delivered nothing.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum SendError {
+pub(crate) enum SendError {
     /// Refused before anything was written, by the snapshot's checks or by
     /// the sidecar (not yours, not an agent, not running, input full, size).
     #[error(transparent)]
@@ -34,7 +34,7 @@ pub(super) enum SendError {
     Transport(tenure_transport::Error),
 }
 
-pub(super) async fn send(api: &Api, task: TaskId, text: Vec<String>, raw: bool) -> anyhow::Result<ExitCode> {
+pub(crate) async fn send(api: &Api, task: TaskId, text: Vec<String>, raw: bool) -> anyhow::Result<ExitCode> {
     let from_args = if text.is_empty() { None } else { Some(message(&text, raw)?) };
     let worker = target(api, &task).await?;
     // Stdin is read only now, so that a wrong task is reported before anyone types.
@@ -50,7 +50,7 @@ pub(super) async fn send(api: &Api, task: TaskId, text: Vec<String>, raw: bool) 
 /// The worker whose sidecar takes input for `task` now. The sidecar decides;
 /// these checks only spare a round trip and say it in terms of the task's
 /// status, which the sidecar does not know.
-pub(super) async fn target(api: &Api, task: &TaskId) -> Result<WorkerId, SendError> {
+pub(crate) async fn target(api: &Api, task: &TaskId) -> Result<WorkerId, SendError> {
     let snapshot = api.get(task).await?;
     if snapshot.kind != Kind::agent() {
         return Err(ApiError::NoInput { task: task.to_string(), kind: snapshot.kind.to_string() }.into());
@@ -68,7 +68,7 @@ pub(super) async fn target(api: &Api, task: &TaskId) -> Result<WorkerId, SendErr
 
 /// Sends one message to `task` through the sidecar of `worker`, once: a
 /// message is never sent again, so an unanswered request is in doubt.
-pub(super) async fn deliver(api: &Api, worker: &WorkerId, task: &TaskId, data: Vec<u8>) -> Result<InputAck, SendError> {
+pub(crate) async fn deliver(api: &Api, worker: &WorkerId, task: &TaskId, data: Vec<u8>) -> Result<InputAck, SendError> {
     let req = InputRequest { session: api.session().clone(), task: task.clone(), data };
     let reply: Result<InputReply, _> =
         tenure_transport::request(api.nats(), subjects::input(worker), &req, API_TIMEOUT).await;
@@ -102,7 +102,7 @@ fn message_from(input: impl Read, raw: bool) -> anyhow::Result<Vec<u8>> {
     Ok(finish(data, raw)?)
 }
 
-fn finish(mut data: Vec<u8>, raw: bool) -> Result<Vec<u8>, ApiError> {
+pub(crate) fn finish(mut data: Vec<u8>, raw: bool) -> Result<Vec<u8>, ApiError> {
     if !raw && data.last() != Some(&b'\n') {
         data.push(b'\n');
     }

@@ -1,0 +1,337 @@
+//! `tenure mcp`: the task contract as Model Context Protocol tools, served
+//! over stdio to the agent that launched it (JSON-RPC on stdin/stdout; logs
+//! go to stderr only).
+//!
+//! Each tool is one or two `tenure-client` requests made as the caller's
+//! session, exactly as the CLI verbs and the gateway make them: start, list,
+//! get, read output by offset (bounded, with the next offset), send input to
+//! an agent task, stop, wait (bounded) and archive. Every refusal is a tool
+//! error (`isError`) with tenure's message, never a protocol error.
+//!
+//! The seed's `reported` rule reaches the model through every tool result:
+//! `unreported` lists the caller's tasks that ended and that nothing has
+//! reported yet, and listing them reports them, so each ending is told once
+//! (reading a task's output to its end or waiting on it reports it too).
+//! This module decides nothing about tasks; it must never write to stdout
+//! except through the MCP transport.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::{tool, tool_handler, tool_router, ServerHandler, ServiceExt};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tenure_gateway::api::TaskView;
+use tenure_protocol::messages::{ApiRequest, ApiResponse, TaskSnapshot, MAX_OUTPUT_CHUNK};
+use tenure_protocol::spec::TimeLimits;
+use tenure_protocol::{Kind, StepSpec, TaskId, TaskSpec};
+
+use crate::client::{send, Api};
+
+/// Bytes of output one `read_output` returns unless asked for fewer.
+const DEFAULT_READ: u32 = 16 * 1024;
+/// Longest one `wait` may block.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// Serves MCP on stdin/stdout until the client closes it.
+pub async fn serve(api: Api) -> anyhow::Result<()> {
+    let service = Tools::new(api).serve(rmcp::transport::stdio()).await?;
+    service.waiting().await?;
+    Ok(())
+}
+
+/// The tools, acting as one session.
+#[derive(Clone)]
+pub struct Tools {
+    api: Api,
+    tool_router: ToolRouter<Tools>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StartArgs {
+    /// The shell command line, run as `sh -c COMMAND` in the background on some worker machine.
+    pub command: String,
+    /// `shell` (default): a command whose output you read later. `agent`: a program that reads
+    /// follow-up messages on stdin (see `send_input`). `monitor`: a long-running command whose
+    /// output lines matching `pattern` are reported. `workflow`: give `steps` instead of a command.
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// One line saying what the task is for (defaults to the command's first line).
+    #[serde(default)]
+    pub label: Option<String>,
+    /// Working directory on the worker machine.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Extra environment variables.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// True only if running it twice is harmless: tenure may then re-run it when its machine is lost.
+    #[serde(default)]
+    pub idempotent: bool,
+    /// For `monitor`: the regular expression a line must match.
+    #[serde(default)]
+    pub pattern: Option<String>,
+    /// For `workflow`: shell commands run in order, each a task of its own, failing fast.
+    #[serde(default)]
+    pub steps: Vec<String>,
+    /// Keep only the final output (read once the task ended) instead of streaming it.
+    #[serde(default)]
+    pub final_output: bool,
+    /// End the task (failed, `timed-out`) past this many milliseconds.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TaskArgs {
+    /// The task id, `<kind>-<n>` as `start_task` returned it (e.g. `shell-12`).
+    pub task: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ListArgs {
+    /// Only tasks in this status: queued, leased, running, stopping, completed, killed, failed, unknown.
+    #[serde(default)]
+    pub status: Option<String>,
+    /// Also archived and already reported tasks (default: only active, unreported ones).
+    #[serde(default)]
+    pub all: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadArgs {
+    /// The task id, `<kind>-<n>`.
+    pub task: String,
+    /// Byte offset to read from: 0 first, then the `next_offset` of the previous read.
+    #[serde(default)]
+    pub offset: u64,
+    /// Most bytes to return (default 16384, at most 262144).
+    #[serde(default)]
+    pub max_bytes: Option<u32>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SendArgs {
+    /// The id of a running `agent` task.
+    pub task: String,
+    /// The message; a newline is added unless it ends with one.
+    pub text: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StopArgs {
+    /// The task id, `<kind>-<n>`.
+    pub task: String,
+    /// Why (kept on the task).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WaitArgs {
+    /// The task id, `<kind>-<n>`.
+    pub task: String,
+    /// Milliseconds to wait at most (default and cap 60000); the answer says whether it ended.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+type ToolResult = Result<CallToolResult, String>;
+
+fn task_id(raw: &str) -> Result<TaskId, String> {
+    raw.parse::<TaskId>().map_err(|e| format!("{raw:?} is not a task id (`<kind>-<n>`, e.g. `shell-12`): {e}"))
+}
+
+fn view(s: &TaskSnapshot) -> Value {
+    serde_json::to_value(TaskView::from(s)).unwrap_or(Value::Null)
+}
+
+fn refusal(e: impl std::fmt::Display) -> String {
+    format!("{e:#}")
+}
+
+#[tool_router]
+impl Tools {
+    pub fn new(api: Api) -> Tools {
+        Tools { api, tool_router: Self::tool_router() }
+    }
+
+    /// The answer with the tasks that ended unreported, which it reports.
+    async fn answer(&self, mut value: Value) -> ToolResult {
+        let mut unreported = Vec::new();
+        if let Ok(tasks) = self.api.list(false).await {
+            for t in tasks.iter().filter(|t| t.status.is_terminal() && !t.reported) {
+                if self.api.mark_reported(&t.id).await.is_ok() {
+                    let mut v = view(t);
+                    v["reported"] = Value::Bool(true);
+                    unreported.push(v);
+                }
+            }
+        }
+        if let Value::Object(map) = &mut value {
+            map.insert("unreported".into(), Value::Array(unreported));
+        }
+        Ok(CallToolResult::structured(value))
+    }
+
+    #[tool(description = "Start a task in the background on the tenure cluster and return its id \
+        (`<kind>-<n>`, e.g. `shell-12`) at once. Use it for anything long: builds, test runs, servers, \
+        coding agents. Read its output later with `read_output`, wait for it with `wait_task`.")]
+    async fn start_task(&self, Parameters(a): Parameters<StartArgs>) -> ToolResult {
+        let workflow = !a.steps.is_empty();
+        if workflow != a.command.is_empty() {
+            return Err("give either `command` or `steps` (for a workflow)".into());
+        }
+        let kind = match (&a.kind, workflow) {
+            (_, true) => Kind::workflow(),
+            (Some(k), false) => k.parse().map_err(|e| format!("kind {k:?}: {e}"))?,
+            (None, false) => Kind::shell(),
+        };
+        let label = a.label.clone().unwrap_or_else(|| {
+            if workflow {
+                format!("workflow of {} steps", a.steps.len())
+            } else {
+                a.command.lines().next().unwrap_or("").chars().take(120).collect()
+            }
+        });
+        let spec = TaskSpec {
+            kind,
+            label,
+            command: a.command,
+            cwd: a.cwd.map(Into::into),
+            env: a.env,
+            idempotent: a.idempotent,
+            pattern: a.pattern.map(Into::into),
+            steps: a.steps.into_iter().map(|command| StepSpec { kind: Kind::shell(), command }).collect(),
+            final_output: a.final_output,
+            limits: a.timeout_ms.map(|ms| Box::new(TimeLimits { timeout_ms: Some(ms), idle_timeout_ms: None })),
+            // Retries, delayed starts and priorities are the CLI's and the API's.
+            retry: None,
+            not_before: None,
+            priority: 0,
+        };
+        let done = self.api.submit(spec).await.map_err(refusal)?;
+        self.answer(json!({ "task": done.task.to_string() })).await
+    }
+
+    #[tool(description = "List your tasks (newest last), optionally only those in one status. \
+        By default only active tasks that were not reported yet; `all` adds archived and reported ones.")]
+    async fn list_tasks(&self, Parameters(a): Parameters<ListArgs>) -> ToolResult {
+        let mut tasks = Vec::new();
+        let mut after = None;
+        loop {
+            let req = ApiRequest::ListPage { session: self.api.session().clone(), all: a.all, after };
+            match self.api.request(&req, &tenure_client::Policy::READ).await.map_err(refusal)? {
+                ApiResponse::Page { tasks: page, next } => {
+                    tasks.extend(
+                        page.iter().filter(|t| a.status.as_deref().is_none_or(|s| t.status.as_str() == s)).map(view),
+                    );
+                    match next {
+                        Some(n) => after = Some(n),
+                        None => break,
+                    }
+                }
+                other => return Err(format!("unexpected answer from the cluster: {other:?}")),
+            }
+        }
+        self.answer(json!({ "tasks": tasks })).await
+    }
+
+    #[tool(description = "One task's snapshot: status (queued, leased, running, stopping, completed, \
+        killed, failed, unknown), exit code, times, and for `unknown` a hint saying why and what to do.")]
+    async fn get_task(&self, Parameters(a): Parameters<TaskArgs>) -> ToolResult {
+        let s = self.api.get(&task_id(&a.task)?).await.map_err(refusal)?;
+        self.answer(json!({ "task": view(&s) })).await
+    }
+
+    #[tool(description = "Read a task's output from a byte offset, at most `max_bytes` (default 16 KiB). \
+        Returns `text`, `next_offset` (pass it as `offset` next time) and `finished` (the task ended and \
+        every byte was read). Reading a finished task to its end reports it.")]
+    async fn read_output(&self, Parameters(a): Parameters<ReadArgs>) -> ToolResult {
+        let s = self.api.get(&task_id(&a.task)?).await.map_err(refusal)?;
+        let max = a.max_bytes.unwrap_or(DEFAULT_READ).clamp(1, MAX_OUTPUT_CHUNK);
+        let chunk = tenure_gateway::api::read_chunk(&self.api, &s, a.offset, max)
+            .await
+            .map_err(|e| format!("{}: {}", e.code, e.message))?;
+        let bytes = chunk.next_offset - chunk.offset;
+        let more = !chunk.finished && bytes >= u64::from(max);
+        let note = if more {
+            format!("returned {bytes} bytes; more output follows: read again from offset {}", chunk.next_offset)
+        } else if chunk.finished {
+            "the task ended and this is the end of its output".to_owned()
+        } else {
+            "no more output yet; the task is still going".to_owned()
+        };
+        let value = json!({
+            "task": s.id.to_string(), "offset": chunk.offset, "next_offset": chunk.next_offset,
+            "text": chunk.text, "finished": chunk.finished, "bytes": bytes, "more": more, "note": note,
+        });
+        self.answer(value).await
+    }
+
+    #[tool(description = "Send one message (a line on stdin) to a running `agent` task. \
+        Never sent twice: if the answer is lost the error says the message may or may not have arrived.")]
+    async fn send_input(&self, Parameters(a): Parameters<SendArgs>) -> ToolResult {
+        let task = task_id(&a.task)?;
+        let data = send::finish(a.text.into_bytes(), false).map_err(refusal)?;
+        let worker = send::target(&self.api, &task).await.map_err(refusal)?;
+        let bytes = send::deliver(&self.api, &worker, &task, data).await.map_err(refusal)?.bytes;
+        self.answer(json!({ "task": task.to_string(), "bytes": bytes })).await
+    }
+
+    #[tool(description = "Stop a task: SIGTERM to its processes, SIGKILL after a grace period. \
+        `result` is `requested` or `already-finished`.")]
+    async fn stop_task(&self, Parameters(a): Parameters<StopArgs>) -> ToolResult {
+        let task = task_id(&a.task)?;
+        let req = ApiRequest::Kill { session: self.api.session().clone(), task: task.clone(), reason: a.reason };
+        match self.api.call(&req, tenure_client::API_TIMEOUT).await.map_err(refusal)? {
+            ApiResponse::Kill { result, .. } => {
+                self.answer(json!({ "task": task.to_string(), "result": result.as_str() })).await
+            }
+            other => Err(format!("unexpected answer from the cluster: {other:?}")),
+        }
+    }
+
+    #[tool(description = "Wait for a task to end, at most `timeout_ms` (default and cap 60000). \
+        Returns `finished` (false: it still runs, call again) and the task's snapshot. Waiting on an \
+        ended task reports it.")]
+    async fn wait_task(&self, Parameters(a): Parameters<WaitArgs>) -> ToolResult {
+        let task = task_id(&a.task)?;
+        let bound = a.timeout_ms.map_or(MAX_WAIT, Duration::from_millis).min(MAX_WAIT);
+        let w = self.api.wait(&task, Some(Instant::now() + bound)).await.map_err(refusal)?;
+        self.answer(json!({ "finished": w.finished, "task": view(&w.snapshot) })).await
+    }
+
+    #[tool(description = "Archive a finished task: hidden from `list_tasks` unless `all`; its files on \
+        the worker are released. Refused while the task runs.")]
+    async fn archive_task(&self, Parameters(a): Parameters<TaskArgs>) -> ToolResult {
+        let req = ApiRequest::Archive { session: self.api.session().clone(), task: task_id(&a.task)? };
+        let s = self.api.snapshot_of(&req).await.map_err(refusal)?;
+        self.answer(json!({ "task": view(&s) })).await
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for Tools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("tenure", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "tenure runs long work in the background on a cluster: start a task, keep working, \
+                 read its output by offset, wait on it, stop it. Task ids look like `shell-12`. \
+                 Every result lists `unreported`: tasks of yours that ended since you last heard \
+                 (each is listed once).",
+            )
+    }
+}
