@@ -46,6 +46,14 @@ export interface Task {
   steps: unknown[];
   matches: number;
   final_output: boolean;
+  /** Each ended attempt of a task with a retry policy, oldest first. */
+  attempts: unknown[];
+  /** A queued task that may not start before this time (RFC 3339, UTC). */
+  not_before: string | null;
+  not_before_ms: number | null;
+  /** Its retry policy (`retries`, `backoff_ms`, `backoff_max_ms`, `on`). */
+  retry: Record<string, unknown> | null;
+  priority: number;
 }
 
 /** What `submit` sends besides the command (schema `SubmitBody`). */
@@ -66,6 +74,19 @@ export interface SubmitOptions {
   timeout_ms?: number;
   /** End the task past this long without output (it fails as `idle-timeout`). */
   idle_timeout_ms?: number;
+  /** Run an idempotent task again up to this many times after a failed attempt. */
+  retries?: number;
+  /** The first retry's delay (default 1000); later ones double, with jitter. */
+  backoff_ms?: number;
+  backoff_max_ms?: number;
+  /** Which failures are retried: `exit`, `lost`, `timeout` (default: all). */
+  retry_on?: string[];
+  /** Do not start before this time (RFC 3339). */
+  not_before?: string;
+  /** Do not start before this many milliseconds after the submit. */
+  not_before_in_ms?: number;
+  /** Dispatch priority, -100 to 100 (higher first; default 0). */
+  priority?: number;
   /** The same key never makes a second task; generated when absent. */
   idempotency_key?: string;
 }

@@ -86,6 +86,14 @@ class Task:
     steps: List[Any]
     matches: int
     final_output: bool
+    #: Each ended attempt of a task with a retry policy, oldest first.
+    attempts: List[Any]
+    #: A queued task that may not start before this time (RFC 3339, UTC).
+    not_before: Optional[str]
+    not_before_ms: Optional[int]
+    #: Its retry policy (``retries``, ``backoff_ms``, ``backoff_max_ms``, ``on``).
+    retry: Optional[Any]
+    priority: int
 
     @property
     def terminal(self) -> bool:
