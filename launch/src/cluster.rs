@@ -336,16 +336,15 @@ impl Cluster {
     /// Starts the member `nats`: nats-server `nats_bin` with `config`
     /// (written to `ROOT/nats.conf`, with `header` as its first line), and
     /// waits (bounded) until it listens; the daemons' URL becomes its own.
-    pub fn start_nats(&mut self, nats_bin: &Path, config: crate::nats::Config, header: &str) -> Result<u32, Error> {
+    pub fn start_nats(&mut self, nats_bin: &Path, config: crate::nats::Config, header: &str) -> Result<(), Error> {
         let conf = self.root.join("nats.conf");
         std::fs::write(&conf, format!("{header}{}", config.render()))
             .map_err(io(format!("writing {}", conf.display())))?;
         self.url = config.url();
         self.nats_port = Some(config.port);
         let conf = conf.display().to_string();
-        let pid = self.spawn_program("nats", Role::Nats, nats_bin, &["-c".into(), conf])?.last_pid();
-        self.wait_nats(Duration::from_secs(20))?;
-        Ok(pid.unwrap_or_default() as u32)
+        self.spawn_program("nats", Role::Nats, nats_bin, &["-c".into(), conf])?;
+        self.wait_nats(Duration::from_secs(20))
     }
 
     /// Starts the member `nats` again (after a kill or hold) and waits

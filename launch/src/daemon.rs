@@ -56,6 +56,11 @@ impl DaemonArgs {
         self.0.iter().map(String::as_str).collect()
     }
 
+    /// The arguments, borrowed.
+    pub fn as_slice(&self) -> &[String] {
+        &self.0
+    }
+
     pub fn into_vec(self) -> Vec<String> {
         self.0
     }

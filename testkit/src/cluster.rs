@@ -213,7 +213,7 @@ impl Cluster {
         let mut env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         // Anything but a coordinator, sidecar or worker (the gateway) runs as
         // the client identity, as a client verb would.
-        let daemon_user = tenure_launch::daemon::nats_user(&args.clone().into_vec());
+        let daemon_user = tenure_launch::daemon::nats_user(args.as_slice());
         if let (Some(auth), None) = (&self.auth, daemon_user) {
             env.splice(0..0, auth.env(CLIENT));
         }
