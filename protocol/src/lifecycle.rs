@@ -466,11 +466,13 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                 return Keep(Unchanged::Stale);
             }
             match l.status {
-                // A start seen after the task was requeued (its worker was judged
-                // lost) or marked unknown because its machine was unreachable is
-                // evidence that the attempt lives. After the machine itself said
-                // the process is gone (`Lost`), a late start report proves nothing.
-                Leased | Queued => {
+                // A start seen after the task was marked unknown because its
+                // machine was unreachable is evidence that the attempt lives.
+                // After the machine itself said the process is gone (`Lost`), a
+                // late start report proves nothing; nor does one about an attempt
+                // given up by queueing the task again (its copy is stopped where
+                // it still runs).
+                Leased => {
                     next.status = l.started_status();
                     next.hint = None;
                     Changed(next)
@@ -487,6 +489,9 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
         Event::Finished { attempt, epoch, outcome } => {
             if !is_current(l, *attempt, *epoch) {
                 return Keep(Unchanged::Stale);
+            }
+            if l.status == Queued {
+                return Keep(Unchanged::NotApplicable);
             }
             next.status = outcome.ending.status();
             next.outcome = Some(outcome.clone());

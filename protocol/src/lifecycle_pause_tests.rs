@@ -31,7 +31,7 @@ const PAUSE_COLUMNS: &str = "
 const PAUSED_ROWS: &str = "
     paused+p   . . . . . . . C F K . S U . U . . . . . .  |  . . . . . . . C F K . S Q . U . . . . . .
     unknown+p  . . Q . . P . C F K . U . . U . . . . . .  |  . . Q . . P . C F K . U . . U . . . . . .
-    queued+p   L . . . . P . C F K . K . . . . . . . . .  |  L . . . . P . C F K . K . . . . . . . . .
+    queued+p   L . . . . . . . . . . K . . . . . . . . .  |  L . . . . . . . . . . K . . . . . . . . .
 ";
 
 /// A row's starting lifecycle: `start` of `lifecycle_tests.rs`, with `+p`

@@ -50,7 +50,7 @@ pub(super) fn events() -> Vec<(&'static str, Event)> {
 /// idempotent one. A cell is the resulting status letter, or `.` for "unchanged".
 /// Q queued, L leased, R running, S stopping, C completed, K killed, F failed, U unknown.
 const TABLE: &str = "
-    queued     L . . . . R . C F K . K . . . . . . . . .  |  L . . . . R . C F K . K . . . . . . . . .
+    queued     L . . . . . . . . . . K . . . . . . . . .  |  L . . . . . . . . . . K . . . . . . . . .
     leased     . . Q . . R . C F K . S U . U . . . . . .  |  . . Q . . R . C F K . S Q . U . . . . . .
     running    . . . . . . . C F K . S U . U . . . . . .  |  . . . . . . . C F K . S Q . U . . . . . .
     stopping+k . . K . . . . C F K . . S . U . . . . . .  |  . . K . . . . C F K . . S . U . . . . . .
@@ -261,6 +261,12 @@ proptest! {
             }
             if after.status == Status::Unknown && before.status != Status::Unknown {
                 prop_assert!(after.hint.is_some());
+            }
+            // An attempt runs on a worker, or is a workflow's steps: nothing
+            // about a given-up attempt brings it back without one.
+            if matches!(after.status, Status::Leased | Status::Running | Status::Stopping) && after.worker.is_none() {
+                let steps = before.worker.is_none() && before.status != Status::Queued || matches!(e, Event::StepsBegan { .. });
+                prop_assert!(steps, "{:?} moved {:?} to {:?} without a worker", e, before.status, after.status);
             }
             // Deleted is for good; a board move never touches the status; and
             // nothing that is not finished (or unknown) leaves the active board.
