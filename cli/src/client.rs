@@ -174,6 +174,10 @@ fn spec_of(args: SubmitArgs) -> anyhow::Result<TaskSpec> {
         retry_on,
         not_before,
         priority,
+        on,
+        concurrency_key,
+        concurrency_limit,
+        hold,
         command,
     } = args;
     let line = command_line(&command);
@@ -199,6 +203,9 @@ fn spec_of(args: SubmitArgs) -> anyhow::Result<TaskSpec> {
         retry: retry_policy(retries, backoff, retry_on)?,
         not_before: not_before.map(Box::new),
         priority,
+        placement: tenure_protocol::placement::Placement::from_parts(&on, concurrency_key, concurrency_limit)?
+            .map(Box::new),
+        hold,
     })
 }
 

@@ -170,6 +170,9 @@ pub struct WorkerConfig {
     pub scratch_dir: Option<PathBuf>,
     /// Run tasks as this unprivileged user (the worker must run as root).
     pub run_as: Option<String>,
+    /// Labels tasks' placement constraints are matched against
+    /// (`[labels]`, `gpu = "a100"`).
+    pub labels: tenure_protocol::placement::Labels,
     pub metrics_addr: Option<SocketAddr>,
     pub nats: NatsOptions,
 }
@@ -191,6 +194,7 @@ impl Default for WorkerConfig {
             scratch_dir: o.scratch_dir,
             // The library holds the resolved user (`RunAs`), none by default.
             run_as: None,
+            labels: o.labels,
             metrics_addr: None,
             nats: o.nats,
         }
@@ -362,6 +366,7 @@ impl Validate for WorkerConfig {
         if let Some(user) = &self.run_as {
             tenure_worker::sandbox::RunAs::resolve(user).context("run_as")?;
         }
+        tenure_protocol::placement::check_labels(&self.labels).context("labels")?;
         if let (Some(scratch), Some(data)) = (&self.scratch_dir, &self.data_dir) {
             if scratch.starts_with(data) || data.starts_with(scratch) {
                 bail!(

@@ -221,6 +221,14 @@ struct WorkerArgs {
     /// with its groups. The worker must run as root.
     #[arg(long, env = "TENURE_RUN_AS", value_name = "USER")]
     run_as: Option<String>,
+    /// A label of this worker, `KEY=VALUE` (repeat for more): tasks placed
+    /// with `--on` run only on workers whose labels satisfy them.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    tenure_protocol::placement::parse_label(s).map_err(|e| e.to_string())
 }
 
 /// `tenure sidecar`.
@@ -300,6 +308,26 @@ struct SubmitArgs {
     /// first whatever its priority.
     #[arg(long, value_name = "N", allow_negative_numbers = true, default_value_t = 0)]
     priority: i32,
+    /// Run only on a worker whose labels satisfy this (repeatable, all must
+    /// hold): `KEY=VALUE`, `KEY!=VALUE`, `'KEY in (A,B)'`, `'KEY notin
+    /// (A,B)'`, `KEY` (set) or `!KEY` (not set). While no live worker does,
+    /// the task is `blocked` (`no-matching-worker`), not refused.
+    #[arg(long = "on", value_name = "CONSTRAINT")]
+    on: Vec<String>,
+    /// Count this task against KEY: at most the key's limit of its tasks
+    /// run at once, cluster-wide; the others wait `blocked`
+    /// (`concurrency-limit`).
+    #[arg(long, value_name = "KEY")]
+    concurrency_key: Option<String>,
+    /// The limit for `--concurrency-key` (a limit configured for the key on
+    /// the coordinators wins, and a different one is refused; without
+    /// either, the limit already in force for the key).
+    #[arg(long, value_name = "N", requires = "concurrency_key")]
+    concurrency_limit: Option<u32>,
+    /// Hold the task for approval: it stays `blocked` (`awaiting-approval`)
+    /// until `tenure approve ID`; `tenure kill ID` ends it unrun.
+    #[arg(long)]
+    hold: bool,
     /// The command line (one argument is run as is by `sh -c`; several are quoted and joined).
     #[arg(last = true, required_unless_present = "steps")]
     command: Vec<String>,
@@ -662,6 +690,9 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             let overrides = |cfg: &mut config::WorkerConfig| {
                 override_given!(sub, cfg, args, id, slots, data_dir, kill_grace_ms, heartbeat_ms, output_cap);
                 override_given!(sub, cfg, args, kill_tasks_on_exit, kinds, scratch_dir, run_as);
+                if config::given(sub, "labels") {
+                    cfg.labels = args.labels.iter().cloned().collect();
+                }
             };
             let Some(cfg) = config::resolve(&args.config, &given_global, shared, overrides)? else { return printed() };
             let _metrics = metrics::start(role, cfg.metrics_addr).await?;
@@ -674,6 +705,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             opts.output_cap = cfg.output_cap;
             opts.kill_tasks_on_exit = cfg.kill_tasks_on_exit;
             opts.scratch_dir = cfg.scratch_dir;
+            opts.labels = cfg.labels;
             opts.run_as = cfg.run_as.as_deref().map(tenure_worker::sandbox::RunAs::resolve).transpose()?;
             opts.shim_program = std::env::current_exe()?;
             tenure_worker::run(opts, shutdown_signal()).await?;

@@ -220,6 +220,8 @@ impl Tools {
             retry: None,
             not_before: None,
             priority: 0,
+            placement: None,
+            hold: false,
         };
         let done = self.api.submit(spec).await.map_err(refusal)?;
         self.answer(json!({ "task": done.task.to_string() })).await

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use tenure_protocol::messages::{
     ApiError, ApiRequest, ApiResponse, InputReply, InputRequest, TaskSnapshot, MAX_INPUT_BYTES, MAX_OUTPUT_CHUNK,
 };
+use tenure_protocol::placement::Placement;
 use tenure_protocol::retry::{NotBefore, RetryCause, RetryPolicy};
 use tenure_protocol::spec::TimeLimits;
 use tenure_protocol::{subjects, Kind, Status, StepSpec, TaskId, TaskSpec};
@@ -297,6 +298,20 @@ pub struct SubmitBody {
     /// Dispatch priority, -100 to 100 (higher first; default 0).
     #[serde(default)]
     pub priority: i32,
+    /// Placement constraints on worker labels, each as `KEY=VALUE`,
+    /// `KEY!=VALUE`, `KEY in (A,B)`, `KEY notin (A,B)`, `KEY` or `!KEY`.
+    #[serde(default)]
+    pub on: Vec<String>,
+    /// Running tasks that share this key are capped cluster-wide.
+    #[serde(default)]
+    pub concurrency_key: Option<String>,
+    /// The cap for `concurrency_key` (the coordinator's configured limit
+    /// for the key wins; a different one is refused).
+    #[serde(default)]
+    pub concurrency_limit: Option<u32>,
+    /// Hold the task for approval: it stays `blocked` until approved.
+    #[serde(default)]
+    pub hold: bool,
     /// Same key, same task: a submit retried with the key it was first sent
     /// with never makes a second task. Also read from `Idempotency-Key`.
     #[serde(default)]
@@ -357,6 +372,8 @@ pub async fn submit(
         }
     });
     let (retry, not_before) = retry_fields(&body)?;
+    let placement = Placement::from_parts(&body.on, body.concurrency_key.clone(), body.concurrency_limit)
+        .map_err(|e| Error::bad_request("invalid-spec", format!("placement: {e}")))?;
     let spec = TaskSpec {
         kind,
         label,
@@ -372,6 +389,8 @@ pub async fn submit(
         retry,
         not_before,
         priority: body.priority,
+        placement: placement.map(Box::new),
+        hold: body.hold,
     };
     let req = tenure_protocol::messages::SubmitRequest {
         session: caller.client.session().clone(),

@@ -615,6 +615,10 @@ pub struct Heartbeat {
     /// grant (see [`LeaseGrant::mark`]), as the sidecar last answered.
     #[serde(default)]
     pub mark: Option<RegistryMark>,
+    /// The worker's labels (`--label KEY=VALUE`), matched against tasks'
+    /// placement constraints. Left out of the encoding when empty.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: crate::placement::Labels,
 }
 
 /// A worker machine's sidecar as its worker last saw it.

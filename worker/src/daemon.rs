@@ -220,6 +220,7 @@ async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>) {
         replaces,
         incarnation,
         mark,
+        labels: shared.opts.labels.clone(),
     };
     match tenure_protocol::encode(&hb) {
         Ok(bytes) => {
