@@ -120,6 +120,11 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
             println!("{} {}", s.id, s.status);
             Ok(ExitCode::SUCCESS)
         }
+        Command::Approve { task } => {
+            let s = api.snapshot_of(&ApiRequest::Approve { session: api.session().clone(), task }).await?;
+            println!("{} {}", s.id, s.status);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Send { task, text, raw } => send::send(&api, task, text, raw).await,
         Command::Archive { task } => board(&api, ApiRequest::Archive { session: api.session().clone(), task }).await,
         Command::Unarchive { task } => {
@@ -292,6 +297,15 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     println!("idempotent: {}", s.idempotent);
     if s.priority != 0 {
         println!("priority:   {}", s.priority);
+    }
+    if let Some(p) = &s.placement {
+        if !p.on.is_empty() {
+            println!("runs on:    {}", p.constraints_text());
+        }
+        if let Some(c) = &p.concurrency {
+            let limit = c.limit.map(|l| format!(" (limit {l})")).unwrap_or_default();
+            println!("concurrency key: {}{limit}", c.key);
+        }
     }
     let now = now_ms();
     println!("created:    {}", when(s.created_at_ms, now));

@@ -148,6 +148,22 @@ struct CoordinatorArgs {
     /// get, list and kill every identity's tasks. Repeatable.
     #[arg(long = "operator", env = "TENURE_OPERATORS", value_delimiter = ',')]
     operators: Vec<String>,
+    /// A concurrency limit for a key, `KEY=N` (repeatable): it wins over
+    /// the limit tasks of the key are submitted with.
+    #[arg(long = "key-limit", value_name = "KEY=N", value_parser = parse_key_limit)]
+    concurrency_limits: Vec<(String, u32)>,
+    /// Hold submitted tasks of this kind that are not idempotent until
+    /// approved (`tenure approve`); repeatable.
+    #[arg(long = "approve-kind", value_name = "KIND")]
+    approve_kinds: Vec<Kind>,
+    /// Hold submitted tasks whose command matches this regular expression
+    /// until approved; repeatable.
+    #[arg(long = "approve-command", value_name = "REGEX")]
+    approve_commands: Vec<String>,
+    /// Who may approve a task the approval policy held: its owner (or an
+    /// operator), or only an operator.
+    #[arg(long, value_enum)]
+    approver: Option<config::ApproverConfig>,
     /// Garbage-collect finished tasks this many seconds after they ended
     /// (files on the worker first, then the registry record); 0 keeps them.
     #[arg(long, env = "TENURE_RETENTION_SECS", default_value_t = C.retention_secs)]
@@ -225,6 +241,12 @@ struct WorkerArgs {
     /// with `--on` run only on workers whose labels satisfy them.
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
     labels: Vec<(String, String)>,
+}
+
+fn parse_key_limit(s: &str) -> Result<(String, u32), String> {
+    let (k, n) = s.split_once('=').ok_or_else(|| format!("{s:?}: write KEY=N"))?;
+    let n = n.trim().parse::<u32>().map_err(|e| format!("{s:?}: {e}"))?;
+    Ok((k.trim().to_owned(), n))
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -481,6 +503,11 @@ enum Command {
     Pause { task: TaskId },
     /// Let a paused task go on (SIGCONT to its process group).
     Resume { task: TaskId },
+    /// Let a task held for approval (`submit --hold`, or the coordinators'
+    /// approval policy) start: it is queued. Its owner may, or an operator;
+    /// under `approval.approver = "operator"` only an operator may approve
+    /// what the policy held.
+    Approve { task: TaskId },
     /// Send one message to the stdin of a running agent task: the TEXT words
     /// joined by spaces, or all of stdin when no TEXT is given.
     Send {
@@ -660,6 +687,18 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
                 override_given!(sub, cfg, args, max_live_tasks, max_kept_tasks, max_output_bytes, registry_max_bytes);
                 override_given!(sub, cfg, args, notices_max_bytes, notices_max_consumers, registry_duplicate_window_ms);
                 override_given!(sub, cfg, args, accept_registry_rollback, priority_max_age_ms);
+                if config::given(sub, "concurrency_limits") {
+                    cfg.concurrency_limits = args.concurrency_limits.iter().cloned().collect();
+                }
+                if config::given(sub, "approve_kinds") {
+                    cfg.approval.kinds = args.approve_kinds.clone();
+                }
+                if config::given(sub, "approve_commands") {
+                    cfg.approval.commands = args.approve_commands.clone();
+                }
+                if let Some(approver) = args.approver {
+                    cfg.approval.approver = approver;
+                }
             };
             let Some(cfg) = config::resolve(&args.config, &given_global, shared, overrides)? else { return printed() };
             let _metrics = metrics::start(role, cfg.metrics_addr).await?;
@@ -682,6 +721,8 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             opts.core.worker_ttl = Duration::from_millis(cfg.worker_ttl_ms);
             opts.core.priority_max_age = Duration::from_millis(cfg.priority_max_age_ms);
             opts.core.operators = cfg.operators;
+            opts.core.concurrency_limits = cfg.concurrency_limits;
+            opts.core.approval = cfg.approval.policy()?;
             opts.core.retention = (cfg.retention_secs > 0).then(|| Duration::from_secs(cfg.retention_secs));
             tenure_coordinator::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)

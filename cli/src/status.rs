@@ -13,6 +13,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use tenure_protocol::messages::{ApiError, ClusterStatus, SidecarHealth, TaskSnapshot};
+use tenure_protocol::placement::labels_text;
 use tenure_protocol::Status;
 
 use crate::text::printable;
@@ -143,6 +144,9 @@ pub fn render(s: &ClusterStatus, mine: &[TaskSnapshot], nats: &str) -> String {
             w.last_seen_ms,
             kinds.join(",")
         );
+        if !w.labels.is_empty() {
+            let _ = writeln!(out, "{:<14} labels {}", "", printable(&labels_text(&w.labels)));
+        }
     }
     if s.workers.is_empty() {
         let _ = writeln!(out, "(no worker has sent a heartbeat to this leader)");

@@ -107,6 +107,12 @@ pub enum ApiRequest {
         session: SessionId,
         task: TaskId,
     },
+    /// Let a task held for approval start (see the coordinator's approval
+    /// policy for who may); a task approved already is answered as it is.
+    Approve {
+        session: SessionId,
+        task: TaskId,
+    },
 }
 
 /// Longest a single `Wait` request is held by the coordinator.
@@ -136,6 +142,7 @@ impl ApiRequest {
             ApiRequest::Notices { .. } => "notices",
             ApiRequest::Pause { .. } => "pause",
             ApiRequest::Resume { .. } => "resume",
+            ApiRequest::Approve { .. } => "approve",
         }
     }
 }
@@ -158,7 +165,8 @@ impl ApiRequest {
             | ApiRequest::FinalOutput { session, .. }
             | ApiRequest::Notices { session, .. }
             | ApiRequest::Pause { session, .. }
-            | ApiRequest::Resume { session, .. } => Some(session),
+            | ApiRequest::Resume { session, .. }
+            | ApiRequest::Approve { session, .. } => Some(session),
             ApiRequest::Status => None,
         }
     }
@@ -300,6 +308,19 @@ pub enum ApiError {
         #[serde(default)]
         witness: Option<String>,
     },
+    /// The submit names a limit for its concurrency key other than the one
+    /// in force (`from` says where that one comes from: the coordinators'
+    /// configuration, or the key's live tasks). Nothing was stored.
+    #[error("concurrency key {key:?} has the limit {in_force} in force ({from}); this submit asks for {asked}: give --concurrency-limit {in_force}, or none; nothing was stored")]
+    ConcurrencyLimitConflict { key: String, in_force: u32, asked: u32, from: String },
+    /// An approval by someone the approval policy does not allow; `reason`
+    /// says the policy and how to go on. Nothing changed.
+    #[error("{reason}")]
+    ApprovalRefused { task: String, reason: String },
+    /// An approval of a task that is not held for one (it was never held,
+    /// or runs or ended). `status` says where it is.
+    #[error("task {task} is {status}, not awaiting approval: only a task submitted held (--hold, or by the approval policy) and not yet approved can be approved")]
+    NotAwaitingApproval { task: String, status: String },
 }
 
 /// The registry's high-water mark: how far the registry is known to have
@@ -415,6 +436,9 @@ pub struct TaskSnapshot {
     /// Its dispatch priority (0 when not set, and then left out).
     #[serde(default, skip_serializing_if = "is_zero_i32")]
     pub priority: i32,
+    /// Where it may run and its concurrency key, when it has them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<crate::placement::Placement>,
 }
 
 fn is_zero_i32(n: &i32) -> bool {
@@ -583,6 +607,9 @@ pub struct WorkerStatus {
     /// until it reports an epoch the registry knows.
     #[serde(default)]
     pub unproven_epoch: Option<Epoch>,
+    /// Its labels, as its last heartbeat gave them.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: crate::placement::Labels,
 }
 
 // ----------------------------------------------------- worker → coordinator

@@ -188,10 +188,14 @@ impl Core {
             if self.dispatch.held_back(&task, now) || self.waiting_for_its_time(&task, now) {
                 continue;
             }
-            let Some(kind) = self.tasks.get(&task).map(|r| r.spec.kind.clone()) else { continue };
+            let Some(r) = self.tasks.get(&task) else { continue };
+            if !self.key_has_room(r) {
+                continue;
+            }
+            let (kind, placement) = (&r.spec.kind, r.spec.placement.as_deref());
             let best = free
                 .iter()
-                .filter(|(w, _)| self.workers.runs(w, &kind))
+                .filter(|(w, _)| self.workers.runs(w, kind) && self.workers.admits(w, placement))
                 .max_by_key(|(_, f)| **f)
                 .map(|(w, _)| w.clone());
             let Some(worker) = best else { continue };

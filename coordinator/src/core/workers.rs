@@ -1,5 +1,5 @@
 //! Workers: which process each worker id is bound to, the store it runs on,
-//! what it offers (slots, kinds, sidecar health) and when it was last heard
+//! what it offers (slots, kinds, labels, sidecar health) and when it was last heard
 //! from — and what it says: heartbeats and reports.
 //!
 //! A worker id is bound to one live process: a second live process with the
@@ -16,6 +16,7 @@ use tenure_protocol::messages::{
     Heartbeat, MatchNotice, MatchedLine, Notice, Report, ReportAck, ReportEvent, SidecarHealth, WorkerStatus,
     MAX_MATCHES_PER_REPORT, MAX_MATCH_LINE_BYTES,
 };
+use tenure_protocol::placement::{check_labels, Labels, Placement};
 use tenure_protocol::{Decision, Epoch, Event, Kind, TaskId, Unchanged, WorkerId};
 use uuid::Uuid;
 
@@ -43,6 +44,9 @@ struct WorkerState {
     /// this leader saw freed): nothing is granted to it before this time,
     /// and the refused task keeps its place in the dispatch order.
     full_until: Option<Duration>,
+    /// Its labels, as its last heartbeat gave them (checked: a heartbeat
+    /// with malformed labels is taken as one without any).
+    labels: Labels,
 }
 
 impl WorkerState {
@@ -58,6 +62,7 @@ impl WorkerState {
             sidecar: SidecarHealth::Ok,
             unproven_epoch: None,
             full_until: None,
+            labels: Labels::new(),
         }
     }
 }
@@ -111,6 +116,15 @@ impl Workers {
         w.alive = true;
         w.sidecar = hb.sidecar;
         w.unproven_epoch = unproven_epoch;
+        if w.labels != hb.labels {
+            w.labels = match check_labels(&hb.labels) {
+                Ok(()) => hb.labels.clone(),
+                Err(error) => {
+                    tracing::warn!(worker = %hb.worker, %error, "worker labels refused: it is taken as unlabelled");
+                    Labels::new()
+                }
+            };
+        }
     }
 
     /// Marks lost every live worker not heard from for `ttl`; returns them.
@@ -147,6 +161,18 @@ impl Workers {
     /// Whether `worker` advertised `kind`.
     pub(super) fn runs(&self, worker: &WorkerId, kind: &Kind) -> bool {
         self.by_id.get(worker).is_some_and(|w| w.kinds.contains(kind))
+    }
+
+    /// Whether `worker`'s labels satisfy `placement` (any worker does when
+    /// there is none).
+    pub(super) fn admits(&self, worker: &WorkerId, placement: Option<&Placement>) -> bool {
+        placement.is_none_or(|p| self.by_id.get(worker).is_some_and(|w| p.admits(&w.labels)))
+    }
+
+    /// The live workers that run `kind`, with their labels.
+    pub(super) fn live_running(&self, kind: &Kind) -> impl Iterator<Item = (&WorkerId, &Labels)> + '_ {
+        let kind = kind.clone();
+        self.by_id.iter().filter(move |(_, w)| w.alive && w.kinds.contains(&kind)).map(|(id, w)| (id, &w.labels))
     }
 
     /// `worker` refused a grant of `kind`: it is not offered there again
@@ -215,6 +241,7 @@ impl Workers {
                 alive: w.alive,
                 sidecar: w.sidecar,
                 unproven_epoch: w.unproven_epoch,
+                labels: w.labels.clone(),
             })
             .collect()
     }
