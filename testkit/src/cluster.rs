@@ -280,13 +280,13 @@ impl Cluster {
         out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
     }
 
-    /// The snapshot of `task` once it is no longer queued, leased or running
-    /// (settled, or `unknown`), within `bound`.
+    /// The snapshot of `task` once it is no longer queued, blocked, leased or
+    /// running (settled, or `unknown`), within `bound`.
     pub fn wait_settled(&self, task: &str, bound: Duration) -> Option<serde_json::Value> {
         eventually(bound, || {
             let s = self.try_snapshot(task)?;
             let status = s["status"].as_str()?;
-            (status != "queued" && status != "leased" && status != "running").then_some(s)
+            (!["queued", "leased", "running", "blocked"].contains(&status)).then_some(s)
         })
     }
 
