@@ -61,6 +61,9 @@ pub fn router() -> OpenApiRouter<State> {
         .routes(routes!(send))
         .routes(routes!(wait))
         .routes(routes!(archive))
+        .routes(routes!(approve))
+        .routes(routes!(pause))
+        .routes(routes!(resume))
         .routes(routes!(unarchive))
         .routes(routes!(status))
         .routes(routes!(whoami))
@@ -138,7 +141,8 @@ pub struct TaskView {
     pub kind: String,
     pub label: String,
     pub owner: String,
-    /// queued, leased, running, stopping, completed, killed, failed, unknown.
+    /// queued, blocked, leased, running, paused, stopping, completed, killed,
+    /// failed, unknown.
     pub status: String,
     pub detail: Option<String>,
     pub exit_code: Option<i32>,
@@ -150,7 +154,8 @@ pub struct TaskView {
     pub kill_requested: bool,
     /// Why it was asked to stop, as the first kill said it.
     pub kill_reason: Option<String>,
-    /// Why the outcome could not be proved (for `unknown`) and what to do.
+    /// Why the outcome could not be proved (for `unknown`), or why it cannot
+    /// start (for `blocked`), and what to do.
     pub hint: Option<HintView>,
     /// RFC 3339, UTC.
     pub created_at: String,
@@ -182,6 +187,11 @@ pub struct TaskView {
     #[schema(value_type = Option<Object>)]
     pub retry: Option<serde_json::Value>,
     pub priority: i32,
+    /// Its placement constraints, as written (`gpu=a100`, `repo in (web,api)`).
+    pub on: Vec<String>,
+    /// Its concurrency key and the limit it was submitted with, if any.
+    pub concurrency_key: Option<String>,
+    pub concurrency_limit: Option<u32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -233,6 +243,9 @@ impl From<&TaskSnapshot> for TaskView {
             not_before_ms: s.not_before_ms,
             retry: s.retry.as_ref().and_then(|r| serde_json::to_value(r).ok()),
             priority: s.priority,
+            on: s.placement.iter().flat_map(|p| p.on.iter().map(ToString::to_string)).collect(),
+            concurrency_key: s.placement.as_ref().and_then(|p| p.concurrency.as_ref()).map(|c| c.key.clone()),
+            concurrency_limit: s.placement.as_ref().and_then(|p| p.concurrency.as_ref()).and_then(|c| c.limit),
         }
     }
 }
@@ -686,6 +699,32 @@ async fn board_move(caller: &Caller, req: ApiRequest) -> Reply<TaskView> {
     responses((status = 200, body = TaskView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn archive(caller: Caller, TaskPath(id): TaskPath) -> Reply<TaskView> {
     let req = ApiRequest::Archive { session: caller.client.session().clone(), task: id };
+    board_move(&caller, req).await
+}
+
+/// Let a task held for approval start (403 when the approval policy does
+/// not allow the caller; 409 when it is not awaiting approval). Safe to
+/// send again: an approved task not yet started is answered as it is.
+#[utoipa::path(post, path = "/v1/tasks/{id}/approve", params(("id" = String, Path)),
+    responses((status = 200, body = TaskView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn approve(caller: Caller, TaskPath(id): TaskPath) -> Reply<TaskView> {
+    let req = ApiRequest::Approve { session: caller.client.session().clone(), task: id };
+    board_move(&caller, req).await
+}
+
+/// Hold a running task's process group stopped (`paused`; 409 unless it runs).
+#[utoipa::path(post, path = "/v1/tasks/{id}/pause", params(("id" = String, Path)),
+    responses((status = 200, body = TaskView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn pause(caller: Caller, TaskPath(id): TaskPath) -> Reply<TaskView> {
+    let req = ApiRequest::Pause { session: caller.client.session().clone(), task: id };
+    board_move(&caller, req).await
+}
+
+/// Let a paused task go on.
+#[utoipa::path(post, path = "/v1/tasks/{id}/resume", params(("id" = String, Path)),
+    responses((status = 200, body = TaskView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn resume(caller: Caller, TaskPath(id): TaskPath) -> Reply<TaskView> {
+    let req = ApiRequest::Resume { session: caller.client.session().clone(), task: id };
     board_move(&caller, req).await
 }
 

@@ -94,6 +94,11 @@ class Task:
     #: Its retry policy (``retries``, ``backoff_ms``, ``backoff_max_ms``, ``on``).
     retry: Optional[Any]
     priority: int
+    #: Its placement constraints on worker labels, as written (``gpu=a100``).
+    on: List[str]
+    #: Its concurrency key, and the limit it was submitted with.
+    concurrency_key: Optional[str]
+    concurrency_limit: Optional[int]
 
     @property
     def terminal(self) -> bool:
