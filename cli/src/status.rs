@@ -70,7 +70,12 @@ async fn fetch(api: &Api) -> anyhow::Result<ClusterStatus> {
 
 async fn own_running(api: &Api) -> anyhow::Result<Vec<TaskSnapshot>> {
     let list = api.list(false).await?;
-    Ok(list.into_iter().filter(|t| matches!(t.status, Status::Leased | Status::Running | Status::Stopping)).collect())
+    Ok(list
+        .into_iter()
+        .filter(|t| {
+            matches!(t.status, Status::Leased | Status::Running | Status::Waiting | Status::Paused | Status::Stopping)
+        })
+        .collect())
 }
 
 fn nats_line(api: &Api) -> String {

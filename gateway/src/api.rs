@@ -141,8 +141,8 @@ pub struct TaskView {
     pub kind: String,
     pub label: String,
     pub owner: String,
-    /// queued, blocked, leased, running, paused, stopping, completed, killed,
-    /// failed, unknown.
+    /// queued, blocked, leased, running, waiting (an agent reading its
+    /// input), paused, stopping, completed, killed, failed, unknown.
     pub status: String,
     pub detail: Option<String>,
     pub exit_code: Option<i32>,

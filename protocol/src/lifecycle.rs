@@ -50,10 +50,14 @@ pub enum Status {
     /// satisfies its placement — those come and go with the cluster and are
     /// never written.
     Blocked,
+    /// Shown, never stored: a running `agent` task with a process blocked
+    /// reading its input (no input pending); it goes back to `running` when
+    /// input arrives. The lifecycle sees it as `running`.
+    Waiting,
 }
 
 impl Status {
-    pub const ALL: [Status; 10] = [
+    pub const ALL: [Status; 11] = [
         Status::Queued,
         Status::Leased,
         Status::Running,
@@ -64,11 +68,18 @@ impl Status {
         Status::Unknown,
         Status::Paused,
         Status::Blocked,
+        Status::Waiting,
     ];
 
     /// Completed, killed or failed: nothing moves the task again.
     pub fn is_terminal(self) -> bool {
         matches!(self, Status::Completed | Status::Killed | Status::Failed)
+    }
+
+    /// Whether a lifecycle can be in it: every status but `waiting`, which
+    /// views show for a `running` task.
+    pub fn is_stored(self) -> bool {
+        self != Status::Waiting
     }
 
     /// Holds (or may hold) a worker slot.
@@ -88,6 +99,7 @@ impl Status {
             Status::Unknown => "unknown",
             Status::Paused => "paused",
             Status::Blocked => "blocked",
+            Status::Waiting => "waiting",
         }
     }
 }

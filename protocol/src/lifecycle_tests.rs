@@ -74,6 +74,7 @@ pub(super) fn letter(s: Status) -> char {
         Status::Unknown => 'U',
         Status::Paused => 'P',
         Status::Blocked => 'B',
+        Status::Waiting => 'W',
     }
 }
 
@@ -481,7 +482,7 @@ fn a_final_loss_of_an_idempotent_task_names_its_retry_policy() {
 /// a second approval is a duplicate, never a second effect.
 #[test]
 fn an_approval_queues_a_held_task_once_and_nothing_else() {
-    for status in Status::ALL {
+    for status in Status::ALL.into_iter().filter(|s| s.is_stored()) {
         for idempotent in [false, true] {
             let before = start(status.as_str(), idempotent);
             let decision = apply(&before, &Event::Approved);

@@ -669,6 +669,10 @@ pub struct HeldAttempt {
     /// leader sends its own again while the two differ).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// An `agent` attempt with a process blocked reading its input (seen at
+    /// two heartbeats in a row): it waits for `tenure send`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub waiting: bool,
 }
 
 /// A worker's report about one attempt (request on [`crate::subjects::report`] of its worker),

@@ -290,8 +290,11 @@ impl Cluster {
         })
     }
 
+    /// Waits (bounded) until `task` shows `status`; `running` is also met by
+    /// `waiting` (a running agent reading its input).
     pub fn wait_status(&self, task: &str, status: &str, bound: Duration) -> serde_json::Value {
-        eventually(bound, || self.try_snapshot(task).filter(|s| s["status"] == status))
+        let met = |s: &serde_json::Value| s["status"] == status || (status == "running" && s["status"] == "waiting");
+        eventually(bound, || self.try_snapshot(task).filter(met))
             .unwrap_or_else(|| panic!("{task} never reached {status}: {:?}\n{}", self.try_snapshot(task), self.logs()))
     }
 

@@ -275,7 +275,8 @@ pub(crate) fn exit_code(s: &TaskSnapshot) -> u8 {
         | Status::Running
         | Status::Stopping
         | Status::Paused
-        | Status::Blocked => EXIT_UNKNOWN,
+        | Status::Blocked
+        | Status::Waiting => EXIT_UNKNOWN,
     }
 }
 

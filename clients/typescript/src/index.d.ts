@@ -3,7 +3,7 @@
 // /openapi.json.
 
 export type Status =
-  | "queued" | "blocked" | "leased" | "running" | "paused" | "stopping" | "completed" | "killed" | "failed" | "unknown";
+  | "queued" | "blocked" | "leased" | "running" | "waiting" | "paused" | "stopping" | "completed" | "killed" | "failed" | "unknown";
 
 /** Statuses after which a task never changes again. */
 export declare const TERMINAL: readonly Status[];

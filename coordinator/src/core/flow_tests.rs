@@ -274,3 +274,35 @@ fn held_tasks_are_killed_unrun_kept_held_by_a_new_leader_and_workflows_wait() {
     assert_eq!(new.status(&workflow), Status::Running);
     assert_eq!(grants(&fx).len(), 1, "its first step starts");
 }
+
+/// A running task its worker says waits for input shows `waiting` (never
+/// stored) and `running` again once the worker says it reads no more; the
+/// same claim about another attempt, from another worker, or of a task not
+/// running is not believed.
+#[test]
+fn a_running_task_shows_waiting_while_its_worker_says_so_and_only_then() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let task = h.submit("alice", TaskSpec::shell("a", "read x"));
+    let beat_waiting = |h: &mut Harness, worker: &str, attempt: u32, waiting: bool| {
+        let Input::Heartbeat(mut hb) = beat(worker, 0, 4, None) else { unreachable!() };
+        hb.attempts = vec![HeldAttempt { task: task.clone(), attempt: Attempt(attempt), paused: false, waiting }];
+        h.input(Input::Heartbeat(hb))
+    };
+    beat_waiting(&mut h, "w1", 1, true);
+    assert_eq!(snapshot(&mut h, &task).status, Status::Leased, "not running yet: not waiting");
+    h.report("w1", &task, 1, ReportEvent::Started { pid: 7 });
+    for (worker, attempt) in [("w2", 1), ("w1", 2)] {
+        beat_waiting(&mut h, worker, attempt, true);
+        assert_eq!(snapshot(&mut h, &task).status, Status::Running, "{worker} attempt {attempt}");
+    }
+    let fx = beat_waiting(&mut h, "w1", 1, true);
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))), "shown, never stored");
+    assert_eq!(snapshot(&mut h, &task).status, Status::Waiting);
+    assert_eq!(h.status(&task), Status::Running);
+    beat_waiting(&mut h, "w1", 1, false);
+    assert_eq!(snapshot(&mut h, &task).status, Status::Running);
+    beat_waiting(&mut h, "w1", 1, true);
+    h.api(ApiRequest::Kill { session: s("alice"), task: task.clone(), reason: None });
+    assert_eq!(snapshot(&mut h, &task).status, Status::Stopping, "a kill ends the wait");
+}

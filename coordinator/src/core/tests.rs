@@ -818,7 +818,7 @@ fn pause_commands(fx: &[Effect]) -> Vec<(bool, Attempt, Epoch)> {
 /// A heartbeat of `w1` listing `task`'s attempt 1 with the machine's wish.
 fn beat_holding(h: &mut Harness, task: &TaskId, paused: bool) -> Vec<Effect> {
     let Input::Heartbeat(mut hb) = beat("w1", 0, 4, None) else { unreachable!() };
-    hb.attempts = vec![HeldAttempt { task: task.clone(), attempt: Attempt(1), paused }];
+    hb.attempts = vec![HeldAttempt { task: task.clone(), attempt: Attempt(1), paused, waiting: false }];
     h.input(Input::Heartbeat(hb))
 }
 

@@ -17,7 +17,7 @@ use tenure_protocol::messages::{
     MAX_MATCHES_PER_REPORT, MAX_MATCH_LINE_BYTES,
 };
 use tenure_protocol::placement::{check_labels, Labels, Placement};
-use tenure_protocol::{Decision, Epoch, Event, Kind, TaskId, Unchanged, WorkerId};
+use tenure_protocol::{Decision, Epoch, Event, Kind, Status, TaskId, Unchanged, WorkerId};
 use uuid::Uuid;
 
 use super::{Core, Effect, Now};
@@ -268,6 +268,18 @@ impl Core {
         self.stop_stale_copies(&hb.worker, &hb.attempts, fx);
         self.check_listed(&hb.worker, hb.incarnation, &hb.attempts, now, fx);
         self.reconcile_pauses(&hb.worker, &hb.attempts, now, fx);
+        // Waiting for input: believed of the current attempt of a running
+        // task on this very worker.
+        for held in &hb.attempts {
+            let current = self.tasks.get(&held.task).is_some_and(|r| {
+                r.life.status == Status::Running
+                    && r.life.attempt == held.attempt
+                    && r.life.worker.as_ref() == Some(&hb.worker)
+            });
+            if current {
+                self.dispatch.set_waiting(&held.task, held.waiting);
+            }
+        }
     }
 
     /// A worker's report about an attempt it holds; the answer says whether

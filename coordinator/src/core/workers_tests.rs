@@ -107,7 +107,7 @@ fn an_unreachable_machine_makes_non_idempotent_tasks_unknown_and_idempotent_ones
         slots: 4,
         kinds: vec![Kind::shell()],
         epoch_seen: Epoch(3),
-        attempts: vec![HeldAttempt { task: again.clone(), attempt: Attempt(1), paused: false }],
+        attempts: vec![HeldAttempt { task: again.clone(), attempt: Attempt(1), paused: false, waiting: false }],
         sidecar: Default::default(),
         replaces: None,
         incarnation: None,

@@ -74,6 +74,9 @@ impl Core {
             s.status = Status::Blocked;
             s.hint = Some(hint);
         }
+        if s.status == Status::Running && self.dispatch.is_waiting(&r.id) {
+            s.status = Status::Waiting;
+        }
         if !r.spec.steps.is_empty() {
             let children = self.workflows.steps.get(&r.id);
             s.steps = r
