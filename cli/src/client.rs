@@ -316,6 +316,9 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     if let Some(h) = &s.hint {
         println!("hint:       [{}] {}", h.tag.as_str(), printable(&h.message));
     }
+    if let Some(r) = &s.resume {
+        println!("resumable:  {} — {}", if r.resumable { "yes" } else { "no" }, printable(&r.how));
+    }
     if let Some(p) = &s.parent {
         println!("workflow:   {p}");
     }

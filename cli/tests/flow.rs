@@ -154,6 +154,11 @@ fn a_held_task_runs_only_once_approved_through_a_failover_and_a_killed_one_never
     let s = c.wait_status(&doomed, "killed", BOUND);
     assert_eq!((&s["attempt"], &s["kill_reason"]), (&0.into(), &"wrong branch".into()), "{s}");
     assert!(s["detail"].as_str().unwrap_or_default().contains("never ran"), "{s}");
+    assert_eq!(s["resume"]["resumable"], false, "{s}");
+    let how = s["resume"]["how"].as_str().unwrap_or_default();
+    assert!(how.contains(&format!("tenure submit -- 'touch {d}/doomed'")), "{how}");
+    let shown = stdout(&c.cli(&["get", &doomed]));
+    assert!(shown.contains("kill reason: wrong branch") && shown.contains("resumable:  no"), "{shown}");
     assert!(!dir.path().join("doomed").exists());
     assert!(dir.path().join("held").exists() && dir.path().join("deploy").exists());
 }

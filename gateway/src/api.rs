@@ -192,6 +192,10 @@ pub struct TaskView {
     /// Its concurrency key and the limit it was submitted with, if any.
     pub concurrency_key: Option<String>,
     pub concurrency_limit: Option<u32>,
+    /// For a task that ended, is `unknown` or `paused`: whether it can go on
+    /// as it is (`resume` of a paused one), and how to go on either way.
+    pub resumable: Option<bool>,
+    pub resume_how: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -246,6 +250,8 @@ impl From<&TaskSnapshot> for TaskView {
             on: s.placement.iter().flat_map(|p| p.on.iter().map(ToString::to_string)).collect(),
             concurrency_key: s.placement.as_ref().and_then(|p| p.concurrency.as_ref()).map(|c| c.key.clone()),
             concurrency_limit: s.placement.as_ref().and_then(|p| p.concurrency.as_ref()).and_then(|c| c.limit),
+            resumable: s.resume.as_ref().map(|r| r.resumable),
+            resume_how: s.resume.as_ref().map(|r| r.how.clone()),
         }
     }
 }

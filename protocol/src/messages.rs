@@ -439,6 +439,19 @@ pub struct TaskSnapshot {
     /// Where it may run and its concurrency key, when it has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<crate::placement::Placement>,
+    /// For a task that ended, is `unknown` or `paused`: whether it can go on
+    /// as it is, and how to go on either way — so a caller never has to
+    /// guess from the status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Resumability>,
+}
+
+/// Whether a task can go on as it is (`tenure resume` of a paused one), and
+/// what to do to go on: the command, in words.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resumability {
+    pub resumable: bool,
+    pub how: String,
 }
 
 fn is_zero_i32(n: &i32) -> bool {

@@ -60,6 +60,9 @@ export interface Task {
   /** Its concurrency key, and the limit it was submitted with. */
   concurrency_key: string | null;
   concurrency_limit: number | null;
+  /** For an ended, `unknown` or paused task: can it go on as it is, and how to go on. */
+  resumable: boolean | null;
+  resume_how: string | null;
 }
 
 /** What `submit` sends besides the command (schema `SubmitBody`). */

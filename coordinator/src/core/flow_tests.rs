@@ -253,9 +253,7 @@ fn held_tasks_are_killed_unrun_kept_held_by_a_new_leader_and_workflows_wait() {
     assert_eq!((snapshot.status, snapshot.attempt), (Status::Killed, Attempt(0)));
     assert!(snapshot.detail.as_deref().is_some_and(|d| d.contains("never ran")));
     assert_eq!(snapshot.kill_reason.as_deref(), Some("wrong branch"));
-    for r in [&kept] {
-        registry.insert(r.clone(), old.core.task(r).unwrap().clone());
-    }
+    registry.insert(kept.clone(), old.core.task(&kept).unwrap().clone());
 
     let mut new = take_over(&registry, CoreConfig::default(), 1_000_000);
     let mut fx = new.heartbeat("w1", 4);

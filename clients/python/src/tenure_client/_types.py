@@ -99,6 +99,9 @@ class Task:
     #: Its concurrency key, and the limit it was submitted with.
     concurrency_key: Optional[str]
     concurrency_limit: Optional[int]
+    #: For an ended, ``unknown`` or paused task: can it go on as it is, and how to go on.
+    resumable: Optional[bool]
+    resume_how: Optional[str]
 
     @property
     def terminal(self) -> bool:
