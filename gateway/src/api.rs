@@ -558,10 +558,11 @@ pub async fn read_chunk(
             "a workflow's output is its steps' outputs: read each step's task",
         ));
     }
-    let Some(worker) = &s.worker else {
+    // Nothing yet while no machine has its attempt (queued, or leased and
+    // not yet taken).
+    let Some(chunk) = client.read_latest(s, offset, max).await? else {
         return Ok(LogChunk { offset, next_offset: offset, text: String::new(), finished: s.status.is_terminal() });
     };
-    let chunk = client.read_output(worker, &s.id, offset, max).await?;
     let (text, used) = utf8_prefix(&chunk.data);
     let finished = chunk.finished && chunk.data.is_empty();
     if finished {
