@@ -30,7 +30,7 @@ use tenure_protocol::messages::{ApiRequest, ApiResponse, TaskSnapshot, MAX_OUTPU
 use tenure_protocol::spec::TimeLimits;
 use tenure_protocol::{Kind, StepSpec, TaskId, TaskSpec};
 
-use crate::client::{send, Api};
+use crate::client::Api;
 
 /// Bytes of output one `read_output` returns unless asked for fewer.
 const DEFAULT_READ: u32 = 16 * 1024;
@@ -286,9 +286,8 @@ impl Tools {
         Never sent twice: if the answer is lost the error says the message may or may not have arrived.")]
     async fn send_input(&self, Parameters(a): Parameters<SendArgs>) -> ToolResult {
         let task = task_id(&a.task)?;
-        let data = send::finish(a.text.into_bytes(), false).map_err(refusal)?;
-        let worker = send::target(&self.api, &task).await.map_err(refusal)?;
-        let bytes = send::deliver(&self.api, &worker, &task, data).await.map_err(refusal)?.bytes;
+        let data = tenure_client::input_message(a.text.into_bytes(), false).map_err(refusal)?;
+        let bytes = self.api.send_input(&task, data).await.map_err(refusal)?.bytes;
         self.answer(json!({ "task": task.to_string(), "bytes": bytes })).await
     }
 
