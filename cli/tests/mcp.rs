@@ -125,7 +125,13 @@ fn an_mcp_client_drives_tasks_through_tenure_mcp() {
         assert!(t["description"].as_str().is_some_and(|d| d.len() > 40), "{t}");
     }
     let start = tools["tools"].as_array().unwrap().iter().find(|t| t["name"] == "start_task").unwrap();
-    assert_eq!(start["inputSchema"]["required"], json!(["command"]), "{start}");
+    // The gateway's submit body, described for a model: a command or steps.
+    let props = &start["inputSchema"]["properties"];
+    for field in ["command", "steps", "kind", "idempotent", "hold", "on", "retries", "idempotency_key"] {
+        assert!(props[field]["description"].as_str().is_some_and(|d| !d.is_empty()), "{field}: {start}");
+    }
+    let empty = mcp.call("start_task", json!({"label": "nothing to run"}));
+    assert!(empty.is_err_and(|e| e.contains("`command` is required")), "a start without a command is a tool error");
 
     // Start, wait, read by offset in bounded pieces.
     let task = mcp.ok("start_task", json!({"command": "printf 'ab\\ncd\\n'", "label": "letters"}))["task"]

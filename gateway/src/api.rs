@@ -260,31 +260,40 @@ type Reply<T> = Result<axum::Json<T>, Error>;
 // ------------------------------------------------------------- submit
 
 /// A task to submit.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Deserialize, ToSchema, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitBody {
-    /// `shell` (default), `agent`, `monitor`, `workflow` (with `steps`), …
+    /// `shell` (default): a command whose output is read later. `agent`: a
+    /// program that reads follow-up messages on stdin. `monitor`: a
+    /// long-running command whose output lines matching `pattern` are
+    /// reported. `workflow`: give `steps` instead of a command.
     #[serde(default)]
     pub kind: Option<String>,
-    /// The command line, run as `sh -c COMMAND` (not for workflows).
+    /// The command line, run as `sh -c COMMAND` in the background on a
+    /// worker machine (not for workflows).
     #[serde(default)]
     pub command: String,
-    /// Defaults to the command's first line.
+    /// One line saying what the task is for (defaults to the command's first line).
     #[serde(default)]
     pub label: Option<String>,
+    /// Working directory on the worker machine (absolute).
     #[serde(default)]
     pub cwd: Option<String>,
+    /// Extra environment variables.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// May tenure run it again if its worker is lost? Default false.
+    /// True only if running it twice is harmless: tenure may then run it
+    /// again when its machine is lost, and retry it. Default false.
     #[serde(default)]
     pub idempotent: bool,
     /// For `monitor`: the regular expression a line must match.
     #[serde(default)]
     pub pattern: Option<String>,
-    /// Workflow steps (shell commands, in order); makes the task a workflow.
+    /// Workflow steps (shell commands run in order, each a task of its own,
+    /// failing fast); makes the task a workflow.
     #[serde(default)]
     pub steps: Vec<String>,
+    /// Keep only the final output (read once the task ended) instead of streaming it.
     #[serde(default)]
     pub final_output: bool,
     /// End the task past this much run time (it fails as `timed-out`).
@@ -327,7 +336,8 @@ pub struct SubmitBody {
     /// for the key wins; a different one is refused).
     #[serde(default)]
     pub concurrency_limit: Option<u32>,
-    /// Hold the task for approval: it stays `blocked` until approved.
+    /// Hold the task until someone allowed approves it (`tenure approve`):
+    /// for work that needs a person's go-ahead. It shows `blocked` until then.
     #[serde(default)]
     pub hold: bool,
     /// Same key, same task: a submit retried with the key it was first sent
@@ -345,7 +355,7 @@ pub struct Submitted {
 
 /// The idempotency key as tenure takes it: a UUID as given, any other
 /// string mapped to a UUID (v5) within the caller's identity.
-fn idempotency_key(identity: &str, key: Option<&str>) -> Result<uuid::Uuid, Error> {
+pub(crate) fn idempotency_key(identity: &str, key: Option<&str>) -> Result<uuid::Uuid, Error> {
     let Some(key) = key else { return Ok(uuid::Uuid::new_v4()) };
     if key.is_empty() || key.len() > 256 {
         return Err(Error::bad_request("bad-idempotency-key", "an idempotency key holds 1 to 256 characters"));
@@ -370,46 +380,7 @@ pub async fn submit(
         .map(|v| v.to_str().map_err(|_| Error::bad_request("bad-idempotency-key", "not ASCII")));
     let header_key = header_key.transpose()?;
     let key = idempotency_key(&caller.identity, body.idempotency_key.as_deref().or(header_key))?;
-    let workflow = !body.steps.is_empty();
-    if workflow && !body.command.is_empty() {
-        return Err(Error::bad_request("invalid-spec", "give either `command` or `steps`"));
-    }
-    if !workflow && body.command.is_empty() {
-        return Err(Error::bad_request("invalid-spec", "`command` is required (or `steps` for a workflow)"));
-    }
-    let kind: Kind = match (&body.kind, workflow) {
-        (_, true) => Kind::workflow(),
-        (Some(k), false) => k.parse().map_err(|e| Error::bad_request("invalid-spec", format!("kind {k:?}: {e}")))?,
-        (None, false) => Kind::shell(),
-    };
-    let label = body.label.clone().unwrap_or_else(|| {
-        if workflow {
-            format!("workflow of {} steps", body.steps.len())
-        } else {
-            body.command.lines().next().unwrap_or("").chars().take(120).collect()
-        }
-    });
-    let (retry, not_before) = retry_fields(&body)?;
-    let placement = Placement::from_parts(&body.on, body.concurrency_key.clone(), body.concurrency_limit)
-        .map_err(|e| Error::bad_request("invalid-spec", format!("placement: {e}")))?;
-    let spec = TaskSpec {
-        kind,
-        label,
-        command: body.command,
-        cwd: body.cwd.map(Into::into),
-        env: body.env,
-        idempotent: body.idempotent,
-        pattern: body.pattern.map(Into::into),
-        steps: body.steps.into_iter().map(|command| StepSpec { kind: Kind::shell(), command }).collect(),
-        final_output: body.final_output,
-        limits: (body.timeout_ms.is_some() || body.idle_timeout_ms.is_some())
-            .then(|| Box::new(TimeLimits { timeout_ms: body.timeout_ms, idle_timeout_ms: body.idle_timeout_ms })),
-        retry,
-        not_before,
-        priority: body.priority,
-        placement: placement.map(Box::new),
-        hold: body.hold,
-    };
+    let spec = body.spec()?;
     let req = tenure_protocol::messages::SubmitRequest {
         session: caller.client.session().clone(),
         idempotency_key: key,
@@ -418,6 +389,57 @@ pub async fn submit(
     let done = caller.client.submit_request(req, &tenure_client::Policy::SUBMIT).await?;
     let status = if done.existing { StatusCode::OK } else { StatusCode::CREATED };
     Ok((status, axum::Json(Submitted { task: done.task.to_string(), existing: done.existing })))
+}
+
+impl SubmitBody {
+    /// The spec it asks for (what only the leader can judge — limits,
+    /// kinds, quotas — is judged there). The gateway's submit route and the
+    /// MCP `start_task` tool both build it here.
+    pub fn spec(self) -> Result<TaskSpec, Error> {
+        let body = self;
+        let workflow = !body.steps.is_empty();
+        if workflow && !body.command.is_empty() {
+            return Err(Error::bad_request("invalid-spec", "give either `command` or `steps`"));
+        }
+        if !workflow && body.command.is_empty() {
+            return Err(Error::bad_request("invalid-spec", "`command` is required (or `steps` for a workflow)"));
+        }
+        let kind: Kind = match (&body.kind, workflow) {
+            (_, true) => Kind::workflow(),
+            (Some(k), false) => {
+                k.parse().map_err(|e| Error::bad_request("invalid-spec", format!("kind {k:?}: {e}")))?
+            }
+            (None, false) => Kind::shell(),
+        };
+        let label = body.label.clone().unwrap_or_else(|| {
+            if workflow {
+                format!("workflow of {} steps", body.steps.len())
+            } else {
+                body.command.lines().next().unwrap_or("").chars().take(120).collect()
+            }
+        });
+        let (retry, not_before) = retry_fields(&body)?;
+        let placement = Placement::from_parts(&body.on, body.concurrency_key.clone(), body.concurrency_limit)
+            .map_err(|e| Error::bad_request("invalid-spec", format!("placement: {e}")))?;
+        Ok(TaskSpec {
+            kind,
+            label,
+            command: body.command,
+            cwd: body.cwd.map(Into::into),
+            env: body.env,
+            idempotent: body.idempotent,
+            pattern: body.pattern.map(Into::into),
+            steps: body.steps.into_iter().map(|command| StepSpec { kind: Kind::shell(), command }).collect(),
+            final_output: body.final_output,
+            limits: (body.timeout_ms.is_some() || body.idle_timeout_ms.is_some())
+                .then(|| Box::new(TimeLimits { timeout_ms: body.timeout_ms, idle_timeout_ms: body.idle_timeout_ms })),
+            retry,
+            not_before,
+            priority: body.priority,
+            placement: placement.map(Box::new),
+            hold: body.hold,
+        })
+    }
 }
 
 /// The retry policy and delayed start of a submit body (their bounds, and

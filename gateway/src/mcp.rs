@@ -17,7 +17,6 @@
 //! except through the MCP transport, nor act over HTTP as anyone but the
 //! authenticated caller of that very request.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use rmcp::handler::server::router::tool::ToolRouter;
@@ -29,13 +28,10 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tenure_client::Client;
-use tenure_protocol::messages::{ApiRequest, ApiResponse, TaskSnapshot, MAX_OUTPUT_CHUNK};
-use tenure_protocol::placement::Placement;
-use tenure_protocol::retry::RetryPolicy;
-use tenure_protocol::spec::TimeLimits;
-use tenure_protocol::{Kind, StepSpec, TaskId, TaskSpec};
+use tenure_protocol::messages::{ApiRequest, ApiResponse, SubmitRequest, TaskSnapshot, MAX_OUTPUT_CHUNK};
+use tenure_protocol::TaskId;
 
-use crate::api::TaskView;
+use crate::api::{SubmitBody, TaskView};
 
 /// Bytes of output one `read_output` returns unless asked for fewer.
 const DEFAULT_READ: u32 = 16 * 1024;
@@ -56,60 +52,6 @@ pub async fn serve_stdio(api: Client) -> Result<(), std::io::Error> {
 pub struct Tools {
     api: Option<Client>,
     tool_router: ToolRouter<Tools>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct StartArgs {
-    /// The shell command line, run as `sh -c COMMAND` in the background on some worker machine.
-    pub command: String,
-    /// `shell` (default): a command whose output you read later. `agent`: a program that reads
-    /// follow-up messages on stdin (see `send_input`). `monitor`: a long-running command whose
-    /// output lines matching `pattern` are reported. `workflow`: give `steps` instead of a command.
-    #[serde(default)]
-    pub kind: Option<String>,
-    /// One line saying what the task is for (defaults to the command's first line).
-    #[serde(default)]
-    pub label: Option<String>,
-    /// Working directory on the worker machine.
-    #[serde(default)]
-    pub cwd: Option<String>,
-    /// Extra environment variables.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    /// True only if running it twice is harmless: tenure may then re-run it when its machine is lost.
-    #[serde(default)]
-    pub idempotent: bool,
-    /// For `monitor`: the regular expression a line must match.
-    #[serde(default)]
-    pub pattern: Option<String>,
-    /// For `workflow`: shell commands run in order, each a task of its own, failing fast.
-    #[serde(default)]
-    pub steps: Vec<String>,
-    /// Keep only the final output (read once the task ended) instead of streaming it.
-    #[serde(default)]
-    pub final_output: bool,
-    /// End the task (failed, `timed-out`) past this many milliseconds.
-    #[serde(default)]
-    pub timeout_ms: Option<u64>,
-    /// For an idempotent task: run it again up to this many times after a failed attempt.
-    #[serde(default)]
-    pub retries: Option<u32>,
-    /// Dispatch priority, -100 to 100 (higher first; default 0).
-    #[serde(default)]
-    pub priority: i32,
-    /// Run only on workers whose labels satisfy each of these: `gpu=a100`, `repo in (web,api)`, `!spot`.
-    #[serde(default)]
-    pub on: Vec<String>,
-    /// Count against this key: at most `concurrency_limit` tasks of the key run at once.
-    #[serde(default)]
-    pub concurrency_key: Option<String>,
-    #[serde(default)]
-    pub concurrency_limit: Option<u32>,
-    /// Hold it until a person approves it (`tenure approve`): use it for work that needs a
-    /// human's go-ahead. It shows `blocked` until then.
-    #[serde(default)]
-    pub hold: bool,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -227,46 +169,14 @@ impl Tools {
     #[tool(description = "Start a task in the background on the tenure cluster and return its id \
         (`<kind>-<n>`, e.g. `shell-12`) at once. Use it for anything long: builds, test runs, servers, \
         coding agents. Read its output later with `read_output`, wait for it with `wait_task`.")]
-    async fn start_task(&self, Parameters(a): Parameters<StartArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+    async fn start_task(&self, Parameters(a): Parameters<SubmitBody>, ctx: RequestContext<RoleServer>) -> ToolResult {
         let api = self.caller(&ctx)?;
-        let workflow = !a.steps.is_empty();
-        if workflow != a.command.is_empty() {
-            return Err("give either `command` or `steps` (for a workflow)".into());
-        }
-        let kind = match (&a.kind, workflow) {
-            (_, true) => Kind::workflow(),
-            (Some(k), false) => k.parse().map_err(|e| format!("kind {k:?}: {e}"))?,
-            (None, false) => Kind::shell(),
-        };
-        let label = a.label.clone().unwrap_or_else(|| {
-            if workflow {
-                format!("workflow of {} steps", a.steps.len())
-            } else {
-                a.command.lines().next().unwrap_or("").chars().take(120).collect()
-            }
-        });
-        let spec = TaskSpec {
-            kind,
-            label,
-            command: a.command,
-            cwd: a.cwd.map(Into::into),
-            env: a.env,
-            idempotent: a.idempotent,
-            pattern: a.pattern.map(Into::into),
-            steps: a.steps.into_iter().map(|command| StepSpec { kind: Kind::shell(), command }).collect(),
-            final_output: a.final_output,
-            limits: a.timeout_ms.map(|ms| Box::new(TimeLimits { timeout_ms: Some(ms), idle_timeout_ms: None })),
-            retry: a.retries.map(|n| Box::new(RetryPolicy::with_defaults(n, None, None, None))),
-            // Delayed starts are the CLI's and the API's.
-            not_before: None,
-            priority: a.priority,
-            placement: Placement::from_parts(&a.on, a.concurrency_key, a.concurrency_limit)
-                .map_err(|e| format!("placement: {e}"))?
-                .map(Box::new),
-            hold: a.hold,
-        };
-        let done = api.submit(spec).await.map_err(refusal)?;
-        self.answer(&api, json!({ "task": done.task.to_string() })).await
+        let key = crate::api::idempotency_key(api.session().identity(), a.idempotency_key.as_deref())
+            .map_err(|e| e.message)?;
+        let spec = a.spec().map_err(|e| e.message)?;
+        let req = SubmitRequest { session: api.session().clone(), idempotency_key: key, spec };
+        let done = api.submit_request(req, &tenure_client::Policy::SUBMIT).await.map_err(refusal)?;
+        self.answer(&api, json!({ "task": done.task.to_string(), "existing": done.existing })).await
     }
 
     #[tool(description = "List your tasks (newest last), optionally only those in one status. \
