@@ -22,7 +22,7 @@
 //! module must never let a key's count pass its limit, nor a held task start
 //! unapproved.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 
 use tenure_protocol::messages::{ApiError, ApiReply, ApiResponse};
 use tenure_protocol::placement::{labels_text, Concurrency};
@@ -45,8 +45,9 @@ struct KeyState {
     /// Every task of the key that is not terminal, with the limit it was
     /// submitted with.
     live: HashMap<TaskId, Option<u32>>,
-    /// Those that hold a worker, or may.
-    holding: HashSet<TaskId>,
+    /// Those that hold a worker, or may, by task number (the first few are
+    /// named in a hint without sorting them all).
+    holding: BTreeSet<(u64, TaskId)>,
 }
 
 /// Whether a task in `status` counts against its key.
@@ -68,9 +69,10 @@ impl Keys {
         }
         let key = self.by_key.entry(c.key.as_str().into()).or_default();
         key.live.insert(task.clone(), c.limit);
+        let entry = (task.number(), task.clone());
         match holds(status) {
-            true => key.holding.insert(task.clone()),
-            false => key.holding.remove(task),
+            true => key.holding.insert(entry),
+            false => key.holding.remove(&entry),
         };
     }
 
@@ -78,7 +80,7 @@ impl Keys {
     pub(super) fn forget(&mut self, task: &TaskId, c: &Concurrency) {
         if let Some(key) = self.by_key.get_mut(c.key.as_str()) {
             key.live.remove(task);
-            key.holding.remove(task);
+            key.holding.remove(&(task.number(), task.clone()));
             if key.live.is_empty() {
                 self.by_key.remove(c.key.as_str());
             }
@@ -96,11 +98,8 @@ impl Keys {
 
     /// A few of the key's holders, lowest task number first.
     fn holders(&self, key: &str) -> Vec<TaskId> {
-        let mut holders: Vec<TaskId> =
-            self.by_key.get(key).map(|k| k.holding.iter().cloned().collect()).unwrap_or_default();
-        holders.sort_by_key(|t| t.number());
-        holders.truncate(NAMED_HOLDERS);
-        holders
+        let Some(k) = self.by_key.get(key) else { return Vec::new() };
+        k.holding.iter().take(NAMED_HOLDERS).map(|(_, t)| t.clone()).collect()
     }
 }
 
