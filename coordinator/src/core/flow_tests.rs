@@ -271,6 +271,20 @@ fn held_tasks_are_killed_unrun_kept_held_by_a_new_leader_and_workflows_wait() {
     assert!(reply.is_ok(), "{reply:?}");
     assert_eq!(new.status(&workflow), Status::Running);
     assert_eq!(grants(&fx).len(), 1, "its first step starts");
+
+    // A held workflow killed ends with none of its steps ever created.
+    let flow = TaskSpec { hold: true, ..TaskSpec::workflow("wf2", ["make".to_string()]) };
+    let (doomed, _) = start_flow(&mut new, flow);
+    let (fx, reply) = new.api(ApiRequest::Kill { session: s("alice"), task: doomed.clone(), reason: None });
+    assert!(matches!(reply, Some(Ok(ApiResponse::Kill { .. }))), "{reply:?}");
+    assert_eq!(new.status(&doomed), Status::Killed);
+    assert!(grants(&fx).is_empty());
+    let mut fx = new.input(Input::Tick);
+    fx.extend(new.heartbeat("w1", 4));
+    assert!(!fx
+        .iter()
+        .any(|e| matches!(e, Effect::Persist(r) if r.parent.as_ref().is_some_and(|p| p.workflow == doomed))));
+    assert_eq!(super::snapshot(&mut new, &doomed).steps.iter().filter(|st| st.task.is_some()).count(), 0);
 }
 
 /// A running task its worker says waits for input shows `waiting` (never
