@@ -382,6 +382,13 @@ impl Validate for CoordinatorConfig {
             placement.check().with_context(|| format!("concurrency_limits: {key:?}"))?;
         }
         self.approval.policy()?;
+        let holds = !self.approval.kinds.is_empty() || !self.approval.commands.is_empty();
+        if holds && self.approval.approver == ApproverConfig::Operator && self.operators.is_empty() {
+            bail!(
+                "approval.approver is \"operator\" but no operators are configured: nobody could approve what the \
+                 policy holds; name them with `operators` (--operator)"
+            );
+        }
         if self.approval.kinds.contains(&Kind::workflow()) {
             bail!("approval.kinds: a workflow is held by its steps' commands (approval.commands), not by its kind");
         }
@@ -533,6 +540,17 @@ mod tests {
         assert!(parse::<WorkerConfig>("id = 'Not An Id'").is_err());
         let c: CoordinatorConfig = parse("lease_ttl_ms = 3000\nrenew_deadline_ms = 3000").unwrap();
         assert!(c.validate().unwrap_err().to_string().contains("renew_deadline_ms"));
+        let c: CoordinatorConfig = parse("[approval]\nkinds = ['agent']\napprover = 'operator'").unwrap();
+        assert!(format!("{:#}", c.validate().unwrap_err()).contains("no operators are configured"));
+        let c: CoordinatorConfig =
+            parse("operators = ['ops']\n[approval]\ncommands = ['^git push']\napprover = 'operator'").unwrap();
+        c.validate().unwrap();
+        let c: CoordinatorConfig = parse("[approval]\ncommands = ['(unclosed']").unwrap();
+        assert!(format!("{:#}", c.validate().unwrap_err()).contains("approval.commands"));
+        let c: CoordinatorConfig = parse("[concurrency_limits]\nllm = 0").unwrap();
+        assert!(format!("{:#}", c.validate().unwrap_err()).contains("concurrency_limits"));
+        let w: WorkerConfig = parse("id = 'w1'\ndata_dir = '/srv/w1'\n[labels]\n'bad key' = 'x'").unwrap();
+        assert!(format!("{:#}", w.validate().unwrap_err()).contains("labels"));
         let c: CoordinatorConfig = parse("operators = ['a/b']").unwrap();
         assert!(format!("{:#}", c.validate().unwrap_err()).contains("operators"));
         let c: CoordinatorConfig = parse("registry_max_bytes = 1000").unwrap();
