@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail};
 use tenure_protocol::messages::{ApiRequest, ApiResponse, KillResult, TaskSnapshot, MAX_WAIT_MS};
+use tenure_protocol::resources::ResourceLimits;
 use tenure_protocol::{Kind, SessionId, Status, StepSpec, TaskId, TaskSpec};
 use tracing::Instrument;
 
@@ -174,8 +175,12 @@ fn spec_of(args: SubmitArgs) -> anyhow::Result<TaskSpec> {
         retry_on,
         not_before,
         priority,
+        memory,
+        cpus,
+        pids,
         command,
     } = args;
+    let resources = ResourceLimits { memory_bytes: memory, cpu_millis: cpus, pids };
     let line = command_line(&command);
     let kind = if steps.is_empty() { kind } else { Kind::workflow() };
     let label = label.or_else(|| (!steps.is_empty()).then(|| format!("workflow of {} steps", steps.len())));
@@ -199,6 +204,7 @@ fn spec_of(args: SubmitArgs) -> anyhow::Result<TaskSpec> {
         retry: retry_policy(retries, backoff, retry_on)?,
         not_before: not_before.map(Box::new),
         priority,
+        resources: (!resources.is_empty()).then(|| Box::new(resources)),
     })
 }
 
@@ -285,6 +291,9 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     println!("idempotent: {}", s.idempotent);
     if s.priority != 0 {
         println!("priority:   {}", s.priority);
+    }
+    if let Some(r) = &s.resources {
+        println!("resources:  {}", crate::units::resources(r));
     }
     let now = now_ms();
     println!("created:    {}", when(s.created_at_ms, now));

@@ -170,6 +170,9 @@ pub struct WorkerConfig {
     pub scratch_dir: Option<PathBuf>,
     /// Run tasks as this unprivileged user (the worker must run as root).
     pub run_as: Option<String>,
+    /// Run tasks without control groups: no resource limits, processes
+    /// that leave a task's process group not tracked.
+    pub no_cgroups: bool,
     pub metrics_addr: Option<SocketAddr>,
     pub nats: NatsOptions,
 }
@@ -191,6 +194,7 @@ impl Default for WorkerConfig {
             scratch_dir: o.scratch_dir,
             // The library holds the resolved user (`RunAs`), none by default.
             run_as: None,
+            no_cgroups: !o.cgroups,
             metrics_addr: None,
             nats: o.nats,
         }

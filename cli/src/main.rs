@@ -13,6 +13,7 @@ mod nats_auth;
 mod status;
 mod telemetry;
 mod text;
+mod units;
 mod watch;
 
 use std::path::PathBuf;
@@ -221,6 +222,12 @@ struct WorkerArgs {
     /// with its groups. The worker must run as root.
     #[arg(long, env = "TENURE_RUN_AS", value_name = "USER")]
     run_as: Option<String>,
+    /// Run tasks without control groups (by default, where the host has a
+    /// writable cgroup v2 hierarchy, each attempt runs in its own: resource
+    /// limits, and a kill or pause reaches processes that left the task's
+    /// process group). Without them tasks with limits are refused here.
+    #[arg(long, env = "TENURE_NO_CGROUPS")]
+    no_cgroups: bool,
 }
 
 /// `tenure sidecar`.
@@ -300,6 +307,18 @@ struct SubmitArgs {
     /// first whatever its priority.
     #[arg(long, value_name = "N", allow_negative_numbers = true, default_value_t = 0)]
     priority: i32,
+    /// Memory limit of all the task's processes together (`64M`, `1.5G`,
+    /// `512K`; binary units). Past it the kernel ends one of them and the
+    /// task fails as `out-of-memory`. Only workers that enforce it run it.
+    #[arg(long, value_name = "SIZE", value_parser = units::parse_size)]
+    memory: Option<u64>,
+    /// CPU limit in CPUs (`0.5`, `2`): the task is throttled to it.
+    #[arg(long, value_name = "CPUS", value_parser = units::parse_cpus)]
+    cpus: Option<u32>,
+    /// Most processes and threads the task may have alive at once; a fork
+    /// past it fails.
+    #[arg(long, value_name = "N")]
+    pids: Option<u32>,
     /// The command line (one argument is run as is by `sh -c`; several are quoted and joined).
     #[arg(last = true, required_unless_present = "steps")]
     command: Vec<String>,
@@ -661,7 +680,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
         Command::Worker(args) => {
             let overrides = |cfg: &mut config::WorkerConfig| {
                 override_given!(sub, cfg, args, id, slots, data_dir, kill_grace_ms, heartbeat_ms, output_cap);
-                override_given!(sub, cfg, args, kill_tasks_on_exit, kinds, scratch_dir, run_as);
+                override_given!(sub, cfg, args, kill_tasks_on_exit, kinds, scratch_dir, run_as, no_cgroups);
             };
             let Some(cfg) = config::resolve(&args.config, &given_global, shared, overrides)? else { return printed() };
             let _metrics = metrics::start(role, cfg.metrics_addr).await?;
@@ -675,6 +694,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             opts.kill_tasks_on_exit = cfg.kill_tasks_on_exit;
             opts.scratch_dir = cfg.scratch_dir;
             opts.run_as = cfg.run_as.as_deref().map(tenure_worker::sandbox::RunAs::resolve).transpose()?;
+            opts.cgroups = !cfg.no_cgroups;
             opts.shim_program = std::env::current_exe()?;
             tenure_worker::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)

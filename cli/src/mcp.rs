@@ -216,10 +216,12 @@ impl Tools {
             steps: a.steps.into_iter().map(|command| StepSpec { kind: Kind::shell(), command }).collect(),
             final_output: a.final_output,
             limits: a.timeout_ms.map(|ms| Box::new(TimeLimits { timeout_ms: Some(ms), idle_timeout_ms: None })),
-            // Retries, delayed starts and priorities are the CLI's and the API's.
+            // Retries, delayed starts, priorities and resource limits are the
+            // CLI's and the API's.
             retry: None,
             not_before: None,
             priority: 0,
+            resources: None,
         };
         let done = self.api.submit(spec).await.map_err(refusal)?;
         self.answer(json!({ "task": done.task.to_string() })).await

@@ -203,6 +203,7 @@ impl TaskRecord {
                 .and_then(|a| a.ready_wall_ms),
             retry: self.spec.retry.as_deref().cloned(),
             priority: self.spec.priority,
+            resources: self.spec.resources.as_deref().cloned(),
         }
     }
 }

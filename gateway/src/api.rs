@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use tenure_protocol::messages::{
     ApiError, ApiRequest, ApiResponse, InputReply, InputRequest, TaskSnapshot, MAX_INPUT_BYTES, MAX_OUTPUT_CHUNK,
 };
+use tenure_protocol::resources::ResourceLimits;
 use tenure_protocol::retry::{NotBefore, RetryCause, RetryPolicy};
 use tenure_protocol::spec::TimeLimits;
 use tenure_protocol::{subjects, Kind, Status, StepSpec, TaskId, TaskSpec};
@@ -297,6 +298,15 @@ pub struct SubmitBody {
     /// Dispatch priority, -100 to 100 (higher first; default 0).
     #[serde(default)]
     pub priority: i32,
+    /// Memory limit of all the task's processes together (bytes).
+    #[serde(default)]
+    pub memory_bytes: Option<u64>,
+    /// CPU limit in thousandths of a CPU (`500`: half a CPU).
+    #[serde(default)]
+    pub cpu_millis: Option<u32>,
+    /// Most processes and threads alive at once.
+    #[serde(default)]
+    pub pids: Option<u32>,
     /// Same key, same task: a submit retried with the key it was first sent
     /// with never makes a second task. Also read from `Idempotency-Key`.
     #[serde(default)]
@@ -372,6 +382,13 @@ pub async fn submit(
         retry,
         not_before,
         priority: body.priority,
+        resources: Some(ResourceLimits {
+            memory_bytes: body.memory_bytes,
+            cpu_millis: body.cpu_millis,
+            pids: body.pids,
+        })
+        .filter(|r| !r.is_empty())
+        .map(Box::new),
     };
     let req = tenure_protocol::messages::SubmitRequest {
         session: caller.client.session().clone(),

@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use crate::ids::{Attempt, Epoch, Kind, SessionId, TaskId, WorkerId};
 use crate::lifecycle::{Board, Outcome, RecoveryHint, Status};
+use crate::resources::{ResourceLimits, ResourceSupport};
 use crate::retry::{AttemptEnd, RetryPolicy};
 use crate::spec::TaskSpec;
 
@@ -415,6 +416,9 @@ pub struct TaskSnapshot {
     /// Its dispatch priority (0 when not set, and then left out).
     #[serde(default, skip_serializing_if = "is_zero_i32")]
     pub priority: i32,
+    /// Its resource limits, when it has some.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceLimits>,
 }
 
 fn is_zero_i32(n: &i32) -> bool {
@@ -583,6 +587,9 @@ pub struct WorkerStatus {
     /// until it reports an epoch the registry knows.
     #[serde(default)]
     pub unproven_epoch: Option<Epoch>,
+    /// Which resource limits the worker enforces, as its last heartbeat said.
+    #[serde(default)]
+    pub enforces: ResourceSupport,
 }
 
 // ----------------------------------------------------- worker → coordinator
@@ -615,6 +622,11 @@ pub struct Heartbeat {
     /// grant (see [`LeaseGrant::mark`]), as the sidecar last answered.
     #[serde(default)]
     pub mark: Option<RegistryMark>,
+    /// Which resource limits the worker enforces (none from an older
+    /// worker, or on a host without control groups): a task with limits is
+    /// granted only where they are all enforced.
+    #[serde(default)]
+    pub enforces: ResourceSupport,
 }
 
 /// A worker machine's sidecar as its worker last saw it.
@@ -810,6 +822,11 @@ pub enum Refusal {
     /// and re-sends the grant.
     #[error("the sidecar's store failed: {0}")]
     SidecarStorage(String),
+    /// The task has resource limits this worker cannot enforce (their
+    /// names: `memory`, `cpu`, `pids`); it never started here. A new
+    /// variant: an older leader cannot decode it and re-sends the grant.
+    #[error("resource limits not enforced here: {}", .0.join(", "))]
+    UnenforcedLimits(Vec<String>),
 }
 
 // ----------------------------------------------------------- output reads

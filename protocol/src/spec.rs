@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::Kind;
+use crate::resources::{ResourceError, ResourceLimits};
 use crate::retry::{NotBefore, RetryPolicy, MAX_NOT_BEFORE_MS};
 
 /// Longest label kept (bytes).
@@ -82,6 +83,13 @@ pub struct TaskSpec {
     /// workflow's. Left out of the encoding when 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub priority: i32,
+    /// Memory, CPU and process limits, enforced on the worker machine in the
+    /// attempt's own control group ([`crate::resources`]); a worker that
+    /// cannot enforce them refuses the grant. Refused for a workflow (its
+    /// steps are tasks of their own). Boxed and left out of the encoding
+    /// when absent, like `limits`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Box<ResourceLimits>>,
 }
 
 /// The lowest priority a task may ask for.
@@ -142,6 +150,7 @@ impl TaskSpec {
             retry: None,
             not_before: None,
             priority: 0,
+            resources: None,
         }
     }
 
@@ -169,6 +178,7 @@ impl TaskSpec {
             retry: None,
             not_before: None,
             priority: self.priority,
+            resources: None,
         })
     }
 
@@ -246,6 +256,12 @@ impl TaskSpec {
                     _ => {}
                 }
             }
+        }
+        if let Some(resources) = &self.resources {
+            if self.kind == Kind::workflow() {
+                return Err(SpecError::Resources(ResourceError::Workflow));
+            }
+            resources.validate().map_err(SpecError::Resources)?;
         }
         too_large("label", self.label.len(), MAX_LABEL_BYTES)?;
         if self.label.contains('\n') || self.label.contains('\0') {
@@ -348,6 +364,9 @@ pub enum SpecError {
     Retry(String),
     #[error("priority {0} is out of range ({MIN_PRIORITY} to {MAX_PRIORITY})")]
     Priority(i32),
+    /// A memory, CPU or process limit out of bounds, or given to a workflow.
+    #[error("resource limits: {0}")]
+    Resources(ResourceError),
 }
 
 #[cfg(test)]
@@ -406,6 +425,24 @@ mod tests {
         // A spec without either round-trips as one without.
         let decoded: TaskSpec = crate::decode(&crate::encode(&TaskSpec::shell("l", "x")).unwrap()).unwrap();
         assert_eq!((decoded.retry, decoded.not_before), (None, None));
+    }
+
+    #[test]
+    fn resource_limits_are_checked_refused_for_workflows_and_left_out_when_absent() {
+        let with = |r: ResourceLimits| TaskSpec { resources: Some(Box::new(r)), ..TaskSpec::shell("l", "x") };
+        let memory = ResourceLimits { memory_bytes: Some(64 << 20), ..Default::default() };
+        assert_eq!(with(memory.clone()).validate(), Ok(()));
+        let zero = ResourceLimits { pids: Some(0), ..Default::default() };
+        assert_eq!(with(zero).validate(), Err(SpecError::Resources(ResourceError::Pids(0))));
+        let workflow =
+            TaskSpec { resources: Some(Box::new(memory.clone())), ..TaskSpec::workflow("w", ["true".into()]) };
+        assert_eq!(workflow.validate(), Err(SpecError::Resources(ResourceError::Workflow)));
+        assert_eq!(workflow.step(0).and_then(|s| s.resources), None);
+        let plain = crate::encode(&TaskSpec::shell("l", "x")).unwrap();
+        assert!(!plain.windows(9).any(|w| w == b"resources"));
+        let limited = with(memory);
+        let back: TaskSpec = crate::decode(&crate::encode(&limited).unwrap()).unwrap();
+        assert_eq!(back, limited);
     }
 
     #[test]

@@ -24,7 +24,7 @@ fn grant(epoch: u64) -> LeaseGrant {
 }
 
 fn worker(slots: u32) -> Worker {
-    Worker::new(Config { slots, kinds: vec![Kind::shell()] })
+    Worker::new(Config { slots, kinds: vec![Kind::shell()], enforces: Default::default() })
 }
 
 fn done_ok() -> Outcome {

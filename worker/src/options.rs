@@ -38,6 +38,10 @@ pub struct Options {
     pub scratch_dir: Option<PathBuf>,
     /// Run tasks as this unprivileged user (the worker must be root).
     pub run_as: Option<RunAs>,
+    /// Run each attempt in control groups of its own (tracking and resource
+    /// limits) where the host allows it ([`crate::cgroup`]). On by default;
+    /// off, tasks run without limits and as they did before.
+    pub cgroups: bool,
 }
 
 impl Options {
@@ -55,6 +59,7 @@ impl Options {
             kill_tasks_on_exit: false,
             scratch_dir: None,
             run_as: None,
+            cgroups: true,
         }
     }
 }

@@ -231,6 +231,7 @@ fn counters_at_their_ends_saturate_or_refuse() {
         replaces: None,
         incarnation: Some(Uuid::from_u128(1000)),
         mark: None,
+        enforces: Default::default(),
     }));
     assert!(grants(&fx).is_empty());
     let m = h.submit("alice", spec);
@@ -254,6 +255,7 @@ fn forged(worker: &str, epoch: u64) -> Input {
         replaces: None,
         incarnation: Some(Uuid::from_u128(1000)),
         mark: None,
+        enforces: Default::default(),
     })
 }
 

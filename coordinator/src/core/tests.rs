@@ -431,6 +431,7 @@ fn matched_lines_are_notified_once_each_and_repeats_change_nothing() {
         replaces: None,
         incarnation: None,
         mark: None,
+        enforces: Default::default(),
     }));
     let (fx, reply) =
         h.api(ApiRequest::Submit(SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec }));
@@ -617,6 +618,7 @@ fn beat(worker: &str, instance: u128, slots: u32, replaces: Option<u128>) -> Inp
         replaces: replaces.map(Uuid::from_u128),
         incarnation: Some(Uuid::from_u128(1000)),
         mark: None,
+        enforces: Default::default(),
     })
 }
 

@@ -16,6 +16,7 @@ use tenure_protocol::messages::{
     Heartbeat, MatchNotice, MatchedLine, Notice, Report, ReportAck, ReportEvent, SidecarHealth, WorkerStatus,
     MAX_MATCHES_PER_REPORT, MAX_MATCH_LINE_BYTES,
 };
+use tenure_protocol::resources::ResourceSupport;
 use tenure_protocol::{Decision, Epoch, Event, Kind, TaskId, Unchanged, WorkerId};
 use uuid::Uuid;
 
@@ -43,6 +44,8 @@ struct WorkerState {
     /// this leader saw freed): nothing is granted to it before this time,
     /// and the refused task keeps its place in the dispatch order.
     full_until: Option<Duration>,
+    /// Which resource limits it enforces, as its last heartbeat said.
+    enforces: ResourceSupport,
 }
 
 impl WorkerState {
@@ -58,6 +61,7 @@ impl WorkerState {
             sidecar: SidecarHealth::Ok,
             unproven_epoch: None,
             full_until: None,
+            enforces: ResourceSupport::default(),
         }
     }
 }
@@ -111,6 +115,7 @@ impl Workers {
         w.alive = true;
         w.sidecar = hb.sidecar;
         w.unproven_epoch = unproven_epoch;
+        w.enforces = hb.enforces;
     }
 
     /// Marks lost every live worker not heard from for `ttl`; returns them.
@@ -215,6 +220,7 @@ impl Workers {
                 alive: w.alive,
                 sidecar: w.sidecar,
                 unproven_epoch: w.unproven_epoch,
+                enforces: w.enforces,
             })
             .collect()
     }
