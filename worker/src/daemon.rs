@@ -306,7 +306,10 @@ async fn on_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
             Refusal::SidecarUnavailable(_) => "sidecar-unavailable",
             Refusal::Malformed(_) => "malformed",
             Refusal::SidecarStorage(_) => "sidecar-storage",
-            Refusal::UnenforcedLimits(_) => "unenforced-limits",
+            Refusal::UnenforcedLimits(_) => {
+                tracing::warn!(task = %key.0, attempt = %key.1, %refusal, "grant refused");
+                "unenforced-limits"
+            }
         };
         crate::metrics::get().refusals.add(1, &[opentelemetry::KeyValue::new("reason", reason)]);
     }
