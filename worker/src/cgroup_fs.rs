@@ -43,9 +43,9 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
 }
 
 /// Finds the hierarchies from `/proc/self/mounts` and `/proc/self/cgroup`,
-/// makes the worker's parent groups ([`cgroup::parent_name`], under its own
-/// group in each), and enables the controllers it can for the attempt
-/// groups. Repeated at every start: what exists is kept.
+/// tries the worker's parent groups ([`cgroup::parent_name`], under its own
+/// group in each) and the controllers it can enable for the attempt groups.
+/// Repeated at every start: the groups of attempts still running are kept.
 pub fn detect(worker: &WorkerId, data_dir: &Path) -> Result<Plan, Error> {
     let read = |p: &str| std::fs::read_to_string(p).map_err(io("cannot read", Path::new(p)));
     let mounts = cgroup::parse_mounts(&read("/proc/self/mounts")?);
@@ -87,17 +87,40 @@ pub fn detect(worker: &WorkerId, data_dir: &Path) -> Result<Plan, Error> {
             Err(error) => tracing::debug!(%controller, %error, "controller not usable in cgroup v1"),
         }
     }
+    // Made to find out what works; an attempt makes them again when it
+    // needs them, so none is left empty behind a worker that was killed.
+    remove_parents(&plan);
     Ok(plan)
 }
 
 /// Removes the worker's parent groups when no attempt group is left in
-/// them (at the worker's exit; tasks that outlive it keep theirs).
+/// them (tasks that outlive the worker keep theirs).
 pub fn remove_parents(plan: &Plan) {
     for dir in std::iter::once(&plan.unified).chain(plan.v1.values()) {
         if let Err(error) = std::fs::remove_dir(dir) {
             tracing::debug!(dir = %dir.display(), %error, "worker cgroup kept");
         }
     }
+}
+
+/// Makes an attempt's group, and its worker's parent group first when it
+/// is missing (`prepare` sets the parent up). A parent removed between the
+/// two by another attempt's end is made again.
+fn make_child(dir: &Path, prepare: impl Fn() -> Result<(), Error>) -> Result<(), Error> {
+    let parent = dir.parent().unwrap_or(dir);
+    for _ in 0..3 {
+        if !parent.is_dir() {
+            make_dir(parent)?;
+            prepare()?;
+        }
+        match std::fs::create_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io("cannot create", dir)(e)),
+        }
+    }
+    Err(Error::Io { what: "cannot create", path: dir.to_path_buf(), error: std::io::ErrorKind::NotFound.into() })
 }
 
 fn make_dir(dir: &Path) -> Result<(), Error> {
@@ -153,9 +176,16 @@ impl AttemptGroup {
     /// must not run without it.
     pub fn create(plan: &Plan, name: &str, limits: Option<&ResourceLimits>) -> Result<AttemptGroup, Error> {
         let group = AttemptGroup::find(plan, name, limits);
-        make_dir(&group.unified)?;
+        // The worker's parent groups are made again when the last attempt of
+        // a stopped worker removed them (see `remove`).
+        make_child(&group.unified, || {
+            for controller in &plan.v2 {
+                write(&plan.unified.join("cgroup.subtree_control"), &format!("+{controller}"))?;
+            }
+            Ok(())
+        })?;
         for (_, dir) in &group.v1 {
-            make_dir(dir)?;
+            make_child(dir, || Ok(()))?;
         }
         let Some(limits) = limits else { return Ok(group) };
         let at = |controller: &'static str| -> Result<(bool, PathBuf), Error> {
@@ -285,7 +315,11 @@ impl AttemptGroup {
     }
 
     /// Removes the groups once they are empty; a group already gone is no
-    /// error. Returns the groups left behind, with why.
+    /// error. Returns the groups left behind, with why. The worker's parent
+    /// groups go too when this was the last attempt in them (the kernel
+    /// refuses to remove one that has groups left), so a worker that stopped
+    /// or died leaves nothing behind once its tasks end; the next attempt
+    /// makes them again.
     pub fn remove(&self) -> Vec<String> {
         let mut left = Vec::new();
         for dir in self.dirs() {
@@ -293,6 +327,9 @@ impl AttemptGroup {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => left.push(format!("{}: {e}", dir.display())),
+            }
+            if let Some(parent) = dir.parent() {
+                let _ = std::fs::remove_dir(parent);
             }
         }
         left
