@@ -93,7 +93,7 @@ impl AttemptFiles {
     /// Starts the journal with the grant, durably (the file and the directory
     /// that names it are fsynced).
     pub fn write_grant(&self, grant: &LeaseGrant) -> io::Result<()> {
-        self.append(&Entry::Grant(grant.clone()), Sync::FileAndDir)
+        self.append(&Entry::Grant(Box::new(grant.clone())), Sync::FileAndDir)
     }
 
     pub fn read_grant(&self) -> io::Result<LeaseGrant> {
@@ -178,7 +178,7 @@ impl AttemptFiles {
         let mut journal = Journal::default();
         for entry in self.entries()? {
             match entry {
-                Entry::Grant(g) => journal.grant = Some(g),
+                Entry::Grant(g) => journal.grant = Some(*g),
                 Entry::Shim { pid, start_time } => journal.shim = Some(ProcessId { pid, start_time }),
                 Entry::Pgid(p) if p > 1 => journal.pgid = Some(p),
                 Entry::Pgid(_) => {}
@@ -252,7 +252,8 @@ impl AttemptFiles {
         let read = |name: &str| fs::read(self.dir.join(name)).ok();
         let text = |name: &str| read(name).and_then(|b| String::from_utf8(b).ok());
         let grant = read(LEGACY_GRANT).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no attempt journal"))?;
-        let mut entries: Vec<Entry> = tenure_protocol::decode(&grant).ok().map(Entry::Grant).into_iter().collect();
+        let mut entries: Vec<Entry> =
+            tenure_protocol::decode(&grant).ok().map(|g| Entry::Grant(Box::new(g))).into_iter().collect();
         let shim = text("monitor.pid").and_then(|t| {
             let mut parts = t.split_whitespace();
             Some(Entry::Shim { pid: parts.next()?.parse().ok()?, start_time: parts.next()?.parse().ok()? })
@@ -362,7 +363,9 @@ pub struct Journal {
 /// One fact in an attempt's journal.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 enum Entry {
-    Grant(LeaseGrant),
+    /// Boxed: the grant is most of the journal's bytes but one entry of many
+    /// (the same on disk).
+    Grant(Box<LeaseGrant>),
     /// Named `Monitor` on disk, as journals written before the shim had its
     /// name spell it.
     #[serde(rename = "Monitor")]

@@ -307,7 +307,7 @@ async fn on_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
             Refusal::Malformed(_) => "malformed",
             Refusal::SidecarStorage(_) => "sidecar-storage",
             Refusal::UnenforcedLimits(_) => {
-                tracing::warn!(task = %key.0, attempt = %key.1, %refusal, "grant refused");
+                tracing::info!(task = %key.0, attempt = %key.1, %refusal, "grant refused");
                 "unenforced-limits"
             }
         };

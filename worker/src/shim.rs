@@ -702,6 +702,37 @@ mod tests {
         files.read_matches(0, 1000).unwrap().0
     }
 
+    /// The memory limit ended a process (its cgroup's `oom_kill`): the task
+    /// fails as `out-of-memory`, unless it completed anyway or was killed.
+    #[test]
+    fn an_out_of_memory_ending_fails_the_task_saying_so() {
+        use tenure_protocol::resources::ResourceLimits;
+        let dir = tempfile::tempdir().unwrap();
+        let plan = Plan { unified: dir.path().to_path_buf(), v2: vec!["memory".into()], ..Plan::default() };
+        let limits = ResourceLimits { memory_bytes: Some(32 << 20), ..Default::default() };
+        std::fs::create_dir(dir.path().join("t.1")).unwrap();
+        let events = dir.path().join("t.1/memory.events");
+        let ended = |oom_kills: u32, leader: WaitStatus, killed: bool| {
+            std::fs::write(&events, format!("low 0\nmax 3\noom 1\noom_kill {oom_kills}\n")).unwrap();
+            let cgroup = AttemptGroup::find(&plan, "t.1", Some(&limits));
+            let mut group = Group::new(1, Duration::ZERO, Some(cgroup), limits.memory_bytes);
+            group.leader = Some(leader);
+            group.killed = killed;
+            group.outcome()
+        };
+        let pid = Pid::from_raw(1);
+        let oom = ended(1, WaitStatus::Exited(pid, 137), false);
+        assert_eq!((oom.ending, oom.exit_code), (Ending::Failed, Some(137)));
+        let detail = oom.detail.unwrap_or_default();
+        assert!(detail.starts_with("out-of-memory: ") && detail.contains("32 MiB"), "{detail}");
+        let signaled = ended(1, WaitStatus::Signaled(pid, Signal::SIGKILL, false), false);
+        assert!(signaled.detail.is_some_and(|d| d.starts_with("out-of-memory: ") && d.contains("signal 9")));
+        assert_eq!(ended(1, WaitStatus::Exited(pid, 0), false).ending, Ending::Completed);
+        assert_eq!(ended(1, WaitStatus::Exited(pid, 137), true).ending, Ending::Killed);
+        let plain = ended(0, WaitStatus::Exited(pid, 3), false);
+        assert_eq!(plain.detail.as_deref(), Some("exit code: 3"));
+    }
+
     #[test]
     fn memory_limits_are_shown_as_people_write_them() {
         let cases = [(64 << 20, "64 MiB"), (3 << 29, "1.5 GiB"), (512 << 10, "512 KiB"), (100, "100 bytes")];

@@ -335,7 +335,11 @@ impl Host {
                 instance,
                 replaces: self.last_instance.replace(instance),
                 recovered: false,
-                core: Worker::new(Config { slots: self.slots, kinds: vec![Kind::shell()] }),
+                core: Worker::new(Config {
+                    slots: self.slots,
+                    kinds: vec![Kind::shell()],
+                    enforces: Default::default(),
+                }),
                 local: BTreeMap::new(),
                 detached: Vec::new(),
             });
