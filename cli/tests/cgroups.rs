@@ -1,8 +1,9 @@
 //! Control groups on a real cluster: a task that allocates past its
 //! `--memory` fails as `out-of-memory`; a process that left the task's
 //! process group with `setsid` is tracked in the attempt's cgroup, gone
-//! after `tenure kill`, and frozen with the task by `tenure pause`; a fork
-//! loop stops at its `--pids`. Each test is skipped, saying why, on a host
+//! after `tenure kill` (also after a worker restart, and after its shim was
+//! killed), and frozen with the task by `tenure pause`; a fork loop stops at
+//! its `--pids`. Each test is skipped, saying why, on a host
 //! without a writable cgroup v2 hierarchy (or without the controller it
 //! needs).
 
@@ -12,7 +13,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{stderr, stdout, Cluster};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use serde_json::Value;
+use tenure_machine::attempt_files::AttemptFiles;
 use tenure_testkit::eventually;
 use tenure_worker::cgroup;
 
@@ -159,7 +163,7 @@ fn a_task_allocating_past_its_memory_limit_fails_as_out_of_memory() {
 #[test]
 fn a_setsid_escapee_is_tracked_and_gone_after_a_kill() {
     let Some((c, parent, _guard)) = cluster(None) else { return };
-    let task = c.submit(&["--", "setsid sh -c 'echo escapee=$$; exec sleep 300' & echo started; sleep 600"]);
+    let task = c.submit(&["--", ESCAPEE]);
     c.wait_status(&task, "running", BOUND);
     let pid = escapee(&c, &task);
     let group = parent.join(format!("{task}.1"));
@@ -246,4 +250,44 @@ fn a_worker_without_cgroups_says_so_and_refuses_limits() {
     });
     assert_eq!(ran, None, "a worker that cannot enforce the limit ran it\n{}", c.logs());
     cli_ok(&c, &["kill", &limited]);
+}
+
+const ESCAPEE: &str = "setsid sh -c 'echo escapee=$$; exec sleep 300' & echo started; sleep 600";
+
+/// The shim outlives a SIGKILLed worker with the attempt's cgroup; the
+/// restarted worker re-attaches, and a kill still reaches the escapee.
+#[test]
+fn after_a_worker_restart_a_kill_still_reaches_the_escapee() {
+    let Some((mut c, parent, _guard)) = cluster(None) else { return };
+    let task = c.submit(&["--", ESCAPEE]);
+    c.wait_status(&task, "running", BOUND);
+    let pid = escapee(&c, &task);
+    c.kill9("worker-w1");
+    c.spawn_worker("w1", &[]);
+    let reattached = eventually(BOUND, || c.daemon("worker-w1").log_text().contains("re-attaching").then_some(()));
+    assert!(reattached.is_some(), "{}", c.logs());
+    assert!(session(pid).is_some(), "the escapee runs on through the worker's restart");
+    cli_ok(&c, &["kill", &task]);
+    c.wait_status(&task, "killed", BOUND);
+    assert!(eventually(BOUND, || session(pid).is_none().then_some(())).is_some(), "escapee {pid} outlived the kill");
+    assert!(eventually(BOUND, || gone(&parent.join(format!("{task}.1"))).then_some(())).is_some());
+    stop(c, &parent);
+}
+
+/// A shim SIGKILLed with its task running: the worker finds the attempt's
+/// cgroup by its name and kills what is left in it, the escapee too.
+#[test]
+fn a_killed_shims_cgroup_is_emptied_by_the_worker() {
+    let Some((c, parent, _guard)) = cluster(None) else { return };
+    let task = c.submit(&["--", ESCAPEE]);
+    c.wait_status(&task, "running", BOUND);
+    let pid = escapee(&c, &task);
+    let attempt = c.worker_dir("w1").join("attempts").join(format!("{task}.1"));
+    let shim = eventually(BOUND, || AttemptFiles::new(attempt.clone()).shim()).expect("shim recorded").pid;
+    kill(Pid::from_raw(shim), Signal::SIGKILL).expect("kill the shim");
+    let snapshot = c.wait_status(&task, "unknown", BOUND);
+    assert_eq!(snapshot["hint"]["tag"], "maybe-ran");
+    assert!(eventually(BOUND, || session(pid).is_none().then_some(())).is_some(), "escapee {pid} outlived its shim");
+    assert!(eventually(BOUND, || gone(&parent.join(format!("{task}.1"))).then_some(())).is_some());
+    stop(c, &parent);
 }
