@@ -291,3 +291,49 @@ fn a_killed_shims_cgroup_is_emptied_by_the_worker() {
     assert!(eventually(BOUND, || gone(&parent.join(format!("{task}.1"))).then_some(())).is_some());
     stop(c, &parent);
 }
+
+/// A task run as another user cannot leave its cgroup, lift its limit or
+/// thaw itself: the group's files are the daemons'.
+#[test]
+fn a_task_run_as_another_user_cannot_leave_its_cgroup_or_lift_its_limits() {
+    let Ok(own) = unified_here() else {
+        eprintln!("skipped: no writable cgroup v2 hierarchy");
+        return;
+    };
+    let Ok(Some(_)) = nix::unistd::User::from_name("nobody") else {
+        eprintln!("skipped: this machine has no user `nobody`");
+        return;
+    };
+    let mut c = Cluster::start(0);
+    // The run-as user must pass the test's directory to reach its scratch root.
+    std::fs::set_permissions(c.dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    c.spawn_sidecar("w1");
+    c.spawn_worker("w1", &["--run-as", "nobody"]);
+    c.wait_workers(1);
+    let data_dir = std::fs::canonicalize(c.worker_dir("w1")).expect("worker dir");
+    let name = cgroup::parent_name(&"w1".parse().expect("id"), &data_dir);
+    let _guard = Parents::of(&name);
+    let parent = own.join(&name);
+    // Each attempt says so when it succeeds; none may.
+    let script = format!(
+        "g=$(sed -n 's/^0:://p' /proc/self/cgroup); echo \"in=$g\"; \
+         echo $$ > {own}/cgroup.procs && echo left-to-own; \
+         echo $$ > {parent}/cgroup.procs && echo left-to-parent; \
+         echo max > {parent}/$TENURE_TASK_ID.1/pids.max && echo lifted; \
+         echo 0 > {parent}/$TENURE_TASK_ID.1/cgroup.freeze && echo thawed; \
+         echo 1 > {parent}/$TENURE_TASK_ID.1/cgroup.kill && echo killed-own-group; \
+         g=$(sed -n 's/^0:://p' /proc/self/cgroup); echo \"still=$g\"",
+        own = own.display(),
+        parent = parent.display()
+    );
+    let task = c.submit(&["--pids", "50", "--", &script]);
+    c.wait_status(&task, "completed", BOUND);
+    let text = logs(&c, &task);
+    let suffix = format!("/{task}.1");
+    let line = |key: &str| text.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_default().to_owned();
+    assert!(line("in=").ends_with(&suffix), "{text}");
+    assert!(line("still=").ends_with(&suffix), "{text}");
+    for done in ["left-to-own", "left-to-parent", "lifted", "thawed", "killed-own-group"] {
+        assert!(!text.contains(done), "{done}: {text}");
+    }
+}
