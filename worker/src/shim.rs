@@ -26,6 +26,15 @@
 //! re-attach. Ending the group continues it after its SIGTERM, so that a
 //! paused task can handle the signal.
 //!
+//! Where the worker uses cgroups ([`crate::cgroup`]), the shim makes the
+//! attempt's own cgroup with the task's resource limits before the task
+//! exists, and the task's first process joins it before `exec` (the shim
+//! itself stays outside): ending the task then also reaches every process of
+//! the cgroup (SIGTERM, then `cgroup.kill`), the attempt is over only once
+//! the cgroup is empty, a pause also freezes it, and a process the memory
+//! limit ended makes the task fail as `out-of-memory`. The shim removes the
+//! cgroup once it is empty.
+//!
 //! For a `monitor` task it also scans every output line (those past the cap
 //! too) against the task's pattern and appends the matching ones to the
 //! attempt's `matches` file, which the worker forwards to the leader.
