@@ -182,6 +182,10 @@ pub struct TaskView {
     #[schema(value_type = Option<Object>)]
     pub retry: Option<serde_json::Value>,
     pub priority: i32,
+    /// Its resource limits (`memory_bytes`, `cpu_millis`, `pids`), when it
+    /// has some.
+    #[schema(value_type = Option<Object>)]
+    pub resources: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -233,6 +237,7 @@ impl From<&TaskSnapshot> for TaskView {
             not_before_ms: s.not_before_ms,
             retry: s.retry.as_ref().and_then(|r| serde_json::to_value(r).ok()),
             priority: s.priority,
+            resources: s.resources.as_ref().and_then(|r| serde_json::to_value(r).ok()),
         }
     }
 }

@@ -54,6 +54,8 @@ export interface Task {
   /** Its retry policy (`retries`, `backoff_ms`, `backoff_max_ms`, `on`). */
   retry: Record<string, unknown> | null;
   priority: number;
+  /** Its resource limits (`memory_bytes`, `cpu_millis`, `pids`), when it has some. */
+  resources: Record<string, unknown> | null;
 }
 
 /** What `submit` sends besides the command (schema `SubmitBody`). */
@@ -87,6 +89,12 @@ export interface SubmitOptions {
   not_before_in_ms?: number;
   /** Dispatch priority, -100 to 100 (higher first; default 0). */
   priority?: number;
+  /** Memory limit of all its processes (bytes); past it the task fails as `out-of-memory`. */
+  memory_bytes?: number;
+  /** CPU limit in thousandths of a CPU (`500`: half a CPU). */
+  cpu_millis?: number;
+  /** Most processes and threads alive at once. */
+  pids?: number;
   /** The same key never makes a second task; generated when absent. */
   idempotency_key?: string;
 }

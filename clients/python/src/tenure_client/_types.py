@@ -94,6 +94,8 @@ class Task:
     #: Its retry policy (``retries``, ``backoff_ms``, ``backoff_max_ms``, ``on``).
     retry: Optional[Any]
     priority: int
+    #: Its resource limits (``memory_bytes``, ``cpu_millis``, ``pids``), when it has some.
+    resources: Optional[Any] = None
 
     @property
     def terminal(self) -> bool:
