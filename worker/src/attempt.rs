@@ -567,7 +567,15 @@ async fn end_cgroup(cgroup: &crate::cgroup_fs::AttemptGroup) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
-    for left in cgroup.remove() {
+    let mut left = Vec::new();
+    for _ in 0..50 {
+        left = cgroup.remove();
+        if left.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for left in left {
         tracing::warn!(%left, "cannot remove an ended attempt's cgroup");
     }
 }

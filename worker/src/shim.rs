@@ -298,14 +298,17 @@ fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStat
 /// Removes an attempt's control groups once nothing is left in them.
 fn remove_cgroup(cgroup: Option<&AttemptGroup>) {
     let Some(cgroup) = cgroup else { return };
-    // A process's exit is seen in its group a moment after it was reaped.
-    for _ in 0..50 {
-        if !cgroup.populated() {
-            break;
+    // A process's exit reaches its group a moment after it was reaped: the
+    // kernel refuses the removal (busy) until then.
+    let mut left = Vec::new();
+    for _ in 0..100 {
+        left = cgroup.remove();
+        if left.is_empty() {
+            return;
         }
         std::thread::sleep(ENDING_CHECK);
     }
-    for left in cgroup.remove() {
+    for left in left {
         tracing::warn!(%left, "shim cannot remove the task's cgroup");
     }
 }
