@@ -494,6 +494,8 @@ mod tests {
         assert!(format!("{:#}", w.validate().unwrap_err()).contains("no user named"));
         let w: WorkerConfig = parse("id = 'w1'\ndata_dir = '/srv/w1'\nrun_as = 'root'").unwrap();
         assert!(format!("{:#}", w.validate().unwrap_err()).contains("root"));
+        let w: WorkerConfig = parse("id = 'w1'\ndata_dir = '/srv/w1'\nno_cgroups = true").unwrap();
+        assert!(w.no_cgroups && w.validate().is_ok());
     }
 
     #[test]

@@ -788,5 +788,6 @@ mod tests {
         assert_eq!(flags, (d.slots, d.kill_grace_ms, d.heartbeat_ms, d.output_cap, d.kill_tasks_on_exit, d.kinds));
         assert_eq!((flags.0, flags.1, flags.2), (4, 5000, 1000));
         assert_eq!(config::WORKER_KINDS_DEFAULT.as_str(), "shell,agent,monitor,noop,sleep");
+        assert_eq!((w.no_cgroups, d.no_cgroups), (false, false), "cgroups are used where the host allows");
     }
 }

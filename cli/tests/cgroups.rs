@@ -94,6 +94,7 @@ fn cluster(needs: Option<&str>) -> Option<(Cluster, PathBuf, Parents)> {
     let status: Value = serde_json::from_slice(&status.stdout).unwrap_or_default();
     let enforces = &status["workers"][0]["enforces"];
     assert_eq!(enforces["tracking"], true, "a host with cgroup v2: the worker tracks\n{status}\n{}", c.logs());
+    assert!(c.log_of("worker-w1").contains("each attempt runs in its own cgroup"), "{}", c.logs());
     if let Some(controller) = needs.filter(|n| enforces[*n] != true) {
         eprintln!("skipped: no {controller} controller usable here ({enforces})");
         return None;
