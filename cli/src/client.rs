@@ -121,6 +121,11 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
             println!("{} {}", s.id, s.status);
             Ok(ExitCode::SUCCESS)
         }
+        Command::Approve { task } => {
+            let s = api.snapshot_of(&ApiRequest::Approve { session: api.session().clone(), task }).await?;
+            println!("{} {}", s.id, s.status);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Send { task, text, raw } => send::send(&api, task, text, raw).await,
         Command::Archive { task } => board(&api, ApiRequest::Archive { session: api.session().clone(), task }).await,
         Command::Unarchive { task } => {
@@ -175,6 +180,10 @@ fn spec_of(args: SubmitArgs) -> anyhow::Result<TaskSpec> {
         retry_on,
         not_before,
         priority,
+        on,
+        concurrency_key,
+        concurrency_limit,
+        hold,
         memory,
         cpus,
         pids,
@@ -204,6 +213,9 @@ fn spec_of(args: SubmitArgs) -> anyhow::Result<TaskSpec> {
         retry: retry_policy(retries, backoff, retry_on)?,
         not_before: not_before.map(Box::new),
         priority,
+        placement: tenure_protocol::placement::Placement::from_parts(&on, concurrency_key, concurrency_limit)?
+            .map(Box::new),
+        hold,
         resources: (!resources.is_empty()).then(|| Box::new(resources)),
     })
 }
@@ -292,6 +304,15 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     if s.priority != 0 {
         println!("priority:   {}", s.priority);
     }
+    if let Some(p) = &s.placement {
+        if !p.on.is_empty() {
+            println!("runs on:    {}", p.constraints_text());
+        }
+        if let Some(c) = &p.concurrency {
+            let limit = c.limit.map(|l| format!(" (limit {l})")).unwrap_or_default();
+            println!("concurrency key: {}{limit}", c.key);
+        }
+    }
     if let Some(r) = &s.resources {
         println!("resources:  {}", crate::units::resources(r));
     }
@@ -303,6 +324,9 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     print_retries(s, now);
     if let Some(h) = &s.hint {
         println!("hint:       [{}] {}", h.tag.as_str(), printable(&h.message));
+    }
+    if let Some(r) = &s.resume {
+        println!("resumable:  {} — {}", if r.resumable { "yes" } else { "no" }, printable(&r.how));
     }
     if let Some(p) = &s.parent {
         println!("workflow:   {p}");

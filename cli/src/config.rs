@@ -84,9 +84,55 @@ pub struct CoordinatorConfig {
     pub notices_max_bytes: u64,
     /// Consumers (watching sessions) the notice stream allows.
     pub notices_max_consumers: u32,
+    /// Concurrency limits by key (`[concurrency_limits]`, `llm = 3`): they
+    /// win over the limits tasks are submitted with.
+    pub concurrency_limits: std::collections::BTreeMap<String, u32>,
+    /// Which tasks wait for approval at submit, and who may approve them.
+    pub approval: ApprovalConfig,
     /// Serve Prometheus metrics at `http://ADDR/metrics`.
     pub metrics_addr: Option<SocketAddr>,
     pub nats: NatsOptions,
+}
+
+/// `[approval]`: the coordinators' approval policy.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApprovalConfig {
+    /// Tasks of these kinds that are not idempotent are held `blocked`
+    /// until approved.
+    pub kinds: Vec<Kind>,
+    /// Tasks whose command (or a workflow step's) matches one of these
+    /// regular expressions are held until approved.
+    pub commands: Vec<String>,
+    /// Who may approve a task the policy held.
+    pub approver: ApproverConfig,
+}
+
+/// Who may approve a task the approval policy held.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ApproverConfig {
+    /// Its owner, or an operator.
+    #[default]
+    Owner,
+    /// Only an operator.
+    Operator,
+}
+
+impl ApprovalConfig {
+    /// The policy as the core takes it (the patterns compiled).
+    pub fn policy(&self) -> anyhow::Result<tenure_coordinator::ApprovalPolicy> {
+        let commands = self
+            .commands
+            .iter()
+            .map(|p| regex::Regex::new(p).with_context(|| format!("approval.commands: {p:?}")))
+            .collect::<anyhow::Result<_>>()?;
+        let approver = match self.approver {
+            ApproverConfig::Owner => tenure_coordinator::Approver::Owner,
+            ApproverConfig::Operator => tenure_coordinator::Approver::Operator,
+        };
+        Ok(tenure_coordinator::ApprovalPolicy { kinds: self.kinds.clone(), commands, approver })
+    }
 }
 
 /// Whole milliseconds of `d`.
@@ -117,6 +163,8 @@ impl Default for CoordinatorConfig {
             accept_registry_rollback: o.accept_registry_rollback,
             notices_max_bytes: o.notices.max_bytes,
             notices_max_consumers: o.notices.max_consumers,
+            concurrency_limits: o.core.concurrency_limits,
+            approval: ApprovalConfig::default(),
             metrics_addr: None,
             nats: o.nats,
         }
@@ -170,6 +218,9 @@ pub struct WorkerConfig {
     pub scratch_dir: Option<PathBuf>,
     /// Run tasks as this unprivileged user (the worker must run as root).
     pub run_as: Option<String>,
+    /// Labels tasks' placement constraints are matched against
+    /// (`[labels]`, `gpu = "a100"`).
+    pub labels: tenure_protocol::placement::Labels,
     /// Run tasks without control groups: no resource limits, processes
     /// that leave a task's process group not tracked.
     pub no_cgroups: bool,
@@ -194,6 +245,7 @@ impl Default for WorkerConfig {
             scratch_dir: o.scratch_dir,
             // The library holds the resolved user (`RunAs`), none by default.
             run_as: None,
+            labels: o.labels,
             no_cgroups: !o.cgroups,
             metrics_addr: None,
             nats: o.nats,
@@ -328,6 +380,15 @@ impl Validate for CoordinatorConfig {
             let label: SessionId = "x".parse()?;
             SessionId::scoped(name, &label).with_context(|| format!("operators: {name:?}"))?;
         }
+        for (key, limit) in &self.concurrency_limits {
+            let c = tenure_protocol::placement::Concurrency { key: key.clone(), limit: Some(*limit) };
+            let placement = tenure_protocol::placement::Placement { on: Vec::new(), concurrency: Some(c) };
+            placement.check().with_context(|| format!("concurrency_limits: {key:?}"))?;
+        }
+        self.approval.policy()?;
+        if self.approval.kinds.contains(&Kind::workflow()) {
+            bail!("approval.kinds: a workflow is held by its steps' commands (approval.commands), not by its kind");
+        }
         if self.registry_max_bytes < MIN_REGISTRY_BYTES {
             bail!("registry_max_bytes ({}) must be at least {MIN_REGISTRY_BYTES} (64 MiB)", self.registry_max_bytes);
         }
@@ -366,6 +427,7 @@ impl Validate for WorkerConfig {
         if let Some(user) = &self.run_as {
             tenure_worker::sandbox::RunAs::resolve(user).context("run_as")?;
         }
+        tenure_protocol::placement::check_labels(&self.labels).context("labels")?;
         if let (Some(scratch), Some(data)) = (&self.scratch_dir, &self.data_dir) {
             if scratch.starts_with(data) || data.starts_with(scratch) {
                 bail!(

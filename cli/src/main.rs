@@ -149,6 +149,22 @@ struct CoordinatorArgs {
     /// get, list and kill every identity's tasks. Repeatable.
     #[arg(long = "operator", env = "TENURE_OPERATORS", value_delimiter = ',')]
     operators: Vec<String>,
+    /// A concurrency limit for a key, `KEY=N` (repeatable): it wins over
+    /// the limit tasks of the key are submitted with.
+    #[arg(long = "key-limit", value_name = "KEY=N", value_parser = parse_key_limit)]
+    concurrency_limits: Vec<(String, u32)>,
+    /// Hold submitted tasks of this kind that are not idempotent until
+    /// approved (`tenure approve`); repeatable.
+    #[arg(long = "approve-kind", value_name = "KIND")]
+    approve_kinds: Vec<Kind>,
+    /// Hold submitted tasks whose command matches this regular expression
+    /// until approved; repeatable.
+    #[arg(long = "approve-command", value_name = "REGEX")]
+    approve_commands: Vec<String>,
+    /// Who may approve a task the approval policy held: its owner (or an
+    /// operator), or only an operator.
+    #[arg(long, value_enum)]
+    approver: Option<config::ApproverConfig>,
     /// Garbage-collect finished tasks this many seconds after they ended
     /// (files on the worker first, then the registry record); 0 keeps them.
     #[arg(long, env = "TENURE_RETENTION_SECS", default_value_t = C.retention_secs)]
@@ -222,12 +238,26 @@ struct WorkerArgs {
     /// with its groups. The worker must run as root.
     #[arg(long, env = "TENURE_RUN_AS", value_name = "USER")]
     run_as: Option<String>,
+    /// A label of this worker, `KEY=VALUE` (repeat for more): tasks placed
+    /// with `--on` run only on workers whose labels satisfy them.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    labels: Vec<(String, String)>,
     /// Run tasks without control groups (by default, where the host has a
     /// writable cgroup v2 hierarchy, each attempt runs in its own: resource
     /// limits, and a kill or pause reaches processes that left the task's
     /// process group). Without them tasks with limits are refused here.
     #[arg(long, env = "TENURE_NO_CGROUPS")]
     no_cgroups: bool,
+}
+
+fn parse_key_limit(s: &str) -> Result<(String, u32), String> {
+    let (k, n) = s.split_once('=').ok_or_else(|| format!("{s:?}: write KEY=N"))?;
+    let n = n.trim().parse::<u32>().map_err(|e| format!("{s:?}: {e}"))?;
+    Ok((k.trim().to_owned(), n))
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    tenure_protocol::placement::parse_label(s).map_err(|e| e.to_string())
 }
 
 /// `tenure sidecar`.
@@ -307,6 +337,26 @@ struct SubmitArgs {
     /// first whatever its priority.
     #[arg(long, value_name = "N", allow_negative_numbers = true, default_value_t = 0)]
     priority: i32,
+    /// Run only on a worker whose labels satisfy this (repeatable, all must
+    /// hold): `KEY=VALUE`, `KEY!=VALUE`, `'KEY in (A,B)'`, `'KEY notin
+    /// (A,B)'`, `KEY` (set) or `!KEY` (not set). While no live worker does,
+    /// the task is `blocked` (`no-matching-worker`), not refused.
+    #[arg(long = "on", value_name = "CONSTRAINT")]
+    on: Vec<String>,
+    /// Count this task against KEY: at most the key's limit of its tasks
+    /// run at once, cluster-wide; the others wait `blocked`
+    /// (`concurrency-limit`).
+    #[arg(long, value_name = "KEY")]
+    concurrency_key: Option<String>,
+    /// The limit for `--concurrency-key` (a limit configured for the key on
+    /// the coordinators wins, and a different one is refused; without
+    /// either, the limit already in force for the key).
+    #[arg(long, value_name = "N", requires = "concurrency_key")]
+    concurrency_limit: Option<u32>,
+    /// Hold the task for approval: it stays `blocked` (`awaiting-approval`)
+    /// until `tenure approve ID`; `tenure kill ID` ends it unrun.
+    #[arg(long)]
+    hold: bool,
     /// Memory limit of all the task's processes together (`64M`, `1.5G`,
     /// `512K`; binary units). Past it the kernel ends one of them and the
     /// task fails as `out-of-memory`. Only workers that enforce it run it.
@@ -472,6 +522,11 @@ enum Command {
     Pause { task: TaskId },
     /// Let a paused task go on (SIGCONT to its process group).
     Resume { task: TaskId },
+    /// Let a task held for approval (`submit --hold`, or the coordinators'
+    /// approval policy) start: it is queued. Its owner may, or an operator;
+    /// under `approval.approver = "operator"` only an operator may approve
+    /// what the policy held.
+    Approve { task: TaskId },
     /// Send one message to the stdin of a running agent task: the TEXT words
     /// joined by spaces, or all of stdin when no TEXT is given.
     Send {
@@ -651,6 +706,18 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
                 override_given!(sub, cfg, args, max_live_tasks, max_kept_tasks, max_output_bytes, registry_max_bytes);
                 override_given!(sub, cfg, args, notices_max_bytes, notices_max_consumers, registry_duplicate_window_ms);
                 override_given!(sub, cfg, args, accept_registry_rollback, priority_max_age_ms);
+                if config::given(sub, "concurrency_limits") {
+                    cfg.concurrency_limits = args.concurrency_limits.iter().cloned().collect();
+                }
+                if config::given(sub, "approve_kinds") {
+                    cfg.approval.kinds = args.approve_kinds.clone();
+                }
+                if config::given(sub, "approve_commands") {
+                    cfg.approval.commands = args.approve_commands.clone();
+                }
+                if let Some(approver) = args.approver {
+                    cfg.approval.approver = approver;
+                }
             };
             let Some(cfg) = config::resolve(&args.config, &given_global, shared, overrides)? else { return printed() };
             let _metrics = metrics::start(role, cfg.metrics_addr).await?;
@@ -673,6 +740,8 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             opts.core.worker_ttl = Duration::from_millis(cfg.worker_ttl_ms);
             opts.core.priority_max_age = Duration::from_millis(cfg.priority_max_age_ms);
             opts.core.operators = cfg.operators;
+            opts.core.concurrency_limits = cfg.concurrency_limits;
+            opts.core.approval = cfg.approval.policy()?;
             opts.core.retention = (cfg.retention_secs > 0).then(|| Duration::from_secs(cfg.retention_secs));
             tenure_coordinator::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
@@ -681,6 +750,9 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             let overrides = |cfg: &mut config::WorkerConfig| {
                 override_given!(sub, cfg, args, id, slots, data_dir, kill_grace_ms, heartbeat_ms, output_cap);
                 override_given!(sub, cfg, args, kill_tasks_on_exit, kinds, scratch_dir, run_as, no_cgroups);
+                if config::given(sub, "labels") {
+                    cfg.labels = args.labels.iter().cloned().collect();
+                }
             };
             let Some(cfg) = config::resolve(&args.config, &given_global, shared, overrides)? else { return printed() };
             let _metrics = metrics::start(role, cfg.metrics_addr).await?;
@@ -693,6 +765,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             opts.output_cap = cfg.output_cap;
             opts.kill_tasks_on_exit = cfg.kill_tasks_on_exit;
             opts.scratch_dir = cfg.scratch_dir;
+            opts.labels = cfg.labels;
             opts.run_as = cfg.run_as.as_deref().map(tenure_worker::sandbox::RunAs::resolve).transpose()?;
             opts.cgroups = !cfg.no_cgroups;
             opts.shim_program = std::env::current_exe()?;

@@ -221,6 +221,8 @@ impl Tools {
             retry: None,
             not_before: None,
             priority: 0,
+            placement: None,
+            hold: false,
             resources: None,
         };
         let done = self.api.submit(spec).await.map_err(refusal)?;

@@ -14,6 +14,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use tenure_protocol::messages::{ApiError, ClusterStatus, SidecarHealth, TaskSnapshot};
+use tenure_protocol::placement::labels_text;
 use tenure_protocol::Status;
 
 use crate::text::printable;
@@ -70,7 +71,12 @@ async fn fetch(api: &Api) -> anyhow::Result<ClusterStatus> {
 
 async fn own_running(api: &Api) -> anyhow::Result<Vec<TaskSnapshot>> {
     let list = api.list(false).await?;
-    Ok(list.into_iter().filter(|t| matches!(t.status, Status::Leased | Status::Running | Status::Stopping)).collect())
+    Ok(list
+        .into_iter()
+        .filter(|t| {
+            matches!(t.status, Status::Leased | Status::Running | Status::Waiting | Status::Paused | Status::Stopping)
+        })
+        .collect())
 }
 
 fn nats_line(api: &Api) -> String {
@@ -151,6 +157,9 @@ pub fn render(s: &ClusterStatus, mine: &[TaskSnapshot], nats: &str) -> String {
             enforces,
             kinds.join(",")
         );
+        if !w.labels.is_empty() {
+            let _ = writeln!(out, "{:<14} labels {}", "", printable(&labels_text(&w.labels)));
+        }
     }
     if s.workers.is_empty() {
         let _ = writeln!(out, "(no worker has sent a heartbeat to this leader)");

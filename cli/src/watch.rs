@@ -101,7 +101,8 @@ fn show(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     } else {
         let exit = s.exit_code.map(|c| format!(" exit {c}")).unwrap_or_default();
         let detail = s.detail.as_deref().map(|d| format!(" ({})", printable(d))).unwrap_or_default();
-        println!("{} {}{exit}{detail}  {}", s.id, s.status, printable(&s.label));
+        let reason = s.kill_reason.as_deref().map(|r| format!(" [kill reason: {}]", printable(r))).unwrap_or_default();
+        println!("{} {}{exit}{detail}{reason}  {}", s.id, s.status, printable(&s.label));
     }
     Ok(())
 }

@@ -239,3 +239,33 @@ fn an_agent_task_is_refused_while_no_worker_runs_agents() {
     let task = c.submit(&["--", "echo fine"]);
     c.wait_status(&task, "completed", BOUND);
 }
+
+/// An agent blocked reading its input shows `waiting` (in `get` and `ls`),
+/// `running` again while it works on what it was sent, `waiting` at its
+/// next read; an agent that reads nothing never shows it.
+#[test]
+fn an_agent_reading_its_input_shows_waiting_and_running_once_it_has_some() {
+    let c = Cluster::start(1);
+    let task = c.submit(&["--kind", "agent", "--", r#"read -r a; echo "got $a"; sleep 5; read -r b; echo "then $b""#]);
+    let busy = c.submit(&["--kind", "agent", "--", "sleep 60"]);
+    let is = |t: &str, status: &str| eventually(BOUND, || c.try_snapshot(t).filter(|s| s["status"] == status));
+    assert!(is(&task, "waiting").is_some(), "never waiting: {:?}", c.try_snapshot(&task));
+    let listed = stdout(&c.cli(&["ls"]));
+    assert!(listed.lines().any(|l| l.contains(&task) && l.contains("waiting")), "{listed}");
+
+    send(&c, &task, "one");
+    wait_output(&c, &task, "got one\n");
+    assert!(is(&task, "running").is_some(), "still waiting while it works: {:?}", c.try_snapshot(&task));
+    assert!(is(&task, "waiting").is_some(), "its second read");
+    send(&c, &task, "two");
+    c.wait_status(&task, "completed", BOUND);
+    assert_eq!(logs(&c, &task), "got one\nthen two\n");
+
+    // Reading nothing is not waiting: sampled across many heartbeats.
+    c.wait_status(&busy, "running", BOUND);
+    for _ in 0..10 {
+        assert_eq!(c.snapshot(&busy)["status"], "running");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(c.cli(&["kill", &busy]).status.success());
+}

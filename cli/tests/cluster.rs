@@ -39,6 +39,32 @@ fn a_shell_task_streams_its_output_and_completes() {
     assert_eq!(stdout(&c.cli(&["logs", &t2])), format!("hello\n{cwd}\n"));
 }
 
+/// `logs -f` on a task that is leased but not yet taken by its machine (its
+/// worker is stopped, so the grant waits): the follower waits for the
+/// output instead of answering not-found, and prints it all once the worker
+/// goes on.
+#[test]
+fn logs_follow_of_a_leased_task_not_yet_taken_waits_for_its_output() {
+    use nix::sys::signal::Signal;
+    let mut c = Cluster::start(1);
+    c.signal("worker-w1", Signal::SIGSTOP);
+    let task = c.submit(&["--", "echo taken"]);
+    let leased = eventually(BOUND, || c.try_snapshot(&task).filter(|s| s["status"] == "leased"));
+    assert!(leased.is_some(), "{:?}", c.try_snapshot(&task));
+    let follower = std::process::Command::new(common::BIN)
+        .args(["--nats", &c.nats.url, "--session", &c.session, "logs", &task, "--follow"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("logs -f");
+    // Held well under the worker TTL: the worker is not judged lost.
+    std::thread::sleep(Duration::from_millis(800));
+    c.signal("worker-w1", Signal::SIGCONT);
+    let out = follower.wait_with_output().expect("logs -f ends");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "taken\n");
+}
+
 #[test]
 fn failures_report_their_exit_code_and_wait_exits_non_zero() {
     let c = Cluster::start(1);

@@ -135,6 +135,7 @@ fn a_forged_heartbeat_claiming_the_last_epoch_deposes_nobody() {
                 replaces: None,
                 incarnation: None,
                 mark: None,
+                labels: Default::default(),
                 enforces: Default::default(),
             };
             let bytes = tenure_protocol::encode(&hb).expect("encode");

@@ -408,6 +408,7 @@ fn a_machine_credential_cannot_speak_for_another_machine() {
             replaces: None,
             incarnation: None,
             mark: None,
+            labels: Default::default(),
             enforces: Default::default(),
         };
         let bytes = tenure_protocol::encode(&forged).expect("encode");

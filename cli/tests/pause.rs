@@ -102,7 +102,10 @@ fn a_paused_counter_stays_stopped_through_a_worker_and_a_leader_kill_and_goes_on
     // Paused: the whole group stopped, recorded, and no output comes.
     assert_eq!(cli_ok(&c, &["pause", &task]).trim(), format!("{task} paused"));
     let held = wait_held(&c, &task, pgid);
-    assert_eq!(c.snapshot(&task)["status"], "paused");
+    let paused = c.snapshot(&task);
+    assert_eq!((&paused["status"], &paused["resume"]["resumable"]), (&"paused".into(), &true.into()), "{paused}");
+    let how = paused["resume"]["how"].as_str().unwrap_or_default();
+    assert!(how.contains(&format!("tenure resume {task}")), "{how}");
 
     // The worker dies; something continues the group behind the shim's back
     // (the count goes on); the restarted worker re-attaches and the shim

@@ -23,12 +23,17 @@ use tenure_protocol::messages::{
     ApiError, ApiReply, ApiRequest, ApiResponse, ClusterStatus, OutputChunk, OutputReply, OutputRequest, SubmitRequest,
     TaskSnapshot, MAX_OUTPUT_CHUNK, MAX_WAIT_MS,
 };
-use tenure_protocol::{subjects, SessionId, TaskId, TaskSpec, WorkerId};
+use tenure_protocol::{subjects, SessionId, Status, TaskId, TaskSpec, WorkerId};
 
 pub use retry::{decide, Decision, Failure, Policy, Repeat};
 
 /// How long one plain request waits for its answer.
 pub const API_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a follower rides through a machine whose sidecar does not
+/// answer before it gives up with the error (the task goes on; its output
+/// is read again once the machine answers).
+pub const SIDECAR_PATIENCE: Duration = Duration::from_secs(120);
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -306,12 +311,32 @@ impl Client {
         }
     }
 
+    /// One read of the output of `snapshot`'s latest attempt from its
+    /// machine's sidecar; `None` while no machine has it yet: the task is
+    /// queued or blocked, or leased and its sidecar has not taken the grant
+    /// (it answers not-found then, as for a task that is not the caller's;
+    /// the leader already said it is).
+    pub async fn read_latest(
+        &self,
+        snapshot: &TaskSnapshot,
+        offset: u64,
+        max: u32,
+    ) -> Result<Option<OutputChunk>, Error> {
+        let Some(worker) = &snapshot.worker else { return Ok(None) };
+        let not_taken = matches!(snapshot.status, Status::Queued | Status::Blocked | Status::Leased);
+        match self.read_output(worker, &snapshot.id, offset, max).await {
+            Err(Error::Api(ApiError::NotFound(_))) if not_taken => Ok(None),
+            other => other.map(Some),
+        }
+    }
+
     /// Reads `task`'s output from byte `offset` into `sink`, from the sidecar
     /// of the machine its latest attempt ran on (`snapshot` is the task's
     /// snapshot when the read starts, refreshed when the task is quiet).
     /// Without `follow`, returns once everything written so far is out; with
     /// it, keeps reading until the attempt ended and every byte is out,
-    /// riding through a sidecar that does not answer yet. Once the whole
+    /// riding through a sidecar that does not answer yet (for
+    /// [`SIDECAR_PATIENCE`], and not once the task is `unknown`). Once the whole
     /// terminal output is out the task is marked reported. Returns the offset
     /// reached.
     pub async fn follow_output(
@@ -324,25 +349,44 @@ impl Client {
         const IDLE_MAX: Duration = Duration::from_millis(250);
         let task = &snapshot.id.clone(); // `snapshot` is refreshed below
         let mut idle = Duration::from_millis(20);
+        // Since when the machine has not answered (`None` while it does).
+        let mut unanswered: Option<Instant> = None;
         loop {
-            let Some(worker) = snapshot.worker.clone() else {
-                if !follow || snapshot.status.is_terminal() {
-                    return Ok(offset);
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                snapshot = self.get(task).await?;
-                continue;
-            };
-            let chunk = match self.read_output(&worker, task, offset, MAX_OUTPUT_CHUNK).await {
-                Ok(chunk) => chunk,
-                Err(e @ Error::Api(_)) => return Err(e),
-                Err(e) if follow => {
-                    tracing::warn!(error = %e, "output not readable yet; retrying");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+            let chunk = match self.read_latest(&snapshot, offset, MAX_OUTPUT_CHUNK).await {
+                Ok(Some(chunk)) => chunk,
+                // No machine has its attempt yet.
+                Ok(None) => {
+                    if !follow || snapshot.status.is_terminal() {
+                        return Ok(offset);
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    snapshot = self.get(task).await?;
                     continue;
                 }
-                Err(e) => return Err(Error::Output { task: task.clone(), worker, source: Box::new(e) }),
+                Err(e @ Error::Api(_)) => return Err(e),
+                Err(e) => {
+                    // The machine does not answer: ridden through while following,
+                    // for a while — not for a task whose machine is judged lost,
+                    // nor past `SIDECAR_PATIENCE` of silence.
+                    let since = *unanswered.get_or_insert_with(Instant::now);
+                    let patient = follow && since.elapsed() < SIDECAR_PATIENCE;
+                    if patient {
+                        snapshot = self.get(task).await?;
+                    }
+                    let worker = snapshot.worker.clone();
+                    match (patient && snapshot.status != Status::Unknown, worker) {
+                        (true, _) | (false, None) => {
+                            tracing::debug!(error = %e, "output not readable yet; retrying");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                            continue;
+                        }
+                        (false, Some(worker)) => {
+                            return Err(Error::Output { task: task.clone(), worker, source: Box::new(e) })
+                        }
+                    }
+                }
             };
+            unanswered = None;
             if !chunk.data.is_empty() {
                 sink(&chunk.data).map_err(Error::Sink)?;
                 offset = chunk.next_offset;

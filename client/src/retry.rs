@@ -70,7 +70,9 @@ impl Repeat {
             // Marking reported again marks nothing new; acknowledging a
             // notice twice acknowledges it once.
             | ApiRequest::MarkReported { .. }
-            | ApiRequest::Notices { .. } => Repeat::Safe,
+            | ApiRequest::Notices { .. }
+            // An approval is applied once: again, it finds the task queued.
+            | ApiRequest::Approve { .. } => Repeat::Safe,
             // A pause sent again after someone's resume would undo it.
             ApiRequest::Kill { .. }
             | ApiRequest::Archive { .. }

@@ -44,6 +44,7 @@ use tenure_protocol::messages::{
     ApiReply, ApiRequest, ApiResponse, CleanupReply, CleanupRequest, CoordinatorPresence, EvidenceReply,
     EvidenceRequest, Heartbeat, Notice, Report, ReportAck, WorkerCommand, WorkerReply,
 };
+use tenure_protocol::placement::Concurrency;
 use tenure_protocol::{apply, Decision, Epoch, Event, Kind, Status, TaskId, WorkerId};
 use uuid::Uuid;
 
@@ -78,6 +79,34 @@ pub struct CoreConfig {
     /// A task queued (and free to start) this long goes before every task
     /// queued later, whatever their priorities: no task starves.
     pub priority_max_age: Duration,
+    /// Concurrency limits by key: they win over a task's own (see `flow.rs`).
+    pub concurrency_limits: BTreeMap<String, u32>,
+    /// Which submitted tasks wait for approval, and who may give it.
+    pub approval: ApprovalPolicy,
+}
+
+/// The coordinators' approval policy (seed 003's plan mode): which tasks
+/// are held `blocked` at submit until someone allowed approves them. A task
+/// submitted with `--hold` is held whatever the policy, and its owner may
+/// approve it.
+#[derive(Debug, Clone, Default)]
+pub struct ApprovalPolicy {
+    /// Tasks of these kinds that are not idempotent are held.
+    pub kinds: Vec<Kind>,
+    /// Tasks whose command (or, for a workflow, a step's) matches one of
+    /// these are held, idempotent or not.
+    pub commands: Vec<regex::Regex>,
+    /// Who may approve a task the policy held: its owner or an operator
+    /// (`Owner`), or only an operator (`Operator`).
+    pub approver: Approver,
+}
+
+/// Who may approve a task held by the approval policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Approver {
+    #[default]
+    Owner,
+    Operator,
 }
 
 impl Default for CoreConfig {
@@ -91,6 +120,8 @@ impl Default for CoreConfig {
             retention: Some(Duration::from_secs(7 * 24 * 3600)),
             limits: Limits::default(),
             priority_max_age: Duration::from_secs(10 * 60),
+            concurrency_limits: BTreeMap::new(),
+            approval: ApprovalPolicy::default(),
         }
     }
 }
@@ -165,7 +196,10 @@ pub enum Input {
     Tick,
 }
 
-/// Something the driver must do, in order.
+/// Something the driver must do, in order. Carried out as soon as the
+/// batch is, never kept: the size of its largest variant (a command with a
+/// grant) costs nothing, so it is not boxed.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
     /// Append this record to the registry (conditionally). Must succeed before
@@ -244,6 +278,8 @@ pub struct Core {
     cleanups: board::Cleanups,
     workflows: workflow::Workflows,
     pauses: pauses::Pauses,
+    /// The live tasks of each concurrency key (see `flow.rs`).
+    keys: flow::Keys,
     clock: RegistryClock,
     /// What each identity holds, and the registry budget (see `limits.rs`).
     usage: Usage,
@@ -292,6 +328,7 @@ impl Core {
             cleanups: board::Cleanups::default(),
             workflows: workflow::Workflows::default(),
             pauses: pauses::Pauses::default(),
+            keys: flow::Keys::default(),
             clock,
             usage: Usage::default(),
             claims: epochs::Claims::default(),
@@ -311,7 +348,7 @@ impl Core {
             if let (true, Some(w)) = (r.life.status.is_on_worker(), &r.life.worker) {
                 core.workers.holding_tasks(w, now);
             }
-            core.index(&r.id, None, r.life.status, now);
+            core.index(&r.id, concurrency(&r), None, r.life.status, now);
             if let Some(of) = &r.parent {
                 core.workflows.index_step(&r.id, of);
             }
@@ -477,6 +514,7 @@ impl Core {
             record.incarnation = incarnation.map(Box::new);
         }
         let after = life.status;
+        let key = concurrency(record).cloned();
         // Dispatched: the process started — or ended before its start report
         // was seen (a short task).
         // (A start may land `paused`: evidence of an attempt its owner paused.)
@@ -527,7 +565,7 @@ impl Core {
             }
         }
         if before != after {
-            self.index(task, Some(before), after, now);
+            self.index(task, key.as_ref(), Some(before), after, now);
             if !after.is_on_worker() {
                 self.dispatch.off_worker(task);
                 self.doubts.off_worker(task);
@@ -541,16 +579,23 @@ impl Core {
 
     /// Moves `task` between the parts' status indexes (`before` is `None`
     /// for a task new to this leader).
-    fn index(&mut self, task: &TaskId, before: Option<Status>, after: Status, now: Now) {
+    fn index(&mut self, task: &TaskId, key: Option<&Concurrency>, before: Option<Status>, after: Status, now: Now) {
         self.dispatch.index(task, before, after, now.mono);
         self.doubts.index(task, before, after);
+        self.keys.index(task, key, after);
     }
+}
+
+/// The concurrency key `r` counts against, if any.
+fn concurrency(r: &TaskRecord) -> Option<&Concurrency> {
+    r.spec.placement.as_ref().and_then(|p| p.concurrency.as_ref())
 }
 
 mod api;
 mod board;
 mod dispatch;
 mod epochs;
+mod flow;
 mod liveness;
 mod pauses;
 mod presence;

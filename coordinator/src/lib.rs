@@ -23,6 +23,7 @@ pub mod record;
 pub mod registry;
 mod tasks;
 
+pub use core::{ApprovalPolicy, Approver};
 pub use daemon::{run, Error, Options};
 pub use leadership::LeadershipConfig;
 pub use limits::Limits;

@@ -5,9 +5,9 @@
 //! message holds: a task record or a leadership claim.
 
 use serde::{Deserialize, Serialize};
-use tenure_protocol::messages::{CleanupState, TaskSnapshot};
+use tenure_protocol::messages::{CleanupState, Resumability, TaskSnapshot};
 use tenure_protocol::retry::AttemptEnd;
-use tenure_protocol::{Epoch, Lifecycle, SessionId, TaskId, TaskSpec};
+use tenure_protocol::{Epoch, Kind, Lifecycle, SessionId, Status, TaskId, TaskSpec};
 use uuid::Uuid;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -203,9 +203,73 @@ impl TaskRecord {
                 .and_then(|a| a.ready_wall_ms),
             retry: self.spec.retry.as_deref().cloned(),
             priority: self.spec.priority,
+            placement: self.spec.placement.as_deref().cloned(),
+            resume: self.resumability(),
             resources: self.spec.resources.as_deref().cloned(),
         }
     }
+
+    /// Whether the task can go on as it is, and how to go on: for a paused,
+    /// finished or `unknown` task (none for the others: they go on by
+    /// themselves, or their hint says what they wait for).
+    fn resumability(&self) -> Option<Resumability> {
+        let id = &self.id;
+        let again = || {
+            let command = match self.spec.steps.first() {
+                Some(_) => self
+                    .spec
+                    .steps
+                    .iter()
+                    .map(|s| format!("--step {}", quoted(&s.command)))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                None => format!("-- {}", quoted(&self.spec.command)),
+            };
+            let kind = match self.spec.kind == Kind::shell() || !self.spec.steps.is_empty() {
+                true => String::new(),
+                false => format!("--kind {} ", self.spec.kind),
+            };
+            let idempotent = if self.spec.idempotent { "--idempotent " } else { "" };
+            format!("tenure submit {kind}{idempotent}{command}")
+        };
+        let (resumable, how) = match self.life.status {
+            Status::Paused => (true, format!("paused: `tenure resume {id}` lets it go on where it stopped")),
+            Status::Completed => (false, format!("it completed; to run it again: `{}`", again())),
+            Status::Failed | Status::Killed => {
+                let retried = self.attempts.as_ref().map_or(0, |a| a.history.iter().filter(|e| e.retried).count());
+                let tries = match retried {
+                    0 => String::new(),
+                    n => format!(" after {} attempts", n + 1),
+                };
+                (false, format!("its process ended{tries} and nothing of it runs; to run it again: `{}`", again()))
+            }
+            Status::Unknown => (
+                false,
+                format!(
+                    "its attempt may have run (see the hint) and is not run again by itself; once you know it did                      not finish, run it again: `{}`, and settle this one with `tenure kill {id}`",
+                    again()
+                ),
+            ),
+            _ => return None,
+        };
+        Some(Resumability { resumable, how })
+    }
+}
+
+/// Longest command quoted in a snapshot's advice (bytes); a longer one is cut.
+const MAX_QUOTED_COMMAND: usize = 200;
+
+/// `command` as one single-quoted shell word, its first line cut to
+/// [`MAX_QUOTED_COMMAND`] (`…` marks a cut: the full command is in the
+/// task's spec).
+fn quoted(command: &str) -> String {
+    let line = command.lines().next().unwrap_or("");
+    let mut cut = line.len().min(MAX_QUOTED_COMMAND);
+    while !line.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let more = if cut < command.len() { "…" } else { "" };
+    format!("'{}'{more}", line[..cut].replace('\'', "'\\''"))
 }
 
 /// A leadership claim: the coordinator `by` leads from `epoch` on.
@@ -244,6 +308,42 @@ pub enum RegistryEntry {
 mod tests {
     use super::*;
     use tenure_protocol::{Attempt, Ending, HintTag, Status, TaskSpec};
+
+    #[test]
+    fn a_command_is_quoted_as_one_shell_word_and_cut_on_its_first_line() {
+        assert_eq!(quoted("echo hi"), "'echo hi'");
+        assert_eq!(quoted("echo 'a b'"), r"'echo '\''a b'\'''");
+        assert_eq!(quoted("make\nmake test"), "'make'…");
+        let long = "é".repeat(MAX_QUOTED_COMMAND);
+        let q = quoted(&long);
+        assert!(q.len() <= MAX_QUOTED_COMMAND + 8 && q.ends_with("'…"), "{q}");
+    }
+
+    /// Every status says whether the task can go on and how, or says
+    /// nothing (it goes on by itself, or its hint says what it waits for).
+    #[test]
+    fn ended_unknown_and_paused_tasks_say_whether_and_how_they_go_on() {
+        let id: TaskId = "agent-4".parse().unwrap();
+        let spec = TaskSpec { kind: Kind::agent(), idempotent: true, ..TaskSpec::shell("l", "claude -p 'fix it'") };
+        let mut r = TaskRecord::new(id, "alice".parse().unwrap(), Uuid::nil(), spec, 0);
+        for status in Status::ALL.into_iter().filter(|s| s.is_stored()) {
+            r.life.status = status;
+            let advice = r.resumability();
+            match status {
+                Status::Paused => assert_eq!(
+                    advice.map(|a| (a.resumable, a.how.contains("tenure resume agent-4"))),
+                    Some((true, true))
+                ),
+                Status::Completed | Status::Failed | Status::Killed | Status::Unknown => {
+                    let a = advice.unwrap_or_else(|| panic!("{status}: no advice"));
+                    assert!(!a.resumable, "{status}");
+                    let again = r"`tenure submit --kind agent --idempotent -- 'claude -p '\''fix it'\'''`";
+                    assert!(a.how.contains(again), "{status}: {}", a.how);
+                }
+                s => assert_eq!(advice, None, "{s}"),
+            }
+        }
+    }
 
     /// A registry record as written before kinds, sessions and worker ids were
     /// interned and the hint, step and trace fields boxed: an unknown step

@@ -152,6 +152,23 @@ fn seeded_schedules_with_pauses_keep_the_safety_rules() {
     assert!(carried("true") && carried("false"), "no pause or resume reached a worker");
 }
 
+/// The same with a fifth of the tasks submitted held and approved at random
+/// times (each retried until answered, through faults): no held task starts
+/// before it was asked to be approved, and every one settles.
+#[test]
+fn seeded_schedules_with_approvals_keep_the_safety_rules() {
+    let n = seeds().len().min(500);
+    let opts = Options { approvals: true, ..options() };
+    assert_all_pass(&seeds()[..n], &opts);
+    // The schedules did hold tasks and approve them.
+    let traced = Options { trace: true, ..opts };
+    let approved = (0..50).any(|i| {
+        let run = sim::run(FIRST_SEED + i, &traced);
+        run.trace.iter().any(|l| l.contains("held=true")) && run.trace.iter().any(|l| l.contains("approval of task"))
+    });
+    assert!(approved, "no schedule held and approved a task");
+}
+
 #[test]
 fn a_seed_replays_exactly() {
     let opts = Options { trace: true, ..Options::default() };

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use tenure_protocol::messages::{
     ApiError, ApiRequest, ApiResponse, InputReply, InputRequest, TaskSnapshot, MAX_INPUT_BYTES, MAX_OUTPUT_CHUNK,
 };
+use tenure_protocol::placement::Placement;
 use tenure_protocol::resources::ResourceLimits;
 use tenure_protocol::retry::{NotBefore, RetryCause, RetryPolicy};
 use tenure_protocol::spec::TimeLimits;
@@ -61,6 +62,9 @@ pub fn router() -> OpenApiRouter<State> {
         .routes(routes!(send))
         .routes(routes!(wait))
         .routes(routes!(archive))
+        .routes(routes!(approve))
+        .routes(routes!(pause))
+        .routes(routes!(resume))
         .routes(routes!(unarchive))
         .routes(routes!(status))
         .routes(routes!(whoami))
@@ -138,7 +142,8 @@ pub struct TaskView {
     pub kind: String,
     pub label: String,
     pub owner: String,
-    /// queued, leased, running, stopping, completed, killed, failed, unknown.
+    /// queued, blocked, leased, running, waiting (an agent reading its
+    /// input), paused, stopping, completed, killed, failed, unknown.
     pub status: String,
     pub detail: Option<String>,
     pub exit_code: Option<i32>,
@@ -150,7 +155,8 @@ pub struct TaskView {
     pub kill_requested: bool,
     /// Why it was asked to stop, as the first kill said it.
     pub kill_reason: Option<String>,
-    /// Why the outcome could not be proved (for `unknown`) and what to do.
+    /// Why the outcome could not be proved (for `unknown`), or why it cannot
+    /// start (for `blocked`), and what to do.
     pub hint: Option<HintView>,
     /// RFC 3339, UTC.
     pub created_at: String,
@@ -182,6 +188,15 @@ pub struct TaskView {
     #[schema(value_type = Option<Object>)]
     pub retry: Option<serde_json::Value>,
     pub priority: i32,
+    /// Its placement constraints, as written (`gpu=a100`, `repo in (web,api)`).
+    pub on: Vec<String>,
+    /// Its concurrency key and the limit it was submitted with, if any.
+    pub concurrency_key: Option<String>,
+    pub concurrency_limit: Option<u32>,
+    /// For a task that ended, is `unknown` or `paused`: whether it can go on
+    /// as it is (`resume` of a paused one), and how to go on either way.
+    pub resumable: Option<bool>,
+    pub resume_how: Option<String>,
     /// Its resource limits (`memory_bytes`, `cpu_millis`, `pids`), when it
     /// has some.
     #[schema(value_type = Option<Object>)]
@@ -237,6 +252,11 @@ impl From<&TaskSnapshot> for TaskView {
             not_before_ms: s.not_before_ms,
             retry: s.retry.as_ref().and_then(|r| serde_json::to_value(r).ok()),
             priority: s.priority,
+            on: s.placement.iter().flat_map(|p| p.on.iter().map(ToString::to_string)).collect(),
+            concurrency_key: s.placement.as_ref().and_then(|p| p.concurrency.as_ref()).map(|c| c.key.clone()),
+            concurrency_limit: s.placement.as_ref().and_then(|p| p.concurrency.as_ref()).and_then(|c| c.limit),
+            resumable: s.resume.as_ref().map(|r| r.resumable),
+            resume_how: s.resume.as_ref().map(|r| r.how.clone()),
             resources: s.resources.as_ref().and_then(|r| serde_json::to_value(r).ok()),
         }
     }
@@ -303,6 +323,20 @@ pub struct SubmitBody {
     /// Dispatch priority, -100 to 100 (higher first; default 0).
     #[serde(default)]
     pub priority: i32,
+    /// Placement constraints on worker labels, each as `KEY=VALUE`,
+    /// `KEY!=VALUE`, `KEY in (A,B)`, `KEY notin (A,B)`, `KEY` or `!KEY`.
+    #[serde(default)]
+    pub on: Vec<String>,
+    /// Running tasks that share this key are capped cluster-wide.
+    #[serde(default)]
+    pub concurrency_key: Option<String>,
+    /// The cap for `concurrency_key` (the coordinator's configured limit
+    /// for the key wins; a different one is refused).
+    #[serde(default)]
+    pub concurrency_limit: Option<u32>,
+    /// Hold the task for approval: it stays `blocked` until approved.
+    #[serde(default)]
+    pub hold: bool,
     /// Memory limit of all the task's processes together (bytes).
     #[serde(default)]
     pub memory_bytes: Option<u64>,
@@ -372,6 +406,8 @@ pub async fn submit(
         }
     });
     let (retry, not_before) = retry_fields(&body)?;
+    let placement = Placement::from_parts(&body.on, body.concurrency_key.clone(), body.concurrency_limit)
+        .map_err(|e| Error::bad_request("invalid-spec", format!("placement: {e}")))?;
     let spec = TaskSpec {
         kind,
         label,
@@ -387,6 +423,8 @@ pub async fn submit(
         retry,
         not_before,
         priority: body.priority,
+        placement: placement.map(Box::new),
+        hold: body.hold,
         resources: Some(ResourceLimits {
             memory_bytes: body.memory_bytes,
             cpu_millis: body.cpu_millis,
@@ -542,10 +580,11 @@ pub async fn read_chunk(
             "a workflow's output is its steps' outputs: read each step's task",
         ));
     }
-    let Some(worker) = &s.worker else {
+    // Nothing yet while no machine has its attempt (queued, or leased and
+    // not yet taken).
+    let Some(chunk) = client.read_latest(s, offset, max).await? else {
         return Ok(LogChunk { offset, next_offset: offset, text: String::new(), finished: s.status.is_terminal() });
     };
-    let chunk = client.read_output(worker, &s.id, offset, max).await?;
     let (text, used) = utf8_prefix(&chunk.data);
     let finished = chunk.finished && chunk.data.is_empty();
     if finished {
@@ -689,6 +728,32 @@ async fn board_move(caller: &Caller, req: ApiRequest) -> Reply<TaskView> {
     responses((status = 200, body = TaskView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn archive(caller: Caller, TaskPath(id): TaskPath) -> Reply<TaskView> {
     let req = ApiRequest::Archive { session: caller.client.session().clone(), task: id };
+    board_move(&caller, req).await
+}
+
+/// Let a task held for approval start (403 when the approval policy does
+/// not allow the caller; 409 when it is not awaiting approval). Safe to
+/// send again: an approved task not yet started is answered as it is.
+#[utoipa::path(post, path = "/v1/tasks/{id}/approve", params(("id" = String, Path)),
+    responses((status = 200, body = TaskView), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn approve(caller: Caller, TaskPath(id): TaskPath) -> Reply<TaskView> {
+    let req = ApiRequest::Approve { session: caller.client.session().clone(), task: id };
+    board_move(&caller, req).await
+}
+
+/// Hold a running task's process group stopped (`paused`; 409 unless it runs).
+#[utoipa::path(post, path = "/v1/tasks/{id}/pause", params(("id" = String, Path)),
+    responses((status = 200, body = TaskView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn pause(caller: Caller, TaskPath(id): TaskPath) -> Reply<TaskView> {
+    let req = ApiRequest::Pause { session: caller.client.session().clone(), task: id };
+    board_move(&caller, req).await
+}
+
+/// Let a paused task go on.
+#[utoipa::path(post, path = "/v1/tasks/{id}/resume", params(("id" = String, Path)),
+    responses((status = 200, body = TaskView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn resume(caller: Caller, TaskPath(id): TaskPath) -> Reply<TaskView> {
+    let req = ApiRequest::Resume { session: caller.client.session().clone(), task: id };
     board_move(&caller, req).await
 }
 

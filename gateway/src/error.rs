@@ -74,6 +74,9 @@ pub fn api_status(e: &ApiError) -> (StatusCode, &'static str) {
         ApiError::RecordTooLarge { .. } => (S::PAYLOAD_TOO_LARGE, "record-too-large"),
         ApiError::RegistryFull { .. } => (S::SERVICE_UNAVAILABLE, "registry-full"),
         ApiError::RegistryBehind { .. } => (S::SERVICE_UNAVAILABLE, "registry-behind"),
+        ApiError::ConcurrencyLimitConflict { .. } => (S::CONFLICT, "concurrency-limit-conflict"),
+        ApiError::ApprovalRefused { .. } => (S::FORBIDDEN, "approval-refused"),
+        ApiError::NotAwaitingApproval { .. } => (S::CONFLICT, "not-awaiting-approval"),
     }
 }
 

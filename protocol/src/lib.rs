@@ -10,6 +10,7 @@ pub mod ids;
 mod intern;
 pub mod lifecycle;
 pub mod messages;
+pub mod placement;
 pub mod resources;
 pub mod retry;
 pub mod spec;

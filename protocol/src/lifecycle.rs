@@ -42,10 +42,22 @@ pub enum Status {
     /// process group is held with SIGSTOP until `tenure resume`. It keeps its
     /// worker slot and its lease; a kill still ends it.
     Paused,
+    /// Not started, for a reason a person can act on; the hint names it. In
+    /// the registry only while it awaits approval (`--hold`, or the
+    /// coordinator's approval policy): `tenure approve` queues it, a kill
+    /// ends it without it ever running. Views also show a queued task
+    /// `blocked` while its concurrency key is full or no live worker
+    /// satisfies its placement — those come and go with the cluster and are
+    /// never written.
+    Blocked,
+    /// Shown, never stored: a running `agent` task with a process blocked
+    /// reading its input (no input pending); it goes back to `running` when
+    /// input arrives. The lifecycle sees it as `running`.
+    Waiting,
 }
 
 impl Status {
-    pub const ALL: [Status; 9] = [
+    pub const ALL: [Status; 11] = [
         Status::Queued,
         Status::Leased,
         Status::Running,
@@ -55,11 +67,19 @@ impl Status {
         Status::Failed,
         Status::Unknown,
         Status::Paused,
+        Status::Blocked,
+        Status::Waiting,
     ];
 
     /// Completed, killed or failed: nothing moves the task again.
     pub fn is_terminal(self) -> bool {
         matches!(self, Status::Completed | Status::Killed | Status::Failed)
+    }
+
+    /// Whether a lifecycle can be in it: every status but `waiting`, which
+    /// views show for a `running` task.
+    pub fn is_stored(self) -> bool {
+        self != Status::Waiting
     }
 
     /// Holds (or may hold) a worker slot.
@@ -78,6 +98,8 @@ impl Status {
             Status::Failed => "failed",
             Status::Unknown => "unknown",
             Status::Paused => "paused",
+            Status::Blocked => "blocked",
+            Status::Waiting => "waiting",
         }
     }
 }
@@ -205,6 +227,13 @@ pub enum HintTag {
     /// The worker machine restarted (power loss, reboot) while the attempt
     /// ran: its process died with the machine and no exit status survived.
     MachineRestarted,
+    /// Held before its first attempt until someone allowed to approves it.
+    AwaitingApproval,
+    /// Queued, and as many tasks of its concurrency key as its limit allows
+    /// hold a worker (or may: `unknown` ones count).
+    ConcurrencyLimit,
+    /// Queued, and no live worker that runs its kind satisfies its placement.
+    NoMatchingWorker,
 }
 
 impl HintTag {
@@ -217,6 +246,9 @@ impl HintTag {
             HintTag::KillPending => "kill-pending",
             HintTag::MachineReplaced => "machine-replaced",
             HintTag::MachineRestarted => "machine-restarted",
+            HintTag::AwaitingApproval => "awaiting-approval",
+            HintTag::ConcurrencyLimit => "concurrency-limit",
+            HintTag::NoMatchingWorker => "no-matching-worker",
         }
     }
 }
@@ -299,6 +331,11 @@ impl Lifecycle {
         }
     }
 
+    /// A newly submitted task held for approval (`blocked`, with `hint`).
+    pub fn held(idempotent: bool, hint: RecoveryHint) -> Lifecycle {
+        Lifecycle { status: Status::Blocked, hint: Some(Box::new(hint)), ..Lifecycle::queued(idempotent) }
+    }
+
     /// What a start of the current attempt makes of the task: a pending kill
     /// first, then a pending pause.
     fn started_status(&self) -> Status {
@@ -357,6 +394,11 @@ pub enum Event {
     // ---- pause and resume (see `pause_move`) ----
     /// The owner asks for the running attempt to be held stopped.
     PauseRequested,
+    // ---- approval ----
+    /// Someone allowed to (see the coordinator's approval policy) lets a
+    /// task held for approval start: it is queued. Applied once: a second
+    /// approval finds it queued (a duplicate) or beyond.
+    Approved,
     /// The owner asks for a paused attempt to go on.
     ResumeRequested,
 }
@@ -490,7 +532,7 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
             if !is_current(l, *attempt, *epoch) {
                 return Keep(Unchanged::Stale);
             }
-            if l.status == Queued {
+            if matches!(l.status, Queued | Blocked) {
                 return Keep(Unchanged::NotApplicable);
             }
             next.status = outcome.ending.status();
@@ -541,6 +583,15 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
         // Decided by `retry_move` above.
         Event::Retry { .. } | Event::WorkerLostFinal { .. } => Keep(Unchanged::NotApplicable),
         Event::PauseRequested | Event::ResumeRequested => Keep(Unchanged::NotApplicable),
+        Event::Approved => match l.status {
+            Blocked => {
+                next.status = Queued;
+                next.hint = None;
+                Changed(next)
+            }
+            Queued if l.attempt.0 == 0 => Keep(Unchanged::Duplicate),
+            _ => Keep(Unchanged::NotApplicable),
+        },
         Event::KillRequested { reason } => {
             // The first kill's reason is the one kept.
             next.kill_reason = l.kill_reason.clone().or_else(|| reason.clone());
@@ -549,6 +600,14 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
                     next.status = Killed;
                     next.kill_requested = true;
                     next.outcome = Some(Outcome::new(Ending::Killed, None, Some("killed while queued".into())));
+                    Changed(next)
+                }
+                Blocked => {
+                    next.status = Killed;
+                    next.kill_requested = true;
+                    next.hint = None;
+                    let detail = "killed while awaiting approval: it never ran";
+                    next.outcome = Some(Outcome::new(Ending::Killed, None, Some(detail.into())));
                     Changed(next)
                 }
                 // A paused group is ended too: the shim continues it after

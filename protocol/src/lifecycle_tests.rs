@@ -48,7 +48,7 @@ pub(super) fn events() -> Vec<(&'static str, Event)> {
 /// Rows: a starting status (with `+k` when a kill was already requested), then one
 /// cell per event column for a non-idempotent task, a `|`, and the same for an
 /// idempotent one. A cell is the resulting status letter, or `.` for "unchanged".
-/// Q queued, L leased, R running, S stopping, C completed, K killed, F failed, U unknown.
+/// Q queued, L leased, R running, S stopping, C completed, K killed, F failed, U unknown, B blocked.
 const TABLE: &str = "
     queued     L . . . . . . . . . . K . . . . . . . . .  |  L . . . . . . . . . . K . . . . . . . . .
     leased     . . Q . . R . C F K . S U . U . . . . . .  |  . . Q . . R . C F K . S Q . U . . . . . .
@@ -59,6 +59,7 @@ const TABLE: &str = "
     failed     . . . . . . . . . . . . . . . . F . F . .  |  . . . . . . . . . . . . . . . . F . F . .
     unknown    . . Q . . R . C F K . U . . U . . . . . .  |  . . Q . . R . C F K . U . . U . . . . . .
     unknown+k  . . K . . S . C F K . . . . U . . . . . .  |  . . K . . S . C F K . . . . U . . . . . .
+    blocked    . . . . . . . . . . . K . . . . . . . . .  |  . . . . . . . . . . . K . . . . . . . . .
 ";
 
 pub(super) fn letter(s: Status) -> char {
@@ -72,6 +73,8 @@ pub(super) fn letter(s: Status) -> char {
         Status::Failed => 'F',
         Status::Unknown => 'U',
         Status::Paused => 'P',
+        Status::Blocked => 'B',
+        Status::Waiting => 'W',
     }
 }
 
@@ -81,6 +84,15 @@ pub(super) fn start(row: &str, idempotent: bool) -> Lifecycle {
         None => (row, false),
     };
     let status = Status::ALL.into_iter().find(|s| s.as_str() == name).expect("row status");
+    if status == Status::Blocked {
+        // Held at submit: no attempt yet.
+        let held = RecoveryHint { tag: HintTag::AwaitingApproval, message: "held".into() };
+        return Lifecycle {
+            kill_requested: kill,
+            kill_reason: kill.then(|| "first".into()),
+            ..Lifecycle::held(idempotent, held)
+        };
+    }
     Lifecycle {
         status,
         attempt: Attempt(2),
@@ -121,7 +133,7 @@ fn every_status_event_pair_matches_the_table() {
             }
         }
     }
-    assert_eq!(checked, 9 * 21 * 2);
+    assert_eq!(checked, 10 * 21 * 2);
 }
 
 #[test]
@@ -216,6 +228,7 @@ pub(super) fn arb_event() -> impl Strategy<Value = Event> {
         prop_oneof![Just(w("w1")), Just(w("w2"))].prop_map(|worker| Event::WorkerLostFinal { worker }),
         prop_oneof![Just(Ending::Completed), Just(Ending::Failed), Just(Ending::Killed)]
             .prop_map(|ending| Event::StepsEnded { outcome: outcome(ending) }),
+        Just(Event::Approved),
     ]
 }
 
@@ -236,8 +249,15 @@ proptest! {
     /// inert, attempts and epochs never go back, and a non-idempotent task is only
     /// queued again on proof that its attempt never started.
     #[test]
-    fn histories_keep_the_safety_rules(idempotent: bool, events in proptest::collection::vec(arb_event(), 0..40)) {
-        let mut l = Lifecycle::queued(idempotent);
+    fn histories_keep_the_safety_rules(
+        idempotent: bool,
+        held: bool,
+        events in proptest::collection::vec(arb_event(), 0..40),
+    ) {
+        let mut l = match held {
+            true => Lifecycle::held(idempotent, RecoveryHint { tag: HintTag::AwaitingApproval, message: "held".into() }),
+            false => Lifecycle::queued(idempotent),
+        };
         for e in &events {
             let before = l.clone();
             let decision = apply(&before, e);
@@ -253,7 +273,9 @@ proptest! {
             }
             prop_assert!(after.attempt >= before.attempt && after.epoch >= before.epoch);
             if !idempotent && after.status == Status::Queued && before.status != Status::Queued {
-                prop_assert!(matches!(e, Event::Refused { .. }), "{:?} requeued a non-idempotent task", e);
+                // An approval queues a task that never had an attempt.
+                let never_ran = matches!(e, Event::Approved) && after.attempt == Attempt(0);
+                prop_assert!(matches!(e, Event::Refused { .. }) || never_ran, "{:?} requeued a non-idempotent task", e);
             }
             // A retry never outruns a kill, and never queues what is not idempotent.
             if matches!(e, Event::Retry { .. }) && after != before {
@@ -261,6 +283,18 @@ proptest! {
             }
             if after.status == Status::Unknown && before.status != Status::Unknown {
                 prop_assert!(after.hint.is_some());
+            }
+            // A held task leaves `blocked` only by its approval (queued, as
+            // it was submitted) or a kill (killed, never having run), and
+            // nothing else ever enters it.
+            if before.status == Status::Blocked && after.status != Status::Blocked {
+                let approved = matches!(e, Event::Approved) && after.status == Status::Queued;
+                let killed = matches!(e, Event::KillRequested { .. }) && after.status == Status::Killed;
+                prop_assert!(approved || killed, "{:?} moved a blocked task to {:?}", e, after.status);
+                prop_assert_eq!((after.attempt, &after.worker), (Attempt(0), &None));
+            }
+            if after.status == Status::Blocked {
+                prop_assert!(before.status == Status::Blocked, "{:?} blocked a {:?} task", e, before.status);
             }
             // An attempt runs on a worker, or is a workflow's steps: nothing
             // about a given-up attempt brings it back without one.
@@ -442,4 +476,37 @@ fn a_final_loss_of_an_idempotent_task_names_its_retry_policy() {
     let hint = after.hint.expect("hint");
     assert_eq!(hint.tag, HintTag::WorkerUnreachable);
     assert!(hint.message.contains("retry policy"), "{}", hint.message);
+}
+
+/// Approval, against every status: only a held task moves (to `queued`);
+/// a second approval is a duplicate, never a second effect.
+#[test]
+fn an_approval_queues_a_held_task_once_and_nothing_else() {
+    for status in Status::ALL.into_iter().filter(|s| s.is_stored()) {
+        for idempotent in [false, true] {
+            let before = start(status.as_str(), idempotent);
+            let decision = apply(&before, &Event::Approved);
+            match status {
+                Status::Blocked => {
+                    let Decision::Changed(after) = &decision else { panic!("{decision:?}") };
+                    assert_eq!((after.status, after.hint.as_ref(), after.attempt), (Status::Queued, None, Attempt(0)));
+                    assert_eq!(apply(after, &Event::Approved), Decision::Unchanged(Unchanged::Duplicate));
+                }
+                s if s.is_terminal() => assert_eq!(decision, Decision::Unchanged(Unchanged::Terminal), "{s}"),
+                // The table's queued row has had an attempt: not held, not approvable.
+                s => assert_eq!(decision, Decision::Unchanged(Unchanged::NotApplicable), "{s}"),
+            }
+        }
+    }
+    let held = start("blocked", false);
+    let Decision::Changed(killed) = apply(&held, &Event::KillRequested { reason: Some("not now".into()) }) else {
+        panic!()
+    };
+    assert_eq!(killed.status, Status::Killed);
+    assert_eq!(killed.kill_reason.as_deref(), Some("not now"));
+    assert!(killed.outcome.as_ref().and_then(|o| o.detail.as_deref()).is_some_and(|d| d.contains("never ran")));
+    assert_eq!(
+        apply(&held, &Event::Grant { worker: w("w1"), epoch: Epoch(1) }),
+        Decision::Unchanged(Unchanged::NotApplicable)
+    );
 }

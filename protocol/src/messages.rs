@@ -108,6 +108,12 @@ pub enum ApiRequest {
         session: SessionId,
         task: TaskId,
     },
+    /// Let a task held for approval start (see the coordinator's approval
+    /// policy for who may); a task approved already is answered as it is.
+    Approve {
+        session: SessionId,
+        task: TaskId,
+    },
 }
 
 /// Longest a single `Wait` request is held by the coordinator.
@@ -137,6 +143,7 @@ impl ApiRequest {
             ApiRequest::Notices { .. } => "notices",
             ApiRequest::Pause { .. } => "pause",
             ApiRequest::Resume { .. } => "resume",
+            ApiRequest::Approve { .. } => "approve",
         }
     }
 }
@@ -159,7 +166,8 @@ impl ApiRequest {
             | ApiRequest::FinalOutput { session, .. }
             | ApiRequest::Notices { session, .. }
             | ApiRequest::Pause { session, .. }
-            | ApiRequest::Resume { session, .. } => Some(session),
+            | ApiRequest::Resume { session, .. }
+            | ApiRequest::Approve { session, .. } => Some(session),
             ApiRequest::Status => None,
         }
     }
@@ -301,6 +309,19 @@ pub enum ApiError {
         #[serde(default)]
         witness: Option<String>,
     },
+    /// The submit names a limit for its concurrency key other than the one
+    /// in force (`from` says where that one comes from: the coordinators'
+    /// configuration, or the key's live tasks). Nothing was stored.
+    #[error("concurrency key {key:?} has the limit {in_force} in force ({from}); this submit asks for {asked}: give --concurrency-limit {in_force}, or none; nothing was stored")]
+    ConcurrencyLimitConflict { key: String, in_force: u32, asked: u32, from: String },
+    /// An approval by someone the approval policy does not allow; `reason`
+    /// says the policy and how to go on. Nothing changed.
+    #[error("{reason}")]
+    ApprovalRefused { task: String, reason: String },
+    /// An approval of a task that is not held for one (it was never held,
+    /// or runs or ended). `status` says where it is.
+    #[error("task {task} is {status}, not awaiting approval: only a task submitted held (--hold, or by the approval policy) and not yet approved can be approved")]
+    NotAwaitingApproval { task: String, status: String },
 }
 
 /// The registry's high-water mark: how far the registry is known to have
@@ -416,9 +437,25 @@ pub struct TaskSnapshot {
     /// Its dispatch priority (0 when not set, and then left out).
     #[serde(default, skip_serializing_if = "is_zero_i32")]
     pub priority: i32,
+    /// Where it may run and its concurrency key, when it has them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<crate::placement::Placement>,
+    /// For a task that ended, is `unknown` or `paused`: whether it can go on
+    /// as it is, and how to go on either way — so a caller never has to
+    /// guess from the status.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Resumability>,
     /// Its resource limits, when it has some.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceLimits>,
+}
+
+/// Whether a task can go on as it is (`tenure resume` of a paused one), and
+/// what to do to go on: the command, in words.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resumability {
+    pub resumable: bool,
+    pub how: String,
 }
 
 fn is_zero_i32(n: &i32) -> bool {
@@ -587,6 +624,9 @@ pub struct WorkerStatus {
     /// until it reports an epoch the registry knows.
     #[serde(default)]
     pub unproven_epoch: Option<Epoch>,
+    /// Its labels, as its last heartbeat gave them.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: crate::placement::Labels,
     /// Which resource limits the worker enforces, as its last heartbeat said.
     #[serde(default)]
     pub enforces: ResourceSupport,
@@ -622,6 +662,10 @@ pub struct Heartbeat {
     /// grant (see [`LeaseGrant::mark`]), as the sidecar last answered.
     #[serde(default)]
     pub mark: Option<RegistryMark>,
+    /// The worker's labels (`--label KEY=VALUE`), matched against tasks'
+    /// placement constraints. Left out of the encoding when empty.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: crate::placement::Labels,
     /// Which resource limits the worker enforces (none from an older
     /// worker, or on a host without control groups): a task with limits is
     /// granted only where they are all enforced.
@@ -650,6 +694,10 @@ pub struct HeldAttempt {
     /// leader sends its own again while the two differ).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused: bool,
+    /// An `agent` attempt with a process blocked reading its input (seen at
+    /// two heartbeats in a row): it waits for `tenure send`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub waiting: bool,
 }
 
 /// A worker's report about one attempt (request on [`crate::subjects::report`] of its worker),

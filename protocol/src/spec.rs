@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::Kind;
+use crate::placement::{Placement, PlacementError};
 use crate::resources::{ResourceError, ResourceLimits};
 use crate::retry::{NotBefore, RetryPolicy, MAX_NOT_BEFORE_MS};
 
@@ -83,6 +84,15 @@ pub struct TaskSpec {
     /// workflow's. Left out of the encoding when 0.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub priority: i32,
+    /// Where it may run (constraints on worker labels) and the concurrency
+    /// key it counts against (see [`crate::placement`]). A workflow's steps
+    /// take the workflow's. Boxed and left out of the encoding when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Box<Placement>>,
+    /// Held for approval at submit (`--hold`): `blocked`, awaiting
+    /// approval, until `tenure approve`. Left out of the encoding when false.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub hold: bool,
     /// Memory, CPU and process limits, enforced on the worker machine in the
     /// attempt's own control group ([`crate::resources`]); a worker that
     /// cannot enforce them refuses the grant. Refused for a workflow (its
@@ -99,6 +109,10 @@ pub const MAX_PRIORITY: i32 = 100;
 
 fn is_zero(n: &i32) -> bool {
     *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A task's time limits. Reaching one ends the task with the normal kill
@@ -126,7 +140,7 @@ pub const MAX_TIME_LIMIT_MS: u64 = 30 * 24 * 3600 * 1000;
 pub const MAX_FINAL_OUTPUT_BYTES: usize = 64 * 1024;
 
 /// One step of a workflow. It runs as a child task of its own kind, with the
-/// workflow's cwd, env and idempotence.
+/// workflow's cwd, env, idempotence, priority and placement.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepSpec {
     pub kind: Kind,
@@ -150,6 +164,8 @@ impl TaskSpec {
             retry: None,
             not_before: None,
             priority: 0,
+            placement: None,
+            hold: false,
             resources: None,
         }
     }
@@ -161,7 +177,7 @@ impl TaskSpec {
     }
 
     /// The spec of step `index` of this workflow: its own kind and command, the
-    /// workflow's cwd, env and idempotence.
+    /// workflow's cwd, env, idempotence, priority and placement.
     pub fn step(&self, index: usize) -> Option<TaskSpec> {
         let step = self.steps.get(index)?;
         Some(TaskSpec {
@@ -178,6 +194,8 @@ impl TaskSpec {
             retry: None,
             not_before: None,
             priority: self.priority,
+            placement: self.placement.clone(),
+            hold: false,
             resources: None,
         })
     }
@@ -240,6 +258,9 @@ impl TaskSpec {
         self.validate_retry()?;
         if !(MIN_PRIORITY..=MAX_PRIORITY).contains(&self.priority) {
             return Err(SpecError::Priority(self.priority));
+        }
+        if let Some(p) = &self.placement {
+            p.check()?;
         }
         if let Some(limits) = &self.limits {
             // Enforced on the worker machine; a workflow's steps are tasks
@@ -364,6 +385,8 @@ pub enum SpecError {
     Retry(String),
     #[error("priority {0} is out of range ({MIN_PRIORITY} to {MAX_PRIORITY})")]
     Priority(i32),
+    #[error("placement: {0}")]
+    Placement(#[from] PlacementError),
     /// A memory, CPU or process limit out of bounds, or given to a workflow.
     #[error("resource limits: {0}")]
     Resources(ResourceError),

@@ -280,18 +280,21 @@ impl Cluster {
         out.status.success().then(|| serde_json::from_slice(&out.stdout).ok()).flatten()
     }
 
-    /// The snapshot of `task` once it is no longer queued, leased or running
-    /// (settled, or `unknown`), within `bound`.
+    /// The snapshot of `task` once it is no longer queued, blocked, leased or
+    /// running (settled, or `unknown`), within `bound`.
     pub fn wait_settled(&self, task: &str, bound: Duration) -> Option<serde_json::Value> {
         eventually(bound, || {
             let s = self.try_snapshot(task)?;
             let status = s["status"].as_str()?;
-            (status != "queued" && status != "leased" && status != "running").then_some(s)
+            (!["queued", "leased", "running", "blocked"].contains(&status)).then_some(s)
         })
     }
 
+    /// Waits (bounded) until `task` shows `status`; `running` is also met by
+    /// `waiting` (a running agent reading its input).
     pub fn wait_status(&self, task: &str, status: &str, bound: Duration) -> serde_json::Value {
-        eventually(bound, || self.try_snapshot(task).filter(|s| s["status"] == status))
+        let met = |s: &serde_json::Value| s["status"] == status || (status == "running" && s["status"] == "waiting");
+        eventually(bound, || self.try_snapshot(task).filter(met))
             .unwrap_or_else(|| panic!("{task} never reached {status}: {:?}\n{}", self.try_snapshot(task), self.logs()))
     }
 

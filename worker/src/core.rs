@@ -278,7 +278,12 @@ impl Worker {
     pub fn attempts(&self) -> Vec<HeldAttempt> {
         self.held
             .iter()
-            .map(|((task, attempt), held)| HeldAttempt { task: task.clone(), attempt: *attempt, paused: held.paused })
+            .map(|((task, attempt), held)| HeldAttempt {
+                task: task.clone(),
+                attempt: *attempt,
+                paused: held.paused,
+                waiting: false,
+            })
             .collect()
     }
 

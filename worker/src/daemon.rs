@@ -7,6 +7,7 @@
 //! acknowledged → acknowledged. Without a sidecar nothing new starts; a grant is
 //! refused rather than run without its intent.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,12 +20,12 @@ use tenure_protocol::messages::{
     KillCommand, LeaseGrant, PauseCommand, Refusal, SidecarHealth, SidecarRefusal, SidecarReply, SidecarRequest,
     WorkerCommand, WorkerReply,
 };
-use tenure_protocol::{subjects, Epoch};
+use tenure_protocol::{subjects, Epoch, Kind};
 use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::attempt::{self, spawn_drive, Shared, State};
-use crate::core::{Config, Screened};
+use crate::core::{Config, Key, Screened};
 use crate::launcher::Launcher;
 use crate::options::{Error, Options};
 
@@ -126,9 +127,10 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         let shared = shared.clone();
         tokio::spawn(async move {
             let mut beat = tokio::time::interval(shared.opts.heartbeat);
+            let mut was_waiting = HashSet::new();
             loop {
                 beat.tick().await;
-                heartbeat(&shared, instance, replaces).await;
+                heartbeat(&shared, instance, replaces, &mut was_waiting).await;
             }
         })
     };
@@ -240,11 +242,33 @@ fn take_instance(layout: &Layout, instance: Uuid) -> Result<Option<Uuid>, Error>
     Ok(previous)
 }
 
-async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>) {
-    let (attempts, epoch_seen, enforces) = {
+/// One heartbeat. `was_waiting` holds the `agent` attempts seen waiting for
+/// input at the last one: an attempt is reported waiting once seen so twice
+/// in a row (a read that returns at once is no wait).
+async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>, was_waiting: &mut HashSet<Key>) {
+    let (mut attempts, epoch_seen, enforces) = {
         let state = shared.state();
         (state.core.attempts(), state.core.epoch_seen(), state.core.enforces())
     };
+    let agents: Vec<(Key, AttemptFiles)> = attempts
+        .iter()
+        .filter(|a| *a.task.kind() == Kind::agent())
+        .map(|a| ((a.task.clone(), a.attempt), AttemptFiles::new(shared.layout.attempt_dir(&a.task, a.attempt))))
+        .collect();
+    // Reads of /proc, off the runtime's threads.
+    let now_waiting: HashSet<Key> = match agents.is_empty() {
+        true => HashSet::new(),
+        false => tokio::task::spawn_blocking(move || {
+            agents.into_iter().filter(|(_, files)| crate::waiting::waiting(files)).map(|(key, _)| key).collect()
+        })
+        .await
+        .unwrap_or_default(),
+    };
+    for a in &mut attempts {
+        let key = (a.task.clone(), a.attempt);
+        a.waiting = now_waiting.contains(&key) && was_waiting.contains(&key);
+    }
+    *was_waiting = now_waiting;
     // A probe that changes nothing: the sidecar answers with its store's
     // incarnation unless it is down. Bounded well under a heartbeat, so a hung
     // sidecar never delays one.
@@ -267,6 +291,7 @@ async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>) {
         replaces,
         incarnation,
         mark,
+        labels: shared.opts.labels.clone(),
         enforces,
     };
     match tenure_protocol::encode(&hb) {

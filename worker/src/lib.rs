@@ -20,6 +20,7 @@ pub mod process;
 mod recovery;
 pub mod sandbox;
 pub mod shim;
+mod waiting;
 
 pub use daemon::run;
 pub use options::{Error, Options};

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use tenure_protocol::placement::Labels;
 use tenure_protocol::{Kind, WorkerId};
 use uuid::Uuid;
 
@@ -38,6 +39,9 @@ pub struct Options {
     pub scratch_dir: Option<PathBuf>,
     /// Run tasks as this unprivileged user (the worker must be root).
     pub run_as: Option<RunAs>,
+    /// Labels sent with every heartbeat, matched against tasks' placement
+    /// constraints (`--on`) by the leader.
+    pub labels: Labels,
     /// Run each attempt in control groups of its own (tracking and resource
     /// limits) where the host allows it ([`crate::cgroup`]). On by default;
     /// off, tasks run without limits and as they did before.
@@ -59,6 +63,7 @@ impl Options {
             kill_tasks_on_exit: false,
             scratch_dir: None,
             run_as: None,
+            labels: Labels::new(),
             cgroups: true,
         }
     }

@@ -269,9 +269,14 @@ pub(crate) fn exit_code(s: &TaskSnapshot) -> u8 {
             own.or(signal.map(|n| 128 + n)).unwrap_or(EXIT_FAILED)
         }
         Status::Killed => EXIT_KILLED,
-        Status::Unknown | Status::Queued | Status::Leased | Status::Running | Status::Stopping | Status::Paused => {
-            EXIT_UNKNOWN
-        }
+        Status::Unknown
+        | Status::Queued
+        | Status::Leased
+        | Status::Running
+        | Status::Stopping
+        | Status::Paused
+        | Status::Blocked
+        | Status::Waiting => EXIT_UNKNOWN,
     }
 }
 

@@ -2,7 +2,8 @@
 // schemas (snake_case, as on the wire); the test suite checks them against
 // /openapi.json.
 
-export type Status = "queued" | "leased" | "running" | "stopping" | "completed" | "killed" | "failed" | "unknown";
+export type Status =
+  | "queued" | "blocked" | "leased" | "running" | "waiting" | "paused" | "stopping" | "completed" | "killed" | "failed" | "unknown";
 
 /** Statuses after which a task never changes again. */
 export declare const TERMINAL: readonly Status[];
@@ -54,6 +55,14 @@ export interface Task {
   /** Its retry policy (`retries`, `backoff_ms`, `backoff_max_ms`, `on`). */
   retry: Record<string, unknown> | null;
   priority: number;
+  /** Its placement constraints on worker labels, as written. */
+  on: string[];
+  /** Its concurrency key, and the limit it was submitted with. */
+  concurrency_key: string | null;
+  concurrency_limit: number | null;
+  /** For an ended, `unknown` or paused task: can it go on as it is, and how to go on. */
+  resumable: boolean | null;
+  resume_how: string | null;
   /** Its resource limits (`memory_bytes`, `cpu_millis`, `pids`), when it has some. */
   resources: Record<string, unknown> | null;
 }
@@ -89,6 +98,13 @@ export interface SubmitOptions {
   not_before_in_ms?: number;
   /** Dispatch priority, -100 to 100 (higher first; default 0). */
   priority?: number;
+  /** Run only on workers whose labels satisfy each: `gpu=a100`, `repo in (web,api)`, `!spot`. */
+  on?: string[];
+  /** Count against this key: at most its limit of its tasks run at once. */
+  concurrency_key?: string;
+  concurrency_limit?: number;
+  /** Hold it `blocked` until someone allowed approves it. */
+  hold?: boolean;
   /** Memory limit of all its processes (bytes); past it the task fails as `out-of-memory`. */
   memory_bytes?: number;
   /** CPU limit in thousandths of a CPU (`500`: half a CPU). */
@@ -221,6 +237,9 @@ export declare class Client {
   wait(task: string, options?: { timeoutMs?: number }): Promise<Waited>;
   archive(task: string): Promise<Task>;
   unarchive(task: string): Promise<Task>;
+  approve(task: string): Promise<Task>;
+  pause(task: string): Promise<Task>;
+  resume(task: string): Promise<Task>;
   delete(task: string): Promise<Task>;
   status(): Promise<Record<string, unknown>>;
   whoami(): Promise<WhoAmI>;

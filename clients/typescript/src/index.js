@@ -342,6 +342,21 @@ export class Client {
     return this._call("unarchive", { task });
   }
 
+  /** Let a task held for approval start (403 when the policy does not allow you). */
+  approve(task) {
+    return this._call("approve", { task });
+  }
+
+  /** Hold a running task's process group stopped. */
+  pause(task) {
+    return this._call("pause", { task });
+  }
+
+  /** Let a paused task go on. */
+  resume(task) {
+    return this._call("resume", { task });
+  }
+
   /** Delete a finished task for good (its record is kept for audit). */
   delete(task) {
     return this._call("delete", { task });

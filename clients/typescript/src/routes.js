@@ -11,6 +11,8 @@ export const ROUTES = Object.freeze({
     body: [
       "kind", "command", "label", "cwd", "env", "idempotent", "pattern", "steps",
       "final_output", "timeout_ms", "idle_timeout_ms", "retries", "backoff_ms", "backoff_max_ms",
+      "retry_on", "not_before", "not_before_in_ms", "priority", "on", "concurrency_key", "concurrency_limit",
+      "hold", "idempotency_key",
       "retry_on", "not_before", "not_before_in_ms", "priority", "memory_bytes", "cpu_millis", "pids",
       "idempotency_key",
     ],
@@ -26,6 +28,9 @@ export const ROUTES = Object.freeze({
   wait: { method: "GET", path: "/v1/tasks/{id}/wait", query: ["timeout_ms"] },
   archive: { method: "POST", path: "/v1/tasks/{id}/archive" },
   unarchive: { method: "POST", path: "/v1/tasks/{id}/unarchive" },
+  approve: { method: "POST", path: "/v1/tasks/{id}/approve" },
+  pause: { method: "POST", path: "/v1/tasks/{id}/pause" },
+  resume: { method: "POST", path: "/v1/tasks/{id}/resume" },
   status: { method: "GET", path: "/v1/status" },
   whoami: { method: "GET", path: "/v1/whoami" },
   notices: { method: "GET", path: "/v1/notices/stream" },

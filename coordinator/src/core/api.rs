@@ -107,6 +107,7 @@ impl Core {
             ApiRequest::Kill { session, task, reason } => self.kill(&session, &task, reason, now, fx),
             ApiRequest::Pause { session, task } => self.pause(&session, &task, true, now, fx),
             ApiRequest::Resume { session, task } => self.pause(&session, &task, false, now, fx),
+            ApiRequest::Approve { session, task } => self.approve(&session, &task, now, fx),
             ApiRequest::Wait { session, task, timeout_ms } => match self.owned(&session, &task) {
                 Err(e) => Err(e),
                 Ok(r) if r.life.status.is_terminal() => {
@@ -190,7 +191,7 @@ impl Core {
     }
 
     /// Whether `session` acts for an identity with the operator role.
-    fn is_operator(&self, session: &SessionId) -> bool {
+    pub(super) fn is_operator(&self, session: &SessionId) -> bool {
         self.cfg.operators.iter().any(|o| o == session.identity())
     }
 
@@ -235,17 +236,23 @@ impl Core {
             Some(at) => at.delay_from(now.wall_ms).map_err(|e| ApiError::InvalidSpec(format!("not before: {e}")))?,
             None => 0,
         };
+        self.check_concurrency(&req.spec)?;
         self.usage.admit(&self.cfg.limits, &req.session, &req.spec)?;
         let n = self.submits.allocate()?;
         let id = TaskId::new(req.spec.kind.clone(), n).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-        let record = TaskRecord {
+        let held = self.hold_at_submit(&id, &req.spec);
+        let mut record = TaskRecord {
             trace: trace.map(String::into_boxed_str),
             attempts: super::retry::delayed_start(delay, now, self.registry_ms(now)),
             ..TaskRecord::new(id.clone(), req.session.clone(), req.idempotency_key, req.spec, now.wall_ms)
         };
+        if let Some(hint) = held {
+            tracing::info!(task = %id, reason = %hint.message, "task held for approval");
+            record.life = tenure_protocol::Lifecycle::held(record.life.idempotent, hint);
+        }
         self.submits.remember(req.session, req.idempotency_key, id.number());
-        self.index(&id, None, Status::Queued, now);
-        let workflow = !record.spec.steps.is_empty();
+        self.index(&id, super::concurrency(&record), None, record.life.status, now);
+        let workflow = !record.spec.steps.is_empty() && record.life.status == Status::Queued;
         fx.push(Effect::Persist(Box::new(record.clone())));
         self.usage.add(&record);
         self.tasks.insert(record);
@@ -275,6 +282,9 @@ impl Core {
         }
         self.dispatch.forget(task);
         self.doubts.forget(task);
+        if let Some(c) = super::concurrency(&r) {
+            self.keys.forget(task, c);
+        }
         self.cleanups.settled(task);
         self.workflows.forget(task);
         let error = ApiError::Unavailable(format!("the record of {task} could not be stored: {reason}"));

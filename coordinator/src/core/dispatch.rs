@@ -30,6 +30,9 @@ pub(super) struct Dispatch {
     /// heartbeat to this leader since they last changed status: adopted, as
     /// far as this leader can see. Only for the status view.
     confirmed: HashSet<TaskId>,
+    /// Running `agent` tasks whose worker's last heartbeat said a process of
+    /// theirs is blocked reading its input: shown `waiting`, never stored.
+    waiting: HashSet<TaskId>,
     /// When a grant or kill was last sent for a task.
     sent: HashMap<TaskId, Duration>,
     /// A task given back by a refusal is not granted again before this time, so a
@@ -55,6 +58,7 @@ impl Dispatch {
             Some(s) if s.is_on_worker() => {
                 self.on_worker.remove(task);
                 self.confirmed.remove(task);
+                self.waiting.remove(task);
             }
             _ => {}
         }
@@ -148,9 +152,23 @@ impl Dispatch {
         self.queue.remove(&(task.number(), task.clone()));
         self.on_worker.remove(task);
         self.confirmed.remove(task);
+        self.waiting.remove(task);
         self.sent.remove(task);
         self.not_before.remove(task);
         self.queued_since.remove(task);
+    }
+
+    /// Whether `task`'s worker says it waits for input.
+    pub(super) fn is_waiting(&self, task: &TaskId) -> bool {
+        self.waiting.contains(task)
+    }
+
+    /// What `task`'s worker's heartbeat says of its input.
+    pub(super) fn set_waiting(&mut self, task: &TaskId, waiting: bool) {
+        match waiting {
+            true => self.waiting.insert(task.clone()),
+            false => self.waiting.remove(task),
+        };
     }
 
     /// When queued `task` entered the queue, if it is queued.
@@ -188,10 +206,14 @@ impl Core {
             if self.dispatch.held_back(&task, now) || self.waiting_for_its_time(&task, now) {
                 continue;
             }
-            let Some(kind) = self.tasks.get(&task).map(|r| r.spec.kind.clone()) else { continue };
+            let Some(r) = self.tasks.get(&task) else { continue };
+            if !self.key_has_room(r) {
+                continue;
+            }
+            let (kind, placement) = (&r.spec.kind, r.spec.placement.as_deref());
             let best = free
                 .iter()
-                .filter(|(w, _)| self.workers.runs(w, &kind))
+                .filter(|(w, _)| self.workers.runs(w, kind) && self.workers.admits(w, placement))
                 .max_by_key(|(_, f)| **f)
                 .map(|(w, _)| w.clone());
             let Some(worker) = best else { continue };

@@ -7,12 +7,7 @@ use crate::limits::{largest_size, Limits};
 use tenure_protocol::{MAX_DETAIL_BYTES, MAX_FINAL_OUTPUT_BYTES};
 
 fn with(limits: Limits) -> Harness {
-    let start = Now { mono: Duration::from_secs(100), wall_ms: 1_000_000 };
-    let cfg = CoreConfig { limits, retention: Some(Duration::from_secs(60)), ..CoreConfig::default() };
-    let core = Core::new(cfg, Epoch(3), Vec::new(), start);
-    let mut h = Harness { core, now: start };
-    h.advance(CoreConfig::default().worker_ttl);
-    h
+    Harness::with_config(CoreConfig { limits, retention: Some(Duration::from_secs(60)), ..CoreConfig::default() })
 }
 
 fn try_submit(h: &mut Harness, session: &str, spec: TaskSpec) -> (Vec<Effect>, ApiReply) {
@@ -231,6 +226,7 @@ fn counters_at_their_ends_saturate_or_refuse() {
         replaces: None,
         incarnation: Some(Uuid::from_u128(1000)),
         mark: None,
+        labels: Default::default(),
         enforces: Default::default(),
     }));
     assert!(grants(&fx).is_empty());
@@ -255,6 +251,7 @@ fn forged(worker: &str, epoch: u64) -> Input {
         replaces: None,
         incarnation: Some(Uuid::from_u128(1000)),
         mark: None,
+        labels: Default::default(),
         enforces: Default::default(),
     })
 }

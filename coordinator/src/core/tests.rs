@@ -36,10 +36,16 @@ impl Harness {
     /// A leader that has led for longer than the worker TTL (past the grace
     /// in which an unknown kind is "not known yet").
     fn new() -> Harness {
+        Harness::with_config(CoreConfig::default())
+    }
+
+    /// As `new`, with `cfg`.
+    fn with_config(cfg: CoreConfig) -> Harness {
         let start = Now { mono: Duration::from_secs(100), wall_ms: 1_000_000 };
-        let core = Core::new(CoreConfig::default(), Epoch(3), Vec::new(), start);
+        let ttl = cfg.worker_ttl;
+        let core = Core::new(cfg, Epoch(3), Vec::new(), start);
         let mut h = Harness { core, now: start };
-        h.advance(CoreConfig::default().worker_ttl);
+        h.advance(ttl);
         h
     }
 
@@ -431,6 +437,7 @@ fn matched_lines_are_notified_once_each_and_repeats_change_nothing() {
         replaces: None,
         incarnation: None,
         mark: None,
+        labels: Default::default(),
         enforces: Default::default(),
     }));
     let (fx, reply) =
@@ -618,6 +625,7 @@ fn beat(worker: &str, instance: u128, slots: u32, replaces: Option<u128>) -> Inp
         replaces: replaces.map(Uuid::from_u128),
         incarnation: Some(Uuid::from_u128(1000)),
         mark: None,
+        labels: Default::default(),
         enforces: Default::default(),
     })
 }
@@ -788,6 +796,8 @@ fn the_status_names_this_leaders_term_and_the_standbys_lately_heard_from() {
     assert_eq!(standbys, ["c2"]);
 }
 
+#[path = "flow_tests.rs"]
+mod flow;
 #[path = "limits_tests.rs"]
 mod limits;
 #[path = "retry_tests.rs"]
@@ -810,7 +820,7 @@ fn pause_commands(fx: &[Effect]) -> Vec<(bool, Attempt, Epoch)> {
 /// A heartbeat of `w1` listing `task`'s attempt 1 with the machine's wish.
 fn beat_holding(h: &mut Harness, task: &TaskId, paused: bool) -> Vec<Effect> {
     let Input::Heartbeat(mut hb) = beat("w1", 0, 4, None) else { unreachable!() };
-    hb.attempts = vec![HeldAttempt { task: task.clone(), attempt: Attempt(1), paused }];
+    hb.attempts = vec![HeldAttempt { task: task.clone(), attempt: Attempt(1), paused, waiting: false }];
     h.input(Input::Heartbeat(hb))
 }
 

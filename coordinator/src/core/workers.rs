@@ -1,5 +1,5 @@
 //! Workers: which process each worker id is bound to, the store it runs on,
-//! what it offers (slots, kinds, sidecar health) and when it was last heard
+//! what it offers (slots, kinds, labels, sidecar health) and when it was last heard
 //! from — and what it says: heartbeats and reports.
 //!
 //! A worker id is bound to one live process: a second live process with the
@@ -16,8 +16,9 @@ use tenure_protocol::messages::{
     Heartbeat, MatchNotice, MatchedLine, Notice, Report, ReportAck, ReportEvent, SidecarHealth, WorkerStatus,
     MAX_MATCHES_PER_REPORT, MAX_MATCH_LINE_BYTES,
 };
+use tenure_protocol::placement::{check_labels, Labels, Placement};
 use tenure_protocol::resources::ResourceSupport;
-use tenure_protocol::{Decision, Epoch, Event, Kind, TaskId, Unchanged, WorkerId};
+use tenure_protocol::{Decision, Epoch, Event, Kind, Status, TaskId, Unchanged, WorkerId};
 use uuid::Uuid;
 
 use super::{Core, Effect, Now};
@@ -44,6 +45,9 @@ struct WorkerState {
     /// this leader saw freed): nothing is granted to it before this time,
     /// and the refused task keeps its place in the dispatch order.
     full_until: Option<Duration>,
+    /// Its labels, as its last heartbeat gave them (checked: a heartbeat
+    /// with malformed labels is taken as one without any).
+    labels: Labels,
     /// Which resource limits it enforces, as its last heartbeat said.
     enforces: ResourceSupport,
 }
@@ -61,6 +65,7 @@ impl WorkerState {
             sidecar: SidecarHealth::Ok,
             unproven_epoch: None,
             full_until: None,
+            labels: Labels::new(),
             enforces: ResourceSupport::default(),
         }
     }
@@ -115,6 +120,15 @@ impl Workers {
         w.alive = true;
         w.sidecar = hb.sidecar;
         w.unproven_epoch = unproven_epoch;
+        if w.labels != hb.labels {
+            w.labels = match check_labels(&hb.labels) {
+                Ok(()) => hb.labels.clone(),
+                Err(error) => {
+                    tracing::warn!(worker = %hb.worker, %error, "worker labels refused: it is taken as unlabelled");
+                    Labels::new()
+                }
+            };
+        }
         w.enforces = hb.enforces;
     }
 
@@ -152,6 +166,18 @@ impl Workers {
     /// Whether `worker` advertised `kind`.
     pub(super) fn runs(&self, worker: &WorkerId, kind: &Kind) -> bool {
         self.by_id.get(worker).is_some_and(|w| w.kinds.contains(kind))
+    }
+
+    /// Whether `worker`'s labels satisfy `placement` (any worker does when
+    /// there is none).
+    pub(super) fn admits(&self, worker: &WorkerId, placement: Option<&Placement>) -> bool {
+        placement.is_none_or(|p| self.by_id.get(worker).is_some_and(|w| p.admits(&w.labels)))
+    }
+
+    /// The live workers that run `kind`, with their labels.
+    pub(super) fn live_running(&self, kind: &Kind) -> impl Iterator<Item = (&WorkerId, &Labels)> + '_ {
+        let kind = kind.clone();
+        self.by_id.iter().filter(move |(_, w)| w.alive && w.kinds.contains(&kind)).map(|(id, w)| (id, &w.labels))
     }
 
     /// `worker` refused a grant of `kind`: it is not offered there again
@@ -220,6 +246,7 @@ impl Workers {
                 alive: w.alive,
                 sidecar: w.sidecar,
                 unproven_epoch: w.unproven_epoch,
+                labels: w.labels.clone(),
                 enforces: w.enforces,
             })
             .collect()
@@ -247,6 +274,18 @@ impl Core {
         self.stop_stale_copies(&hb.worker, &hb.attempts, fx);
         self.check_listed(&hb.worker, hb.incarnation, &hb.attempts, now, fx);
         self.reconcile_pauses(&hb.worker, &hb.attempts, now, fx);
+        // Waiting for input: believed of the current attempt of a running
+        // task on this very worker.
+        for held in &hb.attempts {
+            let current = self.tasks.get(&held.task).is_some_and(|r| {
+                r.life.status == Status::Running
+                    && r.life.attempt == held.attempt
+                    && r.life.worker.as_ref() == Some(&hb.worker)
+            });
+            if current {
+                self.dispatch.set_waiting(&held.task, held.waiting);
+            }
+        }
     }
 
     /// A worker's report about an attempt it holds; the answer says whether

@@ -107,11 +107,12 @@ fn an_unreachable_machine_makes_non_idempotent_tasks_unknown_and_idempotent_ones
         slots: 4,
         kinds: vec![Kind::shell()],
         epoch_seen: Epoch(3),
-        attempts: vec![HeldAttempt { task: again.clone(), attempt: Attempt(1), paused: false }],
+        attempts: vec![HeldAttempt { task: again.clone(), attempt: Attempt(1), paused: false, waiting: false }],
         sidecar: Default::default(),
         replaces: None,
         incarnation: None,
         mark: None,
+        labels: Default::default(),
         enforces: Default::default(),
     }));
     let kills: Vec<&KillCommand> = fx
@@ -246,6 +247,7 @@ fn a_machine_whose_store_was_replaced_never_runs_its_tasks_again_and_says_why() 
         replaces: None,
         incarnation: Some(Uuid::from_u128(2000)),
         mark: None,
+        labels: Default::default(),
         enforces: Default::default(),
     }));
     assert!(grants(&fx).is_empty(), "a grant went to the new store: {fx:?}");
@@ -347,6 +349,7 @@ fn a_deposed_leaders_stale_answer_does_not_settle_a_report_the_new_leader_acknow
             replaces: None,
             incarnation: Some(Uuid::from_u128(1000)),
             mark: None,
+            labels: Default::default(),
             enforces: Default::default(),
         })
     };

@@ -70,6 +70,13 @@ impl Core {
     /// A fresh snapshot of `r`, with its steps when it is a workflow.
     pub(super) fn snapshot_of(&self, r: &TaskRecord) -> TaskSnapshot {
         let mut s = r.snapshot();
+        if let Some(hint) = self.blocked_by(r) {
+            s.status = Status::Blocked;
+            s.hint = Some(hint);
+        }
+        if s.status == Status::Running && self.dispatch.is_waiting(&r.id) {
+            s.status = Status::Waiting;
+        }
         if !r.spec.steps.is_empty() {
             let children = self.workflows.steps.get(&r.id);
             s.steps = r
@@ -203,7 +210,7 @@ impl Core {
             ..TaskRecord::new(id.clone(), owner, key, spec, now.wall_ms)
         };
         tracing::info!(task = %id, workflow = %workflow, step = index + 1, "workflow step created");
-        self.index(&id, None, Status::Queued, now);
+        self.index(&id, super::concurrency(&record), None, Status::Queued, now);
         self.workflows.index_step(&id, &of);
         fx.push(Effect::Persist(Box::new(record.clone())));
         self.usage.add(&record);

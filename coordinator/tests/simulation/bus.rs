@@ -41,6 +41,9 @@ pub enum Dest {
 
 pub type ReqId = u64;
 
+/// A message in flight. Not boxed: the simulation holds a few hundred at
+/// most, and its grants (a whole spec) are most of them.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Msg {
     Command {

@@ -27,6 +27,8 @@
 //!     it, and `unknown` only if a machine it was leased to was struck by a
 //!     fault (crashed, wiped, cut off, its shim killed): nothing else
 //!     explains an outcome that could not be proved.
+//! 12. A task submitted held is first written `blocked`, and no process of it
+//!     starts before its client asked to approve it.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -63,6 +65,8 @@ pub struct Checker {
     kills_asked: BTreeSet<TaskId>,
     /// Machines a fault struck at some point (rule 10).
     struck: BTreeSet<WorkerId>,
+    /// Tasks a client asked to approve (rule 12).
+    approvals_asked: BTreeSet<TaskId>,
 }
 
 impl Checker {
@@ -121,6 +125,9 @@ impl Checker {
                 "rule 1: non-idempotent {task} started more than once: (attempt, machine, tick) = {starts}"
             ));
         }
+        if spec.hold && !self.approvals_asked.contains(task) {
+            self.fail(format!("rule 12: held {task} started attempt {attempt} before anyone asked to approve it"));
+        }
         if !self.granted.contains(&(task.clone(), attempt, worker.clone())) {
             self.fail(format!("rule 7: {worker} started {task} attempt {attempt}, never durably leased to it"));
         }
@@ -142,8 +149,8 @@ impl Checker {
     pub fn appended(&mut self, before: Option<&TaskRecord>, after: &TaskRecord) {
         let id = &after.id;
         match before {
-            None if after.life.status != Status::Queued => {
-                self.fail(format!("rule 2: {id} first appended as {}, not queued", after.life.status))
+            None if after.life.status != if after.spec.hold { Status::Blocked } else { Status::Queued } => {
+                self.fail(format!("rule 2: {id} first appended as {} (held: {})", after.life.status, after.spec.hold))
             }
             None => {}
             Some(b)
@@ -192,6 +199,11 @@ impl Checker {
                 "rule 6: sidecar of machine {machine} holds epoch {fence_now} after acknowledging {seen}"
             ));
         }
+    }
+
+    /// A client sent an approval of `task` (rule 12).
+    pub fn approval_asked(&mut self, task: &TaskId) {
+        self.approvals_asked.insert(task.clone());
     }
 
     /// A client sent a kill of `task` (rule 10).

@@ -1,7 +1,9 @@
 //! The client: one session that submits tasks (idempotent or not, each with a
 //! fresh idempotency key, retried with the same key until answered, as the CLI
-//! does) and kills some of them. It also checks what a client can see: a key
-//! always names the same task, and no two keys share one.
+//! does) and kills some of them; with approvals on, it submits some held and
+//! approves each one later (retried until answered, as for kills). It also
+//! checks what a client can see: a key always names the same task, and no
+//! two keys share one.
 
 use std::collections::BTreeMap;
 
@@ -14,6 +16,7 @@ use uuid::Uuid;
 use super::bus::{Asked, Dest, Envelope, Msg, Node, Reply, ReqId};
 use super::{Ctx, API_TIMEOUT};
 
+/// Where a kill (or an approval) the client wants stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kill {
     No,
@@ -28,6 +31,8 @@ struct Submitted {
     id: Option<TaskId>,
     req: Option<ReqId>,
     kill: Kill,
+    /// For a task submitted held: its approval.
+    approve: Kill,
 }
 
 pub struct Client {
@@ -48,7 +53,7 @@ impl Client {
     /// A new task: `sleep <ticks>; exit <code>`, idempotent or not; a third
     /// of the idempotent ones flaky (`; ok-from <attempt>`) with a retry
     /// policy of a few retries and a backoff of a few ticks.
-    pub fn submit_new(&mut self, ctx: &mut Ctx) {
+    pub fn submit_new(&mut self, ctx: &mut Ctx, held: bool) {
         let ticks = ctx.rng.gen_range(1..=40);
         let code = if ctx.rng.gen_bool(0.8) { 0 } else { ctx.rng.gen_range(1..=3) };
         let idempotent = ctx.rng.gen_bool(0.4);
@@ -64,8 +69,25 @@ impl Client {
             spec.retry =
                 Some(Box::new(RetryPolicy::with_defaults(retries, Some(backoff_ms), Some(4 * backoff_ms), None)));
         }
-        ctx.note(|| format!("client wants task {n}: {:?} idempotent={idempotent}", spec.command));
-        self.tasks.push(Submitted { key: Uuid::from_u128(ctx.rng.gen()), spec, id: None, req: None, kill: Kill::No });
+        spec.hold = held;
+        ctx.note(|| format!("client wants task {n}: {:?} idempotent={idempotent} held={held}", spec.command));
+        let key = Uuid::from_u128(ctx.rng.gen());
+        self.tasks.push(Submitted { key, spec, id: None, req: None, kill: Kill::No, approve: Kill::No });
+    }
+
+    /// Approves a random held task not approved yet (or every one, `all`,
+    /// so that a healed run can settle).
+    pub fn approve(&mut self, ctx: &mut Ctx, all: bool) {
+        let held: Vec<usize> =
+            (0..self.tasks.len()).filter(|i| self.tasks[*i].spec.hold && self.tasks[*i].approve == Kill::No).collect();
+        let chosen = match all {
+            true => held,
+            false => held.get(ctx.rng.gen_range(0..held.len().max(1))).copied().into_iter().collect(),
+        };
+        for i in chosen {
+            self.tasks[i].approve = Kill::Wanted;
+            ctx.note(|| format!("client wants task {i} approved"));
+        }
     }
 
     /// Asks to kill a random task the client knows.
@@ -112,22 +134,28 @@ impl Client {
                 (Some(id), _, Kill::Wanted) => {
                     ApiRequest::Kill { session: self.session.clone(), task: id.clone(), reason: None }
                 }
+                (Some(id), _, _) if t.approve == Kill::Wanted => {
+                    ApiRequest::Approve { session: self.session.clone(), task: id.clone() }
+                }
                 _ => continue,
             };
-            let is_kill = matches!(request, ApiRequest::Kill { .. });
-            if let ApiRequest::Kill { task, .. } = &request {
-                ctx.check.kill_asked(task);
+            match &request {
+                ApiRequest::Kill { task, .. } => ctx.check.kill_asked(task),
+                ApiRequest::Approve { task, .. } => ctx.check.approval_asked(task),
+                _ => {}
             }
+            let verb = request.verb();
+            let sent = request.clone();
             let (req, fate) =
                 ctx.bus.request(&mut ctx.rng, ctx.now, Node::Client, 0, Dest::Leader, API_TIMEOUT, Asked::Api, |req| {
                     Msg::Api { req, request }
                 });
-            ctx.note(|| format!("client #{req} {} task {i}: {fate}", if is_kill { "kill" } else { "submit" }));
+            ctx.note(|| format!("client #{req} {verb} task {i}: {fate}"));
             let t = &mut self.tasks[i];
-            if is_kill {
-                t.kill = Kill::Sent(req);
-            } else {
-                t.req = Some(req);
+            match sent {
+                ApiRequest::Kill { .. } => t.kill = Kill::Sent(req),
+                ApiRequest::Approve { .. } => t.approve = Kill::Sent(req),
+                _ => t.req = Some(req),
             }
         }
     }
@@ -175,12 +203,35 @@ impl Client {
                 }
                 Some(other) => ctx.check.fail(format!("client: kill of task {i} answered {other:?}")),
             }
+        } else if let Some(i) = self.tasks.iter().position(|t| t.approve == Kill::Sent(req)) {
+            match reply {
+                None => self.tasks[i].approve = Kill::Wanted,
+                Some(Ok(ApiResponse::Snapshot(s))) => {
+                    ctx.note(|| format!("client: approval of task {i}: now {}", s.status));
+                    self.tasks[i].approve = Kill::Done;
+                }
+                // Approved already (an earlier approval whose answer was
+                // lost), or killed meanwhile.
+                Some(Err(ApiError::NotAwaitingApproval { status, .. })) => {
+                    ctx.note(|| format!("client: approval of task {i}: not awaiting approval ({status})"));
+                    self.tasks[i].approve = Kill::Done;
+                }
+                Some(Err(ApiError::NotFound(_))) => {
+                    ctx.check.stale_answer();
+                    self.tasks[i].approve = Kill::Wanted;
+                }
+                Some(other) => ctx.check.fail(format!("client: approval of task {i} answered {other:?}")),
+            }
         }
     }
 
     /// Why the client is not done yet, if it is not.
     pub fn busy(&self) -> Option<String> {
-        let i = self.tasks.iter().position(|t| t.id.is_none() || matches!(t.kill, Kill::Wanted | Kill::Sent(_)))?;
+        let i = self.tasks.iter().position(|t| {
+            t.id.is_none()
+                || matches!(t.kill, Kill::Wanted | Kill::Sent(_))
+                || matches!(t.approve, Kill::Wanted | Kill::Sent(_))
+        })?;
         Some(format!("client: task {i} not answered yet"))
     }
 

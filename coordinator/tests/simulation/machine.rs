@@ -383,6 +383,7 @@ impl Host {
             replaces: w.replaces,
             incarnation: self.side.machine.as_ref().map(|m| m.incarnation()),
             mark: self.side.machine.as_ref().and_then(|m| m.mark()),
+            labels: Default::default(),
             enforces: Default::default(),
         };
         ctx.bus.send(&mut ctx.rng, ctx.now, self.node(), Dest::Coordinators, Msg::Heartbeat(hb));

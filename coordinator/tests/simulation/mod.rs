@@ -77,6 +77,10 @@ pub struct Options {
     /// The client also pauses and resumes tasks (off by default, so that
     /// the seeds of the defects above keep their schedules).
     pub pauses: bool,
+    /// The client submits a fifth of its tasks held, approves them at
+    /// random times, and every one still held once the cluster heals (off by
+    /// default, as `pauses`).
+    pub approvals: bool,
 }
 
 impl Default for Options {
@@ -90,6 +94,7 @@ impl Default for Options {
             zombie_max: 12,
             trace: false,
             pauses: false,
+            approvals: false,
         }
     }
 }
@@ -281,6 +286,9 @@ impl Sim {
                 if self.opts.pauses && self.ctx.rng.gen_bool(0.05) {
                     self.client.pause_one(&mut self.ctx);
                 }
+                if self.opts.approvals && self.ctx.rng.gen_bool(0.04) {
+                    self.client.approve(&mut self.ctx, false);
+                }
             }
             self.cluster.restarts(&mut self.ctx);
             self.cluster.lease_step(&mut self.ctx, self.hosts.len());
@@ -314,6 +322,9 @@ impl Sim {
         self.cluster.heal(now);
         for h in &mut self.hosts {
             h.heal(now);
+        }
+        if self.opts.approvals {
+            self.client.approve(&mut self.ctx, true);
         }
     }
 
@@ -349,7 +360,10 @@ impl Sim {
             ctx.check.machine_struck(&coord::host_id(m));
         }
         match event {
-            Event::Submit if self.client.submitted() < self.max_tasks => self.client.submit_new(ctx),
+            Event::Submit if self.client.submitted() < self.max_tasks => {
+                let held = self.opts.approvals && ctx.rng.gen_bool(0.2);
+                self.client.submit_new(ctx, held)
+            }
             Event::Submit => {}
             Event::Kill => self.client.kill_one(ctx),
             Event::CoordCrash => {

@@ -140,6 +140,11 @@ class Client:
         final_output: Optional[bool] = None,
         timeout_ms: Optional[int] = None,
         idle_timeout_ms: Optional[int] = None,
+        priority: Optional[int] = None,
+        on: Optional[Iterable[str]] = None,
+        concurrency_key: Optional[str] = None,
+        concurrency_limit: Optional[int] = None,
+        hold: Optional[bool] = None,
         idempotency_key: Optional[str] = None,
     ) -> Submitted:
         """Start a task: ``command`` runs as ``sh -c COMMAND`` (``kind`` defaults to
@@ -147,6 +152,9 @@ class Client:
 
         Retrying with the same ``idempotency_key`` never makes a second task;
         without one a new key is generated and returned in the answer.
+        ``on`` places it on workers whose labels satisfy each constraint,
+        ``concurrency_key``/``concurrency_limit`` cap how many of the key run at
+        once, and ``hold`` keeps it ``blocked`` until :meth:`approve`.
         """
         body, key = _core.submit_body(
             command,
@@ -161,6 +169,11 @@ class Client:
                 final_output=final_output,
                 timeout_ms=timeout_ms,
                 idle_timeout_ms=idle_timeout_ms,
+                priority=priority,
+                on=list(on) if on is not None else None,
+                concurrency_key=concurrency_key,
+                concurrency_limit=concurrency_limit,
+                hold=hold,
                 idempotency_key=idempotency_key,
             ),
         )
@@ -236,6 +249,18 @@ class Client:
 
     def unarchive(self, task: str) -> Task:
         return Task.from_json(self._call("unarchive", task))
+
+    def approve(self, task: str) -> Task:
+        """Let a task held for approval start (refused when the policy does not allow you)."""
+        return Task.from_json(self._call("approve", task))
+
+    def pause(self, task: str) -> Task:
+        """Hold a running task's process group stopped."""
+        return Task.from_json(self._call("pause", task))
+
+    def resume(self, task: str) -> Task:
+        """Let a paused task go on."""
+        return Task.from_json(self._call("resume", task))
 
     def delete(self, task: str) -> Task:
         """Delete a finished task for good (its record is kept for audit)."""

@@ -94,6 +94,14 @@ class Task:
     #: Its retry policy (``retries``, ``backoff_ms``, ``backoff_max_ms``, ``on``).
     retry: Optional[Any]
     priority: int
+    #: Its placement constraints on worker labels, as written (``gpu=a100``).
+    on: List[str]
+    #: Its concurrency key, and the limit it was submitted with.
+    concurrency_key: Optional[str]
+    concurrency_limit: Optional[int]
+    #: For an ended, ``unknown`` or paused task: can it go on as it is, and how to go on.
+    resumable: Optional[bool]
+    resume_how: Optional[str]
     #: Its resource limits (``memory_bytes``, ``cpu_millis``, ``pids``), when it has some.
     resources: Optional[Any] = None
 
