@@ -133,7 +133,7 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
         }
         Command::Delete { task } => board(&api, ApiRequest::Delete { session: api.session().clone(), task }).await,
         Command::Watch { once, json } => crate::watch::watch(&api, once, json).await,
-        Command::Mcp => crate::mcp::serve(api).await.map(|()| ExitCode::SUCCESS),
+        Command::Mcp => tenure_gateway::mcp::serve_stdio(api).await.map(|()| ExitCode::SUCCESS).map_err(Into::into),
         Command::Coordinator { .. }
         | Command::Worker { .. }
         | Command::Sidecar { .. }

@@ -7,7 +7,6 @@ mod client;
 mod config;
 mod dev;
 mod gateway;
-mod mcp;
 mod metrics;
 mod nats_auth;
 mod status;

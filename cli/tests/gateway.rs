@@ -758,3 +758,69 @@ fn on_the_board_tasks_move_live_and_a_click_on_kill_stops_one() {
     page.screenshot(&artifacts().join("board-killed.png"));
     assert!(page.errors.is_empty(), "the page raised errors: {:?}", page.errors);
 }
+
+/// One JSON-RPC call to the gateway's `/mcp` as `token`: its HTTP status
+/// and the JSON-RPC answer (`Null` when there is none, as for a
+/// notification).
+fn mcp(gw: &Gateway, token: &str, id: u64, method: &str, params: Value) -> (StatusCode, Value) {
+    let mut body = json!({"jsonrpc": "2.0", "method": method, "params": params});
+    if id > 0 {
+        body["id"] = json!(id);
+    }
+    let r = gw
+        .req(reqwest::Method::POST, "/mcp", token)
+        .header("accept", "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-06-18")
+        .json(&body)
+        .send()
+        .expect("POST /mcp");
+    let status = r.status();
+    let text = r.text().unwrap_or_default();
+    // A JSON body, or the `data:` line of a one-event stream.
+    let json = text.lines().find_map(|l| l.strip_prefix("data:")).unwrap_or(&text).trim().to_owned();
+    (status, serde_json::from_str(&json).unwrap_or(Value::Null))
+}
+
+/// The MCP tools over streamable HTTP at `/mcp`: the gateway's token names
+/// who they act as; another identity's task is not found; no token, 401.
+#[test]
+fn mcp_over_http_acts_as_the_callers_identity() {
+    let mut c = Cluster::start(1);
+    let gw = Gateway::start(&mut c);
+    let (alice, bob) = (gw.token("alice", None), gw.token("bob", None));
+    let init =
+        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "1"}});
+    let (status, hello) = mcp(&gw, &alice, 1, "initialize", init.clone());
+    assert_eq!(status, StatusCode::OK, "{hello}");
+    assert_eq!(hello["result"]["serverInfo"]["name"], "tenure", "{hello}");
+    let (_, tools) = mcp(&gw, &alice, 2, "tools/list", json!({}));
+    let names: Vec<&str> =
+        tools["result"]["tools"].as_array().map_or(vec![], |t| t.iter().filter_map(|t| t["name"].as_str()).collect());
+    assert!(names.contains(&"start_task") && names.contains(&"read_output"), "{tools}");
+
+    let call = |token: &str, name: &str, arguments: Value| {
+        let (status, answer) = mcp(&gw, token, 3, "tools/call", json!({"name": name, "arguments": arguments}));
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        answer["result"].clone()
+    };
+    let started = call(&alice, "start_task", json!({"command": "echo over-http", "hold": true}));
+    let task = started["structuredContent"]["task"].as_str().unwrap_or_else(|| panic!("{started}")).to_owned();
+    let got = call(&alice, "get_task", json!({"task": task}));
+    assert_eq!(got["structuredContent"]["task"]["status"], "blocked", "{got}");
+    let theirs = call(&bob, "get_task", json!({"task": task}));
+    assert_eq!(theirs["isError"], true, "{theirs}");
+    let (_, approved) = gw.post(&format!("/v1/tasks/{task}/approve"), &alice, json!(null));
+    assert_eq!(approved["status"], "queued", "{approved}");
+    let waited = call(&alice, "wait_task", json!({"task": task, "timeout_ms": 30000}));
+    assert_eq!(waited["structuredContent"]["task"]["status"], "completed", "{waited}");
+    let read = call(&alice, "read_output", json!({"task": task}));
+    assert_eq!(read["structuredContent"]["text"], "over-http\n", "{read}");
+
+    let r = reqwest::blocking::Client::new()
+        .post(format!("{}/mcp", gw.url))
+        .header("accept", "application/json, text/event-stream")
+        .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init}))
+        .send()
+        .expect("POST /mcp");
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+}

@@ -15,6 +15,7 @@
 //! decide anything about tasks — what the coordinator answers is returned as
 //! it is ([`Error::Api`]). It prints nothing: rendering is the caller's.
 
+pub mod input;
 pub mod retry;
 
 use std::time::{Duration, Instant};
@@ -25,6 +26,7 @@ use tenure_protocol::messages::{
 };
 use tenure_protocol::{subjects, SessionId, Status, TaskId, TaskSpec, WorkerId};
 
+pub use input::{message as input_message, SendError};
 pub use retry::{decide, Decision, Failure, Policy, Repeat};
 
 /// How long one plain request waits for its answer.

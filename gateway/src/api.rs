@@ -13,14 +13,13 @@ use axum::extract::{FromRequest, FromRequestParts};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
-use tenure_protocol::messages::{
-    ApiError, ApiRequest, ApiResponse, InputReply, InputRequest, TaskSnapshot, MAX_INPUT_BYTES, MAX_OUTPUT_CHUNK,
-};
+use tenure_client::SendError;
+use tenure_protocol::messages::{ApiRequest, ApiResponse, TaskSnapshot, MAX_OUTPUT_CHUNK};
 use tenure_protocol::placement::Placement;
 use tenure_protocol::resources::ResourceLimits;
 use tenure_protocol::retry::{NotBefore, RetryCause, RetryPolicy};
 use tenure_protocol::spec::TimeLimits;
-use tenure_protocol::{subjects, Kind, Status, StepSpec, TaskId, TaskSpec};
+use tenure_protocol::{Kind, StepSpec, TaskId, TaskSpec};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{IntoParams, OpenApi, ToSchema};
 use utoipa_axum::router::OpenApiRouter;
@@ -655,41 +654,18 @@ pub struct Sent {
 #[utoipa::path(post, path = "/v1/tasks/{id}/input", params(("id" = String, Path)), request_body = InputBody,
     responses((status = 200, body = Sent), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 413, body = ErrorBody), (status = 504, body = ErrorBody)))]
 pub async fn send(caller: Caller, TaskPath(id): TaskPath, Body(body): Body<InputBody>) -> Reply<Sent> {
-    let mut data = body.text.into_bytes();
-    if !body.raw && data.last() != Some(&b'\n') {
-        data.push(b'\n');
-    }
-    if data.is_empty() || data.len() > MAX_INPUT_BYTES {
-        return Err(ApiError::InputSize { size: data.len() as u64, max: MAX_INPUT_BYTES as u64 }.into());
-    }
-    let s = caller.client.get(&id).await?;
-    if s.kind != Kind::agent() {
-        return Err(ApiError::NoInput { task: id.to_string(), kind: s.kind.to_string() }.into());
-    }
-    let worker = match &s.worker {
-        Some(w) if !s.status.is_terminal() && s.status != Status::Queued => w.clone(),
-        _ => return Err(ApiError::NotRunning { task: id.to_string(), status: s.status.as_str().to_owned() }.into()),
-    };
-    let req = InputRequest { session: caller.client.session().clone(), task: id.clone(), data };
-    let reply: Result<InputReply, _> =
-        tenure_transport::request(caller.client.nats(), subjects::input(&worker), &req, tenure_client::API_TIMEOUT)
-            .await;
-    match reply {
-        Ok(reply) => {
-            let ack = reply?;
-            Ok(axum::Json(Sent { task: id.to_string(), bytes: ack.bytes }))
+    let data = tenure_client::input_message(body.text.into_bytes(), body.raw)?;
+    match caller.client.send_input(&id, data).await {
+        Ok(ack) => Ok(axum::Json(Sent { task: id.to_string(), bytes: ack.bytes })),
+        Err(SendError::Refused(e)) => Err(e.into()),
+        Err(SendError::Client(e)) => Err(e.into()),
+        Err(e @ SendError::NoSidecar { .. }) => {
+            Err(Error::new(StatusCode::SERVICE_UNAVAILABLE, "sidecar-unavailable", e.to_string()))
         }
-        Err(tenure_transport::Error::NoResponders { .. }) => Err(Error::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "sidecar-unavailable",
-            format!("the sidecar of worker {worker} is not answering; nothing was sent"),
-        )),
-        Err(tenure_transport::Error::Timeout { .. }) => Err(Error::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "input-in-doubt",
-            format!("no answer from the sidecar of worker {worker}: the message may or may not have reached {id}"),
-        )),
-        Err(e) => Err(Error::new(StatusCode::BAD_GATEWAY, "cluster", e.to_string())),
+        Err(e @ SendError::InDoubt { .. }) => {
+            Err(Error::new(StatusCode::GATEWAY_TIMEOUT, "input-in-doubt", e.to_string()))
+        }
+        Err(e @ SendError::Transport(_)) => Err(Error::new(StatusCode::BAD_GATEWAY, "cluster", e.to_string())),
     }
 }
 

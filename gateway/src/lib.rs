@@ -17,6 +17,7 @@
 pub mod api;
 pub mod callers;
 pub mod error;
+pub mod mcp;
 pub mod stream;
 pub mod tls;
 pub mod tokens;
@@ -143,10 +144,25 @@ where
 pub fn app(state: State) -> Router {
     let (api, doc) = api::router().split_for_parts();
     let doc = Arc::new(doc);
+    let mcp = rmcp::transport::streamable_http_server::StreamableHttpService::new(
+        || Ok(mcp::Tools::new(None)),
+        Arc::new(rmcp::transport::streamable_http_server::session::local::LocalSessionManager::default()),
+        // Stateless, JSON answers; any Host: every request is authenticated.
+        rmcp::transport::streamable_http_server::StreamableHttpServerConfig::default()
+            .disable_allowed_hosts()
+            .with_legacy_session_mode(false)
+            .with_json_response(true),
+    );
     Router::new()
         .merge(api)
         .route("/openapi.json", get(move || async move { axum::Json((*doc).clone()) }))
         .route("/", get(board))
+        .nest_service(
+            "/mcp",
+            tower::ServiceBuilder::new()
+                .layer(axum::middleware::from_fn_with_state(state.clone(), mcp_caller))
+                .service(mcp),
+        )
         .fallback(|| async {
             Error::new(axum::http::StatusCode::NOT_FOUND, "no-route", "no such route; see /openapi.json")
         })
@@ -155,6 +171,23 @@ pub fn app(state: State) -> Router {
         })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// In front of `/mcp`: the caller authenticated as for every route (401
+/// otherwise), its client put in the request for the tools to act as.
+async fn mcp_caller(
+    axum::extract::State(state): axum::extract::State<State>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let (mut parts, body) = request.into_parts();
+    match Caller::from_request_parts(&mut parts, &state).await {
+        Ok(caller) => {
+            parts.extensions.insert(caller.client);
+            next.run(axum::extract::Request::from_parts(parts, body)).await
+        }
+        Err(e) => e.into_response(),
+    }
 }
 
 /// The board: one static page, its script inline, no build step.

@@ -3,7 +3,7 @@
 //! It owns: streaming the task's output to stdout from a chosen offset (through
 //! the `logs` verb's code, that is [`tenure_client::Client::follow_output`]),
 //! forwarding this terminal's stdin to an `agent` task (through `send`'s
-//! [`target`](super::send::target) and [`deliver`](super::send::deliver), one
+//! [`input_target`](tenure_client::Client::input_target) and [`deliver_input`](tenure_client::Client::deliver_input), one
 //! message at a time so that lines keep their order), Ctrl-C (detach, or kill
 //! with `--kill-on-interrupt`), and the exit code that says how the task ended
 //! ([`exit_code`]).
@@ -25,10 +25,10 @@ use tenure_protocol::{Kind, Status, TaskId};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
 
-use super::send::{self, SendError};
 use super::{final_output, kill, logs, workflow_logs, Api};
 use crate::text::printable;
 use crate::ForegroundArgs;
+use tenure_client::SendError;
 
 /// Exit code when the task was killed (`tenure kill`, `--kill-on-interrupt`).
 pub(crate) const EXIT_KILLED: u8 = 121;
@@ -327,8 +327,8 @@ async fn forward_input(api: Api, task: TaskId, mut messages: mpsc::Receiver<Vec<
 async fn deliver_one(api: &Api, task: &TaskId, message: Vec<u8>) -> bool {
     let mut pause = Duration::from_millis(50);
     loop {
-        let sent = match send::target(api, task).await {
-            Ok(worker) => send::deliver(api, &worker, task, message.clone()).await.map(|_| ()),
+        let sent = match api.input_target(task).await {
+            Ok(worker) => api.deliver_input(&worker, task, message.clone()).await.map(|_| ()),
             Err(e) => Err(e),
         };
         let not_yet = match &sent {

@@ -1,6 +1,7 @@
-//! `tenure mcp`: the task contract as Model Context Protocol tools, served
-//! over stdio to the agent that launched it (JSON-RPC on stdin/stdout; logs
-//! go to stderr only).
+//! The task contract as Model Context Protocol tools: served over stdio to
+//! the agent that launched `tenure mcp` (JSON-RPC on stdin/stdout; logs go
+//! to stderr only), and over streamable HTTP at the gateway's `/mcp`, where
+//! each request acts as the caller its token or certificate names.
 //!
 //! Each tool is one or two `tenure-client` requests made as the caller's
 //! session, exactly as the CLI verbs and the gateway make them: start, list,
@@ -13,7 +14,8 @@
 //! reported yet, and listing them reports them, so each ending is told once
 //! (reading a task's output to its end or waiting on it reports it too).
 //! This module decides nothing about tasks; it must never write to stdout
-//! except through the MCP transport.
+//! except through the MCP transport, nor act over HTTP as anyone but the
+//! authenticated caller of that very request.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -21,33 +23,38 @@ use std::time::{Duration, Instant};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
-use rmcp::{tool, tool_handler, tool_router, ServerHandler, ServiceExt};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler, ServiceExt};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tenure_gateway::api::TaskView;
+use tenure_client::Client;
 use tenure_protocol::messages::{ApiRequest, ApiResponse, TaskSnapshot, MAX_OUTPUT_CHUNK};
+use tenure_protocol::placement::Placement;
+use tenure_protocol::retry::RetryPolicy;
 use tenure_protocol::spec::TimeLimits;
 use tenure_protocol::{Kind, StepSpec, TaskId, TaskSpec};
 
-use crate::client::{send, Api};
+use crate::api::TaskView;
 
 /// Bytes of output one `read_output` returns unless asked for fewer.
 const DEFAULT_READ: u32 = 16 * 1024;
 /// Longest one `wait` may block.
 const MAX_WAIT: Duration = Duration::from_secs(60);
 
-/// Serves MCP on stdin/stdout until the client closes it.
-pub async fn serve(api: Api) -> anyhow::Result<()> {
-    let service = Tools::new(api).serve(rmcp::transport::stdio()).await?;
-    service.waiting().await?;
+/// Serves MCP on stdin/stdout, as `api`'s session, until the client closes it.
+pub async fn serve_stdio(api: Client) -> Result<(), std::io::Error> {
+    let service = Tools::new(Some(api)).serve(rmcp::transport::stdio()).await.map_err(std::io::Error::other)?;
+    service.waiting().await.map_err(std::io::Error::other)?;
     Ok(())
 }
 
-/// The tools, acting as one session.
+/// The tools: acting as one session (stdio), or as each HTTP request's
+/// authenticated caller (the client the gateway put in the request's
+/// extensions).
 #[derive(Clone)]
 pub struct Tools {
-    api: Api,
+    api: Option<Client>,
     tool_router: ToolRouter<Tools>,
 }
 
@@ -85,6 +92,24 @@ pub struct StartArgs {
     /// End the task (failed, `timed-out`) past this many milliseconds.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// For an idempotent task: run it again up to this many times after a failed attempt.
+    #[serde(default)]
+    pub retries: Option<u32>,
+    /// Dispatch priority, -100 to 100 (higher first; default 0).
+    #[serde(default)]
+    pub priority: i32,
+    /// Run only on workers whose labels satisfy each of these: `gpu=a100`, `repo in (web,api)`, `!spot`.
+    #[serde(default)]
+    pub on: Vec<String>,
+    /// Count against this key: at most `concurrency_limit` tasks of the key run at once.
+    #[serde(default)]
+    pub concurrency_key: Option<String>,
+    #[serde(default)]
+    pub concurrency_limit: Option<u32>,
+    /// Hold it until a person approves it (`tenure approve`): use it for work that needs a
+    /// human's go-ahead. It shows `blocked` until then.
+    #[serde(default)]
+    pub hold: bool,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -97,7 +122,8 @@ pub struct TaskArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListArgs {
-    /// Only tasks in this status: queued, leased, running, stopping, completed, killed, failed, unknown.
+    /// Only tasks in this status: queued, blocked, leased, running, waiting, paused, stopping,
+    /// completed, killed, failed, unknown.
     #[serde(default)]
     pub status: Option<String>,
     /// Also archived and already reported tasks (default: only active, unreported ones).
@@ -163,16 +189,29 @@ fn refusal(e: impl std::fmt::Display) -> String {
 
 #[tool_router]
 impl Tools {
-    pub fn new(api: Api) -> Tools {
+    /// Tools acting as `api`'s session, or (`None`) as each HTTP request's caller.
+    pub fn new(api: Option<Client>) -> Tools {
         Tools { api, tool_router: Self::tool_router() }
     }
 
+    /// Who a call acts as: the stdio session, or the HTTP request's caller.
+    fn caller(&self, ctx: &RequestContext<RoleServer>) -> Result<Client, String> {
+        if let Some(api) = &self.api {
+            return Ok(api.clone());
+        }
+        ctx.extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Client>())
+            .cloned()
+            .ok_or_else(|| "unauthenticated: no caller for this request".to_owned())
+    }
+
     /// The answer with the tasks that ended unreported, which it reports.
-    async fn answer(&self, mut value: Value) -> ToolResult {
+    async fn answer(&self, api: &Client, mut value: Value) -> ToolResult {
         let mut unreported = Vec::new();
-        if let Ok(tasks) = self.api.list(false).await {
+        if let Ok(tasks) = api.list(false).await {
             for t in tasks.iter().filter(|t| t.status.is_terminal() && !t.reported) {
-                if self.api.mark_reported(&t.id).await.is_ok() {
+                if api.mark_reported(&t.id).await.is_ok() {
                     let mut v = view(t);
                     v["reported"] = Value::Bool(true);
                     unreported.push(v);
@@ -188,7 +227,8 @@ impl Tools {
     #[tool(description = "Start a task in the background on the tenure cluster and return its id \
         (`<kind>-<n>`, e.g. `shell-12`) at once. Use it for anything long: builds, test runs, servers, \
         coding agents. Read its output later with `read_output`, wait for it with `wait_task`.")]
-    async fn start_task(&self, Parameters(a): Parameters<StartArgs>) -> ToolResult {
+    async fn start_task(&self, Parameters(a): Parameters<StartArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let api = self.caller(&ctx)?;
         let workflow = !a.steps.is_empty();
         if workflow != a.command.is_empty() {
             return Err("give either `command` or `steps` (for a workflow)".into());
@@ -216,27 +256,30 @@ impl Tools {
             steps: a.steps.into_iter().map(|command| StepSpec { kind: Kind::shell(), command }).collect(),
             final_output: a.final_output,
             limits: a.timeout_ms.map(|ms| Box::new(TimeLimits { timeout_ms: Some(ms), idle_timeout_ms: None })),
-            // Retries, delayed starts, priorities and resource limits are the
-            // CLI's and the API's.
-            retry: None,
+            retry: a.retries.map(|n| Box::new(RetryPolicy::with_defaults(n, None, None, None))),
+            // Delayed starts are the CLI's and the API's.
             not_before: None,
-            priority: 0,
-            placement: None,
-            hold: false,
+            priority: a.priority,
+            placement: Placement::from_parts(&a.on, a.concurrency_key, a.concurrency_limit)
+                .map_err(|e| format!("placement: {e}"))?
+                .map(Box::new),
+            hold: a.hold,
+            // Resource limits are the CLI's and the API's.
             resources: None,
         };
-        let done = self.api.submit(spec).await.map_err(refusal)?;
-        self.answer(json!({ "task": done.task.to_string() })).await
+        let done = api.submit(spec).await.map_err(refusal)?;
+        self.answer(&api, json!({ "task": done.task.to_string() })).await
     }
 
     #[tool(description = "List your tasks (newest last), optionally only those in one status. \
         By default only active tasks that were not reported yet; `all` adds archived and reported ones.")]
-    async fn list_tasks(&self, Parameters(a): Parameters<ListArgs>) -> ToolResult {
+    async fn list_tasks(&self, Parameters(a): Parameters<ListArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let api = self.caller(&ctx)?;
         let mut tasks = Vec::new();
         let mut after = None;
         loop {
-            let req = ApiRequest::ListPage { session: self.api.session().clone(), all: a.all, after };
-            match self.api.request(&req, &tenure_client::Policy::READ).await.map_err(refusal)? {
+            let req = ApiRequest::ListPage { session: api.session().clone(), all: a.all, after };
+            match api.request(&req, &tenure_client::Policy::READ).await.map_err(refusal)? {
                 ApiResponse::Page { tasks: page, next } => {
                     tasks.extend(
                         page.iter().filter(|t| a.status.as_deref().is_none_or(|s| t.status.as_str() == s)).map(view),
@@ -249,25 +292,28 @@ impl Tools {
                 other => return Err(format!("unexpected answer from the cluster: {other:?}")),
             }
         }
-        self.answer(json!({ "tasks": tasks })).await
+        self.answer(&api, json!({ "tasks": tasks })).await
     }
 
-    #[tool(description = "One task's snapshot: status (queued, leased, running, stopping, completed, \
-        killed, failed, unknown), exit code, times, and for `unknown` a hint saying why and what to do.")]
-    async fn get_task(&self, Parameters(a): Parameters<TaskArgs>) -> ToolResult {
-        let s = self.api.get(&task_id(&a.task)?).await.map_err(refusal)?;
-        self.answer(json!({ "task": view(&s) })).await
+    #[tool(description = "One task's snapshot: status (queued, blocked, leased, running, waiting — an \
+        agent reading its input —, paused, stopping, completed, killed, failed, unknown), exit code, \
+        times, a hint for `blocked` and `unknown` saying why and what to do, and for an ended task \
+        whether it can be resumed and how to run it again.")]
+    async fn get_task(&self, Parameters(a): Parameters<TaskArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let api = self.caller(&ctx)?;
+        let s = api.get(&task_id(&a.task)?).await.map_err(refusal)?;
+        self.answer(&api, json!({ "task": view(&s) })).await
     }
 
     #[tool(description = "Read a task's output from a byte offset, at most `max_bytes` (default 16 KiB). \
         Returns `text`, `next_offset` (pass it as `offset` next time) and `finished` (the task ended and \
         every byte was read). Reading a finished task to its end reports it.")]
-    async fn read_output(&self, Parameters(a): Parameters<ReadArgs>) -> ToolResult {
-        let s = self.api.get(&task_id(&a.task)?).await.map_err(refusal)?;
+    async fn read_output(&self, Parameters(a): Parameters<ReadArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let api = self.caller(&ctx)?;
+        let s = api.get(&task_id(&a.task)?).await.map_err(refusal)?;
         let max = a.max_bytes.unwrap_or(DEFAULT_READ).clamp(1, MAX_OUTPUT_CHUNK);
-        let chunk = tenure_gateway::api::read_chunk(&self.api, &s, a.offset, max)
-            .await
-            .map_err(|e| format!("{}: {}", e.code, e.message))?;
+        let chunk =
+            crate::api::read_chunk(&api, &s, a.offset, max).await.map_err(|e| format!("{}: {}", e.code, e.message))?;
         let bytes = chunk.next_offset - chunk.offset;
         let more = !chunk.finished && bytes >= u64::from(max);
         let note = if more {
@@ -281,27 +327,28 @@ impl Tools {
             "task": s.id.to_string(), "offset": chunk.offset, "next_offset": chunk.next_offset,
             "text": chunk.text, "finished": chunk.finished, "bytes": bytes, "more": more, "note": note,
         });
-        self.answer(value).await
+        self.answer(&api, value).await
     }
 
     #[tool(description = "Send one message (a line on stdin) to a running `agent` task. \
         Never sent twice: if the answer is lost the error says the message may or may not have arrived.")]
-    async fn send_input(&self, Parameters(a): Parameters<SendArgs>) -> ToolResult {
+    async fn send_input(&self, Parameters(a): Parameters<SendArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let api = self.caller(&ctx)?;
         let task = task_id(&a.task)?;
-        let data = send::finish(a.text.into_bytes(), false).map_err(refusal)?;
-        let worker = send::target(&self.api, &task).await.map_err(refusal)?;
-        let bytes = send::deliver(&self.api, &worker, &task, data).await.map_err(refusal)?.bytes;
-        self.answer(json!({ "task": task.to_string(), "bytes": bytes })).await
+        let data = tenure_client::input_message(a.text.into_bytes(), false).map_err(refusal)?;
+        let bytes = api.send_input(&task, data).await.map_err(refusal)?.bytes;
+        self.answer(&api, json!({ "task": task.to_string(), "bytes": bytes })).await
     }
 
     #[tool(description = "Stop a task: SIGTERM to its processes, SIGKILL after a grace period. \
         `result` is `requested` or `already-finished`.")]
-    async fn stop_task(&self, Parameters(a): Parameters<StopArgs>) -> ToolResult {
+    async fn stop_task(&self, Parameters(a): Parameters<StopArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let api = self.caller(&ctx)?;
         let task = task_id(&a.task)?;
-        let req = ApiRequest::Kill { session: self.api.session().clone(), task: task.clone(), reason: a.reason };
-        match self.api.call(&req, tenure_client::API_TIMEOUT).await.map_err(refusal)? {
+        let req = ApiRequest::Kill { session: api.session().clone(), task: task.clone(), reason: a.reason };
+        match api.call(&req, tenure_client::API_TIMEOUT).await.map_err(refusal)? {
             ApiResponse::Kill { result, .. } => {
-                self.answer(json!({ "task": task.to_string(), "result": result.as_str() })).await
+                self.answer(&api, json!({ "task": task.to_string(), "result": result.as_str() })).await
             }
             other => Err(format!("unexpected answer from the cluster: {other:?}")),
         }
@@ -310,19 +357,21 @@ impl Tools {
     #[tool(description = "Wait for a task to end, at most `timeout_ms` (default and cap 60000). \
         Returns `finished` (false: it still runs, call again) and the task's snapshot. Waiting on an \
         ended task reports it.")]
-    async fn wait_task(&self, Parameters(a): Parameters<WaitArgs>) -> ToolResult {
+    async fn wait_task(&self, Parameters(a): Parameters<WaitArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let api = self.caller(&ctx)?;
         let task = task_id(&a.task)?;
         let bound = a.timeout_ms.map_or(MAX_WAIT, Duration::from_millis).min(MAX_WAIT);
-        let w = self.api.wait(&task, Some(Instant::now() + bound)).await.map_err(refusal)?;
-        self.answer(json!({ "finished": w.finished, "task": view(&w.snapshot) })).await
+        let w = api.wait(&task, Some(Instant::now() + bound)).await.map_err(refusal)?;
+        self.answer(&api, json!({ "finished": w.finished, "task": view(&w.snapshot) })).await
     }
 
     #[tool(description = "Archive a finished task: hidden from `list_tasks` unless `all`; its files on \
         the worker are released. Refused while the task runs.")]
-    async fn archive_task(&self, Parameters(a): Parameters<TaskArgs>) -> ToolResult {
-        let req = ApiRequest::Archive { session: self.api.session().clone(), task: task_id(&a.task)? };
-        let s = self.api.snapshot_of(&req).await.map_err(refusal)?;
-        self.answer(json!({ "task": view(&s) })).await
+    async fn archive_task(&self, Parameters(a): Parameters<TaskArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+        let api = self.caller(&ctx)?;
+        let req = ApiRequest::Archive { session: api.session().clone(), task: task_id(&a.task)? };
+        let s = api.snapshot_of(&req).await.map_err(refusal)?;
+        self.answer(&api, json!({ "task": view(&s) })).await
     }
 }
 
