@@ -8,6 +8,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail};
 use tenure_protocol::messages::{ApiRequest, ApiResponse, KillResult, TaskSnapshot, MAX_WAIT_MS};
+use tenure_protocol::resources::ResourceLimits;
 use tenure_protocol::{Kind, SessionId, Status, StepSpec, TaskId, TaskSpec};
 use tracing::Instrument;
 
@@ -183,8 +184,12 @@ fn spec_of(args: SubmitArgs) -> anyhow::Result<TaskSpec> {
         concurrency_key,
         concurrency_limit,
         hold,
+        memory,
+        cpus,
+        pids,
         command,
     } = args;
+    let resources = ResourceLimits { memory_bytes: memory, cpu_millis: cpus, pids };
     let line = command_line(&command);
     let kind = if steps.is_empty() { kind } else { Kind::workflow() };
     let label = label.or_else(|| (!steps.is_empty()).then(|| format!("workflow of {} steps", steps.len())));
@@ -211,6 +216,7 @@ fn spec_of(args: SubmitArgs) -> anyhow::Result<TaskSpec> {
         placement: tenure_protocol::placement::Placement::from_parts(&on, concurrency_key, concurrency_limit)?
             .map(Box::new),
         hold,
+        resources: (!resources.is_empty()).then(|| Box::new(resources)),
     })
 }
 
@@ -306,6 +312,9 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
             let limit = c.limit.map(|l| format!(" (limit {l})")).unwrap_or_default();
             println!("concurrency key: {}{limit}", c.key);
         }
+    }
+    if let Some(r) = &s.resources {
+        println!("resources:  {}", crate::units::resources(r));
     }
     let now = now_ms();
     println!("created:    {}", when(s.created_at_ms, now));

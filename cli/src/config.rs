@@ -221,6 +221,9 @@ pub struct WorkerConfig {
     /// Labels tasks' placement constraints are matched against
     /// (`[labels]`, `gpu = "a100"`).
     pub labels: tenure_protocol::placement::Labels,
+    /// Run tasks without control groups: no resource limits, processes
+    /// that leave a task's process group not tracked.
+    pub no_cgroups: bool,
     pub metrics_addr: Option<SocketAddr>,
     pub nats: NatsOptions,
 }
@@ -243,6 +246,7 @@ impl Default for WorkerConfig {
             // The library holds the resolved user (`RunAs`), none by default.
             run_as: None,
             labels: o.labels,
+            no_cgroups: !o.cgroups,
             metrics_addr: None,
             nats: o.nats,
         }
@@ -570,6 +574,8 @@ mod tests {
         assert!(format!("{:#}", w.validate().unwrap_err()).contains("no user named"));
         let w: WorkerConfig = parse("id = 'w1'\ndata_dir = '/srv/w1'\nrun_as = 'root'").unwrap();
         assert!(format!("{:#}", w.validate().unwrap_err()).contains("root"));
+        let w: WorkerConfig = parse("id = 'w1'\ndata_dir = '/srv/w1'\nno_cgroups = true").unwrap();
+        assert!(w.no_cgroups && w.validate().is_ok());
     }
 
     #[test]

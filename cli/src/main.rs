@@ -12,6 +12,7 @@ mod nats_auth;
 mod status;
 mod telemetry;
 mod text;
+mod units;
 mod watch;
 
 use std::path::PathBuf;
@@ -240,6 +241,12 @@ struct WorkerArgs {
     /// with `--on` run only on workers whose labels satisfy them.
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
     labels: Vec<(String, String)>,
+    /// Run tasks without control groups (by default, where the host has a
+    /// writable cgroup v2 hierarchy, each attempt runs in its own: resource
+    /// limits, and a kill or pause reaches processes that left the task's
+    /// process group). Without them tasks with limits are refused here.
+    #[arg(long, env = "TENURE_NO_CGROUPS")]
+    no_cgroups: bool,
 }
 
 fn parse_key_limit(s: &str) -> Result<(String, u32), String> {
@@ -349,6 +356,18 @@ struct SubmitArgs {
     /// until `tenure approve ID`; `tenure kill ID` ends it unrun.
     #[arg(long)]
     hold: bool,
+    /// Memory limit of all the task's processes together (`64M`, `1.5G`,
+    /// `512K`; binary units). Past it the kernel ends one of them and the
+    /// task fails as `out-of-memory`. Only workers that enforce it run it.
+    #[arg(long, value_name = "SIZE", value_parser = units::parse_size)]
+    memory: Option<u64>,
+    /// CPU limit in CPUs (`0.5`, `2`): the task is throttled to it.
+    #[arg(long, value_name = "CPUS", value_parser = units::parse_cpus)]
+    cpus: Option<u32>,
+    /// Most processes and threads the task may have alive at once; a fork
+    /// past it fails.
+    #[arg(long, value_name = "N")]
+    pids: Option<u32>,
     /// The command line (one argument is run as is by `sh -c`; several are quoted and joined).
     #[arg(last = true, required_unless_present = "steps")]
     command: Vec<String>,
@@ -729,7 +748,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
         Command::Worker(args) => {
             let overrides = |cfg: &mut config::WorkerConfig| {
                 override_given!(sub, cfg, args, id, slots, data_dir, kill_grace_ms, heartbeat_ms, output_cap);
-                override_given!(sub, cfg, args, kill_tasks_on_exit, kinds, scratch_dir, run_as);
+                override_given!(sub, cfg, args, kill_tasks_on_exit, kinds, scratch_dir, run_as, no_cgroups);
                 if config::given(sub, "labels") {
                     cfg.labels = args.labels.iter().cloned().collect();
                 }
@@ -747,6 +766,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             opts.scratch_dir = cfg.scratch_dir;
             opts.labels = cfg.labels;
             opts.run_as = cfg.run_as.as_deref().map(tenure_worker::sandbox::RunAs::resolve).transpose()?;
+            opts.cgroups = !cfg.no_cgroups;
             opts.shim_program = std::env::current_exe()?;
             tenure_worker::run(opts, shutdown_signal()).await?;
             Ok(ExitCode::SUCCESS)
@@ -840,5 +860,6 @@ mod tests {
         assert_eq!(flags, (d.slots, d.kill_grace_ms, d.heartbeat_ms, d.output_cap, d.kill_tasks_on_exit, d.kinds));
         assert_eq!((flags.0, flags.1, flags.2), (4, 5000, 1000));
         assert_eq!(config::WORKER_KINDS_DEFAULT.as_str(), "shell,agent,monitor,noop,sleep");
+        assert_eq!((w.no_cgroups, d.no_cgroups), (false, false), "cgroups are used where the host allows");
     }
 }

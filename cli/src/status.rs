@@ -3,9 +3,10 @@
 //! next one leads); piped, with `--once` or `--json`, it prints one view.
 //!
 //! The view: the leader and its epoch and lease, standbys, workers (slots,
-//! running, sidecar health, heartbeat age), tasks by status, the caller's own
-//! running tasks (ownership holds here too: other sessions' tasks are only
-//! counted), and this client's NATS connection.
+//! running, sidecar health, heartbeat age, what its cgroups enforce), tasks
+//! by status, the caller's own running tasks (ownership holds here too:
+//! other sessions' tasks are only counted), and this client's NATS
+//! connection.
 
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write as _};
@@ -128,8 +129,8 @@ pub fn render(s: &ClusterStatus, mine: &[TaskSnapshot], nats: &str) -> String {
     let _ = writeln!(out, "{nats}\n");
     let _ = writeln!(
         out,
-        "{:<14} {:<6} {:<9} {:>5} {:>7} {:>10}  KINDS",
-        "WORKER", "ALIVE", "SIDECAR", "SLOTS", "RUNNING", "HEARTBEAT"
+        "{:<14} {:<6} {:<9} {:>5} {:>7} {:>10}  {:<26} KINDS",
+        "WORKER", "ALIVE", "SIDECAR", "SLOTS", "RUNNING", "HEARTBEAT", "ENFORCES"
     );
     for w in &s.workers {
         let kinds: Vec<&str> = w.kinds.iter().map(|k| k.as_str()).collect();
@@ -138,15 +139,22 @@ pub fn render(s: &ClusterStatus, mine: &[TaskSnapshot], nats: &str) -> String {
             SidecarHealth::Degraded => "degraded",
             SidecarHealth::Down => "down",
         };
+        // What its cgroups give it: tracking of every process of a task,
+        // and the limits it enforces ("none": no cgroups, no limits).
+        let enforces = match w.enforces.names() {
+            names if names.is_empty() => "none".to_owned(),
+            names => names.join(","),
+        };
         let _ = writeln!(
             out,
-            "{:<14} {:<6} {:<9} {:>5} {:>7} {:>8}ms  {}",
+            "{:<14} {:<6} {:<9} {:>5} {:>7} {:>8}ms  {:<26} {}",
             w.id.as_str(),
             if w.alive { "yes" } else { "NO" },
             sidecar,
             w.slots,
             w.running,
             w.last_seen_ms,
+            enforces,
             kinds.join(",")
         );
         if !w.labels.is_empty() {

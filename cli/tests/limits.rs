@@ -136,6 +136,7 @@ fn a_forged_heartbeat_claiming_the_last_epoch_deposes_nobody() {
                 incarnation: None,
                 mark: None,
                 labels: Default::default(),
+                enforces: Default::default(),
             };
             let bytes = tenure_protocol::encode(&hb).expect("encode");
             client.publish(subjects::heartbeat(&worker), bytes.into()).await.expect("publish");

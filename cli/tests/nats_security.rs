@@ -409,6 +409,7 @@ fn a_machine_credential_cannot_speak_for_another_machine() {
             incarnation: None,
             mark: None,
             labels: Default::default(),
+            enforces: Default::default(),
         };
         let bytes = tenure_protocol::encode(&forged).expect("encode");
         w2.publish("tenure.coord.heartbeat.w2", bytes.into()).await.expect("publish");

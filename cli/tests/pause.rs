@@ -2,7 +2,7 @@
 //! counter is stopped as a whole process group (every process in state `T`,
 //! no output while paused), stays paused through a worker SIGKILL — its shim
 //! stopping it again after the re-attach, even after something continued it
-//! behind the shim's back — and a leader SIGKILL, goes on after `resume`, and
+//! (and thawed its cgroup) behind the shim's back — and a leader SIGKILL, goes on after `resume`, and
 //! is still killed while paused.
 
 mod common;
@@ -34,9 +34,25 @@ fn states(pgid: i32) -> Vec<char> {
         .collect()
 }
 
+/// Every process of the group stopped — or, where the worker runs the task
+/// in a cgroup, that cgroup frozen (a process frozen before it handled its
+/// SIGSTOP shows as sleeping, and is held all the same).
 fn all_stopped(pgid: i32) -> bool {
     let s = states(pgid);
-    !s.is_empty() && s.iter().all(|c| *c == 'T')
+    !s.is_empty()
+        && (s.iter().all(|c| *c == 'T')
+            || cgroup_file(pgid, "cgroup.events").is_some_and(|events| {
+                tenure_worker::cgroup::keyed(&std::fs::read_to_string(events).unwrap_or_default(), "frozen") == Some(1)
+            }))
+}
+
+/// A file of the task's cgroup, where the worker runs it in one.
+fn cgroup_file(pid: i32, name: &str) -> Option<std::path::PathBuf> {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let mounts = tenure_worker::cgroup::parse_mounts(&read("/proc/self/mounts"));
+    let member = tenure_worker::cgroup::parse_membership(&read(&format!("/proc/{pid}/cgroup")));
+    let group = member.unified.filter(|g| g.contains("/tenure-"))?;
+    Some(tenure_worker::cgroup::join(&mounts.unified?, &group).join(name))
 }
 
 /// Waits until every process of the group is stopped and the output stands
@@ -52,6 +68,14 @@ fn wait_held(c: &Cluster, task: &str, pgid: i32) -> usize {
         same.then_some(now)
     });
     still.expect("the output stood still")
+}
+
+/// Thaws the task's cgroup, where the worker runs it in one (a pause also
+/// freezes it), as something acting behind the shim's back would.
+fn thaw(pid: i32) {
+    if let Some(freeze) = cgroup_file(pid, "cgroup.freeze") {
+        std::fs::write(&freeze, "0").unwrap_or_else(|e| panic!("thaw {}: {e}", freeze.display()));
+    }
 }
 
 fn cli_ok(c: &Cluster, args: &[&str]) -> String {
@@ -88,6 +112,7 @@ fn a_paused_counter_stays_stopped_through_a_worker_and_a_leader_kill_and_goes_on
     // stops the group again, as the recorded wish says.
     c.kill9("worker-w1");
     killpg(Pid::from_raw(pgid), Signal::SIGCONT).expect("continue the group");
+    thaw(pgid);
     let grew = eventually(BOUND, || (logs(&c, &task).len() > held).then_some(()));
     assert!(grew.is_some(), "a continued group counts again");
     c.spawn_worker("w1", &[]);

@@ -196,7 +196,10 @@ pub enum Input {
     Tick,
 }
 
-/// Something the driver must do, in order.
+/// Something the driver must do, in order. Carried out as soon as the
+/// batch is, never kept: the size of its largest variant (a command with a
+/// grant) costs nothing, so it is not boxed.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
     /// Append this record to the registry (conditionally). Must succeed before

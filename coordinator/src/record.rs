@@ -205,6 +205,7 @@ impl TaskRecord {
             priority: self.spec.priority,
             placement: self.spec.placement.as_deref().cloned(),
             resume: self.resumability(),
+            resources: self.spec.resources.as_deref().cloned(),
         }
     }
 

@@ -89,6 +89,7 @@ fn a_finished_noop_task_costs_the_core_little_heap() {
         incarnation: Some(Uuid::from_u128(1)),
         mark: None,
         labels: Default::default(),
+        enforces: Default::default(),
     };
     core.handle(Input::Heartbeat(heartbeat), now);
     run(&mut core, &mut now, 100);

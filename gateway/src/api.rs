@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use tenure_client::SendError;
 use tenure_protocol::messages::{ApiRequest, ApiResponse, TaskSnapshot, MAX_OUTPUT_CHUNK};
 use tenure_protocol::placement::Placement;
+use tenure_protocol::resources::ResourceLimits;
 use tenure_protocol::retry::{NotBefore, RetryCause, RetryPolicy};
 use tenure_protocol::spec::TimeLimits;
 use tenure_protocol::{Kind, StepSpec, TaskId, TaskSpec};
@@ -195,6 +196,10 @@ pub struct TaskView {
     /// as it is (`resume` of a paused one), and how to go on either way.
     pub resumable: Option<bool>,
     pub resume_how: Option<String>,
+    /// Its resource limits (`memory_bytes`, `cpu_millis`, `pids`), when it
+    /// has some.
+    #[schema(value_type = Option<Object>)]
+    pub resources: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -251,6 +256,7 @@ impl From<&TaskSnapshot> for TaskView {
             concurrency_limit: s.placement.as_ref().and_then(|p| p.concurrency.as_ref()).and_then(|c| c.limit),
             resumable: s.resume.as_ref().map(|r| r.resumable),
             resume_how: s.resume.as_ref().map(|r| r.how.clone()),
+            resources: s.resources.as_ref().and_then(|r| serde_json::to_value(r).ok()),
         }
     }
 }
@@ -340,6 +346,15 @@ pub struct SubmitBody {
     /// for work that needs a person's go-ahead. It shows `blocked` until then.
     #[serde(default)]
     pub hold: bool,
+    /// Memory limit of all the task's processes together (bytes).
+    #[serde(default)]
+    pub memory_bytes: Option<u64>,
+    /// CPU limit in thousandths of a CPU (`500`: half a CPU).
+    #[serde(default)]
+    pub cpu_millis: Option<u32>,
+    /// Most processes and threads alive at once.
+    #[serde(default)]
+    pub pids: Option<u32>,
     /// Same key, same task: a submit retried with the key it was first sent
     /// with never makes a second task. Also read from `Idempotency-Key`.
     #[serde(default)]
@@ -438,6 +453,13 @@ impl SubmitBody {
             priority: body.priority,
             placement: placement.map(Box::new),
             hold: body.hold,
+            resources: Some(ResourceLimits {
+                memory_bytes: body.memory_bytes,
+                cpu_millis: body.cpu_millis,
+                pids: body.pids,
+            })
+            .filter(|r| !r.is_empty())
+            .map(Box::new),
         })
     }
 }

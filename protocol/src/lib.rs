@@ -11,6 +11,7 @@ mod intern;
 pub mod lifecycle;
 pub mod messages;
 pub mod placement;
+pub mod resources;
 pub mod retry;
 pub mod spec;
 pub mod subjects;

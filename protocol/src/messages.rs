@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use crate::ids::{Attempt, Epoch, Kind, SessionId, TaskId, WorkerId};
 use crate::lifecycle::{Board, Outcome, RecoveryHint, Status};
+use crate::resources::{ResourceLimits, ResourceSupport};
 use crate::retry::{AttemptEnd, RetryPolicy};
 use crate::spec::TaskSpec;
 
@@ -444,6 +445,9 @@ pub struct TaskSnapshot {
     /// guess from the status.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume: Option<Resumability>,
+    /// Its resource limits, when it has some.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceLimits>,
 }
 
 /// Whether a task can go on as it is (`tenure resume` of a paused one), and
@@ -623,6 +627,9 @@ pub struct WorkerStatus {
     /// Its labels, as its last heartbeat gave them.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: crate::placement::Labels,
+    /// Which resource limits the worker enforces, as its last heartbeat said.
+    #[serde(default)]
+    pub enforces: ResourceSupport,
 }
 
 // ----------------------------------------------------- worker → coordinator
@@ -659,6 +666,11 @@ pub struct Heartbeat {
     /// placement constraints. Left out of the encoding when empty.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: crate::placement::Labels,
+    /// Which resource limits the worker enforces (none from an older
+    /// worker, or on a host without control groups): a task with limits is
+    /// granted only where they are all enforced.
+    #[serde(default)]
+    pub enforces: ResourceSupport,
 }
 
 /// A worker machine's sidecar as its worker last saw it.
@@ -858,6 +870,11 @@ pub enum Refusal {
     /// and re-sends the grant.
     #[error("the sidecar's store failed: {0}")]
     SidecarStorage(String),
+    /// The task has resource limits this worker cannot enforce (their
+    /// names: `memory`, `cpu`, `pids`); it never started here. A new
+    /// variant: an older leader cannot decode it and re-sends the grant.
+    #[error("resource limits not enforced here: {}", .0.join(", "))]
+    UnenforcedLimits(Vec<String>),
 }
 
 // ----------------------------------------------------------- output reads

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::Kind;
 use crate::placement::{Placement, PlacementError};
+use crate::resources::{ResourceError, ResourceLimits};
 use crate::retry::{NotBefore, RetryPolicy, MAX_NOT_BEFORE_MS};
 
 /// Longest label kept (bytes).
@@ -92,6 +93,13 @@ pub struct TaskSpec {
     /// approval, until `tenure approve`. Left out of the encoding when false.
     #[serde(default, skip_serializing_if = "is_false")]
     pub hold: bool,
+    /// Memory, CPU and process limits, enforced on the worker machine in the
+    /// attempt's own control group ([`crate::resources`]); a worker that
+    /// cannot enforce them refuses the grant. Refused for a workflow (its
+    /// steps are tasks of their own). Boxed and left out of the encoding
+    /// when absent, like `limits`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Box<ResourceLimits>>,
 }
 
 /// The lowest priority a task may ask for.
@@ -158,6 +166,7 @@ impl TaskSpec {
             priority: 0,
             placement: None,
             hold: false,
+            resources: None,
         }
     }
 
@@ -187,6 +196,7 @@ impl TaskSpec {
             priority: self.priority,
             placement: self.placement.clone(),
             hold: false,
+            resources: None,
         })
     }
 
@@ -267,6 +277,12 @@ impl TaskSpec {
                     _ => {}
                 }
             }
+        }
+        if let Some(resources) = &self.resources {
+            if self.kind == Kind::workflow() {
+                return Err(SpecError::Resources(ResourceError::Workflow));
+            }
+            resources.validate().map_err(SpecError::Resources)?;
         }
         too_large("label", self.label.len(), MAX_LABEL_BYTES)?;
         if self.label.contains('\n') || self.label.contains('\0') {
@@ -371,6 +387,9 @@ pub enum SpecError {
     Priority(i32),
     #[error("placement: {0}")]
     Placement(#[from] PlacementError),
+    /// A memory, CPU or process limit out of bounds, or given to a workflow.
+    #[error("resource limits: {0}")]
+    Resources(ResourceError),
 }
 
 #[cfg(test)]
@@ -429,6 +448,24 @@ mod tests {
         // A spec without either round-trips as one without.
         let decoded: TaskSpec = crate::decode(&crate::encode(&TaskSpec::shell("l", "x")).unwrap()).unwrap();
         assert_eq!((decoded.retry, decoded.not_before), (None, None));
+    }
+
+    #[test]
+    fn resource_limits_are_checked_refused_for_workflows_and_left_out_when_absent() {
+        let with = |r: ResourceLimits| TaskSpec { resources: Some(Box::new(r)), ..TaskSpec::shell("l", "x") };
+        let memory = ResourceLimits { memory_bytes: Some(64 << 20), ..Default::default() };
+        assert_eq!(with(memory.clone()).validate(), Ok(()));
+        let zero = ResourceLimits { pids: Some(0), ..Default::default() };
+        assert_eq!(with(zero).validate(), Err(SpecError::Resources(ResourceError::Pids(0))));
+        let workflow =
+            TaskSpec { resources: Some(Box::new(memory.clone())), ..TaskSpec::workflow("w", ["true".into()]) };
+        assert_eq!(workflow.validate(), Err(SpecError::Resources(ResourceError::Workflow)));
+        assert_eq!(workflow.step(0).and_then(|s| s.resources), None);
+        let plain = crate::encode(&TaskSpec::shell("l", "x")).unwrap();
+        assert!(!plain.windows(9).any(|w| w == b"resources"));
+        let limited = with(memory);
+        let back: TaskSpec = crate::decode(&crate::encode(&limited).unwrap()).unwrap();
+        assert_eq!(back, limited);
     }
 
     #[test]

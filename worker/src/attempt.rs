@@ -85,6 +85,8 @@ pub(crate) struct Shared {
     pub sidecar: SidecarClient,
     /// The NATS servers as tasks see them (no credentials).
     pub task_nats: String,
+    /// Where the attempts' control groups go; `None` without them.
+    pub cgroups: Option<crate::cgroup::Plan>,
     pub state: Mutex<State>,
 }
 
@@ -386,6 +388,7 @@ async fn start_shim(shared: &Arc<Shared>, grant: &LeaseGrant, files: &AttemptFil
             scratch,
             run_as: shared.opts.run_as.clone(),
             nats: shared.task_nats.clone(),
+            cgroups: shared.cgroups.clone(),
         })
     });
     started.await.unwrap_or_else(|e| Err(LaunchError::NotStarted(format!("the shim start was interrupted: {e}"))))
@@ -543,7 +546,38 @@ async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool, restarted
             tracing::warn!(pgid, dir = %files.dir().display(), "process group exists but is not in the shim's session: not ours, left alone");
         }
     }
+    // The attempt's control group, found again by its name: what is left in
+    // it is the task's, also processes that left its process group.
+    if let (Some(plan), Some(grant)) = (&shared.cgroups, journal.grant.as_ref()) {
+        let name = crate::cgroup::attempt_name(&grant.task, grant.attempt);
+        let cgroup = crate::cgroup_fs::AttemptGroup::find(plan, &name, grant.spec.resources.as_deref());
+        end_cgroup(&cgroup).await;
+    }
     settle(None, killed, group, restarted.is_some(), restarted.unwrap_or_default())
+}
+
+/// Kills what is left in an attempt's control group whose shim is gone,
+/// waits (bounded) until it is empty and removes it.
+async fn end_cgroup(cgroup: &crate::cgroup_fs::AttemptGroup) {
+    if cgroup.populated() {
+        tracing::warn!(cgroup = %cgroup.path().display(), "shim gone; killing what is left in its cgroup");
+        cgroup.kill();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while cgroup.populated() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let mut left = Vec::new();
+    for _ in 0..50 {
+        left = cgroup.remove();
+        if left.is_empty() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for left in left {
+        tracing::warn!(%left, "cannot remove an ended attempt's cgroup");
+    }
 }
 
 /// The outcome the shim recorded, completed with what only the worker adds

@@ -40,6 +40,7 @@ use tenure_protocol::messages::{
     AttemptRecord, HeldAttempt, LeaseGrant, Phase, Refusal, ReportAck, ReportEvent, SidecarRefusal, SidecarReply,
     SidecarRequest, WorkerReply,
 };
+use tenure_protocol::resources::ResourceSupport;
 use tenure_protocol::{Attempt, Ending, Epoch, HintTag, Kind, Outcome, RecoveryHint, TaskId};
 
 /// An attempt: a returning worker may hold an old attempt of a task next to a
@@ -51,6 +52,9 @@ pub type Key = (TaskId, Attempt);
 pub struct Config {
     pub slots: u32,
     pub kinds: Vec<Kind>,
+    /// The resource limits it can enforce: a grant asking for others is
+    /// refused.
+    pub enforces: ResourceSupport,
 }
 
 /// Where one held attempt stands: the step the driver performs next.
@@ -290,9 +294,14 @@ impl Worker {
 
     // ------------------------------------------------------------ commands
 
+    /// The resource limits this worker enforces, for its heartbeat.
+    pub fn enforces(&self) -> ResourceSupport {
+        self.config.enforces
+    }
+
     /// A grant, before the sidecar is asked: already held (a re-send) is
-    /// accepted again; a given-back attempt, another kind, or a full worker
-    /// is refused.
+    /// accepted again; a given-back attempt, another kind, resource limits
+    /// it cannot enforce, or a full worker are refused.
     pub fn screen_grant(&mut self, grant: &LeaseGrant) -> Screened {
         let key = (grant.task.clone(), grant.attempt);
         if self.held.contains_key(&key) {
@@ -303,6 +312,13 @@ impl Worker {
         }
         if !self.config.kinds.contains(&grant.spec.kind) {
             return Screened::Answer(self.refuse(key, Refusal::UnsupportedKind(grant.spec.kind.to_string())));
+        }
+        if let Some(limits) = grant.spec.resources.as_deref() {
+            let unmet = limits.unmet_by(&self.config.enforces);
+            if !unmet.is_empty() {
+                let names = unmet.into_iter().map(str::to_owned).collect();
+                return Screened::Answer(self.refuse(key, Refusal::UnenforcedLimits(names)));
+            }
         }
         if self.held.len() >= self.config.slots as usize {
             return Screened::Answer(self.refuse(key, Refusal::NoSlot));

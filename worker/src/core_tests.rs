@@ -24,7 +24,7 @@ fn grant(epoch: u64) -> LeaseGrant {
 }
 
 fn worker(slots: u32) -> Worker {
-    Worker::new(Config { slots, kinds: vec![Kind::shell()] })
+    Worker::new(Config { slots, kinds: vec![Kind::shell()], enforces: Default::default() })
 }
 
 fn done_ok() -> Outcome {
@@ -465,4 +465,37 @@ fn an_unlisted_directory_is_removed_only_when_confirmed_dead() {
     assert_eq!(unlisted(false, true, false), Unlisted::Keep);
     assert_eq!(unlisted(false, false, true), Unlisted::Keep);
     assert_eq!(unlisted(false, false, false), Unlisted::Remove);
+}
+
+/// A grant whose resource limits this worker cannot enforce is refused,
+/// naming them, and given back; one it can enforce is taken.
+#[test]
+fn limits_a_worker_cannot_enforce_are_refused_by_name() {
+    use tenure_protocol::resources::{ResourceLimits, ResourceSupport};
+    let limited = |n: u64| {
+        let mut g = grant(3);
+        g.task = format!("shell-{n}").parse().unwrap();
+        g.spec.resources =
+            Some(Box::new(ResourceLimits { memory_bytes: Some(64 << 20), pids: Some(20), cpu_millis: None }));
+        g
+    };
+    let mut bare = worker(4);
+    match bare.screen_grant(&limited(1)) {
+        Screened::Answer(a) => {
+            let names = vec!["memory".to_owned(), "pids".to_owned()];
+            assert_eq!(a.reply, WorkerReply::Refused(Refusal::UnenforcedLimits(names)));
+            assert!(a.tombstone && !a.drive);
+        }
+        other => panic!("{other:?}"),
+    }
+    let support = ResourceSupport { tracking: true, memory: true, cpu: false, pids: true };
+    let mut able = Worker::new(Config { slots: 4, kinds: vec![Kind::shell()], enforces: support });
+    assert_eq!(able.enforces(), support);
+    assert!(matches!(able.screen_grant(&limited(2)), Screened::Record));
+    let mut cpu = limited(3);
+    cpu.spec.resources = Some(Box::new(ResourceLimits { cpu_millis: Some(500), ..Default::default() }));
+    match able.screen_grant(&cpu) {
+        Screened::Answer(a) => assert_eq!(a.reply, WorkerReply::Refused(Refusal::UnenforcedLimits(vec!["cpu".into()]))),
+        other => panic!("{other:?}"),
+    }
 }

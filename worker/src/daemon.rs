@@ -29,6 +29,47 @@ use crate::core::{Config, Key, Screened};
 use crate::launcher::Launcher;
 use crate::options::{Error, Options};
 
+/// Finds where the attempts' control groups go, saying once what this
+/// worker cannot do without them.
+fn cgroups(opts: &Options) -> Option<crate::cgroup::Plan> {
+    if !opts.cgroups {
+        tracing::warn!(
+            "cgroups turned off (--no-cgroups): tasks run without resource limits, and processes that leave a \
+             task's process group are not tracked"
+        );
+        return None;
+    }
+    // The same directory however it was named, so a restart finds its groups.
+    let data_dir = std::fs::canonicalize(&opts.data_dir).unwrap_or_else(|_| opts.data_dir.clone());
+    match crate::cgroup_fs::detect(&opts.id, &data_dir) {
+        Ok(plan) => {
+            let support = plan.support();
+            let missing: Vec<&str> =
+                ["memory", "cpu", "pids"].into_iter().filter(|c| plan.enforces(c).is_none()).collect();
+            tracing::info!(
+                cgroup = %plan.unified.display(), v2 = ?plan.v2, v1 = ?plan.v1.keys().collect::<Vec<_>>(),
+                enforces = ?support.names(), "each attempt runs in its own cgroup"
+            );
+            if !missing.is_empty() {
+                tracing::warn!(
+                    ?missing,
+                    "no cgroup controller for these limits here: tasks asking for them are refused"
+                );
+            }
+            Some(plan)
+        }
+        Err(error) => {
+            tracing::warn!(
+                %error,
+                "no usable cgroup v2 hierarchy (the worker needs root or a delegated cgroup): tasks run without \
+                 resource limits (tasks asking for them are refused), and processes that leave a task's process \
+                 group are not tracked"
+            );
+            None
+        }
+    }
+}
+
 /// Runs the worker until `shutdown` resolves. Running tasks keep running under
 /// their shims unless `kill_tasks_on_exit` is set.
 pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
@@ -53,13 +94,16 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     let client = tenure_transport::connect(&opts.nats, &format!("tenure-worker-{}", opts.id), true).await?;
     tenure_transport::identity::Trust::announce(&client, "worker");
     let sidecar = SidecarClient::new(layout.socket_path());
+    let cgroups = cgroups(&opts);
+    let enforces = cgroups.as_ref().map(crate::cgroup::Plan::support).unwrap_or_default();
     let shared = Arc::new(Shared {
         launcher: Launcher::new(opts.shim_program.clone(), layout.root().to_path_buf()),
         layout,
         client: client.clone(),
         sidecar,
         task_nats: crate::sandbox::servers_for_tasks(&opts.nats.servers),
-        state: Mutex::new(State::new(Config { slots: opts.slots, kinds: opts.kinds.clone() })),
+        cgroups,
+        state: Mutex::new(State::new(Config { slots: opts.slots, kinds: opts.kinds.clone(), enforces })),
         opts,
     });
     crate::recovery::recover(&shared).await;
@@ -170,6 +214,9 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     } else {
         tracing::info!(worker = %shared.opts.id, running = shared.state().core.held_count(), "worker stopping; tasks keep running under their shims");
     }
+    if let Some(plan) = &shared.cgroups {
+        crate::cgroup_fs::remove_parents(plan);
+    }
     Ok(())
 }
 
@@ -199,9 +246,9 @@ fn take_instance(layout: &Layout, instance: Uuid) -> Result<Option<Uuid>, Error>
 /// input at the last one: an attempt is reported waiting once seen so twice
 /// in a row (a read that returns at once is no wait).
 async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>, was_waiting: &mut HashSet<Key>) {
-    let (mut attempts, epoch_seen) = {
+    let (mut attempts, epoch_seen, enforces) = {
         let state = shared.state();
-        (state.core.attempts(), state.core.epoch_seen())
+        (state.core.attempts(), state.core.epoch_seen(), state.core.enforces())
     };
     let agents: Vec<(Key, AttemptFiles)> = attempts
         .iter()
@@ -245,6 +292,7 @@ async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>, was_
         incarnation,
         mark,
         labels: shared.opts.labels.clone(),
+        enforces,
     };
     match tenure_protocol::encode(&hb) {
         Ok(bytes) => {
@@ -283,6 +331,10 @@ async fn on_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
             Refusal::SidecarUnavailable(_) => "sidecar-unavailable",
             Refusal::Malformed(_) => "malformed",
             Refusal::SidecarStorage(_) => "sidecar-storage",
+            Refusal::UnenforcedLimits(_) => {
+                tracing::info!(task = %key.0, attempt = %key.1, %refusal, "grant refused");
+                "unenforced-limits"
+            }
         };
         crate::metrics::get().refusals.add(1, &[opentelemetry::KeyValue::new("reason", reason)]);
     }

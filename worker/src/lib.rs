@@ -8,6 +8,8 @@
 
 mod attempt;
 pub mod builtin;
+pub mod cgroup;
+pub mod cgroup_fs;
 pub mod core;
 mod daemon;
 pub mod launcher;

@@ -42,6 +42,10 @@ pub struct Options {
     /// Labels sent with every heartbeat, matched against tasks' placement
     /// constraints (`--on`) by the leader.
     pub labels: Labels,
+    /// Run each attempt in control groups of its own (tracking and resource
+    /// limits) where the host allows it ([`crate::cgroup`]). On by default;
+    /// off, tasks run without limits and as they did before.
+    pub cgroups: bool,
 }
 
 impl Options {
@@ -60,6 +64,7 @@ impl Options {
             scratch_dir: None,
             run_as: None,
             labels: Labels::new(),
+            cgroups: true,
         }
     }
 }

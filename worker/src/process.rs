@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsString};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
@@ -43,6 +43,10 @@ pub struct Launch<'a> {
     /// Switch to this user (groups, group, user) before entering `cwd`, so a
     /// directory the user may not enter fails the start.
     pub run_as: Option<&'a RunAs>,
+    /// The `cgroup.procs` files of the attempt's control groups, open for
+    /// writing: the process joins each before anything else, so nothing of
+    /// the task ever runs outside them ([`crate::cgroup_fs`]).
+    pub join: &'a [OwnedFd],
 }
 
 /// Spawns `sh -c COMMAND` as the leader of a new process group, with a
@@ -58,6 +62,7 @@ pub fn spawn(launch: &Launch<'_>, stdin: Option<OwnedFd>, output: impl Into<Owne
     let cwd = CString::new(launch.cwd.as_os_str().as_bytes())
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "the working directory contains NUL"))?;
     let ids = launch.run_as.map(RunAs::ids);
+    let join: Vec<i32> = launch.join.iter().map(AsRawFd::as_raw_fd).collect();
     let mut command = Command::new("/bin/sh");
     command
         .arg("-c")
@@ -69,10 +74,15 @@ pub fn spawn(launch: &Launch<'_>, stdin: Option<OwnedFd>, output: impl Into<Owne
         .stderr(Stdio::from(err))
         .process_group(0);
     // SAFETY: runs in the child between fork and exec; it makes plain system
-    // calls (fcntl or close_range, setgroups, setgid, setuid, chdir) and does
-    // not allocate.
+    // calls (write, fcntl or close_range, setgroups, setgid, setuid, chdir)
+    // and does not allocate.
     unsafe {
         command.pre_exec(move || {
+            // Joined first, still as the worker's user: the groups' files
+            // are not the task user's to write.
+            for fd in &join {
+                join_cgroup(*fd)?;
+            }
             close_inherited_on_exec();
             if let Some(ids) = &ids {
                 ids.switch()?;
@@ -83,6 +93,18 @@ pub fn spawn(launch: &Launch<'_>, stdin: Option<OwnedFd>, output: impl Into<Owne
     };
     let child = command.spawn()?;
     i32::try_from(child.id()).map_err(|_| std::io::Error::other("spawned process has no valid pid"))
+}
+
+/// Moves the calling process into the group whose `cgroup.procs` is open
+/// as `fd` (`0` is the writer itself). Async-signal-safe.
+fn join_cgroup(fd: i32) -> std::io::Result<()> {
+    // SAFETY: writes one byte from a static buffer to a descriptor this
+    // process holds open.
+    let written = unsafe { nix::libc::write(fd, b"0".as_ptr().cast(), 1) };
+    match written {
+        1 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
 }
 
 /// Marks every descriptor above stderr close-on-exec, so that the task gets

@@ -26,6 +26,15 @@
 //! re-attach. Ending the group continues it after its SIGTERM, so that a
 //! paused task can handle the signal.
 //!
+//! Where the worker uses cgroups ([`crate::cgroup`]), the shim makes the
+//! attempt's own cgroup with the task's resource limits before the task
+//! exists, and the task's first process joins it before `exec` (the shim
+//! itself stays outside): ending the task then also reaches every process of
+//! the cgroup (SIGTERM, then `cgroup.kill`), the attempt is over only once
+//! the cgroup is empty, a pause also freezes it, and a process the memory
+//! limit ended makes the task fail as `out-of-memory`. The shim removes the
+//! cgroup once it is empty.
+//!
 //! For a `monitor` task it also scans every output line (those past the cap
 //! too) against the task's pattern and appends the matching ones to the
 //! attempt's `matches` file, which the worker forwards to the leader.
@@ -49,8 +58,11 @@ use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use tenure_machine::Layout;
 use tenure_protocol::messages::MatchedLine;
+use tenure_protocol::resources::OUT_OF_MEMORY;
 use tenure_protocol::{Attempt, Ending, Kind, Outcome, TaskId};
 
+use crate::cgroup::{self, Plan};
+use crate::cgroup_fs::AttemptGroup;
 use crate::limits::Deadlines;
 use crate::process;
 use crate::sandbox::{self, RunAs};
@@ -75,6 +87,10 @@ pub struct ShimArgs {
     pub run_as: Option<RunAs>,
     /// The NATS servers as the task sees them (no credentials).
     pub nats: String,
+    /// Where the attempt's control groups go ([`crate::cgroup`]); `None`:
+    /// the task runs without them.
+    #[serde(default)]
+    pub cgroups: Option<Plan>,
 }
 
 /// Runs the shim to completion. Returns the process exit code: 0 when the
@@ -154,14 +170,39 @@ fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStat
     let who = sandbox::Identity { task: &args.task, attempt: args.attempt, session: &owner };
     let env = sandbox::task_env(&spec.env, who, &args.nats, &args.scratch);
     let cwd = spec.cwd.as_deref().map(Path::new).unwrap_or(&args.scratch);
-    let launch = process::Launch { command: &spec.command, env: &env, cwd, run_as: args.run_as.as_ref() };
+    // The attempt's own control groups, with its limits, made before the
+    // task exists; its first process joins them before it runs anything.
+    let limits = spec.resources.as_deref();
+    let cgroup = match (&args.cgroups, limits) {
+        (Some(plan), _) => {
+            let name = cgroup::attempt_name(&args.task, args.attempt);
+            match AttemptGroup::create(plan, &name, limits) {
+                Ok(group) => Some(group),
+                Err(e) => return failed(format!("cannot set up the task's cgroup: {e}")),
+            }
+        }
+        (None, Some(_)) => {
+            return failed("resource limits cannot be enforced: this worker runs without cgroups".into())
+        }
+        (None, None) => None,
+    };
+    let join = match cgroup.as_ref().map(AttemptGroup::open_procs).transpose() {
+        Ok(fds) => fds.unwrap_or_default(),
+        Err(e) => {
+            remove_cgroup(cgroup.as_ref());
+            return failed(format!("cannot set up the task's cgroup: {e}"));
+        }
+    };
+    let launch = process::Launch { command: &spec.command, env: &env, cwd, run_as: args.run_as.as_ref(), join: &join };
     let leader = match process::spawn(&launch, stdin, writer) {
         Ok(pid) => pid,
         Err(e) => {
+            remove_cgroup(cgroup.as_ref());
             let user = args.run_as.as_ref().map(|r| format!(" as user {}", r.user)).unwrap_or_default();
             return failed(format!("the task could not start{user} in {}: {e}", cwd.display()));
         }
     };
+    drop(join);
     if let Err(error) = files.write_pgid(leader) {
         tracing::warn!(%error, "shim cannot record the process group");
     }
@@ -175,7 +216,8 @@ fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStat
         }
     };
     let mut pump = Pump { reader: Some(reader), output, cap: args.output_cap, matcher, written: 0, dropped: 0 };
-    let mut group = Group::new(leader, args.kill_grace);
+    let memory = limits.and_then(|l| l.memory_bytes);
+    let mut group = Group::new(leader, args.kill_grace, cgroup, memory);
     let mut clock = Deadlines::new(spec.limits.as_deref(), Instant::now());
     // A pause recorded before the group was (the worker signals only a shim
     // that recorded its group: before that, SIGUSR1 was not blocked yet).
@@ -249,7 +291,26 @@ fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStat
     }
     let mut outcome = group.outcome();
     outcome.output_dropped = dropped;
+    remove_cgroup(group.cgroup.as_ref());
     ShimStatus { outcome, output_written: written }
+}
+
+/// Removes an attempt's control groups once nothing is left in them.
+fn remove_cgroup(cgroup: Option<&AttemptGroup>) {
+    let Some(cgroup) = cgroup else { return };
+    // A process's exit reaches its group a moment after it was reaped: the
+    // kernel refuses the removal (busy) until then.
+    let mut left = Vec::new();
+    for _ in 0..100 {
+        left = cgroup.remove();
+        if left.is_empty() {
+            return;
+        }
+        std::thread::sleep(ENDING_CHECK);
+    }
+    for left in left {
+        tracing::warn!(%left, "shim cannot remove the task's cgroup");
+    }
 }
 
 /// The tag that opens the detail of a task ended because its machine was
@@ -263,14 +324,22 @@ const PIPE_AFTER_GROUP: Duration = Duration::from_secs(5);
 /// How often a group being ended is looked at again.
 const ENDING_CHECK: Duration = Duration::from_millis(10);
 
-/// The task's process group, from spawn to empty.
+/// The task's process group — and, with cgroups, its control group — from
+/// spawn to empty.
 ///
 /// **Invariant:** [`Group::done`] is not true while any process of the group
-/// lives: the leader's exit is only the beginning of the end. Ending it is
-/// SIGTERM to the group, the grace period, then SIGKILL — on a kill request
-/// at once, otherwise once the leader has exited and others remain.
+/// lives, nor, with cgroups, any process of the task's control group (one
+/// that left the process group with `setsid` too): the leader's exit is
+/// only the beginning of the end. Ending it is SIGTERM to the group (and to
+/// every process of the control group), the grace period, then SIGKILL (and
+/// `cgroup.kill`) — on a kill request at once, otherwise once the leader has
+/// exited and others remain.
 struct Group {
     pgid: i32,
+    /// The attempt's control groups, when the worker uses them.
+    cgroup: Option<AttemptGroup>,
+    /// The memory limit, for the detail of an out-of-memory ending.
+    memory: Option<u64>,
     grace: Duration,
     leader: Option<WaitStatus>,
     killed: bool,
@@ -287,9 +356,11 @@ struct Group {
 }
 
 impl Group {
-    fn new(pgid: i32, grace: Duration) -> Group {
+    fn new(pgid: i32, grace: Duration, cgroup: Option<AttemptGroup>, memory: Option<u64>) -> Group {
         Group {
             pgid,
+            cgroup,
+            memory,
             grace,
             leader: None,
             killed: false,
@@ -309,15 +380,48 @@ impl Group {
         if !self.running() {
             return None;
         }
+        // The control group is frozen too, so that processes that left the
+        // process group are held as well (and thawed before the SIGCONT).
         match (wish, self.paused) {
-            (true, _) => process::signal_group(self.pgid, Signal::SIGSTOP),
-            (false, true) => process::signal_group(self.pgid, Signal::SIGCONT),
+            (true, _) => {
+                process::signal_group(self.pgid, Signal::SIGSTOP);
+                self.freeze(true);
+            }
+            (false, true) => {
+                self.freeze(false);
+                process::signal_group(self.pgid, Signal::SIGCONT);
+            }
             (false, false) => return None,
         }
         tracing::info!(pgid = self.pgid, paused = wish, "the task's group is held as its owner asked");
         let changed = wish != self.paused;
         self.paused = wish;
         changed.then_some(wish)
+    }
+
+    fn freeze(&self, frozen: bool) {
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.freeze(frozen);
+        }
+    }
+
+    /// Any process of the task is left: in its process group, or in its
+    /// control group.
+    fn alive(&self) -> bool {
+        process::group_alive(self.pgid) || self.cgroup.as_ref().is_some_and(AttemptGroup::populated)
+    }
+
+    /// `signal` to the process group and to every process of the control
+    /// group (SIGKILL there is `cgroup.kill`, which misses none).
+    fn signal(&self, signal: Signal) {
+        process::signal_group(self.pgid, signal);
+        let Some(cgroup) = &self.cgroup else { return };
+        if signal == Signal::SIGKILL {
+            return cgroup.kill();
+        }
+        for pid in cgroup.pids() {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), signal);
+        }
     }
 
     fn kill_requested(&mut self) {
@@ -358,21 +462,22 @@ impl Group {
         if self.gone_at.is_some() {
             return;
         }
-        if self.leader.is_some() && !process::group_alive(self.pgid) {
+        if self.leader.is_some() && !self.alive() {
             self.gone_at = Some(Instant::now());
             return;
         }
         let start_ending = self.killed || self.shutdown.is_some() || self.aborted.is_some() || self.leader.is_some();
         match self.terminated_at {
             None if start_ending => {
-                process::signal_group(self.pgid, Signal::SIGTERM);
+                self.signal(Signal::SIGTERM);
                 // A stopped (paused) process handles SIGTERM only once continued.
                 if std::mem::take(&mut self.paused) {
-                    process::signal_group(self.pgid, Signal::SIGCONT);
+                    self.freeze(false);
+                    self.signal(Signal::SIGCONT);
                 }
                 self.terminated_at = Some(Instant::now());
             }
-            Some(at) if at.elapsed() >= self.grace => process::signal_group(self.pgid, Signal::SIGKILL),
+            Some(at) if at.elapsed() >= self.grace => self.signal(Signal::SIGKILL),
             _ => {}
         }
     }
@@ -395,6 +500,25 @@ impl Group {
     fn outcome(&self) -> Outcome {
         if let Some(reason) = &self.aborted {
             return Outcome::new(Ending::Failed, None, Some(reason.clone()));
+        }
+        // The memory limit ended a process and the task did not complete:
+        // it failed for that, whatever its leader's status says (a kill
+        // that was asked for stays a kill).
+        let completed = matches!(self.leader, Some(WaitStatus::Exited(_, 0)));
+        if !self.killed && !completed && self.cgroup.as_ref().is_some_and(AttemptGroup::oom_killed) {
+            let (code, status) = match self.leader {
+                Some(WaitStatus::Exited(_, code)) => (Some(code), format!("exit code: {code}")),
+                Some(WaitStatus::Signaled(_, signal, _)) => (None, format!("signal {}", signal as i32)),
+                _ => (None, "no exit status".to_owned()),
+            };
+            let limit = self.memory.map(|b| format!(" of {}", size(b))).unwrap_or_default();
+            return Outcome::new(
+                Ending::Failed,
+                code,
+                Some(format!(
+                    "{OUT_OF_MEMORY}: the kernel ended a process of the task at its memory limit{limit} ({status})"
+                )),
+            );
         }
         // A kill that was asked for stays a kill; an ending only the stopping
         // machine asked for is a failure that says so (the leader decides
@@ -436,6 +560,21 @@ impl Group {
             (other, _) => Outcome::new(Ending::Failed, None, Some(format!("unexpected wait status: {other:?}"))),
         }
     }
+}
+
+/// `64 MiB`, `1.5 GiB`, `512 KiB`, `100 bytes`: a memory limit as a person reads it.
+fn size(bytes: u64) -> String {
+    for (unit, scale) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
+        if bytes >= scale {
+            let whole = bytes / scale;
+            let tenths = (bytes % scale) * 10 / scale;
+            return match tenths {
+                0 => format!("{whole} {unit}"),
+                t => format!("{whole}.{t} {unit}"),
+            };
+        }
+    }
+    format!("{bytes} bytes")
 }
 
 /// Copies the pipe into the output file. Past `cap` bytes the pipe keeps
@@ -573,6 +712,45 @@ mod tests {
         }
         m.end();
         files.read_matches(0, 1000).unwrap().0
+    }
+
+    /// The memory limit ended a process (its cgroup's `oom_kill`): the task
+    /// fails as `out-of-memory`, unless it completed anyway or was killed.
+    #[test]
+    fn an_out_of_memory_ending_fails_the_task_saying_so() {
+        use tenure_protocol::resources::ResourceLimits;
+        let dir = tempfile::tempdir().unwrap();
+        let plan = Plan { unified: dir.path().to_path_buf(), v2: vec!["memory".into()], ..Plan::default() };
+        let limits = ResourceLimits { memory_bytes: Some(32 << 20), ..Default::default() };
+        std::fs::create_dir(dir.path().join("t.1")).unwrap();
+        let events = dir.path().join("t.1/memory.events");
+        let ended = |oom_kills: u32, leader: WaitStatus, killed: bool| {
+            std::fs::write(&events, format!("low 0\nmax 3\noom 1\noom_kill {oom_kills}\n")).unwrap();
+            let cgroup = AttemptGroup::find(&plan, "t.1", Some(&limits));
+            let mut group = Group::new(1, Duration::ZERO, Some(cgroup), limits.memory_bytes);
+            group.leader = Some(leader);
+            group.killed = killed;
+            group.outcome()
+        };
+        let pid = Pid::from_raw(1);
+        let oom = ended(1, WaitStatus::Exited(pid, 137), false);
+        assert_eq!((oom.ending, oom.exit_code), (Ending::Failed, Some(137)));
+        let detail = oom.detail.unwrap_or_default();
+        assert!(detail.starts_with("out-of-memory: ") && detail.contains("32 MiB"), "{detail}");
+        let signaled = ended(1, WaitStatus::Signaled(pid, Signal::SIGKILL, false), false);
+        assert!(signaled.detail.is_some_and(|d| d.starts_with("out-of-memory: ") && d.contains("signal 9")));
+        assert_eq!(ended(1, WaitStatus::Exited(pid, 0), false).ending, Ending::Completed);
+        assert_eq!(ended(1, WaitStatus::Exited(pid, 137), true).ending, Ending::Killed);
+        let plain = ended(0, WaitStatus::Exited(pid, 3), false);
+        assert_eq!(plain.detail.as_deref(), Some("exit code: 3"));
+    }
+
+    #[test]
+    fn memory_limits_are_shown_as_people_write_them() {
+        let cases = [(64 << 20, "64 MiB"), (3 << 29, "1.5 GiB"), (512 << 10, "512 KiB"), (100, "100 bytes")];
+        for (bytes, text) in cases {
+            assert_eq!(size(bytes), text);
+        }
     }
 
     #[test]

@@ -63,6 +63,8 @@ export interface Task {
   /** For an ended, `unknown` or paused task: can it go on as it is, and how to go on. */
   resumable: boolean | null;
   resume_how: string | null;
+  /** Its resource limits (`memory_bytes`, `cpu_millis`, `pids`), when it has some. */
+  resources: Record<string, unknown> | null;
 }
 
 /** What `submit` sends besides the command (schema `SubmitBody`). */
@@ -103,6 +105,12 @@ export interface SubmitOptions {
   concurrency_limit?: number;
   /** Hold it `blocked` until someone allowed approves it. */
   hold?: boolean;
+  /** Memory limit of all its processes (bytes); past it the task fails as `out-of-memory`. */
+  memory_bytes?: number;
+  /** CPU limit in thousandths of a CPU (`500`: half a CPU). */
+  cpu_millis?: number;
+  /** Most processes and threads alive at once. */
+  pids?: number;
   /** The same key never makes a second task; generated when absent. */
   idempotency_key?: string;
 }

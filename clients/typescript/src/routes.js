@@ -13,6 +13,8 @@ export const ROUTES = Object.freeze({
       "final_output", "timeout_ms", "idle_timeout_ms", "retries", "backoff_ms", "backoff_max_ms",
       "retry_on", "not_before", "not_before_in_ms", "priority", "on", "concurrency_key", "concurrency_limit",
       "hold", "idempotency_key",
+      "retry_on", "not_before", "not_before_in_ms", "priority", "memory_bytes", "cpu_millis", "pids",
+      "idempotency_key",
     ],
     headers: ["Idempotency-Key"],
   },

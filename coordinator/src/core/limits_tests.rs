@@ -227,6 +227,7 @@ fn counters_at_their_ends_saturate_or_refuse() {
         incarnation: Some(Uuid::from_u128(1000)),
         mark: None,
         labels: Default::default(),
+        enforces: Default::default(),
     }));
     assert!(grants(&fx).is_empty());
     let m = h.submit("alice", spec);
@@ -251,6 +252,7 @@ fn forged(worker: &str, epoch: u64) -> Input {
         incarnation: Some(Uuid::from_u128(1000)),
         mark: None,
         labels: Default::default(),
+        enforces: Default::default(),
     })
 }
 

@@ -438,6 +438,7 @@ fn matched_lines_are_notified_once_each_and_repeats_change_nothing() {
         incarnation: None,
         mark: None,
         labels: Default::default(),
+        enforces: Default::default(),
     }));
     let (fx, reply) =
         h.api(ApiRequest::Submit(SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec }));
@@ -625,6 +626,7 @@ fn beat(worker: &str, instance: u128, slots: u32, replaces: Option<u128>) -> Inp
         incarnation: Some(Uuid::from_u128(1000)),
         mark: None,
         labels: Default::default(),
+        enforces: Default::default(),
     })
 }
 

@@ -17,6 +17,7 @@ use tenure_protocol::messages::{
     MAX_MATCHES_PER_REPORT, MAX_MATCH_LINE_BYTES,
 };
 use tenure_protocol::placement::{check_labels, Labels, Placement};
+use tenure_protocol::resources::ResourceSupport;
 use tenure_protocol::{Decision, Epoch, Event, Kind, Status, TaskId, Unchanged, WorkerId};
 use uuid::Uuid;
 
@@ -47,6 +48,8 @@ struct WorkerState {
     /// Its labels, as its last heartbeat gave them (checked: a heartbeat
     /// with malformed labels is taken as one without any).
     labels: Labels,
+    /// Which resource limits it enforces, as its last heartbeat said.
+    enforces: ResourceSupport,
 }
 
 impl WorkerState {
@@ -63,6 +66,7 @@ impl WorkerState {
             unproven_epoch: None,
             full_until: None,
             labels: Labels::new(),
+            enforces: ResourceSupport::default(),
         }
     }
 }
@@ -125,6 +129,7 @@ impl Workers {
                 }
             };
         }
+        w.enforces = hb.enforces;
     }
 
     /// Marks lost every live worker not heard from for `ttl`; returns them.
@@ -242,6 +247,7 @@ impl Workers {
                 sidecar: w.sidecar,
                 unproven_epoch: w.unproven_epoch,
                 labels: w.labels.clone(),
+                enforces: w.enforces,
             })
             .collect()
     }

@@ -113,6 +113,7 @@ fn an_unreachable_machine_makes_non_idempotent_tasks_unknown_and_idempotent_ones
         incarnation: None,
         mark: None,
         labels: Default::default(),
+        enforces: Default::default(),
     }));
     let kills: Vec<&KillCommand> = fx
         .iter()
@@ -247,6 +248,7 @@ fn a_machine_whose_store_was_replaced_never_runs_its_tasks_again_and_says_why() 
         incarnation: Some(Uuid::from_u128(2000)),
         mark: None,
         labels: Default::default(),
+        enforces: Default::default(),
     }));
     assert!(grants(&fx).is_empty(), "a grant went to the new store: {fx:?}");
     let asked: Vec<EvidenceRequest> = fx
@@ -348,6 +350,7 @@ fn a_deposed_leaders_stale_answer_does_not_settle_a_report_the_new_leader_acknow
             incarnation: Some(Uuid::from_u128(1000)),
             mark: None,
             labels: Default::default(),
+            enforces: Default::default(),
         })
     };
     new.input(hb(Epoch(3)));

@@ -335,7 +335,11 @@ impl Host {
                 instance,
                 replaces: self.last_instance.replace(instance),
                 recovered: false,
-                core: Worker::new(Config { slots: self.slots, kinds: vec![Kind::shell()] }),
+                core: Worker::new(Config {
+                    slots: self.slots,
+                    kinds: vec![Kind::shell()],
+                    enforces: Default::default(),
+                }),
                 local: BTreeMap::new(),
                 detached: Vec::new(),
             });
@@ -380,6 +384,7 @@ impl Host {
             incarnation: self.side.machine.as_ref().map(|m| m.incarnation()),
             mark: self.side.machine.as_ref().and_then(|m| m.mark()),
             labels: Default::default(),
+            enforces: Default::default(),
         };
         ctx.bus.send(&mut ctx.rng, ctx.now, self.node(), Dest::Coordinators, Msg::Heartbeat(hb));
     }

@@ -102,6 +102,8 @@ class Task:
     #: For an ended, ``unknown`` or paused task: can it go on as it is, and how to go on.
     resumable: Optional[bool]
     resume_how: Optional[str]
+    #: Its resource limits (``memory_bytes``, ``cpu_millis``, ``pids``), when it has some.
+    resources: Optional[Any] = None
 
     @property
     def terminal(self) -> bool:
