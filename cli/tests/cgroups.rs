@@ -240,16 +240,14 @@ fn a_worker_without_cgroups_says_so_and_refuses_limits() {
     // A task without limits runs as before.
     let plain = c.submit(&["--", "echo plain"]);
     c.wait_status(&plain, "completed", BOUND);
-    // One with limits is refused here: it never runs.
+    // One with limits is not granted here (the worker would refuse it too):
+    // it waits `blocked`, saying which limit no live worker enforces.
     let limited = c.submit(&["--memory", "64M", "--", "echo limited"]);
-    let refused =
-        eventually(BOUND, || c.log_of("worker-w1").contains("resource limits not enforced here: memory").then_some(()));
-    assert!(refused.is_some(), "the worker refused the grant\n{}", c.logs());
-    let ran = eventually(Duration::from_secs(2), || {
-        let s = c.snapshot(&limited)["status"].as_str().map(str::to_owned)?;
-        ["running", "completed", "failed"].contains(&s.as_str()).then_some(s)
-    });
-    assert_eq!(ran, None, "a worker that cannot enforce the limit ran it\n{}", c.logs());
+    let blocked = eventually(BOUND, || c.try_snapshot(&limited).filter(|s| s["status"] == "blocked"));
+    let blocked = blocked.unwrap_or_else(|| panic!("{:?}\n{}", c.try_snapshot(&limited), c.logs()));
+    assert_eq!(blocked["hint"]["tag"], "no-matching-worker", "{blocked}");
+    assert!(blocked["hint"]["message"].as_str().unwrap_or_default().contains("memory limit"), "{blocked}");
+    assert_eq!(c.snapshot(&limited)["attempt"], 0, "never granted");
     cli_ok(&c, &["kill", &limited]);
 }
 

@@ -90,7 +90,7 @@ fn a_constrained_task_waits_blocked_until_a_worker_with_its_labels_joins() {
     let snap = eventually(BOUND, || c.try_snapshot(&task).filter(|s| s["status"] == "blocked")).expect("blocked");
     assert_eq!(snap["hint"]["tag"], "no-matching-worker", "{snap}");
     let message = snap["hint"]["message"].as_str().unwrap_or_default();
-    assert!(message.contains("gpu=a100, !spot") && message.contains("w1 (none)"), "{message}");
+    assert!(message.contains("gpu=a100, !spot") && message.contains("w1 (labels none;"), "{message}");
     let listed = stdout(&c.cli(&["ls"]));
     assert!(listed.lines().any(|l| l.contains(&task) && l.contains("blocked")), "{listed}");
 

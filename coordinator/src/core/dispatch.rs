@@ -210,10 +210,9 @@ impl Core {
             if !self.key_has_room(r) {
                 continue;
             }
-            let (kind, placement) = (&r.spec.kind, r.spec.placement.as_deref());
             let best = free
                 .iter()
-                .filter(|(w, _)| self.workers.runs(w, kind) && self.workers.admits(w, placement))
+                .filter(|(w, _)| self.workers.runs(w, &r.spec.kind) && self.workers.admits(w, &r.spec))
                 .max_by_key(|(_, f)| **f)
                 .map(|(w, _)| w.clone());
             let Some(worker) = best else { continue };

@@ -25,7 +25,8 @@
 use std::collections::{BTreeSet, HashMap};
 
 use tenure_protocol::messages::{ApiError, ApiReply, ApiResponse};
-use tenure_protocol::placement::{labels_text, Concurrency};
+use tenure_protocol::placement::{labels_text, Concurrency, Labels};
+use tenure_protocol::resources::ResourceSupport;
 use tenure_protocol::{Decision, Event, HintTag, Kind, RecoveryHint, SessionId, Status, TaskId, TaskSpec, Unchanged};
 
 use super::{Approver, Core, Effect, Now};
@@ -231,23 +232,10 @@ impl Core {
         if r.life.status != Status::Queued {
             return None;
         }
-        let placement = r.spec.placement.as_deref()?;
-        if !placement.on.is_empty() {
-            let live: Vec<_> = self.workers.live_running(&r.spec.kind).collect();
-            if !live.is_empty() && !live.iter().any(|(_, labels)| placement.admits(labels)) {
-                let seen: Vec<String> =
-                    live.iter().take(NAMED_HOLDERS).map(|(w, l)| format!("{w} ({})", labels_text(l))).collect();
-                let message = format!(
-                    "no live worker that runs {} tasks satisfies `{}` (live: {}{}); it starts when one that does \
-                     joins (start a worker with the matching --label), or kill it",
-                    r.spec.kind,
-                    placement.constraints_text(),
-                    seen.join("; "),
-                    if live.len() > seen.len() { "; …" } else { "" },
-                );
-                return Some(RecoveryHint { tag: HintTag::NoMatchingWorker, message });
-            }
+        if let Some(hint) = self.no_matching_worker(&r.spec) {
+            return Some(hint);
         }
+        let placement = r.spec.placement.as_deref()?;
         let c = placement.concurrency.as_ref()?;
         if self.key_has_room(r) {
             return None;
@@ -263,6 +251,54 @@ impl Core {
             if self.keys.holding(&c.key) > holders.len() { ", …" } else { "" },
         );
         Some(RecoveryHint { tag: HintTag::ConcurrencyLimit, message })
+    }
+}
+
+impl Core {
+    /// Live workers run `spec`'s kind, and none of them both satisfies its
+    /// placement and enforces its resource limits: the hint naming what is
+    /// missing and the live workers (none when no worker runs the kind at
+    /// all: the task is plainly queued then).
+    fn no_matching_worker(&self, spec: &TaskSpec) -> Option<RecoveryHint> {
+        let (placement, resources) = (spec.placement.as_deref(), spec.resources.as_deref());
+        let constrained = placement.is_some_and(|p| !p.on.is_empty()) || resources.is_some();
+        if !constrained {
+            return None;
+        }
+        let live: Vec<_> = self.workers.live_running(spec).collect();
+        let placed = |l: &Labels| placement.is_none_or(|p| p.admits(l));
+        let enforced = |e: &ResourceSupport| resources.is_none_or(|r| r.unmet_by(e).is_empty());
+        if live.is_empty() || live.iter().any(|(_, l, e)| placed(l) && enforced(e)) {
+            return None;
+        }
+        let mut wants = Vec::new();
+        if let Some(p) = placement.filter(|p| !p.on.is_empty()) {
+            wants.push(format!("satisfies `{}`", p.constraints_text()));
+        }
+        if let Some(r) = resources {
+            let unmet: BTreeSet<&str> = live.iter().flat_map(|(_, _, e)| r.unmet_by(e)).collect();
+            if !unmet.is_empty() {
+                wants.push(format!("enforces its {} limit", unmet.into_iter().collect::<Vec<_>>().join(", ")));
+            }
+        }
+        let seen: Vec<String> = live
+            .iter()
+            .take(NAMED_HOLDERS)
+            .map(|(w, l, e)| {
+                let enforces = e.names();
+                let enforces = if enforces.is_empty() { "nothing".to_owned() } else { enforces.join(",") };
+                format!("{w} (labels {}; enforces {enforces})", labels_text(l))
+            })
+            .collect();
+        let message = format!(
+            "no live worker that runs {} tasks {} (live: {}{}); it starts when one that does joins (a worker with \
+             the matching --label, on a host with cgroup v2 for limits), or kill it",
+            spec.kind,
+            wants.join(" and "),
+            seen.join("; "),
+            if live.len() > seen.len() { "; …" } else { "" },
+        );
+        Some(RecoveryHint { tag: HintTag::NoMatchingWorker, message })
     }
 }
 

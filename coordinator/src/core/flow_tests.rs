@@ -158,7 +158,7 @@ fn a_constrained_task_waits_blocked_for_a_matching_worker() {
     assert!(grants(&fx).is_empty());
     let (status, tag, message) = hint_of(&mut h, &task);
     assert_eq!((status, tag), (Status::Blocked, Some(HintTag::NoMatchingWorker)));
-    assert!(message.contains("gpu=a100") && message.contains("w1 (gpu=t4)"), "{message}");
+    assert!(message.contains("gpu=a100") && message.contains("w1 (labels gpu=t4; enforces nothing)"), "{message}");
     assert_eq!(h.core.task(&task).map(|r| r.life.status), Some(Status::Queued), "shown, never stored");
 
     let (fx, _) = try_submit(&mut h, "alice", TaskSpec::shell("any", "true"));
@@ -317,4 +317,26 @@ fn a_running_task_shows_waiting_while_its_worker_says_so_and_only_then() {
     beat_waiting(&mut h, "w1", 1, true);
     h.api(ApiRequest::Kill { session: s("alice"), task: task.clone(), reason: None });
     assert_eq!(snapshot(&mut h, &task).status, Status::Stopping, "a kill ends the wait");
+}
+
+/// A task with resource limits goes only to a worker that enforces them;
+/// while none of the live ones does, it shows `blocked` naming the limits.
+#[test]
+fn a_task_with_limits_waits_for_a_worker_that_enforces_them() {
+    use tenure_protocol::resources::{ResourceLimits, ResourceSupport};
+    let mut h = Harness::new();
+    beat_with(&mut h, "w1", 4, &[Kind::shell()], &[]);
+    let limits = ResourceLimits { memory_bytes: Some(64 << 20), cpu_millis: None, pids: Some(10) };
+    let spec = TaskSpec { resources: Some(Box::new(limits)), ..TaskSpec::shell("m", "build") };
+    let (fx, reply) = try_submit(&mut h, "alice", spec);
+    let Ok(ApiResponse::Submitted { task, .. }) = reply else { panic!("{reply:?}") };
+    assert!(grants(&fx).is_empty(), "w1 enforces nothing");
+    let (status, tag, message) = hint_of(&mut h, &task);
+    assert_eq!((status, tag), (Status::Blocked, Some(HintTag::NoMatchingWorker)));
+    assert!(message.contains("enforces its memory, pids limit") && message.contains("enforces nothing"), "{message}");
+
+    let Input::Heartbeat(mut hb) = beat("w2", 0, 4, None) else { unreachable!() };
+    hb.enforces = ResourceSupport { tracking: true, memory: true, cpu: false, pids: true };
+    let granted = grants(&h.input(Input::Heartbeat(hb)));
+    assert_eq!(granted.iter().map(|(w, g)| (w.as_str(), &g.task)).collect::<Vec<_>>(), [("w2", &task)]);
 }

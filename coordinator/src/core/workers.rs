@@ -18,7 +18,7 @@ use tenure_protocol::messages::{
 };
 use tenure_protocol::placement::{check_labels, Labels, Placement};
 use tenure_protocol::resources::ResourceSupport;
-use tenure_protocol::{Decision, Epoch, Event, Kind, Status, TaskId, Unchanged, WorkerId};
+use tenure_protocol::{Decision, Epoch, Event, Kind, Status, TaskId, TaskSpec, Unchanged, WorkerId};
 use uuid::Uuid;
 
 use super::{Core, Effect, Now};
@@ -168,16 +168,22 @@ impl Workers {
         self.by_id.get(worker).is_some_and(|w| w.kinds.contains(kind))
     }
 
-    /// Whether `worker`'s labels satisfy `placement` (any worker does when
-    /// there is none).
-    pub(super) fn admits(&self, worker: &WorkerId, placement: Option<&Placement>) -> bool {
-        placement.is_none_or(|p| self.by_id.get(worker).is_some_and(|w| p.admits(&w.labels)))
+    /// Whether `worker` may run `spec` besides its kind: its labels satisfy
+    /// the placement, and it enforces every resource limit.
+    pub(super) fn admits(&self, worker: &WorkerId, spec: &TaskSpec) -> bool {
+        self.by_id.get(worker).is_some_and(|w| fits(w, spec))
     }
 
-    /// The live workers that run `kind`, with their labels.
-    pub(super) fn live_running(&self, kind: &Kind) -> impl Iterator<Item = (&WorkerId, &Labels)> + '_ {
-        let kind = kind.clone();
-        self.by_id.iter().filter(move |(_, w)| w.alive && w.kinds.contains(&kind)).map(|(id, w)| (id, &w.labels))
+    /// The live workers that run `kind`, with their labels and whether `spec`
+    /// fits them.
+    pub(super) fn live_running<'a>(
+        &'a self,
+        spec: &'a TaskSpec,
+    ) -> impl Iterator<Item = (&'a WorkerId, &'a Labels, ResourceSupport)> + 'a {
+        self.by_id
+            .iter()
+            .filter(move |(_, w)| w.alive && w.kinds.contains(&spec.kind))
+            .map(|(id, w)| (id, &w.labels, w.enforces))
     }
 
     /// `worker` refused a grant of `kind`: it is not offered there again
@@ -251,6 +257,14 @@ impl Workers {
             })
             .collect()
     }
+}
+
+/// Whether `spec`'s placement admits `w`'s labels and `w` enforces every
+/// resource limit of it.
+fn fits(w: &WorkerState, spec: &TaskSpec) -> bool {
+    let placed = spec.placement.as_deref().is_none_or(|p: &Placement| p.admits(&w.labels));
+    let enforced = spec.resources.as_deref().is_none_or(|r| r.unmet_by(&w.enforces).is_empty());
+    placed && enforced
 }
 
 impl Core {
