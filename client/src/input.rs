@@ -55,10 +55,12 @@ impl Client {
         if snapshot.status.is_terminal() {
             return Err(not_running(format!("it is {}", snapshot.status)).into());
         }
-        // A queued task may still name the worker of an attempt that was given back.
+        // A queued task may still name the worker of an attempt that was
+        // given back; a leased one's machine may not have taken it yet (its
+        // sidecar would answer not-found).
         match snapshot.worker {
-            Some(worker) if !matches!(snapshot.status, Status::Queued | Status::Blocked) => Ok(worker),
-            _ => Err(not_running(format!("it is {}: no worker has started it yet", snapshot.status)).into()),
+            Some(worker) if !matches!(snapshot.status, Status::Queued | Status::Blocked | Status::Leased) => Ok(worker),
+            _ => Err(not_running(format!("it is {}: its process has not started yet", snapshot.status)).into()),
         }
     }
 
