@@ -68,6 +68,32 @@ impl Power {
             users.is_empty().then_some(())
         });
         assert!(gone.is_some(), "processes on the mount survived SIGKILL: {:?}", processes_using(&mnt, me));
+        // A reboot takes the machine's control groups too.
+        let worker: tenure_protocol::WorkerId = "w1".parse().expect("id");
+        let name = tenure_worker::cgroup::parent_name(&worker, &mnt.join("workers").join("w1"));
+        remove_groups_named(Path::new("/sys/fs/cgroup"), &name, 5);
+    }
+}
+
+/// Removes every (emptied) control group called `name` under `dir`, with
+/// its attempt groups, looking `depth` levels down.
+fn remove_groups_named(dir: &Path, name: &str, depth: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let path = e.path();
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if e.file_name() == name {
+            for child in std::fs::read_dir(&path).into_iter().flatten().flatten() {
+                if child.file_type().is_ok_and(|t| t.is_dir()) {
+                    let _ = std::fs::remove_dir(child.path());
+                }
+            }
+            let _ = std::fs::remove_dir(&path);
+        } else if depth > 0 {
+            remove_groups_named(&path, name, depth - 1);
+        }
     }
 }
 

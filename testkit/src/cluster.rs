@@ -90,7 +90,7 @@ fn end_shims_under(root: &Path) {
     for pid in &found {
         let _ = kill(Pid::from_raw(*pid), Signal::SIGTERM);
     }
-    if found.is_empty() || eventually(Duration::from_secs(5), || shims().is_empty().then_some(())).is_some() {
+    if found.is_empty() || eventually(Duration::from_secs(10), || shims().is_empty().then_some(())).is_some() {
         return;
     }
     for pid in shims() {

@@ -530,7 +530,9 @@ impl MatchForwarder {
 /// since its intent.
 async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool, restarted: Option<Attempt>) -> Evidence {
     let journal = files.journal().unwrap_or_default();
-    if let Some(status) = journal.status {
+    if let Some(status) = journal.status.clone() {
+        // It recorded its end, but may have died before removing its group.
+        end_attempt_cgroup(shared, &journal).await;
         return exited(shared, journal.grant.as_ref(), status);
     }
     // The shim is gone without evidence (it was killed, or the machine lost
@@ -546,14 +548,19 @@ async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool, restarted
             tracing::warn!(pgid, dir = %files.dir().display(), "process group exists but is not in the shim's session: not ours, left alone");
         }
     }
-    // The attempt's control group, found again by its name: what is left in
-    // it is the task's, also processes that left its process group.
+    end_attempt_cgroup(shared, &journal).await;
+    settle(None, killed, group, restarted.is_some(), restarted.unwrap_or_default())
+}
+
+/// The control group of an attempt whose shim is gone, found again by its
+/// name: what is left in it is the task's (also processes that left its
+/// process group), ended; then the group is removed.
+async fn end_attempt_cgroup(shared: &Shared, journal: &tenure_machine::attempt_files::Journal) {
     if let (Some(plan), Some(grant)) = (&shared.cgroups, journal.grant.as_ref()) {
         let name = crate::cgroup::attempt_name(&grant.task, grant.attempt);
         let cgroup = crate::cgroup_fs::AttemptGroup::find(plan, &name, grant.spec.resources.as_deref());
         end_cgroup(&cgroup).await;
     }
-    settle(None, killed, group, restarted.is_some(), restarted.unwrap_or_default())
 }
 
 /// Kills what is left in an attempt's control group whose shim is gone,
