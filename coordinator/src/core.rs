@@ -348,7 +348,7 @@ impl Core {
             if let (true, Some(w)) = (r.life.status.is_on_worker(), &r.life.worker) {
                 core.workers.holding_tasks(w, now);
             }
-            core.index(&r.id, concurrency(&r), None, r.life.status, now);
+            core.index(&r.id, concurrency(&r.spec), None, r.life.status, now);
             if let Some(of) = &r.parent {
                 core.workflows.index_step(&r.id, of);
             }
@@ -514,7 +514,7 @@ impl Core {
             record.incarnation = incarnation.map(Box::new);
         }
         let after = life.status;
-        let key = concurrency(record).cloned();
+        let key = concurrency(&record.spec).cloned();
         // Dispatched: the process started — or ended before its start report
         // was seen (a short task).
         // (A start may land `paused`: evidence of an attempt its owner paused.)
@@ -586,9 +586,9 @@ impl Core {
     }
 }
 
-/// The concurrency key `r` counts against, if any.
-fn concurrency(r: &TaskRecord) -> Option<&Concurrency> {
-    r.spec.placement.as_ref().and_then(|p| p.concurrency.as_ref())
+/// The concurrency key a task of `spec` counts against, if any.
+fn concurrency(spec: &tenure_protocol::TaskSpec) -> Option<&Concurrency> {
+    spec.placement.as_ref().and_then(|p| p.concurrency.as_ref())
 }
 
 mod api;

@@ -3,7 +3,7 @@
 //! histories mixing them with everything else. Kept apart from
 //! `lifecycle_tests.rs` so that each table stays readable on its own.
 
-use super::tests::{arb_event, events, letter, start, w};
+use super::tests::{arb_event, check_table, events, start, w};
 use super::*;
 use proptest::prelude::*;
 
@@ -49,29 +49,7 @@ fn row(name: &str, idempotent: bool) -> Lifecycle {
 
 /// Checks every cell of `table` for the events `columns`; returns how many.
 fn check(table: &str, columns: &[(&str, Event)]) -> usize {
-    let mut checked = 0;
-    for line in table.lines().map(str::trim).filter(|l| !l.is_empty()) {
-        let (left, right) = line.split_once('|').expect("two halves");
-        let mut left = left.split_whitespace();
-        let name = left.next().expect("row name");
-        for (idempotent, cells) in [(false, left.collect::<Vec<_>>()), (true, right.split_whitespace().collect())] {
-            assert_eq!(cells.len(), columns.len(), "row {name}");
-            for ((event_name, event), cell) in columns.iter().zip(cells) {
-                let before = row(name, idempotent);
-                let decision = apply(&before, event);
-                let got = match &decision {
-                    Decision::Changed(after) => {
-                        assert_ne!(after, &before, "{name}/{event_name}: Changed must change something");
-                        letter(after.status).to_string()
-                    }
-                    Decision::Unchanged(_) => ".".to_string(),
-                };
-                assert_eq!(got, cell, "row {name} idempotent={idempotent} event {event_name}: got {decision:?}");
-                checked += 1;
-            }
-        }
-    }
-    checked
+    check_table(table, columns, row)
 }
 
 #[test]

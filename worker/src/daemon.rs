@@ -259,7 +259,7 @@ async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>, was_
     let now_waiting: HashSet<Key> = match agents.is_empty() {
         true => HashSet::new(),
         false => tokio::task::spawn_blocking(move || {
-            agents.into_iter().filter(|(_, files)| crate::waiting::waiting(files)).map(|(key, _)| key).collect()
+            crate::waiting::waiting_among(agents.iter().map(|(key, files)| (key.clone(), files)))
         })
         .await
         .unwrap_or_default(),

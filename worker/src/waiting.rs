@@ -10,6 +10,8 @@
 //! or `/proc` that cannot be read), and then the task shows `running`, as
 //! before. This module must never report waiting without that evidence.
 
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
 
@@ -20,20 +22,45 @@ use tenure_machine::attempt_files::AttemptFiles;
 const READS: [libc::c_long; 3] = [libc::SYS_read, libc::SYS_readv, libc::SYS_pread64];
 
 /// Whether a process of the attempt's group is blocked reading its input FIFO.
+#[cfg(test)]
 pub fn waiting(files: &AttemptFiles) -> bool {
-    let Some(pgid) = files.pgid() else { return false };
-    let Ok(meta) = std::fs::symlink_metadata(files.input_path()) else { return false };
-    if !meta.file_type().is_fifo() {
-        return false;
-    }
-    let fifo = (meta.dev(), meta.ino());
-    let Ok(procs) = std::fs::read_dir("/proc") else { return false };
-    procs
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| group_of(&s)) == Some(pgid)
+    !waiting_among([((), files)]).is_empty()
+}
+
+/// Of `attempts`, those with a process of their group blocked reading their
+/// input FIFO. `/proc` is scanned once for all of them.
+pub fn waiting_among<'a, K: Eq + Hash>(attempts: impl IntoIterator<Item = (K, &'a AttemptFiles)>) -> HashSet<K> {
+    // Each attempt's group and FIFO (by device and inode), when it has both.
+    let wanted: Vec<(K, i32, (u64, u64))> = attempts
+        .into_iter()
+        .filter_map(|(key, files)| {
+            let pgid = files.pgid()?;
+            let meta = std::fs::symlink_metadata(files.input_path()).ok()?;
+            meta.file_type().is_fifo().then_some((key, pgid, (meta.dev(), meta.ino())))
         })
-        .any(|pid| reads(Path::new(&format!("/proc/{pid}")), fifo))
+        .collect();
+    if wanted.is_empty() {
+        return HashSet::new();
+    }
+    let groups: HashSet<i32> = wanted.iter().map(|(_, pgid, _)| *pgid).collect();
+    let mut members: HashMap<i32, Vec<u32>> = HashMap::new();
+    if let Ok(procs) = std::fs::read_dir("/proc") {
+        for pid in procs.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+            let group = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok().and_then(|s| group_of(&s));
+            if let Some(g) = group.filter(|g| groups.contains(g)) {
+                members.entry(g).or_default().push(pid);
+            }
+        }
+    }
+    wanted
+        .into_iter()
+        .filter(|(_, pgid, fifo)| {
+            members
+                .get(pgid)
+                .is_some_and(|pids| pids.iter().any(|pid| reads(Path::new(&format!("/proc/{pid}")), *fifo)))
+        })
+        .map(|(key, _, _)| key)
+        .collect()
 }
 
 /// Whether the process at `proc_dir` is blocked in a read of the file `fifo`.
@@ -108,13 +135,19 @@ mod tests {
                 .spawn()
                 .expect("sh")
         };
-        let mut sleeper = spawn("sleep 30", std::process::Stdio::null());
+        let mut sleeper = spawn("exec sleep 30", std::process::Stdio::null());
         files.write_pgid(sleeper.id() as i32).expect("pgid");
-        let settle = std::time::Instant::now() + std::time::Duration::from_secs(1);
-        while std::time::Instant::now() < settle {
-            assert!(!waiting(&files), "a sleeping group is not waiting for input");
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+        // Once it is blocked in its call (`sleep`, not a read), it is no wait.
+        let syscall = format!("/proc/{}/syscall", sleeper.id());
+        let asleep = (0..500).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            std::fs::read_to_string(&syscall)
+                .ok()
+                .and_then(|t| blocked_in(&t))
+                .is_some_and(|(nr, _)| !READS.contains(&nr))
+        });
+        assert!(asleep, "the sleeper never blocked");
+        assert!(!waiting(&files), "a sleeping group is not waiting for input");
         let _ = sleeper.kill();
         let _ = sleeper.wait();
 

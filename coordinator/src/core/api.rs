@@ -251,7 +251,7 @@ impl Core {
             record.life = tenure_protocol::Lifecycle::held(record.life.idempotent, hint);
         }
         self.submits.remember(req.session, req.idempotency_key, id.number());
-        self.index(&id, super::concurrency(&record), None, record.life.status, now);
+        self.index(&id, super::concurrency(&record.spec), None, record.life.status, now);
         let workflow = !record.spec.steps.is_empty() && record.life.status == Status::Queued;
         fx.push(Effect::Persist(Box::new(record.clone())));
         self.usage.add(&record);
@@ -282,7 +282,7 @@ impl Core {
         }
         self.dispatch.forget(task);
         self.doubts.forget(task);
-        if let Some(c) = super::concurrency(&r) {
+        if let Some(c) = super::concurrency(&r.spec) {
             self.keys.forget(task, c);
         }
         self.cleanups.settled(task);

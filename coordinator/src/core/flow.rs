@@ -113,10 +113,17 @@ impl Core {
         }
     }
 
+    /// The limit a key's tasks are held to: the one in force, or 1 when none
+    /// is (a configured limit removed while its tasks gave none) — never
+    /// more than anyone set.
+    fn limit(&self, key: &str) -> u32 {
+        self.limit_in_force(key).map_or(1, |(l, _)| l)
+    }
+
     /// A submit's concurrency key against the limit in force: a different
     /// limit is refused, and a key needs a limit from somewhere.
     pub(super) fn check_concurrency(&self, spec: &TaskSpec) -> Result<(), ApiError> {
-        let Some(c) = spec.placement.as_ref().and_then(|p| p.concurrency.as_ref()) else { return Ok(()) };
+        let Some(c) = super::concurrency(spec) else { return Ok(()) };
         match (self.limit_in_force(&c.key), c.limit) {
             (Some((in_force, source)), Some(asked)) if asked != in_force => {
                 Err(ApiError::ConcurrencyLimitConflict { key: c.key.clone(), in_force, asked, from: source.into() })
@@ -132,9 +139,8 @@ impl Core {
 
     /// Whether `r`'s concurrency key has room for one more holder.
     pub(super) fn key_has_room(&self, r: &TaskRecord) -> bool {
-        let Some(c) = r.spec.placement.as_ref().and_then(|p| p.concurrency.as_ref()) else { return true };
-        let limit = self.limit_in_force(&c.key).map_or(1, |(l, _)| l);
-        self.keys.holding(&c.key) < limit as usize
+        let Some(c) = super::concurrency(&r.spec) else { return true };
+        self.keys.holding(&c.key) < self.limit(&c.key) as usize
     }
 
     /// Why the approval policy (or the submit itself) holds a new task, if
@@ -235,12 +241,11 @@ impl Core {
         if let Some(hint) = self.no_matching_worker(&r.spec) {
             return Some(hint);
         }
-        let placement = r.spec.placement.as_deref()?;
-        let c = placement.concurrency.as_ref()?;
+        let c = super::concurrency(&r.spec)?;
         if self.key_has_room(r) {
             return None;
         }
-        let limit = self.limit_in_force(&c.key).map_or(1, |(l, _)| l);
+        let limit = self.limit(&c.key);
         let holders: Vec<String> = self.keys.holders(&c.key).iter().map(ToString::to_string).collect();
         let message = format!(
             "concurrency key {:?} is full: {} of its {limit} allowed hold a worker ({}{}); it starts when one of \
