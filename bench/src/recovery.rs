@@ -250,6 +250,7 @@ fn record_of(i: u64) -> anyhow::Result<AttemptRecord> {
             owner: "bench-owner".parse()?,
             spec: TaskSpec::shell("sleep 3600", "sleep 3600"),
             mark: None,
+            input: Vec::new(),
         },
         phase: Phase::Exited,
         pid: Some(4242),

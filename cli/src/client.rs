@@ -187,8 +187,18 @@ fn spec_of(args: SubmitArgs) -> anyhow::Result<TaskSpec> {
         memory,
         cpus,
         pids,
+        resume_command,
+        captures,
+        resume_anywhere,
         command,
     } = args;
+    let resume = resume_command.map(|command| {
+        Box::new(tenure_protocol::resume::ResumeSpec {
+            command: command.into(),
+            captures: captures.into_iter().map(Into::into).collect(),
+            anywhere: resume_anywhere,
+        })
+    });
     let resources = ResourceLimits { memory_bytes: memory, cpu_millis: cpus, pids };
     let line = command_line(&command);
     let kind = if steps.is_empty() { kind } else { Kind::workflow() };
@@ -200,6 +210,7 @@ fn spec_of(args: SubmitArgs) -> anyhow::Result<TaskSpec> {
         env_map.insert(k.to_owned(), v.to_owned());
     }
     Ok(TaskSpec {
+        resume,
         kind,
         label: label.unwrap_or_else(|| line.lines().next().unwrap_or("").chars().take(120).collect()),
         command: line,
@@ -322,6 +333,21 @@ fn print_snapshot(s: &TaskSnapshot, json: bool) -> anyhow::Result<()> {
     println!("finished:   {}", opt(s.finished_at_ms.map(|t| when(t, now))));
     println!("reported:   {}", s.reported);
     print_retries(s, now);
+    if let Some(r) = &s.agent_resume {
+        let anywhere = if r.spec.anywhere { " (anywhere)" } else { "" };
+        println!("resumes with: {}{anywhere}", printable(&r.spec.command));
+        let captured = if r.captured.is_empty() { "nothing yet".to_owned() } else { values_text(&r.captured) };
+        println!("captured:   {captured}; resumed {} times", r.resumes);
+        if r.pending_input > 0 {
+            println!("kept input: {} messages for the resumed attempt", r.pending_input);
+        }
+        if r.dropped_input > 0 {
+            println!("dropped input: {} kept messages (the attempt they were kept for came back)", r.dropped_input);
+        }
+        if let Some(m) = &r.machine {
+            println!("resumes on: {m} (the machine that lost it)");
+        }
+    }
     if let Some(h) = &s.hint {
         println!("hint:       [{}] {}", h.tag.as_str(), printable(&h.message));
     }
@@ -468,7 +494,11 @@ fn print_retries(s: &TaskSnapshot, now: u64) {
         };
         let code = a.exit_code.map(|c| format!(" exit {c}")).unwrap_or_default();
         let detail = a.detail.as_deref().map(|d| format!(" ({})", printable(d))).unwrap_or_default();
-        let then = if a.retried { ", retried" } else { "" };
+        let then = match &a.resumed {
+            Some(values) => format!(", resumed with {}", values_text(values)),
+            None if a.retried => ", retried".to_owned(),
+            None => String::new(),
+        };
         let started = a.started_at_ms.map(rfc3339).unwrap_or_else(|| "-".to_owned());
         println!(
             "attempt {}:  {ending}{code} on {}{then}; started {started}, ended {}{detail}",
@@ -477,6 +507,11 @@ fn print_retries(s: &TaskSnapshot, now: u64) {
             rfc3339(a.ended_at_ms),
         );
     }
+}
+
+/// Captured values as `name=value` pairs, printable.
+fn values_text(values: &std::collections::BTreeMap<String, String>) -> String {
+    values.iter().map(|(k, v)| format!("{k}={}", printable(v))).collect::<Vec<_>>().join(" ")
 }
 
 /// Epoch milliseconds as RFC 3339 (UTC, to the millisecond), without an age.

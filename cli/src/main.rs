@@ -368,6 +368,23 @@ struct SubmitArgs {
     /// past it fails.
     #[arg(long, value_name = "N")]
     pids: Option<u32>,
+    /// For `--kind agent`: when its machine loses it (its process proven
+    /// gone: the machine restarted, or its worker saw the process end),
+    /// run this instead of leaving it `unknown`, e.g. `'claude --resume
+    /// {session}'`. `{NAME}` takes the latest value `--capture` found in
+    /// its output (shell-quoted). Input sent meanwhile is kept for it.
+    #[arg(long, value_name = "CMD")]
+    resume_command: Option<String>,
+    /// A regular expression matched against each output line of the task;
+    /// its group captures a value for `--resume-command` (repeatable):
+    /// `'session: (\S+)'` captures `session`, or name groups:
+    /// `'(?<session>\S+) ready'`.
+    #[arg(long = "capture", value_name = "REGEX", requires = "resume_command")]
+    captures: Vec<String>,
+    /// Resume on any worker (its session lives on shared storage); by
+    /// default only on the machine that lost it, once it returns.
+    #[arg(long, requires = "resume_command")]
+    resume_anywhere: bool,
     /// The command line (one argument is run as is by `sh -c`; several are quoted and joined).
     #[arg(last = true, required_unless_present = "steps")]
     command: Vec<String>,

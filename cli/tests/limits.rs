@@ -125,6 +125,7 @@ fn a_forged_heartbeat_claiming_the_last_epoch_deposes_nobody() {
         for worker in ["ghost", "w1"] {
             let worker: tenure_protocol::WorkerId = worker.parse().expect("worker id");
             let hb = Heartbeat {
+                boot: None,
                 worker: worker.clone(),
                 instance: uuid::Uuid::new_v4(),
                 slots: 4,

@@ -399,6 +399,7 @@ fn a_machine_credential_cannot_speak_for_another_machine() {
 
         // Its own subject with a body that names w1: dropped by the leader.
         let forged = tenure_protocol::messages::Heartbeat {
+            boot: None,
             worker: "w1".parse().expect("id"),
             instance: uuid::Uuid::new_v4(),
             slots: 64,

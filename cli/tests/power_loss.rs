@@ -196,6 +196,7 @@ fn the_fence_held(power: &mut Power, c: &mut Cluster, snap: &serde_json::Value) 
     assert!(machine.epoch() >= epoch, "the fence went back: {:?} < {epoch:?}", machine.epoch());
     let stale = Epoch(machine.epoch().0 - 1);
     let grant = LeaseGrant {
+        input: Vec::new(),
         task: "shell-999".parse().expect("task id"),
         attempt: Attempt(1),
         epoch: stale,

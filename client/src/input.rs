@@ -5,8 +5,13 @@
 //! the sidecar checks the owner again and writes the message into the task's
 //! input pipe, whole or not at all. When the sidecar's answer is lost the
 //! message is in doubt ([`SendError::InDoubt`]): it is not sent again.
+//!
+//! An agent that declares a resume command and whose machine lost it has no
+//! process to write to: the coordinator keeps the message for the resumed
+//! attempt ([`InputTarget::Kept`]), whose shim writes it before the task
+//! starts.
 
-use tenure_protocol::messages::{ApiError, InputAck, InputReply, InputRequest, MAX_INPUT_BYTES};
+use tenure_protocol::messages::{ApiError, ApiRequest, InputAck, InputReply, InputRequest, MAX_INPUT_BYTES};
 use tenure_protocol::{subjects, Kind, Status, TaskId, WorkerId};
 
 use crate::{Client, Error, API_TIMEOUT};
@@ -23,6 +28,8 @@ pub enum SendError {
     NoSidecar { worker: WorkerId, task: TaskId },
     #[error("no answer from the sidecar of worker {worker}: the message may or may not have reached {task}")]
     InDoubt { worker: WorkerId, task: TaskId },
+    #[error("no answer from the coordinator: the message may or may not be kept for {task}'s resumed attempt")]
+    KeptInDoubt { task: TaskId },
     /// The coordinator could not be asked where the task runs.
     #[error(transparent)]
     Client(#[from] Error),
@@ -42,11 +49,23 @@ pub fn message(mut data: Vec<u8>, raw: bool) -> Result<Vec<u8>, ApiError> {
     Ok(data)
 }
 
+/// Where a message for a task goes now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InputTarget {
+    /// The sidecar of the machine its attempt runs on.
+    Worker(WorkerId),
+    /// The coordinator, which keeps it for the task's resumed attempt (an
+    /// agent with a resume command whose machine lost it).
+    Kept,
+}
+
 impl Client {
-    /// The worker whose sidecar takes input for `task` now. The sidecar
-    /// decides; these checks only spare a round trip and say it in terms of
-    /// the task's status, which the sidecar does not know.
-    pub async fn input_target(&self, task: &TaskId) -> Result<WorkerId, SendError> {
+    /// Where input for `task` goes now: the worker whose sidecar takes it,
+    /// or the coordinator that keeps it for a resumed attempt. The sidecar
+    /// (or the coordinator) decides; these checks only spare a round trip
+    /// and say it in terms of the task's status, which the sidecar does not
+    /// know.
+    pub async fn input_target(&self, task: &TaskId) -> Result<InputTarget, SendError> {
         let snapshot = self.get(task).await?;
         if snapshot.kind != Kind::agent() {
             return Err(ApiError::NoInput { task: task.to_string(), kind: snapshot.kind.to_string() }.into());
@@ -58,15 +77,29 @@ impl Client {
         // A queued task may still name the worker of an attempt that was
         // given back; a leased one's machine may not have taken it yet (its
         // sidecar would answer not-found).
+        if snapshot.agent_resume.is_some() && matches!(snapshot.status, Status::Unknown | Status::Queued) {
+            return Ok(InputTarget::Kept);
+        }
         match snapshot.worker {
-            Some(worker) if !matches!(snapshot.status, Status::Queued | Status::Blocked | Status::Leased) => Ok(worker),
+            Some(worker) if !matches!(snapshot.status, Status::Queued | Status::Blocked | Status::Leased) => {
+                Ok(InputTarget::Worker(worker))
+            }
             _ => Err(not_running(format!("it is {}: its process has not started yet", snapshot.status)).into()),
         }
     }
 
-    /// Sends one message to `task` through the sidecar of `worker`, once: a
-    /// message is never sent again, so an unanswered request is in doubt.
-    pub async fn deliver_input(&self, worker: &WorkerId, task: &TaskId, data: Vec<u8>) -> Result<InputAck, SendError> {
+    /// Sends one message to `task` where `target` says, once: a message is
+    /// never sent again, so an unanswered request is in doubt.
+    pub async fn deliver_input(
+        &self,
+        target: &InputTarget,
+        task: &TaskId,
+        data: Vec<u8>,
+    ) -> Result<InputAck, SendError> {
+        let worker = match target {
+            InputTarget::Worker(worker) => worker,
+            InputTarget::Kept => return self.keep_input(task, data).await,
+        };
         let req = InputRequest { session: self.session().clone(), task: task.clone(), data };
         let reply: Result<InputReply, _> =
             tenure_transport::request(self.nats(), subjects::input(worker), &req, API_TIMEOUT).await;
@@ -84,8 +117,23 @@ impl Client {
 
     /// [`Client::input_target`], then [`Client::deliver_input`].
     pub async fn send_input(&self, task: &TaskId, data: Vec<u8>) -> Result<InputAck, SendError> {
-        let worker = self.input_target(task).await?;
-        self.deliver_input(&worker, task, data).await
+        let target = self.input_target(task).await?;
+        self.deliver_input(&target, task, data).await
+    }
+
+    /// Asks the coordinator to keep one message for `task`'s resumed
+    /// attempt (text only: it is kept in the registry).
+    async fn keep_input(&self, task: &TaskId, data: Vec<u8>) -> Result<InputAck, SendError> {
+        let bytes = data.len() as u64;
+        let message = String::from_utf8(data)
+            .map_err(|_| ApiError::InvalidRequest("input kept for a resumed attempt must be UTF-8 text".into()))?;
+        let req = ApiRequest::KeepInput { session: self.session().clone(), task: task.clone(), message };
+        match self.snapshot_of(&req).await {
+            Ok(snapshot) => Ok(InputAck { attempt: snapshot.attempt, bytes, kept: true }),
+            Err(e) if e.api().is_some() => Err(e.into()),
+            // Sent once: an unanswered request may have been kept.
+            Err(_) => Err(SendError::KeptInDoubt { task: task.clone() }),
+        }
     }
 }
 

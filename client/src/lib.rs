@@ -26,7 +26,7 @@ use tenure_protocol::messages::{
 };
 use tenure_protocol::{subjects, SessionId, Status, TaskId, TaskSpec, WorkerId};
 
-pub use input::{message as input_message, SendError};
+pub use input::{message as input_message, InputTarget, SendError};
 pub use retry::{decide, Decision, Failure, Policy, Repeat};
 
 /// How long one plain request waits for its answer.

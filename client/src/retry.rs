@@ -79,7 +79,9 @@ impl Repeat {
             | ApiRequest::Unarchive { .. }
             | ApiRequest::Delete { .. }
             | ApiRequest::Pause { .. }
-            | ApiRequest::Resume { .. } => Repeat::Once,
+            | ApiRequest::Resume { .. }
+            // Kept again, the message would reach the task twice.
+            | ApiRequest::KeepInput { .. } => Repeat::Once,
         }
     }
 }

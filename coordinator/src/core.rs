@@ -495,8 +495,25 @@ impl Core {
             return Some(Decision::Unchanged(tenure_protocol::Unchanged::Stale));
         }
         let (event, ended) = self.retry_or_final(task, event);
+        self.event_noting(task, event, ended, now, fx)
+    }
+
+    /// [`Core::event`] with the attempt history's entry already decided
+    /// (`ended`: a retry's, or a resume's).
+    fn event_noting(
+        &mut self,
+        task: &TaskId,
+        event: Event,
+        ended: Option<retry::Ended>,
+        now: Now,
+        fx: &mut Vec<Effect>,
+    ) -> Option<Decision> {
         let granted_to = match &event {
             Event::Grant { worker, .. } => Some(self.workers.incarnation_of(worker)),
+            _ => None,
+        };
+        let boot = match &event {
+            Event::Grant { worker, .. } => self.workers.boot_of(worker).map(str::to_owned),
             _ => None,
         };
         let clock = self.registry_ms(now);
@@ -510,6 +527,7 @@ impl Core {
         let weight = Weight::of(record);
         let prior = std::mem::replace(&mut record.life, life.clone());
         retry::note(record, &prior, ended, now, clock);
+        resume::note(record, &prior, &event, boot.as_deref());
         if let Some(incarnation) = granted_to {
             record.incarnation = incarnation.map(Box::new);
         }
@@ -600,6 +618,7 @@ mod liveness;
 mod pauses;
 mod presence;
 mod priority;
+mod resume;
 mod retry;
 mod waiters;
 mod workers;

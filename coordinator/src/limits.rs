@@ -39,6 +39,11 @@ use tenure_protocol::{
 use uuid::Uuid;
 
 use crate::record::{AttemptLog, CleanupJob, RegistryEntry, StepOf, TaskRecord};
+use std::collections::BTreeMap;
+use tenure_protocol::resume::{
+    ResumeState, MAX_CAPTURES, MAX_CAPTURE_NAME_BYTES, MAX_CAPTURE_VALUE_BYTES, MAX_PENDING_INPUT,
+    MAX_PENDING_INPUT_BYTES, MAX_RESUMES,
+};
 use tenure_protocol::retry::{AttemptEnd, RetryCause, MAX_ATTEMPT_DETAIL_BYTES, MAX_RETRIES};
 
 /// Per-identity quotas and the registry's limits. `None` is unlimited.
@@ -269,6 +274,7 @@ pub(crate) fn size_bound(spec: &TaskSpec) -> usize {
         + spec.command.len()
         + spec.cwd.as_ref().map_or(0, |c| c.len())
         + spec.pattern.as_ref().map_or(0, |p| p.len())
+        + resume_bound(spec)
         + env
         + steps
         + output
@@ -288,9 +294,37 @@ const ATTEMPT_ENTRY_OVERHEAD: usize = 192 + tenure_protocol::ids::MAX_WORKER_ID_
 /// each with its detail at [`MAX_ATTEMPT_DETAIL_BYTES`], and the times of a
 /// delayed start. Nothing for a task without either.
 fn history_bound(spec: &TaskSpec) -> usize {
-    let entries = spec.retry.as_ref().map_or(0, |p| p.retries.min(MAX_RETRIES) as usize + 1);
+    let entries = history_entries(spec) as usize;
     let log = if entries > 0 || spec.not_before.is_some() { 128 } else { 0 };
-    log + entries * (MAX_ATTEMPT_DETAIL_BYTES + ATTEMPT_ENTRY_OVERHEAD)
+    let values = if spec.resume.is_some() { captured_bound() } else { 0 };
+    log + entries * (MAX_ATTEMPT_DETAIL_BYTES + ATTEMPT_ENTRY_OVERHEAD + values)
+}
+
+/// How many entries a task's attempt history may hold: one per attempt its
+/// retry policy allows, or per resume, and the last one.
+fn history_entries(spec: &TaskSpec) -> u32 {
+    let retries = spec.retry.as_ref().map(|p| p.retries.min(MAX_RETRIES));
+    let resumes = spec.resume.as_ref().map(|_| MAX_RESUMES);
+    match retries.max(resumes) {
+        Some(n) => n + 1,
+        None => 0,
+    }
+}
+
+/// Room for every captured value, with its name and framing.
+fn captured_bound() -> usize {
+    MAX_CAPTURES * (MAX_CAPTURE_NAME_BYTES + MAX_CAPTURE_VALUE_BYTES + 16)
+}
+
+/// An upper bound of what a task that declares a resume command adds to its
+/// record: the declaration (command and patterns), the captured values, the
+/// kept input (pending and handed to a grant), the pinned machine and the
+/// boot id. Nothing for other tasks.
+fn resume_bound(spec: &TaskSpec) -> usize {
+    let Some(r) = spec.resume.as_deref() else { return 0 };
+    let declared = r.command.len() + r.captures.iter().map(|c| c.len() + 8).sum::<usize>() + 32;
+    let kept = MAX_PENDING_INPUT_BYTES + MAX_PENDING_INPUT * 8;
+    declared + captured_bound() + kept + tenure_protocol::ids::MAX_WORKER_ID_LEN + 128 + 64
 }
 
 /// The encoded size of the registry message holding a task of `spec` with
@@ -324,8 +358,24 @@ pub fn largest_size(owner: &SessionId, spec: &TaskSpec, step: Option<u32>) -> Re
     r.matched_through = u64::MAX;
     r.matches = u64::MAX;
     r.trace = Some("0".repeat(64).into());
-    if spec.retry.is_some() || spec.not_before.is_some() {
-        let entries = spec.retry.as_ref().map_or(0, |p| p.retries.min(MAX_RETRIES) + 1);
+    let captured: BTreeMap<String, String> = (0..MAX_CAPTURES)
+        .map(|i| (format!("{i:0>width$}", width = MAX_CAPTURE_NAME_BYTES), "x".repeat(MAX_CAPTURE_VALUE_BYTES)))
+        .collect();
+    let resume = spec.resume.is_some().then(|| {
+        // Kept input counts pending and handed-over messages together.
+        let message = "x".repeat(MAX_PENDING_INPUT_BYTES / MAX_PENDING_INPUT);
+        ResumeState {
+            captured: captured.clone(),
+            resumes: u32::MAX,
+            pending_input: vec![message; MAX_PENDING_INPUT],
+            granted_input: Vec::new(),
+            dropped_input: u32::MAX,
+            machine: r.life.worker.clone(),
+            granted_boot: Some("0".repeat(64).into()),
+        }
+    });
+    if spec.retry.is_some() || spec.not_before.is_some() || spec.resume.is_some() {
+        let entries = history_entries(spec);
         let entry = |attempt| AttemptEnd {
             attempt: Attempt(attempt),
             worker: r.life.worker.clone(),
@@ -336,12 +386,14 @@ pub fn largest_size(owner: &SessionId, spec: &TaskSpec, step: Option<u32>) -> Re
             started_at_ms: Some(u64::MAX),
             ended_at_ms: u64::MAX,
             retried: true,
+            resumed: spec.resume.is_some().then(|| captured.clone()),
         };
         r.attempts = Some(Box::new(AttemptLog {
             history: (0..entries).map(|i| entry(u32::MAX - i)).collect(),
             ready_clock_ms: u64::MAX,
             ready_wall_ms: Some(u64::MAX),
             started_at_ms: Some(u64::MAX),
+            resume,
         }));
     }
     if let Some(index) = step {
@@ -374,6 +426,7 @@ mod tests {
             cwd in proptest::option::of("/[a-z/]{0,60}"),
             retries in proptest::option::of(1u32..=MAX_RETRIES),
             delayed in any::<bool>(),
+            resume in proptest::option::of((".{1,200}", proptest::collection::vec(".{1,100}", 0..=MAX_CAPTURES))),
         ) {
             let mut spec = TaskSpec { env: env.into_iter().collect::<BTreeMap<_, _>>(), cwd: cwd.map(Into::into), final_output, ..TaskSpec::shell(label, command) };
             spec.retry = retries.map(|retries| Box::new(tenure_protocol::retry::RetryPolicy {
@@ -383,6 +436,11 @@ mod tests {
                 on: RetryCause::ALL.to_vec(),
             }));
             spec.not_before = delayed.then(|| Box::new(tenure_protocol::retry::NotBefore::In { ms: u64::MAX }));
+            spec.resume = resume.map(|(command, captures)| Box::new(tenure_protocol::resume::ResumeSpec {
+                command: command.into(),
+                captures: captures.into_iter().map(Into::into).collect(),
+                anywhere: true,
+            }));
             if !steps.is_empty() {
                 spec = TaskSpec {
                     kind: Kind::workflow(),

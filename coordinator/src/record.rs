@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 use tenure_protocol::messages::{CleanupState, Resumability, TaskSnapshot};
+use tenure_protocol::resume::{ResumeState, ResumeView};
 use tenure_protocol::retry::AttemptEnd;
 use tenure_protocol::{Epoch, Kind, Lifecycle, SessionId, Status, TaskId, TaskSpec};
 use uuid::Uuid;
@@ -64,8 +65,9 @@ pub struct TaskRecord {
     pub attempts: Option<Box<AttemptLog>>,
 }
 
-/// What a task with a retry policy or a delayed start keeps beyond its
-/// lifecycle: its ended attempts, and the time before which it is not granted.
+/// What a task with a retry policy, a delayed start or a resume command
+/// keeps beyond its lifecycle: its ended attempts, the time before which it
+/// is not granted, and its resume state.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AttemptLog {
     /// Each ended attempt, oldest first: the retried ones and the final one
@@ -85,6 +87,13 @@ pub struct AttemptLog {
     /// When the current attempt was seen running (wall clock, for humans).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at_ms: Option<u64>,
+    /// What an `agent` task that declares a resume command has captured,
+    /// how often it was resumed, the input kept for its next attempt and
+    /// where it resumes (see `core/resume.rs`). Kept here, not in a field
+    /// of the record: every record pays for its fields, and few tasks
+    /// declare one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<ResumeState>,
 }
 
 impl AttemptLog {
@@ -142,6 +151,17 @@ impl CleanupJob {
 }
 
 impl TaskRecord {
+    /// The resume state of a task that declares a resume command (none
+    /// before it captured, was resumed or kept anything).
+    pub fn resume(&self) -> Option<&ResumeState> {
+        self.attempts.as_ref().and_then(|a| a.resume.as_ref())
+    }
+
+    /// The resume state, made when absent.
+    pub fn resume_mut(&mut self) -> &mut ResumeState {
+        self.attempts.get_or_insert_with(Box::default).resume.get_or_insert_with(ResumeState::default)
+    }
+
     /// A newly submitted (or created) task: queued, nothing run, nothing reported.
     pub fn new(id: TaskId, owner: SessionId, idempotency_key: Uuid, spec: TaskSpec, created_at_ms: u64) -> TaskRecord {
         TaskRecord {
@@ -206,6 +226,7 @@ impl TaskRecord {
             placement: self.spec.placement.as_deref().cloned(),
             resume: self.resumability(),
             resources: self.spec.resources.as_deref().cloned(),
+            agent_resume: self.spec.resume.as_deref().map(|s| ResumeView::of(s, self.resume())),
         }
     }
 
@@ -243,6 +264,14 @@ impl TaskRecord {
                 };
                 (false, format!("its process ended{tries} and nothing of it runs; to run it again: `{}`", again()))
             }
+            Status::Unknown if self.spec.resume.is_some() => (
+                true,
+                format!(
+                    "it declares a resume command: it is resumed by itself once its machine proves its process gone \
+                     (the machine restarted, or its worker saw the process end); input sent meanwhile is kept for \
+                     the resumed attempt. To give up on it: `tenure kill {id}`"
+                ),
+            ),
             Status::Unknown => (
                 false,
                 format!(
@@ -391,7 +420,9 @@ mod tests {
         };
         let mut r = TaskRecord::new("shell-2".parse().unwrap(), "s".parse().unwrap(), Uuid::nil(), spec, 1);
         r.attempts = Some(Box::new(AttemptLog {
+            resume: None,
             history: vec![AttemptEnd {
+                resumed: None,
                 attempt: Attempt(1),
                 worker: Some("w1".parse().unwrap()),
                 ending: Some(Ending::Failed),

@@ -94,11 +94,12 @@ mod tests {
     /// 480 with the owner's pause wish, a `bool` that took the lifecycle's
     /// small fields past one 8-byte word; 488 with the spec's boxed
     /// placement, absent for most tasks; 496 with the spec's boxed resource
-    /// limits).
+    /// limits; 504 with the spec's boxed resume declaration — its state
+    /// lives in the attempt log, not in a field of its own).
     #[test]
     #[cfg(target_pointer_width = "64")]
     fn a_record_stays_small() {
         let size = std::mem::size_of::<TaskRecord>();
-        assert!(size <= 496, "TaskRecord is {size} bytes");
+        assert!(size <= 504, "TaskRecord is {size} bytes");
     }
 }

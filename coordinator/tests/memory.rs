@@ -78,6 +78,7 @@ fn a_finished_noop_task_costs_the_core_little_heap() {
     let mut now = Now { mono: Duration::from_secs(100), wall_ms: 1_000_000 };
     let mut core = Core::new(CoreConfig::default(), Epoch(3), Vec::new(), now);
     let heartbeat = Heartbeat {
+        boot: None,
         worker: "w1".parse().unwrap(),
         instance: Uuid::nil(),
         slots: 64,
@@ -98,7 +99,11 @@ fn a_finished_noop_task_costs_the_core_little_heap() {
     run(&mut core, &mut now, n);
     let per_task = (LIVE.load(Ordering::Relaxed) - before) / n as i64;
     // 400 bytes of record, 1 of command, the number-keyed map and the
-    // idempotency key (kept for ten minutes after the end): 502 at the time
-    // of writing. Not a cap on RSS: the allocator's own overhead comes on top.
-    assert!(per_task <= 600, "the core keeps {per_task} bytes per finished noop task");
+    // idempotency key (kept for ten minutes after the end): 502 when this
+    // was first written; 606 with the record at 504 bytes (every rare spec
+    // field is a boxed pointer: time limits, retries, delayed start,
+    // placement, resources, resume). Not a cap on RSS: the allocator's own
+    // overhead comes on top, under the 1 KiB per finished task of the
+    // design's targets.
+    assert!(per_task <= 640, "the core keeps {per_task} bytes per finished noop task");
 }

@@ -17,6 +17,7 @@ use tenure_client::SendError;
 use tenure_protocol::messages::{ApiRequest, ApiResponse, TaskSnapshot, MAX_OUTPUT_CHUNK};
 use tenure_protocol::placement::Placement;
 use tenure_protocol::resources::ResourceLimits;
+use tenure_protocol::resume::ResumeSpec;
 use tenure_protocol::retry::{NotBefore, RetryCause, RetryPolicy};
 use tenure_protocol::spec::TimeLimits;
 use tenure_protocol::{Kind, StepSpec, TaskId, TaskSpec};
@@ -200,6 +201,13 @@ pub struct TaskView {
     /// has some.
     #[schema(value_type = Option<Object>)]
     pub resources: Option<serde_json::Value>,
+    /// For an `agent` task with a resume command: the declaration
+    /// (`spec`: `command`, `captures`, `anywhere`), the values captured from
+    /// its output (`captured`), how often it was resumed (`resumes`), the
+    /// input kept for its next attempt (`pending_input`, `dropped_input`)
+    /// and the machine it resumes on (`machine`).
+    #[schema(value_type = Option<Object>)]
+    pub agent_resume: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -257,6 +265,7 @@ impl From<&TaskSnapshot> for TaskView {
             resumable: s.resume.as_ref().map(|r| r.resumable),
             resume_how: s.resume.as_ref().map(|r| r.how.clone()),
             resources: s.resources.as_ref().and_then(|r| serde_json::to_value(r).ok()),
+            agent_resume: s.agent_resume.as_ref().and_then(|r| serde_json::to_value(r).ok()),
         }
     }
 }
@@ -355,6 +364,20 @@ pub struct SubmitBody {
     /// Most processes and threads alive at once.
     #[serde(default)]
     pub pids: Option<u32>,
+    /// For an `agent` task: the command that resumes it when its machine
+    /// lost it (its process proven gone), instead of leaving it `unknown`;
+    /// `{name}` placeholders take values captured by `captures`.
+    #[serde(default)]
+    pub resume_command: Option<String>,
+    /// Regular expressions matched against its output lines; a named group
+    /// (`(?<session>\S+)`), or the one group of a pattern that starts with
+    /// a word (`session: (\S+)` captures `session`), gives a value.
+    #[serde(default)]
+    pub captures: Vec<String>,
+    /// May resume on any machine (its session is on shared storage); by
+    /// default only on the machine that lost it.
+    #[serde(default)]
+    pub resume_anywhere: bool,
     /// Same key, same task: a submit retried with the key it was first sent
     /// with never makes a second task. Also read from `Idempotency-Key`.
     #[serde(default)]
@@ -460,7 +483,25 @@ impl SubmitBody {
             })
             .filter(|r| !r.is_empty())
             .map(Box::new),
+            resume: resume_field(body.resume_command, body.captures, body.resume_anywhere)?,
         })
+    }
+}
+
+/// The resume declaration of a submit body (checked by the leader).
+fn resume_field(
+    command: Option<String>,
+    captures: Vec<String>,
+    anywhere: bool,
+) -> Result<Option<Box<ResumeSpec>>, Error> {
+    match command {
+        Some(command) => Ok(Some(Box::new(ResumeSpec {
+            command: command.into(),
+            captures: captures.into_iter().map(Into::into).collect(),
+            anywhere,
+        }))),
+        None if captures.is_empty() && !anywhere => Ok(None),
+        None => Err(Error::bad_request("invalid-spec", "`captures` and `resume_anywhere` need a `resume_command`")),
     }
 }
 
@@ -669,6 +710,9 @@ pub struct InputBody {
 pub struct Sent {
     pub task: String,
     pub bytes: u64,
+    /// Kept for the task's resumed attempt (its machine lost its process),
+    /// not written into a running task's input.
+    pub kept: bool,
 }
 
 /// Send one message to the stdin of a running agent task (never sent twice:
@@ -678,13 +722,13 @@ pub struct Sent {
 pub async fn send(caller: Caller, TaskPath(id): TaskPath, Body(body): Body<InputBody>) -> Reply<Sent> {
     let data = tenure_client::input_message(body.text.into_bytes(), body.raw)?;
     match caller.client.send_input(&id, data).await {
-        Ok(ack) => Ok(axum::Json(Sent { task: id.to_string(), bytes: ack.bytes })),
+        Ok(ack) => Ok(axum::Json(Sent { task: id.to_string(), bytes: ack.bytes, kept: ack.kept })),
         Err(SendError::Refused(e)) => Err(e.into()),
         Err(SendError::Client(e)) => Err(e.into()),
         Err(e @ SendError::NoSidecar { .. }) => {
             Err(Error::new(StatusCode::SERVICE_UNAVAILABLE, "sidecar-unavailable", e.to_string()))
         }
-        Err(e @ SendError::InDoubt { .. }) => {
+        Err(e @ (SendError::InDoubt { .. } | SendError::KeptInDoubt { .. })) => {
             Err(Error::new(StatusCode::GATEWAY_TIMEOUT, "input-in-doubt", e.to_string()))
         }
         Err(e @ SendError::Transport(_)) => Err(Error::new(StatusCode::BAD_GATEWAY, "cluster", e.to_string())),

@@ -469,6 +469,7 @@ mod tests {
 
     fn grant() -> LeaseGrant {
         LeaseGrant {
+            input: Vec::new(),
             task: "shell-1".parse().unwrap(),
             attempt: tenure_protocol::Attempt(1),
             epoch: tenure_protocol::Epoch(2),

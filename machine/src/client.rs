@@ -201,6 +201,7 @@ mod tests {
         let client = SidecarClient::new(tmp.path().join("none.sock"));
         assert!(matches!(client.call(&SidecarRequest::List).await, Err(Error::Unavailable(_))));
         let mut grant = tenure_protocol::messages::LeaseGrant {
+            input: Vec::new(),
             task: "shell-1".parse().unwrap(),
             attempt: tenure_protocol::Attempt(1),
             epoch: tenure_protocol::Epoch(1),

@@ -12,6 +12,7 @@ pub mod lifecycle;
 pub mod messages;
 pub mod placement;
 pub mod resources;
+pub mod resume;
 pub mod retry;
 pub mod spec;
 pub mod subjects;

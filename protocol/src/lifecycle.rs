@@ -391,6 +391,14 @@ pub enum Event {
     /// for its machine's evidence, as a non-idempotent one does, instead of
     /// being queued again.
     WorkerLostFinal { worker: WorkerId },
+    /// The current attempt's process is proven gone without an exit status,
+    /// and the task declares how to resume it (the coordinator decided so
+    /// with [`crate::resume::decide`]): queued again, to run its resume
+    /// command as the next attempt. The one way a task that is not
+    /// idempotent runs a second attempt after its intent — allowed only on
+    /// proof that the first can no longer run. Never for a task with a kill
+    /// requested.
+    Resume { attempt: Attempt, epoch: Epoch },
     // ---- pause and resume (see `pause_move`) ----
     /// The owner asks for the running attempt to be held stopped.
     PauseRequested,
@@ -581,7 +589,7 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
         },
         Event::Archive | Event::Unarchive | Event::Delete => Keep(Unchanged::NotApplicable),
         // Decided by `retry_move` above.
-        Event::Retry { .. } | Event::WorkerLostFinal { .. } => Keep(Unchanged::NotApplicable),
+        Event::Retry { .. } | Event::WorkerLostFinal { .. } | Event::Resume { .. } => Keep(Unchanged::NotApplicable),
         Event::PauseRequested | Event::ResumeRequested => Keep(Unchanged::NotApplicable),
         Event::Approved => match l.status {
             Blocked => {
@@ -674,12 +682,14 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
     }
 }
 
-/// The retry rules, for a task that is not terminal: `Some` for a retry
-/// event, `None` for every other event.
+/// The retry and resume rules, for a task that is not terminal: `Some` for
+/// a retry or resume event, `None` for every other event.
 ///
 /// A retry queues again only an idempotent task whose current attempt it
 /// names, on a worker (`leased`, `running`, `paused`) or `unknown` (late evidence of a
-/// failure), and never one with a kill requested: a kill always wins.
+/// failure), and never one with a kill requested: a kill always wins. A
+/// resume does the same for a task of either kind (the coordinator sends it
+/// only on proof that the attempt's process is gone).
 fn retry_move(l: &Lifecycle, event: &Event) -> Option<Decision> {
     use Status::*;
     let decision = match event {
@@ -689,6 +699,23 @@ fn retry_move(l: &Lifecycle, event: &Event) -> Option<Decision> {
             }
             match l.status {
                 Leased | Running | Paused | Unknown if l.idempotent && !l.kill_requested => {
+                    let mut next = l.clone();
+                    next.status = Queued;
+                    next.worker = None;
+                    next.hint = None;
+                    next.outcome = None;
+                    Decision::Changed(next)
+                }
+                Queued => Decision::Unchanged(Unchanged::Duplicate),
+                _ => Decision::Unchanged(Unchanged::NotApplicable),
+            }
+        }
+        Event::Resume { attempt, epoch } => {
+            if !is_current(l, *attempt, *epoch) {
+                return Some(Decision::Unchanged(Unchanged::Stale));
+            }
+            match l.status {
+                Leased | Running | Paused | Unknown if !l.kill_requested => {
                     let mut next = l.clone();
                     next.status = Queued;
                     next.worker = None;

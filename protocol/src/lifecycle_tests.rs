@@ -233,6 +233,8 @@ pub(super) fn arb_event() -> impl Strategy<Value = Event> {
         (0u64..4).prop_map(|e| Event::StepsBegan { epoch: Epoch(e) }),
         ((0u32..4).prop_map(Attempt), (0u64..4).prop_map(Epoch))
             .prop_map(|(attempt, epoch)| Event::Retry { attempt, epoch }),
+        ((0u32..4).prop_map(Attempt), (0u64..4).prop_map(Epoch))
+            .prop_map(|(attempt, epoch)| Event::Resume { attempt, epoch }),
         prop_oneof![Just(w("w1")), Just(w("w2"))].prop_map(|worker| Event::WorkerLostFinal { worker }),
         prop_oneof![Just(Ending::Completed), Just(Ending::Failed), Just(Ending::Killed)]
             .prop_map(|ending| Event::StepsEnded { outcome: outcome(ending) }),
@@ -245,7 +247,8 @@ fn names_attempt(e: &Event) -> Option<(Attempt, Epoch)> {
         Event::Refused { attempt, epoch }
         | Event::Started { attempt, epoch }
         | Event::Finished { attempt, epoch, .. }
-        | Event::Retry { attempt, epoch } => Some((*attempt, *epoch)),
+        | Event::Retry { attempt, epoch }
+        | Event::Resume { attempt, epoch } => Some((*attempt, *epoch)),
         _ => None,
     }
 }
@@ -283,7 +286,13 @@ proptest! {
             if !idempotent && after.status == Status::Queued && before.status != Status::Queued {
                 // An approval queues a task that never had an attempt.
                 let never_ran = matches!(e, Event::Approved) && after.attempt == Attempt(0);
-                prop_assert!(matches!(e, Event::Refused { .. }) || never_ran, "{:?} requeued a non-idempotent task", e);
+                // A resume is the coordinator's word that the attempt's process is gone.
+                let resumed = matches!(e, Event::Resume { .. });
+                prop_assert!(matches!(e, Event::Refused { .. }) || never_ran || resumed, "{:?} requeued a non-idempotent task", e);
+            }
+            // A resume never outruns a kill.
+            if matches!(e, Event::Resume { .. }) && after != before {
+                prop_assert!(!before.kill_requested && after.status == Status::Queued, "{:?} resumed {:?}", e, before);
             }
             // A retry never outruns a kill, and never queues what is not idempotent.
             if matches!(e, Event::Retry { .. }) && after != before {
@@ -416,27 +425,31 @@ fn retry_events() -> Vec<(&'static str, Event)> {
         ("retry-old-epoch", Event::Retry { attempt: Attempt(2), epoch: Epoch(4) }),
         ("lost-final-holder", Event::WorkerLostFinal { worker: w("w1") }),
         ("lost-final-other", Event::WorkerLostFinal { worker: w("w9") }),
+        ("resume", Event::Resume { attempt: Attempt(2), epoch: Epoch(5) }),
+        ("resume-old-attempt", Event::Resume { attempt: Attempt(1), epoch: Epoch(5) }),
+        ("resume-old-epoch", Event::Resume { attempt: Attempt(2), epoch: Epoch(4) }),
     ]
 }
 
 /// Same shape as [`TABLE`]: a retry queues again only an idempotent task's
 /// current attempt, never after a kill; a final loss treats an idempotent
-/// task as a non-idempotent one is treated.
+/// task as a non-idempotent one is treated; a resume queues again the
+/// current attempt of either kind of task, never after a kill.
 const RETRY_TABLE: &str = "
-    queued     . . . . .  |  . . . . .
-    leased     . . . U .  |  Q . . U .
-    running    . . . U .  |  Q . . U .
-    stopping+k . . . S .  |  . . . S .
-    completed  . . . . .  |  . . . . .
-    killed     . . . . .  |  . . . . .
-    failed     . . . . .  |  . . . . .
-    unknown    . . . . .  |  Q . . . .
-    unknown+k  . . . . .  |  . . . . .
+    queued     . . . . . . . .  |  . . . . . . . .
+    leased     . . . U . Q . .  |  Q . . U . Q . .
+    running    . . . U . Q . .  |  Q . . U . Q . .
+    stopping+k . . . S . . . .  |  . . . S . . . .
+    completed  . . . . . . . .  |  . . . . . . . .
+    killed     . . . . . . . .  |  . . . . . . . .
+    failed     . . . . . . . .  |  . . . . . . . .
+    unknown    . . . . . Q . .  |  Q . . . . Q . .
+    unknown+k  . . . . . . . .  |  . . . . . . . .
 ";
 
 #[test]
 fn every_status_retry_event_pair_matches_the_retry_table() {
-    assert_eq!(check_table(RETRY_TABLE, &retry_events(), start), 9 * 5 * 2);
+    assert_eq!(check_table(RETRY_TABLE, &retry_events(), start), 9 * 8 * 2);
 }
 
 #[test]

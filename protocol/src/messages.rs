@@ -114,6 +114,18 @@ pub enum ApiRequest {
         session: SessionId,
         task: TaskId,
     },
+    /// Keep one message for the next attempt of an `agent` task that
+    /// declares a resume command while no attempt of it runs (its machine
+    /// lost it: `unknown`, or queued to resume). The resumed attempt's shim
+    /// writes the kept messages, in order, into its input before the task
+    /// starts. Refused `NotRunning` while an attempt is leased (its input
+    /// goes to it once it runs) and for a task that cannot be resumed;
+    /// answered with the snapshot (its `agent_resume.pending_input`).
+    KeepInput {
+        session: SessionId,
+        task: TaskId,
+        message: String,
+    },
 }
 
 /// Longest a single `Wait` request is held by the coordinator.
@@ -144,6 +156,7 @@ impl ApiRequest {
             ApiRequest::Pause { .. } => "pause",
             ApiRequest::Resume { .. } => "resume",
             ApiRequest::Approve { .. } => "approve",
+            ApiRequest::KeepInput { .. } => "keep-input",
         }
     }
 }
@@ -167,7 +180,8 @@ impl ApiRequest {
             | ApiRequest::Notices { session, .. }
             | ApiRequest::Pause { session, .. }
             | ApiRequest::Resume { session, .. }
-            | ApiRequest::Approve { session, .. } => Some(session),
+            | ApiRequest::Approve { session, .. }
+            | ApiRequest::KeepInput { session, .. } => Some(session),
             ApiRequest::Status => None,
         }
     }
@@ -448,6 +462,11 @@ pub struct TaskSnapshot {
     /// Its resource limits, when it has some.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceLimits>,
+    /// An `agent` task that declares how it is resumed: the declaration,
+    /// the values captured from its output, how often it was resumed, and
+    /// the input kept for its next attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_resume: Option<crate::resume::ResumeView>,
 }
 
 /// Whether a task can go on as it is (`tenure resume` of a paused one), and
@@ -671,6 +690,11 @@ pub struct Heartbeat {
     /// granted only where they are all enforced.
     #[serde(default)]
     pub enforces: ResourceSupport,
+    /// The machine's boot id (changes at every boot): the leader keeps the
+    /// one a task was granted under, so that a machine that returns with
+    /// another store and another boot proves that task's process gone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot: Option<Box<str>>,
 }
 
 /// A worker machine's sidecar as its worker last saw it.
@@ -722,9 +746,15 @@ pub enum ReportEvent {
     /// The attempt's process is gone and no exit status survived (its monitor
     /// died with it, or the machine's record of it is unreadable).
     Lost(RecoveryHint),
-    /// Output lines of a running `monitor` task matched its pattern. Repeats
-    /// are harmless: the leader keeps how far it has notified.
+    /// Output lines of a running `monitor` task matched its pattern (or of
+    /// an `agent` task, one of its capture patterns). Repeats are harmless:
+    /// the leader keeps how far it has notified.
     Matched(Vec<MatchedLine>),
+    /// As `Lost`, said by the worker that held the attempt once its shim
+    /// was gone and it had ended what was left of the task's process group
+    /// and control group: the process is proven gone (a task that declares
+    /// a resume command may be resumed).
+    Gone(RecoveryHint),
 }
 
 impl ReportEvent {
@@ -735,6 +765,7 @@ impl ReportEvent {
             ReportEvent::Finished(_) => "finished",
             ReportEvent::NotStarted { .. } => "not-started",
             ReportEvent::Lost(_) => "lost",
+            ReportEvent::Gone(_) => "gone",
             ReportEvent::Matched(_) => "matched",
         }
     }
@@ -824,6 +855,11 @@ pub struct LeaseGrant {
     /// the grant's identity (a re-sent grant may carry a later mark).
     #[serde(default)]
     pub mark: Option<RegistryMark>,
+    /// Input kept for this attempt while none ran (`tenure send` to a
+    /// resumable agent its machine lost): the shim writes it, in order, into
+    /// the task's input before the task starts. Empty for other grants.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub input: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -932,9 +968,13 @@ pub type InputReply = Result<InputAck, ApiError>;
 /// The message is in the task's input pipe, whole.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputAck {
-    /// The attempt that received it.
+    /// The attempt that received it (kept: the attempt its machine lost).
     pub attempt: Attempt,
     pub bytes: u64,
+    /// Kept by the coordinator for the task's resumed attempt, not written
+    /// into a running task's input.
+    #[serde(default)]
+    pub kept: bool,
 }
 
 /// Serialize byte vectors as MessagePack `bin`, not as arrays of integers.
@@ -1047,6 +1087,9 @@ pub struct CleanupDone {
 
 /// Requests from the worker to its machine's sidecar, over a unix socket.
 /// Every mutating request is flushed to disk before the sidecar replies `Ok`.
+/// Made one at a time and sent at once, never stored in bulk: the size of its
+/// largest variant (a grant) costs nothing, so it is not boxed.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SidecarRequest {
     /// Raise the machine's highest epoch seen; refused if lower than held.

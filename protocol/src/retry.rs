@@ -213,6 +213,10 @@ pub struct AttemptEnd {
     pub ended_at_ms: u64,
     /// The task was queued again after it.
     pub retried: bool,
+    /// The task was resumed after it (its process proven gone), with these
+    /// captured values filled into its resume command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl AttemptEnd {

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::ids::Kind;
 use crate::placement::{Placement, PlacementError};
 use crate::resources::{ResourceError, ResourceLimits};
+use crate::resume::{ResumeError, ResumeSpec};
 use crate::retry::{NotBefore, RetryPolicy, MAX_NOT_BEFORE_MS};
 
 /// Longest label kept (bytes).
@@ -100,6 +101,11 @@ pub struct TaskSpec {
     /// when absent, like `limits`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Box<ResourceLimits>>,
+    /// For `agent`: how to resume it after its machine lost it, instead of
+    /// leaving it `unknown` ([`crate::resume`]). Refused for other kinds and
+    /// for idempotent tasks. Boxed and left out of the encoding when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<Box<ResumeSpec>>,
 }
 
 /// The lowest priority a task may ask for.
@@ -167,6 +173,17 @@ impl TaskSpec {
             placement: None,
             hold: false,
             resources: None,
+            resume: None,
+        }
+    }
+
+    /// The pattern the worker matches this task's output lines against: a
+    /// `monitor`'s own, or the union of an `agent`'s capture patterns.
+    pub fn line_pattern(&self) -> Option<std::borrow::Cow<'_, str>> {
+        match (&self.pattern, &self.resume) {
+            (Some(p), _) => Some(std::borrow::Cow::Borrowed(p)),
+            (None, Some(r)) => r.line_pattern().map(std::borrow::Cow::Owned),
+            (None, None) => None,
         }
     }
 
@@ -197,6 +214,7 @@ impl TaskSpec {
             placement: self.placement.clone(),
             hold: false,
             resources: None,
+            resume: None,
         })
     }
 
@@ -283,6 +301,9 @@ impl TaskSpec {
                 return Err(SpecError::Resources(ResourceError::Workflow));
             }
             resources.validate().map_err(SpecError::Resources)?;
+        }
+        if let Some(resume) = &self.resume {
+            resume.validate(self.kind.as_str(), self.idempotent)?;
         }
         too_large("label", self.label.len(), MAX_LABEL_BYTES)?;
         if self.label.contains('\n') || self.label.contains('\0') {
@@ -390,6 +411,9 @@ pub enum SpecError {
     /// A memory, CPU or process limit out of bounds, or given to a workflow.
     #[error("resource limits: {0}")]
     Resources(ResourceError),
+    /// A resume command or capture pattern that cannot be used.
+    #[error("resume: {0}")]
+    Resume(#[from] ResumeError),
 }
 
 #[cfg(test)]

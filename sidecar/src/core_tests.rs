@@ -14,6 +14,7 @@ fn task() -> TaskId {
 
 fn grant(attempt: u32, epoch: u64) -> LeaseGrant {
     LeaseGrant {
+        input: Vec::new(),
         task: task(),
         attempt: Attempt(attempt),
         epoch: Epoch(epoch),

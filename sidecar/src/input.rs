@@ -133,7 +133,7 @@ async fn deliver(
     match write_whole(&fifo, &req.data, deadline).await {
         Ok(()) => {
             info!(task = %task, attempt = %attempt, bytes = size, "input delivered");
-            Ok(InputAck { attempt, bytes: size as u64 })
+            Ok(InputAck { attempt, bytes: size as u64, kept: false })
         }
         Err(WriteError::Full) => {
             info!(task = %task, attempt = %attempt, bytes = size, "input refused: the task's pipe is full");
@@ -420,6 +420,7 @@ mod tests {
     #[test]
     fn only_running_agent_attempts_take_input() {
         let grant = |kind: &str| LeaseGrant {
+            input: Vec::new(),
             task: format!("{kind}-4").parse().unwrap(),
             attempt: Attempt(2),
             epoch: Epoch(1),

@@ -621,6 +621,7 @@ pub(crate) mod tests {
     pub(crate) fn record(task: &str, attempt: u32, phase: Phase) -> AttemptRecord {
         AttemptRecord {
             grant: LeaseGrant {
+                input: Vec::new(),
                 task: task.parse().unwrap(),
                 attempt: Attempt(attempt),
                 epoch: Epoch(3),

@@ -103,6 +103,7 @@ fn task(n: u32) -> TaskId {
 
 fn grant(n: u32, epoch: u64, command: String) -> LeaseGrant {
     LeaseGrant {
+        input: Vec::new(),
         task: task(n),
         attempt: Attempt(1),
         epoch: Epoch(epoch),

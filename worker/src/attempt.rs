@@ -450,7 +450,7 @@ async fn watch(
     if files.pause_requested() {
         tell_shim_to_look(files);
     }
-    let mut matches = grant.filter(|g| g.spec.pattern.is_some()).cloned().map(MatchForwarder::new);
+    let mut matches = grant.filter(|g| g.spec.line_pattern().is_some()).cloned().map(MatchForwarder::new);
     let mut tick = tokio::time::interval(FORWARD_MATCHES_EVERY);
     loop {
         tokio::select! {

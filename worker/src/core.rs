@@ -494,7 +494,9 @@ impl Worker {
                     Settled::Exited(outcome) => Step::Buffer(outcome),
                     // No outcome to buffer: a restarted worker finds the same
                     // absence of evidence and reports the same thing again.
-                    Settled::Lost(hint) => Step::Report(ReportEvent::Lost(hint)),
+                    // The driver settles only once the shim is gone and what
+                    // was left of its group ended: the process is gone.
+                    Settled::Lost(hint) => Step::Report(ReportEvent::Gone(hint)),
                 })
             }
             (Step::Buffer(outcome), Done::Sidecar(_)) => Some(Step::Report(ReportEvent::Finished(outcome.clone()))),

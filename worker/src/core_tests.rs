@@ -14,6 +14,7 @@ fn key() -> Key {
 
 fn grant(epoch: u64) -> LeaseGrant {
     LeaseGrant {
+        input: Vec::new(),
         task: task(),
         attempt: Attempt(1),
         epoch: Epoch(epoch),
@@ -85,6 +86,7 @@ fn steps() -> Vec<(&'static str, Step)> {
         ("buffer", Step::Buffer(done_ok())),
         ("report-finished", Step::Report(ReportEvent::Finished(done_ok()))),
         ("report-lost", Step::Report(ReportEvent::Lost(hint()))),
+        ("report-gone", Step::Report(ReportEvent::Gone(hint()))),
         ("ack", Step::Acknowledge),
         ("release", Step::Release),
     ]
@@ -111,7 +113,8 @@ fn results() -> Vec<Done> {
 
 /// Rows: steps. Columns: the sidecar's answer (ok, stale epoch, storage
 /// failure), the launch's (launched, not started, unseen), an end (exited,
-/// lost), the leader's answer to a report (ack, not leader, stale from below
+/// lost: reported `gone`, as the driver settles only once the shim and
+/// what was left of its group are gone), the leader's answer to a report (ack, not leader, stale from below
 /// the highest epoch seen — 4 < 5 —, stale at it), the directory released.
 /// `.`: unchanged; `gone`: the attempt is over here.
 const TABLE: &str = "
@@ -119,14 +122,15 @@ const TABLE: &str = "
 intent           | launch              abandon             abandon             .        .              .      .                 .            .    .          .          .          .
 abandon-stale    | report(not-started) report(not-started) report(not-started) .        .              .      .                 .            .    .          .          .          .
 abandon-storage  | report(not-started) report(lost)        report(lost)        .        .              .      .                 .            .    .          .          .          .
-launch           | .                   .                   .                   spawned  buffer(failed) seek   buffer(completed) report(lost) .    .          .          .          .
+launch           | .                   .                   .                   spawned  buffer(failed) seek   buffer(completed) report(gone) .    .          .          .          .
 spawned          | watch               watch               watch               .        .              .      .                 .            .    .          .          .          .
-watch            | .                   .                   .                   .        .              .      buffer(completed) report(lost) .    .          .          .          .
-seek             | .                   .                   .                   .        .              .      buffer(completed) report(lost) .    .          .          .          .
-settle           | .                   .                   .                   .        .              .      buffer(completed) report(lost) .    .          .          .          .
+watch            | .                   .                   .                   .        .              .      buffer(completed) report(gone) .    .          .          .          .
+seek             | .                   .                   .                   .        .              .      buffer(completed) report(gone) .    .          .          .          .
+settle           | .                   .                   .                   .        .              .      buffer(completed) report(gone) .    .          .          .          .
 buffer           | report(finished)    report(finished)    report(finished)    .        .              .      .                 .            .    .          .          .          .
 report-finished  | .                   .                   .                   .        .              .      .                 .            ack  .          .          ack        .
 report-lost      | .                   .                   .                   .        .              .      .                 .            gone .          .          gone       .
+report-gone      | .                   .                   .                   .        .              .      .                 .            gone .          .          gone       .
 ack              | release             release             release             .        .              .      .                 .            .    .          .          .          .
 release          | .                   .                   .                   .        .              .      .                 .            .    .          .          .          gone
 ";
@@ -154,7 +158,7 @@ fn every_step_against_every_result() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 13 * 13);
+    assert_eq!(checked, 14 * 13);
 }
 
 #[test]

@@ -293,6 +293,7 @@ async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>, was_
         mark,
         labels: shared.opts.labels.clone(),
         enforces,
+        boot: tenure_machine::boot::boot_id().map(Into::into),
     };
     match tenure_protocol::encode(&hb) {
         Ok(bytes) => {

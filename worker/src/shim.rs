@@ -130,14 +130,20 @@ pub fn run(args: &ShimArgs) -> i32 {
 fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStatus {
     let failed =
         |detail: String| ShimStatus { outcome: Outcome::new(Ending::Failed, None, Some(detail)), output_written: 0 };
-    let (spec, owner) = match files.read_grant() {
-        Ok(grant) => (grant.spec, grant.owner),
+    let (spec, owner, kept) = match files.read_grant() {
+        Ok(grant) => (grant.spec, grant.owner, grant.input),
         Err(e) => return failed(format!("cannot read the task's grant: {e}")),
     };
-    // An agent's input: created before the task exists, held until it is gone.
+    // An agent's input: created before the task exists, held until it is
+    // gone. Input kept for a resumed attempt is in it before the task reads.
     let (_keeper, stdin) = if spec.kind == Kind::agent() {
         match files.create_input() {
-            Ok(InputFifo { keeper, stdin }) => (Some(keeper), Some(OwnedFd::from(stdin))),
+            Ok(InputFifo { mut keeper, stdin }) => {
+                if let Err(e) = write_kept_input(&mut keeper, &kept) {
+                    return failed(format!("cannot write the input kept for the task: {e}"));
+                }
+                (Some(keeper), Some(OwnedFd::from(stdin)))
+            }
             Err(e) => return failed(format!("cannot create the input pipe: {e}")),
         }
     } else {
@@ -206,7 +212,7 @@ fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStat
     if let Err(error) = files.write_pgid(leader) {
         tracing::warn!(%error, "shim cannot record the process group");
     }
-    let matcher = match spec.pattern.as_deref().map(|p| LineMatcher::new(p, files)) {
+    let matcher = match spec.line_pattern().map(|p| LineMatcher::new(&p, files)) {
         None => None,
         Some(Ok(m)) => Some(m),
         // Validated at submit; a failure here is the matches file.
@@ -635,6 +641,18 @@ impl Pump {
         let _ = self.output.sync_data();
         (self.written, self.dropped)
     }
+}
+
+/// Writes the input kept for a resumed attempt into its fresh input pipe,
+/// each message whole (at most a few KiB in all, under the pipe's capacity:
+/// see `tenure_protocol::resume`), before the task exists to read it. A
+/// message that could not be written whole fails the attempt before its
+/// task starts: nothing is delivered twice, or in part.
+fn write_kept_input(pipe: &mut std::fs::File, kept: &[String]) -> std::io::Result<()> {
+    for message in kept {
+        pipe.write_all(message.as_bytes())?;
+    }
+    Ok(())
 }
 
 /// Bytes of one line kept for matching; the rest of a longer line is ignored.

@@ -328,12 +328,12 @@ async fn deliver_one(api: &Api, task: &TaskId, message: Vec<u8>) -> bool {
     let mut pause = Duration::from_millis(50);
     loop {
         let sent = match api.input_target(task).await {
-            Ok(worker) => api.deliver_input(&worker, task, message.clone()).await.map(|_| ()),
+            Ok(target) => api.deliver_input(&target, task, message.clone()).await.map(|_| ()),
             Err(e) => Err(e),
         };
         let not_yet = match &sent {
             Ok(()) => return true,
-            Err(e @ SendError::InDoubt { .. }) => {
+            Err(e @ (SendError::InDoubt { .. } | SendError::KeptInDoubt { .. })) => {
                 eprintln!("tenure: {e}");
                 return true;
             }

@@ -14,14 +14,17 @@ use super::Api;
 
 pub(crate) async fn send(api: &Api, task: TaskId, text: Vec<String>, raw: bool) -> anyhow::Result<ExitCode> {
     let from_args = if text.is_empty() { None } else { Some(message(&text, raw)?) };
-    let worker = api.input_target(&task).await?;
+    let target = api.input_target(&task).await?;
     // Stdin is read only now, so that a wrong task is reported before anyone types.
     let data = match from_args {
         Some(data) => data,
         None => tokio::task::spawn_blocking(move || message_from(std::io::stdin().lock(), raw)).await??,
     };
-    let ack = api.deliver_input(&worker, &task, data).await?;
-    tracing::debug!(task = %task, attempt = %ack.attempt, bytes = ack.bytes, "input delivered");
+    let ack = api.deliver_input(&target, &task, data).await?;
+    tracing::debug!(task = %task, attempt = %ack.attempt, bytes = ack.bytes, kept = ack.kept, "input delivered");
+    if ack.kept {
+        eprintln!("tenure: {task}'s machine lost its process; the message is kept for its resumed attempt");
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -108,6 +108,7 @@ impl Core {
             ApiRequest::Pause { session, task } => self.pause(&session, &task, true, now, fx),
             ApiRequest::Resume { session, task } => self.pause(&session, &task, false, now, fx),
             ApiRequest::Approve { session, task } => self.approve(&session, &task, now, fx),
+            ApiRequest::KeepInput { session, task, message } => self.keep_input(&session, &task, message, fx),
             ApiRequest::Wait { session, task, timeout_ms } => match self.owned(&session, &task) {
                 Err(e) => Err(e),
                 Ok(r) if r.life.status.is_terminal() => {

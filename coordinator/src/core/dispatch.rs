@@ -212,7 +212,9 @@ impl Core {
             }
             let best = free
                 .iter()
-                .filter(|(w, _)| self.workers.runs(w, &r.spec.kind) && self.workers.admits(w, &r.spec))
+                .filter(|(w, _)| {
+                    self.workers.runs(w, &r.spec.kind) && self.workers.admits(w, &r.spec) && Core::resumes_on(r, w)
+                })
                 .max_by_key(|(_, f)| **f)
                 .map(|(w, _)| w.clone());
             let Some(worker) = best else { continue };
@@ -239,14 +241,16 @@ impl Core {
         if r.incarnation.as_deref().is_some_and(|a| current != Some(*a)) {
             return;
         }
+        let Some((spec, input)) = Core::granted_spec(r) else { return };
         let grant = LeaseGrant {
             task: task.clone(),
             attempt: r.life.attempt,
             epoch: r.life.epoch,
             owner: r.owner.clone(),
-            spec: r.spec.clone(),
+            spec,
             // Filled in by the driver when it sends the grant.
             mark: None,
+            input,
         };
         // Sent only to a bound process; until one heartbeats, the retry sends it.
         let Some(instance) = self.workers.instance_of(&worker) else { return };

@@ -238,7 +238,7 @@ impl Core {
         if r.life.status != Status::Queued {
             return None;
         }
-        if let Some(hint) = self.no_matching_worker(&r.spec) {
+        if let Some(hint) = self.awaiting_its_machine(r).or_else(|| self.no_matching_worker(&r.spec)) {
             return Some(hint);
         }
         let c = super::concurrency(&r.spec)?;

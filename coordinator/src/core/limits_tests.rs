@@ -216,6 +216,7 @@ fn counters_at_their_ends_saturate_or_refuse() {
     h.heartbeat("w1", 4);
     let spec = TaskSpec { kind: Kind::monitor(), pattern: Some("x".into()), ..TaskSpec::shell("m", "tail -f x") };
     let fx = h.input(Input::Heartbeat(Heartbeat {
+        boot: None,
         worker: w("w1"),
         instance: Uuid::nil(),
         slots: 4,
@@ -241,6 +242,7 @@ fn counters_at_their_ends_saturate_or_refuse() {
 
 fn forged(worker: &str, epoch: u64) -> Input {
     Input::Heartbeat(Heartbeat {
+        boot: None,
         worker: w(worker),
         instance: Uuid::nil(),
         slots: 8,

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tenure_protocol::messages::{
     AttemptEvidence, EvidenceReply, EvidenceRequest, HeldAttempt, KillCommand, SidecarRefusal, WorkerCommand,
 };
+use tenure_protocol::resume::LossWitness;
 use tenure_protocol::{Attempt, Event, HintTag, RecoveryHint, Status, TaskId, WorkerId};
 
 use super::{Core, Effect, Now};
@@ -195,7 +196,14 @@ impl Core {
             }
         };
         self.doubts.settled(&task);
-        self.event(&task, event, now, fx);
+        match event {
+            Event::Lost { attempt, epoch, hint } => {
+                self.attempt_lost(&task, (attempt, epoch), hint, LossWitness::Sidecar, now, fx);
+            }
+            event => {
+                self.event(&task, event, now, fx);
+            }
+        }
     }
 
     /// Heartbeats of a live worker, checked against the registry: a started

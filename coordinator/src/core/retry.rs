@@ -16,6 +16,8 @@
 //! It must never turn an end into a retry for a task that is not idempotent,
 //! nor for one with a kill requested; the table refuses both as well.
 
+use std::collections::BTreeMap;
+
 use tenure_protocol::retry::{self, AttemptEnd, RetryCause, Verdict};
 use tenure_protocol::{Ending, Event, Lifecycle, Status, TaskId};
 
@@ -31,6 +33,23 @@ pub(super) struct Ended {
     detail: Option<String>,
     /// `Some` for a retry: the backoff before the next attempt.
     delay_ms: Option<u64>,
+    /// `Some` for a resume: the values filled into the resume command.
+    resumed: Option<BTreeMap<String, String>>,
+}
+
+impl Ended {
+    /// A lost attempt that its task resumes, with the values its resume
+    /// command gets.
+    pub(super) fn resumed(detail: String, values: BTreeMap<String, String>) -> Ended {
+        Ended {
+            ending: None,
+            cause: Some(RetryCause::Lost),
+            exit_code: None,
+            detail: Some(detail),
+            delay_ms: None,
+            resumed: Some(values),
+        }
+    }
 }
 
 impl Core {
@@ -60,6 +79,7 @@ impl Core {
                     exit_code: outcome.exit_code,
                     detail: outcome.detail.as_deref().map(str::to_owned),
                     delay_ms,
+                    resumed: None,
                 };
                 match verdict(cause) {
                     Verdict::Retry { delay_ms } => (Event::Retry { attempt, epoch }, Some(ended(Some(delay_ms)))),
@@ -90,22 +110,23 @@ impl Core {
         }
     }
 
-    /// Whether `event` names an attempt whose retry was already decided:
-    /// whatever it says, that attempt's end is settled (a late or repeated
-    /// report, or evidence asked before the retry).
+    /// Whether `event` names an attempt whose retry (or resume) was already
+    /// decided: whatever it says, that attempt's end is settled (a late or
+    /// repeated report, or evidence asked before the retry).
     pub(super) fn retried_already(&self, task: &TaskId, event: &Event) -> bool {
         let attempt = match event {
             Event::Refused { attempt, .. }
             | Event::Started { attempt, .. }
             | Event::Finished { attempt, .. }
             | Event::Lost { attempt, .. }
-            | Event::Retry { attempt, .. } => *attempt,
+            | Event::Retry { attempt, .. }
+            | Event::Resume { attempt, .. } => *attempt,
             _ => return false,
         };
         self.tasks
             .get(task)
             .and_then(|r| r.attempts.as_ref())
-            .is_some_and(|a| a.history.iter().any(|h| h.retried && h.attempt == attempt))
+            .is_some_and(|a| a.history.iter().any(|h| (h.retried || h.resumed.is_some()) && h.attempt == attempt))
     }
 
     /// Whether queued `task` must still wait for its delayed start or backoff.
@@ -115,14 +136,21 @@ impl Core {
 }
 
 fn lost(detail: Option<String>, delay_ms: u64) -> Ended {
-    Ended { ending: None, cause: Some(RetryCause::Lost), exit_code: None, detail, delay_ms: Some(delay_ms) }
+    Ended {
+        ending: None,
+        cause: Some(RetryCause::Lost),
+        exit_code: None,
+        detail,
+        delay_ms: Some(delay_ms),
+        resumed: None,
+    }
 }
 
 /// Updates the attempt history and delayed start of `record`, whose
 /// lifecycle just changed from `before` (the change is persisted right
 /// after). `clock` is the registry time now.
 pub(super) fn note(record: &mut TaskRecord, before: &Lifecycle, ended: Option<Ended>, now: Now, clock: u64) {
-    if record.spec.retry.is_none() {
+    if record.spec.retry.is_none() && record.spec.resume.is_none() {
         return;
     }
     let after = record.life.status;
@@ -131,11 +159,12 @@ pub(super) fn note(record: &mut TaskRecord, before: &Lifecycle, ended: Option<En
         log.started_at_ms = Some(now.wall_ms);
     }
     let Some(ended) = ended else { return };
-    let retried = after == Status::Queued;
-    // Only a retry or the end of the task closes an attempt in the history.
-    if !retried && !after.is_terminal() {
+    let requeued = after == Status::Queued;
+    // Only a retry, a resume or the end of the task closes an attempt in the history.
+    if !requeued && !after.is_terminal() {
         return;
     }
+    let retried = requeued && ended.resumed.is_none();
     log.history.push(AttemptEnd {
         attempt: before.attempt,
         worker: before.worker.clone(),
@@ -146,6 +175,7 @@ pub(super) fn note(record: &mut TaskRecord, before: &Lifecycle, ended: Option<En
         started_at_ms: log.started_at_ms.take(),
         ended_at_ms: now.wall_ms,
         retried,
+        resumed: ended.resumed,
     });
     if let (true, Some(delay)) = (retried, ended.delay_ms) {
         log.ready_clock_ms = clock.saturating_add(delay).max(1);

@@ -427,6 +427,7 @@ fn matched_lines_are_notified_once_each_and_repeats_change_nothing() {
     }));
     assert!(matches!(reply, Some(Err(ApiError::UnknownKind { .. }))), "no worker advertised monitor: {reply:?}");
     h.input(Input::Heartbeat(Heartbeat {
+        boot: None,
         worker: w("w1"),
         instance: Uuid::nil(),
         slots: 4,
@@ -615,6 +616,7 @@ fn a_new_leader_republishes_the_notices_of_recent_unreported_ends_only() {
 /// process it replaces, on a machine whose store is incarnation 1000.
 fn beat(worker: &str, instance: u128, slots: u32, replaces: Option<u128>) -> Input {
     Input::Heartbeat(Heartbeat {
+        boot: None,
         worker: w(worker),
         instance: Uuid::from_u128(instance),
         slots,

@@ -18,6 +18,7 @@ use tenure_protocol::messages::{
 };
 use tenure_protocol::placement::{check_labels, Labels, Placement};
 use tenure_protocol::resources::ResourceSupport;
+use tenure_protocol::resume::LossWitness;
 use tenure_protocol::{Decision, Epoch, Event, Kind, Status, TaskId, TaskSpec, Unchanged, WorkerId};
 use uuid::Uuid;
 
@@ -50,6 +51,8 @@ struct WorkerState {
     labels: Labels,
     /// Which resource limits it enforces, as its last heartbeat said.
     enforces: ResourceSupport,
+    /// The machine's boot id, as its last heartbeat said.
+    boot: Option<Box<str>>,
 }
 
 impl WorkerState {
@@ -67,6 +70,7 @@ impl WorkerState {
             full_until: None,
             labels: Labels::new(),
             enforces: ResourceSupport::default(),
+            boot: None,
         }
     }
 }
@@ -130,6 +134,7 @@ impl Workers {
             };
         }
         w.enforces = hb.enforces;
+        w.boot = hb.boot.clone();
     }
 
     /// Marks lost every live worker not heard from for `ttl`; returns them.
@@ -161,6 +166,11 @@ impl Workers {
     /// The incarnation of `worker`'s store, as its latest heartbeat named it.
     pub(super) fn incarnation_of(&self, worker: &WorkerId) -> Option<Uuid> {
         self.by_id.get(worker).and_then(|w| w.incarnation)
+    }
+
+    /// The boot id of `worker`'s machine, as its latest heartbeat named it.
+    pub(super) fn boot_of(&self, worker: &WorkerId) -> Option<&str> {
+        self.by_id.get(worker).and_then(|w| w.boot.as_deref())
     }
 
     /// Whether `worker` advertised `kind`.
@@ -320,20 +330,25 @@ impl Core {
             ReportEvent::Finished(outcome) => Event::Finished { attempt: report.attempt, epoch: report.epoch, outcome },
             ReportEvent::NotStarted { .. } => Event::Refused { attempt: report.attempt, epoch: report.epoch },
             ReportEvent::Lost(hint) => Event::Lost { attempt: report.attempt, epoch: report.epoch, hint },
-        };
-        match self.event(&report.task, event, now, fx) {
-            Some(Decision::Changed(_))
-            | Some(Decision::Unchanged(Unchanged::Duplicate | Unchanged::Terminal | Unchanged::NotApplicable)) => {
-                ReportAck::Ack
+            ReportEvent::Gone(hint) => {
+                let (task, attempt) = (report.task.clone(), (report.attempt, report.epoch));
+                let decision = self.attempt_lost(&task, attempt, hint, LossWitness::Worker, now, fx);
+                return ack_of(decision, stale);
             }
-            Some(Decision::Unchanged(Unchanged::Stale)) | None => stale,
-        }
+        };
+        let decision = self.event(&report.task, event, now, fx);
+        ack_of(decision, stale)
     }
 
     /// Records how far a `monitor` task's matched lines were notified and publishes
     /// the new ones. Lines at or below the recorded offset are repeats.
     fn matched(&mut self, task: &TaskId, lines: Vec<MatchedLine>, now: Now, fx: &mut Vec<Effect>) -> ReportAck {
         let epoch = self.epoch;
+        // An agent's lines feed its resume command's values.
+        if self.tasks.get(task).is_some_and(|r| r.spec.resume.is_some()) {
+            self.captured(task, &lines, fx);
+            return ReportAck::Ack;
+        }
         let Some(r) = self.tasks.get_mut(task).filter(|r| r.spec.pattern.is_some()) else {
             return ReportAck::StaleAt { epoch };
         };
@@ -367,5 +382,17 @@ impl Core {
             fx.push(Effect::Notify(Box::new(Notice::Matched(notice))));
         }
         ReportAck::Ack
+    }
+}
+
+/// The answer to a report whose event was applied with `decision`: anything
+/// but a stale attempt is recorded (or was already).
+fn ack_of(decision: Option<Decision>, stale: ReportAck) -> ReportAck {
+    match decision {
+        Some(Decision::Changed(_))
+        | Some(Decision::Unchanged(Unchanged::Duplicate | Unchanged::Terminal | Unchanged::NotApplicable)) => {
+            ReportAck::Ack
+        }
+        Some(Decision::Unchanged(Unchanged::Stale)) | None => stale,
     }
 }

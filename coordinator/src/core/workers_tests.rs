@@ -102,6 +102,7 @@ fn an_unreachable_machine_makes_non_idempotent_tasks_unknown_and_idempotent_ones
     assert_eq!(h.status(&again), Status::Leased);
     // When w1 returns still holding the re-run task's first attempt, it is told to stop it.
     let fx = h.input(Input::Heartbeat(Heartbeat {
+        boot: None,
         worker: w("w1"),
         instance: Uuid::nil(),
         slots: 4,
@@ -237,6 +238,7 @@ fn a_machine_whose_store_was_replaced_never_runs_its_tasks_again_and_says_why() 
     // The machine is wiped and its worker started again on an empty store.
     h.advance(CoreConfig::default().worker_ttl);
     let fx = h.input(Input::Heartbeat(Heartbeat {
+        boot: None,
         worker: w("w1"),
         instance: Uuid::from_u128(9),
         slots: 4,
@@ -339,6 +341,7 @@ fn a_deposed_leaders_stale_answer_does_not_settle_a_report_the_new_leader_acknow
     let mut new = take_over(&registry, CoreConfig::default(), old.now.wall_ms);
     let hb = |epoch| {
         Input::Heartbeat(Heartbeat {
+            boot: None,
             worker: w("w1"),
             instance: Uuid::nil(),
             slots: 2,

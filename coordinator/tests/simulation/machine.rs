@@ -373,6 +373,7 @@ impl Host {
     fn heartbeat(&mut self, ctx: &mut Ctx) {
         let w = self.worker.as_ref().expect("heartbeats come from a running worker");
         let hb = Heartbeat {
+            boot: None,
             worker: self.id.clone(),
             instance: w.instance,
             slots: self.slots,

@@ -70,6 +70,7 @@ impl Running {
 
 pub fn grant(task: &str, attempt: u32, epoch: u64, owner: &str) -> LeaseGrant {
     LeaseGrant {
+        input: Vec::new(),
         task: task.parse().unwrap(),
         attempt: Attempt(attempt),
         epoch: Epoch(epoch),
