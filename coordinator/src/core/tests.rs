@@ -802,6 +802,8 @@ fn the_status_names_this_leaders_term_and_the_standbys_lately_heard_from() {
 mod flow;
 #[path = "limits_tests.rs"]
 mod limits;
+#[path = "resume_tests.rs"]
+mod resume;
 #[path = "retry_tests.rs"]
 mod retry;
 #[path = "workers_tests.rs"]
