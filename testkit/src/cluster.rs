@@ -229,6 +229,40 @@ impl Cluster {
         self.spawn_daemon(&format!("worker-{id}"), args, &[])
     }
 
+    /// Starts (or restarts) the sidecar and the worker of machine `id` as if
+    /// the machine ran boot `boot` (`TENURE_TEST_BOOT_ID`: what a reboot
+    /// changes), the worker with extra flags.
+    pub fn start_machine_on_boot(&mut self, id: &str, boot: &str, extra: &[&str]) {
+        let env = [("TENURE_TEST_BOOT_ID", boot)];
+        let args = DaemonArgs::sidecar(&self.nats.url, id, &self.worker_dir(id));
+        self.spawn_daemon(&format!("sidecar-{id}"), args, &env);
+        let args = DaemonArgs::worker(&self.nats.url, id, 4, &self.worker_dir(id))
+            .flags(&["--kill-grace-ms", "2000", "--heartbeat-ms", "300"])
+            .flags(extra);
+        self.spawn_daemon(&format!("worker-{id}"), args, &env);
+    }
+
+    /// Machine `id` loses power: every process with its working directory
+    /// or an open file in the machine's directory (worker, sidecar, shims,
+    /// the tasks reading their input) is SIGKILLed, until none is left.
+    pub fn kill_machine(&mut self, id: &str) {
+        let dir = self.worker_dir(id).canonicalize().unwrap_or_else(|_| self.worker_dir(id));
+        let me = std::process::id() as i32;
+        let gone = crate::eventually(Duration::from_secs(30), || {
+            let users = crate::processes_using(&dir, me);
+            for pid in &users {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(*pid), nix::sys::signal::Signal::SIGKILL);
+            }
+            users.is_empty().then_some(())
+        });
+        assert!(gone.is_some(), "processes of machine {id} survived SIGKILL: {:?}", crate::processes_using(&dir, me));
+        for name in [format!("worker-{id}"), format!("sidecar-{id}")] {
+            if let Ok(d) = self.harness.member_mut(&name) {
+                d.kill9();
+            }
+        }
+    }
+
     /// Starts the worker process `id` set to crash at a named point (`TENURE_CRASH_AT`).
     pub fn spawn_worker_crashing_at(&mut self, id: &str, point: &str) -> &mut Daemon {
         let args = DaemonArgs::worker(&self.nats.url, id, 4, &self.worker_dir(id)).flags(&["--heartbeat-ms", "300"]);

@@ -309,3 +309,33 @@ pub fn eventually<T>(bound: Duration, mut f: impl FnMut() -> Option<T>) -> Optio
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Live (non-zombie) processes, other than `me`, whose working directory or an
+/// open file lies under `dir`.
+pub fn processes_using(dir: &Path, me: i32) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        if pid == me {
+            continue;
+        }
+        let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|t| t.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+            .unwrap_or(true);
+        if zombie {
+            continue;
+        }
+        let under = |p: PathBuf| p.starts_with(dir);
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(under);
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(under));
+        if cwd || fds {
+            found.push(pid);
+        }
+    }
+    found
+}
