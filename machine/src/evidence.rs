@@ -103,16 +103,29 @@ pub fn answer(view: Result<RecordView, SidecarRefusal>, files: &FileFacts) -> Ev
 pub enum Settled {
     /// The shim recorded how it ended (or it was ended on request).
     Exited(Outcome),
-    /// The process is gone and nothing recorded how it ended.
-    Lost(RecoveryHint),
+    /// Nothing recorded how it ended. `gone`: its process is proven gone
+    /// too — the machine booted since, or what was left of its recorded
+    /// process group or control group was ended — and cannot run on
+    /// unseen (what a resume needs, `tenure_protocol::resume`).
+    Lost { hint: RecoveryHint, gone: bool },
 }
 
 /// What the files of an attempt whose shim is gone prove: the recorded
 /// status if there is one; a kill the worker asked for ended it (`killed`);
 /// otherwise the outcome is lost — and said to have died with the machine
 /// when the machine booted since the intent (`restarted`). `group` is the
-/// task's process group, when one was recorded.
-pub fn settle(status: Option<Outcome>, killed: bool, group: Option<i32>, restarted: bool, attempt: Attempt) -> Settled {
+/// task's process group, when one was recorded; `contained`: the attempt's
+/// control group was found empty, or emptied (with `group`, what makes a
+/// loss on a machine that did not restart `gone`: a task whose shim died
+/// before recording its group, outside any control group, may still run).
+pub fn settle(
+    status: Option<Outcome>,
+    killed: bool,
+    group: Option<i32>,
+    restarted: bool,
+    contained: bool,
+    attempt: Attempt,
+) -> Settled {
     if let Some(outcome) = status {
         return Settled::Exited(outcome);
     }
@@ -121,15 +134,16 @@ pub fn settle(status: Option<Outcome>, killed: bool, group: Option<i32>, restart
         return Settled::Exited(Outcome::new(Ending::Killed, None, Some(detail.into())));
     }
     if restarted {
-        return Settled::Lost(RecoveryHint {
+        let hint = RecoveryHint {
             tag: HintTag::MachineRestarted,
             message: format!(
                 "the machine restarted (a power loss or a reboot) while attempt {attempt} ran: its process died \
                  with the machine and no exit status survived; the task may have run"
             ),
-        });
+        };
+        return Settled::Lost { hint, gone: true };
     }
-    Settled::Lost(RecoveryHint {
+    let hint = RecoveryHint {
         tag: HintTag::MaybeRan,
         message: match group {
             Some(pgid) => format!(
@@ -140,7 +154,8 @@ pub fn settle(status: Option<Outcome>, killed: bool, group: Option<i32>, restart
                      have run"
                 .into(),
         },
-    })
+    };
+    Settled::Lost { hint, gone: group.is_some() || contained }
 }
 
 #[cfg(test)]
@@ -214,16 +229,16 @@ mod tests {
     fn a_gone_shim_settles_from_its_status_then_the_kill_then_as_lost() {
         let a = Attempt(2);
         for (killed, restarted) in [(false, false), (true, false), (false, true), (true, true)] {
-            assert_eq!(settle(Some(done()), killed, Some(40), restarted, a), Settled::Exited(done()));
+            assert_eq!(settle(Some(done()), killed, Some(40), restarted, true, a), Settled::Exited(done()));
         }
         for restarted in [false, true] {
-            match settle(None, true, None, restarted, a) {
+            match settle(None, true, None, restarted, false, a) {
                 Settled::Exited(o) => assert_eq!(o.ending, Ending::Killed),
                 other => panic!("{other:?}"),
             }
         }
-        let lost = |group, restarted| match settle(None, false, group, restarted, a) {
-            Settled::Lost(hint) => hint,
+        let lost = |group, restarted| match settle(None, false, group, restarted, false, a) {
+            Settled::Lost { hint, .. } => hint,
             other => panic!("{other:?}"),
         };
         assert_eq!(lost(None, true).tag, HintTag::MachineRestarted);
@@ -231,5 +246,14 @@ mod tests {
         assert_eq!(lost(Some(40), false).tag, HintTag::MaybeRan);
         assert!(lost(Some(40), false).message.contains("process group 40"));
         assert!(lost(None, false).message.contains("may or may not"));
+        // Gone: after a reboot, or once its group or control group was ended;
+        // a shim that died before recording its group, outside a control
+        // group, may have left its task running.
+        let gone = |group, restarted, contained| match settle(None, false, group, restarted, contained, a) {
+            Settled::Lost { gone, .. } => gone,
+            other => panic!("{other:?}"),
+        };
+        assert!(gone(None, true, false) && gone(Some(40), false, false) && gone(None, false, true));
+        assert!(!gone(None, false, false));
     }
 }

@@ -332,7 +332,7 @@ fn ended(key: &Key, settled: &Evidence) {
             Ending::Failed => "failed",
             Ending::Killed => "killed",
         },
-        Evidence::Lost(_) => "lost",
+        Evidence::Lost { .. } => "lost",
     };
     crate::metrics::get().attempts.add(1, &[opentelemetry::KeyValue::new("outcome", outcome)]);
 }
@@ -548,24 +548,24 @@ async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool, restarted
             tracing::warn!(pgid, dir = %files.dir().display(), "process group exists but is not in the shim's session: not ours, left alone");
         }
     }
-    end_attempt_cgroup(shared, &journal).await;
-    settle(None, killed, group, restarted.is_some(), restarted.unwrap_or_default())
+    let contained = end_attempt_cgroup(shared, &journal).await;
+    settle(None, killed, group, restarted.is_some(), contained, restarted.unwrap_or_default())
 }
 
 /// The control group of an attempt whose shim is gone, found again by its
 /// name: what is left in it is the task's (also processes that left its
 /// process group), ended; then the group is removed.
-async fn end_attempt_cgroup(shared: &Shared, journal: &tenure_machine::attempt_files::Journal) {
-    if let (Some(plan), Some(grant)) = (&shared.cgroups, journal.grant.as_ref()) {
-        let name = crate::cgroup::attempt_name(&grant.task, grant.attempt);
-        let cgroup = crate::cgroup_fs::AttemptGroup::find(plan, &name, grant.spec.resources.as_deref());
-        end_cgroup(&cgroup).await;
-    }
+/// Whether the attempt ran in a control group that is empty now.
+async fn end_attempt_cgroup(shared: &Shared, journal: &tenure_machine::attempt_files::Journal) -> bool {
+    let (Some(plan), Some(grant)) = (&shared.cgroups, journal.grant.as_ref()) else { return false };
+    let name = crate::cgroup::attempt_name(&grant.task, grant.attempt);
+    let cgroup = crate::cgroup_fs::AttemptGroup::find(plan, &name, grant.spec.resources.as_deref());
+    end_cgroup(&cgroup).await
 }
 
 /// Kills what is left in an attempt's control group whose shim is gone,
-/// waits (bounded) until it is empty and removes it.
-async fn end_cgroup(cgroup: &crate::cgroup_fs::AttemptGroup) {
+/// waits (bounded) until it is empty and removes it; whether it is empty.
+async fn end_cgroup(cgroup: &crate::cgroup_fs::AttemptGroup) -> bool {
     if cgroup.populated() {
         tracing::warn!(cgroup = %cgroup.path().display(), "shim gone; killing what is left in its cgroup");
         cgroup.kill();
@@ -574,17 +574,19 @@ async fn end_cgroup(cgroup: &crate::cgroup_fs::AttemptGroup) {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+    let emptied = !cgroup.populated();
     let mut left = Vec::new();
     for _ in 0..50 {
         left = cgroup.remove();
         if left.is_empty() {
-            return;
+            return emptied;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     for left in left {
         tracing::warn!(%left, "cannot remove an ended attempt's cgroup");
     }
+    emptied
 }
 
 /// The outcome the shim recorded, completed with what only the worker adds

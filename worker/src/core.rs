@@ -493,10 +493,10 @@ impl Worker {
                 Some(match settled {
                     Settled::Exited(outcome) => Step::Buffer(outcome),
                     // No outcome to buffer: a restarted worker finds the same
-                    // absence of evidence and reports the same thing again.
-                    // The driver settles only once the shim is gone and what
-                    // was left of its group ended: the process is gone.
-                    Settled::Lost(hint) => Step::Report(ReportEvent::Gone(hint)),
+                    // absence of evidence and reports the same thing again,
+                    // `gone` when its process is proven gone too.
+                    Settled::Lost { hint, gone: true } => Step::Report(ReportEvent::Gone(hint)),
+                    Settled::Lost { hint, gone: false } => Step::Report(ReportEvent::Lost(hint)),
                 })
             }
             (Step::Buffer(outcome), Done::Sidecar(_)) => Some(Step::Report(ReportEvent::Finished(outcome.clone()))),

@@ -102,7 +102,8 @@ fn results() -> Vec<Done> {
         Done::NotStarted("no such program".into()),
         Done::Unseen,
         Done::Ended(Settled::Exited(done_ok())),
-        Done::Ended(Settled::Lost(hint())),
+        Done::Ended(Settled::Lost { hint: hint(), gone: true }),
+        Done::Ended(Settled::Lost { hint: hint(), gone: false }),
         Done::Reported(ReportAck::Ack),
         Done::Reported(ReportAck::NotLeader),
         Done::Reported(ReportAck::StaleAt { epoch: Epoch(4) }),
@@ -113,26 +114,26 @@ fn results() -> Vec<Done> {
 
 /// Rows: steps. Columns: the sidecar's answer (ok, stale epoch, storage
 /// failure), the launch's (launched, not started, unseen), an end (exited,
-/// lost: reported `gone`, as the driver settles only once the shim and
-/// what was left of its group are gone), the leader's answer to a report (ack, not leader, stale from below
-/// the highest epoch seen — 4 < 5 —, stale at it), the directory released.
+/// lost with its process proven gone, lost without that proof), the
+/// leader's answer to a report (ack, not leader, stale from below the
+/// highest epoch seen — 4 < 5 —, stale at it), the directory released.
 /// `.`: unchanged; `gone`: the attempt is over here.
 const TABLE: &str = "
-| step            | ok                  stale               storage             launched not-started    unseen exited            lost         ack  not-leader stale<seen stale=seen released
-intent           | launch              abandon             abandon             .        .              .      .                 .            .    .          .          .          .
-abandon-stale    | report(not-started) report(not-started) report(not-started) .        .              .      .                 .            .    .          .          .          .
-abandon-storage  | report(not-started) report(lost)        report(lost)        .        .              .      .                 .            .    .          .          .          .
-launch           | .                   .                   .                   spawned  buffer(failed) seek   buffer(completed) report(gone) .    .          .          .          .
-spawned          | watch               watch               watch               .        .              .      .                 .            .    .          .          .          .
-watch            | .                   .                   .                   .        .              .      buffer(completed) report(gone) .    .          .          .          .
-seek             | .                   .                   .                   .        .              .      buffer(completed) report(gone) .    .          .          .          .
-settle           | .                   .                   .                   .        .              .      buffer(completed) report(gone) .    .          .          .          .
-buffer           | report(finished)    report(finished)    report(finished)    .        .              .      .                 .            .    .          .          .          .
-report-finished  | .                   .                   .                   .        .              .      .                 .            ack  .          .          ack        .
-report-lost      | .                   .                   .                   .        .              .      .                 .            gone .          .          gone       .
-report-gone      | .                   .                   .                   .        .              .      .                 .            gone .          .          gone       .
-ack              | release             release             release             .        .              .      .                 .            .    .          .          .          .
-release          | .                   .                   .                   .        .              .      .                 .            .    .          .          .          gone
+| step           | ok                   stale                storage              launched  not-started     unseen  exited             gone          unproven      ack   not-leader  stale<seen  stale=seen  released
+intent           | launch               abandon              abandon              .         .               .       .                  .             .             .     .           .           .           .
+abandon-stale    | report(not-started)  report(not-started)  report(not-started)  .         .               .       .                  .             .             .     .           .           .           .
+abandon-storage  | report(not-started)  report(lost)         report(lost)         .         .               .       .                  .             .             .     .           .           .           .
+launch           | .                    .                    .                    spawned   buffer(failed)  seek    buffer(completed)  report(gone)  report(lost)  .     .           .           .           .
+spawned          | watch                watch                watch                .         .               .       .                  .             .             .     .           .           .           .
+watch            | .                    .                    .                    .         .               .       buffer(completed)  report(gone)  report(lost)  .     .           .           .           .
+seek             | .                    .                    .                    .         .               .       buffer(completed)  report(gone)  report(lost)  .     .           .           .           .
+settle           | .                    .                    .                    .         .               .       buffer(completed)  report(gone)  report(lost)  .     .           .           .           .
+buffer           | report(finished)     report(finished)     report(finished)     .         .               .       .                  .             .             .     .           .           .           .
+report-finished  | .                    .                    .                    .         .               .       .                  .             .             ack   .           .           ack         .
+report-lost      | .                    .                    .                    .         .               .       .                  .             .             gone  .           .           gone        .
+report-gone      | .                    .                    .                    .         .               .       .                  .             .             gone  .           .           gone        .
+ack              | release              release              release              .         .               .       .                  .             .             .     .           .           .           .
+release          | .                    .                    .                    .         .               .       .                  .             .             .     .           .           .           gone
 ";
 
 #[test]
@@ -158,7 +159,7 @@ fn every_step_against_every_result() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 14 * 13);
+    assert_eq!(checked, 14 * 14);
 }
 
 #[test]

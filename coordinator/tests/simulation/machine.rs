@@ -650,13 +650,17 @@ impl Host {
                     None
                 }
                 Some(Proc::Exited(o)) => Some(Done::Ended(Settled::Exited(o.clone()))),
+                // The modelled process died with its shim: gone.
                 Some(Proc::Dead) | None => {
-                    Some(Done::Ended(evidence::settle(None, local.signalled || kill, None, false, attempt)))
+                    Some(Done::Ended(evidence::settle(None, local.signalled || kill, None, false, true, attempt)))
                 }
             },
             Action::Settle { restarted } => Some(Done::Ended(match self.procs.get(&key) {
                 Some(Proc::Exited(o)) => Settled::Exited(o.clone()),
-                _ => evidence::settle(None, false, None, restarted, attempt),
+                // Gone unless the modelled process still runs (its shim died
+                // without it): the real driver would have ended its group.
+                Some(Proc::Running { .. }) => evidence::settle(None, false, None, restarted, false, attempt),
+                _ => evidence::settle(None, false, None, restarted, true, attempt),
             })),
             Action::Report { event, epoch } => {
                 if local.report.is_none() {
