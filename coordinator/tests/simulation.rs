@@ -169,6 +169,21 @@ fn seeded_schedules_with_approvals_keep_the_safety_rules() {
     assert!(approved, "no schedule held and approved a task");
 }
 
+/// The same with half the non-idempotent tasks `agent` tasks that declare a
+/// resume command: a lost attempt is resumed only on proof that its process
+/// is gone, so no such task ever runs two attempts at once (rule 13), and
+/// every one settles.
+#[test]
+fn seeded_schedules_with_resumes_keep_the_safety_rules() {
+    let n = seeds().len().min(500);
+    let opts = Options { resumes: true, ..options() };
+    assert_all_pass(&seeds()[..n], &opts);
+    // The schedules did resume tasks.
+    let resumed: usize = (0..100).map(|i| sim::run(FIRST_SEED + i, &opts).resumes).sum();
+    assert!(resumed > 0, "no schedule resumed a task");
+    eprintln!("{resumed} resumes in the first 100 schedules");
+}
+
 #[test]
 fn a_seed_replays_exactly() {
     let opts = Options { trace: true, ..Options::default() };
@@ -181,8 +196,10 @@ fn a_seed_replays_exactly() {
 /// rule it breaks, within a few hundred schedules.
 #[test]
 fn the_checker_catches_planted_bugs() {
-    for (bug, rule) in [(Bug::SkipIntent, "rule 1:"), (Bug::UnfencedRegistry, "rule 2:")] {
-        let opts = Options { bug, ..Options::default() };
+    for (bug, rule) in
+        [(Bug::SkipIntent, "rule 1:"), (Bug::UnfencedRegistry, "rule 2:"), (Bug::ResumeUnproven, "rule 13:")]
+    {
+        let opts = Options { bug, resumes: bug == Bug::ResumeUnproven, ..Options::default() };
         let caught = (0..400).map(|i| sim::run(0xb0_0000 + i, &opts)).find_map(|o| {
             let failure = o.failure?;
             failure.starts_with(rule).then_some((o.seed, failure))

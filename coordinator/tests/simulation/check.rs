@@ -29,6 +29,10 @@
 //!     explains an outcome that could not be proved.
 //! 12. A task submitted held is first written `blocked`, and no process of it
 //!     starts before its client asked to approve it.
+//! 13. A task that declares a resume command (the exception to rules 1, 4
+//!     and 5: it may start again once its process is proven gone) never has
+//!     two attempts' processes alive at once, and starts at most
+//!     `MAX_RESUMES` + 1 times.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -67,6 +71,8 @@ pub struct Checker {
     struck: BTreeSet<WorkerId>,
     /// Tasks a client asked to approve (rule 12).
     approvals_asked: BTreeSet<TaskId>,
+    /// Tasks that declare a resume command (rule 13).
+    resumable: BTreeSet<TaskId>,
 }
 
 impl Checker {
@@ -118,8 +124,15 @@ impl Checker {
                 attempts.len()
             ));
         }
+        if spec.resume.is_some() {
+            self.resumable.insert(task.clone());
+        }
         let starts = self.starts.entry(task.clone()).or_default();
-        if !idempotent && starts.len() > 1 {
+        let most = tenure_protocol::resume::MAX_RESUMES as usize + 1;
+        if spec.resume.is_some() && starts.len() > most {
+            let starts = format!("{starts:?}");
+            self.fail(format!("rule 13: resumable {task} started more than {most} times: {starts}"));
+        } else if !idempotent && spec.resume.is_none() && starts.len() > 1 {
             let starts = format!("{starts:?}");
             self.fail(format!(
                 "rule 1: non-idempotent {task} started more than once: (attempt, machine, tick) = {starts}"
@@ -201,6 +214,23 @@ impl Checker {
         }
     }
 
+    /// Rule 13, at every tick: the processes alive now, as (machine,
+    /// (task, attempt)); a resumable task has at most one.
+    pub fn alive(&mut self, running: &[(usize, (TaskId, Attempt))]) {
+        let mut seen: BTreeMap<&TaskId, (usize, Attempt)> = BTreeMap::new();
+        for (machine, (task, attempt)) in running {
+            if !self.resumable.contains(task) {
+                continue;
+            }
+            if let Some((m, a)) = seen.insert(task, (*machine, *attempt)) {
+                self.fail(format!(
+                    "rule 13: resumable {task} runs attempts {a} (machine {m}) and {attempt} (machine {machine}) at once"
+                ));
+                return;
+            }
+        }
+    }
+
     /// A client sent an approval of `task` (rule 12).
     pub fn approval_asked(&mut self, task: &TaskId) {
         self.approvals_asked.insert(task.clone());
@@ -237,6 +267,9 @@ impl Checker {
             }
             if !(status.is_terminal() || (status == Status::Unknown && r.life.hint.is_some())) {
                 self.fail(format!("rule 3: {id} ended the healed run {status} (hint {:?})", r.life.hint));
+            }
+            if self.resumable.contains(id) {
+                continue;
             }
             match (r.life.idempotent, status) {
                 (false, Status::Completed | Status::Failed) if starts != 1 => {

@@ -9,8 +9,9 @@ use std::collections::BTreeMap;
 
 use rand::Rng;
 use tenure_protocol::messages::{ApiError, ApiRequest, ApiResponse, SubmitRequest};
+use tenure_protocol::resume::ResumeSpec;
 use tenure_protocol::retry::RetryPolicy;
-use tenure_protocol::{SessionId, TaskId, TaskSpec};
+use tenure_protocol::{Kind, SessionId, TaskId, TaskSpec};
 use uuid::Uuid;
 
 use super::bus::{Asked, Dest, Envelope, Msg, Node, Reply, ReqId};
@@ -53,7 +54,7 @@ impl Client {
     /// A new task: `sleep <ticks>; exit <code>`, idempotent or not; a third
     /// of the idempotent ones flaky (`; ok-from <attempt>`) with a retry
     /// policy of a few retries and a backoff of a few ticks.
-    pub fn submit_new(&mut self, ctx: &mut Ctx, held: bool) {
+    pub fn submit_new(&mut self, ctx: &mut Ctx, held: bool, resumable: bool) {
         let ticks = ctx.rng.gen_range(1..=40);
         let code = if ctx.rng.gen_bool(0.8) { 0 } else { ctx.rng.gen_range(1..=3) };
         let idempotent = ctx.rng.gen_bool(0.4);
@@ -69,8 +70,21 @@ impl Client {
             spec.retry =
                 Some(Box::new(RetryPolicy::with_defaults(retries, Some(backoff_ms), Some(4 * backoff_ms), None)));
         }
+        // An agent that resumes (`sleep` again, then exits 0) when its
+        // process is proven gone.
+        if resumable && !idempotent && ctx.rng.gen_bool(0.5) {
+            spec.kind = Kind::agent();
+            spec.resume = Some(Box::new(ResumeSpec {
+                command: format!("sleep {}; exit 0", ctx.rng.gen_range(1..=20)).into(),
+                captures: Vec::new(),
+                anywhere: ctx.rng.gen_bool(0.5),
+            }));
+        }
         spec.hold = held;
-        ctx.note(|| format!("client wants task {n}: {:?} idempotent={idempotent} held={held}", spec.command));
+        let resume = spec.resume.as_ref().map(|r| r.command.to_string());
+        ctx.note(|| {
+            format!("client wants task {n}: {:?} idempotent={idempotent} held={held} resume={resume:?}", spec.command)
+        });
         let key = Uuid::from_u128(ctx.rng.gen());
         self.tasks.push(Submitted { key, spec, id: None, req: None, kill: Kill::No, approve: Kill::No });
     }
@@ -183,6 +197,17 @@ impl Client {
                     }
                     self.by_id.insert(task.clone(), i);
                     self.tasks[i].id = Some(task);
+                }
+                // A new leader does not know a kind before its workers
+                // heartbeat: the real client retries this answer too (the
+                // submit keeps its key).
+                Some(Err(ApiError::Unavailable(why))) => {
+                    ctx.note(|| format!("client: submit of task {i} unavailable: {why}"));
+                }
+                // No live worker runs the kind now (every machine that does is
+                // down): a person would submit again later; so does the client.
+                Some(Err(ApiError::UnknownKind { kind, .. })) => {
+                    ctx.note(|| format!("client: submit of task {i}: kind {kind} unknown for now"));
                 }
                 Some(other) => ctx.check.fail(format!("client: submit of task {i} answered {other:?}")),
             }

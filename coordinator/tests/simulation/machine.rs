@@ -162,6 +162,9 @@ pub struct Host {
     /// When the next heartbeat is due.
     next_beat: u64,
     bug: Bug,
+    /// Boots of the machine so far (a power loss boots it again): its
+    /// heartbeats name the boot, which proves what died with the last one.
+    boots: u64,
 }
 
 /// What a simulated task does: `sleep <ticks>; exit <code>`, or, for a
@@ -199,6 +202,7 @@ impl Host {
             last_instance: None,
             next_beat: first_beat,
             bug,
+            boots: 0,
         }
     }
 
@@ -235,6 +239,7 @@ impl Host {
         }
         self.up = false;
         self.down_until = ctx.now + ticks;
+        self.boots += 1;
         self.worker = None;
         self.side.crash(0);
         for p in self.procs.values_mut() {
@@ -273,6 +278,11 @@ impl Host {
         self.procs.insert(key.clone(), Proc::Dead);
         let i = self.index;
         ctx.note(|| format!("FAULT m{i} shim of {}#{} killed", key.0, key.1));
+    }
+
+    /// The attempts whose modelled process runs now (rule 13).
+    pub fn running(&self) -> impl Iterator<Item = &Key> {
+        self.procs.iter().filter(|(_, p)| matches!(p, Proc::Running { .. })).map(|(k, _)| k)
     }
 
     pub fn heal(&mut self, now: u64) {
@@ -337,7 +347,7 @@ impl Host {
                 recovered: false,
                 core: Worker::new(Config {
                     slots: self.slots,
-                    kinds: vec![Kind::shell()],
+                    kinds: vec![Kind::shell(), Kind::agent()],
                     enforces: Default::default(),
                 }),
                 local: BTreeMap::new(),
@@ -373,11 +383,11 @@ impl Host {
     fn heartbeat(&mut self, ctx: &mut Ctx) {
         let w = self.worker.as_ref().expect("heartbeats come from a running worker");
         let hb = Heartbeat {
-            boot: None,
+            boot: Some(format!("m{}-boot{}", self.index, self.boots).into()),
             worker: self.id.clone(),
             instance: w.instance,
             slots: self.slots,
-            kinds: vec![Kind::shell()],
+            kinds: vec![Kind::shell(), Kind::agent()],
             sidecar: Default::default(),
             epoch_seen: w.core.epoch_seen(),
             attempts: w.core.attempts(),
@@ -633,6 +643,14 @@ impl Host {
             }
             Action::Spawned { pid, .. } => {
                 self.side.call(ctx, i, SidecarRequest::Spawned { task, attempt, pid }).map(Done::Sidecar)
+            }
+            // The planted bug: now and then a running process is said gone.
+            Action::Watch { kill: false } | Action::Seek { kill: false }
+                if self.bug == Bug::ResumeUnproven
+                    && matches!(self.procs.get(&key), Some(Proc::Running { .. }))
+                    && ctx.rng.gen_bool(0.05) =>
+            {
+                Some(Done::Ended(evidence::settle(None, false, None, false, true, attempt)))
             }
             Action::Watch { kill } | Action::Seek { kill } => match self.procs.get_mut(&key) {
                 Some(Proc::Running { killed, .. }) => {

@@ -56,6 +56,9 @@ pub enum Bug {
     SkipIntent,
     /// The registry accepts appends from deposed leaders (no fencing).
     UnfencedRegistry,
+    /// The worker says a process gone while it still runs (its shim died
+    /// without it): a resume would run the agent twice at once.
+    ResumeUnproven,
 }
 
 #[derive(Debug, Clone)]
@@ -81,6 +84,10 @@ pub struct Options {
     /// random times, and every one still held once the cluster heals (off by
     /// default, as `pauses`).
     pub approvals: bool,
+    /// Half the client's non-idempotent tasks are `agent` tasks with a
+    /// resume command, a random half of them resumable anywhere (off by
+    /// default, as `pauses`).
+    pub resumes: bool,
 }
 
 impl Default for Options {
@@ -95,6 +102,7 @@ impl Default for Options {
             trace: false,
             pauses: false,
             approvals: false,
+            resumes: false,
         }
     }
 }
@@ -193,6 +201,8 @@ pub struct Outcome {
     /// Attempts the leaders retried under a task's policy (in the registry's
     /// attempt histories).
     pub retries: usize,
+    /// Attempts the leaders resumed (in the registry's resume states).
+    pub resumes: usize,
 }
 
 struct Sim {
@@ -268,6 +278,7 @@ pub fn run(seed: u64, opts: &Options) -> Outcome {
         stale_answers: sim.ctx.check.stale_answers(),
         by_status,
         retries: records.values().filter_map(|r| r.attempts.as_ref()).map(|a| a.retried() as usize).sum(),
+        resumes: records.values().filter_map(|r| r.resume()).map(|s| s.resumes as usize).sum(),
     }
 }
 
@@ -297,6 +308,9 @@ impl Sim {
             for host in &mut self.hosts {
                 host.tick(&mut self.ctx);
             }
+            let running: Vec<(usize, (tenure_protocol::TaskId, tenure_protocol::Attempt))> =
+                self.hosts.iter().flat_map(|h| h.running().map(|k| (h.index, k.clone()))).collect();
+            self.ctx.check.alive(&running);
             self.cluster.tick_all(&mut self.ctx);
             self.client.tick(&mut self.ctx);
             if self.ctx.check.failure().is_some() {
@@ -362,7 +376,8 @@ impl Sim {
         match event {
             Event::Submit if self.client.submitted() < self.max_tasks => {
                 let held = self.opts.approvals && ctx.rng.gen_bool(0.2);
-                self.client.submit_new(ctx, held)
+                let resumable = self.opts.resumes;
+                self.client.submit_new(ctx, held, resumable)
             }
             Event::Submit => {}
             Event::Kill => self.client.kill_one(ctx),
