@@ -353,3 +353,39 @@ def test_stdio_notice_arrives_once_as_a_log_message_across_a_worker_restart(tmp_
             assert out["text"] == "survived\n", out
 
     run(main)
+
+
+@pytest.mark.filterwarnings("ignore:The logging capability is deprecated")
+def test_a_2026_client_that_opts_in_per_request_gets_each_ending_once_as_a_log_message() -> None:
+    """On MCP 2026-07-28 (no sessions), a request whose `_meta` opts in to
+    log messages gets the news as messages before its result, over HTTP and
+    over stdio, and the result's lists stay empty: still once."""
+
+    async def main() -> None:
+        servers = [
+            ("http", http_transport(env("TENURE_TOKEN"))),
+            ("stdio", stdio_params(session=f"modern-{uuid.uuid4().hex[:8]}")),
+        ]
+        for name, server in servers:
+            holder: dict[str, Session] = {}
+
+            async def on_log(params: Any) -> None:
+                await holder["s"].on_log(params)
+
+            async with connect(server, log_level="notice", logging_callback=on_log) as client:
+                assert client.protocol_version == "2026-07-28", (name, client.protocol_version)
+                s = holder["s"] = Session(client)
+                await s.load_schemas()
+                quiet = (await s.ok("start_task", command="echo quietly", label=name))["task"]
+
+                async def heard() -> Optional[bool]:
+                    await s.ok("get_task", task=quiet)
+                    return True if quiet in s.told else None
+
+                await s.until(60, heard)
+                await s.ok("list_tasks", all=True)
+                assert s.told.count(quiet) == 1, (name, s.told)
+                ended = [m for m in s.messages if m.get("event") == "ended" and m["task"]["id"] == quiet]
+                assert len(ended) == 1, f"{name}: told in a result instead of a log message: {s.messages}"
+
+    run(main)

@@ -14,7 +14,9 @@
 //!
 //! The seed's `reported` rule reaches the model once per ending ([`notices`]):
 //! as a `notifications/message` log message where the client asked for them
-//! (`logging/setLevel` on a stdio session), and otherwise in the `unreported`
+//! (per request in its `_meta` on MCP 2026-07-28, over stdio or HTTP; with
+//! `logging/setLevel` on a handshake-era stdio session, pushed as they
+//! happen), and otherwise in the `unreported`
 //! list of every tool result (listing reports the task); the matched lines
 //! of the caller's monitors likewise, as messages or in `matched`. Reading a
 //! task's output to its end or waiting on it reports it too. Output handed
@@ -161,9 +163,12 @@ impl Tools {
             .ok_or_else(|| "unauthenticated: no caller for this request".to_owned())
     }
 
-    /// The news every result carries (see [`notices`]).
-    async fn news(&self, api: &Client) -> News {
-        self.reporter.news(api).await
+    /// The news every result carries (see [`notices`]), or, for a request
+    /// that opted in to log messages, sent as messages before the result.
+    #[allow(deprecated)] // Per-request logging is 2026-07-28's (SEP-2577 deprecates it).
+    async fn news(&self, api: &Client, ctx: &RequestContext<RoleServer>) -> News {
+        let news = self.reporter.news(api).await;
+        self.reporter.tell(&ctx.peer, ctx.meta.log_level(), news).await
     }
 
     #[tool(description = "Start a task in the background on the tenure cluster and return its id \
@@ -180,7 +185,7 @@ impl Tools {
         let spec = a.spec().map_err(|e| e.message)?;
         let req = SubmitRequest { session: api.session().clone(), idempotency_key: key, spec };
         let done = api.submit_request(req, &tenure_client::Policy::SUBMIT).await.map_err(refusal)?;
-        Ok(Json(Started { task: done.task.to_string(), existing: done.existing, news: self.news(&api).await }))
+        Ok(Json(Started { task: done.task.to_string(), existing: done.existing, news: self.news(&api, &ctx).await }))
     }
 
     #[tool(description = "List your tasks (newest last, at most 200: `omitted` says how many older \
@@ -211,7 +216,7 @@ impl Tools {
         }
         let omitted = tasks.len().saturating_sub(MAX_LISTED);
         let tasks = tasks[omitted..].iter().map(TaskView::from).collect();
-        Ok(Json(Listed { tasks, omitted: omitted as u64, news: self.news(&api).await }))
+        Ok(Json(Listed { tasks, omitted: omitted as u64, news: self.news(&api, &ctx).await }))
     }
 
     #[tool(description = "One task's snapshot: status (queued, blocked, leased, running, waiting — an \
@@ -225,7 +230,7 @@ impl Tools {
     ) -> Result<Json<One>, String> {
         let api = self.caller(&ctx)?;
         let s = api.get(&task_id(&a.task)?).await.map_err(refusal)?;
-        Ok(Json(One { task: TaskView::from(&s), news: self.news(&api).await }))
+        Ok(Json(One { task: TaskView::from(&s), news: self.news(&api, &ctx).await }))
     }
 
     #[tool(description = "Read a task's output from a byte offset, at most `max_bytes` (default 16 KiB, \
@@ -260,7 +265,7 @@ impl Tools {
             more,
             finished: chunk.finished,
             note,
-            news: self.news(&api).await,
+            news: self.news(&api, &ctx).await,
         }))
     }
 
@@ -275,7 +280,7 @@ impl Tools {
         let task = task_id(&a.task)?;
         let data = tenure_client::input_message(a.text.into_bytes(), false).map_err(refusal)?;
         let bytes = api.send_input(&task, data).await.map_err(refusal)?.bytes;
-        Ok(Json(Sent { task: task.to_string(), bytes, news: self.news(&api).await }))
+        Ok(Json(Sent { task: task.to_string(), bytes, news: self.news(&api, &ctx).await }))
     }
 
     #[tool(description = "Stop a task: SIGTERM to its processes, SIGKILL after a grace period. \
@@ -292,7 +297,7 @@ impl Tools {
             ApiResponse::Kill { result, .. } => Ok(Json(Stopped {
                 task: task.to_string(),
                 result: result.as_str().to_owned(),
-                news: self.news(&api).await,
+                news: self.news(&api, &ctx).await,
             })),
             other => Err(format!("unexpected answer from the cluster: {other:?}")),
         }
@@ -310,7 +315,7 @@ impl Tools {
         let task = task_id(&a.task)?;
         let bound = a.timeout_ms.map_or(MAX_WAIT, Duration::from_millis).min(MAX_WAIT);
         let w = api.wait(&task, Some(Instant::now() + bound)).await.map_err(refusal)?;
-        Ok(Json(Waited { finished: w.finished, task: TaskView::from(&w.snapshot), news: self.news(&api).await }))
+        Ok(Json(Waited { finished: w.finished, task: TaskView::from(&w.snapshot), news: self.news(&api, &ctx).await }))
     }
 
     #[tool(description = "Archive a finished task: hidden from `list_tasks` unless `all`; its files on \
@@ -323,7 +328,7 @@ impl Tools {
         let api = self.caller(&ctx)?;
         let req = ApiRequest::Archive { session: api.session().clone(), task: task_id(&a.task)? };
         let s = api.snapshot_of(&req).await.map_err(refusal)?;
-        Ok(Json(One { task: TaskView::from(&s), news: self.news(&api).await }))
+        Ok(Json(One { task: TaskView::from(&s), news: self.news(&api, &ctx).await }))
     }
 }
 
@@ -338,8 +343,8 @@ impl ServerHandler for Tools {
                  read its output by offset, wait on it, stop it. Task ids look like `shell-12`. \
                  Every result lists `unreported`: tasks of yours that ended since you last heard \
                  (each is listed once), and `matched`: new matched lines of your `monitor` tasks. \
-                 A client that sets the log level to `notice` or below (over stdio) gets each of \
-                 these once as a log message instead, as it happens.",
+                 A client that asks for log messages at `notice` or below (per request, or with \
+                 logging/setLevel over stdio) gets each of these once as a log message instead.",
             )
     }
 

@@ -1,9 +1,13 @@
 //! How the MCP tools tell the caller, once, of its tasks that ended and of
-//! its monitors' matched lines: pushed as `notifications/message` log
-//! messages where the client asked for them, and otherwise in the [`News`]
-//! of every tool result.
+//! its monitors' matched lines: as `notifications/message` log messages
+//! where the client asked for them, and otherwise in the [`News`] of every
+//! tool result.
 //!
-//! **Pushed** ([`Reporter::start_pushing`]): on a handshake-era session that
+//! **With a call** ([`Reporter::tell`]): a request that opts in to log
+//! messages at `notice` or below (the `io.modelcontextprotocol/logLevel` of
+//! its `_meta`, MCP 2026-07-28's per-request logging, over stdio or HTTP)
+//! gets its news as log messages sent before its result, whose lists are
+//! then empty. **Pushed** ([`Reporter::start_pushing`]): on a handshake-era session that
 //! lives as long as its connection (stdio) and whose client sent
 //! `logging/setLevel` at `notice` or below, one task reads the caller's
 //! notices from the durable consumer the leader keeps for its owner (as
@@ -75,23 +79,36 @@ fn rank(level: LoggingLevel) -> u8 {
 }
 
 /// The log message of an end: a line for a model to read, and the task.
-pub fn ended_message(s: &TaskSnapshot) -> serde_json::Value {
-    let exit = s.exit_code.map(|c| format!(" with exit code {c}")).unwrap_or_default();
-    let detail = s.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default();
+pub fn ended_message(t: &TaskView) -> serde_json::Value {
+    let exit = t.exit_code.map(|c| format!(" with exit code {c}")).unwrap_or_default();
+    let detail = t.detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default();
     json!({
         "event": "ended",
-        "message": format!("{} {}{exit}{detail}: {}", s.id, s.status, s.label),
-        "task": TaskView::from(s),
+        "message": format!("{} {}{exit}{detail}: {}", t.id, t.status, t.label),
+        "task": t,
     })
 }
 
 /// The log message of a matched line.
-pub fn matched_message(m: &MatchNotice) -> serde_json::Value {
+pub fn matched_message(m: &MatchView) -> serde_json::Value {
     json!({
         "event": "matched",
-        "message": format!("{} matched at byte {}: {}", m.task, m.line.offset, m.line.text),
-        "match": MatchView::from(m),
+        "message": format!("{} matched at byte {}: {}", m.task, m.offset, m.text),
+        "match": m,
     })
+}
+
+/// Sends one log message at [`PUSH_LEVEL`]; false when it could not be
+/// written (the client went away).
+async fn send(peer: &Peer<RoleServer>, data: serde_json::Value) -> bool {
+    let message = LoggingMessageNotificationParam::new(PUSH_LEVEL, data).with_logger("tenure");
+    match peer.notify_logging_message(message).await {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::debug!(%error, "log message not sent; the client went away");
+            false
+        }
+    }
 }
 
 impl From<&MatchNotice> for MatchView {
@@ -153,6 +170,28 @@ impl Reporter {
         news
     }
 
+    /// Sends `news` as log messages on `peer` when `level` (the request's
+    /// opt-in) lets [`PUSH_LEVEL`] through: what remains for the result
+    /// (everything without an opt-in; after a send that failed, the rest).
+    pub async fn tell(&self, peer: &Peer<RoleServer>, level: Option<LoggingLevel>, news: News) -> News {
+        if level.is_none_or(|l| rank(l) > rank(PUSH_LEVEL)) {
+            return news;
+        }
+        let mut left = News::default();
+        for task in news.unreported {
+            if !left.unreported.is_empty() || !send(peer, ended_message(&task)).await {
+                left.unreported.push(task);
+            }
+        }
+        for m in news.matched {
+            let failed = !left.unreported.is_empty() || !left.matched.is_empty();
+            if failed || !send(peer, matched_message(&m)).await {
+                left.matched.push(m);
+            }
+        }
+        left
+    }
+
     /// The client set its level: pushing goes on while the level lets
     /// [`PUSH_LEVEL`] through, and the pushing task starts the first time.
     pub fn set_level(self: &Arc<Self>, level: LoggingLevel, api: &Client, peer: Peer<RoleServer>) {
@@ -186,15 +225,16 @@ impl Reporter {
             };
             for item in items {
                 let data = match &item.notice {
-                    Notice::Ended(notice) => self.claim(&api, &notice.id).await.map(|s| ended_message(&s)),
-                    Notice::Matched(m) => Some(matched_message(m)),
+                    Notice::Ended(notice) => {
+                        self.claim(&api, &notice.id).await.map(|s| ended_message(&TaskView::from(&s)))
+                    }
+                    Notice::Matched(m) => Some(matched_message(&MatchView::from(m))),
                 };
+                // The client is gone when a message cannot be written: this
+                // notice and the rest of the batch stay unacknowledged (an
+                // end already claimed is lost).
                 if let Some(data) = data {
-                    let message = LoggingMessageNotificationParam::new(PUSH_LEVEL, data).with_logger("tenure");
-                    if let Err(error) = peer.notify_logging_message(message).await {
-                        // The client is gone: this notice and the rest of the
-                        // batch stay unacknowledged (an end already claimed is lost).
-                        tracing::debug!(%error, "notification not sent; the client went away");
+                    if !send(&peer, data).await {
                         return;
                     }
                 }
