@@ -389,3 +389,45 @@ def test_a_2026_client_that_opts_in_per_request_gets_each_ending_once_as_a_log_m
                 assert len(ended) == 1, f"{name}: told in a result instead of a log message: {s.messages}"
 
     run(main)
+
+
+@pytest.mark.filterwarnings("ignore:The logging capability is deprecated")
+def test_stdio_pushes_each_matched_line_once_as_a_log_message() -> None:
+    """With `logging/setLevel`, a monitor's matched lines are pushed as they
+    happen, between calls, each once, and never listed in a result too."""
+
+    async def main() -> None:
+        holder: dict[str, Session] = {}
+
+        async def on_log(params: Any) -> None:
+            await holder["s"].on_log(params)
+
+        session = f"matches-{uuid.uuid4().hex[:8]}"
+        async with connect(stdio_params(session=session), mode="legacy", logging_callback=on_log) as client:
+            s = holder["s"] = Session(client)
+            await s.load_schemas()
+            await client.set_logging_level("notice")
+            command = "echo fine; echo 'ALERT one'; echo fine; echo 'ALERT two'; sleep 600"
+            monitor = (await s.ok("start_task", kind="monitor", pattern="ALERT", command=command))["task"]
+            # ALERT one starts at byte 5, ALERT two at 5 + 10 + 5 = 20.
+            want = [(monitor, 5), (monitor, 20)]
+
+            async def pushed() -> Optional[bool]:
+                return True if all(m in s.matched for m in want) else None
+
+            await s.until(60, pushed)
+            # A marker's end, told after these, gives a repeat time to show up.
+            marker = (await s.ok("start_task", command="true", label="marker"))["task"]
+
+            async def marker_told() -> Optional[bool]:
+                return True if marker in s.told else None
+
+            await s.until(60, marker_told)
+            await s.ok("list_tasks", all=True)
+            assert sorted(s.matched) == want, s.matched
+            texts = [m["match"]["text"] for m in s.messages if m.get("event") == "matched"]
+            # The leader publishes notices side by side: their order is not kept.
+            assert sorted(texts) == ["ALERT one", "ALERT two"], s.messages
+            await s.ok("stop_task", task=monitor)
+
+    run(main)
