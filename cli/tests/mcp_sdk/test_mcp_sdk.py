@@ -431,3 +431,33 @@ def test_stdio_pushes_each_matched_line_once_as_a_log_message() -> None:
             await s.ok("stop_task", task=monitor)
 
     run(main)
+
+
+def test_concurrent_calls_list_an_ending_once(tmp_path: Path) -> None:
+    """Rounds of concurrent calls of one caller, while its task ends: the
+    ending is listed by exactly one result of all of them."""
+    gate = tmp_path / "end"
+
+    async def main() -> None:
+        async with connect(http_transport(env("TENURE_TOKEN"))) as client:
+            s = Session(client)
+            await s.load_schemas()
+            task = (await s.ok("start_task", command=f"while [ ! -e {gate} ]; do sleep 0.05; done"))["task"]
+
+            async def running() -> Optional[bool]:
+                return True if (await s.ok("get_task", task=task))["task"]["status"] == "running" else None
+
+            await s.until(60, running)
+            gate.write_text("end")
+            deadline = time.monotonic() + 60
+            rounds_after = 0
+            while rounds_after < 2:
+                assert time.monotonic() < deadline, f"{task} was never told: {s.told}"
+                async with anyio.create_task_group() as group:
+                    for _ in range(8):
+                        group.start_soon(s.ok, "list_tasks")
+                if task in s.told:
+                    rounds_after += 1
+            assert s.told.count(task) == 1, s.told
+
+    run(main)
