@@ -187,6 +187,10 @@ async def refusals(s: Session, foreign: str) -> None:
     assert "shell-999999" in await s.refused("get_task", task="shell-999999")
     assert "not a task id" in await s.refused("get_task", task="not an id")
     assert "command" in await s.refused("start_task", label="nothing to run")
+    # Arguments of a wrong name or type are tool errors too, naming what is wrong.
+    assert "taks" in await s.refused("get_task", taks="shell-1")
+    assert "bad arguments" in await s.refused("read_output", task="shell-1", offset="ten")
+    assert "bad arguments" in await s.refused("start_task", command="true", retries="many")
     # Another identity's task is refused as if it did not exist.
     for tool, args in [
         ("get_task", {}),

@@ -139,6 +139,38 @@ fn task_id(raw: &str) -> Result<TaskId, String> {
     raw.parse::<TaskId>().map_err(|e| format!("{raw:?} is not a task id (`<kind>-<n>`, e.g. `shell-12`): {e}"))
 }
 
+/// A tool's arguments as the model sent them, parsed in the tool: an
+/// argument of the wrong type or name is then a tool error the model reads
+/// and corrects, never a protocol error. Its schema is `T`'s.
+pub struct Args<T>(Result<T, String>);
+
+impl<T> Args<T> {
+    fn get(self) -> Result<T, String> {
+        self.0
+    }
+}
+
+impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for Args<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(d)?;
+        Ok(Args(serde_json::from_value(value).map_err(|e| format!("bad arguments: {e} (see the tool's input schema)"))))
+    }
+}
+
+impl<T: JsonSchema> JsonSchema for Args<T> {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        T::schema_name()
+    }
+
+    fn inline_schema() -> bool {
+        T::inline_schema()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        T::json_schema(generator)
+    }
+}
+
 fn refusal(e: impl std::fmt::Display) -> String {
     format!("{e:#}")
 }
@@ -176,10 +208,11 @@ impl Tools {
         coding agents. Read its output later with `read_output`, wait for it with `wait_task`.")]
     async fn start_task(
         &self,
-        Parameters(a): Parameters<SubmitBody>,
+        Parameters(a): Parameters<Args<SubmitBody>>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Started>, String> {
         let api = self.caller(&ctx)?;
+        let a = a.get()?;
         let key = crate::api::idempotency_key(api.session().identity(), a.idempotency_key.as_deref())
             .map_err(|e| e.message)?;
         let spec = a.spec().map_err(|e| e.message)?;
@@ -193,10 +226,11 @@ impl Tools {
         not reported yet; `all` adds archived and reported ones.")]
     async fn list_tasks(
         &self,
-        Parameters(a): Parameters<ListArgs>,
+        Parameters(a): Parameters<Args<ListArgs>>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Listed>, String> {
         let api = self.caller(&ctx)?;
+        let a = a.get()?;
         let mut tasks = Vec::new();
         let mut after = None;
         loop {
@@ -225,10 +259,11 @@ impl Tools {
         whether it can be resumed and how to run it again.")]
     async fn get_task(
         &self,
-        Parameters(a): Parameters<TaskArgs>,
+        Parameters(a): Parameters<Args<TaskArgs>>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<One>, String> {
         let api = self.caller(&ctx)?;
+        let a = a.get()?;
         let s = api.get(&task_id(&a.task)?).await.map_err(refusal)?;
         Ok(Json(One { task: TaskView::from(&s), news: self.news(&api, &ctx).await }))
     }
@@ -239,10 +274,11 @@ impl Tools {
         read). Reading a finished task to its end reports it.")]
     async fn read_output(
         &self,
-        Parameters(a): Parameters<ReadArgs>,
+        Parameters(a): Parameters<Args<ReadArgs>>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Read>, String> {
         let api = self.caller(&ctx)?;
+        let a = a.get()?;
         let s = api.get(&task_id(&a.task)?).await.map_err(refusal)?;
         let max = a.max_bytes.unwrap_or(DEFAULT_READ).clamp(1, MAX_READ);
         let chunk =
@@ -273,10 +309,11 @@ impl Tools {
         Never sent twice: if the answer is lost the error says the message may or may not have arrived.")]
     async fn send_input(
         &self,
-        Parameters(a): Parameters<SendArgs>,
+        Parameters(a): Parameters<Args<SendArgs>>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Sent>, String> {
         let api = self.caller(&ctx)?;
+        let a = a.get()?;
         let task = task_id(&a.task)?;
         let data = tenure_client::input_message(a.text.into_bytes(), false).map_err(refusal)?;
         let bytes = api.send_input(&task, data).await.map_err(refusal)?.bytes;
@@ -287,10 +324,11 @@ impl Tools {
         `result` is `requested` or `already-finished`.")]
     async fn stop_task(
         &self,
-        Parameters(a): Parameters<StopArgs>,
+        Parameters(a): Parameters<Args<StopArgs>>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Stopped>, String> {
         let api = self.caller(&ctx)?;
+        let a = a.get()?;
         let task = task_id(&a.task)?;
         let req = ApiRequest::Kill { session: api.session().clone(), task: task.clone(), reason: a.reason };
         match api.call(&req, tenure_client::API_TIMEOUT).await.map_err(refusal)? {
@@ -308,10 +346,11 @@ impl Tools {
         ended task reports it.")]
     async fn wait_task(
         &self,
-        Parameters(a): Parameters<WaitArgs>,
+        Parameters(a): Parameters<Args<WaitArgs>>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Waited>, String> {
         let api = self.caller(&ctx)?;
+        let a = a.get()?;
         let task = task_id(&a.task)?;
         let bound = a.timeout_ms.map_or(MAX_WAIT, Duration::from_millis).min(MAX_WAIT);
         let w = api.wait(&task, Some(Instant::now() + bound)).await.map_err(refusal)?;
@@ -322,10 +361,11 @@ impl Tools {
         the worker are released. Refused while the task runs.")]
     async fn archive_task(
         &self,
-        Parameters(a): Parameters<TaskArgs>,
+        Parameters(a): Parameters<Args<TaskArgs>>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<One>, String> {
         let api = self.caller(&ctx)?;
+        let a = a.get()?;
         let req = ApiRequest::Archive { session: api.session().clone(), task: task_id(&a.task)? };
         let s = api.snapshot_of(&req).await.map_err(refusal)?;
         Ok(Json(One { task: TaskView::from(&s), news: self.news(&api, &ctx).await }))
