@@ -465,3 +465,43 @@ def test_concurrent_calls_list_an_ending_once(tmp_path: Path) -> None:
             assert s.told.count(task) == 1, s.told
 
     run(main)
+
+
+@pytest.mark.filterwarnings("ignore:The logging capability is deprecated")
+def test_http_notice_arrives_once_with_a_call_across_a_worker_restart(tmp_path: Path) -> None:
+    """Over HTTP (stateless, MCP 2026-07-28, log messages asked for per
+    request): a task outlives a SIGKILL and restart of its worker, ends, and
+    its end comes once, as a log message with the next call."""
+    gate = tmp_path / "go"
+
+    async def main() -> None:
+        holder: dict[str, Session] = {}
+
+        async def on_log(params: Any) -> None:
+            await holder["s"].on_log(params)
+
+        async with connect(http_transport(env("TENURE_TOKEN")), log_level="notice", logging_callback=on_log) as client:
+            s = holder["s"] = Session(client)
+            await s.load_schemas()
+            command = f"while [ ! -e {gate} ]; do sleep 0.1; done; echo survived"
+            task = (await s.ok("start_task", command=command, label="outlives its worker"))["task"]
+
+            async def running() -> Optional[bool]:
+                return True if (await s.ok("get_task", task=task))["task"]["status"] == "running" else None
+
+            await s.until(60, running)
+            pids = await anyio.to_thread.run_sync(restart_worker)
+            assert pids["old_pid"] != pids["new_pid"], pids
+            gate.write_text("go")
+
+            async def noticed() -> Optional[bool]:
+                await s.ok("list_tasks")
+                return True if task in s.told else None
+
+            await s.until(90, noticed)
+            await s.ok("list_tasks", all=True)
+            assert s.told.count(task) == 1, s.told
+            ended = [m for m in s.messages if m.get("event") == "ended" and m["task"]["id"] == task]
+            assert len(ended) == 1 and ended[0]["task"]["status"] == "completed", s.messages
+
+    run(main)
