@@ -7,9 +7,9 @@
 //! messages at `notice` or below (the `io.modelcontextprotocol/logLevel` of
 //! its `_meta`, MCP 2026-07-28's per-request logging, over stdio or HTTP)
 //! gets its news as log messages sent before its result, whose lists are
-//! then empty. **Pushed** ([`Reporter::start_pushing`]): on a handshake-era session that
-//! lives as long as its connection (stdio) and whose client sent
-//! `logging/setLevel` at `notice` or below, one task reads the caller's
+//! then empty. **Pushed** ([`Reporter::start_pushing`]): on a handshake-era
+//! session that lives as long as its connection (stdio) and whose client
+//! sent `logging/setLevel` at `notice` or below, one task reads the caller's
 //! notices from the durable consumer the leader keeps for its owner (as
 //! `tenure watch` does, through `tenure_client::notices`), claims each end
 //! (shown only if nothing reported the task, which it then is) and sends
