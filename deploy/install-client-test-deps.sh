@@ -2,9 +2,10 @@
 # Makes what the client libraries' tests need available and prints the
 # folder to put on PYTHONPATH on stdout.
 #
-# The Python client's tests need pytest and httpx: when python3 cannot import
-# them, they are installed with pip into .tools/python (ignored by git), never
-# into the system's Python. The TypeScript client's tests need node >= 18 (its
+# The Python client's tests need pytest and httpx, and the MCP tests (and the
+# agent-harness example) the official MCP Python SDK (`mcp`): when python3
+# cannot import them, they are installed with pip into .tools/python (ignored
+# by git), never into the system's Python. The TypeScript client's tests need node >= 18 (its
 # built-in test runner and fetch): when node is missing or older, Debian's
 # nodejs is installed with apt-get (as root, or through sudo).
 #
@@ -18,18 +19,20 @@ if [ -z "$python" ]; then
   echo "error: python3 (>= 3.9) with pip is needed for the Python client's tests: apt-get install python3 python3-pip" >&2
   exit 1
 fi
-if ! PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}" "$python" -c 'import pytest, httpx' >/dev/null 2>&1; then
-  echo "installing pytest and httpx into .tools/python..." >&2
+# The MCP SDK's major version is pinned: its client API is what the tests use.
+packages=("pytest>=7" "httpx>=0.24" "mcp>=2.3,<3")
+if ! PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}" "$python" -c 'import pytest, httpx, mcp' >/dev/null 2>&1; then
+  echo "installing pytest, httpx and mcp into .tools/python..." >&2
   if ! "$python" -m pip --version >/dev/null 2>&1; then
-    echo "error: pip is needed to install pytest and httpx: apt-get install python3-pip" >&2
+    echo "error: pip is needed to install pytest, httpx and mcp: apt-get install python3-pip" >&2
     exit 1
   fi
   # --target keeps the install inside the project; on distributions that mark
   # the system Python as externally managed, that is still allowed with the flag below.
-  if ! "$python" -m pip install --quiet --upgrade --target "$target" "pytest>=7" "httpx>=0.24" >&2; then
-    "$python" -m pip install --quiet --upgrade --break-system-packages --target "$target" "pytest>=7" "httpx>=0.24" >&2
+  if ! "$python" -m pip install --quiet --upgrade --target "$target" "${packages[@]}" >&2; then
+    "$python" -m pip install --quiet --upgrade --break-system-packages --target "$target" "${packages[@]}" >&2
   fi
-  PYTHONPATH="$target" "$python" -c 'import pytest, httpx' >&2
+  PYTHONPATH="$target" "$python" -c 'import pytest, httpx, mcp' >&2
 fi
 
 node_major() { node --version 2>/dev/null | sed -n 's/^v\([0-9]*\).*/\1/p'; }

@@ -11,8 +11,9 @@ echo "== nats-server: $("$nats" --version)"
 TENURE_CHROMIUM="$(deploy/install-chromium.sh)"
 export TENURE_CHROMIUM
 echo "== chromium: $("$TENURE_CHROMIUM" --version 2>/dev/null || echo "$TENURE_CHROMIUM")"
-# The client libraries' suites (cli/tests/clients.rs) need python3 with pytest
-# and httpx (installed into .tools/python when missing) and node >= 18.
+# The client libraries' suites and the MCP suite (cli/tests/clients.rs) need
+# python3 with pytest, httpx and the MCP SDK (installed into .tools/python when
+# missing) and node >= 18.
 deploy/install-client-test-deps.sh >/dev/null
 echo "== clients: $(python3 --version), node $(node --version)"
 echo "== cargo fmt --check"

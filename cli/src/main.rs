@@ -556,7 +556,9 @@ enum Command {
     },
     /// Serve the task contract as MCP tools on stdin/stdout, for an agent
     /// that launches it (start, list, get, read output, send, stop, wait,
-    /// archive; each result lists the tasks that ended unreported, once).
+    /// archive). Each ended task and matched monitor line reaches the agent
+    /// once: as a log message when the client asks for them at `notice`,
+    /// otherwise in the `unreported` and `matched` lists of the next result.
     Mcp,
     /// Show notices of your tasks that ended and were not reported elsewhere,
     /// each once; resumes where the last watch of the session stopped.

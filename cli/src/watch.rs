@@ -14,45 +14,32 @@
 //! showing it and that request.
 
 use std::process::ExitCode;
-use std::time::Duration;
 
-use tenure_client::{Client, Policy};
-use tenure_protocol::messages::{ApiError, ApiReply, ApiRequest, ApiResponse, MatchNotice, Notice, TaskSnapshot};
-use tenure_protocol::SessionId;
+use tenure_client::notices::NOTICES as WATCH;
+use tenure_client::Client;
+use tenure_protocol::messages::{MatchNotice, Notice, TaskSnapshot};
 
 use crate::text::printable;
 
 /// How long one request waits for a first notice.
 const WAIT_MS: u64 = 2_000;
 
-/// The watch's requests ride out a leader change under the client's rule:
-/// for 30 s, a try every 500 ms.
-const WATCH: Policy = Policy {
-    overall: Duration::from_secs(30),
-    first_pause: Duration::from_millis(500),
-    max_pause: Duration::from_millis(500),
-    per_try: Duration::from_secs(5),
-    through_registry_behind: false,
-};
-
 pub async fn watch(client: &Client, once: bool, json: bool) -> anyhow::Result<ExitCode> {
-    let session = client.session().clone();
     let mut acks: Vec<String> = Vec::new();
     loop {
         let wait_ms = if once { 0 } else { WAIT_MS };
-        let req = ApiRequest::Notices { session: session.clone(), acks: std::mem::take(&mut acks), max: 64, wait_ms };
-        let items = match call(client, &req).await? {
-            Ok(ApiResponse::Notices(items)) => items,
-            Err(e) => anyhow::bail!("reading notices: {e}"),
-            Ok(other) => anyhow::bail!("unexpected reply {other:?}"),
-        };
+        let items = client
+            .notices(std::mem::take(&mut acks), 64, wait_ms, &WATCH)
+            .await
+            .map_err(|e| anyhow::anyhow!("reading notices: {e}"))?;
         if once && items.is_empty() {
             return Ok(ExitCode::SUCCESS);
         }
         for item in items {
             match &item.notice {
+                // Shown only if nothing else reported the task, which it then is.
                 Notice::Ended(notice) => {
-                    if let Some(snapshot) = claim(client, &session, notice).await? {
+                    if let Some(snapshot) = client.claim_ended(&notice.id, &WATCH).await? {
                         show(&snapshot, json)?;
                     }
                 }
@@ -62,36 +49,6 @@ pub async fn watch(client: &Client, once: bool, json: bool) -> anyhow::Result<Ex
             }
             acks.push(item.ack);
         }
-    }
-}
-
-/// Marks the task reported unless something else reported it first; returns
-/// the snapshot to show, or `None` to skip the notice.
-async fn claim(client: &Client, session: &SessionId, notice: &TaskSnapshot) -> anyhow::Result<Option<TaskSnapshot>> {
-    let get = ApiRequest::Get { session: session.clone(), task: notice.id.clone() };
-    let current = match call(client, &get).await? {
-        Ok(ApiResponse::Snapshot(s)) => s,
-        // Deleted or garbage-collected meanwhile: nothing to show.
-        Err(ApiError::NotFound(_)) => return Ok(None),
-        other => anyhow::bail!("unexpected reply {other:?}"),
-    };
-    if current.reported {
-        return Ok(None);
-    }
-    let mark = ApiRequest::MarkReported { session: session.clone(), task: notice.id.clone() };
-    match call(client, &mark).await? {
-        Ok(ApiResponse::Snapshot(s)) => Ok(Some(s)),
-        Err(ApiError::NotFound(_)) => Ok(None),
-        other => anyhow::bail!("unexpected reply {other:?}"),
-    }
-}
-
-/// One API call under [`WATCH`]; a coordinator's refusal is returned as the reply.
-async fn call(client: &Client, req: &ApiRequest) -> anyhow::Result<ApiReply> {
-    match client.request(req, &WATCH).await {
-        Ok(reply) => Ok(Ok(reply)),
-        Err(tenure_client::Error::Api(refusal)) => Ok(Err(refusal)),
-        Err(e) => Err(e.into()),
     }
 }
 

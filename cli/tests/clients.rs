@@ -1,13 +1,19 @@
 //! The client libraries against a real cluster: nats-server, a coordinator,
 //! a worker with its sidecar and `tenure gateway`, with tokens for two
-//! identities. Each test runs one library's own suite (`pytest` for
-//! `clients/python`, `node --test` for `clients/typescript`) with the
-//! gateway's URL and the tokens in the environment, and fails with the
-//! suite's output unless every test of it passed.
+//! identities. Each test runs one suite (`pytest` for `clients/python`,
+//! `node --test` for `clients/typescript`, and `pytest` with the official MCP
+//! Python SDK for `tenure mcp` and the gateway's `/mcp` in
+//! `cli/tests/mcp_sdk`, with the example agent harness) with the gateway's
+//! URL and the tokens in the environment, and fails with the suite's output
+//! unless every test of it passed.
+//!
+//! The MCP suite asks for a worker restart through a control folder: it
+//! writes `restart-worker.request`, the test SIGKILLs the worker by its pid,
+//! starts it again and answers `restart-worker.done` with both pids.
 //!
 //! What the suites need is installed by `deploy/install-client-test-deps.sh`
-//! (pytest and httpx into `.tools/python`; node is checked): when it cannot,
-//! the test fails saying what to install.
+//! (pytest, httpx and mcp into `.tools/python`; node is checked): when it
+//! cannot, the test fails saying what to install.
 
 mod common;
 
@@ -61,7 +67,12 @@ impl Setup {
 
     /// Runs a suite with the gateway in its environment; panics with its
     /// output (and the gateway's log) unless it exits successfully.
-    fn run_suite(&mut self, what: &str, mut cmd: Command) {
+    fn run_suite(&mut self, what: &str, cmd: Command) {
+        self.run_suite_serving(what, cmd, |_| {});
+    }
+
+    /// [`Setup::run_suite`], calling `serve` with the cluster while the suite runs.
+    fn run_suite_serving(&mut self, what: &str, mut cmd: Command, mut serve: impl FnMut(&mut Cluster)) {
         let out_path = self.cluster.dir.path().join(format!("{what}.out"));
         let out = std::fs::File::create(&out_path).expect("suite output file");
         let err = out.try_clone().expect("suite output file");
@@ -73,7 +84,11 @@ impl Setup {
             .stdout(out)
             .stderr(err);
         let mut child = cmd.spawn().unwrap_or_else(|e| panic!("cannot run the {what} suite ({cmd:?}): {e}"));
-        let status = tenure_testkit::eventually(SUITE_BOUND, || child.try_wait().ok().flatten());
+        let cluster = &mut self.cluster;
+        let status = tenure_testkit::eventually(SUITE_BOUND, || {
+            serve(cluster);
+            child.try_wait().ok().flatten()
+        });
         let output = || std::fs::read_to_string(&out_path).unwrap_or_default();
         let Some(status) = status else {
             let _ = child.kill();
@@ -153,4 +168,50 @@ fn the_typescript_client_passes_its_suite_against_a_real_cluster() {
     let mut cmd = Command::new("node");
     cmd.args(["--test", "--test-reporter=tap", "clients/typescript/test/"]);
     setup.run_suite("typescript", cmd);
+}
+
+/// Serves the MCP suite's requests in `control`: a worker restart (SIGKILL
+/// by pid, started again), answered with both pids.
+fn serve_restarts(control: &Path) -> impl FnMut(&mut Cluster) + '_ {
+    move |cluster: &mut Cluster| {
+        let request = control.join("restart-worker.request");
+        if std::fs::remove_file(&request).is_err() {
+            return;
+        }
+        let old_pid = cluster.daemon("worker-w1").pid();
+        cluster.kill9("worker-w1");
+        let new_pid = cluster.spawn_worker("w1", &[]).pid();
+        let answer = serde_json::json!({ "old_pid": old_pid, "new_pid": new_pid }).to_string();
+        let done = control.join("restart-worker.done");
+        let partial = control.join("restart-worker.partial");
+        std::fs::write(&partial, answer).expect("write the restart answer");
+        std::fs::rename(&partial, &done).expect("publish the restart answer");
+    }
+}
+
+#[test]
+fn the_mcp_sdk_suite_and_the_agent_harness_pass_against_a_real_cluster() {
+    let deps = client_test_deps();
+    let mut setup = Setup::start();
+    let control = setup.cluster.dir.path().join("control");
+    std::fs::create_dir_all(&control).expect("control folder");
+    // What `tenure dev` would write for the example harness: the cluster's
+    // NATS URL and the session it acts as (an open cluster needs no credentials).
+    let cluster_dir = setup.cluster.dir.path().join("example-cluster");
+    std::fs::create_dir_all(&cluster_dir).expect("example cluster folder");
+    let dev_env = format!("TENURE_NATS={}\nTENURE_SESSION=agent-harness\n", setup.cluster.nats.url);
+    std::fs::write(cluster_dir.join("dev.env"), dev_env).expect("dev.env");
+    let bin_dir = Path::new(BIN).parent().expect("the binary's folder").display().to_string();
+    let mut cmd = Command::new("python3");
+    cmd.args(["-m", "pytest", "-v", "-p", "no:cacheprovider", "cli/tests/mcp_sdk"])
+        .env("PYTHONPATH", &deps)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("PATH", format!("{bin_dir}:{}", std::env::var("PATH").unwrap_or_default()))
+        .env("TENURE_BIN", BIN)
+        .env("TENURE_NATS", &setup.cluster.nats.url)
+        .env("TENURE_SESSION", "mcp-sdk")
+        .env("TENURE_CONTROL", &control)
+        .env("TENURE_CLUSTER_DIR", &cluster_dir);
+    let serve = serve_restarts(&control);
+    setup.run_suite_serving("mcp", cmd, serve);
 }

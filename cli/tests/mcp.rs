@@ -80,6 +80,7 @@ impl Mcp {
         let structured = result["structuredContent"].clone();
         assert!(structured.is_object(), "{tool}: no structured content: {result}");
         assert!(structured["unreported"].is_array(), "{tool}: every result lists `unreported`: {structured}");
+        assert!(structured["matched"].is_array(), "{tool}: every result lists `matched`: {structured}");
         Ok(structured)
     }
 
@@ -110,9 +111,10 @@ fn an_mcp_client_drives_tasks_through_tenure_mcp() {
     );
     assert_eq!(init["serverInfo"]["name"], "tenure", "{init}");
     assert!(init["capabilities"]["tools"].is_object(), "{init}");
+    assert!(init["capabilities"]["logging"].is_object(), "{init}");
     mcp.write(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
 
-    // The tools, each with an object input schema and a description for a model.
+    // The tools, each with object input and output schemas and a description for a model.
     let tools = mcp.request("tools/list", json!({}));
     let mut names: Vec<&str> =
         tools["tools"].as_array().expect("tools").iter().filter_map(|t| t["name"].as_str()).collect();
@@ -122,6 +124,8 @@ fn an_mcp_client_drives_tasks_through_tenure_mcp() {
     assert_eq!(names, expected);
     for t in tools["tools"].as_array().expect("tools") {
         assert_eq!(t["inputSchema"]["type"], "object", "{t}");
+        assert_eq!(t["outputSchema"]["type"], "object", "{t}");
+        assert!(t["outputSchema"]["properties"]["unreported"].is_object(), "{t}");
         assert!(t["description"].as_str().is_some_and(|d| d.len() > 40), "{t}");
     }
     let start = tools["tools"].as_array().unwrap().iter().find(|t| t["name"] == "start_task").unwrap();

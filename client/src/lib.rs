@@ -5,9 +5,10 @@
 //! TLS and reconnects are the daemons'), one request to the leader
 //! ([`Client::call`]), the one rule for riding out a leader change
 //! ([`retry`], applied by [`Client::request`]), submit with its idempotency
-//! key, paging of the task list, waiting for a task's end, and reading a
+//! key, paging of the task list, waiting for a task's end, reading a
 //! task's output by byte offset from its machine's sidecar (once, or followed
-//! until the attempt ended).
+//! until the attempt ended), and the caller's notices with the once-only
+//! claim of an end ([`notices`]).
 //!
 //! It must never: send a submit again under a new idempotency key (a retry
 //! that could duplicate a task), repeat a request the rule does not call safe
@@ -16,6 +17,7 @@
 //! it is ([`Error::Api`]). It prints nothing: rendering is the caller's.
 
 pub mod input;
+pub mod notices;
 pub mod retry;
 
 use std::time::{Duration, Instant};

@@ -135,7 +135,7 @@ impl<S: Send + Sync, T: serde::de::DeserializeOwned> FromRequestParts<S> for Que
 // ------------------------------------------------------------- views
 
 /// A task as the API shows it: the snapshot's fields, times also as RFC 3339.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, schemars::JsonSchema)]
 pub struct TaskView {
     /// `<kind>-<n>`.
     pub id: String,
@@ -210,7 +210,7 @@ pub struct TaskView {
     pub agent_resume: Option<serde_json::Value>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, schemars::JsonSchema)]
 pub struct HintView {
     pub tag: String,
     pub message: String,

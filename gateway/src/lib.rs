@@ -144,10 +144,15 @@ where
 pub fn app(state: State) -> Router {
     let (api, doc) = api::router().split_for_parts();
     let doc = Arc::new(doc);
+    // One reporter for every request: claims of ends made by this gateway
+    // are serialized, so two concurrent calls of one caller never both list one.
+    let reporter = Arc::new(mcp::notices::Reporter::default());
     let mcp = rmcp::transport::streamable_http_server::StreamableHttpService::new(
-        || Ok(mcp::Tools::new(None)),
+        move || Ok(mcp::Tools::new(None, reporter.clone())),
         Arc::new(rmcp::transport::streamable_http_server::session::local::LocalSessionManager::default()),
         // Stateless, JSON answers; any Host: every request is authenticated.
+        // No sessions (they are gone from MCP 2026-07-28, and the gateway
+        // keeps no state but connections): the news rides in every result.
         rmcp::transport::streamable_http_server::StreamableHttpServerConfig::default()
             .disable_allowed_hosts()
             .with_legacy_session_mode(false)

@@ -4,10 +4,11 @@
 //! Output events carry the byte offset after their text as their `id`, so a
 //! client that reconnects with `Last-Event-ID` (browsers do it by
 //! themselves) continues exactly where it stopped, from any gateway. The
-//! notices follow `tenure watch`'s rules with the same requests: read from
-//! the durable consumer the leader keeps for the caller, each end notice
-//! shown only if nothing else reported the task (and then marked reported),
-//! acknowledged with the next request once sent.
+//! notices follow `tenure watch`'s rules with the same requests
+//! (`tenure_client::notices`): read from the durable consumer the leader
+//! keeps for the caller, each end notice shown only if nothing else reported
+//! the task (and then marked reported), acknowledged with the next request
+//! once sent.
 //!
 //! Each stream is one task of the gateway feeding a small bounded channel:
 //! a slow reader slows the reads down, memory does not grow with the output,
@@ -23,7 +24,8 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::IntoResponse as _;
 use futures::Stream;
 use serde::{Deserialize, Serialize};
-use tenure_protocol::messages::{ApiError, ApiRequest, ApiResponse, Notice, TaskSnapshot, MAX_OUTPUT_CHUNK};
+use tenure_client::notices::NOTICES;
+use tenure_protocol::messages::{Notice, TaskSnapshot, MAX_OUTPUT_CHUNK};
 use tenure_protocol::{Kind, TaskId};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -211,29 +213,11 @@ pub async fn notices(caller: Caller, AxState(state): AxState<State>) -> Result<E
     Ok(sse(rx))
 }
 
-/// `tenure watch`'s requests ride out a leader change for 30 s; so do these.
-const NOTICES: tenure_client::Policy = tenure_client::Policy {
-    overall: Duration::from_secs(30),
-    first_pause: Duration::from_millis(500),
-    max_pause: Duration::from_millis(500),
-    per_try: Duration::from_secs(5),
-    through_registry_behind: false,
-};
-
 async fn pump_notices(client: tenure_client::Client, tx: mpsc::Sender<Event>, mut valid: StillValid) {
-    let session = client.session().clone();
     let mut acks: Vec<String> = Vec::new();
     'reading: while valid.holds() && !tx.is_closed() {
-        let req =
-            ApiRequest::Notices { session: session.clone(), acks: std::mem::take(&mut acks), max: 16, wait_ms: 2_000 };
-        let items = match client.request(&req, &NOTICES).await {
-            Ok(ApiResponse::Notices(items)) => items,
-            Ok(other) => {
-                let _ = tx
-                    .send(event("error", &Error::bad_request("cluster", format!("unexpected reply {other:?}")).body()))
-                    .await;
-                return;
-            }
+        let items = match client.notices(std::mem::take(&mut acks), 16, 2_000, &NOTICES).await {
+            Ok(items) => items,
             Err(e) => {
                 let _ = tx.send(event("error", &Error::from(e).body())).await;
                 return;
@@ -246,14 +230,14 @@ async fn pump_notices(client: tenure_client::Client, tx: mpsc::Sender<Event>, mu
                 // (its notice then stays unacknowledged and comes again).
                 Notice::Ended(notice) => match tx.reserve().await {
                     Err(_) => false,
-                    Ok(permit) => match claim(&client, &notice.id).await {
+                    Ok(permit) => match client.claim_ended(&notice.id, &NOTICES).await {
                         Ok(Some(s)) => {
                             permit.send(event("ended", &TaskView::from(&s)));
                             true
                         }
                         Ok(None) => true,
                         Err(e) => {
-                            permit.send(event("error", &e.body()));
+                            permit.send(event("error", &Error::from(e).body()));
                             return;
                         }
                     },
@@ -273,28 +257,6 @@ async fn pump_notices(client: tenure_client::Client, tx: mpsc::Sender<Event>, mu
     }
     if !acks.is_empty() {
         // The reader left (or its token was revoked): acknowledge what it was sent.
-        // A notice this read returns is not acknowledged and comes again.
-        let req = ApiRequest::Notices { session, acks, max: 1, wait_ms: 0 };
-        let _ = client.request(&req, &NOTICES).await;
-    }
-}
-
-/// Marks the task reported unless something else reported it first; the
-/// snapshot to show, or `None` to skip the notice (as `tenure watch`).
-async fn claim(client: &tenure_client::Client, task: &TaskId) -> Result<Option<TaskSnapshot>, Error> {
-    let current = match client.get(task).await {
-        Ok(s) => s,
-        Err(tenure_client::Error::Api(ApiError::NotFound(_))) => return Ok(None),
-        Err(e) => return Err(e.into()),
-    };
-    if current.reported {
-        return Ok(None);
-    }
-    let mark = ApiRequest::MarkReported { session: client.session().clone(), task: task.clone() };
-    match client.request(&mark, &NOTICES).await {
-        Ok(ApiResponse::Snapshot(s)) => Ok(Some(s)),
-        Err(tenure_client::Error::Api(ApiError::NotFound(_))) => Ok(None),
-        Ok(other) => Err(Error::bad_request("cluster", format!("unexpected reply {other:?}"))),
-        Err(e) => Err(e.into()),
+        let _ = client.notices(acks, 0, 0, &NOTICES).await;
     }
 }

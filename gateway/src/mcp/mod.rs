@@ -9,38 +9,57 @@
 //! an agent task, stop, wait (bounded) and archive. Every refusal is a tool
 //! error (`isError`) with tenure's message, never a protocol error.
 //!
-//! The seed's `reported` rule reaches the model through every tool result:
-//! `unreported` lists the caller's tasks that ended and that nothing has
-//! reported yet, and listing them reports them, so each ending is told once
-//! (reading a task's output to its end or waiting on it reports it too).
+//! Each tool declares its input and output schemas (the types of
+//! [`results`]); its structured result is serialized from that type.
+//!
+//! The seed's `reported` rule reaches the model once per ending ([`notices`]):
+//! as a `notifications/message` log message where the client asked for them
+//! (per request in its `_meta` on MCP 2026-07-28, over stdio or HTTP; with
+//! `logging/setLevel` on a handshake-era stdio session, pushed as they
+//! happen), and otherwise in the `unreported`
+//! list of every tool result (listing reports the task); the matched lines
+//! of the caller's monitors likewise, as messages or in `matched`. Reading a
+//! task's output to its end or waiting on it reports it too. Output handed
+//! to a model is bounded, and says what was left out.
+//!
 //! This module decides nothing about tasks; it must never write to stdout
 //! except through the MCP transport, nor act over HTTP as anyone but the
 //! authenticated caller of that very request.
 
+pub mod notices;
+pub mod results;
+
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rmcp::handler::server::router::tool::ToolRouter;
-use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::handler::server::wrapper::{Json, Parameters};
+use rmcp::model::{Implementation, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
-use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler, ServiceExt};
+use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler, ServiceExt};
 use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::{json, Value};
 use tenure_client::Client;
-use tenure_protocol::messages::{ApiRequest, ApiResponse, SubmitRequest, TaskSnapshot, MAX_OUTPUT_CHUNK};
+use tenure_protocol::messages::{ApiRequest, ApiResponse, SubmitRequest};
 use tenure_protocol::TaskId;
 
 use crate::api::{SubmitBody, TaskView};
+use notices::Reporter;
+use results::{Listed, News, One, Read, Sent, Started, Stopped, Waited};
 
 /// Bytes of output one `read_output` returns unless asked for fewer.
 const DEFAULT_READ: u32 = 16 * 1024;
+/// Most bytes of output one `read_output` returns.
+const MAX_READ: u32 = 64 * 1024;
+/// Most tasks one `list_tasks` returns (the newest are kept).
+const MAX_LISTED: usize = 200;
 /// Longest one `wait` may block.
 const MAX_WAIT: Duration = Duration::from_secs(60);
 
 /// Serves MCP on stdin/stdout, as `api`'s session, until the client closes it.
 pub async fn serve_stdio(api: Client) -> Result<(), std::io::Error> {
-    let service = Tools::new(Some(api)).serve(rmcp::transport::stdio()).await.map_err(std::io::Error::other)?;
+    let tools = Tools::new(Some(api), Arc::new(Reporter::default()));
+    let service = tools.serve(rmcp::transport::stdio()).await.map_err(std::io::Error::other)?;
     service.waiting().await.map_err(std::io::Error::other)?;
     Ok(())
 }
@@ -51,6 +70,7 @@ pub async fn serve_stdio(api: Client) -> Result<(), std::io::Error> {
 #[derive(Clone)]
 pub struct Tools {
     api: Option<Client>,
+    reporter: Arc<Reporter>,
     tool_router: ToolRouter<Tools>,
 }
 
@@ -81,7 +101,7 @@ pub struct ReadArgs {
     /// Byte offset to read from: 0 first, then the `next_offset` of the previous read.
     #[serde(default)]
     pub offset: u64,
-    /// Most bytes to return (default 16384, at most 262144).
+    /// Most bytes to return (default 16384, at most 65536).
     #[serde(default)]
     pub max_bytes: Option<u32>,
 }
@@ -115,14 +135,40 @@ pub struct WaitArgs {
     pub timeout_ms: Option<u64>,
 }
 
-type ToolResult = Result<CallToolResult, String>;
-
 fn task_id(raw: &str) -> Result<TaskId, String> {
     raw.parse::<TaskId>().map_err(|e| format!("{raw:?} is not a task id (`<kind>-<n>`, e.g. `shell-12`): {e}"))
 }
 
-fn view(s: &TaskSnapshot) -> Value {
-    serde_json::to_value(TaskView::from(s)).unwrap_or(Value::Null)
+/// A tool's arguments as the model sent them, parsed in the tool: an
+/// argument of the wrong type or name is then a tool error the model reads
+/// and corrects, never a protocol error. Its schema is `T`'s.
+pub struct Args<T>(Result<T, String>);
+
+impl<T> Args<T> {
+    fn get(self) -> Result<T, String> {
+        self.0
+    }
+}
+
+impl<'de, T: serde::de::DeserializeOwned> Deserialize<'de> for Args<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(d)?;
+        Ok(Args(serde_json::from_value(value).map_err(|e| format!("bad arguments: {e} (see the tool's input schema)"))))
+    }
+}
+
+impl<T: JsonSchema> JsonSchema for Args<T> {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        T::schema_name()
+    }
+
+    fn inline_schema() -> bool {
+        T::inline_schema()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        T::json_schema(generator)
+    }
 }
 
 fn refusal(e: impl std::fmt::Display) -> String {
@@ -131,9 +177,10 @@ fn refusal(e: impl std::fmt::Display) -> String {
 
 #[tool_router]
 impl Tools {
-    /// Tools acting as `api`'s session, or (`None`) as each HTTP request's caller.
-    pub fn new(api: Option<Client>) -> Tools {
-        Tools { api, tool_router: Self::tool_router() }
+    /// Tools acting as `api`'s session, or (`None`) as each HTTP request's
+    /// caller, telling ends and matches once through `reporter`.
+    pub fn new(api: Option<Client>, reporter: Arc<Reporter>) -> Tools {
+        Tools { api, reporter, tool_router: Self::tool_router() }
     }
 
     /// Who a call acts as: the stdio session, or the HTTP request's caller.
@@ -148,41 +195,42 @@ impl Tools {
             .ok_or_else(|| "unauthenticated: no caller for this request".to_owned())
     }
 
-    /// The answer with the tasks that ended unreported, which it reports.
-    async fn answer(&self, api: &Client, mut value: Value) -> ToolResult {
-        let mut unreported = Vec::new();
-        if let Ok(tasks) = api.list(false).await {
-            for t in tasks.iter().filter(|t| t.status.is_terminal() && !t.reported) {
-                if api.mark_reported(&t.id).await.is_ok() {
-                    let mut v = view(t);
-                    v["reported"] = Value::Bool(true);
-                    unreported.push(v);
-                }
-            }
-        }
-        if let Value::Object(map) = &mut value {
-            map.insert("unreported".into(), Value::Array(unreported));
-        }
-        Ok(CallToolResult::structured(value))
+    /// The news every result carries (see [`notices`]), or, for a request
+    /// that opted in to log messages, sent as messages before the result.
+    #[allow(deprecated)] // Per-request logging is 2026-07-28's (SEP-2577 deprecates it).
+    async fn news(&self, api: &Client, ctx: &RequestContext<RoleServer>) -> News {
+        let news = self.reporter.news(api).await;
+        self.reporter.tell(&ctx.peer, ctx.meta.log_level(), news).await
     }
 
     #[tool(description = "Start a task in the background on the tenure cluster and return its id \
         (`<kind>-<n>`, e.g. `shell-12`) at once. Use it for anything long: builds, test runs, servers, \
         coding agents. Read its output later with `read_output`, wait for it with `wait_task`.")]
-    async fn start_task(&self, Parameters(a): Parameters<SubmitBody>, ctx: RequestContext<RoleServer>) -> ToolResult {
+    async fn start_task(
+        &self,
+        Parameters(a): Parameters<Args<SubmitBody>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<Started>, String> {
         let api = self.caller(&ctx)?;
+        let a = a.get()?;
         let key = crate::api::idempotency_key(api.session().identity(), a.idempotency_key.as_deref())
             .map_err(|e| e.message)?;
         let spec = a.spec().map_err(|e| e.message)?;
         let req = SubmitRequest { session: api.session().clone(), idempotency_key: key, spec };
         let done = api.submit_request(req, &tenure_client::Policy::SUBMIT).await.map_err(refusal)?;
-        self.answer(&api, json!({ "task": done.task.to_string(), "existing": done.existing })).await
+        Ok(Json(Started { task: done.task.to_string(), existing: done.existing, news: self.news(&api, &ctx).await }))
     }
 
-    #[tool(description = "List your tasks (newest last), optionally only those in one status. \
-        By default only active tasks that were not reported yet; `all` adds archived and reported ones.")]
-    async fn list_tasks(&self, Parameters(a): Parameters<ListArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+    #[tool(description = "List your tasks (newest last, at most 200: `omitted` says how many older \
+        ones were left out), optionally only those in one status. By default only active tasks that were \
+        not reported yet; `all` adds archived and reported ones.")]
+    async fn list_tasks(
+        &self,
+        Parameters(a): Parameters<Args<ListArgs>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<Listed>, String> {
         let api = self.caller(&ctx)?;
+        let a = a.get()?;
         let mut tasks = Vec::new();
         let mut after = None;
         loop {
@@ -190,7 +238,7 @@ impl Tools {
             match api.request(&req, &tenure_client::Policy::READ).await.map_err(refusal)? {
                 ApiResponse::Page { tasks: page, next } => {
                     tasks.extend(
-                        page.iter().filter(|t| a.status.as_deref().is_none_or(|s| t.status.as_str() == s)).map(view),
+                        page.into_iter().filter(|t| a.status.as_deref().is_none_or(|s| t.status.as_str() == s)),
                     );
                     match next {
                         Some(n) => after = Some(n),
@@ -200,26 +248,39 @@ impl Tools {
                 other => return Err(format!("unexpected answer from the cluster: {other:?}")),
             }
         }
-        self.answer(&api, json!({ "tasks": tasks })).await
+        let omitted = tasks.len().saturating_sub(MAX_LISTED);
+        let tasks = tasks[omitted..].iter().map(TaskView::from).collect();
+        Ok(Json(Listed { tasks, omitted: omitted as u64, news: self.news(&api, &ctx).await }))
     }
 
     #[tool(description = "One task's snapshot: status (queued, blocked, leased, running, waiting — an \
         agent reading its input —, paused, stopping, completed, killed, failed, unknown), exit code, \
         times, a hint for `blocked` and `unknown` saying why and what to do, and for an ended task \
         whether it can be resumed and how to run it again.")]
-    async fn get_task(&self, Parameters(a): Parameters<TaskArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+    async fn get_task(
+        &self,
+        Parameters(a): Parameters<Args<TaskArgs>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<One>, String> {
         let api = self.caller(&ctx)?;
+        let a = a.get()?;
         let s = api.get(&task_id(&a.task)?).await.map_err(refusal)?;
-        self.answer(&api, json!({ "task": view(&s) })).await
+        Ok(Json(One { task: TaskView::from(&s), news: self.news(&api, &ctx).await }))
     }
 
-    #[tool(description = "Read a task's output from a byte offset, at most `max_bytes` (default 16 KiB). \
-        Returns `text`, `next_offset` (pass it as `offset` next time) and `finished` (the task ended and \
-        every byte was read). Reading a finished task to its end reports it.")]
-    async fn read_output(&self, Parameters(a): Parameters<ReadArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+    #[tool(description = "Read a task's output from a byte offset, at most `max_bytes` (default 16 KiB, \
+        at most 64 KiB). Returns `text`, `next_offset` (pass it as `offset` next time), `more` (the bound \
+        cut it short: more output is already there) and `finished` (the task ended and every byte was \
+        read). Reading a finished task to its end reports it.")]
+    async fn read_output(
+        &self,
+        Parameters(a): Parameters<Args<ReadArgs>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<Read>, String> {
         let api = self.caller(&ctx)?;
+        let a = a.get()?;
         let s = api.get(&task_id(&a.task)?).await.map_err(refusal)?;
-        let max = a.max_bytes.unwrap_or(DEFAULT_READ).clamp(1, MAX_OUTPUT_CHUNK);
+        let max = a.max_bytes.unwrap_or(DEFAULT_READ).clamp(1, MAX_READ);
         let chunk =
             crate::api::read_chunk(&api, &s, a.offset, max).await.map_err(|e| format!("{}: {}", e.code, e.message))?;
         let bytes = chunk.next_offset - chunk.offset;
@@ -231,33 +292,51 @@ impl Tools {
         } else {
             "no more output yet; the task is still going".to_owned()
         };
-        let value = json!({
-            "task": s.id.to_string(), "offset": chunk.offset, "next_offset": chunk.next_offset,
-            "text": chunk.text, "finished": chunk.finished, "bytes": bytes, "more": more, "note": note,
-        });
-        self.answer(&api, value).await
+        Ok(Json(Read {
+            task: s.id.to_string(),
+            offset: chunk.offset,
+            next_offset: chunk.next_offset,
+            text: chunk.text,
+            bytes,
+            more,
+            finished: chunk.finished,
+            note,
+            news: self.news(&api, &ctx).await,
+        }))
     }
 
     #[tool(description = "Send one message (a line on stdin) to a running `agent` task. \
         Never sent twice: if the answer is lost the error says the message may or may not have arrived.")]
-    async fn send_input(&self, Parameters(a): Parameters<SendArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+    async fn send_input(
+        &self,
+        Parameters(a): Parameters<Args<SendArgs>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<Sent>, String> {
         let api = self.caller(&ctx)?;
+        let a = a.get()?;
         let task = task_id(&a.task)?;
         let data = tenure_client::input_message(a.text.into_bytes(), false).map_err(refusal)?;
         let bytes = api.send_input(&task, data).await.map_err(refusal)?.bytes;
-        self.answer(&api, json!({ "task": task.to_string(), "bytes": bytes })).await
+        Ok(Json(Sent { task: task.to_string(), bytes, news: self.news(&api, &ctx).await }))
     }
 
     #[tool(description = "Stop a task: SIGTERM to its processes, SIGKILL after a grace period. \
         `result` is `requested` or `already-finished`.")]
-    async fn stop_task(&self, Parameters(a): Parameters<StopArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+    async fn stop_task(
+        &self,
+        Parameters(a): Parameters<Args<StopArgs>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<Stopped>, String> {
         let api = self.caller(&ctx)?;
+        let a = a.get()?;
         let task = task_id(&a.task)?;
         let req = ApiRequest::Kill { session: api.session().clone(), task: task.clone(), reason: a.reason };
         match api.call(&req, tenure_client::API_TIMEOUT).await.map_err(refusal)? {
-            ApiResponse::Kill { result, .. } => {
-                self.answer(&api, json!({ "task": task.to_string(), "result": result.as_str() })).await
-            }
+            ApiResponse::Kill { result, .. } => Ok(Json(Stopped {
+                task: task.to_string(),
+                result: result.as_str().to_owned(),
+                news: self.news(&api, &ctx).await,
+            })),
             other => Err(format!("unexpected answer from the cluster: {other:?}")),
         }
     }
@@ -265,34 +344,63 @@ impl Tools {
     #[tool(description = "Wait for a task to end, at most `timeout_ms` (default and cap 60000). \
         Returns `finished` (false: it still runs, call again) and the task's snapshot. Waiting on an \
         ended task reports it.")]
-    async fn wait_task(&self, Parameters(a): Parameters<WaitArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+    async fn wait_task(
+        &self,
+        Parameters(a): Parameters<Args<WaitArgs>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<Waited>, String> {
         let api = self.caller(&ctx)?;
+        let a = a.get()?;
         let task = task_id(&a.task)?;
         let bound = a.timeout_ms.map_or(MAX_WAIT, Duration::from_millis).min(MAX_WAIT);
         let w = api.wait(&task, Some(Instant::now() + bound)).await.map_err(refusal)?;
-        self.answer(&api, json!({ "finished": w.finished, "task": view(&w.snapshot) })).await
+        Ok(Json(Waited { finished: w.finished, task: TaskView::from(&w.snapshot), news: self.news(&api, &ctx).await }))
     }
 
     #[tool(description = "Archive a finished task: hidden from `list_tasks` unless `all`; its files on \
         the worker are released. Refused while the task runs.")]
-    async fn archive_task(&self, Parameters(a): Parameters<TaskArgs>, ctx: RequestContext<RoleServer>) -> ToolResult {
+    async fn archive_task(
+        &self,
+        Parameters(a): Parameters<Args<TaskArgs>>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<One>, String> {
         let api = self.caller(&ctx)?;
+        let a = a.get()?;
         let req = ApiRequest::Archive { session: api.session().clone(), task: task_id(&a.task)? };
         let s = api.snapshot_of(&req).await.map_err(refusal)?;
-        self.answer(&api, json!({ "task": view(&s) })).await
+        Ok(Json(One { task: TaskView::from(&s), news: self.news(&api, &ctx).await }))
     }
 }
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Tools {
+    #[allow(deprecated)] // Logging is what handshake-era clients have (SEP-2577 deprecates it).
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_logging().build())
             .with_server_info(Implementation::new("tenure", env!("CARGO_PKG_VERSION")))
             .with_instructions(
                 "tenure runs long work in the background on a cluster: start a task, keep working, \
                  read its output by offset, wait on it, stop it. Task ids look like `shell-12`. \
                  Every result lists `unreported`: tasks of yours that ended since you last heard \
-                 (each is listed once).",
+                 (each is listed once), and `matched`: new matched lines of your `monitor` tasks. \
+                 A client that asks for log messages at `notice` or below (per request, or with \
+                 logging/setLevel over stdio) gets each of these once as a log message instead.",
             )
+    }
+
+    /// `logging/setLevel`: on a stdio session, ends and matches are pushed
+    /// as log messages from now on while the level lets `notice` through.
+    /// Over HTTP (stateless: no session outlives a request) it changes
+    /// nothing, and every result keeps carrying the news.
+    #[allow(deprecated)] // Logging is what handshake-era clients have.
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        if let Some(api) = &self.api {
+            self.reporter.set_level(request.level, api, ctx.peer.clone());
+        }
+        Ok(())
     }
 }
