@@ -316,8 +316,8 @@ impl Tools {
         let a = a.get()?;
         let task = task_id(&a.task)?;
         let data = tenure_client::input_message(a.text.into_bytes(), false).map_err(refusal)?;
-        let bytes = api.send_input(&task, data).await.map_err(refusal)?.bytes;
-        Ok(Json(Sent { task: task.to_string(), bytes, news: self.news(&api, &ctx).await }))
+        let ack = api.send_input(&task, data).await.map_err(refusal)?;
+        Ok(Json(Sent { task: task.to_string(), bytes: ack.bytes, kept: ack.kept, news: self.news(&api, &ctx).await }))
     }
 
     #[tool(description = "Stop a task: SIGTERM to its processes, SIGKILL after a grace period. \

@@ -98,6 +98,10 @@ pub struct Sent {
     pub task: String,
     /// Bytes written to the task's stdin (the message and its newline).
     pub bytes: u64,
+    /// Kept for the task's resumed attempt instead (its machine lost its
+    /// process; it declares a resume command): the resumed agent reads it
+    /// first.
+    pub kept: bool,
     #[serde(flatten)]
     pub news: News,
 }
