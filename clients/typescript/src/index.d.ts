@@ -65,6 +65,12 @@ export interface Task {
   resume_how: string | null;
   /** Its resource limits (`memory_bytes`, `cpu_millis`, `pids`), when it has some. */
   resources: Record<string, unknown> | null;
+  /**
+   * An `agent` task with a resume command: the declaration (`spec`), the
+   * values captured from its output (`captured`), `resumes`, the input kept
+   * for its next attempt (`pending_input`) and the machine it resumes on.
+   */
+  agent_resume: Record<string, unknown> | null;
 }
 
 /** What `submit` sends besides the command (schema `SubmitBody`). */
@@ -111,6 +117,15 @@ export interface SubmitOptions {
   cpu_millis?: number;
   /** Most processes and threads alive at once. */
   pids?: number;
+  /**
+   * For an `agent` task: run this instead of leaving it `unknown` once its
+   * machine proves its process gone; `{name}` takes a value `captures` found.
+   */
+  resume_command?: string;
+  /** Regular expressions over its output lines: `session: (\S+)` captures `session`. */
+  captures?: string[];
+  /** Resume on any machine (its session is on shared storage). */
+  resume_anywhere?: boolean;
   /** The same key never makes a second task; generated when absent. */
   idempotency_key?: string;
 }
@@ -154,6 +169,8 @@ export interface Killed {
 export interface Sent {
   task: string;
   bytes: number;
+  /** Kept for the task's resumed attempt (its machine lost its process). */
+  kept: boolean;
 }
 
 export interface Waited {

@@ -179,7 +179,7 @@ def submitted(data: Any, key: str) -> "Submitted":
 
 def sent(data: Any) -> "Sent":
     try:
-        return Sent(str(data["task"]), int(data["bytes"]))
+        return Sent(str(data["task"]), int(data["bytes"]), bool(data.get("kept", False)))
     except (KeyError, TypeError, ValueError) as e:
         raise TenureError("bad-response", f"send answer: {e}") from e
 

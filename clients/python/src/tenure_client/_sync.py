@@ -145,6 +145,9 @@ class Client:
         concurrency_key: Optional[str] = None,
         concurrency_limit: Optional[int] = None,
         hold: Optional[bool] = None,
+        resume_command: Optional[str] = None,
+        captures: Optional[Iterable[str]] = None,
+        resume_anywhere: Optional[bool] = None,
         idempotency_key: Optional[str] = None,
     ) -> Submitted:
         """Start a task: ``command`` runs as ``sh -c COMMAND`` (``kind`` defaults to
@@ -154,7 +157,11 @@ class Client:
         without one a new key is generated and returned in the answer.
         ``on`` places it on workers whose labels satisfy each constraint,
         ``concurrency_key``/``concurrency_limit`` cap how many of the key run at
-        once, and ``hold`` keeps it ``blocked`` until :meth:`approve`.
+        once, and ``hold`` keeps it ``blocked`` until :meth:`approve`. An
+        ``agent`` task with ``resume_command`` (``{name}`` placeholders filled
+        from ``captures``, regular expressions over its output lines) is
+        resumed instead of left ``unknown`` once its machine proves its
+        process gone (anywhere with ``resume_anywhere``).
         """
         body, key = _core.submit_body(
             command,
@@ -174,6 +181,9 @@ class Client:
                 concurrency_key=concurrency_key,
                 concurrency_limit=concurrency_limit,
                 hold=hold,
+                resume_command=resume_command,
+                captures=list(captures) if captures is not None else None,
+                resume_anywhere=resume_anywhere,
                 idempotency_key=idempotency_key,
             ),
         )

@@ -104,6 +104,11 @@ class Task:
     resume_how: Optional[str]
     #: Its resource limits (``memory_bytes``, ``cpu_millis``, ``pids``), when it has some.
     resources: Optional[Any] = None
+    #: An ``agent`` task with a resume command: the declaration (``spec``),
+    #: the values captured from its output (``captured``), ``resumes``, the
+    #: input kept for its next attempt (``pending_input``) and the machine it
+    #: resumes on (``machine``).
+    agent_resume: Optional[Any] = None
 
     @property
     def terminal(self) -> bool:
@@ -173,10 +178,12 @@ class Killed:
 
 @dataclass(frozen=True)
 class Sent:
-    """Input delivered to an agent task's stdin."""
+    """Input delivered to an agent task's stdin (or, ``kept``, kept for its
+    resumed attempt: its machine lost its process)."""
 
     task: str
     bytes: int
+    kept: bool = False
 
 
 @dataclass(frozen=True)
