@@ -1,12 +1,13 @@
 //! `--timeout` and `--idle-timeout` over a real cluster: the attempt's shim
 //! ends the task on its own clock, with the normal kill sequence, and the task
-//! fails saying which limit passed — also while its worker is dead.
+//! fails saying which limit passed — also while its worker is dead, and while
+//! its coordinator fails over. A workflow's timeout covers its steps.
 
 mod common;
 
 use std::time::Duration;
 
-use common::{group_alive, stderr, stdout, Cluster};
+use common::{group_alive, stderr, stdout, Cluster, FAST_LEASE};
 
 const BOUND: Duration = Duration::from_secs(30);
 
@@ -53,6 +54,40 @@ fn the_timeout_holds_while_the_worker_is_dead() {
     assert_eq!(snap["attempt"], 1, "ended by its limit, never run again");
 }
 
+/// The pgid a task printed first (`echo $$`), once it did.
+fn printed_pgid(c: &Cluster, task: &str) -> i32 {
+    tenure_testkit::eventually(BOUND, || stdout(&c.cli(&["logs", task])).trim().parse().ok())
+        .unwrap_or_else(|| panic!("{task} printed no pgid:\n{}", c.logs()))
+}
+
+#[test]
+fn a_hung_task_is_ended_at_its_timeout_while_its_coordinator_fails_over() {
+    let mut c = Cluster::start_coordinators(2, 1, &FAST_LEASE);
+    let task = c.submit(&["--timeout", "4s", "--", "echo $$; sleep 600"]);
+    c.wait_status(&task, "running", BOUND);
+    let pgid = printed_pgid(&c, &task);
+    c.kill9("coordinator-c1");
+    c.wait_leader("c2");
+    let snap = c.wait_status(&task, "failed", BOUND);
+    assert!(detail(&snap).starts_with("timed-out: ran longer than its timeout of 4s"), "{snap}");
+    assert_eq!(snap["attempt"], 1, "{snap}");
+    assert!(!group_alive(pgid), "the timed-out task's group {pgid} still runs");
+}
+
+#[test]
+fn a_workflows_timeout_covers_its_steps() {
+    let c = Cluster::start(1);
+    let flow = c.submit(&["--timeout", "3s", "--step", "true", "--step", "echo $$; sleep 600", "--step", "echo never"]);
+    let snap = c.wait_status(&flow, "failed", BOUND);
+    assert!(detail(&snap).starts_with("timed-out: the workflow ran longer than its timeout of 3s"), "{snap}");
+    let steps = snap["steps"].as_array().cloned().unwrap_or_default();
+    assert_eq!(steps[0]["status"], "completed", "{snap}");
+    assert!(steps[2]["task"].is_null(), "no step begins after the deadline: {snap}");
+    let step = steps[1]["task"].as_str().expect("step 2 ran").to_owned();
+    let pgid = printed_pgid(&c, &step);
+    assert!(!group_alive(pgid), "step 2's group {pgid} still runs");
+}
+
 #[test]
 fn bad_limits_are_refused_at_submit_and_change_nothing() {
     let c = Cluster::start(1);
@@ -60,7 +95,7 @@ fn bad_limits_are_refused_at_submit_and_change_nothing() {
         &["submit", "--timeout", "0s", "--", "true"][..],
         &["submit", "--idle-timeout", "31days", "--", "true"],
         &["submit", "--timeout", "soon", "--", "true"],
-        &["submit", "--timeout", "1m", "--step", "true"],
+        &["submit", "--idle-timeout", "1m", "--step", "true"],
     ] {
         let out = c.cli(args);
         assert!(!out.status.success(), "{args:?} accepted");

@@ -478,6 +478,7 @@ impl Core {
             tracing::warn!(%worker, ttl_ms = ttl.as_millis() as u64, "worker lost: no heartbeat within ttl; asking its sidecar");
         }
         self.ask_about_lost_workers(now, fx);
+        self.workflow_deadlines(now);
         self.expire_waits(now, fx);
         self.resend_unanswered(now, fx);
     }

@@ -295,7 +295,7 @@ const ATTEMPT_ENTRY_OVERHEAD: usize = 192 + tenure_protocol::ids::MAX_WORKER_ID_
 /// delayed start. Nothing for a task without either.
 fn history_bound(spec: &TaskSpec) -> usize {
     let entries = history_entries(spec) as usize;
-    let log = if entries > 0 || spec.not_before.is_some() { 128 } else { 0 };
+    let log = if entries > 0 || spec.not_before.is_some() || spec.limits.is_some() { 128 } else { 0 };
     let values = if spec.resume.is_some() { captured_bound() } else { 0 };
     log + entries * (MAX_ATTEMPT_DETAIL_BYTES + ATTEMPT_ENTRY_OVERHEAD + values)
 }
@@ -374,7 +374,7 @@ pub fn largest_size(owner: &SessionId, spec: &TaskSpec, step: Option<u32>) -> Re
             granted_boot: Some("0".repeat(64).into()),
         }
     });
-    if spec.retry.is_some() || spec.not_before.is_some() || spec.resume.is_some() {
+    if spec.retry.is_some() || spec.not_before.is_some() || spec.resume.is_some() || spec.limits.is_some() {
         let entries = history_entries(spec);
         let entry = |attempt| AttemptEnd {
             attempt: Attempt(attempt),
@@ -393,6 +393,7 @@ pub fn largest_size(owner: &SessionId, spec: &TaskSpec, step: Option<u32>) -> Re
             ready_clock_ms: u64::MAX,
             ready_wall_ms: Some(u64::MAX),
             started_at_ms: Some(u64::MAX),
+            deadline_clock_ms: u64::MAX,
             resume,
         }));
     }

@@ -87,6 +87,11 @@ pub struct AttemptLog {
     /// When the current attempt was seen running (wall clock, for humans).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at_ms: Option<u64>,
+    /// A workflow with a timeout: the registry time (see `clock_ms`) by
+    /// which it must have ended, fixed when its steps began; 0 for none. In
+    /// registry time, so a new leader holds the same deadline.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub deadline_clock_ms: u64,
     /// What an `agent` task that declares a resume command has captured,
     /// how often it was resumed, the input kept for its next attempt and
     /// where it resumes (see `core/resume.rs`). Kept here, not in a field
@@ -420,6 +425,7 @@ mod tests {
         };
         let mut r = TaskRecord::new("shell-2".parse().unwrap(), "s".parse().unwrap(), Uuid::nil(), spec, 1);
         r.attempts = Some(Box::new(AttemptLog {
+            deadline_clock_ms: 0,
             resume: None,
             history: vec![AttemptEnd {
                 resumed: None,

@@ -138,6 +138,26 @@ pub struct TimeLimits {
 pub const TIMED_OUT: &str = "timed-out";
 /// The detail tag of a task ended for staying silent longer than its idle timeout.
 pub const IDLE_TIMEOUT: &str = "idle-timeout";
+/// `1h 30m`, `90s`, `250ms`: a limit of `ms` milliseconds the way it was
+/// probably written (in details that say why a task ended).
+pub fn duration_text(ms: u64) -> String {
+    if !ms.is_multiple_of(1000) {
+        return format!("{ms}ms");
+    }
+    let mut secs = ms / 1000;
+    let mut parts = Vec::new();
+    for (unit, size) in [("d", 86_400), ("h", 3_600), ("m", 60), ("s", 1)] {
+        if secs >= size {
+            parts.push(format!("{}{unit}", secs / size));
+            secs %= size;
+        }
+    }
+    match parts.is_empty() {
+        true => "0s".to_owned(),
+        false => parts.join(" "),
+    }
+}
+
 /// The longest time limit accepted (30 days).
 pub const MAX_TIME_LIMIT_MS: u64 = 30 * 24 * 3600 * 1000;
 
@@ -281,10 +301,13 @@ impl TaskSpec {
             p.check()?;
         }
         if let Some(limits) = &self.limits {
-            // Enforced on the worker machine; a workflow's steps are tasks
-            // of their own and do not inherit it (yet).
-            if self.kind == Kind::workflow() {
-                return Err(SpecError::TimeLimit(format!("a {} task takes no time limit", self.kind)));
+            // A workflow's timeout covers its steps (each step gets what is
+            // left of it); it writes no output of its own to be idle in.
+            if self.kind == Kind::workflow() && limits.idle_timeout_ms.is_some() {
+                return Err(SpecError::TimeLimit(format!(
+                    "a {} task takes no idle timeout (its steps' output is their own)",
+                    self.kind
+                )));
             }
             for (name, ms) in [("timeout", limits.timeout_ms), ("idle timeout", limits.idle_timeout_ms)] {
                 match ms {
@@ -421,6 +444,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn limits_are_shown_as_written() {
+        let cases = [(90_000, "1m 30s"), (250, "250ms"), (7_200_000, "2h"), (86_400_000 + 1_000, "1d 1s"), (0, "0s")];
+        for (ms, text) in cases {
+            assert_eq!(duration_text(ms), text);
+        }
+    }
+
+    #[test]
     fn accepts_a_plain_command() {
         assert_eq!(TaskSpec::shell("l", "echo hi").validate(), Ok(()));
     }
@@ -436,12 +467,16 @@ mod tests {
         for bad in [with(Some(0), None), with(None, Some(0)), with(Some(MAX_TIME_LIMIT_MS + 1), None)] {
             assert!(matches!(bad.validate(), Err(SpecError::TimeLimit(_))), "{bad:?}");
         }
-        let workflow = TaskSpec {
+        // A workflow's timeout covers its steps; an idle timeout it cannot have.
+        let workflow = |timeout, idle| TaskSpec {
             kind: Kind::workflow(),
             steps: vec![StepSpec { kind: Kind::shell(), command: "true".into() }],
-            ..with(Some(1000), None)
+            ..with(timeout, idle)
         };
-        assert!(matches!(workflow.validate(), Err(SpecError::TimeLimit(m)) if m.contains("workflow")));
+        assert_eq!(workflow(Some(1000), None).validate(), Ok(()));
+        assert!(
+            matches!(workflow(None, Some(1000)).validate(), Err(SpecError::TimeLimit(m)) if m.contains("workflow"))
+        );
         // A spec without limits round-trips as one without.
         let old = TaskSpec::shell("l", "echo hi");
         let decoded: TaskSpec = crate::decode(&crate::encode(&old).unwrap()).unwrap();

@@ -14,6 +14,12 @@
 //! ends the workflow `killed`; the last step completing completes it. The
 //! workflow's notice stands for its steps: a step that ends is `reported` with
 //! it and raises no notice of its own.
+//!
+//! A workflow's `--timeout` covers its steps: its deadline (registry time) is
+//! stored when its steps begin; each step is created with what is left of it
+//! as its own timeout (so its machine ends it on time even while no leader
+//! answers); once the deadline passed, a step still running is stopped, no
+//! further step begins, and the workflow fails `timed-out`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -120,10 +126,33 @@ impl Core {
         s
     }
 
-    /// Begins a just-submitted workflow: running at once, first step created.
+    /// Begins a just-submitted workflow: running at once (with its deadline,
+    /// when it has a timeout), first step created.
     pub(super) fn begin_workflow(&mut self, workflow: &TaskId, now: Now, fx: &mut Vec<Effect>) {
+        let clock = self.registry_ms(now);
+        let timeout = self.tasks.get(workflow).and_then(|w| w.spec.limits.as_ref()).and_then(|l| l.timeout_ms);
+        if let (Some(ms), Some(w)) = (timeout, self.tasks.get_mut(workflow)) {
+            // Stored with the change `StepsBegan` persists.
+            w.attempts.get_or_insert_with(Box::default).deadline_clock_ms = clock.saturating_add(ms).max(1);
+        }
         self.event(workflow, Event::StepsBegan { epoch: self.epoch }, now, fx);
         self.advance(workflow, now, fx);
+    }
+
+    /// Marks due every running workflow whose deadline passed (checked at
+    /// each tick), so that `advance` stops it.
+    pub(super) fn workflow_deadlines(&mut self, now: Now) {
+        let clock = self.registry_ms(now);
+        let late: Vec<TaskId> = self
+            .workflows
+            .steps
+            .keys()
+            .filter(|w| self.tasks.get(*w).is_some_and(|r| r.life.status == Status::Running && past(r, clock)))
+            .cloned()
+            .collect();
+        for w in late {
+            self.workflows.due(&w);
+        }
     }
 
     /// Advances every workflow something happened to since the last call.
@@ -141,11 +170,15 @@ impl Core {
             return;
         }
         let (steps, killing) = (w.spec.steps.len() as u32, w.life.kill_requested);
+        let late = past(w, self.registry_ms(now)).then(|| timed_out(w));
         let current = self.workflows.current(workflow);
         let Some((index, child)) = current else {
-            return match killing {
-                true => self.end_workflow(workflow, Ending::Killed, "killed before its first step".into(), now, fx),
-                false => self.create_step(workflow, 0, now, fx),
+            return match (killing, late) {
+                (true, _) => {
+                    self.end_workflow(workflow, Ending::Killed, "killed before its first step".into(), now, fx)
+                }
+                (false, Some(why)) => self.end_workflow(workflow, Ending::Failed, why, now, fx),
+                (false, None) => self.create_step(workflow, 0, now, fx),
             };
         };
         let Some(c) = self.tasks.get(&child) else {
@@ -168,15 +201,29 @@ impl Core {
                 let detail = format!("killed after step {} of {steps}", index + 1);
                 self.end_workflow(workflow, Ending::Killed, detail, now, fx)
             }
-            Status::Completed => self.create_step(workflow, index + 1, now, fx),
             Status::Killed if killing => self.end_workflow(workflow, Ending::Killed, step("was killed"), now, fx),
+            // Its time is up: no further step begins, and a step that ended
+            // otherwise than completed ended for it (its own timeout is what
+            // was left of the workflow's).
+            Status::Completed | Status::Killed | Status::Failed if late.is_some() => {
+                let why = late.unwrap_or_default();
+                let detail = match status {
+                    Status::Completed => format!("{why}, after step {} of {steps}", index + 1),
+                    _ => format!("{why}; {}", step("did not complete")),
+                };
+                self.end_workflow(workflow, Ending::Failed, detail, now, fx)
+            }
+            Status::Completed => self.create_step(workflow, index + 1, now, fx),
             Status::Killed => self.end_workflow(workflow, Ending::Failed, step("was killed"), now, fx),
             Status::Failed => self.end_workflow(workflow, Ending::Failed, step("failed"), now, fx),
             // Not settled yet (running, or unknown until evidence arrives): a
-            // kill of the workflow is carried to the step, once.
-            _ if killing && !child_killed => {
+            // kill of the workflow, or its deadline, is carried to the step, once.
+            _ if (killing || late.is_some()) && !child_killed => {
                 // The step is stopped for the workflow's reason.
-                let reason = self.tasks.get(workflow).and_then(|w| w.life.kill_reason.clone());
+                let reason = match &late {
+                    Some(why) if !killing => Some(why.clone().into()),
+                    _ => self.tasks.get(workflow).and_then(|w| w.life.kill_reason.clone()),
+                };
                 self.event(&child, Event::KillRequested { reason }, now, fx);
                 if self.tasks.get(&child).is_some_and(|c| c.life.status == Status::Stopping) {
                     self.send_kill(&child, now, fx);
@@ -188,7 +235,15 @@ impl Core {
 
     fn create_step(&mut self, workflow: &TaskId, index: u32, now: Now, fx: &mut Vec<Effect>) {
         let Some(w) = self.tasks.get(workflow) else { return };
-        let Some(spec) = w.spec.step(index as usize) else { return };
+        let Some(mut spec) = w.spec.step(index as usize) else { return };
+        // What is left of the workflow's timeout is the step's own: its
+        // machine ends it on time even while no leader answers.
+        let deadline = w.attempts.as_ref().map_or(0, |a| a.deadline_clock_ms);
+        if deadline > 0 {
+            let left = deadline.saturating_sub(self.registry_ms(now)).max(1);
+            spec.limits =
+                Some(Box::new(tenure_protocol::spec::TimeLimits { timeout_ms: Some(left), idle_timeout_ms: None }));
+        }
         let (owner, key, trace) = (w.owner.clone(), w.idempotency_key, w.trace.clone());
         let id = match self.submits.allocate().and_then(|n| {
             TaskId::new(spec.kind.clone(), n)
@@ -234,4 +289,16 @@ impl Core {
     pub(super) fn steps_of(&self, workflow: &TaskId) -> Vec<TaskId> {
         self.workflows.steps.get(workflow).map(|c| c.values().cloned().collect()).unwrap_or_default()
     }
+}
+
+/// Whether workflow `w` has a deadline and registry time `clock` is past it.
+fn past(w: &TaskRecord, clock: u64) -> bool {
+    w.attempts.as_ref().is_some_and(|a| a.deadline_clock_ms > 0 && clock >= a.deadline_clock_ms)
+}
+
+/// The detail of a workflow ended by its timeout.
+fn timed_out(w: &TaskRecord) -> String {
+    let ms = w.spec.limits.as_ref().and_then(|l| l.timeout_ms).unwrap_or_default();
+    let timeout = tenure_protocol::spec::duration_text(ms);
+    format!("{}: the workflow ran longer than its timeout of {timeout}", tenure_protocol::spec::TIMED_OUT)
 }

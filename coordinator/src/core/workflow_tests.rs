@@ -262,3 +262,82 @@ fn a_workflow_waiting_on_an_unknown_step_says_so_and_goes_on_when_the_step_settl
     let view = snapshot(&mut h, &flow);
     assert!(view.hint.is_none() && view.steps[1].task.is_some(), "{view:?}");
 }
+
+fn timed_flow(timeout_ms: u64) -> TaskSpec {
+    TaskSpec {
+        limits: Some(Box::new(tenure_protocol::spec::TimeLimits {
+            timeout_ms: Some(timeout_ms),
+            idle_timeout_ms: None,
+        })),
+        ..TaskSpec::workflow("t", ["make".to_owned(), "make test".to_owned()])
+    }
+}
+
+fn step_timeout(g: &LeaseGrant) -> Option<u64> {
+    g.spec.limits.as_ref().and_then(|l| l.timeout_ms)
+}
+
+/// A workflow's timeout covers its steps: each step gets what is left of it
+/// as its own timeout; past the deadline the running step is stopped, no
+/// later step begins, and the workflow fails `timed-out`.
+#[test]
+fn a_workflows_timeout_covers_its_steps() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 4);
+    let (flow, g) = start_flow(&mut h, timed_flow(10_000));
+    assert_eq!(step_timeout(&g[0].1), Some(10_000), "the first step has the whole timeout");
+    h.advance(Duration::from_secs(6));
+    let g2 = grants(&finish(&mut h, "w1", &g[0].1.clone(), Ending::Completed));
+    let left = step_timeout(&g2[0].1).expect("the second step has what is left");
+    assert!((3_000..=4_000).contains(&left), "{left}");
+    let step = g2[0].1.task.clone();
+    h.report("w1", &step, 1, ReportEvent::Started { pid: 8 });
+    // Not yet.
+    h.advance(Duration::from_secs(3));
+    h.input(Input::Tick);
+    assert_eq!(h.status(&step), Status::Running);
+    // Past the deadline: the step is stopped for the workflow's reason.
+    h.advance(Duration::from_secs(2));
+    let fx = h.input(Input::Tick);
+    assert!(
+        fx.iter().any(|e| matches!(e, Effect::Command { command: WorkerCommand::Kill(k), .. } if k.task == step)),
+        "the running step is killed: {fx:?}"
+    );
+    assert_eq!(h.status(&step), Status::Stopping);
+    let reason = h.core.task(&step).unwrap().life.kill_reason.clone();
+    assert!(reason.as_deref().is_some_and(|r| r.starts_with("timed-out:")), "{reason:?}");
+    h.input(Input::Report {
+        reply_to: None,
+        report: Report {
+            worker: w("w1"),
+            task: step.clone(),
+            attempt: Attempt(1),
+            epoch: Epoch(3),
+            event: ReportEvent::Finished(Outcome::new(Ending::Killed, None, Some("killed".into()))),
+        },
+    });
+    let view = snapshot(&mut h, &flow);
+    assert_eq!(view.status, Status::Failed);
+    let detail = view.detail.unwrap_or_default();
+    assert!(detail.starts_with("timed-out: the workflow ran longer than its timeout of 10s"), "{detail}");
+    assert!(detail.contains("step 2 of 2"), "{detail}");
+}
+
+/// The deadline holds for a step that never started (no worker), and across
+/// a takeover: the new leader reads it from the registry.
+#[test]
+fn a_workflows_deadline_outlives_its_leader_and_ends_a_step_that_never_ran() {
+    let mut h = Harness::new();
+    let (flow, g) = start_flow(&mut h, timed_flow(5_000));
+    assert!(g.is_empty(), "no worker: the step waits");
+    let durable: Vec<TaskRecord> = h.core.tasks.values().cloned().collect();
+    assert!(durable.iter().any(|r| r.attempts.as_ref().is_some_and(|a| a.deadline_clock_ms > 0)));
+    let mut next =
+        take_over(&durable.into_iter().map(|r| (r.id.clone(), r)).collect(), CoreConfig::default(), h.now.wall_ms);
+    next.advance(Duration::from_secs(6));
+    next.input(Input::Tick);
+    let view = snapshot(&mut next, &flow);
+    assert_eq!(view.status, Status::Failed, "{view:?}");
+    assert!(view.detail.as_deref().is_some_and(|d| d.starts_with("timed-out:")), "{view:?}");
+    assert_eq!(view.steps[0].status, Some(Status::Killed), "{view:?}");
+}

@@ -152,7 +152,7 @@ mod tests {
                 assert_eq!(required, Some(true), "{field} is always there: {schema}");
             }
         }
-        let sent = Sent { task: "agent-3".into(), bytes: 6, news: News::default() };
+        let sent = Sent { task: "agent-3".into(), bytes: 6, kept: false, news: News::default() };
         let value = serde_json::to_value(&sent).expect("serializes");
         assert_eq!(value, serde_json::json!({"task": "agent-3", "bytes": 6, "unreported": [], "matched": []}));
     }
