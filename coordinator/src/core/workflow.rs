@@ -147,7 +147,7 @@ impl Core {
             .workflows
             .steps
             .keys()
-            .filter(|w| self.tasks.get(*w).is_some_and(|r| r.life.status == Status::Running && past(r, clock)))
+            .filter(|w| self.tasks.get(w).is_some_and(|r| r.life.status == Status::Running && past(r, clock)))
             .cloned()
             .collect();
         for w in late {
