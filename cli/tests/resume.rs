@@ -44,6 +44,22 @@ fn logs(c: &Cluster, task: &str) -> String {
     stdout(&c.cli(&["logs", task]))
 }
 
+/// A cluster whose machine w1 (on boot `boot-1`) runs the agent, which
+/// printed its session and had it captured; w2, another machine that runs
+/// agents, has joined since.
+fn agent_on_w1(extra: &[&str]) -> (Cluster, String) {
+    let mut c = Cluster::start(0);
+    let script = write_agent(&c);
+    c.start_machine_on_boot("w1", "boot-1", &["--no-cgroups"]);
+    c.wait_workers(1);
+    let task = submit_agent(&c, &script, extra);
+    wait_output(&c, &task, "session: abc123");
+    wait_captured(&c, &task);
+    c.start_worker("w2");
+    c.wait_workers(2);
+    (c, task)
+}
+
 /// Waits until the leader recorded the captured session.
 fn wait_captured(c: &Cluster, task: &str) {
     let captured = eventually(BOUND, || {
@@ -109,16 +125,8 @@ fn finish(c: &Cluster, task: &str, resumed_on: &str) {
 
 #[test]
 fn an_agent_whose_machine_restarts_resumes_there_with_its_session_and_the_kept_input() {
-    let mut c = Cluster::start(0);
-    let script = write_agent(&c);
-    c.start_machine_on_boot("w1", "boot-1", &["--no-cgroups"]);
-    c.wait_workers(1);
-    let task = submit_agent(&c, &script, &[]);
-    wait_output(&c, &task, "session: abc123");
-    wait_captured(&c, &task);
-    // Another machine with room: the session lives on w1, so it waits for w1.
-    c.start_worker("w2");
-    c.wait_workers(2);
+    // w2 has room, but the session lives on w1: it waits for w1.
+    let (mut c, task) = agent_on_w1(&[]);
     lose_machine_and_keep_input(&mut c, &task);
 
     // The machine comes back after a reboot: its records prove the process
@@ -132,14 +140,7 @@ fn an_agent_whose_machine_restarts_resumes_there_with_its_session_and_the_kept_i
 
 #[test]
 fn an_agent_whose_machine_is_wiped_resumes_on_another_worker_with_resume_anywhere() {
-    let mut c = Cluster::start(0);
-    let script = write_agent(&c);
-    c.start_machine_on_boot("w1", "boot-1", &["--no-cgroups"]);
-    c.wait_workers(1);
-    let task = submit_agent(&c, &script, &["--resume-anywhere"]);
-    wait_captured(&c, &task);
-    c.start_worker("w2");
-    c.wait_workers(2);
+    let (mut c, task) = agent_on_w1(&["--resume-anywhere"]);
     lose_machine_and_keep_input(&mut c, &task);
 
     // The machine is rebuilt: a new boot and an empty data directory. It
@@ -157,14 +158,7 @@ fn an_agent_whose_machine_is_wiped_resumes_on_another_worker_with_resume_anywher
 /// the hint says why it was not resumed.
 #[test]
 fn a_wiped_store_on_the_same_boot_is_no_proof() {
-    let mut c = Cluster::start(0);
-    let script = write_agent(&c);
-    c.start_machine_on_boot("w1", "boot-1", &["--no-cgroups"]);
-    c.wait_workers(1);
-    let task = submit_agent(&c, &script, &["--resume-anywhere"]);
-    wait_captured(&c, &task);
-    c.start_worker("w2");
-    c.wait_workers(2);
+    let (mut c, task) = agent_on_w1(&["--resume-anywhere"]);
     c.kill_machine("w1");
     remove_dir(&c.worker_dir("w1"));
     c.start_machine_on_boot("w1", "boot-1", &["--no-cgroups"]);

@@ -693,40 +693,8 @@ pub fn apply(l: &Lifecycle, event: &Event) -> Decision {
 fn retry_move(l: &Lifecycle, event: &Event) -> Option<Decision> {
     use Status::*;
     let decision = match event {
-        Event::Retry { attempt, epoch } => {
-            if !is_current(l, *attempt, *epoch) {
-                return Some(Decision::Unchanged(Unchanged::Stale));
-            }
-            match l.status {
-                Leased | Running | Paused | Unknown if l.idempotent && !l.kill_requested => {
-                    let mut next = l.clone();
-                    next.status = Queued;
-                    next.worker = None;
-                    next.hint = None;
-                    next.outcome = None;
-                    Decision::Changed(next)
-                }
-                Queued => Decision::Unchanged(Unchanged::Duplicate),
-                _ => Decision::Unchanged(Unchanged::NotApplicable),
-            }
-        }
-        Event::Resume { attempt, epoch } => {
-            if !is_current(l, *attempt, *epoch) {
-                return Some(Decision::Unchanged(Unchanged::Stale));
-            }
-            match l.status {
-                Leased | Running | Paused | Unknown if !l.kill_requested => {
-                    let mut next = l.clone();
-                    next.status = Queued;
-                    next.worker = None;
-                    next.hint = None;
-                    next.outcome = None;
-                    Decision::Changed(next)
-                }
-                Queued => Decision::Unchanged(Unchanged::Duplicate),
-                _ => Decision::Unchanged(Unchanged::NotApplicable),
-            }
-        }
+        Event::Retry { attempt, epoch } => requeue(l, *attempt, *epoch, l.idempotent),
+        Event::Resume { attempt, epoch } => requeue(l, *attempt, *epoch, true),
         Event::WorkerLostFinal { worker } => {
             if l.worker.as_ref() != Some(worker) || !l.status.is_on_worker() {
                 return Some(Decision::Unchanged(Unchanged::NotApplicable));
@@ -757,6 +725,29 @@ fn retry_move(l: &Lifecycle, event: &Event) -> Option<Decision> {
         _ => return None,
     };
     Some(decision)
+}
+
+/// A retry or resume of the current attempt (`allowed`: the event's own
+/// condition): queued again from a worker (`leased`, `running`, `paused`)
+/// or `unknown`, clean of worker, hint and outcome, its attempt number kept
+/// (the next grant is a new attempt); never with a kill requested.
+fn requeue(l: &Lifecycle, attempt: Attempt, epoch: Epoch, allowed: bool) -> Decision {
+    use Status::*;
+    if !is_current(l, attempt, epoch) {
+        return Decision::Unchanged(Unchanged::Stale);
+    }
+    match l.status {
+        Leased | Running | Paused | Unknown if allowed && !l.kill_requested => {
+            let mut next = l.clone();
+            next.status = Queued;
+            next.worker = None;
+            next.hint = None;
+            next.outcome = None;
+            Decision::Changed(next)
+        }
+        Queued => Decision::Unchanged(Unchanged::Duplicate),
+        _ => Decision::Unchanged(Unchanged::NotApplicable),
+    }
 }
 
 /// The pause rules: `Some` for a pause or resume, `None` for every other

@@ -154,6 +154,9 @@ mod tests {
         }
         let sent = Sent { task: "agent-3".into(), bytes: 6, kept: false, news: News::default() };
         let value = serde_json::to_value(&sent).expect("serializes");
-        assert_eq!(value, serde_json::json!({"task": "agent-3", "bytes": 6, "unreported": [], "matched": []}));
+        assert_eq!(
+            value,
+            serde_json::json!({"task": "agent-3", "bytes": 6, "kept": false, "unreported": [], "matched": []})
+        );
     }
 }
