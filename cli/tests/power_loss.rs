@@ -24,7 +24,7 @@ use tenure_powerfs::{CutOptions, Mounted, Options, PowerFs};
 use tenure_protocol::messages::{LeaseGrant, SidecarRefusal, SidecarReply, SidecarRequest};
 use tenure_protocol::{Attempt, Epoch, TaskSpec};
 use tenure_sidecar::{Machine, SledStore};
-use tenure_testkit::{eventually, processes_using, NatsCluster, NatsServer};
+use tenure_testkit::{eventually, processes_using, remove_groups_named, NatsCluster, NatsServer};
 
 const BOUND: Duration = Duration::from_secs(60);
 
@@ -72,28 +72,6 @@ impl Power {
         let worker: tenure_protocol::WorkerId = "w1".parse().expect("id");
         let name = tenure_worker::cgroup::parent_name(&worker, &mnt.join("workers").join("w1"));
         remove_groups_named(Path::new("/sys/fs/cgroup"), &name, 5);
-    }
-}
-
-/// Removes every (emptied) control group called `name` under `dir`, with
-/// its attempt groups, looking `depth` levels down.
-fn remove_groups_named(dir: &Path, name: &str, depth: usize) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for e in entries.flatten() {
-        let path = e.path();
-        if !e.file_type().is_ok_and(|t| t.is_dir()) {
-            continue;
-        }
-        if e.file_name() == name {
-            for child in std::fs::read_dir(&path).into_iter().flatten().flatten() {
-                if child.file_type().is_ok_and(|t| t.is_dir()) {
-                    let _ = std::fs::remove_dir(child.path());
-                }
-            }
-            let _ = std::fs::remove_dir(&path);
-        } else if depth > 0 {
-            remove_groups_named(&path, name, depth - 1);
-        }
     }
 }
 

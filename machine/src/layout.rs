@@ -301,6 +301,19 @@ fn ensure_regular(file: &File, path: &Path) -> io::Result<()> {
     }
 }
 
+/// The name of a worker's parent group, in each hierarchy: its id and a
+/// digest of its data directory's path (stable across restarts, so a
+/// restarted worker finds its attempts' groups again).
+pub fn cgroup_parent_name(worker: &tenure_protocol::WorkerId, data_dir: &Path) -> String {
+    // FNV-1a: stable across builds and platforms, unlike the std hasher.
+    let digest = data_dir
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+    format!("tenure-{worker}-{:08x}", digest as u32 ^ (digest >> 32) as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

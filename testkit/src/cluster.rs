@@ -62,6 +62,27 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.harness.stop_all(|_, _| {});
         end_shims_under(self.dir.path());
+        self.remove_machine_cgroups();
+    }
+}
+
+impl Cluster {
+    /// Removes the (emptied) control groups of this cluster's machines, as
+    /// a reboot would: a shim ended by SIGKILL, or a machine whose power a
+    /// test cut, leaves its attempt's group behind, and with it the
+    /// machine's parent group.
+    pub fn remove_machine_cgroups(&self) {
+        let Ok(machines) = std::fs::read_dir(self.dir.path().join("workers")) else { return };
+        for m in machines.flatten() {
+            let Some(id) = m.file_name().to_str().and_then(|n| n.parse::<tenure_protocol::WorkerId>().ok()) else {
+                continue;
+            };
+            let dir = m.path().canonicalize().unwrap_or_else(|_| m.path());
+            for data_dir in [m.path(), dir] {
+                let name = tenure_machine::layout::cgroup_parent_name(&id, &data_dir);
+                crate::remove_groups_named(Path::new("/sys/fs/cgroup"), &name, 5);
+            }
+        }
     }
 }
 

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 use tenure_protocol::resources::ResourceSupport;
-use tenure_protocol::{Attempt, TaskId, WorkerId};
+use tenure_protocol::{Attempt, TaskId};
 
 /// The controllers a limit is enforced with, by their kernel names.
 pub const CONTROLLERS: [&str; 3] = ["memory", "cpu", "pids"];
@@ -121,18 +121,9 @@ pub fn join(mount: &Path, group: &str) -> PathBuf {
     }
 }
 
-/// The name of a worker's parent group, in each hierarchy: its id and a
-/// digest of its data directory's path (stable across restarts, so a
-/// restarted worker finds its attempts' groups again).
-pub fn parent_name(worker: &WorkerId, data_dir: &Path) -> String {
-    // FNV-1a: stable across builds and platforms, unlike the std hasher.
-    let digest = data_dir
-        .as_os_str()
-        .as_encoded_bytes()
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
-    format!("tenure-{worker}-{:08x}", digest as u32 ^ (digest >> 32) as u32)
-}
+/// The name of a worker's parent group, in each hierarchy (named with the
+/// data layout: the test harness finds a machine's groups by it too).
+pub use tenure_machine::layout::cgroup_parent_name as parent_name;
 
 /// The name of an attempt's group: the name of its attempt directory, so
 /// that a group found on the host says which attempt it is.
@@ -251,7 +242,7 @@ cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
         let mount = Path::new("/sys/fs/cgroup");
         assert_eq!(join(mount, "/"), PathBuf::from("/sys/fs/cgroup"));
         assert_eq!(join(mount, "/a/b"), PathBuf::from("/sys/fs/cgroup/a/b"));
-        let worker: WorkerId = "w-1".parse().unwrap();
+        let worker: tenure_protocol::WorkerId = "w-1".parse().unwrap();
         let task: TaskId = "shell-7".parse().unwrap();
         let name = parent_name(&worker, Path::new("/srv/w-1"));
         assert!(name.starts_with("tenure-w-1-") && name.len() == "tenure-w-1-".len() + 8, "{name}");
