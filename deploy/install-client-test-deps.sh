@@ -19,10 +19,11 @@ if [ -z "$python" ]; then
   echo "error: python3 (>= 3.9) with pip is needed for the Python client's tests: apt-get install python3 python3-pip" >&2
   exit 1
 fi
-# The MCP SDK's major version is pinned: its client API is what the tests use.
-packages=("pytest>=7" "httpx>=0.24" "mcp>=2.3,<3")
-if ! PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}" "$python" -c 'import pytest, httpx, mcp' >/dev/null 2>&1; then
-  echo "installing pytest, httpx and mcp into .tools/python..." >&2
+# The MCP SDK's major version is pinned: its client API is what the tests use;
+# openapi-python-client is the stock generator the gateway's document is fed to.
+packages=("pytest>=7" "httpx>=0.24" "mcp>=2.3,<3" "openapi-python-client>=0.28,<1")
+if ! PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}" "$python" -c 'import pytest, httpx, mcp, openapi_python_client' >/dev/null 2>&1; then
+  echo "installing pytest, httpx, mcp and openapi-python-client into .tools/python..." >&2
   if ! "$python" -m pip --version >/dev/null 2>&1; then
     echo "error: pip is needed to install pytest, httpx and mcp: apt-get install python3-pip" >&2
     exit 1
@@ -32,7 +33,7 @@ if ! PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}" "$python" -c 'import pytest
   if ! "$python" -m pip install --quiet --upgrade --target "$target" "${packages[@]}" >&2; then
     "$python" -m pip install --quiet --upgrade --break-system-packages --target "$target" "${packages[@]}" >&2
   fi
-  PYTHONPATH="$target" "$python" -c 'import pytest, httpx, mcp' >&2
+  PYTHONPATH="$target" "$python" -c 'import pytest, httpx, mcp, openapi_python_client' >&2
 fi
 
 node_major() { node --version 2>/dev/null | sed -n 's/^v\([0-9]*\).*/\1/p'; }
