@@ -31,11 +31,17 @@ pub enum ApiRequest {
         all: bool,
     },
     /// One page of the list, by task number, after `after`: at most
-    /// [`MAX_LIST_PAGE_BYTES`] of snapshots; `next` continues it.
+    /// [`MAX_LIST_PAGE_BYTES`] of snapshots; `next` continues it. With
+    /// `before`, newest first instead: tasks numbered below it (every task
+    /// when `before` is `u64::MAX`), highest number first; `next` is then
+    /// the `before` of the following page. `after` is ignored with `before`.
     ListPage {
         session: SessionId,
         all: bool,
         after: Option<u64>,
+        /// Absent from older clients' requests: they page oldest first.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        before: Option<u64>,
     },
     Kill {
         session: SessionId,
@@ -411,6 +417,10 @@ pub struct TaskSnapshot {
     /// Epoch milliseconds (wall clock, for humans).
     pub created_at_ms: u64,
     pub started_at_ms: Option<u64>,
+    /// When its current attempt was seen running, for a task that keeps an
+    /// attempt history (`started_at_ms` is its first attempt's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_started_at_ms: Option<u64>,
     pub finished_at_ms: Option<u64>,
     /// A kill or a wait delivered the terminal state to the owner (`get` and
     /// `ls` never set it).
