@@ -564,6 +564,15 @@ fn tasks_list_newest_first_page_by_page_and_a_task_shows_its_history() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     let (status, _) = gw.get("/v1/tasks?order=sideways", &alice);
     assert_eq!(status, StatusCode::BAD_REQUEST);
+    // The document declares the new parameters and the view's timeline.
+    let (_, doc) = json_of(gw.http.get(format!("{}/openapi.json", gw.url)).send().expect("GET /openapi.json"));
+    let params = doc["paths"]["/v1/tasks"]["get"]["parameters"].as_array().cloned().unwrap_or_default();
+    let names: Vec<&str> = params.iter().filter_map(|p| p["name"].as_str()).collect();
+    for name in ["all", "after", "order", "before", "limit"] {
+        assert!(names.contains(&name), "{name} is not documented: {names:?}");
+    }
+    let view = &doc["components"]["schemas"]["TaskView"]["properties"];
+    assert!(view["timeline"].is_object(), "TaskView.timeline is not documented: {view}");
 
     // The history of a finished task: submitted, its attempt, its end (it
     // runs long enough for its start to be seen).
