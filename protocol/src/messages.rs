@@ -1227,6 +1227,25 @@ pub struct AttemptRecord {
 mod tests {
     use super::*;
 
+    /// An older client's `ListPage` (no `before`) decodes as oldest first,
+    /// and a newer client's without `before` is the same bytes an older
+    /// coordinator reads.
+    #[test]
+    fn a_list_page_without_before_is_the_old_request() {
+        #[derive(Serialize)]
+        enum Old {
+            ListPage { session: SessionId, all: bool, after: Option<u64> },
+        }
+        let session: SessionId = "alice".parse().unwrap();
+        let old = crate::encode(&Old::ListPage { session: session.clone(), all: true, after: Some(4) }).unwrap();
+        let new = ApiRequest::ListPage { session, all: true, after: Some(4), before: None };
+        assert_eq!(crate::decode::<ApiRequest>(&old).unwrap(), new);
+        assert_eq!(crate::encode(&new).unwrap(), old);
+        let newest =
+            ApiRequest::ListPage { session: "alice".parse().unwrap(), all: true, after: None, before: Some(9) };
+        assert_eq!(crate::decode::<ApiRequest>(&crate::encode(&newest).unwrap()).unwrap(), newest);
+    }
+
     #[test]
     fn a_stale_answer_settles_a_report_only_from_an_epoch_at_or_above_the_highest_seen() {
         let seen = Epoch(5);
