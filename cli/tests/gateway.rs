@@ -500,6 +500,96 @@ fn chromium() -> Option<PathBuf> {
     })
 }
 
+/// Every task id of `path`'s pages as `token`, following `next` with
+/// `cursor` (`after` or `before`), and how many pages it took.
+fn paged(gw: &Gateway, token: &str, path: &str, cursor: &str) -> (Vec<String>, usize) {
+    let (mut ids, mut pages, mut from) = (Vec::new(), 0, None::<u64>);
+    loop {
+        let url = match from {
+            Some(n) => format!("{path}&{cursor}={n}"),
+            None => path.to_owned(),
+        };
+        let (status, page) = gw.get(&url, token);
+        assert_eq!(status, StatusCode::OK, "{url}: {page}");
+        pages += 1;
+        assert!(pages < 100, "{path} never ended");
+        ids.extend(page["tasks"].as_array().expect("tasks").iter().map(|t| t["id"].as_str().unwrap().to_owned()));
+        match page["next"].as_u64() {
+            Some(n) => from = Some(n),
+            None => return (ids, pages),
+        }
+    }
+}
+
+fn number(id: &str) -> u64 {
+    id.rsplit('-').next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("a task id: {id}"))
+}
+
+/// `GET /v1/tasks?order=newest`: highest task number first, paged with
+/// `before` to the end, only the caller's; and a task's timeline.
+#[test]
+fn tasks_list_newest_first_page_by_page_and_a_task_shows_its_history() {
+    let mut c = Cluster::start(1);
+    let gw = Gateway::start(&mut c);
+    let (alice, bob) = (gw.token("alice", None), gw.token("bob", None));
+    let mut mine = Vec::new();
+    for i in 0..7 {
+        if i == 3 {
+            let (status, _) = gw.post("/v1/tasks", &bob, json!({"command": "true", "label": "bob's"}));
+            assert_eq!(status, StatusCode::CREATED);
+        }
+        let (status, sub) = gw.post("/v1/tasks", &alice, json!({"command": "true", "label": format!("a{i}")}));
+        assert_eq!(status, StatusCode::CREATED, "{sub}");
+        mine.push(sub["task"].as_str().unwrap().to_owned());
+    }
+    let newest: Vec<String> = mine.iter().rev().cloned().collect();
+    let (ids, pages) = paged(&gw, &alice, "/v1/tasks?all=true&order=newest&limit=3", "before");
+    assert_eq!((ids.clone(), pages), (newest.clone(), 3), "newest first, three pages of at most 3");
+    let (ids, _) = paged(&gw, &alice, "/v1/tasks?all=true&order=newest", "before");
+    assert_eq!(ids, newest, "one page without a limit");
+    // From the middle; and the old order stays the default.
+    let middle = number(&newest[2]);
+    let (ids, _) = paged(&gw, &alice, &format!("/v1/tasks?all=true&order=newest&before={middle}"), "before");
+    assert_eq!(ids, newest[3..].to_vec());
+    let (ids, _) = paged(&gw, &alice, "/v1/tasks?all=true&limit=2", "after");
+    assert_eq!(ids, mine, "oldest first by default");
+    // Bob sees nothing of alice's.
+    let (ids, _) = paged(&gw, &bob, "/v1/tasks?all=true&order=newest&limit=2", "before");
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    assert!(!mine.contains(&ids[0]));
+    // Mixed cursors are refused.
+    let (status, body) = gw.get("/v1/tasks?before=3", &alice);
+    assert_eq!((status, body["code"].as_str()), (StatusCode::BAD_REQUEST, Some("bad-query")), "{body}");
+    let (status, _) = gw.get("/v1/tasks?order=newest&after=3", &alice);
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = gw.get("/v1/tasks?order=sideways", &alice);
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    // The document declares the new parameters and the view's timeline.
+    let (_, doc) = json_of(gw.http.get(format!("{}/openapi.json", gw.url)).send().expect("GET /openapi.json"));
+    let params = doc["paths"]["/v1/tasks"]["get"]["parameters"].as_array().cloned().unwrap_or_default();
+    let names: Vec<&str> = params.iter().filter_map(|p| p["name"].as_str()).collect();
+    for name in ["all", "after", "order", "before", "limit"] {
+        assert!(names.contains(&name), "{name} is not documented: {names:?}");
+    }
+    let view = &doc["components"]["schemas"]["TaskView"]["properties"];
+    assert!(view["timeline"].is_object(), "TaskView.timeline is not documented: {view}");
+
+    // The history of a finished task: submitted, its attempt, its end (it
+    // runs long enough for its start to be seen).
+    let (_, sub) = gw.post("/v1/tasks", &alice, json!({"command": "sleep 2", "label": "history"}));
+    let last = sub["task"].as_str().unwrap().to_owned();
+    let (_, w) = gw.get(&format!("/v1/tasks/{last}/wait?timeout_ms=30000"), &alice);
+    assert_eq!(w["task"]["status"], "completed", "{w}");
+    let timeline = w["task"]["timeline"].as_array().cloned().unwrap_or_default();
+    let whats: Vec<&str> = timeline.iter().filter_map(|e| e["what"].as_str()).collect();
+    assert_eq!(whats, ["submitted", "attempt-started", "ended"], "{timeline:?}");
+    assert_eq!((&timeline[1]["attempt"], &timeline[1]["worker"]), (&json!(1), &json!("w1")), "{timeline:?}");
+    assert!(timeline[2]["detail"].as_str().is_some_and(|d| d.starts_with("completed")), "{timeline:?}");
+    assert!(timeline.iter().all(|e| e["at"].as_str().is_some_and(|a| a.ends_with('Z'))), "{timeline:?}");
+    let at: Vec<u64> = timeline.iter().filter_map(|e| e["at_ms"].as_u64()).collect();
+    assert!(at.windows(2).all(|w| w[0] <= w[1]), "oldest first: {at:?}");
+}
+
 /// The browser of the board's tests; `None` (skip) only when there is none
 /// and `TENURE_SKIP_BROWSER=1` says skipping is meant.
 fn browser_or_skip() -> Option<PathBuf> {
@@ -756,6 +846,100 @@ fn on_the_board_tasks_move_live_and_a_click_on_kill_stops_one() {
     let (_, snap) = gw.get(&format!("/v1/tasks/{victim}"), &alice);
     assert_eq!(snap["status"], "killed", "{snap}");
     page.screenshot(&artifacts().join("board-killed.png"));
+    assert!(page.errors.is_empty(), "the page raised errors: {:?}", page.errors);
+}
+
+/// Many tasks on the board: the newest page first, older pages loaded as
+/// the list scrolls, only the rows in view in the page, filters over what
+/// is loaded, a new task on top; a task page shows its history with the
+/// attempt and the end; no error on the way.
+#[test]
+fn the_board_pages_newest_first_loads_older_tasks_on_scroll_and_shows_a_history() {
+    let Some(bin) = browser_or_skip() else { return };
+    let mut c = Cluster::start(1);
+    let gw = Gateway::start(&mut c);
+    let (alice, bob) = (gw.token("alice", None), gw.token("bob", None));
+    // The oldest task runs and ends; sixty more wait for an approval (cheap: they never run).
+    let (_, sub) = gw.post("/v1/tasks", &alice, json!({"command": "sleep 2; echo ran", "label": "the oldest"}));
+    let oldest = sub["task"].as_str().unwrap().to_owned();
+    let (_, w) = gw.get(&format!("/v1/tasks/{oldest}/wait?timeout_ms=30000"), &alice);
+    assert_eq!(w["task"]["status"], "completed", "{w}");
+    let mut held = Vec::new();
+    for i in 0..60 {
+        let (status, sub) =
+            gw.post("/v1/tasks", &alice, json!({"command": "true", "label": format!("held {i}"), "hold": true}));
+        assert_eq!(status, StatusCode::CREATED, "{sub}");
+        held.push(sub["task"].as_str().unwrap().to_owned());
+    }
+    let (_, theirs) = gw.post("/v1/tasks", &bob, json!({"command": "true", "label": "bob's", "hold": true}));
+    let theirs = theirs["task"].as_str().unwrap().to_owned();
+    let newest = held.last().unwrap().clone();
+
+    let mut page = cdp::Browser::open(&bin, &format!("{}/#token={alice}&page-size=30", gw.url));
+    let bound = Duration::from_secs(60);
+    let rows = "[...document.querySelectorAll('#tasks tr.row')].map(r => r.dataset.task)";
+    let first = page.wait_for(&format!("{rows}[0]"), bound);
+    assert_eq!(first, Some(json!(newest)), "the newest task is on top");
+    let shown: Vec<String> = serde_json::from_value(page.eval(rows)).unwrap_or_default();
+    let numbers: Vec<u64> = shown.iter().map(|t| number(t)).collect();
+    assert!(numbers.windows(2).all(|w| w[0] > w[1]), "newest first: {shown:?}");
+    assert!(!shown.contains(&oldest), "the oldest is not loaded before a scroll: {shown:?}");
+    let count = page.eval("document.getElementById('count').textContent");
+    assert!(count.as_str().is_some_and(|t| t.contains("older ones load as you scroll")), "{count}");
+
+    // Scrolling down loads older pages until the oldest task shows.
+    let scroll_to_end = format!(
+        "(() => {{ const s = document.getElementById('scroller'); s.scrollTop = s.scrollHeight; \
+         return !!document.querySelector('tr[data-task=\"{oldest}\"]'); }})()"
+    );
+    assert!(
+        page.wait_for(&scroll_to_end, bound).is_some(),
+        "the oldest never loaded: {}",
+        page.eval("document.getElementById('count').textContent")
+    );
+    let count = page.wait_for("document.getElementById('count').textContent.startsWith('61 tasks, newest first') && document.getElementById('count').textContent", bound);
+    assert!(count.is_some(), "every task loaded once: {}", page.eval("document.getElementById('count').textContent"));
+    let in_dom = page.eval("document.querySelectorAll('#tasks tr.row').length").as_u64().unwrap_or(0);
+    assert!((1..=45).contains(&in_dom), "only the rows in view and a few around are in the page: {in_dom}");
+    assert!(
+        page.eval(&format!("!!document.querySelector('tr[data-task=\"{theirs}\"]')")) == json!(false),
+        "bob's task is not on alice's board"
+    );
+    page.screenshot(&artifacts().join("board-paged.png"));
+
+    // The status filter works over the loaded tasks.
+    let pick = |f: &str| {
+        format!("[...document.querySelectorAll('#filters button')].find(b => b.textContent.startsWith('{f} ')).click()")
+    };
+    page.eval(&pick("completed"));
+    let only = page.wait_for(&format!("JSON.stringify({rows}) === JSON.stringify(['{oldest}'])"), bound);
+    assert!(only.is_some(), "the completed filter shows only {oldest}: {}", page.eval(rows));
+    page.eval(&pick("all"));
+
+    // A task submitted while the board is open appears on top.
+    let (_, sub) = gw.post("/v1/tasks", &alice, json!({"command": "true", "label": "latest", "hold": true}));
+    let latest = sub["task"].as_str().unwrap().to_owned();
+    page.eval("document.getElementById('scroller').scrollTop = 0");
+    let top = page.wait_for(&format!("{rows}[0] === '{latest}'"), bound);
+    assert!(top.is_some(), "{latest} never appeared on top: {}", page.eval(rows));
+    let in_dom = page.eval("document.querySelectorAll('#tasks tr.row').length").as_u64().unwrap_or(0);
+    assert!((1..=45).contains(&in_dom), "at the top too, only the rows in view and a few around: {in_dom}");
+
+    // The oldest task's page: its history, with its attempt and its end.
+    page.eval(&format!("location.hash = 'task={oldest}'"));
+    let ended = page.wait_for("document.querySelector('#timeline li[data-what=\"ended\"]')?.textContent", bound);
+    let ended = ended.unwrap_or_else(|| {
+        panic!("no end in the history: {}", page.eval("document.getElementById('timeline').outerHTML"))
+    });
+    assert!(ended.as_str().is_some_and(|t| t.contains("completed") && t.contains("attempt 1")), "{ended}");
+    let started = page.eval("document.querySelector('#timeline li[data-what=\"attempt-started\"]')?.textContent");
+    assert!(started.as_str().is_some_and(|t| t.contains("attempt 1") && t.contains("on w1")), "{started}");
+    let whats = page.eval("[...document.querySelectorAll('#timeline li')].map(l => l.dataset.what)");
+    assert_eq!(whats, json!(["submitted", "attempt-started", "ended"]));
+    let hover = page.eval("document.querySelector('#timeline li[data-what=\"ended\"] time').title");
+    assert!(hover.as_str().is_some_and(|t| t.ends_with('Z')), "RFC 3339 on hover: {hover}");
+    page.screenshot(&artifacts().join("board-history.png"));
+    assert_eq!(page.eval("document.body.dataset.errors ?? null"), Value::Null);
     assert!(page.errors.is_empty(), "the page raised errors: {:?}", page.errors);
 }
 

@@ -217,7 +217,7 @@ impl Client {
     pub async fn list(&self, all: bool) -> Result<Vec<TaskSnapshot>, Error> {
         let (mut list, mut after) = (Vec::new(), None);
         loop {
-            let req = ApiRequest::ListPage { session: self.session.clone(), all, after };
+            let req = ApiRequest::ListPage { session: self.session.clone(), all, after, before: None };
             match self.call(&req, API_TIMEOUT).await? {
                 ApiResponse::Page { tasks, next } => {
                     list.extend(tasks);

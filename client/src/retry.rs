@@ -261,7 +261,7 @@ mod tests {
         let table = [
             (submit, Repeat::Safe),
             (ApiRequest::Get { session: session.clone(), task: task.clone() }, Repeat::Safe),
-            (ApiRequest::ListPage { session: session.clone(), all: true, after: None }, Repeat::Safe),
+            (ApiRequest::ListPage { session: session.clone(), all: true, after: None, before: None }, Repeat::Safe),
             (ApiRequest::Wait { session: session.clone(), task: task.clone(), timeout_ms: 1 }, Repeat::Safe),
             (ApiRequest::Status, Repeat::Safe),
             (ApiRequest::MarkReported { session: session.clone(), task: task.clone() }, Repeat::Safe),

@@ -211,6 +211,7 @@ impl TaskRecord {
             hint: self.life.hint.as_deref().cloned(),
             created_at_ms: self.created_at_ms,
             started_at_ms: self.started_at_ms,
+            attempt_started_at_ms: self.attempts.as_ref().and_then(|a| a.started_at_ms),
             finished_at_ms: self.finished_at_ms,
             reported: self.reported,
             board: self.life.board,

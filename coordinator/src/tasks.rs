@@ -53,6 +53,11 @@ impl Tasks {
     pub(crate) fn after(&self, n: u64) -> impl Iterator<Item = &TaskRecord> {
         self.by_number.range(n.saturating_add(1)..).map(|(_, r)| &**r)
     }
+
+    /// The records numbered below `n`, highest first.
+    pub(crate) fn before(&self, n: u64) -> impl Iterator<Item = &TaskRecord> {
+        self.by_number.range(..n).rev().map(|(_, r)| &**r)
+    }
 }
 
 #[cfg(test)]

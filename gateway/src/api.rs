@@ -208,6 +208,42 @@ pub struct TaskView {
     /// and the machine it resumes on (`machine`).
     #[schema(value_type = Option<Object>)]
     pub agent_resume: Option<serde_json::Value>,
+    /// Its status history, oldest first, derived from the facts its record
+    /// keeps: submitted, held, each attempt's start and end, the current
+    /// attempt, the end. Transitions that leave no stored fact (leased,
+    /// stopping, pauses, when it was approved) are not in it.
+    #[serde(default)]
+    pub timeline: Vec<TimelineEntry>,
+}
+
+/// One entry of a task's status history.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema, schemars::JsonSchema)]
+pub struct TimelineEntry {
+    /// RFC 3339, UTC; absent when the fact has no stored time (a kill
+    /// request, an outcome in doubt).
+    pub at: Option<String>,
+    pub at_ms: Option<u64>,
+    /// submitted, held, attempt-started, attempt-ended, not-before,
+    /// kill-requested, in-doubt or ended.
+    pub what: String,
+    pub attempt: Option<u32>,
+    pub worker: Option<String>,
+    /// How an attempt or the task ended, why it is held, the epoch of the
+    /// current attempt.
+    pub detail: Option<String>,
+}
+
+impl From<tenure_protocol::timeline::Entry> for TimelineEntry {
+    fn from(e: tenure_protocol::timeline::Entry) -> TimelineEntry {
+        TimelineEntry {
+            at: e.at_ms.map(rfc3339),
+            at_ms: e.at_ms,
+            what: e.what.as_str().to_owned(),
+            attempt: e.attempt,
+            worker: e.worker.as_ref().map(ToString::to_string),
+            detail: e.detail,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema, schemars::JsonSchema)]
@@ -266,6 +302,7 @@ impl From<&TaskSnapshot> for TaskView {
             resume_how: s.resume.as_ref().map(|r| r.how.clone()),
             resources: s.resources.as_ref().and_then(|r| serde_json::to_value(r).ok()),
             agent_resume: s.agent_resume.as_ref().and_then(|r| serde_json::to_value(r).ok()),
+            timeline: s.timeline().into_iter().map(TimelineEntry::from).collect(),
         }
     }
 }
@@ -551,14 +588,41 @@ pub struct ListQuery {
     /// Also archived and reported tasks (default: active and unreported).
     #[serde(default)]
     pub all: bool,
-    /// Continue after this task number (`next` of the previous page).
+    /// Continue after this task number (`next` of the previous page; oldest
+    /// first only).
     pub after: Option<u64>,
+    /// `oldest` (default: by task number, ascending, with `after`) or
+    /// `newest` (highest number first, with `before`).
+    #[serde(default)]
+    #[param(inline)]
+    pub order: Order,
+    /// Newest first only: tasks numbered below this (`next` of the previous
+    /// page; default: from the newest).
+    pub before: Option<u64>,
+    /// At most this many tasks in the page (1 to 1000; default: as many as
+    /// fit tenure's page, bounded by size).
+    pub limit: Option<u32>,
+}
+
+/// The most tasks one page may be asked for.
+pub const MAX_PAGE_TASKS: u32 = 1000;
+
+/// The order of a task listing.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Order {
+    /// Task number ascending; pages continue with `after`.
+    #[default]
+    Oldest,
+    /// Task number descending (newest first); pages continue with `before`.
+    Newest,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Page {
     pub tasks: Vec<TaskView>,
-    /// Pass as `after` for the next page; absent on the last.
+    /// Pass as `after` (oldest first) or `before` (newest first) for the
+    /// next page; absent on the last.
     pub next: Option<u64>,
 }
 
@@ -566,9 +630,32 @@ pub struct Page {
 #[utoipa::path(get, path = "/v1/tasks", params(ListQuery),
     responses((status = 200, body = Page), (status = 401, body = ErrorBody)))]
 pub async fn list(caller: Caller, Query(q): Query<ListQuery>) -> Reply<Page> {
-    let req = ApiRequest::ListPage { session: caller.client.session().clone(), all: q.all, after: q.after };
+    let session = caller.client.session().clone();
+    let req = match q.order {
+        Order::Oldest => {
+            if q.before.is_some() {
+                return Err(Error::bad_request("bad-query", "`before` pages newest first: add `order=newest`"));
+            }
+            ApiRequest::ListPage { session, all: q.all, after: q.after, before: None }
+        }
+        Order::Newest => {
+            if q.after.is_some() {
+                return Err(Error::bad_request(
+                    "bad-query",
+                    "`after` pages oldest first: use `before` with `order=newest`",
+                ));
+            }
+            ApiRequest::ListPage { session, all: q.all, after: None, before: Some(q.before.unwrap_or(u64::MAX)) }
+        }
+    };
     match caller.client.request(&req, &tenure_client::Policy::READ).await? {
-        ApiResponse::Page { tasks, next } => {
+        ApiResponse::Page { mut tasks, mut next } => {
+            let limit = q.limit.unwrap_or(MAX_PAGE_TASKS).clamp(1, MAX_PAGE_TASKS) as usize;
+            if tasks.len() > limit {
+                // The page continues after the last task kept, in either order.
+                tasks.truncate(limit);
+                next = tasks.last().map(|t| t.id.number());
+            }
             Ok(axum::Json(Page { tasks: tasks.iter().map(TaskView::from).collect(), next }))
         }
         other => Err(unexpected(&other)),

@@ -16,6 +16,7 @@ pub mod resume;
 pub mod retry;
 pub mod spec;
 pub mod subjects;
+pub mod timeline;
 
 pub use codec::{decode, encode, CodecError, MAX_MESSAGE_BYTES};
 pub use ids::{Attempt, Epoch, IdError, Kind, SessionId, TaskId, WorkerId};

@@ -31,11 +31,17 @@ pub enum ApiRequest {
         all: bool,
     },
     /// One page of the list, by task number, after `after`: at most
-    /// [`MAX_LIST_PAGE_BYTES`] of snapshots; `next` continues it.
+    /// [`MAX_LIST_PAGE_BYTES`] of snapshots; `next` continues it. With
+    /// `before`, newest first instead: tasks numbered below it (every task
+    /// when `before` is `u64::MAX`), highest number first; `next` is then
+    /// the `before` of the following page. `after` is ignored with `before`.
     ListPage {
         session: SessionId,
         all: bool,
         after: Option<u64>,
+        /// Absent from older clients' requests: they page oldest first.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        before: Option<u64>,
     },
     Kill {
         session: SessionId,
@@ -411,6 +417,10 @@ pub struct TaskSnapshot {
     /// Epoch milliseconds (wall clock, for humans).
     pub created_at_ms: u64,
     pub started_at_ms: Option<u64>,
+    /// When its current attempt was seen running, for a task that keeps an
+    /// attempt history (`started_at_ms` is its first attempt's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_started_at_ms: Option<u64>,
     pub finished_at_ms: Option<u64>,
     /// A kill or a wait delivered the terminal state to the owner (`get` and
     /// `ls` never set it).
@@ -1216,6 +1226,25 @@ pub struct AttemptRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An older client's `ListPage` (no `before`) decodes as oldest first,
+    /// and a newer client's without `before` is the same bytes an older
+    /// coordinator reads.
+    #[test]
+    fn a_list_page_without_before_is_the_old_request() {
+        #[derive(Serialize)]
+        enum Old {
+            ListPage { session: SessionId, all: bool, after: Option<u64> },
+        }
+        let session: SessionId = "alice".parse().unwrap();
+        let old = crate::encode(&Old::ListPage { session: session.clone(), all: true, after: Some(4) }).unwrap();
+        let new = ApiRequest::ListPage { session, all: true, after: Some(4), before: None };
+        assert_eq!(crate::decode::<ApiRequest>(&old).unwrap(), new);
+        assert_eq!(crate::encode(&new).unwrap(), old);
+        let newest =
+            ApiRequest::ListPage { session: "alice".parse().unwrap(), all: true, after: None, before: Some(9) };
+        assert_eq!(crate::decode::<ApiRequest>(&crate::encode(&newest).unwrap()).unwrap(), newest);
+    }
 
     #[test]
     fn a_stale_answer_settles_a_report_only_from_an_epoch_at_or_above_the_highest_seen() {

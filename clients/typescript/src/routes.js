@@ -17,7 +17,7 @@ export const ROUTES = Object.freeze({
     ],
     headers: ["Idempotency-Key"],
   },
-  list: { method: "GET", path: "/v1/tasks", query: ["all", "after"] },
+  list: { method: "GET", path: "/v1/tasks", query: ["all", "after", "order", "before"] },
   get: { method: "GET", path: "/v1/tasks/{id}" },
   delete: { method: "DELETE", path: "/v1/tasks/{id}" },
   logs: { method: "GET", path: "/v1/tasks/{id}/logs", query: ["offset", "max"] },

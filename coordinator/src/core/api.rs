@@ -71,6 +71,18 @@ impl Submits {
     }
 }
 
+/// Whether a listing of `session` shows `r`: its own (every session's for
+/// an operator), by board — archived ones with `all`, deleted ones only to
+/// an operator's `all` (their records stay for audit).
+fn shown(r: &TaskRecord, session: &SessionId, all: bool, operator: bool) -> bool {
+    let on_board = match r.life.board {
+        Board::Active => all || !r.life.status.is_terminal() || !r.reported,
+        Board::Archived => all,
+        Board::Deleted => all && operator,
+    };
+    (&r.owner == session || operator) && on_board
+}
+
 impl Core {
     /// A client request; its reply (if anyone waits for one) follows the
     /// effects that make it true.
@@ -90,9 +102,13 @@ impl Core {
             ApiRequest::List { session, all } => {
                 Ok(ApiResponse::List(self.listed(&session, all, 0).map(|r| self.snapshot_of(r)).collect()))
             }
-            ApiRequest::ListPage { session, all, after } => {
+            ApiRequest::ListPage { session, all, after, before } => {
                 let (mut tasks, mut bytes, mut next) = (Vec::new(), 0usize, None);
-                for r in self.listed(&session, all, after.unwrap_or(0)) {
+                let records: Box<dyn Iterator<Item = &TaskRecord> + '_> = match before {
+                    Some(before) => Box::new(self.listed_before(&session, all, before)),
+                    None => Box::new(self.listed(&session, all, after.unwrap_or(0))),
+                };
+                for r in records {
                     let snapshot = self.snapshot_of(r);
                     let size = tenure_protocol::encode(&snapshot).map(|b| b.len()).unwrap_or(usize::MAX);
                     if !tasks.is_empty() && bytes.saturating_add(size) > MAX_LIST_PAGE_BYTES {
@@ -170,14 +186,19 @@ impl Core {
         after: u64,
     ) -> impl Iterator<Item = &'a TaskRecord> + 'a {
         let operator = self.is_operator(session);
-        self.tasks.after(after).filter(move |r| {
-            let shown = match r.life.board {
-                Board::Active => all || !r.life.status.is_terminal() || !r.reported,
-                Board::Archived => all,
-                Board::Deleted => all && operator,
-            };
-            (&r.owner == session || operator) && shown
-        })
+        self.tasks.after(after).filter(move |r| shown(r, session, all, operator))
+    }
+
+    /// The tasks a `List` of `session` shows (as [`Core::listed`]), numbered
+    /// below `before`, newest (highest number) first.
+    fn listed_before<'a>(
+        &'a self,
+        session: &'a SessionId,
+        all: bool,
+        before: u64,
+    ) -> impl Iterator<Item = &'a TaskRecord> + 'a {
+        let operator = self.is_operator(session);
+        self.tasks.before(before).filter(move |r| shown(r, session, all, operator))
     }
 
     /// Kinds a submit may name: the builtin ones and those advertised by the

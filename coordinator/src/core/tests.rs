@@ -540,7 +540,7 @@ fn list_pages_cover_every_task_once_each_page_within_the_message_limit() {
     }
     let (mut seen, mut after, mut pages) = (Vec::new(), None, 0);
     loop {
-        let (_, reply) = h.api(ApiRequest::ListPage { session: s("s"), all: true, after });
+        let (_, reply) = h.api(ApiRequest::ListPage { session: s("s"), all: true, after, before: None });
         let reply = reply.expect("a reply");
         let bytes = tenure_protocol::encode(&reply).expect("a page always fits a message").len();
         assert!(bytes <= tenure_protocol::MAX_MESSAGE_BYTES);
@@ -555,8 +555,56 @@ fn list_pages_cover_every_task_once_each_page_within_the_message_limit() {
     assert!(pages > 2, "{pages} pages");
     assert_eq!(seen, (1..=n).collect::<Vec<_>>());
     // Another session's pages are empty.
-    let (_, reply) = h.api(ApiRequest::ListPage { session: s("other"), all: true, after: None });
+    let (_, reply) = h.api(ApiRequest::ListPage { session: s("other"), all: true, after: None, before: None });
     assert!(matches!(reply, Some(Ok(ApiResponse::Page { ref tasks, next: None })) if tasks.is_empty()));
+}
+
+/// Every task a session's newest-first pages show, in order, and how many pages.
+fn newest_first(h: &mut Harness, session: &SessionId, before: u64) -> (Vec<u64>, usize) {
+    let (mut seen, mut before, mut pages) = (Vec::new(), before, 0);
+    loop {
+        let req = ApiRequest::ListPage { session: session.clone(), all: true, after: None, before: Some(before) };
+        let reply = h.api(req).1.expect("a reply");
+        let bytes = tenure_protocol::encode(&reply).expect("a page always fits a message").len();
+        assert!(bytes <= tenure_protocol::MAX_MESSAGE_BYTES);
+        let Ok(ApiResponse::Page { tasks, next }) = reply else { panic!("{reply:?}") };
+        pages += 1;
+        seen.extend(tasks.iter().map(|t| t.id.number()));
+        match next {
+            Some(lowest) => {
+                assert_eq!(Some(lowest), seen.last().copied(), "next is the lowest number shown");
+                before = lowest;
+            }
+            None => return (seen, pages),
+        }
+    }
+}
+
+#[test]
+fn newest_first_pages_cover_a_sessions_tasks_once_highest_first_and_an_operator_sees_all() {
+    let cfg = CoreConfig { operators: vec!["ops".into()], ..CoreConfig::default() };
+    let mut h = Harness::with_config(cfg);
+    let n = 3000u64;
+    for i in 0..n {
+        let owner = if i % 3 == 0 { "bob" } else { "alice" };
+        h.submit(owner, TaskSpec::shell(format!("{i}-{}", "l".repeat(300)), "true"));
+    }
+    let alice: Vec<u64> = (1..=n).rev().filter(|k| (k - 1) % 3 != 0).collect();
+    let (seen, pages) = newest_first(&mut h, &s("alice"), u64::MAX);
+    assert!(pages > 2, "{pages} pages");
+    assert_eq!(seen, alice, "alice's, highest number first, each once");
+    // From the middle: only lower numbers.
+    let (seen, _) = newest_first(&mut h, &s("alice"), 1000);
+    assert_eq!(seen, alice.iter().copied().filter(|k| *k < 1000).collect::<Vec<_>>());
+    // Bob sees none of alice's; an operator sees everyone's.
+    let (seen, _) = newest_first(&mut h, &s("bob"), u64::MAX);
+    assert_eq!(seen, (1..=n).rev().filter(|k| (k - 1) % 3 == 0).collect::<Vec<_>>());
+    let op: SessionId = "ops/console".parse().unwrap();
+    let (seen, _) = newest_first(&mut h, &op, u64::MAX);
+    assert_eq!(seen, (1..=n).rev().collect::<Vec<_>>());
+    // Nothing below the first task; a stranger's first page is empty.
+    assert_eq!(newest_first(&mut h, &s("alice"), 1), (Vec::new(), 1));
+    assert_eq!(newest_first(&mut h, &s("carol"), u64::MAX), (Vec::new(), 1));
 }
 
 #[test]

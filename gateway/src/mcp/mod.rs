@@ -234,7 +234,7 @@ impl Tools {
         let mut tasks = Vec::new();
         let mut after = None;
         loop {
-            let req = ApiRequest::ListPage { session: api.session().clone(), all: a.all, after };
+            let req = ApiRequest::ListPage { session: api.session().clone(), all: a.all, after, before: None };
             match api.request(&req, &tenure_client::Policy::READ).await.map_err(refusal)? {
                 ApiResponse::Page { tasks: page, next } => {
                     tasks.extend(

@@ -63,7 +63,7 @@ ROUTES: Dict[str, Route] = {
         ),
         headers=("Idempotency-Key",),
     ),
-    "list": Route("GET", "/v1/tasks", query=("all", "after")),
+    "list": Route("GET", "/v1/tasks", query=("all", "after", "order", "before")),
     "get": Route("GET", "/v1/tasks/{id}"),
     "delete": Route("DELETE", "/v1/tasks/{id}"),
     "logs": Route("GET", "/v1/tasks/{id}/logs", query=("offset", "max")),
