@@ -71,6 +71,12 @@ export interface Task {
    * for its next attempt (`pending_input`) and the machine it resumes on.
    */
   agent_resume: Record<string, unknown> | null;
+  /**
+   * Its status history, derived from what its record keeps: entries of `at`,
+   * `at_ms`, `what` (`submitted`, `attempt-started`, `attempt-ended`, `ended`,
+   * …), `attempt`, `worker`, `detail`.
+   */
+  timeline: Record<string, unknown>[];
 }
 
 /** What `submit` sends besides the command (schema `SubmitBody`). */

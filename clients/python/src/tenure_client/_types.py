@@ -8,7 +8,7 @@ strict about missing ones: a field the client relies on that is absent is a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Literal, Mapping, Optional, Type, TypeVar, Union
 
 #: Statuses a task can show; terminal ones never change again.
@@ -109,6 +109,10 @@ class Task:
     #: input kept for its next attempt (``pending_input``) and the machine it
     #: resumes on (``machine``).
     agent_resume: Optional[Any] = None
+    #: Its status history, derived from what its record keeps: entries of
+    #: ``at``, ``at_ms``, ``what`` (``submitted``, ``attempt-started``,
+    #: ``attempt-ended``, ``ended``, …), ``attempt``, ``worker``, ``detail``.
+    timeline: List[Any] = field(default_factory=list)
 
     @property
     def terminal(self) -> bool:
