@@ -415,8 +415,19 @@ impl Cluster {
         self.supervise()
     }
 
-    /// Stops every process this cluster started (SIGKILL, newest first).
+    /// Stops every process this cluster started (SIGKILL, newest first),
+    /// then removes its machines' emptied control groups, as a reboot
+    /// would: a machine the run crashed or wiped leaves its attempts' groups
+    /// behind (a wiped store no longer names them).
     pub fn stop(&mut self) {
         self.harness.stop_all(|_, _| {});
+        for i in 0..self.worker_links.len() {
+            let Ok(id) = format!("w{}", i + 1).parse::<tenure_protocol::WorkerId>() else { continue };
+            let dir = self.worker_dir(i);
+            for data_dir in [dir.clone(), dir.canonicalize().unwrap_or(dir)] {
+                let name = tenure_machine::layout::cgroup_parent_name(&id, &data_dir);
+                tenure_launch::cluster::remove_groups_named(Path::new("/sys/fs/cgroup"), &name, 5);
+            }
+        }
     }
 }

@@ -529,6 +529,28 @@ impl Drop for Cluster {
     }
 }
 
+/// Removes every (emptied) control group called `name` under `dir`, with
+/// its attempt groups, looking `depth` levels down.
+pub fn remove_groups_named(dir: &Path, name: &str, depth: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let path = e.path();
+        if !e.file_type().is_ok_and(|t| t.is_dir()) {
+            continue;
+        }
+        if e.file_name() == name {
+            for child in std::fs::read_dir(&path).into_iter().flatten().flatten() {
+                if child.file_type().is_ok_and(|t| t.is_dir()) {
+                    let _ = std::fs::remove_dir(child.path());
+                }
+            }
+            let _ = std::fs::remove_dir(&path);
+        } else if depth > 0 {
+            remove_groups_named(&path, name, depth - 1);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
