@@ -153,6 +153,11 @@ fn an_mcp_client_drives_tasks_through_tenure_mcp() {
     assert_eq!((&end["text"], &end["finished"]), (&json!(""), &json!(true)), "{end}");
     let listed = mcp.ok("list_tasks", json!({"status": "completed", "all": true}));
     assert!(ids(&listed["tasks"]).contains(&task), "{listed}");
+    // A list stays short for the model: histories only in `get_task`.
+    let tasks = listed["tasks"].as_array().cloned().unwrap_or_default();
+    assert!(tasks.iter().all(|t| t["timeline"] == json!([])), "{listed}");
+    let history = mcp.ok("get_task", json!({"task": task}))["task"]["timeline"].clone();
+    assert!(history.as_array().is_some_and(|h| h.len() >= 3), "submitted, started, ended: {history}");
     assert_eq!(mcp.ok("archive_task", json!({"task": task}))["task"]["board"], "archived");
 
     // Input to an agent task, then stop it.

@@ -223,7 +223,8 @@ impl Tools {
 
     #[tool(description = "List your tasks (newest last, at most 200: `omitted` says how many older \
         ones were left out), optionally only those in one status. By default only active tasks that were \
-        not reported yet; `all` adds archived and reported ones.")]
+        not reported yet; `all` adds archived and reported ones. Each task's `timeline` is left empty \
+        here; `get_task` shows it.")]
     async fn list_tasks(
         &self,
         Parameters(a): Parameters<Args<ListArgs>>,
@@ -249,7 +250,9 @@ impl Tools {
             }
         }
         let omitted = tasks.len().saturating_sub(MAX_LISTED);
-        let tasks = tasks[omitted..].iter().map(TaskView::from).collect();
+        // A list leaves each task's history out (`get_task` has it): up to
+        // 200 tasks stay a few lines each for the model.
+        let tasks = tasks[omitted..].iter().map(|t| TaskView { timeline: Vec::new(), ..TaskView::from(t) }).collect();
         Ok(Json(Listed { tasks, omitted: omitted as u64, news: self.news(&api, &ctx).await }))
     }
 
