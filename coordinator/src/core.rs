@@ -355,6 +355,9 @@ impl Core {
             // A workflow is advanced at once: the last leader may have died
             // between a step's end and the workflow's next move.
             if !r.spec.steps.is_empty() && !r.life.status.is_terminal() {
+                if r.attempts.as_ref().is_some_and(|a| a.deadline_clock_ms > 0) {
+                    core.workflows.timed(&r.id);
+                }
                 core.workflows.due(&r.id);
             }
             // A cleanup job the previous leader left pending is resumed at once.

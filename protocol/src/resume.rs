@@ -238,25 +238,25 @@ impl ResumeSpec {
             .then(|| self.captures.iter().map(|p| format!("(?:{p})")).collect::<Vec<_>>().join("|"))
     }
 
-    /// The values `line` gives, by name (a pattern that does not match gives
-    /// none; a value with a control character is not taken).
+    /// The capture patterns compiled once, to take values from many lines
+    /// (a pattern that does not compile or names nothing — refused at
+    /// submit — takes none).
+    pub fn capturer(&self) -> Capturer {
+        let patterns = self
+            .captures
+            .iter()
+            .filter_map(|p| {
+                let regex = regex::Regex::new(p).ok()?;
+                let named = regex.capture_names().flatten().next().is_some();
+                Some((capture_names(p).ok()?, named, regex))
+            })
+            .collect();
+        Capturer { patterns }
+    }
+
+    /// The values `line` gives, by name (see [`Capturer::capture`]).
     pub fn capture(&self, line: &str) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        for pattern in &self.captures {
-            let (Ok(regex), Ok(names)) = (regex::Regex::new(pattern), capture_names(pattern)) else { continue };
-            let Some(caps) = regex.captures(line) else { continue };
-            let groups: Vec<Option<regex::Match>> = match regex.capture_names().flatten().next() {
-                Some(_) => names.iter().map(|n| caps.name(n)).collect(),
-                None => vec![caps.get(1)],
-            };
-            for (name, m) in names.iter().zip(groups) {
-                let Some(value) = m.map(|m| head(m.as_str(), MAX_CAPTURE_VALUE_BYTES)) else { continue };
-                if !value.is_empty() && !value.chars().any(char::is_control) {
-                    out.push((name.clone(), value.to_owned()));
-                }
-            }
-        }
-        out
+        self.capturer().capture(line)
     }
 
     /// The command a resumed attempt runs: every placeholder replaced by its
@@ -276,6 +276,34 @@ impl ResumeSpec {
         }
         out.push_str(rest);
         Ok(out)
+    }
+}
+
+/// A resume declaration's capture patterns, compiled: each with its names
+/// and whether they are named groups (or the one group a leading word names).
+pub struct Capturer {
+    patterns: Vec<(Vec<String>, bool, regex::Regex)>,
+}
+
+impl Capturer {
+    /// The values `line` gives, by name (a pattern that does not match gives
+    /// none; a value with a control character is not taken).
+    pub fn capture(&self, line: &str) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for (names, named, regex) in &self.patterns {
+            let Some(caps) = regex.captures(line) else { continue };
+            let groups: Vec<Option<regex::Match>> = match named {
+                true => names.iter().map(|n| caps.name(n)).collect(),
+                false => vec![caps.get(1)],
+            };
+            for (name, m) in names.iter().zip(groups) {
+                let Some(value) = m.map(|m| head(m.as_str(), MAX_CAPTURE_VALUE_BYTES)) else { continue };
+                if !value.is_empty() && !value.chars().any(char::is_control) {
+                    out.push((name.clone(), value.to_owned()));
+                }
+            }
+        }
+        out
     }
 }
 

@@ -13,7 +13,7 @@
 //! never hand kept input to more than one attempt.
 
 use tenure_protocol::messages::{ApiError, ApiResponse, MatchedLine};
-use tenure_protocol::resume::{self, LossWitness, ResumeVerdict};
+use tenure_protocol::resume::{self, LossWitness, ResumeState, ResumeVerdict};
 use tenure_protocol::{Attempt, Decision, Epoch, Event, Lifecycle, RecoveryHint, SessionId, Status, TaskId, WorkerId};
 
 use super::retry::Ended;
@@ -68,7 +68,8 @@ impl Core {
         let mut fresh: Vec<&MatchedLine> = lines.iter().filter(|l| l.offset >= through && through < u64::MAX).collect();
         fresh.sort_by_key(|l| l.offset);
         let Some(last) = fresh.last().map(|l| l.offset) else { return };
-        let values: Vec<(String, String)> = fresh.iter().flat_map(|l| spec.capture(&l.text)).collect();
+        let capturer = spec.capturer();
+        let values: Vec<(String, String)> = fresh.iter().flat_map(|l| capturer.capture(&l.text)).collect();
         let state = r.resume_mut();
         for (name, value) in values {
             tracing::info!(task = %task, name = %name, "captured a value for the resume command");
@@ -147,11 +148,12 @@ impl Core {
         if r.spec.resume.is_none() || !waiting {
             return Err(not_running());
         }
-        let state = r.resume().cloned().unwrap_or_default();
-        state.room_for(message.len()).map_err(ApiError::InvalidRequest)?;
+        let none = ResumeState::default();
+        r.resume().unwrap_or(&none).room_for(message.len()).map_err(ApiError::InvalidRequest)?;
         let Some(r) = self.tasks.get_mut(task) else { return Err(ApiError::NotFound(task.to_string())) };
-        r.resume_mut().pending_input.push(message);
-        tracing::info!(task = %task, kept = state.pending_input.len() + 1, "input kept for the resumed attempt");
+        let kept = &mut r.resume_mut().pending_input;
+        kept.push(message);
+        tracing::info!(task = %task, kept = kept.len(), "input kept for the resumed attempt");
         fx.push(Effect::Persist(Box::new(r.clone())));
         let r = self.tasks.get(task).ok_or_else(|| ApiError::NotFound(task.to_string()))?;
         Ok(ApiResponse::Snapshot(self.snapshot_of(r)))

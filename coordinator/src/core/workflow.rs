@@ -36,12 +36,20 @@ pub(super) struct Workflows {
     steps: HashMap<TaskId, BTreeMap<u32, TaskId>>,
     /// Workflows to advance before this input's effects are returned.
     due: BTreeSet<TaskId>,
+    /// Workflows with a deadline that have not ended: the only ones a tick
+    /// looks at (see [`Core::workflow_deadlines`]).
+    timed: BTreeSet<TaskId>,
 }
 
 impl Workflows {
     /// Remembers a child task under its workflow (at load and at creation).
     pub(super) fn index_step(&mut self, child: &TaskId, of: &StepOf) {
         self.steps.entry(of.workflow.clone()).or_default().insert(of.index, child.clone());
+    }
+
+    /// `workflow` has a deadline and has not ended (at its begin and at load).
+    pub(super) fn timed(&mut self, workflow: &TaskId) {
+        self.timed.insert(workflow.clone());
     }
 
     /// `workflow` is advanced before the effects of this input are returned.
@@ -69,6 +77,7 @@ impl Workflows {
     /// Drops `task`'s steps (its record is gone from memory).
     pub(super) fn forget(&mut self, task: &TaskId) {
         self.steps.remove(task);
+        self.timed.remove(task);
     }
 }
 
@@ -134,20 +143,24 @@ impl Core {
         if let (Some(ms), Some(w)) = (timeout, self.tasks.get_mut(workflow)) {
             // Stored with the change `StepsBegan` persists.
             w.attempts.get_or_insert_with(Box::default).deadline_clock_ms = clock.saturating_add(ms).max(1);
+            self.workflows.timed(workflow);
         }
         self.event(workflow, Event::StepsBegan { epoch: self.epoch }, now, fx);
         self.advance(workflow, now, fx);
     }
 
     /// Marks due every running workflow whose deadline passed (checked at
-    /// each tick), so that `advance` stops it.
+    /// each tick, over the workflows with a deadline only), so that
+    /// `advance` stops it; forgets those that ended.
     pub(super) fn workflow_deadlines(&mut self, now: Now) {
         let clock = self.registry_ms(now);
+        let tasks = &self.tasks;
+        self.workflows.timed.retain(|w| tasks.get(w).is_some_and(|r| !r.life.status.is_terminal()));
         let late: Vec<TaskId> = self
             .workflows
-            .steps
-            .keys()
-            .filter(|w| self.tasks.get(w).is_some_and(|r| r.life.status == Status::Running && past(r, clock)))
+            .timed
+            .iter()
+            .filter(|w| tasks.get(w).is_some_and(|r| r.life.status == Status::Running && past(r, clock)))
             .cloned()
             .collect();
         for w in late {
