@@ -15,6 +15,7 @@ use tracing::Instrument;
 use crate::text::printable;
 use crate::{Command, SubmitArgs};
 
+mod batch;
 mod foreground;
 pub(crate) mod send;
 
@@ -29,7 +30,8 @@ pub(crate) type Api = tenure_client::Client;
 pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb: Command) -> anyhow::Result<ExitCode> {
     let api = Api::connect(nats, "tenure-cli", false, session).await?;
     match verb {
-        Command::Submit(args) => {
+        Command::Submit { batch: Some(file), .. } => batch::submit(&api, &file).await,
+        Command::Submit { task: args, batch: None } => {
             let task = submit(&api, spec_of(args)?).await?;
             println!("{task}");
             Ok(ExitCode::SUCCESS)
@@ -200,6 +202,9 @@ fn spec_of(args: SubmitArgs) -> anyhow::Result<TaskSpec> {
         })
     });
     let resources = ResourceLimits { memory_bytes: memory, cpu_millis: cpus, pids };
+    if command.is_empty() && steps.is_empty() {
+        bail!("give the command to run after `--` (e.g. `tenure submit -- make test`), or workflow steps with --step");
+    }
     let line = command_line(&command);
     let kind = if steps.is_empty() { kind } else { Kind::workflow() };
     let label = label.or_else(|| (!steps.is_empty()).then(|| format!("workflow of {} steps", steps.len())));

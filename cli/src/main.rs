@@ -386,7 +386,7 @@ struct SubmitArgs {
     #[arg(long, requires = "resume_command")]
     resume_anywhere: bool,
     /// The command line (one argument is run as is by `sh -c`; several are quoted and joined).
-    #[arg(last = true, required_unless_present = "steps")]
+    #[arg(last = true)]
     command: Vec<String>,
 }
 
@@ -466,8 +466,20 @@ enum Command {
         #[arg(long, value_delimiter = ',')]
         tls_hosts: Vec<String>,
     },
-    /// Submit a task; prints its id.
-    Submit(SubmitArgs),
+    /// Submit a task; prints its id. With `--batch`, many tasks: prints
+    /// their ids in order, one per line.
+    Submit {
+        #[command(flatten)]
+        task: SubmitArgs,
+        /// Submit the tasks of FILE (`-`: stdin) instead: JSON Lines, one
+        /// task per line in the HTTP API's submit body format, e.g.
+        /// `{"command": "make test", "idempotent": true, "idempotency_key":
+        /// "build-42"}`. Every line is checked before anything is sent; the
+        /// leader takes each 1000 tasks all or none. A line's
+        /// `idempotency_key` makes a re-run return its task, not a second.
+        #[arg(long, value_name = "FILE", conflicts_with = "SubmitArgs")]
+        batch: Option<std::path::PathBuf>,
+    },
     /// Submit a task and run it in the foreground: stream its output, forward
     /// this terminal's stdin to an `agent` task, and exit with the task's exit
     /// code. Ctrl-C detaches (the task goes on; `tenure attach ID` comes back).

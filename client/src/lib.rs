@@ -23,8 +23,8 @@ pub mod retry;
 use std::time::{Duration, Instant};
 
 use tenure_protocol::messages::{
-    ApiError, ApiReply, ApiRequest, ApiResponse, ClusterStatus, OutputChunk, OutputReply, OutputRequest, SubmitRequest,
-    TaskSnapshot, MAX_OUTPUT_CHUNK, MAX_WAIT_MS,
+    ApiError, ApiReply, ApiRequest, ApiResponse, BatchTask, ClusterStatus, OutputChunk, OutputReply, OutputRequest,
+    SubmitBatch, SubmitRequest, TaskSnapshot, MAX_OUTPUT_CHUNK, MAX_WAIT_MS,
 };
 use tenure_protocol::{subjects, SessionId, Status, TaskId, TaskSpec, WorkerId};
 
@@ -104,13 +104,9 @@ fn unexpected(verb: &'static str, reply: ApiResponse) -> Error {
     Error::UnexpectedReply { verb, reply: format!("{reply:?}") }
 }
 
-/// A submit's answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Submitted {
-    pub task: TaskId,
-    /// The key was seen before: this is the task an earlier try created.
-    pub existing: bool,
-}
+/// A submit's answer: the task, and whether its key was seen before (the
+/// task an earlier try created).
+pub use tenure_protocol::messages::Submitted;
 
 /// A wait's answer: `finished` is false when the caller's deadline passed
 /// first (the snapshot is then live).
@@ -201,6 +197,18 @@ impl Client {
         match self.request(&ApiRequest::Submit(req), policy).await? {
             ApiResponse::Submitted { task, existing } => Ok(Submitted { task, existing }),
             other => Err(unexpected("submit", other)),
+        }
+    }
+
+    /// Submits `tasks` in one request, each with its own key, retried (with
+    /// those keys) through a takeover under [`Policy::SUBMIT`]: all created,
+    /// or none when one is refused (`ApiError::InBatch` says which). The
+    /// answers come in the order given.
+    pub async fn submit_batch(&self, tasks: Vec<BatchTask>) -> Result<Vec<Submitted>, Error> {
+        let req = ApiRequest::SubmitBatch(SubmitBatch { session: self.session.clone(), tasks });
+        match self.request(&req, &Policy::SUBMIT).await? {
+            ApiResponse::SubmittedBatch(done) => Ok(done),
+            other => Err(unexpected("submit-batch", other)),
         }
     }
 

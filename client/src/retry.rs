@@ -61,6 +61,7 @@ impl Repeat {
     pub fn of(req: &ApiRequest) -> Repeat {
         match req {
             ApiRequest::Submit(_)
+            | ApiRequest::SubmitBatch(_)
             | ApiRequest::Get { .. }
             | ApiRequest::List { .. }
             | ApiRequest::ListPage { .. }

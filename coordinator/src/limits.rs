@@ -128,7 +128,7 @@ pub struct Held {
 
 /// The counts behind the quotas and the registry budget, updated at every
 /// change of a kept task.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct Usage {
     by_identity: HashMap<Box<str>, Held>,
     /// The largest size every live task's record may still reach (bytes).
@@ -148,6 +148,18 @@ impl Usage {
         if w.live > 0 {
             self.live_reserve = self.live_reserve.saturating_add(size_bound(&r.spec) as u64);
         }
+    }
+
+    /// What [`Usage::add`] adds for a new task of `owner` with `spec`, before
+    /// its record exists (a batch judging its later tasks).
+    pub(crate) fn add_new(&mut self, owner: &SessionId, spec: &TaskSpec) {
+        let held = self.by_identity.entry(owner.identity().into()).or_default();
+        held.kept = held.kept.saturating_add(1);
+        held.live = held.live.saturating_add(1);
+        if spec.final_output {
+            held.output = held.output.saturating_add(MAX_FINAL_OUTPUT_BYTES as u64);
+        }
+        self.live_reserve = self.live_reserve.saturating_add(size_bound(spec) as u64);
     }
 
     /// A record leaves the leader's memory (garbage-collected, dropped).

@@ -55,6 +55,7 @@ impl utoipa::Modify for BearerAuth {
 pub fn router() -> OpenApiRouter<State> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(submit, list))
+        .routes(routes!(submit_batch))
         .routes(routes!(get_task, delete_task))
         .routes(routes!(logs))
         .routes(routes!(crate::stream::follow_output))
@@ -430,7 +431,7 @@ pub struct Submitted {
 
 /// The idempotency key as tenure takes it: a UUID as given, any other
 /// string mapped to a UUID (v5) within the caller's identity.
-pub(crate) fn idempotency_key(identity: &str, key: Option<&str>) -> Result<uuid::Uuid, Error> {
+pub fn idempotency_key(identity: &str, key: Option<&str>) -> Result<uuid::Uuid, Error> {
     let Some(key) = key else { return Ok(uuid::Uuid::new_v4()) };
     if key.is_empty() || key.len() > 256 {
         return Err(Error::bad_request("bad-idempotency-key", "an idempotency key holds 1 to 256 characters"));
@@ -464,6 +465,47 @@ pub async fn submit(
     let done = caller.client.submit_request(req, &tenure_client::Policy::SUBMIT).await?;
     let status = if done.existing { StatusCode::OK } else { StatusCode::CREATED };
     Ok((status, axum::Json(Submitted { task: done.task.to_string(), existing: done.existing })))
+}
+
+/// Many tasks to submit in one request.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchBody {
+    /// 1 to 1000 tasks, each as `POST /v1/tasks` takes it (its
+    /// `idempotency_key` included).
+    pub tasks: Vec<SubmitBody>,
+}
+
+/// A batch's tasks, in the order they were given.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct BatchSubmitted {
+    pub tasks: Vec<Submitted>,
+}
+
+/// Submit many tasks at once: all are checked before any is created, so one
+/// refusal (its message names the task's place, counting from 1) creates
+/// none. `201` once every task is durable; `200` when every key had been
+/// seen before (a retried batch).
+#[utoipa::path(post, path = "/v1/tasks/batch", request_body = BatchBody,
+    responses((status = 201, body = BatchSubmitted, description = "created"), (status = 200, body = BatchSubmitted, description = "every key's earlier task"),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 413, body = ErrorBody), (status = 429, body = ErrorBody), (status = 503, body = ErrorBody)))]
+pub async fn submit_batch(caller: Caller, Body(body): Body<BatchBody>) -> Result<impl IntoResponse, Error> {
+    let max = tenure_protocol::messages::MAX_BATCH_TASKS;
+    if body.tasks.is_empty() || body.tasks.len() > max {
+        let why = format!("a batch holds 1 to {max} tasks, not {}", body.tasks.len());
+        return Err(Error::bad_request("invalid-batch", why));
+    }
+    let mut tasks = Vec::with_capacity(body.tasks.len());
+    for (index, task) in body.tasks.into_iter().enumerate() {
+        let place = |e: Error| Error { message: format!("task {} of the batch: {}", index + 1, e.message), ..e };
+        let idempotency_key = idempotency_key(&caller.identity, task.idempotency_key.as_deref()).map_err(place)?;
+        let spec = task.spec().map_err(place)?;
+        tasks.push(tenure_protocol::messages::BatchTask { idempotency_key, spec });
+    }
+    let done = caller.client.submit_batch(tasks).await?;
+    let status = if done.iter().all(|d| d.existing) { StatusCode::OK } else { StatusCode::CREATED };
+    let tasks = done.into_iter().map(|d| Submitted { task: d.task.to_string(), existing: d.existing }).collect();
+    Ok((status, axum::Json(BatchSubmitted { tasks })))
 }
 
 impl SubmitBody {

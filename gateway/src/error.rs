@@ -77,6 +77,8 @@ pub fn api_status(e: &ApiError) -> (StatusCode, &'static str) {
         ApiError::ConcurrencyLimitConflict { .. } => (S::CONFLICT, "concurrency-limit-conflict"),
         ApiError::ApprovalRefused { .. } => (S::FORBIDDEN, "approval-refused"),
         ApiError::NotAwaitingApproval { .. } => (S::CONFLICT, "not-awaiting-approval"),
+        // The batch task's own refusal, whose place the message names.
+        ApiError::InBatch { error, .. } => api_status(error),
     }
 }
 

@@ -20,6 +20,8 @@ use crate::spec::TaskSpec;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ApiRequest {
     Submit(SubmitRequest),
+    /// Many tasks in one request (see [`SubmitBatch`]).
+    SubmitBatch(SubmitBatch),
     Get {
         session: SessionId,
         task: TaskId,
@@ -148,6 +150,7 @@ impl ApiRequest {
     pub fn verb(&self) -> &'static str {
         match self {
             ApiRequest::Submit(_) => "submit",
+            ApiRequest::SubmitBatch(_) => "submit-batch",
             ApiRequest::Get { .. } => "get",
             ApiRequest::List { .. } | ApiRequest::ListPage { .. } => "list",
             ApiRequest::Kill { .. } => "kill",
@@ -173,6 +176,7 @@ impl ApiRequest {
     pub fn session_mut(&mut self) -> Option<&mut SessionId> {
         match self {
             ApiRequest::Submit(req) => Some(&mut req.session),
+            ApiRequest::SubmitBatch(req) => Some(&mut req.session),
             ApiRequest::Get { session, .. }
             | ApiRequest::List { session, .. }
             | ApiRequest::ListPage { session, .. }
@@ -201,6 +205,37 @@ pub struct SubmitRequest {
     pub spec: TaskSpec,
 }
 
+/// Most tasks one [`SubmitBatch`] carries.
+pub const MAX_BATCH_TASKS: usize = 1000;
+
+/// Many tasks of one owner submitted in one request: every task is judged
+/// before any is created, so one refusal (`ApiError::InBatch`, naming the
+/// task by its place) stores nothing. The reply names the tasks in the
+/// order given, once every one of them is durable. Each task has its own
+/// idempotency key: a batch retried after a lost reply (or after a takeover
+/// that stored only part of it) returns the tasks already created and
+/// creates the rest. Two tasks of one batch may not share a key.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SubmitBatch {
+    pub session: SessionId,
+    /// 1 to [`MAX_BATCH_TASKS`] tasks.
+    pub tasks: Vec<BatchTask>,
+}
+
+/// One task of a [`SubmitBatch`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchTask {
+    pub idempotency_key: Uuid,
+    pub spec: TaskSpec,
+}
+
+/// A task a submit created, or the one its key created before (`existing`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Submitted {
+    pub task: TaskId,
+    pub existing: bool,
+}
+
 /// The coordinator's answer to an [`ApiRequest`].
 pub type ApiReply = Result<ApiResponse, ApiError>;
 
@@ -210,6 +245,8 @@ pub enum ApiResponse {
         task: TaskId,
         existing: bool,
     },
+    /// A batch's tasks, in the order they were given.
+    SubmittedBatch(Vec<Submitted>),
     Snapshot(TaskSnapshot),
     List(Vec<TaskSnapshot>),
     Page {
@@ -271,6 +308,10 @@ pub enum ApiError {
     InvalidRequest(String),
     #[error("invalid task spec: {0}")]
     InvalidSpec(String),
+    /// A batch refused because of one of its tasks: `index` is its place in
+    /// the batch (from 0), `error` why. Nothing of the batch was stored.
+    #[error("task {} of the batch (counting from 1): {error}; nothing of the batch was stored", index + 1)]
+    InBatch { index: u32, error: Box<ApiError> },
     /// No live or past worker advertised the kind, and it is not builtin.
     #[error("unknown kind {kind:?}: no worker runs it (kinds known: {})", known.join(", "))]
     UnknownKind { kind: String, known: Vec<String> },

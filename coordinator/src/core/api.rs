@@ -7,14 +7,14 @@
 //! but never waits on or reports them. Task numbers are never reused, and a
 //! submit retried with its idempotency key returns the task it created.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use tenure_protocol::messages::{
-    ApiError, ApiReply, ApiRequest, ApiResponse, ClusterStatus, KillResult, SubmitRequest, TaskSnapshot,
-    MAX_KILL_REASON_BYTES, MAX_LIST_PAGE_BYTES, MAX_WAIT_MS,
+    ApiError, ApiReply, ApiRequest, ApiResponse, ClusterStatus, KillResult, SubmitBatch, SubmitRequest, Submitted,
+    TaskSnapshot, MAX_BATCH_TASKS, MAX_KILL_REASON_BYTES, MAX_LIST_PAGE_BYTES, MAX_WAIT_MS,
 };
-use tenure_protocol::{Board, Decision, Event, Kind, SessionId, Status, TaskId, Unchanged};
+use tenure_protocol::{Board, Decision, Event, Kind, SessionId, Status, TaskId, TaskSpec, Unchanged};
 use uuid::Uuid;
 
 use super::waiters::Waiter;
@@ -64,6 +64,14 @@ impl Submits {
     /// The next task number. Numbers are never reused, so once the counter
     /// cannot step past one (`u64::MAX` itself is never handed out) nothing
     /// more can be created: refused, never wrapped.
+    /// Refused unless `n` more numbers can be handed out.
+    pub(super) fn check_room(&self, n: u64) -> Result<(), ApiError> {
+        match self.next.checked_add(n) {
+            Some(_) => Ok(()),
+            None => Err(ApiError::Unavailable("task numbers are exhausted".into())),
+        }
+    }
+
     pub(super) fn allocate(&mut self) -> Result<u64, ApiError> {
         let n = self.next;
         self.next = n.checked_add(1).ok_or_else(|| ApiError::Unavailable("task numbers are exhausted".into()))?;
@@ -96,6 +104,7 @@ impl Core {
     ) {
         let reply = match request {
             ApiRequest::Submit(req) => self.submit(req, trace, now, fx),
+            ApiRequest::SubmitBatch(batch) => self.submit_batch(batch, trace, now, fx),
             ApiRequest::Get { session, task } => {
                 self.visible(&session, &task).map(|r| ApiResponse::Snapshot(self.snapshot_of(r)))
             }
@@ -233,13 +242,86 @@ impl Core {
     }
 
     fn submit(&mut self, req: SubmitRequest, trace: Option<String>, now: Now, fx: &mut Vec<Effect>) -> ApiReply {
-        let existing = self.submits.known(&req.session, req.idempotency_key);
-        if let Some(r) = existing.and_then(|n| self.tasks.by_number(n)) {
-            return Ok(ApiResponse::Submitted { task: r.id.clone(), existing: true });
+        if let Some(task) = self.submitted_before(&req.session, req.idempotency_key) {
+            return Ok(ApiResponse::Submitted { task, existing: true });
         }
-        req.spec.validate().map_err(|e| ApiError::InvalidSpec(e.to_string()))?;
+        let delay = self.admissible(&req.spec, &HashMap::new(), now)?;
+        self.usage.admit(&self.cfg.limits, &req.session, &req.spec)?;
+        let task = self.create(req.session, req.idempotency_key, req.spec, delay, trace, now, fx)?;
+        Ok(ApiResponse::Submitted { task, existing: false })
+    }
+
+    /// A batch: every new task is judged — alone, and against the quotas,
+    /// limits and concurrency keys of the tasks before it in the batch —
+    /// before any is created, so a refusal changes nothing. Creating a task
+    /// judged admissible cannot fail but for task numbers running out, which
+    /// is checked for the whole batch first.
+    fn submit_batch(&mut self, batch: SubmitBatch, trace: Option<String>, now: Now, fx: &mut Vec<Effect>) -> ApiReply {
+        let SubmitBatch { session, tasks } = batch;
+        if tasks.is_empty() || tasks.len() > MAX_BATCH_TASKS {
+            return Err(ApiError::InvalidRequest(format!(
+                "a batch holds 1 to {MAX_BATCH_TASKS} tasks, not {}",
+                tasks.len()
+            )));
+        }
+        let in_batch =
+            |index: usize, error: ApiError| ApiError::InBatch { index: index as u32, error: Box::new(error) };
+        let mut keys = HashSet::with_capacity(tasks.len());
+        let mut trial = self.usage.clone();
+        let mut limits: HashMap<Box<str>, u32> = HashMap::new();
+        let mut plan = Vec::with_capacity(tasks.len());
+        for (index, t) in tasks.iter().enumerate() {
+            if !keys.insert(t.idempotency_key) {
+                let why = format!("its idempotency key {} is also an earlier task's of the batch", t.idempotency_key);
+                return Err(in_batch(index, ApiError::InvalidRequest(why)));
+            }
+            if let Some(task) = self.submitted_before(&session, t.idempotency_key) {
+                plan.push(Err(task));
+                continue;
+            }
+            let delay = self.admissible(&t.spec, &limits, now).map_err(|e| in_batch(index, e))?;
+            trial.admit(&self.cfg.limits, &session, &t.spec).map_err(|e| in_batch(index, e))?;
+            trial.add_new(&session, &t.spec);
+            if let Some(c) = super::concurrency(&t.spec) {
+                if let (None, Some(limit)) = (self.limit_in_force(&c.key), c.limit) {
+                    limits.entry(c.key.as_str().into()).or_insert(limit);
+                }
+            }
+            plan.push(Ok(delay));
+        }
+        // Numbers for the new tasks and their workflows' steps.
+        let numbers = tasks.iter().zip(&plan).filter(|(_, p)| p.is_ok()).map(|(t, _)| 1 + t.spec.steps.len() as u64);
+        self.submits.check_room(numbers.sum())?;
+        let mut done = Vec::with_capacity(tasks.len());
+        for (t, planned) in tasks.into_iter().zip(plan) {
+            let submitted = match planned {
+                Err(task) => Submitted { task, existing: true },
+                Ok(delay) => {
+                    let task =
+                        self.create(session.clone(), t.idempotency_key, t.spec, delay, trace.clone(), now, fx)?;
+                    Submitted { task, existing: false }
+                }
+            };
+            done.push(submitted);
+        }
+        Ok(ApiResponse::SubmittedBatch(done))
+    }
+
+    /// The task `key` of `session` created, while the key is remembered.
+    fn submitted_before(&self, session: &SessionId, key: Uuid) -> Option<TaskId> {
+        let n = self.submits.known(session, key)?;
+        self.tasks.by_number(n).map(|r| r.id.clone())
+    }
+
+    /// Whether `spec` may be submitted now (all but the quotas, which are
+    /// the caller's): a valid spec, known kinds, a valid start time, a
+    /// concurrency limit that agrees with the one in force — or with
+    /// `batch_limits`, the ones earlier tasks of the same batch set. Its
+    /// start delay (ms) if so.
+    fn admissible(&self, spec: &TaskSpec, batch_limits: &HashMap<Box<str>, u32>, now: Now) -> Result<u64, ApiError> {
+        spec.validate().map_err(|e| ApiError::InvalidSpec(e.to_string()))?;
         let known = self.known_kinds();
-        let kinds = std::iter::once(&req.spec.kind).chain(req.spec.steps.iter().map(|s| &s.kind));
+        let kinds = std::iter::once(&spec.kind).chain(spec.steps.iter().map(|s| &s.kind));
         if let Some(unknown) = kinds.into_iter().find(|k| !known.contains(*k)) {
             // A leader that just took over has not heard every worker's kinds:
             // "unknown" is not known yet; the client retries.
@@ -254,25 +336,41 @@ impl Core {
                 known: known.iter().map(ToString::to_string).collect(),
             });
         }
-        let delay = match req.spec.not_before.as_deref().copied() {
+        let delay = match spec.not_before.as_deref().copied() {
             Some(at) => at.delay_from(now.wall_ms).map_err(|e| ApiError::InvalidSpec(format!("not before: {e}")))?,
             None => 0,
         };
-        self.check_concurrency(&req.spec)?;
-        self.usage.admit(&self.cfg.limits, &req.session, &req.spec)?;
+        self.check_concurrency(spec, batch_limits)?;
+        Ok(delay)
+    }
+
+    /// Creates an admitted task: its number, its record (held for approval
+    /// when the policy says so), its indexes, and the append that makes it
+    /// durable (the reply waits for it).
+    #[allow(clippy::too_many_arguments)]
+    fn create(
+        &mut self,
+        session: SessionId,
+        key: Uuid,
+        spec: TaskSpec,
+        delay: u64,
+        trace: Option<String>,
+        now: Now,
+        fx: &mut Vec<Effect>,
+    ) -> Result<TaskId, ApiError> {
         let n = self.submits.allocate()?;
-        let id = TaskId::new(req.spec.kind.clone(), n).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
-        let held = self.hold_at_submit(&id, &req.spec);
+        let id = TaskId::new(spec.kind.clone(), n).map_err(|e| ApiError::InvalidRequest(e.to_string()))?;
+        let held = self.hold_at_submit(&id, &spec);
         let mut record = TaskRecord {
             trace: trace.map(String::into_boxed_str),
             attempts: super::retry::delayed_start(delay, now, self.registry_ms(now)),
-            ..TaskRecord::new(id.clone(), req.session.clone(), req.idempotency_key, req.spec, now.wall_ms)
+            ..TaskRecord::new(id.clone(), session.clone(), key, spec, now.wall_ms)
         };
         if let Some(hint) = held {
             tracing::info!(task = %id, reason = %hint.message, "task held for approval");
             record.life = tenure_protocol::Lifecycle::held(record.life.idempotent, hint);
         }
-        self.submits.remember(req.session, req.idempotency_key, id.number());
+        self.submits.remember(session, key, id.number());
         self.index(&id, super::concurrency(&record.spec), None, record.life.status, now);
         let workflow = !record.spec.steps.is_empty() && record.life.status == Status::Queued;
         fx.push(Effect::Persist(Box::new(record.clone())));
@@ -281,7 +379,7 @@ impl Core {
         if workflow {
             self.begin_workflow(&id, now, fx);
         }
-        Ok(ApiResponse::Submitted { task: id, existing: false })
+        Ok(id)
     }
 
     /// A task's record could not be stored: drop the task from memory, so

@@ -106,7 +106,7 @@ impl Keys {
 
 impl Core {
     /// The limit in force for `key`, and where it comes from.
-    fn limit_in_force(&self, key: &str) -> Option<(u32, &'static str)> {
+    pub(super) fn limit_in_force(&self, key: &str) -> Option<(u32, &'static str)> {
         match self.cfg.concurrency_limits.get(key) {
             Some(limit) => Some((*limit, "configured on the coordinators")),
             None => self.keys.submitted_limit(key).map(|l| (l, "set by the key's live tasks")),
@@ -120,11 +120,20 @@ impl Core {
         self.limit_in_force(key).map_or(1, |(l, _)| l)
     }
 
-    /// A submit's concurrency key against the limit in force: a different
-    /// limit is refused, and a key needs a limit from somewhere.
-    pub(super) fn check_concurrency(&self, spec: &TaskSpec) -> Result<(), ApiError> {
+    /// A submit's concurrency key against the limit in force — or, when
+    /// none is, the one an earlier task of the same batch set
+    /// (`batch_limits`): a different limit is refused, and a key needs a
+    /// limit from somewhere.
+    pub(super) fn check_concurrency(
+        &self,
+        spec: &TaskSpec,
+        batch_limits: &HashMap<Box<str>, u32>,
+    ) -> Result<(), ApiError> {
         let Some(c) = super::concurrency(spec) else { return Ok(()) };
-        match (self.limit_in_force(&c.key), c.limit) {
+        let in_force = self
+            .limit_in_force(&c.key)
+            .or_else(|| batch_limits.get(c.key.as_str()).map(|l| (*l, "set by an earlier task of this batch")));
+        match (in_force, c.limit) {
             (Some((in_force, source)), Some(asked)) if asked != in_force => {
                 Err(ApiError::ConcurrencyLimitConflict { key: c.key.clone(), in_force, asked, from: source.into() })
             }

@@ -846,6 +846,8 @@ fn the_status_names_this_leaders_term_and_the_standbys_lately_heard_from() {
     assert_eq!(standbys, ["c2"]);
 }
 
+#[path = "batch_tests.rs"]
+mod batch;
 #[path = "flow_tests.rs"]
 mod flow;
 #[path = "limits_tests.rs"]
