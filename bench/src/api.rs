@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 use tenure_client::{Client, Policy};
-use tenure_protocol::messages::{ClusterStatus, SubmitRequest};
+use tenure_protocol::messages::{BatchTask, ClusterStatus, SubmitRequest};
 use tenure_protocol::{TaskId, TaskSpec};
 
 /// Bound of one request under load (a burst of submits queues at the leader).
@@ -25,6 +25,8 @@ pub async fn connect(url: &str) -> anyhow::Result<Api> {
 pub(crate) trait BenchApi {
     /// Submits a task of `kind` running `command`; its id.
     async fn submit_command(&self, kind: &str, command: &str) -> anyhow::Result<TaskId>;
+    /// Submits `n` `noop` tasks in one batch; their ids.
+    async fn submit_noops(&self, n: u64) -> anyhow::Result<Vec<TaskId>>;
     /// Submits, waits, and checks that the task completed.
     async fn run(&self, kind: &str, command: &str) -> anyhow::Result<()>;
     /// The cluster's status within [`TIMEOUT`].
@@ -37,6 +39,13 @@ impl BenchApi for Client {
         let req = SubmitRequest { session: self.session().clone(), idempotency_key: uuid::Uuid::new_v4(), spec };
         // The shared retry rule, with the bench's longer bound per try.
         Ok(self.submit_request(req, &Policy { per_try: TIMEOUT, ..Policy::SUBMIT }).await?.task)
+    }
+
+    async fn submit_noops(&self, n: u64) -> anyhow::Result<Vec<TaskId>> {
+        let spec = TaskSpec { kind: "noop".parse()?, ..TaskSpec::shell("", "-") };
+        let task = |_| BatchTask { idempotency_key: uuid::Uuid::new_v4(), spec: spec.clone() };
+        let done = self.submit_batch((0..n).map(task).collect()).await?;
+        Ok(done.into_iter().map(|d| d.task).collect())
     }
 
     async fn run(&self, kind: &str, command: &str) -> anyhow::Result<()> {

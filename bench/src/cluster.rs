@@ -255,21 +255,23 @@ impl CpuMeter {
     }
 
     /// Milliseconds of CPU per item since `start`, by process (children, such
-    /// as a worker's task shims, under `<name> children`).
+    /// as a worker's task shims, under `<name> children`), and their `total`.
     pub fn per_item(&self, items: u64) -> serde_json::Value {
         let mut out = serde_json::Map::new();
         let n = items.max(1) as f64;
         let me = std::process::id() as i32;
+        let per = |ms: f64| serde_json::Value::from((ms / n * 1000.0).round() / 1000.0);
+        let mut total = 0.0;
         for (name, pid, (own, children)) in &self.start {
             let (own2, children2) = if *pid == me { cpu_ms(me) } else { cpu_ms_with_live_children(*pid) };
-            out.insert(name.clone(), serde_json::Value::from(((own2 - own) / n * 1000.0).round() / 1000.0));
+            out.insert(name.clone(), per(own2 - own));
+            total += own2 - own;
             if children2 > *children {
-                out.insert(
-                    format!("{name} children"),
-                    serde_json::Value::from(((children2 - children) / n * 1000.0).round() / 1000.0),
-                );
+                out.insert(format!("{name} children"), per(children2 - children));
+                total += children2 - children;
             }
         }
+        out.insert("total".into(), per(total));
         serde_json::Value::Object(out)
     }
 }

@@ -46,7 +46,7 @@ enum Cmd {
         /// Append one JSON record per figure to this file (JSON Lines).
         #[arg(long)]
         json: Option<PathBuf>,
-        /// Only these benchmarks (comma-separated): throughput-noop,
+        /// Only these benchmarks (comma-separated): throughput-drain, throughput-noop,
         /// throughput-shell, latency, failover, worker-restart, output, scale.
         #[arg(long, value_delimiter = ',')]
         only: Vec<String>,
@@ -59,8 +59,16 @@ enum Cmd {
     },
 }
 
-pub const BENCHES: [&str; 7] =
-    ["throughput-noop", "throughput-shell", "latency", "failover", "worker-restart", "output", "scale"];
+pub const BENCHES: [&str; 8] = [
+    "throughput-drain",
+    "throughput-noop",
+    "throughput-shell",
+    "latency",
+    "failover",
+    "worker-restart",
+    "output",
+    "scale",
+];
 
 /// What every benchmark gets.
 pub struct Ctx {
@@ -189,6 +197,7 @@ async fn run_all(mut ctx: Ctx, selected: &[&str]) -> ExitCode {
     for name in selected {
         let t = Instant::now();
         let result = match *name {
+            "throughput-drain" => throughput::drain(&mut ctx).await,
             "throughput-noop" => throughput::noop(&mut ctx).await,
             "throughput-shell" => throughput::shell(&mut ctx).await,
             "latency" => latency::run(&mut ctx).await,

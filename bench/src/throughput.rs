@@ -5,6 +5,8 @@
 //! - `noop` tasks vs the bare NATS + JetStream + sled program doing the same
 //!   round trips, appends and flushes per task ([`crate::baseline::NOOP_TASK`]).
 //! - `sh -c true` tasks vs spawning and reaping `sh -c true` from one process.
+//! - A drain: many `noop` tasks submitted in batches of 1 000, timed until
+//!   every one is `completed`, vs the bare per-task chain at 64 in flight.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -103,6 +105,78 @@ async fn noop_levels(ctx: &mut Ctx, cluster: &Cluster, levels: &[(u64, u64)], no
     }
     responder.abort();
     Ok(())
+}
+
+/// Tasks one batch submit carries in the drain.
+const DRAIN_BATCH: u64 = 1000;
+
+/// `throughput-drain`: N `noop` tasks submitted in batches of
+/// [`DRAIN_BATCH`] (one request each, back to back), timed from the first
+/// submit until the cluster counts every one `completed`.
+pub async fn drain(ctx: &mut Ctx) -> anyhow::Result<()> {
+    let total: u64 = ctx.size(2_000, 20_000);
+    let pb = ctx.spinner("throughput-drain: starting a cluster (1 worker, 64 slots)");
+    let cluster = Cluster::start(&ctx.tools, &ctx.root, "throughput-drain", &Spec::new(1, 64)).await?;
+    pb.finish_and_clear();
+    let result = async {
+        let (bare, responder) = Bare::start(&cluster.url, &cluster.dir).await?;
+        drive(&cluster.api, "noop", "-", 50, 8, None).await?;
+        bare.throughput(NOOP_TASK, 50, 8).await?;
+        let pb = ctx.bar(total, format!("draining {total} noop tasks submitted in batches of {DRAIN_BATCH}"));
+        let cpu = CpuMeter::start(&cluster);
+        let (rate, submitted_in) = drain_once(&cluster.api, total, &pb).await?;
+        let cpu = cpu.per_item(total);
+        pb.set_message("bare baseline, 64 in flight");
+        let bare_rate = bare.throughput(NOOP_TASK, total, 64).await?;
+        pb.finish_and_clear();
+        responder.abort();
+        ctx.record(
+            Figure::new(
+                "throughput-drain",
+                format!("{total} tasks in batches of {DRAIN_BATCH}"),
+                "tasks/s",
+                rate,
+                Better::Higher,
+            )
+            .baseline("bare NATS+JetStream+sled ops/task, 64 in flight", bare_rate)
+            .value_target(8000.0)
+            .details(json!({
+                "tasks": total,
+                "batch": DRAIN_BATCH,
+                "submitted_in_ms": submitted_in.as_millis() as u64,
+                "cpu_ms_per_task": cpu,
+            })),
+        )
+    }
+    .await;
+    cluster.stop().await;
+    result
+}
+
+/// Submits `total` noop tasks in batches and waits until the cluster counts
+/// them all `completed`; tasks per second, and how long the submits took.
+async fn drain_once(api: &Api, total: u64, pb: &indicatif::ProgressBar) -> anyhow::Result<(f64, std::time::Duration)> {
+    let before = crate::api::count(&api.cluster_status().await?, tenure_protocol::Status::Completed);
+    let started = Instant::now();
+    let mut left = total;
+    while left > 0 {
+        let n = left.min(DRAIN_BATCH);
+        api.submit_noops(n).await?;
+        left -= n;
+    }
+    let submitted_in = started.elapsed();
+    // Bounded: a drain that stops making progress for a minute fails.
+    let (mut done, mut progressed) = (0, Instant::now());
+    while done < total {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let now = crate::api::count(&api.cluster_status().await?, tenure_protocol::Status::Completed) - before;
+        if now > done {
+            (done, progressed) = (now, Instant::now());
+            pb.set_position(done);
+        }
+        anyhow::ensure!(progressed.elapsed().as_secs() < 60, "the drain stalled at {done} of {total} completed");
+    }
+    Ok((total as f64 / started.elapsed().as_secs_f64(), submitted_in))
 }
 
 pub async fn shell(ctx: &mut Ctx) -> anyhow::Result<()> {

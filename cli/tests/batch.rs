@@ -1,0 +1,135 @@
+//! `tenure submit --batch` over a real cluster: tasks from JSON Lines (a file
+//! or stdin), ids printed in order, a line's idempotency key making a re-run
+//! return its task, and every refusal naming its line with nothing stored
+//! from the batch it was in.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{stderr, stdout, Cluster, BIN};
+
+const BOUND: Duration = Duration::from_secs(60);
+
+fn ids(out: &std::process::Output) -> Vec<String> {
+    stdout(out).lines().map(str::to_owned).collect()
+}
+
+/// How many tasks the session has (every one, reported or not).
+fn count(c: &Cluster) -> usize {
+    let out = c.cli(&["ls", "--all", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).expect("ls json").len()
+}
+
+/// `tenure submit --batch -` fed `input` on stdin.
+fn batch_from_stdin(c: &Cluster, input: &str) -> std::process::Output {
+    let mut child = Command::new(BIN)
+        .args(["--nats", &c.nats.url, "--session", &c.session, "submit", "--batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run tenure");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(input.as_bytes()).expect("write the tasks");
+    drop(stdin);
+    child.wait_with_output().expect("tenure ends")
+}
+
+#[test]
+fn a_batch_file_submits_its_tasks_in_order_and_a_rerun_returns_them() {
+    let c = Cluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tasks.jsonl");
+    std::fs::write(
+        &file,
+        concat!(
+            r#"{"command": "echo first", "idempotency_key": "job-1"}"#,
+            "\n\n",
+            r#"{"command": "echo second", "label": "two", "idempotency_key": "job-2"}"#,
+            "\n",
+            r#"{"kind": "noop", "command": "-", "idempotent": true, "idempotency_key": "job-3"}"#,
+            "\n",
+        ),
+    )
+    .unwrap();
+    let path = file.to_str().unwrap();
+    let out = c.cli(&["submit", "--batch", path]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let first = ids(&out);
+    assert_eq!(first.len(), 3, "{first:?}");
+    assert!(first[0].starts_with("shell-") && first[2].starts_with("noop-"), "{first:?}");
+    let numbers: Vec<u64> = first.iter().map(|id| id.rsplit('-').next().unwrap().parse().unwrap()).collect();
+    assert!(numbers.windows(2).all(|w| w[0] < w[1]), "ids in the file's order: {first:?}");
+    for id in &first {
+        c.wait_status(id, "completed", BOUND);
+    }
+    assert_eq!(stdout(&c.cli(&["logs", &first[0]])).trim(), "first");
+    assert_eq!(c.snapshot(&first[1])["label"], "two");
+
+    // The same file again: the keys return the same tasks, none is added.
+    let again = c.cli(&["submit", "--batch", path]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(ids(&again), first);
+    assert_eq!(count(&c), 3);
+}
+
+#[test]
+fn a_refused_line_is_named_and_nothing_of_its_batch_is_stored() {
+    let c = Cluster::start(1);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tasks.jsonl");
+    let path = file.to_str().unwrap();
+
+    // Refused by the leader (a kind no worker runs): nothing is created.
+    std::fs::write(&file, "{\"command\": \"true\"}\n{\"kind\": \"gpu-job\", \"command\": \"train\"}\n").unwrap();
+    let out = c.cli(&["submit", "--batch", path]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("line 2") && err.contains("gpu-job") && err.contains("nothing"), "{err}");
+    assert!(stdout(&out).is_empty(), "no id printed: {}", stdout(&out));
+    // Refused here (not JSON; a field the API does not know): nothing is sent.
+    std::fs::write(&file, "{\"command\": \"true\"}\nnot json\n").unwrap();
+    let err = stderr(&c.cli(&["submit", "--batch", path]));
+    assert!(err.contains("line 2"), "{err}");
+    std::fs::write(&file, "{\"command\": \"true\", \"colour\": \"red\"}\n").unwrap();
+    let err = stderr(&c.cli(&["submit", "--batch", path]));
+    assert!(err.contains("line 1") && err.contains("colour"), "{err}");
+    // A batch with a command of its own is refused by the parser.
+    let out = c.cli(&["submit", "--batch", path, "--", "echo", "hi"]);
+    assert!(!out.status.success() && stderr(&out).contains("cannot be used with"), "{}", stderr(&out));
+    assert_eq!(count(&c), 0, "nothing was stored");
+}
+
+#[test]
+fn a_long_batch_from_stdin_goes_in_requests_of_a_thousand_each_all_or_nothing() {
+    let c = Cluster::start(1);
+    // Held for approval: counted, never run (the suite's debug cluster
+    // would take minutes to run them all).
+    let noop = "{\"kind\": \"noop\", \"command\": \"-\", \"hold\": true}\n";
+    // 1 500 tasks: the leader takes the first 1 000, then refuses the
+    // second request for its line 1 200.
+    let mut input = noop.repeat(1199);
+    input.push_str("{\"kind\": \"noop\", \"command\": \"-\", \"retries\": 2}\n");
+    input.push_str(&noop.repeat(300));
+    let out = batch_from_stdin(&c, &input);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("line 1200") && err.contains("nothing from line 1001 on"), "{err}");
+    assert!(err.contains("the 1000 tasks of the lines before 1001 were submitted"), "{err}");
+    assert_eq!(ids(&out).len(), 1000, "the first request's ids are printed");
+    assert_eq!(count(&c), 1000);
+
+    // All good: 1 500 tasks in two requests, each id once, in order.
+    let out = batch_from_stdin(&c, &noop.repeat(1500));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ids = ids(&out);
+    let numbers: Vec<u64> = ids.iter().map(|id| id.rsplit('-').next().unwrap().parse().unwrap()).collect();
+    assert_eq!(numbers.len(), 1500);
+    assert!(numbers.windows(2).all(|w| w[0] < w[1]), "ids in order");
+    assert_eq!(count(&c), 2500);
+    assert_eq!(c.snapshot(&ids[1499])["status"], "blocked", "held, as its line asked");
+}
