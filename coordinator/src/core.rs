@@ -37,7 +37,7 @@
 //! effects in order and stops at the first failed persist, so no reply, grant or
 //! kill ever reflects state that is not durable.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use tenure_protocol::messages::{
@@ -461,6 +461,7 @@ impl Core {
             self.advance_due_workflows(now, &mut fx);
             self.schedule(now, &mut fx);
         }
+        coalesce_persists(&mut fx);
         let clock = self.registry_ms(now);
         for e in &mut fx {
             if let Effect::Persist(r) = e {
@@ -565,7 +566,7 @@ impl Core {
             Vec::new()
         };
         self.usage.reweigh(record, weight);
-        tracing::info!(task = %task, attempt = %life.attempt, epoch = %life.epoch, from = %before, to = %after, "task transition");
+        tracing::debug!(task = %task, attempt = %life.attempt, epoch = %life.epoch, from = %before, to = %after, "task transition");
         fx.push(Effect::Persist(Box::new(record.clone())));
         let ended = after.is_terminal() && !before.is_terminal();
         // A snapshot only for a notice or a waiter: most transitions need none.
@@ -627,6 +628,51 @@ mod retry;
 mod waiters;
 mod workers;
 mod workflow;
+
+/// One append per task per input: when one input's effects persist a task
+/// more than once (a submit whose task is leased at once: `queued`, then
+/// `leased`), its last version takes the place of its first and the others
+/// go. The registry keeps only a task's latest record, so nothing that was
+/// durable is lost; every effect that followed the first append waits for
+/// this one, which holds everything it reflected (an effect never needs a
+/// version *not* to be durable yet). A task also forgotten by the input keeps
+/// every append, in order.
+fn coalesce_persists(fx: &mut Vec<Effect>) {
+    if fx.iter().filter(|e| matches!(e, Effect::Persist(_))).count() < 2 {
+        return;
+    }
+    let forgotten: HashSet<u64> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Forget { task, .. } => Some(task.number()),
+            _ => None,
+        })
+        .collect();
+    let mut first: HashMap<u64, usize> = HashMap::new();
+    let mut superseded = vec![false; fx.len()];
+    for i in 0..fx.len() {
+        let Effect::Persist(r) = &fx[i] else { continue };
+        let n = r.id.number();
+        if forgotten.contains(&n) {
+            continue;
+        }
+        match first.get(&n) {
+            None => {
+                first.insert(n, i);
+            }
+            Some(&j) => {
+                fx.swap(i, j);
+                superseded[i] = true;
+            }
+        }
+    }
+    let mut index = 0;
+    fx.retain(|_| {
+        let keep = !superseded[index];
+        index += 1;
+        keep
+    });
+}
 
 #[cfg(test)]
 mod tests;

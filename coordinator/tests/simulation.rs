@@ -188,7 +188,7 @@ fn seeded_schedules_with_resumes_keep_the_safety_rules() {
 fn a_seed_replays_exactly() {
     let opts = Options { trace: true, ..Options::default() };
     let (a, b) = (sim::run(FIRST_SEED + 7, &opts), sim::run(FIRST_SEED + 7, &opts));
-    assert!(a.trace.len() > 100, "a schedule does something");
+    assert!(a.trace.len() > 100, "a schedule does something: {} events", a.trace.len());
     assert_eq!(a.trace, b.trace);
 }
 

@@ -225,7 +225,7 @@ impl<S: RecoveryStore> Machine<S> {
                 let record = AttemptRecord { grant, phase: Phase::Accepted, pid: None, outcome: None, boot: None };
                 self.commit(record)?;
                 self.mark = RegistryMark::merged(self.mark, mark);
-                info!(task = %task, attempt = %attempt, epoch = %self.epoch, "accepted");
+                debug!(task = %task, attempt = %attempt, epoch = %self.epoch, "accepted");
                 Ok(())
             }
             // A copy of a grant already acted on (a re-send that crossed the
@@ -263,7 +263,7 @@ impl<S: RecoveryStore> Machine<S> {
             next.grant.epoch = next.grant.epoch.max(epoch);
             next.boot = self.boot.clone();
             self.commit(next)?;
-            info!(task = %task, attempt = %attempt, epoch = %epoch, "intent recorded");
+            debug!(task = %task, attempt = %attempt, epoch = %epoch, "intent recorded");
             Ok(())
         } else {
             self.raise_record_epoch(held, epoch)
@@ -279,7 +279,7 @@ impl<S: RecoveryStore> Machine<S> {
                 next.phase = Phase::Spawned;
                 next.pid = Some(pid);
                 self.commit(next)?;
-                info!(task = %task, attempt = %attempt, pid, "spawned");
+                debug!(task = %task, attempt = %attempt, pid, "spawned");
                 Ok(())
             }
             _ if held.pid == Some(pid) => Ok(()),
@@ -297,7 +297,7 @@ impl<S: RecoveryStore> Machine<S> {
                 next.phase = Phase::Exited;
                 next.outcome = Some(outcome);
                 self.commit(next)?;
-                info!(task = %task, attempt = %attempt, "outcome buffered");
+                debug!(task = %task, attempt = %attempt, "outcome buffered");
                 Ok(())
             }
             Phase::Exited | Phase::Acknowledged => Ok(()),

@@ -263,7 +263,7 @@ async fn perform(
             match start_shim(shared, grant, &files).await {
                 Ok(launched) => {
                     let pid = launched.id.pid;
-                    tracing::info!(task = %task, attempt = %attempt, shim = pid, "shim started");
+                    tracing::debug!(task = %task, attempt = %attempt, shim = pid, "shim started");
                     local.shim = Some(Shim::new(launched.id, launched.pidfd));
                     Done::Launched(pid)
                 }
@@ -325,7 +325,7 @@ async fn perform(
 
 /// Logs and counts how an attempt ended.
 fn ended(key: &Key, settled: &Evidence) {
-    tracing::info!(task = %key.0, attempt = %key.1, ?settled, "attempt ended");
+    tracing::debug!(task = %key.0, attempt = %key.1, ?settled, "attempt ended");
     let outcome = match settled {
         Evidence::Exited(o) => match o.ending {
             Ending::Completed => "completed",

@@ -345,7 +345,7 @@ async fn on_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
     }
     if answer.drive {
         let epoch = shared.state().core.held(&key).map(|h| h.epoch).unwrap_or_default();
-        tracing::info!(task = %key.0, attempt = %key.1, epoch = %epoch, "grant accepted");
+        tracing::debug!(task = %key.0, attempt = %key.1, epoch = %epoch, "grant accepted");
         spawn_drive(shared, key);
     }
     answer.reply

@@ -192,7 +192,8 @@ fn a_held_task_starts_only_once_approved_and_an_approval_applies_once() {
 
     let (fx, reply) = approve(&mut h, "alice", &task);
     assert!(matches!(&reply, Ok(ApiResponse::Snapshot(s)) if s.status == Status::Queued), "{reply:?}");
-    let persisted = fx.iter().position(|e| matches!(e, Effect::Persist(r) if r.life.status == Status::Queued));
+    // Approved and leased at once: one append holds both, before the grant.
+    let persisted = fx.iter().position(|e| matches!(e, Effect::Persist(r) if r.life.status == Status::Leased));
     let granted = fx.iter().position(|e| matches!(e, Effect::Command { command: WorkerCommand::Grant(_), .. }));
     assert!(matches!((persisted, granted), (Some(p), Some(g)) if p < g), "approval stored before the grant: {fx:?}");
 

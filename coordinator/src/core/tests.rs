@@ -846,6 +846,59 @@ fn the_status_names_this_leaders_term_and_the_standbys_lately_heard_from() {
     assert_eq!(standbys, ["c2"]);
 }
 
+#[test]
+fn a_task_leased_at_its_submit_is_stored_once_before_its_reply_and_grant() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 2);
+    let (fx, reply) = h.api(ApiRequest::Submit(SubmitRequest {
+        session: s("alice"),
+        idempotency_key: Uuid::new_v4(),
+        spec: TaskSpec::shell("hi", "echo hi"),
+    }));
+    let Some(Ok(ApiResponse::Submitted { task, .. })) = reply else { panic!("{reply:?}") };
+    let persisted: Vec<&TaskRecord> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Persist(r) => Some(&**r),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(persisted.len(), 1, "queued and leased are one append: {fx:?}");
+    assert_eq!(persisted[0].life.status, Status::Leased, "the append holds the latest version");
+    assert!(matches!(fx[0], Effect::Persist(_)), "the append comes before the reply and the grant: {fx:?}");
+    assert_eq!(grants(&fx).len(), 1);
+    assert_eq!(h.status(&task), Status::Leased);
+}
+
+#[test]
+fn coalescing_keeps_the_last_version_of_each_task_in_the_place_of_its_first() {
+    let record = |n: u64, label: &str| {
+        let id = TaskId::new(Kind::shell(), n).unwrap();
+        Box::new(TaskRecord::new(id, s("a"), Uuid::nil(), TaskSpec::shell(label, "true"), 0))
+    };
+    let label = |e: &Effect| match e {
+        Effect::Persist(r) => format!("{}:{}", r.id.number(), r.spec.label),
+        Effect::Reply { to, .. } => format!("reply {to}"),
+        Effect::Forget { task, .. } => format!("forget {}", task.number()),
+        other => format!("{other:?}"),
+    };
+    let reply = |to: &str| Effect::Reply { to: to.into(), reply: Err(ApiError::NotLeader) };
+    let mut fx = vec![
+        Effect::Persist(record(1, "a")),
+        reply("r1"),
+        Effect::Persist(record(2, "x")),
+        Effect::Persist(record(1, "b")),
+        reply("r2"),
+        Effect::Persist(record(1, "c")),
+        Effect::Persist(record(3, "y")),
+        Effect::Forget { task: TaskId::new(Kind::shell(), 3).unwrap(), at_ms: 0 },
+        Effect::Persist(record(3, "z")),
+    ];
+    coalesce_persists(&mut fx);
+    let got: Vec<String> = fx.iter().map(label).collect();
+    assert_eq!(got, ["1:c", "reply r1", "2:x", "reply r2", "3:y", "forget 3", "3:z"]);
+}
+
 #[path = "batch_tests.rs"]
 mod batch;
 #[path = "flow_tests.rs"]

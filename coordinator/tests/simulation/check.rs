@@ -158,11 +158,19 @@ impl Checker {
     }
 
     /// Rule 2 (terminal is absorbing) and its neighbours, on every append the
-    /// registry accepts: a new task starts queued, attempts never go back.
+    /// registry accepts: a new task starts queued (or blocked when held), or
+    /// leased to its first attempt when it was leased at its submit (one
+    /// append for both); attempts never go back.
     pub fn appended(&mut self, before: Option<&TaskRecord>, after: &TaskRecord) {
         let id = &after.id;
+        let first = match after.life.status {
+            Status::Blocked => after.spec.hold,
+            Status::Queued => !after.spec.hold,
+            Status::Leased => !after.spec.hold && after.life.attempt.0 == 1,
+            _ => false,
+        };
         match before {
-            None if after.life.status != if after.spec.hold { Status::Blocked } else { Status::Queued } => {
+            None if !first => {
                 self.fail(format!("rule 2: {id} first appended as {} (held: {})", after.life.status, after.spec.hold))
             }
             None => {}
