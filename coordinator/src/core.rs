@@ -348,7 +348,7 @@ impl Core {
             if let (true, Some(w)) = (r.life.status.is_on_worker(), &r.life.worker) {
                 core.workers.holding_tasks(w, now);
             }
-            core.index(&r.id, concurrency(&r.spec), None, r.life.status, now);
+            core.index(&r.id, concurrency(&r.spec), r.spec.priority, None, r.life.status, now);
             if let Some(of) = &r.parent {
                 core.workflows.index_step(&r.id, of);
             }
@@ -538,6 +538,7 @@ impl Core {
         }
         let after = life.status;
         let key = concurrency(&record.spec).cloned();
+        let priority = record.spec.priority;
         // Dispatched: the process started — or ended before its start report
         // was seen (a short task).
         // (A start may land `paused`: evidence of an attempt its owner paused.)
@@ -588,7 +589,7 @@ impl Core {
             }
         }
         if before != after {
-            self.index(task, key.as_ref(), Some(before), after, now);
+            self.index(task, key.as_ref(), priority, Some(before), after, now);
             if !after.is_on_worker() {
                 self.dispatch.off_worker(task);
                 self.doubts.off_worker(task);
@@ -602,8 +603,17 @@ impl Core {
 
     /// Moves `task` between the parts' status indexes (`before` is `None`
     /// for a task new to this leader).
-    fn index(&mut self, task: &TaskId, key: Option<&Concurrency>, before: Option<Status>, after: Status, now: Now) {
-        self.dispatch.index(task, before, after, now.mono);
+    #[allow(clippy::too_many_arguments)]
+    fn index(
+        &mut self,
+        task: &TaskId,
+        key: Option<&Concurrency>,
+        priority: i32,
+        before: Option<Status>,
+        after: Status,
+        now: Now,
+    ) {
+        self.dispatch.index(task, priority, before, after, now.mono);
         self.doubts.index(task, before, after);
         self.keys.index(task, key, after);
     }

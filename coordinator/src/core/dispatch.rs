@@ -14,7 +14,13 @@ use std::time::Duration;
 use tenure_protocol::messages::{KillCommand, LeaseGrant, Refusal, WorkerCommand, WorkerReply};
 use tenure_protocol::{Decision, Event, Kind, Status, TaskId, WorkerId};
 
+use super::priority::{Cursor, QueueOrder};
 use super::{Core, Effect, Now};
+
+/// Queued tasks looked at per scheduling chunk beyond the free slots (the
+/// ones that cannot start now: held back, delayed, their key full, no
+/// worker for them).
+const SCHEDULE_LOOKAHEAD: usize = 64;
 
 /// Submit → running latencies kept for the metric between two reads, at most.
 const MAX_LATENCIES: usize = 100_000;
@@ -22,8 +28,8 @@ const MAX_LATENCIES: usize = 100_000;
 /// The queue, the slot holders and what was sent to them.
 #[derive(Debug, Default)]
 pub(super) struct Dispatch {
-    /// Queued tasks in submission order.
-    queue: BTreeSet<(u64, TaskId)>,
+    /// Queued tasks in dispatch order.
+    pub(super) order: QueueOrder,
     /// Tasks that hold a worker slot (leased, running, stopping).
     on_worker: BTreeSet<TaskId>,
     /// Tasks of `on_worker` whose worker listed their current attempt in a
@@ -38,23 +44,18 @@ pub(super) struct Dispatch {
     /// A task given back by a refusal is not granted again before this time, so a
     /// worker that keeps refusing (sidecar down, full) is not hammered.
     not_before: HashMap<TaskId, Duration>,
-    /// When each queued task entered the queue (this leader's monotonic
-    /// clock; a new leader counts from its takeover): its age for the
-    /// priority rule (see `priority.rs`).
-    queued_since: HashMap<TaskId, Duration>,
     /// Submit → running of tasks that started since the driver last took them
     /// (wall-clock milliseconds, for the dispatch-latency metric).
     latencies: Vec<u64>,
 }
 
 impl Dispatch {
-    /// Keeps the queue and the slot holders in step with a status change at `at`.
-    pub(super) fn index(&mut self, task: &TaskId, before: Option<Status>, after: Status, at: Duration) {
+    /// Keeps the queue and the slot holders in step with a status change at
+    /// `at` (the queue counts a task's age from when it entered it, on this
+    /// leader's clock; a new leader counts from its takeover).
+    pub(super) fn index(&mut self, task: &TaskId, priority: i32, before: Option<Status>, after: Status, at: Duration) {
         match before {
-            Some(Status::Queued) => {
-                self.queue.remove(&(task.number(), task.clone()));
-                self.queued_since.remove(task);
-            }
+            Some(Status::Queued) => self.order.remove(task),
             Some(s) if s.is_on_worker() => {
                 self.on_worker.remove(task);
                 self.confirmed.remove(task);
@@ -63,10 +64,7 @@ impl Dispatch {
             _ => {}
         }
         match after {
-            Status::Queued => {
-                self.queue.insert((task.number(), task.clone()));
-                self.queued_since.insert(task.clone(), at);
-            }
+            Status::Queued => self.order.insert(task, priority, at),
             // A workflow holds no slot: its steps do.
             s if s.is_on_worker() && *task.kind() != Kind::workflow() => {
                 self.on_worker.insert(task.clone());
@@ -76,12 +74,7 @@ impl Dispatch {
     }
 
     pub(super) fn nothing_queued(&self) -> bool {
-        self.queue.is_empty()
-    }
-
-    /// The queued tasks, in submission order.
-    pub(super) fn queued(&self) -> Vec<TaskId> {
-        self.queue.iter().map(|(_, t)| t.clone()).collect()
+        self.order.is_empty()
     }
 
     /// The tasks that hold a worker slot, in task order.
@@ -149,13 +142,12 @@ impl Dispatch {
 
     /// Drops `task` from every index (its record is gone from memory).
     pub(super) fn forget(&mut self, task: &TaskId) {
-        self.queue.remove(&(task.number(), task.clone()));
+        self.order.remove(task);
         self.on_worker.remove(task);
         self.confirmed.remove(task);
         self.waiting.remove(task);
         self.sent.remove(task);
         self.not_before.remove(task);
-        self.queued_since.remove(task);
     }
 
     /// Whether `task`'s worker says it waits for input.
@@ -169,11 +161,6 @@ impl Dispatch {
             true => self.waiting.insert(task.clone()),
             false => self.waiting.remove(task),
         };
-    }
-
-    /// When queued `task` entered the queue, if it is queued.
-    pub(super) fn queued_since(&self, task: &TaskId) -> Option<Duration> {
-        self.queued_since.get(task).copied()
     }
 }
 
@@ -199,32 +186,38 @@ impl Core {
         if free.is_empty() {
             return;
         }
-        for task in self.dispatch_order(now) {
-            if free.is_empty() {
-                break;
-            }
-            if self.dispatch.held_back(&task, now) || self.waiting_for_its_time(&task, now) {
-                continue;
-            }
-            let Some(r) = self.tasks.get(&task) else { continue };
-            if !self.key_has_room(r) {
-                continue;
-            }
-            let best = free
-                .iter()
-                .filter(|(w, _)| {
-                    self.workers.runs(w, &r.spec.kind) && self.workers.admits(w, &r.spec) && Core::resumes_on(r, w)
-                })
-                .max_by_key(|(_, f)| **f)
-                .map(|(w, _)| w.clone());
-            let Some(worker) = best else { continue };
-            let grant = Event::Grant { worker: worker.clone(), epoch: self.epoch };
-            if let Some(Decision::Changed(_)) = self.event(&task, grant, now, fx) {
-                self.send_grant(&task, now, fx);
-                if let Some(f) = free.get_mut(&worker) {
-                    *f -= 1;
-                    if *f == 0 {
-                        free.remove(&worker);
+        self.age_queue(now);
+        // In chunks, so that a long queue costs only the tasks looked at.
+        let mut cursor = Cursor::START;
+        let chunk = free.values().sum::<u32>() as usize + SCHEDULE_LOOKAHEAD;
+        while !free.is_empty() && cursor != Cursor::End {
+            for task in self.dispatch.order.next(&mut cursor, chunk) {
+                if free.is_empty() {
+                    break;
+                }
+                if self.dispatch.held_back(&task, now) || self.waiting_for_its_time(&task, now) {
+                    continue;
+                }
+                let Some(r) = self.tasks.get(&task) else { continue };
+                if !self.key_has_room(r) {
+                    continue;
+                }
+                let best = free
+                    .iter()
+                    .filter(|(w, _)| {
+                        self.workers.runs(w, &r.spec.kind) && self.workers.admits(w, &r.spec) && Core::resumes_on(r, w)
+                    })
+                    .max_by_key(|(_, f)| **f)
+                    .map(|(w, _)| w.clone());
+                let Some(worker) = best else { continue };
+                let grant = Event::Grant { worker: worker.clone(), epoch: self.epoch };
+                if let Some(Decision::Changed(_)) = self.event(&task, grant, now, fx) {
+                    self.send_grant(&task, now, fx);
+                    if let Some(f) = free.get_mut(&worker) {
+                        *f -= 1;
+                        if *f == 0 {
+                            free.remove(&worker);
+                        }
                     }
                 }
             }
