@@ -109,9 +109,15 @@ async fn measure(ctx: &mut Ctx, cluster: &Cluster, n: usize) -> anyhow::Result<(
                             "baseline": b.summary(),
                             "chain": format!("{chain:?}"),
                         }));
-                // The target is on the idle start latency at p99 (≤ 3× its chain).
-                if !loaded && what == "submit->started" && label == "p99" {
-                    f = f.ratio_target(3.0);
+                // The targets are on the idle start latency: at most Celery's
+                // (measured beside it on this kind of machine: 1.7 ms p50,
+                // 2.9 ms p99), with a little margin.
+                if !loaded && what == "submit->started" {
+                    match label {
+                        "p50" => f = f.value_target(1.5),
+                        "p99" => f = f.value_target(3.0),
+                        _ => {}
+                    }
                 }
                 ctx.record(f)?;
             }
