@@ -42,6 +42,33 @@ def test_submit_is_idempotent_by_key_and_wait_and_logs_read_by_offset(client: Cl
     assert task.created_at.endswith("Z") and task.finished_at_ms is not None
 
 
+def test_a_batch_submits_in_order_all_or_nothing_and_again_by_key(client: Client) -> None:
+    key = unique("batch")
+    tasks = [
+        {"command": "echo one", "idempotency_key": key},
+        {"command": "echo two", "label": "second"},
+        {"kind": "noop", "command": "-"},
+    ]
+    done = client.submit_batch(tasks)
+    assert [d.existing for d in done] == [False, False, False]
+    assert done[0].idempotency_key == key and all(d.idempotency_key for d in done)
+    numbers = [int(d.task.rsplit("-", 1)[1]) for d in done]
+    assert numbers == sorted(numbers) and done[2].task.startswith("noop-")
+    assert client.wait(done[1].task, timeout=60).task.label == "second"
+    # Sent again with the keys it returned: the same tasks.
+    again = client.submit_batch([{**t, "idempotency_key": d.idempotency_key} for t, d in zip(tasks, done)])
+    assert [(a.task, a.existing) for a in again] == [(d.task, True) for d in done]
+
+    before = len(client.list(all=True))
+    with pytest.raises(TenureError) as refused:
+        client.submit_batch([{"command": "true"}, {"command": "true", "retries": 3}])
+    assert refused.value.status == 400 and "task 2 of the batch" in refused.value.message
+    with pytest.raises(TenureError) as empty:
+        client.submit_batch([])
+    assert empty.value.code == "invalid-batch"
+    assert len(client.list(all=True)) == before, "nothing of a refused batch was stored"
+
+
 def test_a_bounded_wait_returns_unfinished_while_the_task_runs(client: Client) -> None:
     task = client.submit("sleep 30").task
     waited = client.wait(task, timeout=0.3)

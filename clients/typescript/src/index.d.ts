@@ -249,6 +249,8 @@ export declare class Client {
   constructor(options?: ClientOptions);
   readonly url: string;
   submit(command: string, options?: SubmitOptions): Promise<Submitted>;
+  /** 1 to 1000 tasks in one request: all created, or none (the error names the task). */
+  submitBatch(tasks: Array<SubmitOptions & { command?: string }>): Promise<Submitted[]>;
   get(task: string): Promise<Task>;
   listPage(options?: { all?: boolean; after?: number }): Promise<Page>;
   iterTasks(options?: { status?: Status | Status[]; all?: boolean }): AsyncGenerator<Task, void>;

@@ -260,6 +260,30 @@ export class Client {
     return { task: data.task, existing: Boolean(data.existing), idempotency_key };
   }
 
+  /**
+   * Start many tasks in one request (1 to 1000), each `{ command, ...options }`
+   * as `submit` takes them. All are checked before any is created: one
+   * refusal creates none, and its message names the task's place (counting
+   * from 1). The answers come in the order given, each with its key; send
+   * the same batch again after an error and its keys return the tasks made.
+   */
+  async submitBatch(tasks) {
+    const bodies = tasks.map(({ command, ...options }) => ({
+      ...options,
+      command: command ?? "",
+      idempotency_key: options.idempotency_key ?? globalThis.crypto.randomUUID(),
+    }));
+    const data = await this._call("submit_batch", { body: { tasks: bodies } });
+    if (!Array.isArray(data.tasks) || data.tasks.length !== bodies.length) {
+      throw new TenureError("bad-response", `${data.tasks?.length} answers to a batch of ${bodies.length}`, 200);
+    }
+    return data.tasks.map((d, i) => ({
+      task: d.task,
+      existing: Boolean(d.existing),
+      idempotency_key: bodies[i].idempotency_key,
+    }));
+  }
+
   /** One task (`not-found` when it does not exist or is not yours). */
   get(task) {
     return this._call("get", { task });

@@ -5,6 +5,7 @@
 
 /** @type {Record<string, {method: string, path: string, query?: string[], body?: string[], headers?: string[]}>} */
 export const ROUTES = Object.freeze({
+  submit_batch: { method: "POST", path: "/v1/tasks/batch", body: ["tasks"] },
   submit: {
     method: "POST",
     path: "/v1/tasks",

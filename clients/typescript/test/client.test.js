@@ -47,6 +47,30 @@ test("submit is idempotent by key; wait and logs read by offset", async () => {
   assert.ok(task.created_at.endsWith("Z"));
 });
 
+test("a batch submits in order, all or nothing, and again by key", async () => {
+  const key = `batch-${randomUUID()}`;
+  const tasks = [
+    { command: "echo one", idempotency_key: key },
+    { command: "echo two", label: "second" },
+    { kind: "noop", command: "-" },
+  ];
+  const done = await tenure.submitBatch(tasks);
+  assert.deepEqual(done.map((d) => d.existing), [false, false, false]);
+  assert.equal(done[0].idempotency_key, key);
+  const numbers = done.map((d) => Number(d.task.split("-").pop()));
+  assert.deepEqual(numbers, [...numbers].sort((a, b) => a - b));
+  assert.match(done[2].task, /^noop-\d+$/);
+  assert.equal((await tenure.wait(done[1].task, { timeoutMs: 60_000 })).task.label, "second");
+  const again = await tenure.submitBatch(tasks.map((t, i) => ({ ...t, idempotency_key: done[i].idempotency_key })));
+  assert.deepEqual(again.map((a) => [a.task, a.existing]), done.map((d) => [d.task, true]));
+
+  const before = (await tenure.list({ all: true })).length;
+  const e = await refusal(tenure.submitBatch([{ command: "true" }, { command: "true", retries: 3 }]));
+  assert.equal(e.status, 400);
+  assert.match(e.message, /task 2 of the batch/);
+  assert.equal((await tenure.list({ all: true })).length, before, "nothing of a refused batch was stored");
+});
+
 test("a bounded wait returns unfinished while the task runs", async () => {
   const { task } = await tenure.submit("sleep 30");
   const waited = await tenure.wait(task, { timeoutMs: 300 });

@@ -190,6 +190,17 @@ class AsyncClient:
         )
         return _core.submitted(await self._call("submit", body=body), key)
 
+    async def submit_batch(self, tasks: Iterable[Mapping[str, Any]]) -> List[Submitted]:
+        """Start many tasks in one request (1 to 1000), each a mapping of
+        :meth:`submit`'s arguments (``command`` and its keywords). All are
+        checked before any is created: one refusal creates none, and its
+        message names the task's place (counting from 1). The answers come in
+        the order given, each with its idempotency key; send the same batch
+        again after an error and its keys return the tasks already made.
+        """
+        bodies, keys = _core.batch_bodies(tasks)
+        return _core.submitted_batch(await self._call("submit_batch", body={"tasks": bodies}), keys)
+
     async def get(self, task: str) -> Task:
         """One task (``not-found`` when it does not exist or is not yours)."""
         return Task.from_json(await self._call("get", task))

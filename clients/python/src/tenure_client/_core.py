@@ -177,6 +177,29 @@ def submitted(data: Any, key: str) -> "Submitted":
         raise TenureError("bad-response", f"submit answer: {e}") from e
 
 
+def batch_bodies(tasks: Iterable[Mapping[str, Any]]) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """The bodies of a batch and their keys: each task as :meth:`submit`
+    takes it (``command`` and its keyword arguments), a new key for each
+    that has none."""
+    bodies, keys = [], []
+    for task in tasks:
+        options = dict(task)
+        body, key = submit_body(str(options.pop("command", "")), options)
+        bodies.append(body)
+        keys.append(key)
+    return bodies, keys
+
+
+def submitted_batch(data: Any, keys: List[str]) -> List["Submitted"]:
+    try:
+        done = data["tasks"]
+        if len(done) != len(keys):
+            raise TenureError("bad-response", f"{len(done)} answers to a batch of {len(keys)}")
+        return [submitted(d, k) for d, k in zip(done, keys)]
+    except (KeyError, TypeError) as e:
+        raise TenureError("bad-response", f"batch answer: {e}") from e
+
+
 def sent(data: Any) -> "Sent":
     try:
         return Sent(str(data["task"]), int(data["bytes"]), bool(data.get("kept", False)))

@@ -27,6 +27,7 @@ class Route:
 
 #: Every operation the clients call, by verb.
 ROUTES: Dict[str, Route] = {
+    "submit_batch": Route("POST", "/v1/tasks/batch", body=("tasks",)),
     "submit": Route(
         "POST",
         "/v1/tasks",
