@@ -420,6 +420,7 @@ fn the_openapi_document_matches_the_routes() {
     documented.sort();
     let mut expected = vec![
         "POST /v1/tasks",
+        "POST /v1/tasks/batch",
         "GET /v1/tasks",
         "GET /v1/tasks/{id}",
         "DELETE /v1/tasks/{id}",
