@@ -172,9 +172,8 @@ pub async fn drain(ctx: &mut Ctx) -> anyhow::Result<()> {
 /// submission order), then confirmed by the counts: polling the counts all
 /// along would cost the leader a pass over every task many times a second.
 async fn drain_once(api: &Api, total: u64, pb: &indicatif::ProgressBar) -> anyhow::Result<(f64, std::time::Duration)> {
-    let completed = || async {
-        anyhow::Ok(crate::api::count(&api.cluster_status().await?, tenure_protocol::Status::Completed))
-    };
+    let completed =
+        || async { anyhow::Ok(crate::api::count(&api.cluster_status().await?, tenure_protocol::Status::Completed)) };
     let before = completed().await?;
     let started = Instant::now();
     let (mut left, mut last) = (total, None);
