@@ -705,19 +705,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // A machine's daemons run on one thread: their work is small messages
-    // between processes (the sidecar's store has its own thread), and one
-    // thread spares them the wake-ups between threads that cost most of
-    // their CPU per task (measured: 20% less CPU per noop task for the
-    // cluster, output streaming unchanged; docs/benchmarks.md). The
-    // coordinator keeps its threads, so that its lease renewal never waits
-    // behind a long pass of its core (a large batch, a takeover's load).
-    let built = if matches!(role, "worker" | "sidecar") {
-        tokio::runtime::Builder::new_current_thread().enable_all().build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread().enable_all().build()
-    };
-    let runtime = match built {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
