@@ -1,4 +1,4 @@
-//! The bench itself runs end to end: a quick run of two benchmarks against the
+//! The bench itself runs end to end: a quick run of three benchmarks against the
 //! debug binaries of this workspace (`tenure` is built beside `tenure-bench`
 //! by the workspace's test build) and a real nats-server, checking that every
 //! figure is produced with its baseline and raw numbers. No time is asserted:
@@ -20,7 +20,7 @@ fn a_quick_run_produces_every_figure_with_its_baseline_and_raw_numbers() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("figures.jsonl");
     let run = Command::new(&bench)
-        .args(["run", "--quick", "--only", "throughput-shell,worker-restart", "--json"])
+        .args(["run", "--quick", "--only", "throughput-drain,throughput-shell,worker-restart", "--json"])
         .arg(&json)
         .arg("--tenure")
         .arg(&tenure)
@@ -35,6 +35,7 @@ fn a_quick_run_produces_every_figure_with_its_baseline_and_raw_numbers() {
     let cases: Vec<(&str, &str)> =
         figures.iter().map(|f| (f["bench"].as_str().unwrap(), f["case"].as_str().unwrap())).collect();
     for expected in [
+        ("throughput-drain", "2000 tasks in batches of 1000"),
         ("throughput-shell", "1 in flight"),
         ("throughput-shell", "16 in flight"),
         ("sidecar-reload", "10000 records"),
@@ -50,6 +51,11 @@ fn a_quick_run_produces_every_figure_with_its_baseline_and_raw_numbers() {
     }
     // The CPU of the worker's children — the monitor launcher, its monitors
     // and their `sh` — is counted, not lost with the processes that ended.
+    // Every throughput figure sums the CPU of every process per task.
+    for f in figures.iter().filter(|f| f["bench"].as_str().is_some_and(|b| b.starts_with("throughput"))) {
+        let total = &f["details"]["cpu_ms_per_task"]["total"];
+        assert!(total.as_f64().is_some_and(|ms| ms > 0.0), "no total CPU per task: {f}");
+    }
     for shell in figures.iter().filter(|f| f["bench"] == "throughput-shell") {
         let cpu = &shell["details"]["cpu_ms_per_task"];
         for process in ["coordinator-c1", "worker-w1", "sidecar-w1", "nats", "worker-w1 children"] {
