@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
@@ -20,22 +20,9 @@ const ECHO_AGENT: &str = r#"while read -r line; do echo "got: $line"; done"#;
 
 /// `tenure send` with `input` on its stdin.
 fn send_stdin(c: &Cluster, args: &[&str], input: &[u8]) -> Output {
-    let mut child = Command::new(BIN)
-        .arg("--nats")
-        .arg(&c.nats.url)
-        .arg("--session")
-        .arg(&c.session)
-        .arg("send")
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run tenure send");
-    let mut pipe = child.stdin.take().expect("stdin");
-    pipe.write_all(input).expect("write stdin");
-    drop(pipe);
-    child.wait_with_output().expect("tenure send")
+    let mut full = vec!["send"];
+    full.extend_from_slice(args);
+    c.cli_with_stdin(&full, input)
 }
 
 fn send(c: &Cluster, task: &str, text: &str) {

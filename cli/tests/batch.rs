@@ -5,11 +5,9 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{stderr, stdout, Cluster, BIN};
+use common::{stderr, stdout, Cluster};
 
 const BOUND: Duration = Duration::from_secs(60);
 
@@ -26,17 +24,7 @@ fn count(c: &Cluster) -> usize {
 
 /// `tenure submit --batch -` fed `input` on stdin.
 fn batch_from_stdin(c: &Cluster, input: &str) -> std::process::Output {
-    let mut child = Command::new(BIN)
-        .args(["--nats", &c.nats.url, "--session", &c.session, "submit", "--batch", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run tenure");
-    let mut stdin = child.stdin.take().expect("stdin");
-    stdin.write_all(input.as_bytes()).expect("write the tasks");
-    drop(stdin);
-    child.wait_with_output().expect("tenure ends")
+    c.cli_with_stdin(&["submit", "--batch", "-"], input.as_bytes())
 }
 
 #[test]

@@ -363,6 +363,27 @@ impl Cluster {
             .expect("run tenure")
     }
 
+    /// Runs a client verb as this cluster's test session with `input` on its stdin.
+    pub fn cli_with_stdin(&self, args: &[&str], input: &[u8]) -> Output {
+        use std::io::Write;
+        let mut child = Command::new(&*BIN)
+            .arg("--nats")
+            .arg(&self.nats.url)
+            .arg("--session")
+            .arg(&self.session)
+            .args(args)
+            .envs(self.auth.as_ref().map(|a| a.env(CLIENT)).unwrap_or_default())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run tenure");
+        let mut pipe = child.stdin.take().expect("stdin");
+        pipe.write_all(input).expect("write stdin");
+        drop(pipe);
+        child.wait_with_output().expect("tenure ends")
+    }
+
     /// `submit` that must succeed; returns the task id.
     pub fn submit(&self, args: &[&str]) -> String {
         let mut full = vec!["submit"];
