@@ -702,7 +702,8 @@ fn unwind(effect: Effect, failed: &mut Vec<(tenure_protocol::TaskId, String)>) -
         Effect::Reply { to, .. } => Some(Effect::Reply {
             to,
             reply: Err(ApiError::Unavailable(format!(
-                "the record of {first} could not be stored ({reason}); nothing of this request was kept"
+                "the record of {first} could not be stored ({reason}); nothing of this request was kept from it on \
+                 (a batch's tasks before it may be stored: send the batch again with the same keys)"
             ))),
         }),
         e @ (Effect::StepDown { .. } | Effect::CheckEpoch { .. }) => Some(e),
