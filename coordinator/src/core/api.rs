@@ -79,6 +79,14 @@ impl Submits {
     }
 }
 
+/// What a batch does with one of its tasks, once all were judged.
+enum Planned {
+    /// Its key made this task before.
+    Existing(TaskId),
+    /// Created, starting after `delay` ms.
+    New { delay: u64 },
+}
+
 /// Whether a listing of `session` shows `r`: its own (every session's for
 /// an operator), by board — archived ones with `all`, deleted ones only to
 /// an operator's `all` (their records stay for audit).
@@ -276,7 +284,7 @@ impl Core {
                 return Err(in_batch(index, ApiError::InvalidRequest(why)));
             }
             if let Some(task) = self.submitted_before(&session, t.idempotency_key) {
-                plan.push(Err(task));
+                plan.push(Planned::Existing(task));
                 continue;
             }
             let delay = self.admissible(&t.spec, &limits, now).map_err(|e| in_batch(index, e))?;
@@ -287,16 +295,17 @@ impl Core {
                     limits.entry(c.key.as_str().into()).or_insert(limit);
                 }
             }
-            plan.push(Ok(delay));
+            plan.push(Planned::New { delay });
         }
         // Numbers for the new tasks and their workflows' steps.
-        let numbers = tasks.iter().zip(&plan).filter(|(_, p)| p.is_ok()).map(|(t, _)| 1 + t.spec.steps.len() as u64);
+        let new = tasks.iter().zip(&plan).filter(|(_, p)| matches!(p, Planned::New { .. }));
+        let numbers = new.map(|(t, _)| 1 + t.spec.steps.len() as u64);
         self.submits.check_room(numbers.sum())?;
         let mut done = Vec::with_capacity(tasks.len());
         for (t, planned) in tasks.into_iter().zip(plan) {
             let submitted = match planned {
-                Err(task) => Submitted { task, existing: true },
-                Ok(delay) => {
+                Planned::Existing(task) => Submitted { task, existing: true },
+                Planned::New { delay } => {
                     let task =
                         self.create(session.clone(), t.idempotency_key, t.spec, delay, trace.clone(), now, fx)?;
                     Submitted { task, existing: false }
