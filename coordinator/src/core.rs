@@ -568,10 +568,14 @@ impl Core {
         };
         self.usage.reweigh(record, weight);
         tracing::debug!(task = %task, attempt = %life.attempt, epoch = %life.epoch, from = %before, to = %after, "task transition");
+        let reported = record.reported;
         fx.push(Effect::Persist(Box::new(record.clone())));
         let ended = after.is_terminal() && !before.is_terminal();
+        // An end is noticed only if nothing reported it: an end handed to a
+        // waiter with this very change is `reported`, and every reader of
+        // notices (`watch`, the gateway's streams, MCP) skips such ends.
         // A snapshot only for a notice or a waiter: most transitions need none.
-        let notify = ended && parent.is_none();
+        let notify = ended && parent.is_none() && !reported;
         let snapshot = match notify || !waiters.is_empty() {
             true => self.tasks.get(task).map(|r| self.snapshot_of(r)),
             false => None,

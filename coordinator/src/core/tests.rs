@@ -899,6 +899,26 @@ fn coalescing_keeps_the_last_version_of_each_task_in_the_place_of_its_first() {
     assert_eq!(got, ["1:c", "reply r1", "2:x", "reply r2", "3:y", "forget 3", "3:z"]);
 }
 
+#[test]
+fn an_end_handed_to_a_waiter_is_not_noticed_and_an_end_nobody_saw_is() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 2);
+    let waited = h.submit("alice", TaskSpec::shell("w", "true"));
+    let unseen = h.submit("alice", TaskSpec::shell("u", "true"));
+    let (_, reply) = h.api(ApiRequest::Wait { session: s("alice"), task: waited.clone(), timeout_ms: 10_000 });
+    assert!(reply.is_none(), "the wait is held until the end");
+    for task in [&waited, &unseen] {
+        h.report("w1", task, 1, ReportEvent::Started { pid: 1 });
+    }
+    let fx = h.report_effects("w1", &waited, 1, completed());
+    let ended: Vec<&Effect> = fx.iter().filter(|e| matches!(e, Effect::Reply { .. } | Effect::Notify(_))).collect();
+    assert!(matches!(&ended[..], [Effect::Reply { reply: Ok(ApiResponse::Waited { finished: true, .. }), .. }]));
+    assert!(h.core.task(&waited).unwrap().reported);
+    let fx = h.report_effects("w1", &unseen, 1, completed());
+    let n = notices(&fx);
+    assert!(matches!(&n[..], [Notice::Ended(s)] if s.id == unseen && !s.reported), "{n:?}");
+}
+
 #[path = "batch_tests.rs"]
 mod batch;
 #[path = "flow_tests.rs"]
