@@ -184,6 +184,13 @@ impl Core {
                         format!("worker {worker} was lost and its record of attempt {attempt} is unreadable: {reason}"),
                         HintTag::SidecarCorrupt,
                     ),
+                    // A rebuilt machine proves a resumable task's process gone
+                    // only once its worker heartbeats the new boot, and its
+                    // sidecar may answer first: such a task is asked about
+                    // again (each TTL) rather than settled unproven.
+                    AttemptEvidence::Replaced { .. } if !worker_alive && self.awaits_new_boot(&task, &worker) => {
+                        return;
+                    }
                     AttemptEvidence::Replaced { incarnation } => lost(
                         format!(
                             "the machine of worker {worker} no longer has the store attempt {attempt} was granted to \

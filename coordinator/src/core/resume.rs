@@ -58,6 +58,19 @@ impl Core {
         }
     }
 
+    /// Whether `task` declares a resume and `worker`'s machine has not yet
+    /// heartbeated a boot other than the one its attempt was granted under
+    /// (the proof a replaced store needs).
+    pub(super) fn awaits_new_boot(&self, task: &TaskId, worker: &WorkerId) -> bool {
+        let Some(r) = self.tasks.get(task) else { return false };
+        if r.spec.resume.is_none() {
+            return false;
+        }
+        let granted = r.resume().and_then(|s| s.granted_boot.as_deref());
+        let now = self.workers.boot_of(worker);
+        now.is_none() || now == granted
+    }
+
     /// Takes the values `lines` of an `agent` task give its capture patterns
     /// (lines at or below the recorded offset are repeats); persists the
     /// record when a value changed.

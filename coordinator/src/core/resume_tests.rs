@@ -210,6 +210,56 @@ fn a_replaced_store_on_a_new_boot_resumes_anywhere_and_on_the_same_boot_stays_un
     }
 }
 
+/// The evidence requests a core sends in `fx`.
+fn asked_in(fx: Vec<Effect>) -> Vec<EvidenceRequest> {
+    fx.into_iter()
+        .filter_map(|e| match e {
+            Effect::AskEvidence { request, .. } => Some(request),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A rebuilt machine's sidecar can answer "replaced" before its worker
+/// heartbeats the new boot: the resumable task is not settled unproven on
+/// that answer, and the next one, after the new boot was heard, resumes it.
+#[test]
+fn a_replaced_store_heard_before_the_new_boot_waits_for_the_boot() {
+    let mut h = Harness::new();
+    let t = running_agent(&mut h, true);
+    let mut asked = Vec::new();
+    for _ in 0..20 {
+        h.advance(Duration::from_secs(1));
+        agent_beat(&mut h, "w2", "b7", 2000);
+        asked.extend(asked_in(h.input(Input::Tick)));
+        if !asked.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(asked.len(), 1, "w1 lost: its evidence is asked for");
+    let replaced = || Ok(Ok(AttemptEvidence::Replaced { incarnation: Uuid::from_u128(1001) }));
+    let fx = answer(&mut h, &asked[0], replaced());
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))), "not settled before the boot is heard: {fx:?}");
+    assert_ne!(h.status(&t), Status::Unknown);
+
+    // The worker comes back on the new boot with the new store; the task is
+    // asked about again within a TTL.
+    let mut asked = asked_in(agent_beat(&mut h, "w1", "b2", 1001));
+    for _ in 0..20 {
+        if !asked.is_empty() {
+            break;
+        }
+        h.advance(Duration::from_secs(1));
+        asked.extend(asked_in(agent_beat(&mut h, "w1", "b2", 1001)));
+        asked.extend(asked_in(h.input(Input::Tick)));
+    }
+    assert_eq!(asked.len(), 1, "asked again once the new boot was heard");
+    answer(&mut h, &asked[0], replaced());
+    let snap = snapshot(&mut h, &t);
+    assert!(matches!(snap.status, Status::Queued | Status::Leased), "resumed: {:?} {:?}", snap.status, snap.hint);
+    assert_eq!(resume_of(&snap).resumes, 1);
+}
+
 #[test]
 fn a_loss_without_its_values_or_after_a_kill_is_not_resumed() {
     // Nothing captured yet.
