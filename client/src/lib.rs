@@ -201,12 +201,12 @@ impl Client {
     }
 
     /// Submits `tasks` in one request, each with its own key, retried (with
-    /// those keys) through a takeover under [`Policy::SUBMIT`]: all created,
+    /// those keys) through a takeover under [`Policy::BATCH`]: all created,
     /// or none when one is refused (`ApiError::InBatch` says which). The
     /// answers come in the order given.
     pub async fn submit_batch(&self, tasks: Vec<BatchTask>) -> Result<Vec<Submitted>, Error> {
         let req = ApiRequest::SubmitBatch(SubmitBatch { session: self.session.clone(), tasks });
-        match self.request(&req, &Policy::SUBMIT).await? {
+        match self.request(&req, &Policy::BATCH).await? {
             ApiResponse::SubmittedBatch(done) => Ok(done),
             other => Err(unexpected("submit-batch", other)),
         }

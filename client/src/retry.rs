@@ -117,6 +117,13 @@ impl Policy {
         through_registry_behind: false,
     };
 
+    /// A batch submit: as a submit, but a try may take 30 s and all of them
+    /// 60 s — the leader answers once every task of the batch (up to 1 000)
+    /// is durable, which on a loaded machine takes far longer than one task.
+    /// Sent again with the same keys, a batch creates only what is missing.
+    pub const BATCH: Policy =
+        Policy { overall: Duration::from_secs(60), per_try: Duration::from_secs(30), ..Policy::SUBMIT };
+
     /// A read (get, list page, status): the same as a submit.
     pub const READ: Policy = Policy::SUBMIT;
 
