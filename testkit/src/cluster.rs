@@ -350,29 +350,22 @@ impl Cluster {
 
     /// Runs a client verb as NATS user `user` (on a secured cluster) and `session`.
     pub fn cli_identity(&self, user: &str, session: &str, args: &[&str]) -> Output {
-        let role_env = self.auth.as_ref().map(|a| a.env(user)).unwrap_or_default();
-        Command::new(&*BIN)
-            .arg("--nats")
-            .arg(&self.nats.url)
-            .arg("--session")
-            .arg(session)
-            .args(args)
-            .envs(role_env)
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("run tenure")
+        self.verb(user, session, args).stdin(std::process::Stdio::null()).output().expect("run tenure")
+    }
+
+    /// The `tenure` command of a client verb as `user` and `session`.
+    fn verb(&self, user: &str, session: &str, args: &[&str]) -> Command {
+        let mut command = Command::new(&*BIN);
+        command.arg("--nats").arg(&self.nats.url).arg("--session").arg(session).args(args);
+        command.envs(self.auth.as_ref().map(|a| a.env(user)).unwrap_or_default());
+        command
     }
 
     /// Runs a client verb as this cluster's test session with `input` on its stdin.
     pub fn cli_with_stdin(&self, args: &[&str], input: &[u8]) -> Output {
         use std::io::Write;
-        let mut child = Command::new(&*BIN)
-            .arg("--nats")
-            .arg(&self.nats.url)
-            .arg("--session")
-            .arg(&self.session)
-            .args(args)
-            .envs(self.auth.as_ref().map(|a| a.env(CLIENT)).unwrap_or_default())
+        let mut child = self
+            .verb(CLIENT, &self.session, args)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
