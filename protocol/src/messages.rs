@@ -1170,6 +1170,39 @@ pub enum SidecarRequest {
     List,
     /// The next page of records, after `(task, attempt)`.
     ListFrom { task: TaskId, attempt: Attempt },
+    /// Several requests that [`SidecarRequest::batches`] allows, at most
+    /// [`MAX_SIDECAR_MANY`]: applied in order, committed by one flush, and
+    /// answered together by [`SidecarReply::Many`], one reply each, in
+    /// order. Each is judged alone, exactly as if sent alone; one refused
+    /// changes nothing for the others. A request that may not travel in a
+    /// batch is refused (`Malformed`) in its place.
+    Many(Vec<SidecarRequest>),
+}
+
+/// Most requests in one [`SidecarRequest::Many`] (the sidecar's group
+/// commit takes as many per flush).
+pub const MAX_SIDECAR_MANY: usize = 64;
+
+impl SidecarRequest {
+    /// Whether this request may travel in a [`SidecarRequest::Many`]: the
+    /// epoch fence and the records of attempts, whose answers are small.
+    /// Listings and the incarnation probe go alone, and so does a traced
+    /// intent (the sidecar continues its trace in a span of its own).
+    pub fn batches(&self) -> bool {
+        match self {
+            SidecarRequest::Intent { trace, .. } => trace.is_none(),
+            SidecarRequest::ObserveEpoch(_)
+            | SidecarRequest::Accept(_)
+            | SidecarRequest::Spawned { .. }
+            | SidecarRequest::Exited { .. }
+            | SidecarRequest::Acknowledged { .. }
+            | SidecarRequest::Abandon { .. } => true,
+            SidecarRequest::Incarnation
+            | SidecarRequest::List
+            | SidecarRequest::ListFrom { .. }
+            | SidecarRequest::Many(_) => false,
+        }
+    }
 }
 
 /// Most encoded bytes of records in one `Records` page: a machine holds any
@@ -1200,6 +1233,12 @@ pub enum SidecarReply {
         next: Option<(TaskId, Attempt)>,
     },
     Refused(SidecarRefusal),
+    /// The answers to a [`SidecarRequest::Many`], one per request, in order.
+    /// A batch answered by a refusal instead was refused as a whole: the
+    /// store failed (a `Storage` refusal, which then answers every request
+    /// in it), or the sidecar could not read it (`Malformed`: a sidecar
+    /// older than `Many`; the worker sends the requests one by one).
+    Many(Vec<SidecarReply>),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]

@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 
 use tenure_protocol::messages::{
     AttemptRecord, CorruptAttempt, LeaseGrant, Phase, RegistryMark, SidecarRefusal, SidecarReply, SidecarRequest,
-    MAX_LIST_PAGE_BYTES,
+    MAX_LIST_PAGE_BYTES, MAX_SIDECAR_MANY,
 };
 use tenure_protocol::{Attempt, Epoch, Outcome, TaskId};
 use tracing::{debug, info, warn};
@@ -100,11 +100,26 @@ impl<S: RecoveryStore> Machine<S> {
             }
             SidecarRequest::List => return self.page(None),
             SidecarRequest::ListFrom { task, attempt } => return self.page(Some((task, attempt))),
+            SidecarRequest::Many(reqs) => return self.many(reqs),
         };
         match decision {
             Ok(()) => SidecarReply::Ok,
             Err(refusal) => SidecarReply::Refused(refusal),
         }
+    }
+
+    /// A batch: each request judged alone, in order; one that may not be
+    /// batched is refused in its place, and an oversized batch as a whole.
+    fn many(&mut self, reqs: Vec<SidecarRequest>) -> SidecarReply {
+        if reqs.len() > MAX_SIDECAR_MANY {
+            let why = format!("a batch of {} requests (at most {MAX_SIDECAR_MANY})", reqs.len());
+            return SidecarReply::Refused(SidecarRefusal::Malformed(why));
+        }
+        let one = |machine: &mut Self, req: SidecarRequest| match req.batches() {
+            true => machine.handle(req),
+            false => SidecarReply::Refused(SidecarRefusal::Malformed("this request cannot travel in a batch".into())),
+        };
+        SidecarReply::Many(reqs.into_iter().map(|req| one(self, req)).collect())
     }
 
     /// The identity of this machine's store.

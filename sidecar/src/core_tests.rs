@@ -596,3 +596,59 @@ fn revocation_tombstones_survive_a_real_sled_reopen() {
     // A later attempt of the task is not caught by them.
     assert_eq!(m.handle(SidecarRequest::Accept(grant(5, 5))), SidecarReply::Ok);
 }
+
+/// A batch answers exactly as its requests would one by one: for every
+/// starting phase and every ordered pair of requests, the replies, the
+/// records and what the store holds are the same.
+#[test]
+fn a_batch_is_its_requests_one_by_one() {
+    for (row, _) in table() {
+        for (first, a) in requests() {
+            for (second, b) in requests() {
+                let mut alone = machine_in(row);
+                let replies = vec![alone.handle(a.clone()), alone.handle(b.clone())];
+                let mut batched = machine_in(row);
+                let reply = batched.handle(SidecarRequest::Many(vec![a.clone(), b.clone()]));
+                assert_eq!(reply, SidecarReply::Many(replies), "{row} + [{first}, {second}]");
+                assert_eq!(state(&batched), state(&alone), "{row} + [{first}, {second}]");
+                let restored = Machine::restore(batched.store().clone()).unwrap();
+                assert_eq!(state(&restored), state(&alone), "{row} + [{first}, {second}]: store");
+            }
+        }
+    }
+}
+
+#[test]
+fn what_may_not_travel_in_a_batch_is_refused_in_its_place() {
+    let mut m = machine_in("absent");
+    let traced = SidecarRequest::Intent { task: task(), attempt: Attempt(2), epoch: Epoch(5), trace: Some("t".into()) };
+    let reply = m.handle(SidecarRequest::Many(vec![
+        SidecarRequest::List,
+        SidecarRequest::Accept(grant(2, 5)),
+        SidecarRequest::Many(vec![intent(5)]),
+        SidecarRequest::Incarnation,
+        traced,
+        intent(5),
+    ]));
+    let SidecarReply::Many(replies) = reply else { panic!("{reply:?}") };
+    let malformed = |r: &SidecarReply| matches!(r, SidecarReply::Refused(SidecarRefusal::Malformed(_)));
+    let shape: Vec<bool> = replies.iter().map(malformed).collect();
+    assert_eq!(shape, [true, false, true, true, true, false], "{replies:?}");
+    assert_eq!(replies[1], SidecarReply::Ok);
+    assert_eq!(replies[5], SidecarReply::Ok);
+    assert_eq!(target(&m).map(|r| r.phase), Some(Phase::Intent));
+}
+
+#[test]
+fn an_oversized_batch_is_refused_whole_and_changes_nothing() {
+    let mut m = machine_in("absent");
+    let before = state(&m);
+    let writes = m.store().writes();
+    let reqs = vec![SidecarRequest::Accept(grant(2, 5)); MAX_SIDECAR_MANY + 1];
+    assert!(matches!(m.handle(SidecarRequest::Many(reqs)), SidecarReply::Refused(SidecarRefusal::Malformed(_))));
+    assert_eq!(state(&m), before);
+    assert_eq!(m.store().writes(), writes);
+    let reqs = vec![SidecarRequest::Accept(grant(2, 5)); MAX_SIDECAR_MANY];
+    let SidecarReply::Many(replies) = m.handle(SidecarRequest::Many(reqs)) else { panic!() };
+    assert!(replies.iter().all(|r| *r == SidecarReply::Ok), "{replies:?}");
+}

@@ -110,6 +110,7 @@ fn request_name(req: &SidecarRequest) -> &'static str {
         SidecarRequest::Acknowledged { .. } => "acknowledged",
         SidecarRequest::Abandon { .. } => "abandon",
         SidecarRequest::List | SidecarRequest::ListFrom { .. } => "list",
+        SidecarRequest::Many(_) => "many",
         SidecarRequest::Incarnation => "incarnation",
     }
 }
@@ -196,11 +197,19 @@ impl Answer {
     }
 }
 
+/// Counts a request by name, and each of a batch's by its own.
+fn count(req: &SidecarRequest) {
+    match req {
+        SidecarRequest::Many(reqs) => reqs.iter().for_each(count),
+        req => crate::metrics::get().requests.add(1, &[opentelemetry::KeyValue::new("request", request_name(req))]),
+    }
+}
+
 /// Applies one command to the machine (or refuses it when the store is unusable).
 fn apply<S: RecoveryStore>(command: Command, machine: &mut Result<Machine<S>, String>) -> Answer {
     match (command, machine) {
         (Command::Handle(req, reply), Ok(machine)) => {
-            crate::metrics::get().requests.add(1, &[opentelemetry::KeyValue::new("request", request_name(&req))]);
+            count(&req);
             Answer::Handle(machine.handle(*req), reply)
         }
         (Command::Handle(_, reply), Err(reason)) => {

@@ -154,8 +154,13 @@ pub struct Held {
 pub enum Screened {
     /// Answer at once (already held, or refused here).
     Answer(Answer),
-    /// Ask the sidecar to record the grant (`SidecarRequest::Accept`).
+    /// Ask the sidecar to record the grant (`SidecarRequest::Accept`), then
+    /// pass its answer to [`Worker::grant_recorded`]. Until then the grant
+    /// counts against the slots.
     Record,
+    /// The same attempt's grant is being recorded (a re-send that came with
+    /// it): answer as that one is answered.
+    Recording,
 }
 
 /// The worker's answer to a command, and what it leaves on the machine.
@@ -246,11 +251,20 @@ pub struct Worker {
     /// refused and a kill can never be overtaken by its own grant. (The
     /// sidecar's tombstones cover what a restart forgets.)
     given_back: BTreeSet<Key>,
+    /// Grants screened [`Screened::Record`] whose sidecar answer is not in
+    /// yet (several are recorded together): each holds a slot.
+    recording: BTreeSet<Key>,
 }
 
 impl Worker {
     pub fn new(config: Config) -> Worker {
-        Worker { config, epoch_seen: Epoch(0), held: BTreeMap::new(), given_back: BTreeSet::new() }
+        Worker {
+            config,
+            epoch_seen: Epoch(0),
+            held: BTreeMap::new(),
+            given_back: BTreeSet::new(),
+            recording: BTreeSet::new(),
+        }
     }
 
     pub fn epoch_seen(&self) -> Epoch {
@@ -301,11 +315,15 @@ impl Worker {
 
     /// A grant, before the sidecar is asked: already held (a re-send) is
     /// accepted again; a given-back attempt, another kind, resource limits
-    /// it cannot enforce, or a full worker are refused.
+    /// it cannot enforce, or a full worker (counting the grants being
+    /// recorded) are refused.
     pub fn screen_grant(&mut self, grant: &LeaseGrant) -> Screened {
         let key = (grant.task.clone(), grant.attempt);
         if self.held.contains_key(&key) {
             return Screened::Answer(Answer::reply(WorkerReply::Accepted));
+        }
+        if self.recording.contains(&key) {
+            return Screened::Recording;
         }
         if self.given_back.contains(&key) {
             return Screened::Answer(self.refuse(key, Refusal::UnknownAttempt));
@@ -320,9 +338,10 @@ impl Worker {
                 return Screened::Answer(self.refuse(key, Refusal::UnenforcedLimits(names)));
             }
         }
-        if self.held.len() >= self.config.slots as usize {
+        if self.held.len() + self.recording.len() >= self.config.slots as usize {
             return Screened::Answer(self.refuse(key, Refusal::NoSlot));
         }
+        self.recording.insert(key);
         Screened::Record
     }
 
@@ -330,6 +349,7 @@ impl Worker {
     /// reached, with why).
     pub fn grant_recorded(&mut self, grant: LeaseGrant, answer: Result<SidecarReply, String>) -> Answer {
         let key = (grant.task.clone(), grant.attempt);
+        self.recording.remove(&key);
         match answer {
             Ok(SidecarReply::Ok) => {}
             Ok(SidecarReply::Refused(SidecarRefusal::StaleEpoch { held, offered })) => {

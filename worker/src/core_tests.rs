@@ -239,6 +239,7 @@ fn grants_are_screened_before_the_sidecar_is_asked() {
     assert_eq!(w.screen_grant(&grant(3)), Screened::Record);
     // Another kind: refused and tombstoned.
     let mut other = grant(3);
+    other.task = "shell-2".parse().unwrap();
     other.spec.kind = "gpu".parse().unwrap();
     match w.screen_grant(&other) {
         Screened::Answer(a) => {
@@ -270,6 +271,38 @@ fn a_full_worker_refuses_and_a_held_attempt_is_accepted_again() {
         Screened::Answer(a) => assert_eq!((a.reply, a.tombstone), (WorkerReply::Refused(Refusal::NoSlot), true)),
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn grants_being_recorded_together_hold_their_slots_and_a_resend_waits_for_the_first() {
+    let mut w = worker(2);
+    let numbered = |n: u32| {
+        let mut g = grant(3);
+        g.task = format!("shell-{n}").parse().unwrap();
+        g
+    };
+    // Screened together, before any sidecar answer: two slots, two records.
+    assert_eq!(w.screen_grant(&numbered(1)), Screened::Record);
+    assert_eq!(w.screen_grant(&numbered(2)), Screened::Record);
+    // The same grant again, while it is being recorded: neither a second
+    // record nor an answer of its own.
+    assert_eq!(w.screen_grant(&numbered(1)), Screened::Recording);
+    // A third: the two being recorded fill the worker.
+    match w.screen_grant(&numbered(3)) {
+        Screened::Answer(a) => assert_eq!(a.reply, WorkerReply::Refused(Refusal::NoSlot)),
+        other => panic!("{other:?}"),
+    }
+    // One is refused by the sidecar: its slot is free again, and it is given back.
+    let a = w.grant_recorded(numbered(1), Ok(stale()));
+    assert!(matches!(a.reply, WorkerReply::Refused(Refusal::StaleEpoch { .. })), "{a:?}");
+    let a = w.grant_recorded(numbered(2), Ok(SidecarReply::Ok));
+    assert_eq!((a.reply, a.drive), (WorkerReply::Accepted, true));
+    assert_eq!(w.screen_grant(&numbered(4)), Screened::Record);
+    match w.screen_grant(&numbered(1)) {
+        Screened::Answer(a) => assert_eq!(a.reply, WorkerReply::Refused(Refusal::UnknownAttempt)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(w.screen_grant(&numbered(2)), Screened::Answer(Answer::reply(WorkerReply::Accepted)));
 }
 
 /// One row: the sidecar's answer to `Accept`, the reply, whether the

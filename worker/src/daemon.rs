@@ -7,18 +7,18 @@
 //! acknowledged → acknowledged. Without a sidecar nothing new starts; a grant is
 //! refused rather than run without its intent.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tenure_machine::attempt_files::AttemptFiles;
 use tenure_machine::worker_lock::WorkerLock;
 use tenure_machine::{Layout, SidecarClient};
 use tenure_protocol::messages::{
     KillCommand, LeaseGrant, PauseCommand, Refusal, SidecarHealth, SidecarRefusal, SidecarReply, SidecarRequest,
-    WorkerCommand, WorkerReply,
+    WorkerCommand, WorkerReply, MAX_SIDECAR_MANY,
 };
 use tenure_protocol::{subjects, Epoch, Kind};
 use tracing::Instrument;
@@ -171,40 +171,63 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                 Err(error) => tracing::warn!(%error, "malformed epoch announcement ignored"),
             },
             Some(msg) = commands.next() => {
-                // A traced grant continues its task's trace; the attempt span
-                // (and everything it reports) is a child of this one.
-                let parent = tenure_transport::trace::from_headers(msg.headers.as_ref());
-                let reply = match tenure_protocol::decode::<WorkerCommand>(&msg.payload) {
-                    Ok(WorkerCommand::Grant(grant)) if tenure_transport::trace::is_remote(&parent) => {
-                        let span = tracing::info_span!("grant", task = %grant.task, attempt = %grant.attempt, epoch = %grant.epoch, worker = %shared.opts.id);
-                        tenure_transport::trace::continue_from(&span, parent);
-                        on_grant(&shared, grant).instrument(span).await
+                // Commands that arrived together are taken together, so that
+                // the grants among them are recorded in one batch.
+                let mut msgs = vec![msg];
+                while msgs.len() < MAX_SIDECAR_MANY {
+                    match commands.next().now_or_never() {
+                        Some(Some(msg)) => msgs.push(msg),
+                        _ => break,
                     }
-                    Ok(WorkerCommand::Grant(grant)) => on_grant(&shared, grant).await,
-                    Ok(WorkerCommand::Kill(kill)) => on_kill(&shared, kill).await,
-                    Ok(WorkerCommand::Pause(pause)) => on_pause(&shared, pause).await,
-                    Ok(WorkerCommand::InstanceTaken { instance: refused, holder }) => {
-                        if refused == instance {
-                            let now = tokio::time::Instant::now();
-                            let (since, _, _) = taken.get_or_insert_with(|| {
-                                tracing::error!(
-                                    worker = %shared.opts.id, %instance, %holder, running = shared.state().core.held_count(),
-                                    "the leader says another live process holds this worker id: no new work comes here"
-                                );
-                                (now, now, holder)
-                            });
-                            taken = Some((*since, now, holder));
-                        }
-                        continue;
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "malformed command refused");
-                        WorkerReply::Refused(Refusal::Malformed(error.to_string()))
-                    }
-                };
-                if let Some(to) = msg.reply {
-                    tenure_transport::reply(&client, to.to_string(), &reply).await;
                 }
+                let mut grants = Vec::new();
+                for msg in msgs {
+                    // A traced grant continues its task's trace; the attempt span
+                    // (and everything it reports) is a child of this one.
+                    let parent = tenure_transport::trace::from_headers(msg.headers.as_ref());
+                    let command = tenure_protocol::decode::<WorkerCommand>(&msg.payload);
+                    // Any other command is handled after the grants before it.
+                    if !matches!(command, Ok(WorkerCommand::Grant(_))) {
+                        answer_grants(&shared, &client, std::mem::take(&mut grants)).await;
+                    }
+                    let reply = match command {
+                        Ok(WorkerCommand::Grant(grant)) => {
+                            let span = if tenure_transport::trace::is_remote(&parent) {
+                                let span = tracing::info_span!("grant", task = %grant.task, attempt = %grant.attempt, epoch = %grant.epoch, worker = %shared.opts.id);
+                                tenure_transport::trace::continue_from(&span, parent);
+                                span
+                            } else {
+                                tracing::Span::none()
+                            };
+                            grants.push((grant, span, msg.reply));
+                            continue;
+                        }
+                        Ok(WorkerCommand::Kill(kill)) => on_kill(&shared, kill).await,
+                        Ok(WorkerCommand::Pause(pause)) => on_pause(&shared, pause).await,
+                        Ok(WorkerCommand::InstanceTaken { instance: refused, holder }) => {
+                            if refused == instance {
+                                let now = tokio::time::Instant::now();
+                                let (since, _, _) = taken.get_or_insert_with(|| {
+                                    tracing::error!(
+                                        worker = %shared.opts.id, %instance, %holder, running = shared.state().core.held_count(),
+                                        "the leader says another live process holds this worker id: no new work comes here"
+                                    );
+                                    (now, now, holder)
+                                });
+                                taken = Some((*since, now, holder));
+                            }
+                            continue;
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, "malformed command refused");
+                            WorkerReply::Refused(Refusal::Malformed(error.to_string()))
+                        }
+                    };
+                    if let Some(to) = msg.reply {
+                        tenure_transport::reply(&client, to.to_string(), &reply).await;
+                    }
+                }
+                answer_grants(&shared, &client, grants).await;
             }
         }
     }
@@ -310,45 +333,98 @@ async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>, was_
 /// its own task. A refusal the core says to tombstone is tombstoned in the
 /// sidecar (best effort, bounded), so that a late copy of the grant is
 /// refused even by a restarted worker.
-async fn on_grant(shared: &Arc<Shared>, grant: LeaseGrant) -> WorkerReply {
-    let key = (grant.task.clone(), grant.attempt);
-    let screened = shared.state().core.screen_grant(&grant);
-    let answer = match screened {
-        Screened::Answer(answer) => answer,
-        Screened::Record => {
-            let recorded = shared.sidecar.call(&SidecarRequest::Accept(grant.clone())).await;
-            if matches!(recorded, Ok(SidecarReply::Ok)) {
-                attempt::crash_point("after-accept");
-            }
-            shared.state().core.grant_recorded(grant, recorded.map_err(|e| e.to_string()))
+/// Grants that arrived together, each with its span and where to answer:
+/// screened in order, recorded by the sidecar together (concurrent calls
+/// travel as one batch and are committed by one flush), then answered in
+/// order, each only after its own accept is durable.
+async fn answer_grants(
+    shared: &Arc<Shared>,
+    client: &async_nats::Client,
+    grants: Vec<(LeaseGrant, tracing::Span, Option<async_nats::Subject>)>,
+) {
+    if grants.is_empty() {
+        return;
+    }
+    let (grants, answer_to): (Vec<_>, Vec<_>) = grants.into_iter().map(|(g, span, to)| ((g, span), to)).unzip();
+    let replies = on_grants(shared, grants).await;
+    for (reply, to) in replies.into_iter().zip(answer_to) {
+        if let (Some(reply), Some(to)) = (reply, to) {
+            tenure_transport::reply(client, to.to_string(), &reply).await;
         }
+    }
+}
+
+/// The answers to grants that arrived together (see [`answer_grants`]);
+/// `None` for a re-send of a grant being recorded by an earlier command
+/// (the leader sends it again).
+async fn on_grants(shared: &Arc<Shared>, grants: Vec<(LeaseGrant, tracing::Span)>) -> Vec<Option<WorkerReply>> {
+    let screened: Vec<Screened> = {
+        let mut state = shared.state();
+        grants.iter().map(|(grant, _)| state.core.screen_grant(grant)).collect()
     };
-    if let WorkerReply::Refused(refusal) = &answer.reply {
-        let reason = match refusal {
-            Refusal::StaleEpoch { .. } => "stale-epoch",
-            Refusal::NoSlot => "no-slot",
-            Refusal::UnsupportedKind(_) => "unsupported-kind",
-            Refusal::UnknownAttempt => "unknown-attempt",
-            Refusal::SidecarUnavailable(_) => "sidecar-unavailable",
-            Refusal::Malformed(_) => "malformed",
-            Refusal::SidecarStorage(_) => "sidecar-storage",
-            Refusal::UnenforcedLimits(_) => {
-                tracing::info!(task = %key.0, attempt = %key.1, %refusal, "grant refused");
-                "unenforced-limits"
+    let records = grants.iter().zip(&screened).map(|((grant, span), screened)| async move {
+        match screened {
+            Screened::Record => {
+                Some(shared.sidecar.call(&SidecarRequest::Accept(grant.clone())).instrument(span.clone()).await)
+            }
+            Screened::Answer(_) | Screened::Recording => None,
+        }
+    });
+    let recorded = futures::future::join_all(records).await;
+    if recorded.iter().any(|r| matches!(r, Some(Ok(SidecarReply::Ok)))) {
+        attempt::crash_point("after-accept");
+    }
+    let mut replies = Vec::with_capacity(grants.len());
+    let mut answered: HashMap<Key, WorkerReply> = HashMap::new();
+    let mut tombstones = Vec::new();
+    for (((grant, span), screened), recorded) in grants.into_iter().zip(screened).zip(recorded) {
+        let key = (grant.task.clone(), grant.attempt);
+        let answer = match (screened, recorded) {
+            (Screened::Answer(answer), _) => answer,
+            (Screened::Record, Some(recorded)) => {
+                shared.state().core.grant_recorded(grant, recorded.map_err(|e| e.to_string()))
+            }
+            // Answered as the same attempt's grant before it was.
+            (Screened::Recording | Screened::Record, _) => {
+                replies.push(answered.get(&key).cloned());
+                continue;
             }
         };
-        crate::metrics::get().refusals.add(1, &[opentelemetry::KeyValue::new("reason", reason)]);
+        count_refusal(&key, &answer.reply);
+        if answer.tombstone {
+            tombstones.push(SidecarRequest::Abandon { task: key.0.clone(), attempt: key.1 });
+        }
+        if answer.drive {
+            let epoch = shared.state().core.held(&key).map(|h| h.epoch).unwrap_or_default();
+            tracing::debug!(task = %key.0, attempt = %key.1, epoch = %epoch, "grant accepted");
+            span.in_scope(|| spawn_drive(shared, key.clone()));
+        }
+        answered.insert(key, answer.reply.clone());
+        replies.push(Some(answer.reply));
     }
-    if answer.tombstone {
-        let abandon = SidecarRequest::Abandon { task: key.0.clone(), attempt: key.1 };
-        let _ = tokio::time::timeout(Duration::from_secs(1), shared.sidecar.call(&abandon)).await;
-    }
-    if answer.drive {
-        let epoch = shared.state().core.held(&key).map(|h| h.epoch).unwrap_or_default();
-        tracing::debug!(task = %key.0, attempt = %key.1, epoch = %epoch, "grant accepted");
-        spawn_drive(shared, key);
-    }
-    answer.reply
+    let tombstones =
+        tombstones.iter().map(|abandon| tokio::time::timeout(Duration::from_secs(1), shared.sidecar.call(abandon)));
+    futures::future::join_all(tombstones).await;
+    replies
+}
+
+/// Counts a refused grant by its reason.
+fn count_refusal(key: &Key, reply: &WorkerReply) {
+    let WorkerReply::Refused(refusal) = reply else { return };
+    let reason = match refusal {
+        Refusal::StaleEpoch { .. } => "stale-epoch",
+        Refusal::NoSlot => "no-slot",
+        Refusal::UnsupportedKind(_) => "unsupported-kind",
+        Refusal::UnknownAttempt => "unknown-attempt",
+        Refusal::SidecarUnavailable(_) => "sidecar-unavailable",
+        Refusal::Malformed(_) => "malformed",
+        Refusal::SidecarStorage(_) => "sidecar-storage",
+        Refusal::UnenforcedLimits(_) => {
+            tracing::info!(task = %key.0, attempt = %key.1, %refusal, "grant refused");
+            "unenforced-limits"
+        }
+    };
+    crate::metrics::get().refusals.add(1, &[opentelemetry::KeyValue::new("reason", reason)]);
 }
 
 /// A kill: the machine's fence takes its epoch first, then the core decides;
