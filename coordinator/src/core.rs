@@ -150,6 +150,13 @@ pub enum Input {
         reply_to: Option<String>,
         report: Report,
     },
+    /// A worker's reports sent together (well formed: every one speaks for
+    /// the worker whose subject they came on): each is judged as if it came
+    /// alone, and all are answered by one [`Effect::Acks`].
+    Reports {
+        reply_to: Option<String>,
+        reports: Vec<Report>,
+    },
     /// The answer (or transport failure) to a command the driver sent for an effect.
     CommandResult {
         worker: WorkerId,
@@ -242,6 +249,12 @@ pub enum Effect {
     Ack {
         to: String,
         ack: ReportAck,
+    },
+    /// The answers to [`Input::Reports`], in order: after every append of the
+    /// input, like any effect.
+    Acks {
+        to: String,
+        acks: Vec<ReportAck>,
     },
     /// Compact a garbage-collected task's record to a tombstone (conditional).
     Forget {
@@ -443,6 +456,12 @@ impl Core {
                 let ack = self.report(report, now, &mut fx);
                 if let Some(to) = reply_to {
                     fx.push(Effect::Ack { to, ack });
+                }
+            }
+            Input::Reports { reply_to, reports } => {
+                let acks = reports.into_iter().map(|report| self.report(report, now, &mut fx)).collect();
+                if let Some(to) = reply_to {
+                    fx.push(Effect::Acks { to, acks });
                 }
             }
             Input::CommandResult { worker, command, result } => {

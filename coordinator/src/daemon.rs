@@ -31,7 +31,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use tenure_protocol::messages::{
-    ApiError, ApiReply, ApiRequest, CoordinatorPresence, Heartbeat, RegistryMark, Report, WorkerCommand,
+    ApiError, ApiReply, ApiRequest, CoordinatorPresence, Heartbeat, RegistryMark, Report, Reports, WorkerCommand,
 };
 use tenure_protocol::{subjects, Epoch};
 use tenure_transport::identity::{self, Trust};
@@ -555,17 +555,26 @@ async fn lead<F: Future<Output = ()>>(
                 },
                 Some(msg) = reports.next() => {
                     let reply_to = tenure_transport::identity::reply_to(&msg);
-                    match tenure_protocol::decode::<Report>(&msg.payload) {
-                        Ok(report) if speaks_for_itself(&msg.subject, &report.worker) => {
-                            span = traced(msg.headers.as_ref(), || {
-                                tracing::info_span!("report", task = %report.task, attempt = %report.attempt, epoch = %report.epoch, worker = %report.worker, event = report.event.name())
-                            });
-                            Input::Report { reply_to, report }
-                        }
-                        Ok(_) => continue,
-                        Err(error) => {
-                            tracing::warn!(%error, "malformed report ignored");
+                    // Several reports together, or one.
+                    if let Ok(batch) = tenure_protocol::decode::<Reports>(&msg.payload) {
+                        if !(batch.is_well_formed() && speaks_for_itself(&msg.subject, &batch.worker)) {
+                            tracing::warn!(subject = %msg.subject, "malformed batch of reports ignored");
                             continue;
+                        }
+                        Input::Reports { reply_to, reports: batch.reports }
+                    } else {
+                        match tenure_protocol::decode::<Report>(&msg.payload) {
+                            Ok(report) if speaks_for_itself(&msg.subject, &report.worker) => {
+                                span = traced(msg.headers.as_ref(), || {
+                                    tracing::info_span!("report", task = %report.task, attempt = %report.attempt, epoch = %report.epoch, worker = %report.worker, event = report.event.name())
+                                });
+                                Input::Report { reply_to, report }
+                            }
+                            Ok(_) => continue,
+                            Err(error) => {
+                                tracing::warn!(%error, "malformed report ignored");
+                                continue;
+                            }
                         }
                     }
                 }
@@ -713,6 +722,7 @@ fn unwind(effect: Effect, failed: &mut Vec<(tenure_protocol::TaskId, String)>) -
         | Effect::Cleanup { .. }
         | Effect::AskEvidence { .. }
         | Effect::Ack { .. }
+        | Effect::Acks { .. }
         | Effect::Notify(_) => None,
     }
 }
@@ -919,6 +929,10 @@ async fn execute(mut effect: Effect, mark: RegistryMark, out: &Outbox<'_>) -> Re
         }
         Effect::Ack { to, ack } => {
             tenure_transport::reply(client, to, &ack).await;
+            Ok(())
+        }
+        Effect::Acks { to, acks } => {
+            tenure_transport::reply(client, to, &acks).await;
             Ok(())
         }
         Effect::CheckEpoch { claimed, by } => {

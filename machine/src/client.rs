@@ -1,15 +1,14 @@
 //! [`SidecarClient`]: the worker's side of the local socket. One request, one
 //! reply, over lazily (re)connected unix streams.
 //!
-//! **Batching.** Calls made while others are in flight wait in one queue;
-//! at most [`MAX_EXCHANGES`] exchanges run at once, and each takes every
-//! waiting request it can into one [`SidecarRequest::Many`] (up to
-//! [`MAX_SIDECAR_MANY`]), so that under load many attempts' records cost
-//! one frame each way and one pass of the sidecar's group commit. An idle
-//! client sends a call at once and alone. Each caller still gets its own
-//! reply, only after the flush that made its own request durable: batching
-//! changes what travels, not what a reply means. A sidecar too old to read
-//! a batch refuses it as malformed; the client then sends everything alone.
+//! Calls made while others are in flight are gathered ([`crate::gather`])
+//! into one [`SidecarRequest::Many`], so that under load many attempts'
+//! records cost one frame each way and one pass of the sidecar's group
+//! commit; an idle client sends a call at once and alone. Each caller still
+//! gets its own reply, only after the flush that made its own request
+//! durable: batching changes what travels, not what a reply means. A
+//! sidecar too old to read a batch refuses it as malformed, and its
+//! requests are sent again one by one.
 //!
 //! It never retries by itself: every failure is reported as [`Error::Unavailable`]
 //! and the caller decides (requests are idempotent, so retrying is safe). An
@@ -17,9 +16,8 @@
 //! A request whose caller gave up before it was sent is not sent. It never
 //! decodes anything the sidecar did not send as a whole frame.
 
-use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -27,10 +25,10 @@ use futures::{SinkExt, StreamExt};
 use tenure_protocol::messages::{SidecarRefusal, SidecarReply, SidecarRequest, MAX_SIDECAR_MANY};
 use tenure_protocol::{decode, encode, CodecError, MAX_MESSAGE_BYTES};
 use tokio::net::UnixStream;
-use tokio::sync::oneshot;
 use tokio_util::codec::{Framed, LengthDelimitedCodec};
 
 use crate::frame_codec;
+use crate::gather::{Exchange, Gather, Sent};
 
 /// How long one exchange may take (connect, send, reply) unless set
 /// otherwise; a call waits at most as long again for its turn.
@@ -55,47 +53,23 @@ pub enum Error {
 
 type Connection = Framed<UnixStream, LengthDelimitedCodec>;
 
-/// Most exchanges in flight at once, each on its own connection: one being
-/// committed by the sidecar while the next gathers the calls made meanwhile
-/// (the sidecar's group commit takes both in one flush when they meet).
-pub const MAX_EXCHANGES: usize = 2;
-
-/// Most encoded bytes of requests gathered into one batch: well within a
-/// frame, whatever the batch's own framing adds.
-const BATCH_BYTES: usize = MAX_MESSAGE_BYTES / 2;
-
 /// Connections to the machine's sidecar, shared by the worker's tasks.
-#[derive(Debug)]
 pub struct SidecarClient {
-    inner: Arc<Inner>,
+    gather: Gather<Socket>,
 }
 
-#[derive(Debug)]
-struct Inner {
+impl std::fmt::Debug for SidecarClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SidecarClient").field("path", &self.gather.sender().path).finish_non_exhaustive()
+    }
+}
+
+/// The socket, and its connections not in use by an exchange (at most one
+/// exchange uses a connection at a time).
+struct Socket {
     path: PathBuf,
     timeout: Duration,
-    queue: Mutex<Queue>,
-}
-
-#[derive(Debug, Default)]
-struct Queue {
-    /// Calls not yet sent, in the order they were made.
-    waiting: VecDeque<Waiter>,
-    /// Exchanges running (each a task that sends until the queue is empty).
-    exchanges: usize,
-    /// Connections not in use by an exchange.
-    idle: Vec<Connection>,
-    /// Set once the sidecar refused a batch as unreadable: everything goes
-    /// alone from then on.
-    alone: bool,
-}
-
-#[derive(Debug)]
-struct Waiter {
-    req: SidecarRequest,
-    /// `req`, encoded: sent as it is when it goes alone.
-    frame: Bytes,
-    reply: oneshot::Sender<Result<SidecarReply, Error>>,
+    idle: Mutex<Vec<Connection>>,
 }
 
 impl SidecarClient {
@@ -106,17 +80,17 @@ impl SidecarClient {
     }
 
     fn build(path: PathBuf, timeout: Duration) -> SidecarClient {
-        SidecarClient { inner: Arc::new(Inner { path, timeout, queue: Mutex::new(Queue::default()) }) }
+        SidecarClient { gather: Gather::new(Socket { path, timeout, idle: Mutex::new(Vec::new()) }) }
     }
 
-    /// The same socket with another bound on one call; the connections
+    /// The same socket with another bound on one exchange; the connections
     /// already open are not taken over.
     pub fn with_timeout(self, timeout: Duration) -> SidecarClient {
-        SidecarClient::build(self.inner.path.clone(), timeout)
+        SidecarClient::build(self.gather.sender().path.clone(), timeout)
     }
 
     pub fn socket_path(&self) -> &Path {
-        &self.inner.path
+        &self.gather.sender().path
     }
 
     /// Sends `req` (alone, or in a batch with others made meanwhile) and waits
@@ -125,165 +99,98 @@ impl SidecarClient {
     /// A connection is used by one exchange at a time and put back only after
     /// a complete exchange, so an exchange that fails or times out can never
     /// leave a late reply behind for the next one to mistake for its own.
-    /// A call cancelled before its request was sent sends nothing.
     pub async fn call(&self, req: &SidecarRequest) -> Result<SidecarReply, Error> {
         let frame = Bytes::from(encode(req).map_err(Error::Encode)?);
-        let (reply, answer) = oneshot::channel();
-        let start = {
-            let mut q = self.inner.queue();
-            q.waiting.push_back(Waiter { req: req.clone(), frame, reply });
-            let start = q.exchanges < MAX_EXCHANGES;
-            q.exchanges += usize::from(start);
-            start
-        };
-        if start {
-            tokio::spawn(exchanges(self.inner.clone()));
-        }
-        // Its exchange is bounded by the timeout too: this bounds the wait
-        // for its turn.
-        match tokio::time::timeout(self.inner.timeout * 2, answer).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(Error::Unavailable("the exchange ended without an answer".to_owned())),
-            Err(_) => Err(Error::Unavailable(format!("no answer within {:?}", self.inner.timeout * 2))),
+        let wait = self.gather.sender().timeout * 2;
+        match self.gather.call((req.clone(), frame), wait).await {
+            Some(answer) => answer,
+            None => Err(Error::Unavailable(format!("no answer within {wait:?}"))),
         }
     }
 }
 
-impl Inner {
-    fn queue(&self) -> MutexGuard<'_, Queue> {
-        self.queue.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
+impl Exchange for Socket {
+    /// A request, and its encoding (sent as it is when it goes alone).
+    type Item = (SidecarRequest, Bytes);
+    type Answer = Result<SidecarReply, Error>;
+    const MAX_ITEMS: usize = MAX_SIDECAR_MANY;
+    /// Well within a frame, whatever the batch's own framing adds.
+    const MAX_BYTES: usize = MAX_MESSAGE_BYTES / 2;
 
-impl Queue {
-    /// The next calls to send together (none: the queue is empty), skipping
-    /// those whose caller is gone.
-    fn next_batch(&mut self) -> Vec<Waiter> {
-        self.waiting.retain(|w| !w.reply.is_closed());
-        let Some(first) = self.waiting.pop_front() else { return Vec::new() };
-        let mut bytes = first.frame.len();
-        let batches = !self.alone && first.req.batches();
-        let mut batch = vec![first];
-        while batches && batch.len() < MAX_SIDECAR_MANY {
-            let fits = self.waiting.front().is_some_and(|w| w.req.batches() && bytes + w.frame.len() <= BATCH_BYTES);
-            match self.waiting.pop_front() {
-                Some(next) if fits => {
-                    bytes += next.frame.len();
-                    batch.push(next);
-                }
-                Some(next) => {
-                    self.waiting.push_front(next);
-                    break;
-                }
-                None => break,
-            }
-        }
-        batch
+    fn batches(&self, (req, _): &Self::Item) -> bool {
+        req.batches()
     }
-}
 
-/// One exchange's loop: sends what waits until nothing does.
-async fn exchanges(inner: Arc<Inner>) {
-    loop {
-        let (batch, idle) = {
-            let mut q = inner.queue();
-            let batch = q.next_batch();
-            if batch.is_empty() {
-                q.exchanges -= 1;
-                return;
+    fn size(&self, (_, frame): &Self::Item) -> usize {
+        frame.len()
+    }
+
+    /// Sends the requests (alone when one, as a batch otherwise) on an idle
+    /// or a new connection, bounded by the client's timeout.
+    async fn send(&self, items: Vec<Self::Item>) -> Sent<Self::Item, Self::Answer> {
+        let count = items.len();
+        let (requests, frames): (Vec<_>, Vec<_>) = items.into_iter().unzip();
+        let batch = match <[Bytes; 1]>::try_from(frames) {
+            Ok([frame]) => {
+                let answer = self.exchange(frame).await;
+                return Sent::Answered(vec![answer]);
             }
-            (batch, q.idle.pop())
+            Err(frames) => (SidecarRequest::Many(requests), frames),
         };
-        let (requests, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|w| ((w.req, w.frame), w.reply)).unzip();
-        let outcome = send(&inner, idle, requests).await;
-        match outcome {
-            Sent::Answered(conn, answers) => {
-                inner.queue().idle.push(conn);
-                for (reply, answer) in replies.into_iter().zip(answers) {
-                    let _ = reply.send(Ok(answer));
-                }
+        let (many, frames) = batch;
+        let answer = match encode(&many) {
+            Ok(frame) => self.exchange(Bytes::from(frame)).await,
+            Err(error) => Err(Error::Encode(error)),
+        };
+        match answer {
+            Ok(SidecarReply::Many(answers)) if answers.len() == count => {
+                Sent::Answered(answers.into_iter().map(Ok).collect())
             }
-            Sent::Unread(conn, requests) => {
-                tracing::warn!("the sidecar cannot read a batch (older than this worker): sending requests alone");
-                let mut q = inner.queue();
-                q.alone = true;
-                q.idle.push(conn);
-                for ((req, frame), reply) in requests.into_iter().zip(replies).rev() {
-                    q.waiting.push_front(Waiter { req, frame, reply });
-                }
+            Ok(SidecarReply::Many(answers)) => {
+                let why = format!("the sidecar answered {} of a batch of {count} requests", answers.len());
+                Sent::Answered(vec![Err(Error::Unavailable(why)); count])
             }
-            Sent::Failed(error) => {
-                for reply in replies {
-                    let _ = reply.send(Err(error.clone()));
-                }
-            }
+            Ok(SidecarReply::Refused(SidecarRefusal::Malformed(why))) => match many {
+                SidecarRequest::Many(requests) => Sent::Unread(requests.into_iter().zip(frames).collect()),
+                _ => Sent::Answered(vec![Err(Error::Unavailable(why)); count]),
+            },
+            // A refusal of the whole batch (the store failed) answers each request.
+            answer => Sent::Answered(vec![answer; count]),
         }
     }
 }
 
-/// What became of one exchange.
-enum Sent {
-    /// One answer per request, in order; the connection may be used again.
-    Answered(Connection, Vec<SidecarReply>),
-    /// The sidecar refused the batch as unreadable: nothing of it was applied.
-    Unread(Connection, Vec<(SidecarRequest, Bytes)>),
-    Failed(Error),
-}
-
-/// Sends the requests (alone when one, as a batch otherwise) on `idle` or a
-/// new connection, bounded by the client's timeout.
-async fn send(inner: &Inner, idle: Option<Connection>, mut requests: Vec<(SidecarRequest, Bytes)>) -> Sent {
-    let count = requests.len();
-    let (frame, batch) = match requests.as_slice() {
-        [(_, frame)] => (frame.clone(), None),
-        _ => {
-            let batch = SidecarRequest::Many(requests.drain(..).map(|(req, _)| req).collect());
-            match encode(&batch) {
-                Ok(bytes) => (Bytes::from(bytes), Some(batch)),
-                Err(error) => return Sent::Failed(Error::Encode(error)),
-            }
-        }
-    };
-    let exchange = async {
-        let mut conn = match idle {
-            Some(conn) => conn,
-            None => {
-                let stream = UnixStream::connect(&inner.path)
-                    .await
-                    .map_err(|e| Error::Unavailable(format!("connecting to {}: {e}", inner.path.display())))?;
-                Framed::new(stream, frame_codec())
-            }
+impl Socket {
+    /// One frame out, one frame back.
+    async fn exchange(&self, frame: Bytes) -> Result<SidecarReply, Error> {
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let exchange = async {
+            let mut conn = match idle {
+                Some(conn) => conn,
+                None => {
+                    let stream = UnixStream::connect(&self.path)
+                        .await
+                        .map_err(|e| Error::Unavailable(format!("connecting to {}: {e}", self.path.display())))?;
+                    Framed::new(stream, frame_codec())
+                }
+            };
+            conn.send(frame).await.map_err(|e| Error::Unavailable(format!("sending: {e}")))?;
+            let reply = match conn.next().await {
+                Some(Ok(reply)) => reply,
+                Some(Err(e)) => return Err(Error::Unavailable(format!("reading the reply: {e}"))),
+                None => return Err(Error::Unavailable("the sidecar closed the connection".to_owned())),
+            };
+            let reply = decode::<SidecarReply>(&reply).map_err(Error::MalformedReply)?;
+            Ok((conn, reply))
         };
-        conn.send(frame).await.map_err(|e| Error::Unavailable(format!("sending: {e}")))?;
-        let reply = match conn.next().await {
-            Some(Ok(reply)) => reply,
-            Some(Err(e)) => return Err(Error::Unavailable(format!("reading the reply: {e}"))),
-            None => return Err(Error::Unavailable("the sidecar closed the connection".to_owned())),
-        };
-        let reply = decode::<SidecarReply>(&reply).map_err(Error::MalformedReply)?;
-        Ok((conn, reply))
-    };
-    let (conn, reply) = match tokio::time::timeout(inner.timeout, exchange).await {
-        Ok(Ok(answered)) => answered,
-        Ok(Err(error)) => return Sent::Failed(error),
-        Err(_) => return Sent::Failed(Error::Unavailable(format!("no reply within {:?}", inner.timeout))),
-    };
-    let Some(SidecarRequest::Many(sent)) = batch else { return Sent::Answered(conn, vec![reply]) };
-    match reply {
-        SidecarReply::Many(answers) if answers.len() == count => Sent::Answered(conn, answers),
-        SidecarReply::Many(answers) => Sent::Failed(Error::Unavailable(format!(
-            "the sidecar answered {} of a batch of {count} requests",
-            answers.len()
-        ))),
-        SidecarReply::Refused(SidecarRefusal::Malformed(_)) => {
-            let frames = sent.into_iter().map(|req| encode(&req).map(|b| (req, Bytes::from(b))));
-            match frames.collect::<Result<Vec<_>, _>>() {
-                Ok(requests) => Sent::Unread(conn, requests),
-                Err(error) => Sent::Failed(Error::Encode(error)),
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(Ok((conn, reply))) => {
+                self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(conn);
+                Ok(reply)
             }
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(Error::Unavailable(format!("no reply within {:?}", self.timeout))),
         }
-        // A refusal of the whole batch (the store failed) answers each request.
-        other => Sent::Answered(conn, vec![other; count]),
     }
 }
 
@@ -437,8 +344,7 @@ mod tests {
         let (a, b, mut conn) = tokio::join!(ack_call(&client, "shell-1"), ack_call(&client, "shell-2"), server);
         assert_eq!((a, b), (Ok(storage.clone()), Ok(storage)));
 
-        // A sidecar that cannot read a batch: it is sent again one by one,
-        // and so is everything after it.
+        // A sidecar that cannot read a batch: it is sent again one by one.
         // (on the same connection: the exchange went well)
         let server = async {
             assert!(matches!(read(&mut conn).await, SidecarRequest::Many(_)));
@@ -451,48 +357,5 @@ mod tests {
         };
         let (a, b, _conn) = tokio::join!(ack_call(&client, "shell-1"), ack_call(&client, "shell-2"), server);
         assert_eq!((a, b), (Ok(unknown(&ack("shell-1"))), Ok(unknown(&ack("shell-2")))));
-        assert!(client.inner.queue().alone, "later calls go alone too");
-    }
-
-    #[tokio::test]
-    async fn a_call_given_up_before_it_was_sent_is_never_sent() {
-        let tmp = tempfile::tempdir().unwrap();
-        let path = tmp.path().join("s.sock");
-        let listener = UnixListener::bind(&path).unwrap();
-        let client = SidecarClient::new(&path);
-        // Two exchanges in flight, each held by the server.
-        let first = tokio::spawn({
-            let client = SidecarClient { inner: client.inner.clone() };
-            async move { ack_call(&client, "shell-1").await }
-        });
-        let mut one = accept(&listener).await;
-        assert_eq!(read(&mut one).await, ack("shell-1"));
-        let second = tokio::spawn({
-            let client = SidecarClient { inner: client.inner.clone() };
-            async move { ack_call(&client, "shell-2").await }
-        });
-        let mut two = accept(&listener).await;
-        assert_eq!(read(&mut two).await, ack("shell-2"));
-        // A third call waits its turn, and its caller gives up.
-        let given_up = tokio::time::timeout(Duration::from_millis(50), ack_call(&client, "shell-3")).await;
-        assert!(given_up.is_err());
-        reply(&mut one, &unknown(&ack("shell-1"))).await.unwrap();
-        reply(&mut two, &unknown(&ack("shell-2"))).await.unwrap();
-        assert_eq!(first.await.unwrap(), Ok(unknown(&ack("shell-1"))));
-        assert_eq!(second.await.unwrap(), Ok(unknown(&ack("shell-2"))));
-        // The next request to arrive (on either connection) is the next
-        // call's, alone.
-        let server = async {
-            let conn = tokio::select! {
-                Some(frame) = one.next() => (&mut one, frame),
-                Some(frame) = two.next() => (&mut two, frame),
-            };
-            let req: SidecarRequest = decode(&conn.1.unwrap()).unwrap();
-            reply(conn.0, &unknown(&req)).await.unwrap();
-            req
-        };
-        let (d, seen) = tokio::join!(ack_call(&client, "shell-4"), server);
-        assert_eq!(d, Ok(unknown(&ack("shell-4"))));
-        assert_eq!(seen, ack("shell-4"));
     }
 }

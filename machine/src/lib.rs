@@ -19,6 +19,7 @@ pub mod attempt_files;
 pub mod boot;
 pub mod client;
 pub mod evidence;
+pub mod gather;
 pub mod layout;
 pub mod process;
 pub mod worker_lock;

@@ -786,6 +786,29 @@ pub struct Report {
     pub event: ReportEvent,
 }
 
+/// Several reports of one worker in one request, on the same subject as one
+/// [`Report`] (at most [`MAX_REPORTS`], each naming `worker`): each is judged
+/// exactly as if it came alone, and the answer is one [`ReportAck`] per
+/// report, in order (`Vec<ReportAck>`), once every change they made is
+/// durable. A leader too old to read it does not answer; the worker then
+/// sends them one by one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reports {
+    pub worker: WorkerId,
+    pub reports: Vec<Report>,
+}
+
+/// Most reports in one [`Reports`].
+pub const MAX_REPORTS: usize = 64;
+
+impl Reports {
+    /// Whether every report speaks for the batch's worker, within the
+    /// count: a batch that does not is refused whole.
+    pub fn is_well_formed(&self) -> bool {
+        self.reports.len() <= MAX_REPORTS && self.reports.iter().all(|r| r.worker == self.worker)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ReportEvent {
     /// Intent recorded and the process spawned.

@@ -143,7 +143,8 @@ fn reconnect_delay(attempts: usize) -> Duration {
     Duration::from_millis(ms).min(MAX_RECONNECT_DELAY)
 }
 
-/// Sends `req` and decodes the reply, within `timeout`.
+/// Sends `req` and decodes the reply, within `timeout`. A traced caller's
+/// context travels in the headers.
 pub async fn request<Req: Serialize, Rep: DeserializeOwned>(
     client: &async_nats::Client,
     subject: String,
@@ -151,8 +152,20 @@ pub async fn request<Req: Serialize, Rep: DeserializeOwned>(
     timeout: Duration,
 ) -> Result<Rep, Error> {
     let payload = tenure_protocol::encode(req).map_err(|source| Error::Codec { subject: subject.clone(), source })?;
-    let mut request = async_nats::Request::new().payload(payload.into());
-    if let Some(headers) = trace::current_headers() {
+    request_encoded(client, subject, payload.into(), trace::current_headers(), timeout).await
+}
+
+/// Sends an encoded request with `headers` and decodes the reply, within
+/// `timeout`.
+pub async fn request_encoded<Rep: DeserializeOwned>(
+    client: &async_nats::Client,
+    subject: String,
+    payload: bytes::Bytes,
+    headers: Option<async_nats::HeaderMap>,
+    timeout: Duration,
+) -> Result<Rep, Error> {
+    let mut request = async_nats::Request::new().payload(payload);
+    if let Some(headers) = headers {
         request = request.headers(headers);
     }
     let fut = client.send_request(subject.clone(), request);

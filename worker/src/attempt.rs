@@ -22,7 +22,7 @@ use tenure_machine::{ClientError, Layout, SidecarClient};
 use tenure_protocol::messages::{
     LeaseGrant, ReportAck, ReportEvent, SidecarRefusal, SidecarReply, SidecarRequest, MAX_MATCHES_PER_REPORT,
 };
-use tenure_protocol::{subjects, Attempt, Ending, Epoch, Outcome, TaskId};
+use tenure_protocol::{Attempt, Ending, Epoch, Outcome, TaskId};
 use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 use tokio::sync::Notify;
@@ -83,6 +83,8 @@ pub(crate) struct Shared {
     pub layout: Layout,
     pub client: async_nats::Client,
     pub sidecar: SidecarClient,
+    /// The worker's reports to the leader, gathered.
+    pub reports: crate::reports::Reporter,
     /// The NATS servers as tasks see them (no credentials).
     pub task_nats: String,
     /// Where the attempts' control groups go; `None` without them.
@@ -689,7 +691,5 @@ async fn report_once(
         epoch: shared.state().core.epoch_seen().max(epoch),
         event,
     };
-    tenure_transport::request(&shared.client, subjects::report(&shared.opts.id), &report, Duration::from_secs(2))
-        .await
-        .ok()
+    crate::reports::send(&shared.reports, report).await
 }

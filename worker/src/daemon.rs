@@ -101,6 +101,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         layout,
         client: client.clone(),
         sidecar,
+        reports: crate::reports::reporter(client.clone(), opts.id.clone()),
         task_nats: crate::sandbox::servers_for_tasks(&opts.nats.servers),
         cgroups,
         state: Mutex::new(State::new(Config { slots: opts.slots, kinds: opts.kinds.clone(), enforces })),

@@ -18,6 +18,7 @@ mod metrics;
 mod options;
 pub mod process;
 mod recovery;
+mod reports;
 pub mod sandbox;
 pub mod shim;
 mod waiting;

@@ -418,6 +418,7 @@ impl Cluster {
                     let fate = ctx.bus.reply(&mut ctx.rng, ctx.now, Node::Coord(s), req, Reply::Ack(ack.clone()));
                     ctx.note(|| format!("c{s} e{epoch} ack #{req} {ack:?}: {fate}"));
                 }
+                Effect::Acks { .. } => unreachable!("the simulated workers send their reports one at a time"),
                 Effect::Notify(notice) => {
                     if let Notice::Ended(snapshot) = *notice {
                         ctx.check.notified(&snapshot, self.registry.records.get(&snapshot.id));

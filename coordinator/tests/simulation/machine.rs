@@ -533,6 +533,8 @@ impl Host {
                 }
                 self.w().core.grant_recorded(grant, recorded.ok_or_else(|| "sidecar down".to_string()))
             }
+            // Only when grants are recorded together, which the model does not do.
+            Screened::Recording => return None,
         };
         if answer.tombstone {
             self.side.call(ctx, i, SidecarRequest::Abandon { task: key.0.clone(), attempt: key.1 });
@@ -714,5 +716,6 @@ fn fmt_sidecar(req: &SidecarRequest) -> String {
         SidecarRequest::Abandon { task, attempt } => format!("abandon {task}#{attempt}"),
         SidecarRequest::List | SidecarRequest::ListFrom { .. } => "list".into(),
         SidecarRequest::Incarnation => "incarnation".into(),
+        SidecarRequest::Many(reqs) => format!("many [{}]", reqs.iter().map(fmt_sidecar).collect::<Vec<_>>().join(", ")),
     }
 }

@@ -28,7 +28,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tenure_coordinator::core::{CoreConfig, Input};
-use tenure_protocol::messages::WorkerCommand;
+use tenure_protocol::messages::{Report, WorkerCommand};
 use tenure_protocol::Status;
 
 use bus::{Bus, Dest, Node, Weather};
@@ -476,19 +476,18 @@ pub fn fmt_command(c: &WorkerCommand) -> String {
     }
 }
 
+fn fmt_report(report: &Report) -> String {
+    let event = clip(&format!("{:?}", report.event));
+    format!("report {} {}#{} e{} {event}", report.worker, report.task, report.attempt, report.epoch)
+}
+
 pub fn fmt_input(input: &Input) -> String {
     match input {
         Input::Api { request, .. } => clip(&format!("api {request:?}")),
         Input::Heartbeat(hb) => format!("heartbeat {}", hb.worker),
-        Input::Report { report, .. } => {
-            format!(
-                "report {} {}#{} e{} {}",
-                report.worker,
-                report.task,
-                report.attempt,
-                report.epoch,
-                clip(&format!("{:?}", report.event))
-            )
+        Input::Report { report, .. } => fmt_report(report),
+        Input::Reports { reports, .. } => {
+            format!("reports [{}]", reports.iter().map(fmt_report).collect::<Vec<_>>().join(", "))
         }
         Input::CommandResult { worker, command, result } => {
             format!("{worker} answered {}: {}", fmt_command(command), clip(&format!("{result:?}")))

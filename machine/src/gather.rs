@@ -1,0 +1,270 @@
+//! [`Gather`]: calls made while others are in flight, sent together. Used for
+//! the worker's requests to its sidecar and for its reports to the leader.
+//!
+//! At most [`MAX_EXCHANGES`] exchanges run at once. Each takes every waiting
+//! call it can (in order, up to its [`Exchange`]'s count and byte limits) and
+//! sends them as one message; a call made while nothing is in flight goes at
+//! once and alone, so an idle machine waits for nothing. Under load the
+//! calls made during one exchange leave together in the next: one message
+//! each way, one pass of the receiver's group commit, for many calls.
+//!
+//! It never changes what an answer means: each caller gets its own answer,
+//! from its own request, only once the receiver answered the batch it was
+//! in. It never retries: a batch the receiver could not read (an older
+//! peer) is sent again one by one, once; everything else is answered. A call
+//! whose caller gave up before it was sent is not sent.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+/// Most exchanges in flight at once: one being answered while the next
+/// gathers the calls made meanwhile.
+pub const MAX_EXCHANGES: usize = 2;
+
+/// How calls travel: alone, or several in one message.
+pub trait Exchange: Send + Sync + 'static {
+    type Item: Send + 'static;
+    type Answer: Send + 'static;
+    /// Most items in one batch.
+    const MAX_ITEMS: usize;
+    /// Most encoded bytes of items in one batch.
+    const MAX_BYTES: usize;
+
+    /// Whether `item` may travel with others (else it always goes alone).
+    fn batches(&self, item: &Self::Item) -> bool;
+
+    /// `item`'s encoded size, for [`Exchange::MAX_BYTES`].
+    fn size(&self, item: &Self::Item) -> usize;
+
+    /// Sends one item (alone) or several (as a batch).
+    fn send(&self, items: Vec<Self::Item>) -> impl Future<Output = Sent<Self::Item, Self::Answer>> + Send;
+}
+
+/// What became of one exchange.
+pub enum Sent<I, A> {
+    /// One answer per item, in order (a failure is an answer too).
+    Answered(Vec<A>),
+    /// The receiver could not read the batch: nothing of it was applied, and
+    /// each item is sent again alone.
+    Unread(Vec<I>),
+}
+
+/// The calls of one sender, gathered.
+pub struct Gather<S: Exchange> {
+    inner: Arc<Inner<S>>,
+}
+
+struct Inner<S: Exchange> {
+    sender: S,
+    queue: Mutex<Queue<S::Item, S::Answer>>,
+}
+
+struct Queue<I, A> {
+    /// Calls not yet sent, in the order they were made.
+    waiting: VecDeque<Waiter<I, A>>,
+    /// Exchanges running (each a task that sends until the queue is empty).
+    exchanges: usize,
+}
+
+struct Waiter<I, A> {
+    item: I,
+    /// Sent alone: it was in a batch the receiver could not read.
+    alone: bool,
+    answer: oneshot::Sender<A>,
+}
+
+impl<S: Exchange> Gather<S> {
+    pub fn new(sender: S) -> Gather<S> {
+        let queue = Mutex::new(Queue { waiting: VecDeque::new(), exchanges: 0 });
+        Gather { inner: Arc::new(Inner { sender, queue }) }
+    }
+
+    pub fn sender(&self) -> &S {
+        &self.inner.sender
+    }
+
+    /// Sends `item` (alone, or with others made meanwhile) and waits at most
+    /// `wait` for its answer: `None` when none came in time. Must be called
+    /// within a tokio runtime (exchanges run as tasks of their own, so that
+    /// a caller giving up never cancels the others' exchange).
+    pub async fn call(&self, item: S::Item, wait: Duration) -> Option<S::Answer> {
+        let (answer, answered) = oneshot::channel();
+        let start = {
+            let mut q = self.inner.queue();
+            q.waiting.push_back(Waiter { item, alone: false, answer });
+            let start = q.exchanges < MAX_EXCHANGES;
+            q.exchanges += usize::from(start);
+            start
+        };
+        if start {
+            tokio::spawn(run(self.inner.clone()));
+        }
+        tokio::time::timeout(wait, answered).await.ok()?.ok()
+    }
+}
+
+impl<S: Exchange> Inner<S> {
+    fn queue(&self) -> MutexGuard<'_, Queue<S::Item, S::Answer>> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The next calls to send together (none: the queue is empty), skipping
+    /// those whose caller is gone.
+    fn next_batch(&self) -> Vec<Waiter<S::Item, S::Answer>> {
+        let mut q = self.queue();
+        q.waiting.retain(|w| !w.answer.is_closed());
+        let Some(first) = q.waiting.pop_front() else { return Vec::new() };
+        let together = |w: &Waiter<S::Item, S::Answer>| !w.alone && self.sender.batches(&w.item);
+        let batches = together(&first);
+        let mut bytes = self.sender.size(&first.item);
+        let mut batch = vec![first];
+        while batches && batch.len() < S::MAX_ITEMS {
+            let Some(next) = q.waiting.front() else { break };
+            let size = self.sender.size(&next.item);
+            if !together(next) || bytes + size > S::MAX_BYTES {
+                break;
+            }
+            bytes += size;
+            batch.extend(q.waiting.pop_front());
+        }
+        batch
+    }
+}
+
+/// One exchange's loop: sends what waits until nothing does.
+async fn run<S: Exchange>(inner: Arc<Inner<S>>) {
+    loop {
+        let batch = inner.next_batch();
+        if batch.is_empty() {
+            let mut q = inner.queue();
+            // A call may have come between the empty look and this lock.
+            if q.waiting.is_empty() {
+                q.exchanges -= 1;
+                return;
+            }
+            continue;
+        }
+        let (items, answers): (Vec<_>, Vec<_>) = batch.into_iter().map(|w| (w.item, w.answer)).unzip();
+        match inner.sender.send(items).await {
+            Sent::Answered(replies) => {
+                for (answer, reply) in answers.into_iter().zip(replies) {
+                    let _ = answer.send(reply);
+                }
+            }
+            Sent::Unread(items) => {
+                let mut q = inner.queue();
+                for (item, answer) in items.into_iter().zip(answers).rev() {
+                    q.waiting.push_front(Waiter { item, alone: true, answer });
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// Records what it was sent; answers each item with itself times ten,
+    /// and refuses to read batches while `unreadable` is set.
+    struct Echo {
+        sent: Mutex<Vec<Vec<u32>>>,
+        unreadable: AtomicBool,
+        gate: tokio::sync::Semaphore,
+    }
+
+    impl Exchange for Echo {
+        type Item = u32;
+        type Answer = u32;
+        const MAX_ITEMS: usize = 3;
+        const MAX_BYTES: usize = 100;
+
+        fn batches(&self, item: &u32) -> bool {
+            (1..100).contains(item)
+        }
+
+        fn size(&self, item: &u32) -> usize {
+            *item as usize
+        }
+
+        async fn send(&self, items: Vec<u32>) -> Sent<u32, u32> {
+            let _pass = self.gate.acquire().await;
+            self.sent.lock().unwrap().push(items.clone());
+            if items.len() > 1 && self.unreadable.load(Ordering::SeqCst) {
+                return Sent::Unread(items);
+            }
+            Sent::Answered(items.iter().map(|i| i * 10).collect())
+        }
+    }
+
+    fn echo(open: bool) -> Gather<Echo> {
+        let gate = tokio::sync::Semaphore::new(if open { 1000 } else { 0 });
+        Gather::new(Echo { sent: Mutex::new(Vec::new()), unreadable: AtomicBool::new(false), gate })
+    }
+
+    const WAIT: Duration = Duration::from_secs(10);
+
+    #[tokio::test]
+    async fn one_call_goes_alone_and_calls_made_together_go_together_within_the_limits() {
+        let g = echo(true);
+        assert_eq!(g.call(7, WAIT).await, Some(70));
+        // Made together: 1..=4 fill a batch of three (the limit), then 4 goes
+        // on; 0 never travels with others; 60 and 50 would pass 100 bytes.
+        let calls = [1, 2, 3, 4, 0, 5, 60, 50].map(|i| g.call(i, WAIT));
+        let answers = futures::future::join_all(calls).await;
+        assert_eq!(answers, [10, 20, 30, 40, 0, 50, 600, 500].map(Some));
+        let sent = g.sender().sent.lock().unwrap().clone();
+        assert_eq!(sent, [vec![7], vec![1, 2, 3], vec![4], vec![0], vec![5, 60], vec![50]]);
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_cannot_be_read_is_sent_again_one_by_one() {
+        let g = echo(true);
+        g.sender().unreadable.store(true, Ordering::SeqCst);
+        let answers = futures::future::join_all([1, 2, 3].map(|i| g.call(i, WAIT))).await;
+        assert_eq!(answers, [10, 20, 30].map(Some));
+        let sent = g.sender().sent.lock().unwrap().clone();
+        assert_eq!(sent, [vec![1, 2, 3], vec![1], vec![2], vec![3]]);
+        // Only that batch: the next calls are tried together again.
+        g.sender().unreadable.store(false, Ordering::SeqCst);
+        let answers = futures::future::join_all([4, 5].map(|i| g.call(i, WAIT))).await;
+        assert_eq!(answers, [40, 50].map(Some));
+        assert_eq!(g.sender().sent.lock().unwrap().last(), Some(&vec![4, 5]));
+    }
+
+    #[tokio::test]
+    async fn a_call_given_up_before_it_was_sent_is_never_sent() {
+        let g = Arc::new(echo(false));
+        // Two exchanges, each held at the gate with its call (alone).
+        let held: Vec<_> = [100, 200]
+            .map(|i| {
+                let g = g.clone();
+                tokio::spawn(async move { g.call(i, WAIT).await })
+            })
+            .into_iter()
+            .collect();
+        for _ in 0..1000 {
+            let q = g.inner.queue();
+            if q.exchanges == MAX_EXCHANGES && q.waiting.is_empty() {
+                break;
+            }
+            drop(q);
+            tokio::task::yield_now().await;
+        }
+        // A third waits its turn, and its caller gives up.
+        assert_eq!(g.call(3, Duration::from_millis(20)).await, None);
+        g.sender().gate.add_permits(1000);
+        for (h, want) in held.into_iter().zip([1000, 2000]) {
+            assert_eq!(h.await.unwrap(), Some(want));
+        }
+        assert_eq!(g.call(4, WAIT).await, Some(40));
+        let sent: Vec<u32> = g.sender().sent.lock().unwrap().concat();
+        assert!(!sent.contains(&3), "{sent:?}");
+        assert!(sent.contains(&4), "{sent:?}");
+    }
+}
