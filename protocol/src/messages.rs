@@ -1369,4 +1369,30 @@ mod tests {
         let new = crate::encode(&ReportAck::StaleAt { epoch: Epoch(7) }).unwrap();
         assert_eq!(crate::decode::<ReportAck>(&new).unwrap(), ReportAck::StaleAt { epoch: Epoch(7) });
     }
+
+    /// One report and a batch of reports share a subject: neither reads as
+    /// the other, and a batch that speaks for another worker or holds too
+    /// many is not well formed.
+    #[test]
+    fn a_report_and_a_batch_of_reports_never_read_as_each_other() {
+        let report = |worker: &str| Report {
+            worker: worker.parse().unwrap(),
+            task: "shell-1".parse().unwrap(),
+            attempt: Attempt(1),
+            epoch: Epoch(2),
+            event: ReportEvent::Started { pid: 7 },
+        };
+        let one = crate::encode(&report("w1")).unwrap();
+        assert!(crate::decode::<Reports>(&one).is_err());
+        let batch = Reports { worker: "w1".parse().unwrap(), reports: vec![report("w1"), report("w1")] };
+        let bytes = crate::encode(&batch).unwrap();
+        assert!(crate::decode::<Report>(&bytes).is_err());
+        assert_eq!(crate::decode::<Reports>(&bytes).unwrap(), batch);
+        assert!(batch.is_well_formed());
+        let mut other = batch.clone();
+        other.reports.push(report("w2"));
+        assert!(!other.is_well_formed());
+        let many = Reports { worker: "w1".parse().unwrap(), reports: vec![report("w1"); MAX_REPORTS + 1] };
+        assert!(!many.is_well_formed());
+    }
 }

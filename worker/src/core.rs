@@ -315,8 +315,8 @@ impl Worker {
 
     /// A grant, before the sidecar is asked: already held (a re-send) is
     /// accepted again; a given-back attempt, another kind, resource limits
-    /// it cannot enforce, or a full worker (counting the grants being
-    /// recorded) are refused.
+    /// it cannot enforce, or a full worker are refused. The slots are
+    /// counted by [`Worker::occupied`].
     pub fn screen_grant(&mut self, grant: &LeaseGrant) -> Screened {
         let key = (grant.task.clone(), grant.attempt);
         if self.held.contains_key(&key) {
@@ -338,11 +338,20 @@ impl Worker {
                 return Screened::Answer(self.refuse(key, Refusal::UnenforcedLimits(names)));
             }
         }
-        if self.held.len() + self.recording.len() >= self.config.slots as usize {
+        if self.occupied() >= self.config.slots as usize {
             return Screened::Answer(self.refuse(key, Refusal::NoSlot));
         }
         self.recording.insert(key);
         Screened::Record
+    }
+
+    /// The slots in use: the grants being recorded, and every held attempt
+    /// but those whose outcome a leader has settled (they only have records
+    /// to forget and files to remove: the leader counts their slot free from
+    /// its acknowledgement, and a grant it sends at once must find it free).
+    pub fn occupied(&self) -> usize {
+        let settled = |h: &&Held| matches!(h.step, Step::Acknowledge | Step::Release);
+        self.held.values().filter(|h| !settled(h)).count() + self.recording.len()
     }
 
     /// The sidecar's answer to recording `grant` (`Err`: it could not be

@@ -305,6 +305,23 @@ fn grants_being_recorded_together_hold_their_slots_and_a_resend_waits_for_the_fi
     assert_eq!(w.screen_grant(&numbered(2)), Screened::Answer(Answer::reply(WorkerReply::Accepted)));
 }
 
+#[test]
+fn an_attempt_whose_outcome_the_leader_settled_holds_no_slot() {
+    let mut second = grant(3);
+    second.task = "shell-2".parse().unwrap();
+    for (step, free) in [
+        (Step::Report(ReportEvent::Finished(done_ok())), false),
+        (Step::Watch, false),
+        (Step::Acknowledge, true),
+        (Step::Release, true),
+    ] {
+        let mut w = holding(step.clone());
+        w.config.slots = 1;
+        let screened = w.screen_grant(&second);
+        assert_eq!(screened == Screened::Record, free, "{step:?}: {screened:?}");
+    }
+}
+
 /// One row: the sidecar's answer to `Accept`, the reply, whether the
 /// attempt is tombstoned, driven, and remembered as given back.
 type GrantRow = (Result<SidecarReply, String>, WorkerReply, bool, bool, bool);

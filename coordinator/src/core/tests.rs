@@ -1015,3 +1015,66 @@ fn pause_and_resume_are_recorded_then_carried_until_the_worker_shows_them() {
     let (_, reply) = next.api(ApiRequest::Resume { session: s("s"), task: t.clone() });
     assert!(matches!(reply, Some(Err(ApiError::NotRunning { .. }))), "{reply:?}");
 }
+
+/// A worker's reports sent together are judged exactly as if sent one by
+/// one, and answered once, in order, after every append they caused.
+#[test]
+fn reports_sent_together_are_judged_one_by_one_and_answered_after_their_appends() {
+    let setup = || {
+        let mut h = Harness::new();
+        let tasks: Vec<TaskId> = (0..3).map(|i| h.submit("alice", TaskSpec::shell("t", &format!("echo {i}")))).collect();
+        assert_eq!(grants(&h.heartbeat("w1", 3)).len(), 3);
+        (h, tasks)
+    };
+    let report = |task: &TaskId, attempt: u32, event: ReportEvent| Report {
+        worker: w("w1"),
+        task: task.clone(),
+        attempt: Attempt(attempt),
+        epoch: Epoch(3),
+        event,
+    };
+    let (mut alone, tasks) = setup();
+    let reports = vec![
+        report(&tasks[0], 1, ReportEvent::Started { pid: 42 }),
+        report(&tasks[0], 1, completed()),
+        report(&tasks[1], 1, completed()),
+        report(&tasks[2], 9, completed()),
+        report(&tasks[1], 1, completed()),
+    ];
+    let one_by_one: Vec<ReportAck> = reports
+        .iter()
+        .map(|r| alone.report("w1", &r.task, r.attempt.0, r.event.clone()))
+        .collect();
+    assert_eq!(
+        one_by_one,
+        [ReportAck::Ack, ReportAck::Ack, ReportAck::Ack, ReportAck::StaleAt { epoch: Epoch(3) }, ReportAck::Ack]
+    );
+
+    let (mut together, tasks) = setup();
+    let fx = together.input(Input::Reports { reply_to: Some("acks".into()), reports });
+    let answers: Vec<(usize, &Vec<ReportAck>)> = fx
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| match e {
+            Effect::Acks { to, acks } if to == "acks" => Some((i, acks)),
+            _ => None,
+        })
+        .collect();
+    let [(at, acks)] = answers[..] else { panic!("one answer: {fx:?}") };
+    assert_eq!(*acks, one_by_one);
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Ack { .. })), "{fx:?}");
+    let last_append = fx.iter().rposition(|e| matches!(e, Effect::Persist(_))).expect("appends");
+    assert!(last_append < at, "the answer leaves after every append: {fx:?}");
+    // One append per task: shell-1 went from leased to completed in one.
+    let appended: Vec<(TaskId, Status)> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Persist(r) => Some((r.id.clone(), r.life.status)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(appended, [(tasks[0].clone(), Status::Completed), (tasks[1].clone(), Status::Completed)]);
+    for task in &tasks {
+        assert_eq!(together.status(task), alone.status(task), "{task}");
+    }
+}
