@@ -346,12 +346,13 @@ impl Worker {
     }
 
     /// The slots in use: the grants being recorded, and every held attempt
-    /// but those whose outcome a leader has settled (they only have records
-    /// to forget and files to remove: the leader counts their slot free from
-    /// its acknowledgement, and a grant it sends at once must find it free).
+    /// whose process may still run. One whose process has ended (its
+    /// outcome being buffered, reported, forgotten, its files removed) holds
+    /// none: the leader counts its slot free once it has the outcome, and a
+    /// grant it sends at once must not race the worker's own bookkeeping.
     pub fn occupied(&self) -> usize {
-        let settled = |h: &&Held| matches!(h.step, Step::Acknowledge | Step::Release);
-        self.held.values().filter(|h| !settled(h)).count() + self.recording.len()
+        let ended = |h: &&Held| matches!(h.step, Step::Buffer(_) | Step::Report(_) | Step::Acknowledge | Step::Release);
+        self.held.values().filter(|h| !ended(h)).count() + self.recording.len()
     }
 
     /// The sidecar's answer to recording `grant` (`Err`: it could not be

@@ -306,12 +306,18 @@ fn grants_being_recorded_together_hold_their_slots_and_a_resend_waits_for_the_fi
 }
 
 #[test]
-fn an_attempt_whose_outcome_the_leader_settled_holds_no_slot() {
+fn an_attempt_whose_process_ended_holds_no_slot() {
     let mut second = grant(3);
     second.task = "shell-2".parse().unwrap();
     for (step, free) in [
-        (Step::Report(ReportEvent::Finished(done_ok())), false),
+        (Step::Intent, false),
+        (Step::Launch, false),
+        (Step::Spawned(7), false),
         (Step::Watch, false),
+        (Step::Seek, false),
+        (Step::Settle { restarted: false }, false),
+        (Step::Buffer(done_ok()), true),
+        (Step::Report(ReportEvent::Finished(done_ok())), true),
         (Step::Acknowledge, true),
         (Step::Release, true),
     ] {
