@@ -37,12 +37,12 @@
 //! effects in order and stops at the first failed persist, so no reply, grant or
 //! kill ever reflects state that is not durable.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tenure_protocol::messages::{
     ApiReply, ApiRequest, ApiResponse, CleanupReply, CleanupRequest, CoordinatorPresence, EvidenceReply,
-    EvidenceRequest, Heartbeat, Notice, Report, ReportAck, WorkerCommand, WorkerReply,
+    EvidenceRequest, Heartbeat, LeaseGrant, Notice, Report, ReportAck, WorkerCommand, WorkerReply,
 };
 use tenure_protocol::placement::Concurrency;
 use tenure_protocol::{apply, Decision, Epoch, Event, Kind, Status, TaskId, WorkerId};
@@ -249,6 +249,15 @@ pub enum Effect {
     Ack {
         to: String,
         ack: ReportAck,
+    },
+    /// Grants to one worker process sent together as one
+    /// [`Grants`](tenure_protocol::messages::Grants)
+    /// message (each answer comes back as its own `CommandResult`); see
+    /// `group_grants`.
+    Grants {
+        worker: WorkerId,
+        instance: Uuid,
+        grants: Vec<LeaseGrant>,
     },
     /// The answers to [`Input::Reports`], in order: after every append of the
     /// input, like any effect.
@@ -481,6 +490,7 @@ impl Core {
             self.schedule(now, &mut fx);
         }
         coalesce_persists(&mut fx);
+        group_grants(&mut fx);
         let clock = self.registry_ms(now);
         for e in &mut fx {
             if let Effect::Persist(r) = e {
@@ -653,6 +663,7 @@ mod dispatch;
 mod epochs;
 mod flow;
 mod liveness;
+mod outgoing;
 mod pauses;
 mod presence;
 mod priority;
@@ -662,50 +673,7 @@ mod waiters;
 mod workers;
 mod workflow;
 
-/// One append per task per input: when one input's effects persist a task
-/// more than once (a submit whose task is leased at once: `queued`, then
-/// `leased`), its last version takes the place of its first and the others
-/// go. The registry keeps only a task's latest record, so nothing that was
-/// durable is lost; every effect that followed the first append waits for
-/// this one, which holds everything it reflected (an effect never needs a
-/// version *not* to be durable yet). A task also forgotten by the input keeps
-/// every append, in order.
-fn coalesce_persists(fx: &mut Vec<Effect>) {
-    if fx.iter().filter(|e| matches!(e, Effect::Persist(_))).count() < 2 {
-        return;
-    }
-    let forgotten: HashSet<u64> = fx
-        .iter()
-        .filter_map(|e| match e {
-            Effect::Forget { task, .. } => Some(task.number()),
-            _ => None,
-        })
-        .collect();
-    let mut first: HashMap<u64, usize> = HashMap::new();
-    let mut superseded = vec![false; fx.len()];
-    for i in 0..fx.len() {
-        let Effect::Persist(r) = &fx[i] else { continue };
-        let n = r.id.number();
-        if forgotten.contains(&n) {
-            continue;
-        }
-        match first.get(&n) {
-            None => {
-                first.insert(n, i);
-            }
-            Some(&j) => {
-                fx.swap(i, j);
-                superseded[i] = true;
-            }
-        }
-    }
-    let mut index = 0;
-    fx.retain(|_| {
-        let keep = !superseded[index];
-        index += 1;
-        keep
-    });
-}
+use outgoing::{coalesce_persists, group_grants};
 
 #[cfg(test)]
 mod tests;

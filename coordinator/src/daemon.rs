@@ -31,9 +31,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use tenure_protocol::messages::{
-    ApiError, ApiReply, ApiRequest, CoordinatorPresence, Heartbeat, RegistryMark, Report, Reports, WorkerCommand,
+    ApiError, ApiReply, ApiRequest, CoordinatorPresence, Grants, Heartbeat, LeaseGrant, RegistryMark, Report, Reports,
+    WorkerCommand, WorkerReply,
 };
-use tenure_protocol::{subjects, Epoch};
+use tenure_protocol::{subjects, Epoch, WorkerId};
 use tenure_transport::identity::{self, Trust};
 use tokio::sync::{mpsc, watch};
 use tracing::Instrument;
@@ -723,6 +724,7 @@ fn unwind(effect: Effect, failed: &mut Vec<(tenure_protocol::TaskId, String)>) -
         | Effect::AskEvidence { .. }
         | Effect::Ack { .. }
         | Effect::Acks { .. }
+        | Effect::Grants { .. }
         | Effect::Notify(_) => None,
     }
 }
@@ -878,8 +880,10 @@ struct Outbox<'a> {
 /// store keeps the highest it was given (a registry that later goes back is
 /// caught by the machine's heartbeats).
 async fn execute(mut effect: Effect, mark: RegistryMark, out: &Outbox<'_>) -> Result<(), Stop> {
-    if let Effect::Command { command: WorkerCommand::Grant(grant), .. } = &mut effect {
-        grant.mark = Some(mark);
+    match &mut effect {
+        Effect::Command { command: WorkerCommand::Grant(grant), .. } => grant.mark = Some(mark),
+        Effect::Grants { grants, .. } => grants.iter_mut().for_each(|grant| grant.mark = Some(mark)),
+        _ => {}
     }
     let Outbox { client, notices, .. } = *out;
     match effect {
@@ -895,6 +899,10 @@ async fn execute(mut effect: Effect, mark: RegistryMark, out: &Outbox<'_>) -> Re
         Effect::Command { worker, instance, command, trace: _ } => {
             let subject = subjects::instance_commands(&worker, &instance);
             out.in_background(subject, command, |command, result| Input::CommandResult { worker, command, result });
+            Ok(())
+        }
+        Effect::Grants { worker, instance, grants } => {
+            out.send_grants(worker, instance, grants);
             Ok(())
         }
         Effect::InstanceTaken { worker, instance, holder } => {
@@ -975,6 +983,50 @@ impl Outbox<'_> {
                 Err(_) => tracing::debug!("registry usage not sampled: no answer"),
             }
         });
+    }
+
+    /// Sends grants together without blocking the loop; each answer (or the
+    /// transport failure) re-enters the loop as the grant's own
+    /// `CommandResult`. A worker too old to read `Grants` answers with one
+    /// refusal, not a list: it is sent the grants one by one.
+    fn send_grants(&self, worker: WorkerId, instance: uuid::Uuid, grants: Vec<LeaseGrant>) {
+        let (client, results, timeout) = (self.client.clone(), self.results.clone(), self.opts.command_timeout);
+        let subject = subjects::instance_commands(&worker, &instance);
+        tokio::spawn(
+            async move {
+                let batch = Grants { grants };
+                let count = batch.grants.len();
+                let answer =
+                    tenure_transport::request::<_, Vec<Option<WorkerReply>>>(&client, subject.clone(), &batch, timeout);
+                let answers: Vec<Result<WorkerReply, String>> = match answer.await {
+                    Ok(replies) if replies.len() == count => replies
+                        .into_iter()
+                        .map(|r| r.ok_or_else(|| "not answered: a copy of the grant was being recorded".to_owned()))
+                        .collect(),
+                    Ok(replies) => vec![Err(format!("{} answers to {count} grants", replies.len())); count],
+                    Err(tenure_transport::Error::Codec { .. }) => {
+                        let one = |grant: &LeaseGrant| {
+                            let command = WorkerCommand::Grant(grant.clone());
+                            let (client, subject) = (&client, subject.clone());
+                            async move {
+                                tenure_transport::request::<_, WorkerReply>(client, subject, &command, timeout)
+                                    .await
+                                    .map_err(|e| e.to_string())
+                            }
+                        };
+                        futures::future::join_all(batch.grants.iter().map(one)).await
+                    }
+                    Err(error) => vec![Err(error.to_string()); count],
+                };
+                for (grant, result) in batch.grants.into_iter().zip(answers) {
+                    let worker = worker.clone();
+                    let _ = results
+                        .send(Input::CommandResult { worker, command: WorkerCommand::Grant(grant), result })
+                        .await;
+                }
+            }
+            .in_current_span(),
+        );
     }
 
     /// Sends a request without blocking the loop; its answer, or the transport

@@ -321,8 +321,12 @@ mod tests {
             reply(&mut conn, &SidecarReply::Many(reqs.iter().map(unknown).collect())).await.unwrap();
             conn
         };
-        let (a, b, c, _conn) =
-            tokio::join!(ack_call(&client, "shell-1"), ack_call(&client, "shell-2"), ack_call(&client, "shell-3"), server);
+        let (a, b, c, _conn) = tokio::join!(
+            ack_call(&client, "shell-1"),
+            ack_call(&client, "shell-2"),
+            ack_call(&client, "shell-3"),
+            server
+        );
         assert_eq!(a, Ok(unknown(&ack("shell-1"))));
         assert_eq!(b, Ok(unknown(&ack("shell-2"))));
         assert_eq!(c, Ok(unknown(&ack("shell-3"))));
@@ -348,7 +352,9 @@ mod tests {
         // (on the same connection: the exchange went well)
         let server = async {
             assert!(matches!(read(&mut conn).await, SidecarRequest::Many(_)));
-            reply(&mut conn, &SidecarReply::Refused(SidecarRefusal::Malformed("unknown variant".into()))).await.unwrap();
+            reply(&mut conn, &SidecarReply::Refused(SidecarRefusal::Malformed("unknown variant".into())))
+                .await
+                .unwrap();
             for _ in 0..2 {
                 let req = read(&mut conn).await;
                 reply(&mut conn, &unknown(&req)).await.unwrap();

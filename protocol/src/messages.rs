@@ -914,6 +914,21 @@ pub enum WorkerCommand {
     Pause(PauseCommand),
 }
 
+/// Grants to one worker made in one scheduling pass, sent together on its
+/// command subject (at most [`MAX_GRANTS`]; never a traced grant, which goes
+/// alone with its trace context). Each is judged exactly as if it came
+/// alone; the answer is `Vec<Option<WorkerReply>>`, one per grant in order
+/// (`None`: not answered, as a request that timed out — a copy of the same
+/// grant was being recorded). A worker too old to read it refuses it
+/// `Malformed`, and the leader sends the grants one by one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grants {
+    pub grants: Vec<LeaseGrant>,
+}
+
+/// Most grants in one [`Grants`].
+pub const MAX_GRANTS: usize = 64;
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LeaseGrant {
     pub task: TaskId,

@@ -17,8 +17,8 @@ use tenure_machine::attempt_files::AttemptFiles;
 use tenure_machine::worker_lock::WorkerLock;
 use tenure_machine::{Layout, SidecarClient};
 use tenure_protocol::messages::{
-    KillCommand, LeaseGrant, PauseCommand, Refusal, SidecarHealth, SidecarRefusal, SidecarReply, SidecarRequest,
-    WorkerCommand, WorkerReply, MAX_SIDECAR_MANY,
+    Grants, KillCommand, LeaseGrant, PauseCommand, Refusal, SidecarHealth, SidecarRefusal, SidecarReply,
+    SidecarRequest, WorkerCommand, WorkerReply, MAX_GRANTS, MAX_SIDECAR_MANY,
 };
 use tenure_protocol::{subjects, Epoch, Kind};
 use tracing::Instrument;
@@ -181,12 +181,19 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                         _ => break,
                     }
                 }
-                let mut grants = Vec::new();
+                let mut grants = GrantGroup::default();
                 for msg in msgs {
                     // A traced grant continues its task's trace; the attempt span
                     // (and everything it reports) is a child of this one.
                     let parent = tenure_transport::trace::from_headers(msg.headers.as_ref());
                     let command = tenure_protocol::decode::<WorkerCommand>(&msg.payload);
+                    // Grants the leader sent together join the group, answered together.
+                    if command.is_err() {
+                        if let Ok(batch) = tenure_protocol::decode::<Grants>(&msg.payload) {
+                            grants.push_batch(batch, msg.reply);
+                            continue;
+                        }
+                    }
                     // Any other command is handled after the grants before it.
                     if !matches!(command, Ok(WorkerCommand::Grant(_))) {
                         answer_grants(&shared, &client, std::mem::take(&mut grants)).await;
@@ -200,7 +207,7 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                             } else {
                                 tracing::Span::none()
                             };
-                            grants.push((grant, span, msg.reply));
+                            grants.push(grant, span, msg.reply);
                             continue;
                         }
                         Ok(WorkerCommand::Kill(kill)) => on_kill(&shared, kill).await,
@@ -334,23 +341,75 @@ async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>, was_
 /// its own task. A refusal the core says to tombstone is tombstoned in the
 /// sidecar (best effort, bounded), so that a late copy of the grant is
 /// refused even by a restarted worker.
-/// Grants that arrived together, each with its span and where to answer:
-/// screened in order, recorded by the sidecar together (concurrent calls
-/// travel as one batch and are committed by one flush), then answered in
-/// order, each only after its own accept is durable.
-async fn answer_grants(
-    shared: &Arc<Shared>,
-    client: &async_nats::Client,
-    grants: Vec<(LeaseGrant, tracing::Span, Option<async_nats::Subject>)>,
-) {
+/// Grants that arrived together, alone or in [`Grants`] batches: each with
+/// its span and where its answer goes.
+#[derive(Default)]
+struct GrantGroup {
+    grants: Vec<(LeaseGrant, tracing::Span, AnswerTo)>,
+    /// Where each batch's answers go.
+    batches: Vec<Option<async_nats::Subject>>,
+    /// Batches refused whole, with where to say so.
+    refusals: Vec<(Option<async_nats::Subject>, WorkerReply)>,
+}
+
+/// Where one grant's answer goes.
+enum AnswerTo {
+    Alone(Option<async_nats::Subject>),
+    /// The batch with this index, in the grant's place.
+    Batch(usize),
+}
+
+impl GrantGroup {
+    fn push(&mut self, grant: LeaseGrant, span: tracing::Span, reply: Option<async_nats::Subject>) {
+        self.grants.push((grant, span, AnswerTo::Alone(reply)));
+    }
+
+    /// A batch's grants join the group; one too large is refused whole.
+    fn push_batch(&mut self, batch: Grants, reply: Option<async_nats::Subject>) {
+        if batch.grants.len() > MAX_GRANTS {
+            let why = format!("a batch of {} grants (at most {MAX_GRANTS})", batch.grants.len());
+            tracing::warn!(%why, "malformed command refused");
+            self.refusals.push((reply, WorkerReply::Refused(Refusal::Malformed(why))));
+            return;
+        }
+        let index = self.batches.len();
+        self.batches.push(reply);
+        let grants = batch.grants.into_iter().map(|g| (g, tracing::Span::none(), AnswerTo::Batch(index)));
+        self.grants.extend(grants);
+    }
+}
+
+/// Grants that arrived together: screened in order, recorded by the sidecar
+/// together (concurrent calls travel as one batch and are committed by one
+/// flush), then answered, each only after its own accept is durable — a
+/// grant that came alone by itself, a batch by one list in order.
+async fn answer_grants(shared: &Arc<Shared>, client: &async_nats::Client, group: GrantGroup) {
+    let GrantGroup { grants, batches, refusals } = group;
+    for (to, refusal) in refusals {
+        if let Some(to) = to {
+            tenure_transport::reply(client, to.to_string(), &refusal).await;
+        }
+    }
     if grants.is_empty() {
         return;
     }
     let (grants, answer_to): (Vec<_>, Vec<_>) = grants.into_iter().map(|(g, span, to)| ((g, span), to)).unzip();
     let replies = on_grants(shared, grants).await;
+    let mut batched: Vec<Vec<Option<WorkerReply>>> = vec![Vec::new(); batches.len()];
     for (reply, to) in replies.into_iter().zip(answer_to) {
-        if let (Some(reply), Some(to)) = (reply, to) {
-            tenure_transport::reply(client, to.to_string(), &reply).await;
+        match to {
+            AnswerTo::Alone(Some(to)) => {
+                if let Some(reply) = reply {
+                    tenure_transport::reply(client, to.to_string(), &reply).await;
+                }
+            }
+            AnswerTo::Alone(None) => {}
+            AnswerTo::Batch(index) => batched[index].push(reply),
+        }
+    }
+    for (to, replies) in batches.into_iter().zip(batched) {
+        if let Some(to) = to {
+            tenure_transport::reply(client, to.to_string(), &replies).await;
         }
     }
 }

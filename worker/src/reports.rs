@@ -69,9 +69,15 @@ impl Exchange for Leader {
         let count = items.len();
         if count == 1 {
             let Some(one) = items.pop() else { return Sent::Answered(Vec::new()) };
-            let ack = tenure_transport::request_encoded(&self.client, self.subject.clone(), one.frame, one.trace, REPORT_TIMEOUT)
-                .await
-                .ok();
+            let ack = tenure_transport::request_encoded(
+                &self.client,
+                self.subject.clone(),
+                one.frame,
+                one.trace,
+                REPORT_TIMEOUT,
+            )
+            .await
+            .ok();
             return Sent::Answered(vec![ack]);
         }
         let (reports, frames): (Vec<_>, Vec<_>) = items.into_iter().map(|o| (o.report, o.frame)).unzip();

@@ -12,7 +12,7 @@ use crate::record::TaskRecord;
 use tenure_protocol::messages::{
     ApiError, ApiReply, ApiRequest, ApiResponse, CleanupReply, ClusterStatus, CoordinatorPresence, EvidenceReply,
     Heartbeat, KillCommand, KillResult, LeaseGrant, MatchedLine, Notice, Refusal, Report, ReportAck, ReportEvent,
-    SubmitRequest, TaskSnapshot, WorkerCommand, WorkerReply, MAX_KILL_REASON_BYTES,
+    SubmitRequest, TaskSnapshot, WorkerCommand, WorkerReply, MAX_GRANTS, MAX_KILL_REASON_BYTES,
 };
 use tenure_protocol::messages::{AttemptEvidence, EvidenceRequest, HeldAttempt, SidecarRefusal};
 use tenure_protocol::{Attempt, Ending, HintTag, Outcome, RecoveryHint, TaskSpec};
@@ -111,11 +111,13 @@ impl Harness {
     }
 }
 
+/// Every grant of `fx`, alone or sent together, in the order they leave.
 fn grants(fx: &[Effect]) -> Vec<(WorkerId, LeaseGrant)> {
     fx.iter()
-        .filter_map(|e| match e {
-            Effect::Command { worker, command: WorkerCommand::Grant(g), .. } => Some((worker.clone(), g.clone())),
-            _ => None,
+        .flat_map(|e| match e {
+            Effect::Command { worker, command: WorkerCommand::Grant(g), .. } => vec![(worker.clone(), g.clone())],
+            Effect::Grants { worker, grants, .. } => grants.iter().map(|g| (worker.clone(), g.clone())).collect(),
+            _ => Vec::new(),
         })
         .collect()
 }
@@ -900,6 +902,71 @@ fn coalescing_keeps_the_last_version_of_each_task_in_the_place_of_its_first() {
 }
 
 #[test]
+fn grants_to_one_worker_process_go_together_in_the_place_of_the_last() {
+    let grant = |n: u64| LeaseGrant {
+        input: Vec::new(),
+        task: TaskId::new(Kind::shell(), n).unwrap(),
+        attempt: Attempt(1),
+        epoch: Epoch(3),
+        owner: s("a"),
+        spec: TaskSpec::shell("l", "true"),
+        mark: None,
+    };
+    let (one, two) = (Uuid::from_u128(1), Uuid::from_u128(2));
+    let command = |worker: &str, instance: Uuid, command: WorkerCommand, traced: bool| Effect::Command {
+        worker: w(worker),
+        instance,
+        command,
+        trace: traced.then(|| "00-trace".to_owned()),
+    };
+    let g = |worker: &str, instance: Uuid, n: u64| command(worker, instance, WorkerCommand::Grant(grant(n)), false);
+    let kill = |n: u64| {
+        let kill = KillCommand { task: TaskId::new(Kind::shell(), n).unwrap(), attempt: Attempt(1), epoch: Epoch(3) };
+        command("w1", one, WorkerCommand::Kill(kill), false)
+    };
+    let label = |e: &Effect| match e {
+        Effect::Command { worker, command: WorkerCommand::Grant(g), trace, .. } => {
+            format!("{worker}:{}{}", g.task.number(), if trace.is_some() { " traced" } else { "" })
+        }
+        Effect::Command { command: WorkerCommand::Kill(k), .. } => format!("kill {}", k.task.number()),
+        Effect::Grants { worker, grants, .. } => {
+            let numbers: Vec<String> = grants.iter().map(|g| g.task.number().to_string()).collect();
+            format!("{worker}:[{}]", numbers.join(","))
+        }
+        Effect::Reply { to, .. } => format!("reply {to}"),
+        other => format!("{other:?}"),
+    };
+    let mut fx = vec![
+        g("w1", one, 1),
+        Effect::Reply { to: "r".into(), reply: Err(ApiError::NotLeader) },
+        g("w2", one, 2),
+        g("w1", one, 3),
+        g("w1", two, 4),
+        kill(9),
+        g("w1", one, 5),
+        command("w1", one, WorkerCommand::Grant(grant(6)), true),
+        g("w1", one, 7),
+    ];
+    group_grants(&mut fx);
+    let got: Vec<String> = fx.iter().map(label).collect();
+    // w1's first run ends at its kill; w2 and w1's other process get theirs
+    // alone; a traced grant stays alone and ends nothing.
+    assert_eq!(got, ["reply r", "w2:2", "w1:[1,3]", "w1:4", "kill 9", "w1:6 traced", "w1:[5,7]"]);
+
+    // At most MAX_GRANTS together.
+    let mut fx: Vec<Effect> = (1..=MAX_GRANTS as u64 + 1).map(|n| g("w1", one, n)).collect();
+    group_grants(&mut fx);
+    let sizes: Vec<usize> = fx
+        .iter()
+        .map(|e| match e {
+            Effect::Grants { grants, .. } => grants.len(),
+            _ => 1,
+        })
+        .collect();
+    assert_eq!(sizes, [MAX_GRANTS, 1]);
+}
+
+#[test]
 fn an_end_handed_to_a_waiter_is_not_noticed_and_an_end_nobody_saw_is() {
     let mut h = Harness::new();
     h.heartbeat("w1", 2);
@@ -1022,7 +1089,8 @@ fn pause_and_resume_are_recorded_then_carried_until_the_worker_shows_them() {
 fn reports_sent_together_are_judged_one_by_one_and_answered_after_their_appends() {
     let setup = || {
         let mut h = Harness::new();
-        let tasks: Vec<TaskId> = (0..3).map(|i| h.submit("alice", TaskSpec::shell("t", &format!("echo {i}")))).collect();
+        let tasks: Vec<TaskId> =
+            (0..3).map(|i| h.submit("alice", TaskSpec::shell("t", format!("echo {i}")))).collect();
         assert_eq!(grants(&h.heartbeat("w1", 3)).len(), 3);
         (h, tasks)
     };
@@ -1041,10 +1109,8 @@ fn reports_sent_together_are_judged_one_by_one_and_answered_after_their_appends(
         report(&tasks[2], 9, completed()),
         report(&tasks[1], 1, completed()),
     ];
-    let one_by_one: Vec<ReportAck> = reports
-        .iter()
-        .map(|r| alone.report("w1", &r.task, r.attempt.0, r.event.clone()))
-        .collect();
+    let one_by_one: Vec<ReportAck> =
+        reports.iter().map(|r| alone.report("w1", &r.task, r.attempt.0, r.event.clone())).collect();
     assert_eq!(
         one_by_one,
         [ReportAck::Ack, ReportAck::Ack, ReportAck::Ack, ReportAck::StaleAt { epoch: Epoch(3) }, ReportAck::Ack]

@@ -22,7 +22,7 @@ use std::time::Duration;
 use rand::Rng;
 use tenure_coordinator::core::{Core, CoreConfig, Effect, Input, Now};
 use tenure_coordinator::record::TaskRecord;
-use tenure_protocol::messages::Notice;
+use tenure_protocol::messages::{Notice, WorkerCommand};
 use tenure_protocol::{Epoch, TaskId, WorkerId};
 
 use super::bus::{Asked, Dest, Envelope, Msg, Node, Reply};
@@ -390,6 +390,17 @@ impl Cluster {
                     let line = if ctx.trace.enabled { fmt_command(&command) } else { String::new() };
                     let asked = Asked::Command { worker: w, command: Box::new(command.clone()) };
                     ask_machine(ctx, s, term_id, epoch, w, line, asked, |req| Msg::Command { req, command, instance });
+                }
+                // Modelled as one message per grant (each with its own fate).
+                Effect::Grants { worker, instance, grants } => {
+                    let w = worker_index(&worker);
+                    for grant in grants {
+                        let command = WorkerCommand::Grant(grant);
+                        let line = if ctx.trace.enabled { fmt_command(&command) } else { String::new() };
+                        let asked = Asked::Command { worker: w, command: Box::new(command.clone()) };
+                        let send = |req| Msg::Command { req, command, instance };
+                        ask_machine(ctx, s, term_id, epoch, w, line, asked, send);
+                    }
                 }
                 // The model runs one process per worker id: never sent.
                 Effect::InstanceTaken { worker, .. } => ctx.note(|| format!("c{s} refuses a second {worker}")),

@@ -1,0 +1,106 @@
+//! What one input's effects become before they leave the core: one append
+//! per task ([`coalesce_persists`]), and the grants to one worker process
+//! together ([`group_grants`]). Both only merge and move effects later in
+//! the input; neither adds, drops or reorders what a worker or a client
+//! could tell apart.
+
+use std::collections::{HashMap, HashSet};
+
+use tenure_protocol::messages::{WorkerCommand, MAX_GRANTS};
+use tenure_protocol::WorkerId;
+use uuid::Uuid;
+
+use super::Effect;
+
+/// One append per task per input: when one input's effects persist a task
+/// more than once (a submit whose task is leased at once: `queued`, then
+/// `leased`), its last version takes the place of its first and the others
+/// go. The registry keeps only a task's latest record, so nothing that was
+/// durable is lost; every effect that followed the first append waits for
+/// this one, which holds everything it reflected (an effect never needs a
+/// version *not* to be durable yet). A task also forgotten by the input keeps
+/// every append, in order.
+pub(super) fn coalesce_persists(fx: &mut Vec<Effect>) {
+    if fx.iter().filter(|e| matches!(e, Effect::Persist(_))).count() < 2 {
+        return;
+    }
+    let forgotten: HashSet<u64> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Forget { task, .. } => Some(task.number()),
+            _ => None,
+        })
+        .collect();
+    let mut first: HashMap<u64, usize> = HashMap::new();
+    let mut superseded = vec![false; fx.len()];
+    for i in 0..fx.len() {
+        let Effect::Persist(r) = &fx[i] else { continue };
+        let n = r.id.number();
+        if forgotten.contains(&n) {
+            continue;
+        }
+        match first.get(&n) {
+            None => {
+                first.insert(n, i);
+            }
+            Some(&j) => {
+                fx.swap(i, j);
+                superseded[i] = true;
+            }
+        }
+    }
+    let mut index = 0;
+    fx.retain(|_| {
+        let keep = !superseded[index];
+        index += 1;
+        keep
+    });
+}
+
+/// Grants to one worker process go together: the untraced grants of this
+/// input to the same worker process, up to [`MAX_GRANTS`] at a time, become
+/// one [`Effect::Grants`] in the place of the last of them. Moving a grant
+/// later in the input only delays it: it still follows its own append, and
+/// every append before it (note a). A kill or a pause to the same worker
+/// process ends the run, so no command overtakes another to the same
+/// worker. A traced grant (sent alone, with its trace context) and a lone
+/// grant stay plain commands.
+pub(super) fn group_grants(fx: &mut Vec<Effect>) {
+    let mut runs: HashMap<(WorkerId, Uuid), Vec<usize>> = HashMap::new();
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    for (i, e) in fx.iter().enumerate() {
+        let Effect::Command { worker, instance, command, trace } = e else { continue };
+        let to = (worker.clone(), *instance);
+        match command {
+            WorkerCommand::Grant(_) if trace.is_none() => {
+                let run = runs.entry(to).or_default();
+                run.push(i);
+                if run.len() == MAX_GRANTS {
+                    groups.push(std::mem::take(run));
+                }
+            }
+            WorkerCommand::Grant(_) => {}
+            _ => groups.extend(runs.remove(&to)),
+        }
+    }
+    groups.extend(runs.into_values());
+    groups.retain(|g| g.len() > 1);
+    if groups.is_empty() {
+        return;
+    }
+    let mut slots: Vec<Option<Effect>> = fx.drain(..).map(Some).collect();
+    for group in groups {
+        let mut grants = Vec::with_capacity(group.len());
+        let mut to = None;
+        for &i in &group {
+            if let Some(Effect::Command { worker, instance, command: WorkerCommand::Grant(g), .. }) = slots[i].take() {
+                grants.push(g);
+                to = Some((worker, instance));
+            }
+        }
+        if let (Some((worker, instance)), Some(&last)) = (to, group.last()) {
+            slots[last] = Some(Effect::Grants { worker, instance, grants });
+        }
+    }
+    fx.extend(slots.into_iter().flatten());
+}
