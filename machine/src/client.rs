@@ -303,65 +303,89 @@ mod tests {
         Framed::new(listener.accept().await.unwrap().0, frame_codec())
     }
 
-    async fn read(conn: &mut Connection) -> SidecarRequest {
-        decode(&conn.next().await.unwrap().unwrap()).unwrap()
+    /// A sidecar that answers every connection with `answer` and keeps what
+    /// it was sent.
+    fn fake_sidecar(
+        listener: UnixListener,
+        answer: fn(&SidecarRequest) -> SidecarReply,
+    ) -> std::sync::Arc<std::sync::Mutex<Vec<SidecarRequest>>> {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = seen.clone();
+        tokio::spawn(async move {
+            loop {
+                let mut conn = accept(&listener).await;
+                let seen = kept.clone();
+                tokio::spawn(async move {
+                    while let Some(Ok(frame)) = conn.next().await {
+                        let req: SidecarRequest = decode(&frame).unwrap();
+                        let answered = answer(&req);
+                        seen.lock().unwrap().push(req);
+                        reply(&mut conn, &answered).await.unwrap();
+                    }
+                });
+            }
+        });
+        seen
+    }
+
+    fn each_unknown(req: &SidecarRequest) -> SidecarReply {
+        match req {
+            SidecarRequest::Many(reqs) => SidecarReply::Many(reqs.iter().map(unknown).collect()),
+            req => unknown(req),
+        }
     }
 
     #[tokio::test]
     async fn calls_made_together_travel_as_one_batch_and_each_gets_its_own_answer() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("s.sock");
-        let listener = UnixListener::bind(&path).unwrap();
+        let seen = fake_sidecar(UnixListener::bind(&path).unwrap(), each_unknown);
         let client = SidecarClient::new(&path);
-        let server = async {
-            let mut conn = accept(&listener).await;
-            let SidecarRequest::Many(reqs) = read(&mut conn).await else { panic!("not a batch") };
-            assert_eq!(reqs, [ack("shell-1"), ack("shell-2"), ack("shell-3")]);
-            // Each answer names its own request: a mix-up would show.
-            reply(&mut conn, &SidecarReply::Many(reqs.iter().map(unknown).collect())).await.unwrap();
-            conn
-        };
-        let (a, b, c, _conn) = tokio::join!(
-            ack_call(&client, "shell-1"),
-            ack_call(&client, "shell-2"),
-            ack_call(&client, "shell-3"),
-            server
-        );
+        let (a, b, c) =
+            tokio::join!(ack_call(&client, "shell-1"), ack_call(&client, "shell-2"), ack_call(&client, "shell-3"));
+        // Each answer names its own request: a mix-up would show.
         assert_eq!(a, Ok(unknown(&ack("shell-1"))));
         assert_eq!(b, Ok(unknown(&ack("shell-2"))));
         assert_eq!(c, Ok(unknown(&ack("shell-3"))));
+        // The first went at once, alone; the others, made meanwhile, together.
+        let seen = seen.lock().unwrap().clone();
+        assert!(seen.contains(&ack("shell-1")), "{seen:?}");
+        assert!(seen.contains(&SidecarRequest::Many(vec![ack("shell-2"), ack("shell-3")])), "{seen:?}");
+        assert_eq!(seen.len(), 2, "{seen:?}");
     }
 
     #[tokio::test]
-    async fn a_batch_refused_as_a_whole_answers_each_and_one_unread_is_sent_alone() {
+    async fn a_batch_refused_as_a_whole_answers_each() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("s.sock");
-        let listener = UnixListener::bind(&path).unwrap();
+        fake_sidecar(UnixListener::bind(&path).unwrap(), |req| match req {
+            SidecarRequest::Many(_) => SidecarReply::Refused(SidecarRefusal::Storage("disk".into())),
+            req => unknown(req),
+        });
         let client = SidecarClient::new(&path);
+        let (a, b, c) =
+            tokio::join!(ack_call(&client, "shell-1"), ack_call(&client, "shell-2"), ack_call(&client, "shell-3"));
         let storage = SidecarReply::Refused(SidecarRefusal::Storage("disk".into()));
-        let server = async {
-            let mut conn = accept(&listener).await;
-            assert!(matches!(read(&mut conn).await, SidecarRequest::Many(_)));
-            reply(&mut conn, &storage).await.unwrap();
-            conn
-        };
-        let (a, b, mut conn) = tokio::join!(ack_call(&client, "shell-1"), ack_call(&client, "shell-2"), server);
-        assert_eq!((a, b), (Ok(storage.clone()), Ok(storage)));
+        assert_eq!((a, b, c), (Ok(unknown(&ack("shell-1"))), Ok(storage.clone()), Ok(storage)));
+    }
 
-        // A sidecar that cannot read a batch: it is sent again one by one.
-        // (on the same connection: the exchange went well)
-        let server = async {
-            assert!(matches!(read(&mut conn).await, SidecarRequest::Many(_)));
-            reply(&mut conn, &SidecarReply::Refused(SidecarRefusal::Malformed("unknown variant".into())))
-                .await
-                .unwrap();
-            for _ in 0..2 {
-                let req = read(&mut conn).await;
-                reply(&mut conn, &unknown(&req)).await.unwrap();
-            }
-            conn
-        };
-        let (a, b, _conn) = tokio::join!(ack_call(&client, "shell-1"), ack_call(&client, "shell-2"), server);
-        assert_eq!((a, b), (Ok(unknown(&ack("shell-1"))), Ok(unknown(&ack("shell-2")))));
+    #[tokio::test]
+    async fn a_batch_an_older_sidecar_cannot_read_is_sent_again_one_by_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("s.sock");
+        let seen = fake_sidecar(UnixListener::bind(&path).unwrap(), |req| match req {
+            SidecarRequest::Many(_) => SidecarReply::Refused(SidecarRefusal::Malformed("unknown variant".into())),
+            req => unknown(req),
+        });
+        let client = SidecarClient::new(&path);
+        let (a, b, c) =
+            tokio::join!(ack_call(&client, "shell-1"), ack_call(&client, "shell-2"), ack_call(&client, "shell-3"));
+        assert_eq!(
+            (a, b, c),
+            (Ok(unknown(&ack("shell-1"))), Ok(unknown(&ack("shell-2"))), Ok(unknown(&ack("shell-3"))))
+        );
+        let seen = seen.lock().unwrap().clone();
+        let many = seen.iter().position(|r| matches!(r, SidecarRequest::Many(_))).expect("a batch was tried");
+        assert_eq!(seen[many + 1..], [ack("shell-2"), ack("shell-3")], "{seen:?}");
     }
 }

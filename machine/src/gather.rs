@@ -1,12 +1,14 @@
 //! [`Gather`]: calls made while others are in flight, sent together. Used for
 //! the worker's requests to its sidecar and for its reports to the leader.
 //!
-//! At most [`MAX_EXCHANGES`] exchanges run at once. Each takes every waiting
-//! call it can (in order, up to its [`Exchange`]'s count and byte limits) and
-//! sends them as one message; a call made while nothing is in flight goes at
-//! once and alone, so an idle machine waits for nothing. Under load the
-//! calls made during one exchange leave together in the next: one message
-//! each way, one pass of the receiver's group commit, for many calls.
+//! At most [`MAX_EXCHANGES`] exchanges run at once. A call made while
+//! nothing is in flight goes at once, alone, on its caller's own task (an
+//! idle machine pays for no hand-off). Calls made while others are in
+//! flight wait; a task of its own then takes every waiting call it can (in
+//! order, up to the [`Exchange`]'s count and byte limits) and sends them as
+//! one message. Under load the calls made during one exchange leave
+//! together in the next: one message each way, one pass of the receiver's
+//! group commit, for many calls.
 //!
 //! It never changes what an answer means: each caller gets its own answer,
 //! from its own request, only once the receiver answered the batch it was
@@ -40,7 +42,8 @@ pub trait Exchange: Send + Sync + 'static {
     /// `item`'s encoded size, for [`Exchange::MAX_BYTES`].
     fn size(&self, item: &Self::Item) -> usize;
 
-    /// Sends one item (alone) or several (as a batch).
+    /// Sends one item (alone) or several (as a batch). One item alone is
+    /// always answered.
     fn send(&self, items: Vec<Self::Item>) -> impl Future<Output = Sent<Self::Item, Self::Answer>> + Send;
 }
 
@@ -89,9 +92,24 @@ impl<S: Exchange> Gather<S> {
 
     /// Sends `item` (alone, or with others made meanwhile) and waits at most
     /// `wait` for its answer: `None` when none came in time. Must be called
-    /// within a tokio runtime (exchanges run as tasks of their own, so that
-    /// a caller giving up never cancels the others' exchange).
+    /// within a tokio runtime: the exchanges that carry waiting calls run as
+    /// tasks of their own, so that a caller giving up never cancels another
+    /// caller's exchange (an idle caller's own exchange carries only its
+    /// call).
     pub async fn call(&self, item: S::Item, wait: Duration) -> Option<S::Answer> {
+        let alone = {
+            let mut q = self.inner.queue();
+            let idle = q.exchanges == 0 && q.waiting.is_empty();
+            q.exchanges += usize::from(idle);
+            idle
+        };
+        if alone {
+            let _exchange = Alone(&self.inner);
+            return match tokio::time::timeout(wait, self.inner.sender.send(vec![item])).await.ok()? {
+                Sent::Answered(answers) => answers.into_iter().next(),
+                Sent::Unread(_) => None,
+            };
+        }
         let (answer, answered) = oneshot::channel();
         let start = {
             let mut q = self.inner.queue();
@@ -104,6 +122,21 @@ impl<S: Exchange> Gather<S> {
             tokio::spawn(run(self.inner.clone()));
         }
         tokio::time::timeout(wait, answered).await.ok()?.ok()
+    }
+}
+
+/// An idle caller's own exchange: when it ends (or its caller gives up),
+/// the calls made meanwhile get an exchange of their own if they have none.
+struct Alone<'a, S: Exchange>(&'a Arc<Inner<S>>);
+
+impl<S: Exchange> Drop for Alone<'_, S> {
+    fn drop(&mut self) {
+        let mut q = self.0.queue();
+        q.exchanges -= 1;
+        if !q.waiting.is_empty() && q.exchanges < MAX_EXCHANGES {
+            q.exchanges += 1;
+            tokio::spawn(run(self.0.clone()));
+        }
     }
 }
 
@@ -193,8 +226,10 @@ mod tests {
         }
 
         async fn send(&self, items: Vec<u32>) -> Sent<u32, u32> {
-            let _pass = self.gate.acquire().await;
             self.sent.lock().unwrap().push(items.clone());
+            // In flight for a moment at least: calls made meanwhile wait.
+            tokio::task::yield_now().await;
+            let _pass = self.gate.acquire().await;
             if items.len() > 1 && self.unreadable.load(Ordering::SeqCst) {
                 return Sent::Unread(items);
             }
@@ -213,34 +248,36 @@ mod tests {
     async fn one_call_goes_alone_and_calls_made_together_go_together_within_the_limits() {
         let g = echo(true);
         assert_eq!(g.call(7, WAIT).await, Some(70));
-        // Made together: 1..=4 fill a batch of three (the limit), then 4 goes
-        // on; 0 never travels with others; 60 and 50 would pass 100 bytes.
+        // Made together: 1 goes at once, alone; 2..=4 fill a batch of three
+        // (the limit); 0 never travels with others; 60 and 50 would pass
+        // 100 bytes.
         let calls = [1, 2, 3, 4, 0, 5, 60, 50].map(|i| g.call(i, WAIT));
         let answers = futures::future::join_all(calls).await;
         assert_eq!(answers, [10, 20, 30, 40, 0, 50, 600, 500].map(Some));
         let sent = g.sender().sent.lock().unwrap().clone();
-        assert_eq!(sent, [vec![7], vec![1, 2, 3], vec![4], vec![0], vec![5, 60], vec![50]]);
+        assert_eq!(sent, [vec![7], vec![1], vec![2, 3, 4], vec![0], vec![5, 60], vec![50]]);
     }
 
     #[tokio::test]
     async fn a_batch_that_cannot_be_read_is_sent_again_one_by_one() {
         let g = echo(true);
         g.sender().unreadable.store(true, Ordering::SeqCst);
-        let answers = futures::future::join_all([1, 2, 3].map(|i| g.call(i, WAIT))).await;
-        assert_eq!(answers, [10, 20, 30].map(Some));
+        let answers = futures::future::join_all([1, 2, 3, 4].map(|i| g.call(i, WAIT))).await;
+        assert_eq!(answers, [10, 20, 30, 40].map(Some));
         let sent = g.sender().sent.lock().unwrap().clone();
-        assert_eq!(sent, [vec![1, 2, 3], vec![1], vec![2], vec![3]]);
+        assert_eq!(sent, [vec![1], vec![2, 3, 4], vec![2], vec![3], vec![4]]);
         // Only that batch: the next calls are tried together again.
         g.sender().unreadable.store(false, Ordering::SeqCst);
-        let answers = futures::future::join_all([4, 5].map(|i| g.call(i, WAIT))).await;
-        assert_eq!(answers, [40, 50].map(Some));
-        assert_eq!(g.sender().sent.lock().unwrap().last(), Some(&vec![4, 5]));
+        let answers = futures::future::join_all([5, 6, 7].map(|i| g.call(i, WAIT))).await;
+        assert_eq!(answers, [50, 60, 70].map(Some));
+        assert_eq!(g.sender().sent.lock().unwrap().last(), Some(&vec![6, 7]));
     }
 
     #[tokio::test]
     async fn a_call_given_up_before_it_was_sent_is_never_sent() {
         let g = Arc::new(echo(false));
-        // Two exchanges, each held at the gate with its call (alone).
+        // Two exchanges (the first on its caller's task), each held at the
+        // gate with its call alone.
         let held: Vec<_> = [100, 200]
             .map(|i| {
                 let g = g.clone();
@@ -249,11 +286,13 @@ mod tests {
             .into_iter()
             .collect();
         for _ in 0..1000 {
-            let q = g.inner.queue();
-            if q.exchanges == MAX_EXCHANGES && q.waiting.is_empty() {
+            let busy = {
+                let q = g.inner.queue();
+                q.exchanges == MAX_EXCHANGES && q.waiting.is_empty()
+            };
+            if busy {
                 break;
             }
-            drop(q);
             tokio::task::yield_now().await;
         }
         // A third waits its turn, and its caller gives up.

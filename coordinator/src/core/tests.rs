@@ -1089,8 +1089,7 @@ fn pause_and_resume_are_recorded_then_carried_until_the_worker_shows_them() {
 fn reports_sent_together_are_judged_one_by_one_and_answered_after_their_appends() {
     let setup = || {
         let mut h = Harness::new();
-        let tasks: Vec<TaskId> =
-            (0..3).map(|i| h.submit("alice", TaskSpec::shell("t", format!("echo {i}")))).collect();
+        let tasks: Vec<TaskId> = (0..3).map(|i| h.submit("alice", TaskSpec::shell("t", format!("echo {i}")))).collect();
         assert_eq!(grants(&h.heartbeat("w1", 3)).len(), 3);
         (h, tasks)
     };
