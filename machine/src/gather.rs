@@ -133,9 +133,13 @@ impl<S: Exchange> Drop for Alone<'_, S> {
     fn drop(&mut self) {
         let mut q = self.0.queue();
         q.exchanges -= 1;
-        if !q.waiting.is_empty() && q.exchanges < MAX_EXCHANGES {
+        if q.waiting.is_empty() || q.exchanges >= MAX_EXCHANGES {
+            return;
+        }
+        // Dropped outside a runtime (it is shutting down): nobody waits.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             q.exchanges += 1;
-            tokio::spawn(run(self.0.clone()));
+            runtime.spawn(run(self.0.clone()));
         }
     }
 }

@@ -336,11 +336,6 @@ async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>, was_
     }
 }
 
-/// Answers a grant: screened by the core, recorded by the sidecar, decided by
-/// the core again with the sidecar's answer; an accepted attempt is driven in
-/// its own task. A refusal the core says to tombstone is tombstoned in the
-/// sidecar (best effort, bounded), so that a late copy of the grant is
-/// refused even by a restarted worker.
 /// Grants that arrived together, alone or in [`Grants`] batches: each with
 /// its span and where its answer goes.
 #[derive(Default)]
@@ -414,9 +409,13 @@ async fn answer_grants(shared: &Arc<Shared>, client: &async_nats::Client, group:
     }
 }
 
-/// The answers to grants that arrived together (see [`answer_grants`]);
-/// `None` for a re-send of a grant being recorded by an earlier command
-/// (the leader sends it again).
+/// The answers to grants that arrived together (see [`answer_grants`]):
+/// each screened by the core, recorded by the sidecar, decided by the core
+/// again with the sidecar's answer; an accepted attempt is driven in its own
+/// task. A refusal the core says to tombstone is tombstoned in the sidecar
+/// (best effort, bounded), so that a late copy of the grant is refused even
+/// by a restarted worker. `None` for a re-send of a grant being recorded by
+/// an earlier command (the leader sends it again).
 async fn on_grants(shared: &Arc<Shared>, grants: Vec<(LeaseGrant, tracing::Span)>) -> Vec<Option<WorkerReply>> {
     let screened: Vec<Screened> = {
         let mut state = shared.state();
