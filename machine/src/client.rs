@@ -128,16 +128,12 @@ impl Exchange for Socket {
     /// Sends the requests (alone when one, as a batch otherwise) on an idle
     /// or a new connection, bounded by the client's timeout.
     async fn send(&self, items: Vec<Self::Item>) -> Sent<Self::Item, Self::Answer> {
+        if let [(_, frame)] = items.as_slice() {
+            return Sent::Answered(vec![self.exchange(frame.clone()).await]);
+        }
         let count = items.len();
         let (requests, frames): (Vec<_>, Vec<_>) = items.into_iter().unzip();
-        let batch = match <[Bytes; 1]>::try_from(frames) {
-            Ok([frame]) => {
-                let answer = self.exchange(frame).await;
-                return Sent::Answered(vec![answer]);
-            }
-            Err(frames) => (SidecarRequest::Many(requests), frames),
-        };
-        let (many, frames) = batch;
+        let many = SidecarRequest::Many(requests);
         let answer = match encode(&many) {
             Ok(frame) => self.exchange(Bytes::from(frame)).await,
             Err(error) => Err(Error::Encode(error)),

@@ -115,11 +115,8 @@ impl<S: RecoveryStore> Machine<S> {
             let why = format!("a batch of {} requests (at most {MAX_SIDECAR_MANY})", reqs.len());
             return SidecarReply::Refused(SidecarRefusal::Malformed(why));
         }
-        let one = |machine: &mut Self, req: SidecarRequest| match req.batches() {
-            true => machine.handle(req),
-            false => SidecarReply::Refused(SidecarRefusal::Malformed("this request cannot travel in a batch".into())),
-        };
-        SidecarReply::Many(reqs.into_iter().map(|req| one(self, req)).collect())
+        let alone = || SidecarReply::Refused(SidecarRefusal::Malformed("this request cannot travel in a batch".into()));
+        SidecarReply::Many(reqs.into_iter().map(|req| if req.batches() { self.handle(req) } else { alone() }).collect())
     }
 
     /// The identity of this machine's store.

@@ -190,7 +190,11 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
                     // Grants the leader sent together join the group, answered together.
                     if command.is_err() {
                         if let Ok(batch) = tenure_protocol::decode::<Grants>(&msg.payload) {
-                            grants.push_batch(batch, msg.reply);
+                            if let Some(refused) = grants.push_batch(batch, msg.reply.clone()) {
+                                if let Some(to) = msg.reply {
+                                    tenure_transport::reply(&client, to.to_string(), &refused).await;
+                                }
+                            }
                             continue;
                         }
                     }
@@ -343,8 +347,6 @@ struct GrantGroup {
     grants: Vec<(LeaseGrant, tracing::Span, AnswerTo)>,
     /// Where each batch's answers go.
     batches: Vec<Option<async_nats::Subject>>,
-    /// Batches refused whole, with where to say so.
-    refusals: Vec<(Option<async_nats::Subject>, WorkerReply)>,
 }
 
 /// Where one grant's answer goes.
@@ -359,18 +361,19 @@ impl GrantGroup {
         self.grants.push((grant, span, AnswerTo::Alone(reply)));
     }
 
-    /// A batch's grants join the group; one too large is refused whole.
-    fn push_batch(&mut self, batch: Grants, reply: Option<async_nats::Subject>) {
+    /// A batch's grants join the group; one too large is refused whole (the
+    /// refusal is returned, to be answered at once).
+    fn push_batch(&mut self, batch: Grants, reply: Option<async_nats::Subject>) -> Option<WorkerReply> {
         if batch.grants.len() > MAX_GRANTS {
             let why = format!("a batch of {} grants (at most {MAX_GRANTS})", batch.grants.len());
             tracing::warn!(%why, "malformed command refused");
-            self.refusals.push((reply, WorkerReply::Refused(Refusal::Malformed(why))));
-            return;
+            return Some(WorkerReply::Refused(Refusal::Malformed(why)));
         }
         let index = self.batches.len();
         self.batches.push(reply);
         let grants = batch.grants.into_iter().map(|g| (g, tracing::Span::none(), AnswerTo::Batch(index)));
         self.grants.extend(grants);
+        None
     }
 }
 
@@ -379,12 +382,7 @@ impl GrantGroup {
 /// flush), then answered, each only after its own accept is durable — a
 /// grant that came alone by itself, a batch by one list in order.
 async fn answer_grants(shared: &Arc<Shared>, client: &async_nats::Client, group: GrantGroup) {
-    let GrantGroup { grants, batches, refusals } = group;
-    for (to, refusal) in refusals {
-        if let Some(to) = to {
-            tenure_transport::reply(client, to.to_string(), &refusal).await;
-        }
-    }
+    let GrantGroup { grants, batches } = group;
     if grants.is_empty() {
         return;
     }

@@ -100,10 +100,7 @@ impl Harness {
     }
 
     fn report_effects(&mut self, worker: &str, task: &TaskId, attempt: u32, event: ReportEvent) -> Vec<Effect> {
-        self.input(Input::Report {
-            reply_to: Some("ack".into()),
-            report: Report { worker: w(worker), task: task.clone(), attempt: Attempt(attempt), epoch: Epoch(3), event },
-        })
+        self.input(Input::Report { reply_to: Some("ack".into()), report: report_of(worker, task, attempt, event) })
     }
 
     fn status(&self, task: &TaskId) -> Status {
@@ -112,6 +109,11 @@ impl Harness {
 }
 
 /// Every grant of `fx`, alone or sent together, in the order they leave.
+/// `worker`'s report of `event` for `attempt` of `task`, under epoch 3.
+fn report_of(worker: &str, task: &TaskId, attempt: u32, event: ReportEvent) -> Report {
+    Report { worker: w(worker), task: task.clone(), attempt: Attempt(attempt), epoch: Epoch(3), event }
+}
+
 fn grants(fx: &[Effect]) -> Vec<(WorkerId, LeaseGrant)> {
     fx.iter()
         .flat_map(|e| match e {
@@ -1093,13 +1095,7 @@ fn reports_sent_together_are_judged_one_by_one_and_answered_after_their_appends(
         assert_eq!(grants(&h.heartbeat("w1", 3)).len(), 3);
         (h, tasks)
     };
-    let report = |task: &TaskId, attempt: u32, event: ReportEvent| Report {
-        worker: w("w1"),
-        task: task.clone(),
-        attempt: Attempt(attempt),
-        epoch: Epoch(3),
-        event,
-    };
+    let report = |task: &TaskId, attempt: u32, event: ReportEvent| report_of("w1", task, attempt, event);
     let (mut alone, tasks) = setup();
     let reports = vec![
         report(&tasks[0], 1, ReportEvent::Started { pid: 42 }),
