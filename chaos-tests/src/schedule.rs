@@ -15,7 +15,9 @@ pub enum Link {
 }
 
 /// The named crash windows a worker can be made to die in (`TENURE_CRASH_AT`).
-pub const CRASH_WINDOWS: [&str; 4] = ["after-accept", "after-intent", "after-exited", "after-report"];
+/// A grant's accept and its intent are recorded together, so there is no
+/// window between them to die in.
+pub const CRASH_WINDOWS: [&str; 4] = ["before-record", "after-intent", "after-exited", "after-report"];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Fault {

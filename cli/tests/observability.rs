@@ -179,7 +179,7 @@ fn a_task_is_one_trace_across_client_coordinator_worker_and_sidecar() {
     assert_eq!(lease.parent, api.id, "lease ← the submit's api span (kept in the record)");
     assert_eq!(grant.parent, lease.id, "worker grant ← coordinator lease");
     assert_eq!(attempt.parent, grant.id, "attempt ← grant");
-    assert_eq!(intent.parent, attempt.id, "sidecar intent ← worker attempt");
+    assert_eq!(intent.parent, grant.id, "sidecar intent ← worker grant (recorded with the accept)");
     assert_eq!(finalize.parent, attempt.id, "coordinator finalize ← worker attempt");
 }
 

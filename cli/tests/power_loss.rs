@@ -160,14 +160,6 @@ fn the_fence_held(power: &mut Power, c: &mut Cluster, snap: &serde_json::Value) 
 }
 
 #[test]
-fn power_cut_after_accept_runs_the_task_once() {
-    let (mut power, mut c, _task, ledger, snap) = cut_after("after-accept", "echo ran");
-    assert_eq!(snap["status"], "completed", "{snap}\n{}", c.logs());
-    assert_eq!(ledger_runs(&ledger), 1, "ran exactly once");
-    the_fence_held(&mut power, &mut c, &snap);
-}
-
-#[test]
 fn power_cut_after_intent_never_reruns_the_task() {
     let (mut power, mut c, task, ledger, snap) = cut_after("after-intent", "echo ran");
     assert_eq!(

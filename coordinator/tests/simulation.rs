@@ -130,7 +130,9 @@ fn assert_all_pass(seeds: &[u64], opts: &Options) {
         panic!("{n} of {of} schedules failed (seeds {seeds:?})\n{}", explain(first, opts));
     }
     assert!(summary.starts > summary.schedules, "the schedules hardly ran anything: {summary:?}");
-    assert!(summary.retries > summary.schedules / 10, "the schedules hardly retried anything: {summary:?}");
+    // Over many schedules (a few pinned seeds need not retry at all).
+    let many = summary.schedules >= 20;
+    assert!(!many || summary.retries > summary.schedules / 10, "the schedules hardly retried anything: {summary:?}");
 }
 
 #[test]

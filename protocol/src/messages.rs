@@ -1224,12 +1224,14 @@ pub const MAX_SIDECAR_MANY: usize = 64;
 impl SidecarRequest {
     /// Whether this request may travel in a [`SidecarRequest::Many`]: the
     /// epoch fence and the records of attempts, whose answers are small.
-    /// Listings and the incarnation probe go alone, and so does a traced
-    /// intent (the sidecar continues its trace in a span of its own).
+    /// Listings and the incarnation probe go alone. (A traced intent travels
+    /// too: the sidecar continues its trace in a span that lasts until the
+    /// batch is durable. An older sidecar refuses it in a batch as
+    /// `Malformed`, and the worker then sends it alone.)
     pub fn batches(&self) -> bool {
         match self {
-            SidecarRequest::Intent { trace, .. } => trace.is_none(),
             SidecarRequest::ObserveEpoch(_)
+            | SidecarRequest::Intent { .. }
             | SidecarRequest::Accept(_)
             | SidecarRequest::Spawned { .. }
             | SidecarRequest::Exited { .. }

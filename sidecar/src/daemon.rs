@@ -324,6 +324,16 @@ fn remove_socket(path: &Path) {
     }
 }
 
+/// A traced attempt's intent is a span of the task's trace: the flush that
+/// makes the attempt "may have run" is worth seeing. `None` for any other
+/// request.
+fn intent_span(req: &SidecarRequest) -> Option<tracing::Span> {
+    let SidecarRequest::Intent { task, attempt, epoch, trace: Some(trace) } = req else { return None };
+    let span = tracing::info_span!("intent", task = %task, attempt = %attempt, epoch = %epoch);
+    tenure_transport::trace::continue_from(&span, tenure_transport::trace::from_traceparent(Some(trace)));
+    Some(span)
+}
+
 /// Serves one worker connection: requests are answered in order. A malformed
 /// request is refused and the connection continues; an oversized or broken
 /// frame ends the connection (the stream cannot be resynchronized).
@@ -343,13 +353,16 @@ async fn serve_connection(stream: UnixStream, store: StoreHandle) {
             }
         };
         let reply = match decode::<SidecarRequest>(&frame) {
-            // A traced attempt's intent is a span of the task's trace: the
-            // flush that makes the attempt "may have run" is worth seeing.
-            Ok(SidecarRequest::Intent { task, attempt, epoch, trace: Some(trace) }) => {
-                let span = tracing::info_span!("intent", task = %task, attempt = %attempt, epoch = %epoch);
-                tenure_transport::trace::continue_from(&span, tenure_transport::trace::from_traceparent(Some(&trace)));
-                let req = SidecarRequest::Intent { task, attempt, epoch, trace: Some(trace) };
-                store.handle(req).instrument(span).await
+            Ok(req @ SidecarRequest::Intent { trace: Some(_), .. }) => {
+                let span = intent_span(&req);
+                store.handle(req).instrument(span.unwrap_or_else(tracing::Span::none)).await
+            }
+            // The spans of a batch's traced intents last until the batch is durable.
+            Ok(SidecarRequest::Many(reqs)) => {
+                let spans: Vec<tracing::Span> = reqs.iter().filter_map(intent_span).collect();
+                let reply = store.handle(SidecarRequest::Many(reqs)).await;
+                drop(spans);
+                reply
             }
             Ok(req) => store.handle(req).await,
             Err(error) => {

@@ -131,8 +131,10 @@ pub(crate) async fn sidecar_insist(shared: &Shared, req: SidecarRequest) -> Side
 
 /// Test hook for the named crash windows: when `TENURE_CRASH_AT` names this
 /// point, the worker dies on the spot (SIGABRT), exactly as a SIGKILL there
-/// would leave things. Points: `after-accept`, `after-intent`, `after-exited`,
-/// `after-report`. Unset in production; it changes nothing else.
+/// would leave things. Points: `before-record` (grants screened, nothing
+/// recorded), `after-intent` (a grant's accept and intent recorded together,
+/// or an intent recorded alone), `after-exited`, `after-report`. Unset in
+/// production; it changes nothing else.
 pub(crate) fn crash_point(point: &str) {
     static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
     if AT.get_or_init(|| std::env::var("TENURE_CRASH_AT").ok()).as_deref() == Some(point) {

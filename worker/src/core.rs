@@ -3,8 +3,9 @@
 //! highest epoch its machine has seen) and decides
 //!
 //! - whether a grant may be accepted ([`Worker::screen_grant`], then
-//!   [`Worker::grant_recorded`] with the sidecar's answer), and what a refusal
-//!   leaves behind (a tombstone, a remembered give-back);
+//!   [`Worker::grant_recorded`] with the sidecar's answer to its accept,
+//!   recorded together with its intent, [`Worker::intent_for`]), and what a
+//!   refusal leaves behind (a tombstone, a remembered give-back);
 //! - what a kill means ([`Worker::kill`]), and what the owner's pause wish
 //!   means ([`Worker::pause`]: kept per held attempt, listed in heartbeats,
 //!   restored after a restart from the attempt's files by
@@ -154,9 +155,10 @@ pub struct Held {
 pub enum Screened {
     /// Answer at once (already held, or refused here).
     Answer(Answer),
-    /// Ask the sidecar to record the grant (`SidecarRequest::Accept`), then
-    /// pass its answer to [`Worker::grant_recorded`]. Until then the grant
-    /// counts against the slots.
+    /// Ask the sidecar to record the grant (`SidecarRequest::Accept`) and,
+    /// in the same batch, its intent ([`Worker::intent_for`]); then pass the
+    /// accept's answer to [`Worker::grant_recorded`] and the intent's to
+    /// [`Worker::advance`]. Until then the grant counts against the slots.
     Record,
     /// The same attempt's grant is being recorded (a re-send that came with
     /// it): answer as that one is answered.
@@ -469,6 +471,17 @@ impl Worker {
     }
 
     // ------------------------------------------------------------ attempts
+
+    /// The intent a grant screened [`Screened::Record`] is recorded with, in
+    /// the same sidecar batch as its accept (one flush): the request
+    /// [`Worker::next`] makes first once the grant is recorded. Its answer
+    /// is fed back with [`Worker::advance`] once [`Worker::grant_recorded`]
+    /// holds the attempt; for a grant not held it changes nothing (the
+    /// sidecar refuses an intent for an attempt it did not accept).
+    pub fn intent_for(&self, grant: &LeaseGrant) -> SidecarRequest {
+        let (task, attempt) = (grant.task.clone(), grant.attempt);
+        SidecarRequest::Intent { task, attempt, epoch: grant.epoch.max(self.epoch_seen), trace: None }
+    }
 
     /// What the driver must do next for `key`; `None` when it is not held.
     pub fn next(&self, key: &Key) -> Option<Action> {

@@ -273,6 +273,39 @@ fn a_full_worker_refuses_and_a_held_attempt_is_accepted_again() {
     }
 }
 
+/// A grant is recorded with its intent: the intent carries the highest
+/// epoch seen, and once both are answered `Ok` the attempt's first step is
+/// its launch; a refused intent gives it back as a refused intent does
+/// when sent alone.
+#[test]
+fn a_grant_recorded_with_its_intent_starts_at_its_launch() {
+    for (intent_reply, first) in [
+        (SidecarReply::Ok, Action::Launch { kill: false, epoch: Epoch(7) }),
+        (storage(), Action::Sidecar(SidecarRequest::Abandon { task: grant(3).task, attempt: grant(3).attempt })),
+    ] {
+        let mut w = worker(1);
+        w.observe(Epoch(7));
+        let key = (grant(3).task, grant(3).attempt);
+        assert_eq!(w.screen_grant(&grant(3)), Screened::Record);
+        let intent = w.intent_for(&grant(3));
+        assert_eq!(
+            intent,
+            SidecarRequest::Intent { task: key.0.clone(), attempt: key.1, epoch: Epoch(7), trace: None },
+            "the intent carries the highest epoch seen, as the drive's would"
+        );
+        let a = w.grant_recorded(grant(3), Ok(SidecarReply::Ok));
+        assert_eq!((a.reply, a.drive), (WorkerReply::Accepted, true));
+        w.advance(&key, Done::Sidecar(intent_reply));
+        assert_eq!(w.next(&key), Some(first));
+    }
+    // Without an answer to its intent, the drive sends it itself.
+    let mut w = worker(1);
+    let key = (grant(3).task, grant(3).attempt);
+    w.screen_grant(&grant(3));
+    w.grant_recorded(grant(3), Ok(SidecarReply::Ok));
+    assert!(matches!(w.next(&key), Some(Action::Sidecar(SidecarRequest::Intent { .. }))));
+}
+
 #[test]
 fn grants_being_recorded_together_hold_their_slots_and_a_resend_waits_for_the_first() {
     let mut w = worker(2);

@@ -2,7 +2,8 @@
 //! attempt is driven by [`crate::attempt`].
 //!
 //! Order of an attempt, each step durable in the sidecar before the next:
-//! accept (grant recorded) → intent (flushed) → shim spawned → spawned (pid)
+//! accept and intent (the grant recorded with its intent, one flush; the
+//! intent alone again when it could not travel with it) → shim spawned → spawned (pid)
 //! → exit recorded by the shim → exited (outcome buffered) → report until
 //! acknowledged → acknowledged. Without a sidecar nothing new starts; a grant is
 //! refused rather than run without its intent.
@@ -21,7 +22,6 @@ use tenure_protocol::messages::{
     SidecarRequest, WorkerCommand, WorkerReply, MAX_GRANTS, MAX_SIDECAR_MANY,
 };
 use tenure_protocol::{subjects, Epoch, Kind};
-use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::attempt::{self, spawn_drive, Shared, State};
@@ -408,28 +408,37 @@ async fn answer_grants(shared: &Arc<Shared>, client: &async_nats::Client, group:
 }
 
 /// The answers to grants that arrived together (see [`answer_grants`]):
-/// each screened by the core, recorded by the sidecar, decided by the core
-/// again with the sidecar's answer; an accepted attempt is driven in its own
-/// task. A refusal the core says to tombstone is tombstoned in the sidecar
-/// (best effort, bounded), so that a late copy of the grant is refused even
-/// by a restarted worker. `None` for a re-send of a grant being recorded by
-/// an earlier command (the leader sends it again).
+/// each screened by the core, recorded by the sidecar with its intent
+/// ([`record_grants`]), decided by the core again with the sidecar's answers;
+/// an accepted attempt is driven in its own task, from its launch when its
+/// intent is recorded. A refusal the core says to tombstone is tombstoned
+/// in the sidecar (best effort, bounded), so that a late copy of the grant
+/// is refused even by a restarted worker. `None` for a re-send of a grant
+/// being recorded by an earlier command (the leader sends it again).
 async fn on_grants(shared: &Arc<Shared>, grants: Vec<(LeaseGrant, tracing::Span)>) -> Vec<Option<WorkerReply>> {
-    let screened: Vec<Screened> = {
+    let (screened, records): (Vec<Screened>, Vec<Option<Recording>>) = {
         let mut state = shared.state();
-        grants.iter().map(|(grant, _)| state.core.screen_grant(grant)).collect()
+        grants
+            .iter()
+            .map(|(grant, span)| {
+                let screened = state.core.screen_grant(grant);
+                let record = (screened == Screened::Record).then(|| {
+                    let mut intent = state.core.intent_for(grant);
+                    if let SidecarRequest::Intent { trace, .. } = &mut intent {
+                        *trace = span.in_scope(tenure_transport::trace::current_traceparent);
+                    }
+                    Recording { accept: SidecarRequest::Accept(grant.clone()), intent }
+                });
+                (screened, record)
+            })
+            .unzip()
     };
-    let records = grants.iter().zip(&screened).map(|((grant, span), screened)| async move {
-        match screened {
-            Screened::Record => {
-                Some(shared.sidecar.call(&SidecarRequest::Accept(grant.clone())).instrument(span.clone()).await)
-            }
-            Screened::Answer(_) | Screened::Recording => None,
-        }
-    });
-    let recorded = futures::future::join_all(records).await;
-    if recorded.iter().any(|r| matches!(r, Some(Ok(SidecarReply::Ok)))) {
-        attempt::crash_point("after-accept");
+    if records.iter().any(Option::is_some) {
+        attempt::crash_point("before-record");
+    }
+    let recorded = record_grants(&shared.sidecar, records).await;
+    if recorded.iter().flatten().any(|(_, intent)| intent == &Some(SidecarReply::Ok)) {
+        attempt::crash_point("after-intent");
     }
     let mut replies = Vec::with_capacity(grants.len());
     let mut answered: HashMap<Key, WorkerReply> = HashMap::new();
@@ -438,8 +447,13 @@ async fn on_grants(shared: &Arc<Shared>, grants: Vec<(LeaseGrant, tracing::Span)
         let key = (grant.task.clone(), grant.attempt);
         let answer = match (screened, recorded) {
             (Screened::Answer(answer), _) => answer,
-            (Screened::Record, Some(recorded)) => {
-                shared.state().core.grant_recorded(grant, recorded.map_err(|e| e.to_string()))
+            (Screened::Record, Some((accepted, intent))) => {
+                let mut state = shared.state();
+                let answer = state.core.grant_recorded(grant, accepted);
+                if let (true, Some(intent)) = (answer.drive, intent) {
+                    state.advance(&key, crate::core::Done::Sidecar(intent));
+                }
+                answer
             }
             // Answered as the same attempt's grant before it was.
             (Screened::Recording | Screened::Record, _) => {
@@ -463,6 +477,59 @@ async fn on_grants(shared: &Arc<Shared>, grants: Vec<(LeaseGrant, tracing::Span)
         tombstones.iter().map(|abandon| tokio::time::timeout(Duration::from_secs(1), shared.sidecar.call(abandon)));
     futures::future::join_all(tombstones).await;
     replies
+}
+
+/// A grant's accept and the intent it is recorded with.
+struct Recording {
+    accept: SidecarRequest,
+    intent: SidecarRequest,
+}
+
+/// The sidecar's answer to a grant's accept (`Err`: unreachable, with why),
+/// and to its intent when the sidecar judged it.
+type Recorded = (Result<SidecarReply, String>, Option<SidecarReply>);
+
+/// Records grants with their intents: each accept followed by its intent
+/// in one [`SidecarRequest::Many`] (up to half its bound of grants each), so
+/// that one flush makes both durable and the attempt starts without another
+/// call. The sidecar judges the pair exactly as if sent one after the
+/// other; the intent of a grant it refused is refused too and changes
+/// nothing. An intent it could not read in a batch (`Malformed`: a sidecar
+/// older than this) is left to the attempt's driver, which sends it alone;
+/// a batch it could not read at all, or one too large to encode, is sent
+/// again as accepts alone. `None` for a grant not to record.
+async fn record_grants(sidecar: &SidecarClient, records: Vec<Option<Recording>>) -> Vec<Option<Recorded>> {
+    let mut out: Vec<Option<Recorded>> = vec![None; records.len()];
+    let positions: Vec<usize> = records.iter().enumerate().filter(|(_, r)| r.is_some()).map(|(i, _)| i).collect();
+    let pairs: Vec<Recording> = records.into_iter().flatten().collect();
+    let chunks = pairs.chunks(MAX_SIDECAR_MANY / 2).map(|chunk| async move {
+        let many = chunk.iter().flat_map(|r| [r.accept.clone(), r.intent.clone()]).collect();
+        match sidecar.call(&SidecarRequest::Many(many)).await {
+            Ok(SidecarReply::Many(replies)) if replies.len() == 2 * chunk.len() => {
+                let mut replies = replies.into_iter();
+                let mut out = Vec::with_capacity(chunk.len());
+                while let (Some(accepted), Some(intent)) = (replies.next(), replies.next()) {
+                    let intent =
+                        (!matches!(intent, SidecarReply::Refused(SidecarRefusal::Malformed(_)))).then_some(intent);
+                    out.push((Ok(accepted), intent));
+                }
+                out
+            }
+            Ok(SidecarReply::Refused(SidecarRefusal::Malformed(_))) | Err(tenure_machine::ClientError::Encode(_)) => {
+                let alone = chunk
+                    .iter()
+                    .map(|r| async move { (sidecar.call(&r.accept).await.map_err(|e| e.to_string()), None) });
+                futures::future::join_all(alone).await
+            }
+            Ok(other) => vec![(Ok(other), None); chunk.len()],
+            Err(error) => vec![(Err(error.to_string()), None); chunk.len()],
+        }
+    });
+    let mut answers = futures::future::join_all(chunks).await.into_iter().flatten();
+    for position in positions {
+        out[position] = answers.next();
+    }
+    out
 }
 
 /// Counts a refused grant by its reason.

@@ -520,18 +520,29 @@ impl Host {
         }
     }
 
-    /// `daemon::on_grant`: screened by the core, recorded by the sidecar,
-    /// decided by the core. `None`: no answer (the request times out).
+    /// `daemon::on_grants`: screened by the core, recorded by the sidecar
+    /// with its intent (one batch: no crash between them), decided by the
+    /// core. `None`: no answer (the request times out).
     fn on_grant(&mut self, ctx: &mut Ctx, grant: LeaseGrant) -> Option<WorkerReply> {
         let (i, key) = (self.index, (grant.task.clone(), grant.attempt));
         let answer = match self.w().core.screen_grant(&grant) {
             Screened::Answer(answer) => answer,
             Screened::Record => {
+                let intent = self.w().core.intent_for(&grant);
                 let recorded = self.side.call(ctx, i, SidecarRequest::Accept(grant.clone()));
                 if let Some(SidecarReply::Refused(SidecarRefusal::WrongPhase { phase, .. })) = &recorded {
                     ctx.note(|| format!("m{i}: {}#{} is already {phase:?} here", key.0, key.1));
                 }
-                self.w().core.grant_recorded(grant, recorded.ok_or_else(|| "sidecar down".to_string()))
+                let intended = match self.bug {
+                    // The planted bug: the intent is never recorded, yet taken as done.
+                    Bug::SkipIntent => Some(SidecarReply::Ok),
+                    _ => recorded.as_ref().and_then(|_| self.side.call(ctx, i, intent)),
+                };
+                let answer = self.w().core.grant_recorded(grant, recorded.ok_or_else(|| "sidecar down".to_string()));
+                if let (true, Some(intended)) = (answer.drive, intended) {
+                    self.w().core.advance(&key, Done::Sidecar(intended));
+                }
+                answer
             }
             // Only when grants are recorded together, which the model does not do.
             Screened::Recording => return None,
@@ -626,10 +637,6 @@ impl Host {
         let (i, task, attempt) = (self.index, key.0.clone(), key.1);
         let local = self.w().local.get(&key).cloned().unwrap_or_default();
         let done = match action {
-            // The planted bug: the intent is never recorded, yet taken as done.
-            Action::Sidecar(SidecarRequest::Intent { .. }) if self.bug == Bug::SkipIntent => {
-                Some(Done::Sidecar(SidecarReply::Ok))
-            }
             Action::Sidecar(req) => self.side.call(ctx, i, req).map(Done::Sidecar),
             Action::Launch { kill, .. } => {
                 let Some(grant) = self.w().core.held(&key).and_then(|h| h.grant.clone()) else { return };
