@@ -27,8 +27,8 @@ pub(crate) trait BenchApi {
     async fn submit_command(&self, kind: &str, command: &str) -> anyhow::Result<TaskId>;
     /// Submits `n` `noop` tasks in one batch; their ids.
     async fn submit_noops(&self, n: u64) -> anyhow::Result<Vec<TaskId>>;
-    /// Submits, waits, and checks that the task completed.
-    async fn run(&self, kind: &str, command: &str) -> anyhow::Result<()>;
+    /// Submits and waits (one `Run` request), and checks that the task completed.
+    async fn run_to_end(&self, kind: &str, command: &str) -> anyhow::Result<()>;
     /// The cluster's status within [`TIMEOUT`].
     async fn cluster_status(&self) -> anyhow::Result<ClusterStatus>;
 }
@@ -48,11 +48,12 @@ impl BenchApi for Client {
         Ok(done.into_iter().map(|d| d.task).collect())
     }
 
-    async fn run(&self, kind: &str, command: &str) -> anyhow::Result<()> {
-        let task = self.submit_command(kind, command).await?;
-        let end = self.wait_end(&task).await?;
+    async fn run_to_end(&self, kind: &str, command: &str) -> anyhow::Result<()> {
+        let spec = TaskSpec { kind: kind.parse()?, ..TaskSpec::shell("", command) };
+        let req = SubmitRequest { session: self.session().clone(), idempotency_key: uuid::Uuid::new_v4(), spec };
+        let end = self.run(req).await?;
         if end.status != tenure_protocol::Status::Completed {
-            bail!("{task} ended {} ({:?})", end.status, end.detail);
+            bail!("{} ended {} ({:?})", end.id, end.status, end.detail);
         }
         Ok(())
     }

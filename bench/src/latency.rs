@@ -41,7 +41,7 @@ async fn measure_tenure(api: &Api, n: usize, pb: &indicatif::ProgressBar) -> any
         }
         api.wait_end(&task).await?;
         let t0 = Instant::now();
-        api.run("noop", "-").await?;
+        api.run_to_end("noop", "-").await?;
         m.completed.push(t0.elapsed());
         pb.inc(1);
     }
@@ -133,7 +133,7 @@ fn tenure_load(api: &Api, stop: Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<
             let (api, stop) = (api.clone(), stop.clone());
             tokio::spawn(async move {
                 while !stop.load(Ordering::Relaxed) {
-                    api.run("noop", "-").await?;
+                    api.run_to_end("noop", "-").await?;
                 }
                 Ok(())
             })

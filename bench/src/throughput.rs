@@ -36,7 +36,7 @@ pub async fn drive(
         let (api, left, pb) = (api.clone(), left.clone(), pb.cloned());
         loops.push(tokio::spawn(async move {
             while left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1)).is_ok() {
-                api.run(kind, command).await?;
+                api.run_to_end(kind, command).await?;
                 if let Some(pb) = &pb {
                     pb.inc(1);
                 }

@@ -121,3 +121,29 @@ fn a_long_batch_from_stdin_goes_in_requests_of_a_thousand_each_all_or_nothing() 
     assert_eq!(count(&c), 2500);
     assert_eq!(c.snapshot(&ids[1499])["status"], "blocked", "held, as its line asked");
 }
+
+/// `Client::run`: one request submits a task and answers with its end
+/// (reported, as a wait's); run again with the same key, it answers with the
+/// same task's end at once and creates nothing.
+#[test]
+fn run_submits_and_returns_the_end_in_one_request() {
+    let c = Cluster::start(1);
+    c.wait_workers(1);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let owner: tenure_protocol::SessionId = "runner".parse().expect("session");
+    rt.block_on(async {
+        let client = tenure_client::Client::connect(&c.nats_options("client"), "run-test", false, owner.clone())
+            .await
+            .expect("connect");
+        let req = tenure_protocol::messages::SubmitRequest {
+            session: owner.clone(),
+            idempotency_key: uuid::Uuid::new_v4(),
+            spec: tenure_protocol::TaskSpec::shell("ran", "echo ran"),
+        };
+        let end = tokio::time::timeout(BOUND, client.run(req.clone())).await.expect("in time").expect("run");
+        assert_eq!((end.status, end.reported, end.exit_code), (tenure_protocol::Status::Completed, true, Some(0)));
+        let again = tokio::time::timeout(BOUND, client.run(req)).await.expect("in time").expect("run again");
+        assert_eq!(again.id, end.id, "the same key runs nothing new");
+        assert_eq!(client.list(true).await.expect("list").len(), 1);
+    });
+}

@@ -29,7 +29,7 @@ use tenure_protocol::messages::{
 use tenure_protocol::{subjects, SessionId, Status, TaskId, TaskSpec, WorkerId};
 
 pub use input::{message as input_message, InputTarget, SendError};
-pub use retry::{decide, Decision, Failure, Policy, Repeat};
+pub use retry::{decide, Decision, Failure, Policy, Repeat, RUN_WAIT};
 
 /// How long one plain request waits for its answer.
 pub const API_TIMEOUT: Duration = Duration::from_secs(5);
@@ -197,6 +197,26 @@ impl Client {
         match self.request(&ApiRequest::Submit(req), policy).await? {
             ApiResponse::Submitted { task, existing } => Ok(Submitted { task, existing }),
             other => Err(unexpected("submit", other)),
+        }
+    }
+
+    /// Submits `req` and waits for the task's end: one request (`Run`, under
+    /// [`Policy::RUN`], retried with the request's key) that holds its reply
+    /// until the end or [`RUN_WAIT`], then `Wait`s as [`Client::wait_end`].
+    /// A coordinator that cannot read `Run` (older than it) refuses it as
+    /// `InvalidRequest`: then a submit and a wait, in two requests (a spec it
+    /// refuses is refused again by the submit).
+    pub async fn run(&self, req: SubmitRequest) -> Result<TaskSnapshot, Error> {
+        let run = ApiRequest::Run { submit: req.clone(), timeout_ms: RUN_WAIT.as_millis() as u64 };
+        match self.request(&run, &Policy::RUN).await {
+            Ok(ApiResponse::Waited { finished: true, snapshot }) => Ok(snapshot),
+            Ok(ApiResponse::Waited { finished: false, snapshot }) => self.wait_end(&snapshot.id).await,
+            Ok(other) => Err(unexpected("run", other)),
+            Err(Error::Api(ApiError::InvalidRequest(_))) => {
+                let submitted = self.submit_request(req, &Policy::SUBMIT).await?;
+                self.wait_end(&submitted.task).await
+            }
+            Err(e) => Err(e),
         }
     }
 

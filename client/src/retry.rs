@@ -61,6 +61,7 @@ impl Repeat {
     pub fn of(req: &ApiRequest) -> Repeat {
         match req {
             ApiRequest::Submit(_)
+            | ApiRequest::Run { .. }
             | ApiRequest::SubmitBatch(_)
             | ApiRequest::Get { .. }
             | ApiRequest::List { .. }
@@ -86,6 +87,11 @@ impl Repeat {
         }
     }
 }
+
+/// How long one `Run` request waits for the task's end before the client
+/// goes on with `Wait`s: short, so that a reply lost in a takeover is
+/// retried soon.
+pub const RUN_WAIT: Duration = Duration::from_secs(5);
 
 /// How long to keep trying, and how fast.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,6 +129,10 @@ impl Policy {
     /// Sent again with the same keys, a batch creates only what is missing.
     pub const BATCH: Policy =
         Policy { overall: Duration::from_secs(60), per_try: Duration::from_secs(30), ..Policy::SUBMIT };
+
+    /// A submit that waits for the task's end ([`RUN_WAIT`] at most): as
+    /// a submit, but a try may take the wait as well.
+    pub const RUN: Policy = Policy { per_try: Duration::from_secs(5 + RUN_WAIT.as_secs()), ..Policy::SUBMIT };
 
     /// A read (get, list page, status): the same as a submit.
     pub const READ: Policy = Policy::SUBMIT;

@@ -134,6 +134,18 @@ pub enum ApiRequest {
         task: TaskId,
         message: String,
     },
+    /// A `Submit` and a `Wait` for the task it names, in one request: the
+    /// submit is judged as one (a refusal is the answer, and nothing is
+    /// created), then the reply is held as a `Wait`'s, for at most
+    /// `timeout_ms` (capped at [`MAX_WAIT_MS`]): `Waited` with the task's
+    /// end, or with its snapshot so far when the time passed (the client
+    /// then waits on). A retry with the same key waits on the task the
+    /// first created. A coordinator older than it refuses it as
+    /// `InvalidRequest`; clients then submit and wait in two requests.
+    Run {
+        submit: SubmitRequest,
+        timeout_ms: u64,
+    },
 }
 
 /// Longest a single `Wait` request is held by the coordinator.
@@ -166,6 +178,7 @@ impl ApiRequest {
             ApiRequest::Resume { .. } => "resume",
             ApiRequest::Approve { .. } => "approve",
             ApiRequest::KeepInput { .. } => "keep-input",
+            ApiRequest::Run { .. } => "run",
         }
     }
 }
@@ -175,7 +188,7 @@ impl ApiRequest {
     /// the owner the transport vouches for before acting on it.
     pub fn session_mut(&mut self) -> Option<&mut SessionId> {
         match self {
-            ApiRequest::Submit(req) => Some(&mut req.session),
+            ApiRequest::Submit(req) | ApiRequest::Run { submit: req, .. } => Some(&mut req.session),
             ApiRequest::SubmitBatch(req) => Some(&mut req.session),
             ApiRequest::Get { session, .. }
             | ApiRequest::List { session, .. }
@@ -1346,6 +1359,27 @@ pub struct AttemptRecord {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `Run` names its owner where the leader replaces it with the one
+    /// the transport vouches for (the submit's session), and a coordinator
+    /// that predates it cannot read it as anything else (its clients then
+    /// submit and wait in two requests).
+    #[test]
+    fn a_run_acts_for_the_owner_the_transport_vouches_for() {
+        let spec = crate::TaskSpec::shell("t", "true");
+        let submit = SubmitRequest { session: "claimed".parse().unwrap(), idempotency_key: Uuid::new_v4(), spec };
+        let mut run = ApiRequest::Run { submit, timeout_ms: 10 };
+        *run.session_mut().expect("a run acts for an owner") = "vouched".parse().unwrap();
+        let ApiRequest::Run { submit, .. } = &run else { unreachable!() };
+        assert_eq!(submit.session.as_str(), "vouched");
+        #[derive(Deserialize, Debug)]
+        #[allow(dead_code)]
+        enum Old {
+            Submit(SubmitRequest),
+            Wait { session: SessionId, task: crate::TaskId, timeout_ms: u64 },
+        }
+        assert!(crate::decode::<Old>(&crate::encode(&run).unwrap()).is_err());
+    }
 
     /// An older client's `ListPage` (no `before`) decodes as oldest first,
     /// and a newer client's without `before` is the same bytes an older

@@ -112,6 +112,17 @@ impl Core {
     ) {
         let reply = match request {
             ApiRequest::Submit(req) => self.submit(req, trace, now, fx),
+            // A wait for the task the submit names, answered as a `Wait` is.
+            ApiRequest::Run { submit, timeout_ms } => {
+                let session = submit.session.clone();
+                match self.submit(submit, trace, now, fx) {
+                    Ok(ApiResponse::Submitted { task, .. }) => {
+                        let wait = ApiRequest::Wait { session, task, timeout_ms };
+                        return self.api(reply_to, wait, None, now, fx);
+                    }
+                    other => other,
+                }
+            }
             ApiRequest::SubmitBatch(batch) => self.submit_batch(batch, trace, now, fx),
             ApiRequest::Get { session, task } => {
                 self.visible(&session, &task).map(|r| ApiResponse::Snapshot(self.snapshot_of(r)))

@@ -335,6 +335,69 @@ fn kill_paths() {
     assert!(matches!(reply, Some(Ok(ApiResponse::Kill { result: KillResult::AlreadyFinished, .. }))));
 }
 
+/// `Run` is a submit and a wait in one request: the task is stored before
+/// anything else, the reply is held until its end (marked reported, as a
+/// wait's), or until the wait's time with its snapshot so far; a retry with
+/// the same key waits on the same task; a refused spec creates nothing.
+#[test]
+fn run_submits_and_answers_with_the_end() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 2);
+    let key = Uuid::new_v4();
+    let run = |spec: TaskSpec, timeout_ms| ApiRequest::Run {
+        submit: SubmitRequest { session: s("alice"), idempotency_key: key, spec },
+        timeout_ms,
+    };
+    let (fx, reply) = h.api(run(TaskSpec::shell("a", "true"), 5000));
+    assert!(reply.is_none(), "held until the end: {fx:?}");
+    assert!(matches!(fx[0], Effect::Persist(_)), "the task is stored first: {fx:?}");
+    let task = h.core.tasks.values().next().map(|r| r.id.clone()).expect("the task was created");
+    assert_eq!(h.status(&task), Status::Leased);
+    let fx = h.report_effects("w1", &task, 1, completed());
+    let waited = fx.iter().find_map(|e| match e {
+        Effect::Reply { to, reply: Ok(ApiResponse::Waited { finished, snapshot }) } if to == "r" => {
+            Some((*finished, snapshot.clone()))
+        }
+        _ => None,
+    });
+    let (finished, snap) = waited.expect("the run is answered with the end");
+    assert!(finished && snap.reported && snap.id == task && snap.status == Status::Completed, "{snap:?}");
+    let appended = fx.iter().position(|e| matches!(e, Effect::Persist(r) if r.id == task));
+    let replied = fx.iter().position(|e| matches!(e, Effect::Reply { to, .. } if to == "r"));
+    assert!(appended < replied, "the end is stored before the run is answered: {fx:?}");
+
+    // The same key again: the same task, ended, answered at once.
+    let (_, reply) = h.api(run(TaskSpec::shell("a", "true"), 5000));
+    let Some(Ok(ApiResponse::Waited { finished: true, snapshot })) = reply else { panic!("{reply:?}") };
+    assert_eq!(snapshot.id, task);
+    assert_eq!(h.core.tasks.values().count(), 1);
+
+    // A spec the leader refuses: refused at once, nothing created.
+    let bad = ApiRequest::Run {
+        submit: SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec: TaskSpec::shell("b", "") },
+        timeout_ms: 5000,
+    };
+    let (fx, reply) = h.api(bad);
+    assert!(matches!(reply, Some(Err(_))), "{reply:?}");
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))), "{fx:?}");
+    assert_eq!(h.core.tasks.values().count(), 1);
+
+    // A task that does not end in time: its snapshot so far, not reported.
+    let (_, reply) = h.api(ApiRequest::Run {
+        submit: SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec: TaskSpec::shell("c", "x") },
+        timeout_ms: 1000,
+    });
+    assert!(reply.is_none());
+    h.advance(Duration::from_millis(1500));
+    let fx = h.input(Input::Tick);
+    let reply = fx.iter().find_map(|e| match e {
+        Effect::Reply { to, reply } if to == "r" => Some(reply.clone()),
+        _ => None,
+    });
+    let Some(Ok(ApiResponse::Waited { finished: false, snapshot })) = reply else { panic!("{reply:?}") };
+    assert!(!snapshot.reported && !snapshot.status.is_terminal(), "{snapshot:?}");
+}
+
 #[test]
 fn wait_times_out_with_a_live_snapshot_and_does_not_mark_reported() {
     let mut h = Harness::new();
