@@ -436,7 +436,7 @@ async fn on_grants(shared: &Arc<Shared>, grants: Vec<(LeaseGrant, tracing::Span)
     if records.iter().any(Option::is_some) {
         attempt::crash_point("before-record");
     }
-    let recorded = record_grants(&shared.sidecar, records).await;
+    let recorded = record_grants(&shared.sidecar, &records).await;
     if recorded.iter().flatten().any(|(_, intent)| intent == &Some(SidecarReply::Ok)) {
         attempt::crash_point("after-intent");
     }
@@ -498,20 +498,17 @@ type Recorded = (Result<SidecarReply, String>, Option<SidecarReply>);
 /// older than this) is left to the attempt's driver, which sends it alone;
 /// a batch it could not read at all, or one too large to encode, is sent
 /// again as accepts alone. `None` for a grant not to record.
-async fn record_grants(sidecar: &SidecarClient, records: Vec<Option<Recording>>) -> Vec<Option<Recorded>> {
-    let mut out: Vec<Option<Recorded>> = vec![None; records.len()];
-    let positions: Vec<usize> = records.iter().enumerate().filter(|(_, r)| r.is_some()).map(|(i, _)| i).collect();
-    let pairs: Vec<Recording> = records.into_iter().flatten().collect();
+async fn record_grants(sidecar: &SidecarClient, records: &[Option<Recording>]) -> Vec<Option<Recorded>> {
+    let pairs: Vec<&Recording> = records.iter().flatten().collect();
     let chunks = pairs.chunks(MAX_SIDECAR_MANY / 2).map(|chunk| async move {
         let many = chunk.iter().flat_map(|r| [r.accept.clone(), r.intent.clone()]).collect();
         match sidecar.call(&SidecarRequest::Many(many)).await {
             Ok(SidecarReply::Many(replies)) if replies.len() == 2 * chunk.len() => {
+                let unread = |r: &SidecarReply| matches!(r, SidecarReply::Refused(SidecarRefusal::Malformed(_)));
                 let mut replies = replies.into_iter();
                 let mut out = Vec::with_capacity(chunk.len());
                 while let (Some(accepted), Some(intent)) = (replies.next(), replies.next()) {
-                    let intent =
-                        (!matches!(intent, SidecarReply::Refused(SidecarRefusal::Malformed(_)))).then_some(intent);
-                    out.push((Ok(accepted), intent));
+                    out.push((Ok(accepted), (!unread(&intent)).then_some(intent)));
                 }
                 out
             }
@@ -526,10 +523,7 @@ async fn record_grants(sidecar: &SidecarClient, records: Vec<Option<Recording>>)
         }
     });
     let mut answers = futures::future::join_all(chunks).await.into_iter().flatten();
-    for position in positions {
-        out[position] = answers.next();
-    }
-    out
+    records.iter().map(|r| r.as_ref().and_then(|_| answers.next())).collect()
 }
 
 /// Counts a refused grant by its reason.
