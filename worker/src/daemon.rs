@@ -609,3 +609,125 @@ async fn stop_running(shared: &Shared) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::SinkExt;
+    use tenure_protocol::{decode, encode, Attempt, TaskSpec};
+    use tokio::net::UnixListener;
+    use tokio_util::codec::Framed;
+
+    fn recording(n: u64) -> Option<Recording> {
+        let grant = LeaseGrant {
+            input: Vec::new(),
+            task: format!("shell-{n}").parse().unwrap(),
+            attempt: Attempt(1),
+            epoch: Epoch(2),
+            owner: "a".parse().unwrap(),
+            spec: TaskSpec::shell("l", "true"),
+            mark: None,
+        };
+        let intent =
+            SidecarRequest::Intent { task: grant.task.clone(), attempt: Attempt(1), epoch: Epoch(2), trace: None };
+        Some(Recording { accept: SidecarRequest::Accept(grant), intent })
+    }
+
+    /// A sidecar on `path` that answers each request with `answer` and keeps
+    /// every request it read.
+    fn fake_sidecar(
+        path: &std::path::Path,
+        answer: fn(&SidecarRequest) -> SidecarReply,
+    ) -> Arc<Mutex<Vec<SidecarRequest>>> {
+        let listener = UnixListener::bind(path).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let kept = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let seen = kept.clone();
+                tokio::spawn(async move {
+                    let mut conn = Framed::new(stream, tenure_machine::frame_codec());
+                    while let Some(Ok(frame)) = conn.next().await {
+                        let req: SidecarRequest = decode(&frame).unwrap();
+                        let reply = answer(&req);
+                        seen.lock().unwrap().push(req);
+                        conn.send(bytes::Bytes::from(encode(&reply).unwrap())).await.unwrap();
+                    }
+                });
+            }
+        });
+        seen
+    }
+
+    /// This sidecar: a batch is answered request by request; the second
+    /// grant is refused, and so is its intent.
+    fn current(req: &SidecarRequest) -> SidecarReply {
+        let one = |r: &SidecarRequest| match r {
+            SidecarRequest::Accept(g) if g.task.number() == 2 => {
+                SidecarReply::Refused(SidecarRefusal::Storage("disk".into()))
+            }
+            SidecarRequest::Intent { task, .. } if task.number() == 2 => {
+                SidecarReply::Refused(SidecarRefusal::Storage("disk".into()))
+            }
+            _ => SidecarReply::Ok,
+        };
+        match req {
+            SidecarRequest::Many(reqs) => SidecarReply::Many(reqs.iter().map(one).collect()),
+            other => one(other),
+        }
+    }
+
+    /// A sidecar that predates batches: a batch is malformed.
+    fn before_batches(req: &SidecarRequest) -> SidecarReply {
+        match req {
+            SidecarRequest::Many(_) => SidecarReply::Refused(SidecarRefusal::Malformed("unknown variant".into())),
+            _ => SidecarReply::Ok,
+        }
+    }
+
+    /// A sidecar that takes batches but not an intent in one.
+    fn intents_alone(req: &SidecarRequest) -> SidecarReply {
+        let one = |r: &SidecarRequest| match r {
+            SidecarRequest::Intent { .. } => SidecarReply::Refused(SidecarRefusal::Malformed("alone".into())),
+            _ => SidecarReply::Ok,
+        };
+        match req {
+            SidecarRequest::Many(reqs) => SidecarReply::Many(reqs.iter().map(one).collect()),
+            other => one(other),
+        }
+    }
+
+    #[tokio::test]
+    async fn grants_are_recorded_with_their_intents_and_alone_by_an_older_sidecar() {
+        let tmp = tempfile::tempdir().unwrap();
+        let records = vec![recording(1), None, recording(2)];
+
+        // One batch of accept, intent pairs; each grant gets its own two answers.
+        let seen = fake_sidecar(&tmp.path().join("a.sock"), current);
+        let recorded = record_grants(&SidecarClient::new(tmp.path().join("a.sock")), &records).await;
+        let storage = || SidecarReply::Refused(SidecarRefusal::Storage("disk".into()));
+        assert_eq!(
+            recorded,
+            vec![Some((Ok(SidecarReply::Ok), Some(SidecarReply::Ok))), None, Some((Ok(storage()), Some(storage())))]
+        );
+        let seen = seen.lock().unwrap().clone();
+        let pairs: Vec<SidecarRequest> = [&records[0], &records[2]]
+            .into_iter()
+            .flatten()
+            .flat_map(|r| [r.accept.clone(), r.intent.clone()])
+            .collect();
+        assert_eq!(seen, vec![SidecarRequest::Many(pairs)], "one exchange, accept then intent per grant");
+
+        // An older sidecar: each accept again alone, the intents left to the drive.
+        let seen = fake_sidecar(&tmp.path().join("b.sock"), before_batches);
+        let recorded = record_grants(&SidecarClient::new(tmp.path().join("b.sock")), &records).await;
+        assert_eq!(recorded, vec![Some((Ok(SidecarReply::Ok), None)), None, Some((Ok(SidecarReply::Ok), None))]);
+        let accepts = seen.lock().unwrap().iter().filter(|r| matches!(r, SidecarRequest::Accept(_))).count();
+        assert_eq!(accepts, 2, "{:?}", seen.lock().unwrap());
+
+        // One that does not take an intent in a batch: the accept stands, the intent goes alone later.
+        fake_sidecar(&tmp.path().join("c.sock"), intents_alone);
+        let recorded = record_grants(&SidecarClient::new(tmp.path().join("c.sock")), &records).await;
+        assert_eq!(recorded, vec![Some((Ok(SidecarReply::Ok), None)), None, Some((Ok(SidecarReply::Ok), None))]);
+    }
+}
