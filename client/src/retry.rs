@@ -132,7 +132,10 @@ impl Policy {
 
     /// A submit that waits for the task's end ([`RUN_WAIT`] at most): as
     /// a submit, but a try may take the wait as well.
-    pub const RUN: Policy = Policy { per_try: Duration::from_secs(5 + RUN_WAIT.as_secs()), ..Policy::SUBMIT };
+    pub const RUN: Policy = Policy {
+        per_try: Duration::from_secs(Policy::SUBMIT.per_try.as_secs() + RUN_WAIT.as_secs()),
+        ..Policy::SUBMIT
+    };
 
     /// A read (get, list page, status): the same as a submit.
     pub const READ: Policy = Policy::SUBMIT;
