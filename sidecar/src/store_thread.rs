@@ -125,6 +125,13 @@ fn request_name(req: &SidecarRequest) -> &'static str {
 /// still means durable. Should that flush fail, nothing of the batch is known
 /// to be durable: every command of it is refused, and the sidecar serves
 /// degraded (refusing everything) until it is restarted and reloads its store.
+///
+/// A batch of nothing but reads and `Acknowledged` records is answered
+/// without a flush of its own ([`waits_for_a_flush`]): the records become
+/// durable with the next batch's flush (or sled's own writer), and one lost
+/// in a crash only makes the worker report the outcome again, which the
+/// leader acknowledges as a repeat (durability note a7). Its flush no longer
+/// sits in front of the next attempt's accept.
 fn own_machine<S: RecoveryStore>(mut machine: Result<Machine<S>, String>, mut commands: mpsc::Receiver<Command>) {
     while let Some(first) = commands.blocking_recv() {
         let mut batch = vec![first];
@@ -137,11 +144,15 @@ fn own_machine<S: RecoveryStore>(mut machine: Result<Machine<S>, String>, mut co
         if let Ok(m) = &mut machine {
             m.store_mut().defer_flush(true);
         }
+        let flush = batch.iter().any(waits_for_a_flush);
         let answers: Vec<Answer> = batch.into_iter().map(|c| apply(c, &mut machine)).collect();
         let flushed = match &mut machine {
             Ok(m) => {
                 m.store_mut().defer_flush(false);
-                m.store().flush().map_err(|e| format!("flushing the recovery store failed: {e}"))
+                match flush {
+                    true => m.store().flush().map_err(|e| format!("flushing the recovery store failed: {e}")),
+                    false => Ok(()),
+                }
             }
             Err(_) => Ok(()),
         };
@@ -160,6 +171,32 @@ fn own_machine<S: RecoveryStore>(mut machine: Result<Machine<S>, String>, mut co
         if let Err(error) = machine.store().flush() {
             warn!(%error, "final flush of the recovery store failed");
         }
+    }
+}
+
+/// Whether a command's answer must wait for its batch's flush: everything
+/// that may write, except the `Acknowledged` record of an outcome the leader
+/// already has (see [`own_machine`]); reads never wait for one.
+fn waits_for_a_flush(command: &Command) -> bool {
+    fn request(req: &SidecarRequest) -> bool {
+        match req {
+            SidecarRequest::Acknowledged { .. }
+            | SidecarRequest::List
+            | SidecarRequest::ListFrom { .. }
+            | SidecarRequest::Incarnation => false,
+            SidecarRequest::Many(reqs) => reqs.iter().any(request),
+            SidecarRequest::ObserveEpoch(_)
+            | SidecarRequest::Accept(_)
+            | SidecarRequest::Intent { .. }
+            | SidecarRequest::Spawned { .. }
+            | SidecarRequest::Exited { .. }
+            | SidecarRequest::Abandon { .. } => true,
+        }
+    }
+    match command {
+        Command::Handle(req, _) => request(req),
+        Command::OutputOwner(..) | Command::Latest(..) => false,
+        Command::Cleanup(..) | Command::CleanupFence(..) | Command::Evidence(..) => true,
     }
 }
 
@@ -330,6 +367,49 @@ mod tests {
         assert!(storage(&ask(6).await.expect("join")));
         assert!(began.try_recv().is_err(), "a degraded store flushed");
         drop(handle);
+        thread.await.expect("the store thread ends once every handle is gone");
+    }
+
+    /// An `Acknowledged` record, and a read, are answered without a flush
+    /// of their own; every other write still waits for one, which also
+    /// makes the acknowledged record durable.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_acknowledged_record_waits_for_no_flush_of_its_own() {
+        let (open, gate) = sync_mpsc::channel();
+        let (began_tx, began) = sync_mpsc::channel();
+        let store = GatedStore { inner: MemoryStore::new(), began: began_tx, gate };
+        let (handle, thread) = StoreHandle::start(Ok(Machine::restore(store).expect("restore")));
+        let (task, attempt): (TaskId, Attempt) = ("shell-1".parse().unwrap(), Attempt(1));
+        let grant = tenure_protocol::messages::LeaseGrant {
+            input: Vec::new(),
+            task: task.clone(),
+            attempt,
+            epoch: Epoch(2),
+            owner: "a".parse().unwrap(),
+            spec: tenure_protocol::TaskSpec::shell("l", "true"),
+            mark: None,
+        };
+        let outcome = tenure_protocol::Outcome::new(tenure_protocol::Ending::Completed, Some(0), None);
+        let flushed = |req: SidecarRequest| {
+            let handle = handle.clone();
+            let answer = tokio::spawn(async move { handle.handle(req).await });
+            began.recv_timeout(Duration::from_secs(10)).expect("a flush began");
+            open.send(true).expect("gate");
+            answer
+        };
+        for req in [
+            SidecarRequest::Accept(grant),
+            SidecarRequest::Intent { task: task.clone(), attempt, epoch: Epoch(2), trace: None },
+            SidecarRequest::Exited { task: task.clone(), attempt, outcome },
+        ] {
+            assert_eq!(flushed(req).await.expect("join"), SidecarReply::Ok);
+        }
+        let acknowledged = SidecarRequest::Acknowledged { task: task.clone(), attempt };
+        assert_eq!(handle.handle(acknowledged).await, SidecarReply::Ok);
+        assert!(matches!(handle.handle(SidecarRequest::List).await, SidecarReply::Records { .. }));
+        assert!(began.try_recv().is_err(), "an acknowledged record or a read waited for a flush");
+        assert_eq!(flushed(SidecarRequest::ObserveEpoch(Epoch(3))).await.expect("join"), SidecarReply::Ok);
+        drop((handle, open));
         thread.await.expect("the store thread ends once every handle is gone");
     }
 }
