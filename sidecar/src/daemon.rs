@@ -40,7 +40,7 @@ use tenure_transport::identity::{owner, reply_to, Trust};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
 use tokio_util::codec::{Framed, LengthDelimitedCodecError};
-use tracing::{debug, error, info, warn, Instrument};
+use tracing::{debug, error, info, warn};
 
 use crate::core::Machine;
 use crate::store::{self, SledStore};
@@ -325,13 +325,19 @@ fn remove_socket(path: &Path) {
 }
 
 /// A traced attempt's intent is a span of the task's trace: the flush that
-/// makes the attempt "may have run" is worth seeing. `None` for any other
-/// request.
-fn intent_span(req: &SidecarRequest) -> Option<tracing::Span> {
-    let SidecarRequest::Intent { task, attempt, epoch, trace: Some(trace) } = req else { return None };
-    let span = tracing::info_span!("intent", task = %task, attempt = %attempt, epoch = %epoch);
-    tenure_transport::trace::continue_from(&span, tenure_transport::trace::from_traceparent(Some(trace)));
-    Some(span)
+/// makes the attempt "may have run" is worth seeing. The spans of a
+/// request's traced intents (itself, or those of its batch), each lasting
+/// until the request is answered, that is durable.
+fn intent_spans(req: &SidecarRequest) -> Vec<tracing::Span> {
+    match req {
+        SidecarRequest::Intent { task, attempt, epoch, trace: Some(trace) } => {
+            let span = tracing::info_span!("intent", task = %task, attempt = %attempt, epoch = %epoch);
+            tenure_transport::trace::continue_from(&span, tenure_transport::trace::from_traceparent(Some(trace)));
+            vec![span]
+        }
+        SidecarRequest::Many(reqs) => reqs.iter().flat_map(intent_spans).collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Serves one worker connection: requests are answered in order. A malformed
@@ -353,18 +359,12 @@ async fn serve_connection(stream: UnixStream, store: StoreHandle) {
             }
         };
         let reply = match decode::<SidecarRequest>(&frame) {
-            Ok(req @ SidecarRequest::Intent { trace: Some(_), .. }) => {
-                let span = intent_span(&req);
-                store.handle(req).instrument(span.unwrap_or_else(tracing::Span::none)).await
-            }
-            // The spans of a batch's traced intents last until the batch is durable.
-            Ok(SidecarRequest::Many(reqs)) => {
-                let spans: Vec<tracing::Span> = reqs.iter().filter_map(intent_span).collect();
-                let reply = store.handle(SidecarRequest::Many(reqs)).await;
+            Ok(req) => {
+                let spans = intent_spans(&req);
+                let reply = store.handle(req).await;
                 drop(spans);
                 reply
             }
-            Ok(req) => store.handle(req).await,
             Err(error) => {
                 warn!(%error, "malformed request on the sidecar socket");
                 SidecarReply::Refused(SidecarRefusal::Malformed(error.to_string()))

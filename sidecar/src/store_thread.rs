@@ -149,9 +149,10 @@ fn own_machine<S: RecoveryStore>(mut machine: Result<Machine<S>, String>, mut co
         let flushed = match &mut machine {
             Ok(m) => {
                 m.store_mut().defer_flush(false);
-                match flush {
-                    true => m.store().flush().map_err(|e| format!("flushing the recovery store failed: {e}")),
-                    false => Ok(()),
+                if flush {
+                    m.store().flush().map_err(|e| format!("flushing the recovery store failed: {e}"))
+                } else {
+                    Ok(())
                 }
             }
             Err(_) => Ok(()),

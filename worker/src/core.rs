@@ -478,9 +478,10 @@ impl Worker {
     /// is fed back with [`Worker::advance`] once [`Worker::grant_recorded`]
     /// holds the attempt; for a grant not held it changes nothing (the
     /// sidecar refuses an intent for an attempt it did not accept).
-    pub fn intent_for(&self, grant: &LeaseGrant) -> SidecarRequest {
+    /// `trace`: the grant's trace context, for the sidecar's span.
+    pub fn intent_for(&self, grant: &LeaseGrant, trace: Option<String>) -> SidecarRequest {
         let (task, attempt) = (grant.task.clone(), grant.attempt);
-        SidecarRequest::Intent { task, attempt, epoch: grant.epoch.max(self.epoch_seen), trace: None }
+        SidecarRequest::Intent { task, attempt, epoch: grant.epoch.max(self.epoch_seen), trace }
     }
 
     /// What the driver must do next for `key`; `None` when it is not held.

@@ -287,7 +287,7 @@ fn a_grant_recorded_with_its_intent_starts_at_its_launch() {
         w.observe(Epoch(7));
         let key = (grant(3).task, grant(3).attempt);
         assert_eq!(w.screen_grant(&grant(3)), Screened::Record);
-        let intent = w.intent_for(&grant(3));
+        let intent = w.intent_for(&grant(3), None);
         assert_eq!(
             intent,
             SidecarRequest::Intent { task: key.0.clone(), attempt: key.1, epoch: Epoch(7), trace: None },

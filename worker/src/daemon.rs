@@ -422,12 +422,12 @@ async fn on_grants(shared: &Arc<Shared>, grants: Vec<(LeaseGrant, tracing::Span)
             .iter()
             .map(|(grant, span)| {
                 let screened = state.core.screen_grant(grant);
-                let record = (screened == Screened::Record).then(|| {
-                    let mut intent = state.core.intent_for(grant);
-                    if let SidecarRequest::Intent { trace, .. } = &mut intent {
-                        *trace = span.in_scope(tenure_transport::trace::current_traceparent);
+                let record = matches!(screened, Screened::Record).then(|| {
+                    let trace = span.in_scope(tenure_transport::trace::current_traceparent);
+                    Recording {
+                        accept: SidecarRequest::Accept(grant.clone()),
+                        intent: state.core.intent_for(grant, trace),
                     }
-                    Recording { accept: SidecarRequest::Accept(grant.clone()), intent }
                 });
                 (screened, record)
             })
@@ -662,7 +662,7 @@ mod tests {
     /// This sidecar: a batch is answered request by request; the second
     /// grant is refused, and so is its intent.
     fn current(req: &SidecarRequest) -> SidecarReply {
-        let one = |r: &SidecarRequest| match r {
+        each(req, |r| match r {
             SidecarRequest::Accept(g) if g.task.number() == 2 => {
                 SidecarReply::Refused(SidecarRefusal::Storage("disk".into()))
             }
@@ -670,7 +670,11 @@ mod tests {
                 SidecarReply::Refused(SidecarRefusal::Storage("disk".into()))
             }
             _ => SidecarReply::Ok,
-        };
+        })
+    }
+
+    /// `one`'s answer to a request, or to each of a batch's.
+    fn each(req: &SidecarRequest, one: fn(&SidecarRequest) -> SidecarReply) -> SidecarReply {
         match req {
             SidecarRequest::Many(reqs) => SidecarReply::Many(reqs.iter().map(one).collect()),
             other => one(other),
@@ -687,14 +691,10 @@ mod tests {
 
     /// A sidecar that takes batches but not an intent in one.
     fn intents_alone(req: &SidecarRequest) -> SidecarReply {
-        let one = |r: &SidecarRequest| match r {
+        each(req, |r| match r {
             SidecarRequest::Intent { .. } => SidecarReply::Refused(SidecarRefusal::Malformed("alone".into())),
             _ => SidecarReply::Ok,
-        };
-        match req {
-            SidecarRequest::Many(reqs) => SidecarReply::Many(reqs.iter().map(one).collect()),
-            other => one(other),
-        }
+        })
     }
 
     #[tokio::test]

@@ -528,7 +528,7 @@ impl Host {
         let answer = match self.w().core.screen_grant(&grant) {
             Screened::Answer(answer) => answer,
             Screened::Record => {
-                let intent = self.w().core.intent_for(&grant);
+                let intent = self.w().core.intent_for(&grant, None);
                 let recorded = self.side.call(ctx, i, SidecarRequest::Accept(grant.clone()));
                 if let Some(SidecarReply::Refused(SidecarRefusal::WrongPhase { phase, .. })) = &recorded {
                     ctx.note(|| format!("m{i}: {}#{} is already {phase:?} here", key.0, key.1));
