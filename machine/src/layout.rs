@@ -48,6 +48,7 @@ pub enum Error {
 ///
 /// ```text
 /// <root>/sidecar-db/     sled database (recovery records, epoch)
+/// <root>/sidecar-db.commits  its commit log; sidecar-db.epoch: the epoch's mirror
 /// <root>/sidecar.sock    unix socket the worker talks to (only the holder
 ///                        of worker.lock is answered)
 /// <root>/worker.lock     the worker's lock: held (fcntl) for its whole life

@@ -576,7 +576,7 @@ fn revocation_tombstones_survive_a_real_sled_reopen() {
         assert!(matches!(m.handle(intent), SidecarReply::Refused(_)), "attempt {attempt} got an intent");
     };
     {
-        let mut m = Machine::restore(crate::store::SledStore::open(tmp.path()).unwrap()).unwrap();
+        let mut m = Machine::restore(crate::store::SledStore::open(&tmp.path().join("db")).unwrap()).unwrap();
         // Asked before its grant arrived: absent, and tombstoned.
         assert_eq!(m.evidence(&task(), Attempt(2), Epoch(5), None), Ok(RecordView::Absent));
         // Accepted, then asked: revoked and abandoned.
@@ -589,7 +589,7 @@ fn revocation_tombstones_survive_a_real_sled_reopen() {
             revoked(&mut m, attempt);
         }
     }
-    let mut m = Machine::restore(crate::store::SledStore::open(tmp.path()).unwrap()).unwrap();
+    let mut m = Machine::restore(crate::store::SledStore::open(&tmp.path().join("db")).unwrap()).unwrap();
     for attempt in [2, 3, 4] {
         revoked(&mut m, attempt);
     }

@@ -20,13 +20,15 @@
 //!   process holding the worker's lock: a task cannot reach it.
 //!
 //! Code map: [`store`] (the durable records behind the [`RecoveryStore`]
-//! trait), [`core`] (the pure decision logic, [`Machine`]), `store_thread`
+//! trait), [`commit_log`] (what makes a write durable between two flushes of
+//! sled), [`core`] (the pure decision logic, [`Machine`]), `store_thread`
 //! (the one thread that owns the machine, with group commit), [`daemon`]
 //! (socket and NATS IO around it), [`input`] (delivering `tenure send` input
 //! into agent tasks' FIFOs). The machine's files, the socket's framing and
 //! client, the worker's lock and the evidence verdict are `tenure-machine`'s,
 //! shared with the worker.
 
+pub mod commit_log;
 pub mod core;
 pub mod daemon;
 pub mod input;

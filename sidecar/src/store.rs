@@ -6,15 +6,19 @@
 //! fails, to prove a storage failure changes nothing).
 //!
 //! This module stores and loads; it never decides. Whether a write is allowed is
-//! [`crate::service`]'s business. A write that returns `Ok` is durable (flushed to
-//! disk and synced: sled's own flush is not a sync, see [`SledFiles`]). Loading never panics and never gives up because of one bad record:
+//! [`crate::core`]'s business. A write that returns `Ok` is durable: its
+//! operation is synced in the store's commit log ([`crate::commit_log`]), and
+//! sled itself is flushed and synced at checkpoints (sled's own flush is not a
+//! sync, see [`SledFiles`]). Loading never panics and never gives up because of one bad record:
 //! unreadable records are reported in [`Loaded::corrupt`], apart from fatal
 //! failures (an unreadable epoch, a schema from a newer build, sled errors).
 //!
-//! On-disk format (schema 1):
+//! On-disk format (schema 2: schema 1 and the commit log `<path>.commits`;
+//! a schema-1 store is upgraded when opened, before its log is used, and a
+//! build that reads only schema 1 refuses it rather than miss the log):
 //!
 //! ```text
-//! tree "meta":     "schema" -> u32 big-endian (1)
+//! tree "meta":     "schema" -> u32 big-endian (2)
 //!                  "epoch"  -> u64 big-endian
 //!                  "incarnation" -> 16 bytes, a UUID created with the store
 //!                  "mark"   -> crc32 ++ tenure_protocol::encode(&RegistryMark):
@@ -31,8 +35,10 @@ use std::path::{Path, PathBuf};
 use tenure_protocol::messages::{AttemptRecord, RegistryMark};
 use tenure_protocol::{decode, encode, Attempt, CodecError, Epoch, TaskId};
 
+use crate::commit_log::{self, Commit, CommitLog, Op, Tree};
+
 /// The schema this build writes and the newest it reads.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 const META_TREE: &str = "meta";
 const ATTEMPTS_TREE: &str = "attempts";
@@ -68,6 +74,14 @@ pub enum Error {
     /// written may not be durable, so the write is not acknowledged.
     #[error("cannot sync {path} of the recovery store: {source}")]
     Sync { path: PathBuf, source: std::io::Error },
+    /// The store's commit log is gone: the writes acknowledged since its
+    /// last checkpoint may be only there. Refused rather than opened
+    /// without them (see the operations guide).
+    #[error("the recovery store's commit log {path} is missing: the latest acknowledged writes may be lost; restore the file, or treat the machine as replaced (remove the whole store)")]
+    CommitLogMissing { path: PathBuf },
+    /// The commit log cannot be read or written.
+    #[error("recovery store failure: {0}")]
+    Log(#[from] commit_log::Error),
     /// A write refused on purpose by [`FailingStore`].
     #[error("injected storage failure")]
     Injected,
@@ -177,11 +191,14 @@ fn unseal(key: &str, value: &[u8]) -> Result<AttemptRecord, String> {
 
 // ------------------------------------------------------------------ sled
 
-/// The real store: a sled database, flushed and synced after every write.
+/// The real store: a sled database, each write's operation synced in the
+/// commit log, sled flushed and synced at checkpoints.
 pub struct SledStore {
     db: sled::Db,
     /// The syncs sled 0.34 leaves out.
     files: std::sync::Mutex<SledFiles>,
+    /// What makes writes durable between checkpoints.
+    log: std::sync::Mutex<CommitLog>,
     meta: sled::Tree,
     attempts: sled::Tree,
     revoked: sled::Tree,
@@ -193,8 +210,15 @@ pub struct SledStore {
 
 impl SledStore {
     /// Opens (creating if needed) the database at `path`, writes the schema
-    /// version on a fresh database and refuses one from a newer build.
+    /// version on a fresh database, upgrades a schema-1 one and refuses one
+    /// from a newer build, then replays the commit log into it.
     pub fn open(path: &Path) -> Result<SledStore, Error> {
+        SledStore::open_with(path, commit_log::DEFAULT_CAPACITY)
+    }
+
+    /// [`SledStore::open`] with a commit log of `log_capacity` bytes (tests
+    /// use small ones to reach checkpoints).
+    pub fn open_with(path: &Path, log_capacity: u64) -> Result<SledStore, Error> {
         let open_err = |source| Error::Open { path: path.to_path_buf(), source };
         let db = sled::Config::new().path(path).open().map_err(open_err)?;
         let meta = db.open_tree(META_TREE).map_err(open_err)?;
@@ -204,28 +228,59 @@ impl SledStore {
             meta.insert(INCARNATION_KEY, uuid::Uuid::new_v4().as_bytes())?;
             db.flush()?;
         }
-        match meta.get(SCHEMA_KEY)? {
-            None => {
-                meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
-                db.flush()?;
-            }
-            Some(v) => {
-                let found = <[u8; 4]>::try_from(v.as_ref()).map(u32::from_be_bytes).map_err(|_| {
+        let incarnation = meta
+            .get(INCARNATION_KEY)?
+            .and_then(|v| <[u8; 16]>::try_from(v.as_ref()).ok())
+            .ok_or(Error::CorruptMeta { key: INCARNATION_KEY, reason: "not 16 bytes".to_owned() })?;
+        let found =
+            match meta.get(SCHEMA_KEY)? {
+                None => None,
+                Some(v) => Some(<[u8; 4]>::try_from(v.as_ref()).map(u32::from_be_bytes).map_err(|_| {
                     Error::CorruptMeta { key: SCHEMA_KEY, reason: format!("value of {} bytes", v.len()) }
-                })?;
-                if found > SCHEMA_VERSION {
-                    return Err(Error::NewerSchema { found, supported: SCHEMA_VERSION });
-                }
-                if found == 0 {
-                    return Err(Error::CorruptMeta { key: SCHEMA_KEY, reason: "version 0".to_owned() });
-                }
+                })?),
+            };
+        match found {
+            Some(found) if found > SCHEMA_VERSION => {
+                return Err(Error::NewerSchema { found, supported: SCHEMA_VERSION })
             }
+            Some(0) => return Err(Error::CorruptMeta { key: SCHEMA_KEY, reason: "version 0".to_owned() }),
+            _ => {}
+        }
+        // A store of this schema had its log from its first open: without
+        // it, acknowledged writes since the last checkpoint are gone. The
+        // log is created before the schema that needs it is written.
+        let log_path = path.with_extension("commits");
+        if found == Some(SCHEMA_VERSION) && !log_path.exists() {
+            return Err(Error::CommitLogMissing { path: log_path });
+        }
+        let (mut log, replay) = CommitLog::open(&log_path, log_capacity, incarnation)?;
+        if found != Some(SCHEMA_VERSION) {
+            meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
         }
         db.flush()?;
-        let files = SledFiles::open(path)?;
+        let mut files = SledFiles::open(path)?;
+        if !replay.is_empty() {
+            let replayed = replay.len();
+            for op in replay {
+                let tree = |t: Tree| match t {
+                    Tree::Meta => &meta,
+                    Tree::Attempts => &attempts,
+                    Tree::Revoked => &revoked,
+                };
+                match op {
+                    Op::Put { tree: t, key, value } => tree(t).insert(key, value)?,
+                    Op::Remove { tree: t, key } => tree(t).remove(key)?,
+                };
+            }
+            db.flush()?;
+            files.sync()?;
+            tracing::info!(operations = replayed, "recovery store: the commit log was replayed into the database");
+        }
+        log.start()?;
         Ok(SledStore {
             db,
             files: std::sync::Mutex::new(files),
+            log: std::sync::Mutex::new(log),
             meta,
             attempts,
             revoked,
@@ -234,13 +289,20 @@ impl SledStore {
         })
     }
 
+    fn log(&self) -> std::sync::MutexGuard<'_, CommitLog> {
+        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Inserts or replaces many records with one flush: durable together when it
     /// returns `Ok`. For bulk loads (the benchmarks fill a store with it); the
     /// sidecar itself writes one record per request.
     pub fn put_many(&mut self, records: &[AttemptRecord]) -> Result<(), Error> {
         let mut batch = sled::Batch::default();
+        let log = self.log.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
         for record in records {
-            batch.insert(attempt_key(&record.grant.task, record.grant.attempt).as_bytes(), seal(record)?);
+            let (key, value) = (attempt_key(&record.grant.task, record.grant.attempt), seal(record)?);
+            log.put(Tree::Attempts, key.as_bytes(), &value);
+            batch.insert(key.as_bytes(), value);
         }
         self.attempts.apply_batch(batch)?;
         self.flush()
@@ -263,13 +325,45 @@ impl SledStore {
 
     /// Makes every write so far durable: what deferred writes wait for, and
     /// shutdown (timed: the flush is the cost of every acknowledgement the
-    /// sidecar gives).
+    /// sidecar gives). Their operations go to the commit log in one synced
+    /// frame; when they do not fit, the store checkpoints instead.
     pub fn flush(&self) -> Result<(), Error> {
         let started = std::time::Instant::now();
-        self.db.flush()?;
-        self.files.lock().unwrap_or_else(std::sync::PoisonError::into_inner).sync()?;
+        let mut log = self.log();
+        if log.commit()? == Commit::Full {
+            self.checkpoint_with(&mut log)?;
+        }
         crate::metrics::get().flush.record(started.elapsed().as_secs_f64(), &[]);
         Ok(())
+    }
+
+    /// Flushes and syncs sled, then starts the commit log over: everything
+    /// written so far is durable in sled itself, also what was written to
+    /// its trees directly (tests).
+    pub fn checkpoint(&self) -> Result<(), Error> {
+        self.checkpoint_with(&mut self.log())
+    }
+
+    fn checkpoint_with(&self, log: &mut CommitLog) -> Result<(), Error> {
+        self.db.flush()?;
+        self.files.lock().unwrap_or_else(std::sync::PoisonError::into_inner).sync()?;
+        log.start()?;
+        Ok(())
+    }
+
+    /// Writes `value` under `key` in `tree` and records the operation.
+    fn insert(&mut self, tree: Tree, key: &[u8], value: Vec<u8>) -> Result<(), Error> {
+        self.log.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).put(tree, key, &value);
+        self.tree(tree).insert(key, value)?;
+        Ok(())
+    }
+
+    fn tree(&self, tree: Tree) -> &sled::Tree {
+        match tree {
+            Tree::Meta => &self.meta,
+            Tree::Attempts => &self.attempts,
+            Tree::Revoked => &self.revoked,
+        }
     }
 }
 
@@ -328,7 +422,7 @@ impl RecoveryStore for SledStore {
     }
 
     fn put_epoch(&mut self, epoch: Epoch) -> Result<(), Error> {
-        self.meta.insert(EPOCH_KEY, &epoch.0.to_be_bytes())?;
+        self.insert(Tree::Meta, EPOCH_KEY.as_bytes(), epoch.0.to_be_bytes().to_vec())?;
         self.flush()?;
         write_epoch_mirror(&self.epoch_mirror, epoch)?;
         Ok(())
@@ -336,22 +430,24 @@ impl RecoveryStore for SledStore {
 
     fn put(&mut self, record: &AttemptRecord) -> Result<(), Error> {
         let value = seal(record)?;
-        self.attempts.insert(attempt_key(&record.grant.task, record.grant.attempt), value)?;
+        self.insert(Tree::Attempts, attempt_key(&record.grant.task, record.grant.attempt).as_bytes(), value)?;
         self.flush_unless_deferred()
     }
 
     fn remove(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
-        self.attempts.remove(attempt_key(task, attempt))?;
+        let key = attempt_key(task, attempt);
+        self.log.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).remove(Tree::Attempts, key.as_bytes());
+        self.attempts.remove(key)?;
         self.flush_unless_deferred()
     }
 
     fn put_revoked(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
-        self.revoked.insert(attempt_key(task, attempt), &[])?;
+        self.insert(Tree::Revoked, attempt_key(task, attempt).as_bytes(), Vec::new())?;
         self.flush_unless_deferred()
     }
 
     fn put_mark(&mut self, mark: RegistryMark) -> Result<(), Error> {
-        self.meta.insert(MARK_KEY, seal(&mark)?)?;
+        self.insert(Tree::Meta, MARK_KEY.as_bytes(), seal(&mark)?)?;
         self.flush_unless_deferred()
     }
 }
@@ -688,7 +784,7 @@ pub(crate) mod tests {
         let b = record("shell-2", 4, Phase::Exited);
         let c = record("shell-3", 1, Phase::Intent);
         let incarnation = {
-            let mut s = SledStore::open(tmp.path()).unwrap();
+            let mut s = SledStore::open(&tmp.path().join("db")).unwrap();
             let fresh = s.load().unwrap();
             assert_eq!(fresh, Loaded { incarnation: fresh.incarnation, ..Loaded::default() });
             assert!(!fresh.incarnation.is_nil());
@@ -703,14 +799,14 @@ pub(crate) mod tests {
             assert_eq!(sorted(loaded.records), vec![a.clone(), b.clone()]);
             fresh.incarnation
         };
-        let s = reopen(tmp.path());
+        let s = reopen(&tmp.path().join("db"));
         let loaded = s.load().unwrap();
         assert_eq!(loaded.epoch, Epoch(9));
         assert_eq!(sorted(loaded.records), vec![a, b]);
         assert!(loaded.corrupt.is_empty());
         assert_eq!(loaded.incarnation, incarnation, "a store keeps its incarnation");
         let other = tempfile::tempdir().unwrap();
-        assert_ne!(SledStore::open(other.path()).unwrap().load().unwrap().incarnation, incarnation);
+        assert_ne!(SledStore::open(&other.path().join("db")).unwrap().load().unwrap().incarnation, incarnation);
     }
 
     #[test]
@@ -718,11 +814,11 @@ pub(crate) mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mark = RegistryMark { last_seq: 77, highest_task: 12, epoch: Epoch(4) };
         {
-            let mut s = SledStore::open(tmp.path()).unwrap();
+            let mut s = SledStore::open(&tmp.path().join("db")).unwrap();
             assert_eq!(s.load().unwrap().mark, None);
             s.put_mark(mark).unwrap();
         }
-        let s = reopen(tmp.path());
+        let s = reopen(&tmp.path().join("db"));
         assert_eq!(s.load().unwrap().mark, Some(mark));
         let mut v = s.meta.get(MARK_KEY).unwrap().unwrap().to_vec();
         let last = v.len() - 1;
@@ -738,7 +834,7 @@ pub(crate) mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let good = record("shell-1", 1, Phase::Spawned);
         {
-            let mut s = SledStore::open(tmp.path()).unwrap();
+            let mut s = SledStore::open(&tmp.path().join("db")).unwrap();
             s.put(&good).unwrap();
             s.put(&record("shell-2", 1, Phase::Intent)).unwrap();
             // Flip a payload byte of shell-2: the checksum must catch it.
@@ -757,9 +853,9 @@ pub(crate) mod tests {
             s.attempts.insert(b"\xff\xfe", seal(&good).unwrap()).unwrap();
             // A valid record stored under another attempt's key.
             s.attempts.insert("shell-6/0000000002", seal(&record("shell-6", 1, Phase::Accepted)).unwrap()).unwrap();
-            s.flush().unwrap();
+            s.checkpoint().unwrap();
         }
-        let s = reopen(tmp.path());
+        let s = reopen(&tmp.path().join("db"));
         let loaded = s.load().unwrap();
         assert_eq!(loaded.records, vec![good]);
         let keys: Vec<_> = loaded.corrupt.iter().map(|c| c.key.as_str()).collect();
@@ -785,38 +881,38 @@ pub(crate) mod tests {
     fn sled_refuses_a_newer_schema_and_a_corrupt_epoch() {
         let tmp = tempfile::tempdir().unwrap();
         {
-            let s = SledStore::open(tmp.path()).unwrap();
+            let s = SledStore::open(&tmp.path().join("db")).unwrap();
             s.meta.insert(SCHEMA_KEY, &(SCHEMA_VERSION + 1).to_be_bytes()).unwrap();
-            s.flush().unwrap();
+            s.checkpoint().unwrap();
         }
         let deadline = Instant::now() + std::time::Duration::from_secs(10);
-        let mut opened = SledStore::open(tmp.path());
+        let mut opened = SledStore::open(&tmp.path().join("db"));
         while matches!(&opened, Err(e) if e.to_string().contains("could not acquire lock")) && Instant::now() < deadline
         {
             std::thread::sleep(std::time::Duration::from_millis(20));
-            opened = SledStore::open(tmp.path());
+            opened = SledStore::open(&tmp.path().join("db"));
         }
         match opened {
-            Err(Error::NewerSchema { found, supported }) => assert_eq!((found, supported), (2, 1)),
+            Err(Error::NewerSchema { found, supported }) => assert_eq!((found, supported), (3, 2)),
             Err(e) => panic!("unexpected error {e}"),
             Ok(_) => panic!("a newer schema was accepted"),
         }
 
         let tmp = tempfile::tempdir().unwrap();
         {
-            let s = SledStore::open(tmp.path()).unwrap();
+            let s = SledStore::open(&tmp.path().join("db")).unwrap();
             s.meta.insert(EPOCH_KEY, b"xyz".to_vec()).unwrap();
-            s.flush().unwrap();
+            s.checkpoint().unwrap();
         }
-        let s = reopen(tmp.path());
+        let s = reopen(&tmp.path().join("db"));
         assert!(matches!(s.load(), Err(Error::CorruptMeta { key: EPOCH_KEY, .. })));
     }
 
     #[test]
     fn sled_second_open_of_a_held_database_fails() {
         let tmp = tempfile::tempdir().unwrap();
-        let _first = SledStore::open(tmp.path()).unwrap();
-        assert!(matches!(SledStore::open(tmp.path()), Err(Error::Open { .. })));
+        let _first = SledStore::open(&tmp.path().join("db")).unwrap();
+        assert!(matches!(SledStore::open(&tmp.path().join("db")), Err(Error::Open { .. })));
     }
 
     #[test]
@@ -824,7 +920,7 @@ pub(crate) mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let n = 10_000u32;
         {
-            let s = SledStore::open(tmp.path()).unwrap();
+            let s = SledStore::open(&tmp.path().join("db")).unwrap();
             // One flush for the whole batch: the load is what is measured here.
             let mut batch = sled::Batch::default();
             for i in 1..=n {
@@ -832,10 +928,10 @@ pub(crate) mod tests {
                 batch.insert(attempt_key(&r.grant.task, r.grant.attempt).as_bytes(), seal(&r).unwrap());
             }
             s.attempts.apply_batch(batch).unwrap();
-            s.flush().unwrap();
+            s.checkpoint().unwrap();
         }
         let opened = Instant::now();
-        let s = reopen(tmp.path());
+        let s = reopen(&tmp.path().join("db"));
         let loading = Instant::now();
         let loaded = s.load().unwrap();
         let done = Instant::now();
@@ -847,6 +943,70 @@ pub(crate) mod tests {
             loaded.records.len(),
             done - loading
         );
+    }
+
+    /// Writes through a commit log so small that most flushes checkpoint,
+    /// removes and revocations among them, and reads the same back after a
+    /// reopen; then the same store with its default log.
+    #[test]
+    fn sled_writes_through_a_full_commit_log_are_checkpointed() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (kept, removed) = (record("shell-1", 1, Phase::Exited), record("shell-2", 1, Phase::Intent));
+        {
+            let mut s = SledStore::open_with(&tmp.path().join("db"), 4096).unwrap();
+            s.defer_flush(true);
+            for i in 0..40 {
+                s.put(&record("shell-3", i, Phase::Accepted)).unwrap();
+            }
+            s.flush().unwrap();
+            s.defer_flush(false);
+            s.put(&kept).unwrap();
+            s.put(&removed).unwrap();
+            s.remove(&removed.grant.task, removed.grant.attempt).unwrap();
+            s.put_revoked(&removed.grant.task, Attempt(2)).unwrap();
+            s.put_epoch(Epoch(5)).unwrap();
+        }
+        let s = reopen(&tmp.path().join("db"));
+        let loaded = s.load().unwrap();
+        assert_eq!(loaded.records.len(), 41);
+        assert!(loaded.records.contains(&kept) && !loaded.records.contains(&removed));
+        assert_eq!(loaded.revoked, vec![(removed.grant.task.clone(), Attempt(2))]);
+        assert_eq!(loaded.epoch, Epoch(5));
+    }
+
+    /// A store written by a build before the commit log (schema 1) opens,
+    /// keeps its records and is marked schema 2, so that such a build
+    /// refuses it from then on rather than miss the log; and a schema-2
+    /// store whose log was deleted is refused.
+    #[test]
+    fn sled_upgrades_a_schema_one_store() {
+        let tmp = tempfile::tempdir().unwrap();
+        let a = record("shell-1", 1, Phase::Spawned);
+        {
+            let mut s = SledStore::open(&tmp.path().join("db")).unwrap();
+            s.put(&a).unwrap();
+            s.meta.insert(SCHEMA_KEY, &1u32.to_be_bytes()).unwrap();
+            s.checkpoint().unwrap();
+        }
+        std::fs::remove_file(tmp.path().join("db.commits")).unwrap();
+        let s = reopen(&tmp.path().join("db"));
+        assert_eq!(s.load().unwrap().records, vec![a]);
+        assert_eq!(s.meta.get(SCHEMA_KEY).unwrap().unwrap().as_ref(), SCHEMA_VERSION.to_be_bytes());
+        assert!(tmp.path().join("db.commits").exists(), "the log is created");
+        drop(s);
+        // From now on the log belongs to the store: without it, refused.
+        std::fs::remove_file(tmp.path().join("db.commits")).unwrap();
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        let refused = loop {
+            match SledStore::open(&tmp.path().join("db")) {
+                Err(e) if Instant::now() < deadline && e.to_string().contains("could not acquire lock") => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                other => break other,
+            }
+        };
+        assert!(matches!(refused, Err(Error::CommitLogMissing { .. })), "{:?}", refused.err());
+        assert!(!tmp.path().join("db.commits").exists(), "and nothing was created in its place");
     }
 
     #[test]
