@@ -230,7 +230,9 @@ impl CommitLog {
 
 /// Creates the log file full of zeros and makes it and its name durable.
 fn create(path: &Path, capacity: u64) -> io::Result<File> {
-    let tmp = path.with_extension("tmp");
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
     let mut file = OpenOptions::new().read(true).write(true).create(true).truncate(true).open(&tmp)?;
     let zeros = vec![0u8; 64 * 1024];
     let mut left = capacity;

@@ -297,14 +297,19 @@ impl SledStore {
     /// returns `Ok`. For bulk loads (the benchmarks fill a store with it); the
     /// sidecar itself writes one record per request.
     pub fn put_many(&mut self, records: &[AttemptRecord]) -> Result<(), Error> {
+        let sealed = records
+            .iter()
+            .map(|r| Ok((attempt_key(&r.grant.task, r.grant.attempt), seal(r)?)))
+            .collect::<Result<Vec<_>, Error>>()?;
         let mut batch = sled::Batch::default();
-        let log = self.log.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for record in records {
-            let (key, value) = (attempt_key(&record.grant.task, record.grant.attempt), seal(record)?);
-            log.put(Tree::Attempts, key.as_bytes(), &value);
-            batch.insert(key.as_bytes(), value);
+        for (key, value) in &sealed {
+            batch.insert(key.as_bytes(), value.as_slice());
         }
         self.attempts.apply_batch(batch)?;
+        let log = self.log.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (key, value) in &sealed {
+            log.put(Tree::Attempts, key.as_bytes(), value);
+        }
         self.flush()
     }
 
@@ -351,10 +356,11 @@ impl SledStore {
         Ok(())
     }
 
-    /// Writes `value` under `key` in `tree` and records the operation.
+    /// Writes `value` under `key` in `tree` and, once sled took it, records
+    /// the operation for the next commit.
     fn insert(&mut self, tree: Tree, key: &[u8], value: Vec<u8>) -> Result<(), Error> {
+        self.tree(tree).insert(key, value.as_slice())?;
         self.log.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).put(tree, key, &value);
-        self.tree(tree).insert(key, value)?;
         Ok(())
     }
 
@@ -436,8 +442,8 @@ impl RecoveryStore for SledStore {
 
     fn remove(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
         let key = attempt_key(task, attempt);
+        self.attempts.remove(key.as_bytes())?;
         self.log.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).remove(Tree::Attempts, key.as_bytes());
-        self.attempts.remove(key)?;
         self.flush_unless_deferred()
     }
 
