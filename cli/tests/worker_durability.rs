@@ -266,7 +266,11 @@ fn an_unopenable_store_degrades_the_sidecar_instead_of_crashing_it() {
 }
 
 fn corrupt_first_record(c: &Cluster) {
-    let db = sled::open(c.worker_dir("w1").join("sidecar-db")).unwrap();
+    let dir = c.worker_dir("w1").join("sidecar-db");
+    // The killed sidecar's latest writes may be only in the store's commit
+    // log: opening the store replays them into the database first.
+    drop(eventually(BOUND, || tenure_sidecar::SledStore::open(&dir).ok()).expect("open the store"));
+    let db = eventually(BOUND, || sled::open(&dir).ok()).expect("open the database");
     let tree = db.open_tree("attempts").unwrap();
     let (key, value) = tree.iter().next().expect("a record").unwrap();
     let mut bytes = value.to_vec();
