@@ -340,6 +340,15 @@ mod tests {
         Op::Put { tree: Tree::Attempts, key: key.into(), value: value.into() }
     }
 
+    /// A new log in `dir` with its first generation started.
+    fn started(dir: &tempfile::TempDir, capacity: u64) -> (CommitLog, PathBuf) {
+        let path = dir.path().join("store.commits");
+        let (mut log, ops) = CommitLog::open(&path, capacity, ME).unwrap();
+        assert!(ops.is_empty());
+        log.start().unwrap();
+        (log, path)
+    }
+
     fn record(log: &mut CommitLog, op: &Op) {
         match op {
             Op::Put { tree, key, value } => log.put(*tree, key, value),
@@ -350,11 +359,8 @@ mod tests {
     #[test]
     fn commits_are_read_back_in_order_and_a_new_generation_hides_them() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store.commits");
-        let (mut log, ops) = CommitLog::open(&path, 64 * 1024, ME).unwrap();
-        assert!(ops.is_empty());
+        let (mut log, path) = started(&dir, 64 * 1024);
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 64 * 1024, "created at its full size");
-        log.start().unwrap();
         let written = [put("a", "1"), Op::Remove { tree: Tree::Revoked, key: b"b".to_vec() }, put("a", "2")];
         record(&mut log, &written[0]);
         assert_eq!(log.commit().unwrap(), Commit::Synced);
@@ -380,9 +386,7 @@ mod tests {
     #[test]
     fn a_torn_or_damaged_frame_ends_the_log() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store.commits");
-        let (mut log, _) = CommitLog::open(&path, 64 * 1024, ME).unwrap();
-        log.start().unwrap();
+        let (mut log, path) = started(&dir, 64 * 1024);
         let mut ends = Vec::new();
         for i in 0..3 {
             record(&mut log, &put(&format!("k{i}"), "v"));
@@ -409,9 +413,7 @@ mod tests {
     #[test]
     fn a_whole_frame_that_does_not_decode_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store.commits");
-        let (mut log, _) = CommitLog::open(&path, 64 * 1024, ME).unwrap();
-        log.start().unwrap();
+        let (mut log, path) = started(&dir, 64 * 1024);
         log.pending = vec![9, 1, 0, 0, 0, 0];
         log.commit().unwrap();
         drop(log);
@@ -425,9 +427,7 @@ mod tests {
     #[test]
     fn a_commit_that_does_not_fit_is_left_to_a_checkpoint() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("store.commits");
-        let (mut log, _) = CommitLog::open(&path, 4096, ME).unwrap();
-        log.start().unwrap();
+        let (mut log, path) = started(&dir, 4096);
         log.put(Tree::Attempts, b"big", &[1; 5000]);
         assert_eq!(log.commit().unwrap(), Commit::Full);
         log.start().unwrap();

@@ -768,19 +768,22 @@ pub(crate) mod tests {
         assert_eq!(store.load().unwrap().epoch, Epoch(7));
     }
 
-    /// Reopens a database just closed in this process: sled's background
+    /// Opens a database just closed in this process: sled's background
     /// flusher may hold the file lock for a moment after the last handle drops.
-    fn reopen(path: &Path) -> SledStore {
+    fn open_again(path: &Path) -> Result<SledStore, Error> {
         let deadline = Instant::now() + std::time::Duration::from_secs(10);
         loop {
             match SledStore::open(path) {
-                Ok(s) => return s,
                 Err(e) if Instant::now() < deadline && e.to_string().contains("could not acquire lock") => {
                     std::thread::sleep(std::time::Duration::from_millis(20))
                 }
-                Err(e) => panic!("reopen: {e}"),
+                opened => return opened,
             }
         }
+    }
+
+    fn reopen(path: &Path) -> SledStore {
+        open_again(path).unwrap_or_else(|e| panic!("reopen: {e}"))
     }
 
     #[test]
@@ -891,14 +894,7 @@ pub(crate) mod tests {
             s.meta.insert(SCHEMA_KEY, &(SCHEMA_VERSION + 1).to_be_bytes()).unwrap();
             s.checkpoint().unwrap();
         }
-        let deadline = Instant::now() + std::time::Duration::from_secs(10);
-        let mut opened = SledStore::open(&tmp.path().join("db"));
-        while matches!(&opened, Err(e) if e.to_string().contains("could not acquire lock")) && Instant::now() < deadline
-        {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-            opened = SledStore::open(&tmp.path().join("db"));
-        }
-        match opened {
+        match open_again(&tmp.path().join("db")) {
             Err(Error::NewerSchema { found, supported }) => assert_eq!((found, supported), (3, 2)),
             Err(e) => panic!("unexpected error {e}"),
             Ok(_) => panic!("a newer schema was accepted"),
@@ -1002,15 +998,7 @@ pub(crate) mod tests {
         drop(s);
         // From now on the log belongs to the store: without it, refused.
         std::fs::remove_file(tmp.path().join("db.commits")).unwrap();
-        let deadline = Instant::now() + std::time::Duration::from_secs(10);
-        let refused = loop {
-            match SledStore::open(&tmp.path().join("db")) {
-                Err(e) if Instant::now() < deadline && e.to_string().contains("could not acquire lock") => {
-                    std::thread::sleep(std::time::Duration::from_millis(20))
-                }
-                other => break other,
-            }
-        };
+        let refused = open_again(&tmp.path().join("db"));
         assert!(matches!(refused, Err(Error::CommitLogMissing { .. })), "{:?}", refused.err());
         assert!(!tmp.path().join("db.commits").exists(), "and nothing was created in its place");
     }
