@@ -126,12 +126,14 @@ fn request_name(req: &SidecarRequest) -> &'static str {
 /// to be durable: every command of it is refused, and the sidecar serves
 /// degraded (refusing everything) until it is restarted and reloads its store.
 ///
-/// A batch of nothing but reads and `Acknowledged` records is answered
-/// without a flush of its own ([`waits_for_a_flush`]): the records become
-/// durable with the next batch's flush (or sled's own writer), and one lost
-/// in a crash only makes the worker report the outcome again, which the
-/// leader acknowledges as a repeat (durability note a7). Its flush no longer
-/// sits in front of the next attempt's accept.
+/// A batch of nothing but reads, `Spawned` and `Acknowledged` records is
+/// answered without a flush of its own ([`waits_for_a_flush`]): the records
+/// become durable with the next batch's flush (or a checkpoint). An
+/// `Acknowledged` lost in a crash only makes the worker report the outcome
+/// again, which the leader acknowledges as a repeat (durability note a7); a
+/// `Spawned` lost leaves the attempt at `intent`, which every decision
+/// treats exactly as `spawned` (note a9). Their flushes no longer sit in
+/// front of the next attempt's accept.
 fn own_machine<S: RecoveryStore>(mut machine: Result<Machine<S>, String>, mut commands: mpsc::Receiver<Command>) {
     while let Some(first) = commands.blocking_recv() {
         let mut batch = vec![first];
@@ -177,11 +179,13 @@ fn own_machine<S: RecoveryStore>(mut machine: Result<Machine<S>, String>, mut co
 
 /// Whether a command's answer must wait for its batch's flush: everything
 /// that may write, except the `Acknowledged` record of an outcome the leader
-/// already has (see [`own_machine`]); reads never wait for one.
+/// already has and the `Spawned` record of a shim's pid (see
+/// [`own_machine`]); reads never wait for one.
 fn waits_for_a_flush(command: &Command) -> bool {
     fn request(req: &SidecarRequest) -> bool {
         match req {
             SidecarRequest::Acknowledged { .. }
+            | SidecarRequest::Spawned { .. }
             | SidecarRequest::List
             | SidecarRequest::ListFrom { .. }
             | SidecarRequest::Incarnation => false,
@@ -189,7 +193,6 @@ fn waits_for_a_flush(command: &Command) -> bool {
             SidecarRequest::ObserveEpoch(_)
             | SidecarRequest::Accept(_)
             | SidecarRequest::Intent { .. }
-            | SidecarRequest::Spawned { .. }
             | SidecarRequest::Exited { .. }
             | SidecarRequest::Abandon { .. } => true,
         }
@@ -375,7 +378,7 @@ mod tests {
     /// of their own; every other write still waits for one, which also
     /// makes the acknowledged record durable.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_acknowledged_record_waits_for_no_flush_of_its_own() {
+    async fn spawned_and_acknowledged_records_wait_for_no_flush_of_their_own() {
         let (open, gate) = sync_mpsc::channel();
         let (began_tx, began) = sync_mpsc::channel();
         let store = GatedStore { inner: MemoryStore::new(), began: began_tx, gate };
@@ -401,10 +404,15 @@ mod tests {
         for req in [
             SidecarRequest::Accept(grant),
             SidecarRequest::Intent { task: task.clone(), attempt, epoch: Epoch(2), trace: None },
-            SidecarRequest::Exited { task: task.clone(), attempt, outcome },
         ] {
             assert_eq!(flushed(req).await.expect("join"), SidecarReply::Ok);
         }
+        let spawned = SidecarRequest::Spawned { task: task.clone(), attempt, pid: 4242 };
+        let answered = tokio::time::timeout(Duration::from_secs(10), handle.handle(spawned)).await;
+        assert_eq!(answered.expect("answered without waiting for a flush"), SidecarReply::Ok);
+        assert!(began.try_recv().is_err(), "a spawned record waited for a flush");
+        let exited = SidecarRequest::Exited { task: task.clone(), attempt, outcome };
+        assert_eq!(flushed(exited).await.expect("join"), SidecarReply::Ok);
         let acknowledged = SidecarRequest::Acknowledged { task: task.clone(), attempt };
         assert_eq!(handle.handle(acknowledged).await, SidecarReply::Ok);
         assert!(matches!(handle.handle(SidecarRequest::List).await, SidecarReply::Records { .. }));
