@@ -253,31 +253,13 @@ impl SledStore {
         if found == Some(SCHEMA_VERSION) && !log_path.exists() {
             return Err(Error::CommitLogMissing { path: log_path });
         }
-        let (mut log, replay) = CommitLog::open(&log_path, log_capacity, incarnation)?;
+        let (log, replay) = CommitLog::open(&log_path, log_capacity, incarnation)?;
         if found != Some(SCHEMA_VERSION) {
             meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
         }
         db.flush()?;
-        let mut files = SledFiles::open(path)?;
-        if !replay.is_empty() {
-            let replayed = replay.len();
-            for op in replay {
-                let tree = |t: Tree| match t {
-                    Tree::Meta => &meta,
-                    Tree::Attempts => &attempts,
-                    Tree::Revoked => &revoked,
-                };
-                match op {
-                    Op::Put { tree: t, key, value } => tree(t).insert(key, value)?,
-                    Op::Remove { tree: t, key } => tree(t).remove(key)?,
-                };
-            }
-            db.flush()?;
-            files.sync()?;
-            tracing::info!(operations = replayed, "recovery store: the commit log was replayed into the database");
-        }
-        log.start()?;
-        Ok(SledStore {
+        let files = SledFiles::open(path)?;
+        let store = SledStore {
             db,
             files: std::sync::Mutex::new(files),
             log: std::sync::Mutex::new(log),
@@ -286,11 +268,29 @@ impl SledStore {
             revoked,
             epoch_mirror: path.with_extension("epoch"),
             deferred: false,
-        })
+        };
+        let replayed = replay.len();
+        for op in replay {
+            match op {
+                Op::Put { tree, key, value } => store.tree(tree).insert(key, value)?,
+                Op::Remove { tree, key } => store.tree(tree).remove(key)?,
+            };
+        }
+        // sled now holds what the log held: durable, and a new generation.
+        store.checkpoint()?;
+        if replayed > 0 {
+            tracing::info!(operations = replayed, "recovery store: the commit log was replayed into the database");
+        }
+        Ok(store)
     }
 
     fn log(&self) -> std::sync::MutexGuard<'_, CommitLog> {
         self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The log, for recording an operation (the store is being written).
+    fn log_mut(&mut self) -> &mut CommitLog {
+        self.log.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Inserts or replaces many records with one flush: durable together when it
@@ -306,7 +306,7 @@ impl SledStore {
             batch.insert(key.as_bytes(), value.as_slice());
         }
         self.attempts.apply_batch(batch)?;
-        let log = self.log.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let log = self.log_mut();
         for (key, value) in &sealed {
             log.put(Tree::Attempts, key.as_bytes(), value);
         }
@@ -360,7 +360,14 @@ impl SledStore {
     /// the operation for the next commit.
     fn insert(&mut self, tree: Tree, key: &[u8], value: Vec<u8>) -> Result<(), Error> {
         self.tree(tree).insert(key, value.as_slice())?;
-        self.log.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).put(tree, key, &value);
+        self.log_mut().put(tree, key, &value);
+        Ok(())
+    }
+
+    /// Removes `key` from `tree` and, once sled did, records the operation.
+    fn delete(&mut self, tree: Tree, key: &[u8]) -> Result<(), Error> {
+        self.tree(tree).remove(key)?;
+        self.log_mut().remove(tree, key);
         Ok(())
     }
 
@@ -441,9 +448,7 @@ impl RecoveryStore for SledStore {
     }
 
     fn remove(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
-        let key = attempt_key(task, attempt);
-        self.attempts.remove(key.as_bytes())?;
-        self.log.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).remove(Tree::Attempts, key.as_bytes());
+        self.delete(Tree::Attempts, attempt_key(task, attempt).as_bytes())?;
         self.flush_unless_deferred()
     }
 
