@@ -7,9 +7,12 @@
 //! over a unix socket (`tenure_machine::SidecarClient`); clients read task output from it over
 //! NATS, and send input to running `agent` tasks through it.
 //!
-//! - **Every mutating request is flushed to disk and synced before the sidecar
-//!   replies.** An `Ok` means durable, power loss included; a storage failure is a refusal that changed nothing.
-//!   Requests that arrive together share one flush (group commit).
+//! - **Every mutating request is synced before the sidecar replies** (its
+//!   operation in the store's commit log), but `spawned` and `acknowledged`,
+//!   which become durable with the next flush (durability notes a9, a7). An
+//!   `Ok` means durable, power loss included; a storage failure is a refusal
+//!   that changed nothing. Requests that arrive together share one flush
+//!   (group commit).
 //! - **It refuses lower epochs.** The highest epoch seen is persisted, and any
 //!   request carrying a lower one is refused with `StaleEpoch`.
 //! - **It never starts or kills processes.** It records what the worker did and
