@@ -7,7 +7,7 @@
 //! the thread that asked. A sled flush hands its write to sled's own IO
 //! threads and ends in `sync_file_range`, and sled still needs tenure's
 //! `fdatasync` after it (see `SledFiles` in [`crate::store`]): it is now
-//! paid once per [`CommitLog::capacity`] bytes of operations (a
+//! paid once per log's worth of operations ([`DEFAULT_CAPACITY`]: a
 //! *checkpoint*), not once per acknowledgement.
 //!
 //! **Layout.** A file of fixed size, written with zeros and synced (with its
@@ -146,11 +146,6 @@ impl CommitLog {
         Ok((log, ops))
     }
 
-    /// The bytes of operations the log holds between two checkpoints.
-    pub fn capacity(&self) -> u64 {
-        self.capacity
-    }
-
     fn read(&self, bytes: &[u8]) -> Result<Vec<Op>, Error> {
         let mut frames = Frames { bytes, at: 0, generation: None, seq: 0 };
         let Some(start) = frames.next() else { return Ok(Vec::new()) };
@@ -243,11 +238,7 @@ fn create(path: &Path, capacity: u64) -> io::Result<File> {
     }
     file.sync_all()?;
     std::fs::rename(&tmp, path)?;
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    File::open(dir)?.sync_all()?;
+    tenure_machine::layout::sync_dir(crate::store::parent_dir(path))?;
     Ok(file)
 }
 

@@ -224,14 +224,18 @@ impl SledStore {
         let meta = db.open_tree(META_TREE).map_err(open_err)?;
         let attempts = db.open_tree(ATTEMPTS_TREE).map_err(open_err)?;
         let revoked = db.open_tree(REVOKED_TREE).map_err(open_err)?;
-        if meta.get(INCARNATION_KEY)?.is_none() {
-            meta.insert(INCARNATION_KEY, uuid::Uuid::new_v4().as_bytes())?;
-            db.flush()?;
-        }
-        let incarnation = meta
-            .get(INCARNATION_KEY)?
-            .and_then(|v| <[u8; 16]>::try_from(v.as_ref()).ok())
-            .ok_or(Error::CorruptMeta { key: INCARNATION_KEY, reason: "not 16 bytes".to_owned() })?;
+        let incarnation = match meta.get(INCARNATION_KEY)? {
+            Some(v) => <[u8; 16]>::try_from(v.as_ref()).map_err(|_| Error::CorruptMeta {
+                key: INCARNATION_KEY,
+                reason: format!("value of {} bytes", v.len()),
+            })?,
+            None => {
+                let fresh = *uuid::Uuid::new_v4().as_bytes();
+                meta.insert(INCARNATION_KEY, &fresh)?;
+                db.flush()?;
+                fresh
+            }
+        };
         let found =
             match meta.get(SCHEMA_KEY)? {
                 None => None,
@@ -551,7 +555,7 @@ impl SledFiles {
 }
 
 /// The directory holding `path` (`.` for a bare name).
-fn parent_dir(path: &Path) -> &Path {
+pub(crate) fn parent_dir(path: &Path) -> &Path {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
