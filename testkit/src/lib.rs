@@ -246,13 +246,23 @@ impl NatsCluster {
     }
 }
 
-/// Original port → free port, shared by the files of one cluster.
+/// Original port → free port, shared by the files of one cluster. Each
+/// original gets a port of its own: the kernel may hand out the same free
+/// port twice when nothing holds it between two asks (two nodes then
+/// fought over one port, and the cluster never formed).
 #[derive(Default)]
 struct PortMap(std::collections::HashMap<u16, u16>);
 
 impl PortMap {
     fn get(&mut self, original: u16) -> u16 {
-        *self.0.entry(original).or_insert_with(free_port)
+        if let Some(&port) = self.0.get(&original) {
+            return port;
+        }
+        let port = std::iter::repeat_with(free_port)
+            .find(|p| !self.0.values().any(|taken| taken == p))
+            .expect("an endless supply of free ports");
+        self.0.insert(original, port);
+        port
     }
 }
 
