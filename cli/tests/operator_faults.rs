@@ -11,7 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::{group_alive, Cluster, FAST_LEASE};
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use tenure_testkit::eventually;
 
@@ -84,21 +84,30 @@ fn a_wiped_machine_never_runs_its_tasks_again_and_says_its_store_was_replaced() 
     // The machine goes down with everything on it: daemons, shims, tasks.
     // A shim records its task's group just after spawning it, so a task
     // can write its ledger line first: wait (bounded) for all three.
+    // The shims go too: a shim that outlived its task would write the
+    // task's ending into the directory being wiped.
     let recorded = || {
-        let groups: Vec<i32> = std::fs::read_dir(c.worker_dir("w1").join("attempts"))
-            .ok()?
-            .filter_map(|e| tenure_machine::attempt_files::AttemptFiles::new(e.ok()?.path()).pgid())
-            .collect();
-        (groups.len() == 3).then_some(groups)
+        let attempts: Vec<(i32, tenure_machine::process::ProcessId)> =
+            std::fs::read_dir(c.worker_dir("w1").join("attempts"))
+                .ok()?
+                .filter_map(|e| {
+                    let files = tenure_machine::attempt_files::AttemptFiles::new(e.ok()?.path());
+                    Some((files.pgid()?, files.shim()?))
+                })
+                .collect();
+        (attempts.len() == 3).then_some(attempts)
     };
-    let groups = eventually(BOUND, recorded).expect("three task groups recorded");
+    let attempts = eventually(BOUND, recorded).expect("three shims and task groups recorded");
     c.kill9("worker-w1");
     c.kill9("sidecar-w1");
-    for g in &groups {
-        let _ = killpg(Pid::from_raw(*g), Signal::SIGKILL);
+    for (group, shim) in &attempts {
+        if shim.alive() {
+            let _ = kill(Pid::from_raw(shim.pid), Signal::SIGKILL);
+        }
+        let _ = killpg(Pid::from_raw(*group), Signal::SIGKILL);
     }
-    for g in &groups {
-        eventually(BOUND, || (!group_alive(*g)).then_some(())).expect("task group gone");
+    for (group, shim) in &attempts {
+        eventually(BOUND, || (!group_alive(*group) && !shim.alive()).then_some(())).expect("shim and task group gone");
     }
     std::fs::remove_dir_all(c.worker_dir("w1")).expect("wipe the data directory");
     c.start_worker("w1");
