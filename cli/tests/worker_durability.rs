@@ -186,6 +186,30 @@ fn output_is_capped_and_symlinks_are_refused() {
     assert_eq!(read(&victim), "precious\n");
 }
 
+/// A task that writes nothing leaves no output file (note a10): it reads as
+/// empty output, also as a final output, and a later attempt or task that
+/// writes gets its file as before.
+#[test]
+fn a_silent_task_leaves_no_output_file_and_reads_as_empty() {
+    let c = Cluster::start(1);
+    let silent = c.submit(&["--", "true"]);
+    let last = c.submit(&["--final-output", "--", "exit 3"]);
+    let loud = c.submit(&["--", "echo loud"]);
+    c.wait_status(&silent, "completed", BOUND);
+    let snap = c.wait_status(&last, "failed", BOUND);
+    assert_eq!(snap["exit_code"], 3, "{snap}");
+    c.wait_status(&loud, "completed", BOUND);
+    for task in [&silent, &last] {
+        assert!(!output_file(&c, task).exists(), "{task} wrote nothing and has no file");
+        let out = c.cli(&["logs", task]);
+        assert!(out.status.success(), "{}", common::stderr(&out));
+        assert_eq!(stdout(&out), "", "{task}");
+    }
+    assert_eq!(c.snapshot(&last)["output_dropped"].as_u64().unwrap_or(0), 0);
+    assert_eq!(read(&output_file(&c, &loud)), "loud\n");
+    assert_eq!(stdout(&c.cli(&["logs", &loud])), "loud\n");
+}
+
 /// Corruption with machine loss: a flipped record in the real sled store and no
 /// shim evidence surface the task as `unknown` with a `sidecar-corrupt` hint;
 /// the sidecar and the rest of the machine keep working.

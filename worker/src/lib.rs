@@ -8,6 +8,7 @@
 
 mod attempt;
 pub mod builtin;
+mod capture;
 pub mod cgroup;
 pub mod cgroup_fs;
 pub mod core;

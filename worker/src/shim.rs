@@ -43,7 +43,7 @@
 //! behind, whether it is the worker that launched it or a restarted one that
 //! re-attaches to it.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -57,10 +57,10 @@ use nix::unistd::Pid;
 
 use serde::{Deserialize, Serialize};
 use tenure_machine::Layout;
-use tenure_protocol::messages::MatchedLine;
 use tenure_protocol::resources::OUT_OF_MEMORY;
 use tenure_protocol::{Attempt, Ending, Kind, Outcome, TaskId};
 
+use crate::capture::{LineMatcher, OutputFile, Pump};
 use crate::cgroup::{self, Plan};
 use crate::cgroup_fs::AttemptGroup;
 use crate::limits::Deadlines;
@@ -150,9 +150,9 @@ fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStat
         (None, None)
     };
     let output_path = layout.output_path(&args.task);
-    let output = match tenure_machine::open_output_for_append(&output_path) {
-        Ok(f) => f,
-        Err(e) => return failed(format!("cannot open output file {}: {e}", output_path.display())),
+    let output = match OutputFile::prepare(output_path) {
+        Ok(o) => o,
+        Err((path, e)) => return failed(format!("cannot open output file {}: {e}", path.display())),
     };
     let (reader, writer) = match std::io::pipe() {
         Ok(p) => p,
@@ -221,7 +221,7 @@ fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStat
             None
         }
     };
-    let mut pump = Pump { reader: Some(reader), output, cap: args.output_cap, matcher, written: 0, dropped: 0 };
+    let mut pump = Pump::new(reader, output, args.output_cap, matcher);
     let memory = limits.and_then(|l| l.memory_bytes);
     let mut group = Group::new(leader, args.kill_grace, cgroup, memory);
     let mut clock = Deadlines::new(spec.limits.as_deref(), Instant::now());
@@ -289,11 +289,14 @@ fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStat
     if let Err(error) = files.remove_input() {
         tracing::warn!(%error, "shim cannot remove the input pipe");
     }
-    let (written, dropped) = pump.finish();
-    // The output file's data was synced by `finish`; its entry (created with
-    // the first attempt of the task) needs the directory synced too.
-    if let Err(error) = tenure_machine::layout::sync_dir(&layout.output_dir()) {
-        tracing::warn!(%error, "shim cannot sync the output directory");
+    let (written, dropped, file_exists) = pump.finish();
+    // The output file's data was synced by `finish`; its entry (created by
+    // this attempt or an earlier one) needs the directory synced too. A
+    // task that never wrote a byte has no file, and nothing to sync.
+    if file_exists {
+        if let Err(error) = tenure_machine::layout::sync_dir(&layout.output_dir()) {
+            tracing::warn!(%error, "shim cannot sync the output directory");
+        }
     }
     let mut outcome = group.outcome();
     outcome.output_dropped = dropped;
@@ -583,66 +586,6 @@ fn size(bytes: u64) -> String {
     format!("{bytes} bytes")
 }
 
-/// Copies the pipe into the output file. Past `cap` bytes the pipe keeps
-/// draining (the task never blocks on output) but bytes are dropped, counted,
-/// and one notice is appended.
-struct Pump {
-    reader: Option<std::io::PipeReader>,
-    output: std::fs::File,
-    cap: u64,
-    matcher: Option<LineMatcher>,
-    written: u64,
-    dropped: u64,
-}
-
-impl Pump {
-    /// One read of what the pipe holds (it was ready); the end of the pipe
-    /// closes it.
-    fn step(&mut self) {
-        let Some(reader) = self.reader.as_mut() else { return };
-        let mut buf = [0u8; 64 * 1024];
-        let n = match reader.read(&mut buf) {
-            Ok(0) => return self.close(),
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return,
-            Err(_) => return self.close(),
-        };
-        if let Some(m) = self.matcher.as_mut() {
-            m.feed(&buf[..n]);
-        }
-        let room = self.cap.saturating_sub(self.written).min(n as u64) as usize;
-        if room > 0 {
-            if self.output.write_all(&buf[..room]).is_err() {
-                self.dropped += room as u64;
-            } else {
-                self.written += room as u64;
-            }
-        }
-        let over = (n - room) as u64;
-        if over > 0 {
-            if self.dropped == 0 {
-                let notice =
-                    format!("\n[tenure: output cap of {} bytes reached; further output is dropped]\n", self.cap);
-                let _ = self.output.write_all(notice.as_bytes());
-            }
-            self.dropped += over;
-        }
-    }
-
-    fn close(&mut self) {
-        self.reader = None;
-    }
-
-    /// Ends matching and makes the output durable; written and dropped bytes.
-    fn finish(mut self) -> (u64, u64) {
-        if let Some(m) = self.matcher.as_mut() {
-            m.end();
-        }
-        let _ = self.output.sync_data();
-        (self.written, self.dropped)
-    }
-}
-
 /// Writes the input kept for a resumed attempt into its fresh input pipe,
 /// each message whole (at most a few KiB in all, under the pipe's capacity:
 /// see `tenure_protocol::resume`), before the task exists to read it. A
@@ -655,82 +598,9 @@ fn write_kept_input(pipe: &mut std::fs::File, kept: &[String]) -> std::io::Resul
     Ok(())
 }
 
-/// Bytes of one line kept for matching; the rest of a longer line is ignored.
-const MAX_LINE_SCAN: usize = 64 * 1024;
-/// Matched lines recorded per attempt; later ones are counted, not recorded.
-const MAX_RECORDED_MATCHES: u64 = 100_000;
-
-/// Finds the output lines of a `monitor` task that match its pattern and
-/// appends each to the attempt's `matches` file (one JSON line, with the
-/// line's offset in the output stream, so the leader can deduplicate).
-struct LineMatcher {
-    regex: regex::Regex,
-    out: std::fs::File,
-    line: Vec<u8>,
-    line_start: u64,
-    seen: u64,
-    recorded: u64,
-}
-
-impl LineMatcher {
-    fn new(pattern: &str, files: &AttemptFiles) -> Result<LineMatcher, String> {
-        let regex = regex::Regex::new(pattern).map_err(|e| e.to_string())?;
-        let out = files.open_matches_for_append().map_err(|e| format!("cannot open the matches file: {e}"))?;
-        Ok(LineMatcher { regex, out, line: Vec::new(), line_start: 0, seen: 0, recorded: 0 })
-    }
-
-    fn feed(&mut self, mut bytes: &[u8]) {
-        while !bytes.is_empty() {
-            let (part, newline) = match bytes.iter().position(|b| *b == b'\n') {
-                Some(i) => (&bytes[..i], true),
-                None => (bytes, false),
-            };
-            let room = MAX_LINE_SCAN.saturating_sub(self.line.len()).min(part.len());
-            self.line.extend_from_slice(&part[..room]);
-            self.seen += part.len() as u64;
-            bytes = &bytes[part.len()..];
-            if newline {
-                self.seen += 1;
-                bytes = &bytes[1..];
-                self.end();
-            }
-        }
-    }
-
-    /// Ends the current line (at a newline, or at the end of the output).
-    fn end(&mut self) {
-        let text = String::from_utf8_lossy(&self.line);
-        let text = text.strip_suffix('\r').unwrap_or(&text);
-        if !self.line.is_empty() && self.regex.is_match(text) && self.recorded < MAX_RECORDED_MATCHES {
-            let matched = MatchedLine::new(self.line_start, text);
-            if let Ok(mut json) = serde_json::to_vec(&matched) {
-                json.push(b'\n');
-                // One write per line: a reader never sees half of one.
-                if self.out.write_all(&json).is_ok() {
-                    self.recorded += 1;
-                }
-            }
-        }
-        self.line.clear();
-        self.line_start = self.seen;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tenure_protocol::messages::MAX_MATCH_LINE_BYTES;
-
-    fn matched(pattern: &str, chunks: &[&[u8]]) -> Vec<MatchedLine> {
-        let dir = tempfile::tempdir().unwrap();
-        let files = AttemptFiles::new(dir.path().to_path_buf());
-        let mut m = LineMatcher::new(pattern, &files).unwrap();
-        for c in chunks {
-            m.feed(c);
-        }
-        m.end();
-        files.read_matches(0, 1000).unwrap().0
-    }
 
     /// The memory limit ended a process (its cgroup's `oom_kill`): the task
     /// fails as `out-of-memory`, unless it completed anyway or was killed.
@@ -769,22 +639,5 @@ mod tests {
         for (bytes, text) in cases {
             assert_eq!(size(bytes), text);
         }
-    }
-
-    #[test]
-    fn lines_match_across_reads_with_their_stream_offsets() {
-        let got = matched("ERR", &[b"ok\nERR one", b"\nfine\r\nan ERR\r\n", b"last ERR"]);
-        let got: Vec<(u64, &str)> = got.iter().map(|l| (l.offset, l.text.as_str())).collect();
-        assert_eq!(got, [(3, "ERR one"), (17, "an ERR"), (25, "last ERR")]);
-    }
-
-    #[test]
-    fn long_lines_are_cut_and_binary_is_tolerated() {
-        let long = format!("{}ERR", "x".repeat(MAX_MATCH_LINE_BYTES * 2));
-        let got = matched("^x+ERR$", &[long.as_bytes(), b"\n\xff\xfeERR\n"]);
-        assert_eq!(got.len(), 1, "{got:?}");
-        assert_eq!(got[0].text.len(), MAX_MATCH_LINE_BYTES);
-        assert_eq!(matched("ERR$", &[b"\xffERR\n"]).len(), 1);
-        assert!(matched("nothing", &[b"a\nb\n"]).is_empty());
     }
 }
