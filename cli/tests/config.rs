@@ -1,6 +1,7 @@
 //! Daemon configuration files: unknown keys refused by name, invalid values
 //! refused at start, file < environment < flags, `--print-config` showing the
-//! result with secrets masked, and a real coordinator started from a file.
+//! result with secrets masked, a real coordinator started from a file, and
+//! daemons on either scheduler (`--runtime`).
 
 mod common;
 
@@ -95,6 +96,30 @@ fn a_coordinator_runs_from_its_file() {
     c.wait_leader("from-file");
     let task = c.submit(&["--", "echo configured"]);
     c.wait_status(&task, "completed", std::time::Duration::from_secs(40));
+}
+
+/// The scheduler is the process's (`--runtime`): daemons on the old
+/// many-thread one run tasks with the others on their default one thread,
+/// and a value that names neither is refused before anything starts.
+#[test]
+fn daemons_run_on_either_scheduler_and_a_bad_one_is_refused() {
+    let mut c = Cluster::start(0);
+    c.kill9("coordinator");
+    c.spawn("coordinator", &["--runtime", "threads", "coordinator", "--name", "c1"]);
+    c.wait_leader("c1");
+    c.spawn_sidecar("w1");
+    c.spawn_worker("w1", &["--runtime", "threads"]);
+    c.wait_workers(1);
+    let task = c.submit(&["--", "echo scheduled"]);
+    c.wait_status(&task, "completed", std::time::Duration::from_secs(40));
+    assert_eq!(stdout(&c.cli(&["logs", &task])), "scheduled\n");
+    let flag = tenure(&["--runtime", "one", "sidecar", "--worker", "w9", "--data-dir", "/nonexistent"], &[]);
+    let variable = tenure(&["worker", "--id", "w9", "--data-dir", "/nonexistent"], &[("TENURE_RUNTIME", "fast")]);
+    for out in [flag, variable] {
+        assert!(!out.status.success(), "a bad scheduler was taken");
+        let err = stderr(&out);
+        assert!(err.contains("invalid value") && err.contains("one-thread, threads"), "{err}");
+    }
 }
 
 #[test]
