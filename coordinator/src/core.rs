@@ -370,7 +370,14 @@ impl Core {
             if let (true, Some(w)) = (r.life.status.is_on_worker(), &r.life.worker) {
                 core.workers.holding_tasks(w, now);
             }
-            core.index(&r.id, concurrency(&r.spec), r.spec.priority, None, r.life.status, now);
+            core.index(
+                &r.id,
+                concurrency(&r.spec),
+                r.spec.priority,
+                None,
+                (r.life.status, r.life.worker.as_ref()),
+                now,
+            );
             if let Some(of) = &r.parent {
                 core.workflows.index_step(&r.id, of);
             }
@@ -568,6 +575,7 @@ impl Core {
         let after = life.status;
         let key = concurrency(&record.spec).cloned();
         let priority = record.spec.priority;
+        let worker = record.life.worker.clone();
         // Dispatched: the process started — or ended before its start report
         // was seen (a short task).
         // (A start may land `paused`: evidence of an attempt its owner paused.)
@@ -622,7 +630,7 @@ impl Core {
             }
         }
         if before != after {
-            self.index(task, key.as_ref(), priority, Some(before), after, now);
+            self.index(task, key.as_ref(), priority, Some(before), (after, worker.as_ref()), now);
             if !after.is_on_worker() {
                 self.dispatch.off_worker(task);
                 self.doubts.off_worker(task);
@@ -635,18 +643,18 @@ impl Core {
     }
 
     /// Moves `task` between the parts' status indexes (`before` is `None`
-    /// for a task new to this leader).
-    #[allow(clippy::too_many_arguments)]
+    /// for a task new to this leader); `after` is its new status and the
+    /// worker it is on.
     fn index(
         &mut self,
         task: &TaskId,
         key: Option<&Concurrency>,
         priority: i32,
         before: Option<Status>,
-        after: Status,
+        (after, worker): (Status, Option<&WorkerId>),
         now: Now,
     ) {
-        self.dispatch.index(task, priority, before, after, now.mono);
+        self.dispatch.index(task, priority, before, (after, worker), now.mono);
         self.doubts.index(task, before, after);
         self.keys.index(task, key, after);
     }

@@ -391,7 +391,7 @@ impl Core {
             record.life = tenure_protocol::Lifecycle::held(record.life.idempotent, hint);
         }
         self.submits.remember(session, key, id.number());
-        self.index(&id, super::concurrency(&record.spec), record.spec.priority, None, record.life.status, now);
+        self.index(&id, super::concurrency(&record.spec), record.spec.priority, None, (record.life.status, None), now);
         let workflow = !record.spec.steps.is_empty() && record.life.status == Status::Queued;
         fx.push(Effect::Persist(Box::new(record.clone())));
         self.usage.add(&record);
@@ -490,7 +490,7 @@ impl Core {
         let load = self.load();
         let mut status = ClusterStatus {
             leader_epoch: self.epoch,
-            workers: self.workers.statuses(&load, now),
+            workers: self.workers.statuses(load, now),
             tasks_by_status: counts.into_iter().collect(),
             unconfirmed: self.dispatch.unconfirmed(),
             leader: None,

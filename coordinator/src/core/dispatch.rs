@@ -8,7 +8,7 @@
 //! past a worker's free slots, nor take a refusal of a late copy of a grant
 //! for proof that nothing ran.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use tenure_protocol::messages::{KillCommand, LeaseGrant, Refusal, WorkerCommand, WorkerReply};
@@ -30,8 +30,12 @@ const MAX_LATENCIES: usize = 100_000;
 pub(super) struct Dispatch {
     /// Queued tasks in dispatch order.
     pub(super) order: QueueOrder,
-    /// Tasks that hold a worker slot (leased, running, stopping).
-    on_worker: BTreeSet<TaskId>,
+    /// Tasks that hold a worker slot (leased, running, stopping), with the
+    /// worker each holds it on.
+    on_worker: BTreeMap<TaskId, Option<WorkerId>>,
+    /// How many of `on_worker` each worker holds, kept with it: scheduling
+    /// reads it at every input, whatever the number of running tasks.
+    load: HashMap<WorkerId, u32>,
     /// Tasks of `on_worker` whose worker listed their current attempt in a
     /// heartbeat to this leader since they last changed status: adopted, as
     /// far as this leader can see. Only for the status view.
@@ -53,11 +57,18 @@ impl Dispatch {
     /// Keeps the queue and the slot holders in step with a status change at
     /// `at` (the queue counts a task's age from when it entered it, on this
     /// leader's clock; a new leader counts from its takeover).
-    pub(super) fn index(&mut self, task: &TaskId, priority: i32, before: Option<Status>, after: Status, at: Duration) {
+    pub(super) fn index(
+        &mut self,
+        task: &TaskId,
+        priority: i32,
+        before: Option<Status>,
+        (after, worker): (Status, Option<&WorkerId>),
+        at: Duration,
+    ) {
         match before {
             Some(Status::Queued) => self.order.remove(task),
             Some(s) if s.is_on_worker() => {
-                self.on_worker.remove(task);
+                self.release_slot(task);
                 self.confirmed.remove(task);
                 self.waiting.remove(task);
             }
@@ -67,7 +78,11 @@ impl Dispatch {
             Status::Queued => self.order.insert(task, priority, at),
             // A workflow holds no slot: its steps do.
             s if s.is_on_worker() && *task.kind() != Kind::workflow() => {
-                self.on_worker.insert(task.clone());
+                self.release_slot(task);
+                if let Some(w) = worker {
+                    *self.load.entry(w.clone()).or_insert(0) += 1;
+                }
+                self.on_worker.insert(task.clone(), worker.cloned());
             }
             _ => {}
         }
@@ -77,21 +92,38 @@ impl Dispatch {
         self.order.is_empty()
     }
 
+    /// `task` no longer holds a slot (if it held one).
+    fn release_slot(&mut self, task: &TaskId) {
+        if let Some(Some(w)) = self.on_worker.remove(task) {
+            if let Some(n) = self.load.get_mut(&w) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.load.remove(&w);
+                }
+            }
+        }
+    }
+
     /// The tasks that hold a worker slot, in task order.
     pub(super) fn on_worker(&self) -> impl Iterator<Item = &TaskId> {
-        self.on_worker.iter()
+        self.on_worker.keys()
+    }
+
+    /// How many slots each worker's tasks hold.
+    pub(super) fn load(&self) -> &HashMap<WorkerId, u32> {
+        &self.load
     }
 
     /// Its worker listed the current attempt of `task` (a slot holder).
     pub(super) fn confirm(&mut self, task: &TaskId) {
-        if self.on_worker.contains(task) {
+        if self.on_worker.contains_key(task) {
             self.confirmed.insert(task.clone());
         }
     }
 
     /// Slot holders whose worker has not listed them to this leader.
     pub(super) fn unconfirmed(&self) -> u64 {
-        self.on_worker.iter().filter(|t| !self.confirmed.contains(*t)).count() as u64
+        self.on_worker.keys().filter(|t| !self.confirmed.contains(*t)).count() as u64
     }
 
     /// A grant or kill of `task` was sent now.
@@ -165,14 +197,20 @@ impl Dispatch {
 }
 
 impl Core {
-    pub(super) fn load(&self) -> HashMap<WorkerId, u32> {
-        let mut load = HashMap::new();
-        for t in self.dispatch.on_worker() {
-            if let Some(w) = self.tasks.get(t).and_then(|r| r.life.worker.clone()) {
-                *load.entry(w).or_insert(0) += 1;
+    /// The slots each worker's tasks hold, as kept with the status index.
+    /// Debug builds (every test) check it against the records each time.
+    pub(super) fn load(&self) -> &HashMap<WorkerId, u32> {
+        #[cfg(debug_assertions)]
+        {
+            let mut counted = HashMap::new();
+            for t in self.dispatch.on_worker() {
+                if let Some(w) = self.tasks.get(t).and_then(|r| r.life.worker.clone()) {
+                    *counted.entry(w).or_insert(0) += 1;
+                }
             }
+            assert_eq!(&counted, self.dispatch.load(), "the kept worker load drifted from the records");
         }
-        load
+        self.dispatch.load()
     }
 
     /// Grants queued tasks, in dispatch order (priority, then submission;
@@ -182,7 +220,7 @@ impl Core {
         if self.dispatch.nothing_queued() {
             return;
         }
-        let mut free = self.workers.free_slots(&self.load(), now);
+        let mut free = self.workers.free_slots(self.load(), now);
         if free.is_empty() {
             return;
         }
