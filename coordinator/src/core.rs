@@ -370,14 +370,7 @@ impl Core {
             if let (true, Some(w)) = (r.life.status.is_on_worker(), &r.life.worker) {
                 core.workers.holding_tasks(w, now);
             }
-            core.index(
-                &r.id,
-                concurrency(&r.spec),
-                r.spec.priority,
-                None,
-                (r.life.status, r.life.worker.as_ref()),
-                now,
-            );
+            core.index(&r.id, concurrency(&r.spec), r.spec.priority, None, r.life.status, r.life.worker.as_ref(), now);
             if let Some(of) = &r.parent {
                 core.workflows.index_step(&r.id, of);
             }
@@ -630,7 +623,7 @@ impl Core {
             }
         }
         if before != after {
-            self.index(task, key.as_ref(), priority, Some(before), (after, worker.as_ref()), now);
+            self.index(task, key.as_ref(), priority, Some(before), after, worker.as_ref(), now);
             if !after.is_on_worker() {
                 self.dispatch.off_worker(task);
                 self.doubts.off_worker(task);
@@ -643,18 +636,19 @@ impl Core {
     }
 
     /// Moves `task` between the parts' status indexes (`before` is `None`
-    /// for a task new to this leader); `after` is its new status and the
-    /// worker it is on.
+    /// for a task new to this leader); `worker` is the one it is on after.
+    #[allow(clippy::too_many_arguments)]
     fn index(
         &mut self,
         task: &TaskId,
         key: Option<&Concurrency>,
         priority: i32,
         before: Option<Status>,
-        (after, worker): (Status, Option<&WorkerId>),
+        after: Status,
+        worker: Option<&WorkerId>,
         now: Now,
     ) {
-        self.dispatch.index(task, priority, before, (after, worker), now.mono);
+        self.dispatch.index(task, priority, before, after, worker, now.mono);
         self.doubts.index(task, before, after);
         self.keys.index(task, key, after);
     }

@@ -9,7 +9,7 @@
 //! ([`tenure_machine::open_output_for_append`]).
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use tenure_machine::attempt_files::AttemptFiles;
 use tenure_protocol::messages::MatchedLine;
@@ -27,14 +27,11 @@ pub(crate) enum OutputFile {
 }
 
 impl OutputFile {
-    pub(crate) fn prepare(path: PathBuf) -> Result<OutputFile, (PathBuf, std::io::Error)> {
-        match std::fs::symlink_metadata(&path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(OutputFile::NotYet(path)),
-            Err(e) => Err((path, e)),
-            Ok(_) => match tenure_machine::open_output_for_append(&path) {
-                Ok(file) => Ok(OutputFile::Open(file)),
-                Err(e) => Err((path, e)),
-            },
+    pub(crate) fn prepare(path: &Path) -> std::io::Result<OutputFile> {
+        match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(OutputFile::NotYet(path.to_path_buf())),
+            Err(e) => Err(e),
+            Ok(_) => tenure_machine::open_output_for_append(path).map(OutputFile::Open),
         }
     }
 
@@ -245,7 +242,7 @@ mod tests {
     fn a_task_that_writes_nothing_gets_no_output_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.out");
-        let output = OutputFile::prepare(path.clone()).unwrap();
+        let output = OutputFile::prepare(&path).unwrap();
         assert_eq!(pump(output, 100, &[]), (0, 0, false));
         assert!(!path.exists());
     }
@@ -254,9 +251,9 @@ mod tests {
     fn the_first_byte_creates_the_file_and_a_later_attempt_appends_to_it() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.out");
-        let output = OutputFile::prepare(path.clone()).unwrap();
+        let output = OutputFile::prepare(&path).unwrap();
         assert_eq!(pump(output, 100, &[b"one\n"]), (4, 0, true));
-        let output = OutputFile::prepare(path.clone()).unwrap();
+        let output = OutputFile::prepare(&path).unwrap();
         assert!(matches!(output, OutputFile::Open(_)), "an earlier attempt's file is opened at once");
         assert_eq!(pump(output, 100, &[b"two\n"]), (4, 0, true));
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "one\ntwo\n");
@@ -266,7 +263,7 @@ mod tests {
     fn past_the_cap_bytes_are_dropped_with_one_notice() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.out");
-        let output = OutputFile::prepare(path.clone()).unwrap();
+        let output = OutputFile::prepare(&path).unwrap();
         assert_eq!(pump(output, 5, &[b"abc", b"defgh", b"ij"]), (5, 5, true));
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.starts_with("abcde\n[tenure: output cap of 5 bytes reached"), "{text}");
@@ -281,10 +278,10 @@ mod tests {
         let path = dir.path().join("t.out");
         std::os::unix::fs::symlink(&victim, &path).unwrap();
         // Planted before the task starts: the attempt is refused.
-        assert!(OutputFile::prepare(path.clone()).is_err());
+        assert!(OutputFile::prepare(&path).is_err());
         // Planted after the start, before the first byte: the output is dropped.
         std::fs::remove_file(&path).unwrap();
-        let output = OutputFile::prepare(path.clone()).unwrap();
+        let output = OutputFile::prepare(&path).unwrap();
         std::os::unix::fs::symlink(&victim, &path).unwrap();
         assert_eq!(pump(output, 100, &[b"overwrite\n"]), (0, 10, false));
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");

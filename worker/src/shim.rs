@@ -150,9 +150,9 @@ fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStat
         (None, None)
     };
     let output_path = layout.output_path(&args.task);
-    let output = match OutputFile::prepare(output_path) {
+    let output = match OutputFile::prepare(&output_path) {
         Ok(o) => o,
-        Err((path, e)) => return failed(format!("cannot open output file {}: {e}", path.display())),
+        Err(e) => return failed(format!("cannot open output file {}: {e}", output_path.display())),
     };
     let (reader, writer) = match std::io::pipe() {
         Ok(p) => p,

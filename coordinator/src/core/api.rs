@@ -391,7 +391,7 @@ impl Core {
             record.life = tenure_protocol::Lifecycle::held(record.life.idempotent, hint);
         }
         self.submits.remember(session, key, id.number());
-        self.index(&id, super::concurrency(&record.spec), record.spec.priority, None, (record.life.status, None), now);
+        self.index(&id, super::concurrency(&record.spec), record.spec.priority, None, record.life.status, None, now);
         let workflow = !record.spec.steps.is_empty() && record.life.status == Status::Queued;
         fx.push(Effect::Persist(Box::new(record.clone())));
         self.usage.add(&record);

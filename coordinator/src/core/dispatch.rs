@@ -56,13 +56,15 @@ pub(super) struct Dispatch {
 impl Dispatch {
     /// Keeps the queue and the slot holders in step with a status change at
     /// `at` (the queue counts a task's age from when it entered it, on this
-    /// leader's clock; a new leader counts from its takeover).
+    /// leader's clock; a new leader counts from its takeover). `worker` is
+    /// the one a slot holder holds its slot on.
     pub(super) fn index(
         &mut self,
         task: &TaskId,
         priority: i32,
         before: Option<Status>,
-        (after, worker): (Status, Option<&WorkerId>),
+        after: Status,
+        worker: Option<&WorkerId>,
         at: Duration,
     ) {
         match before {
@@ -78,7 +80,6 @@ impl Dispatch {
             Status::Queued => self.order.insert(task, priority, at),
             // A workflow holds no slot: its steps do.
             s if s.is_on_worker() && *task.kind() != Kind::workflow() => {
-                self.release_slot(task);
                 if let Some(w) = worker {
                     *self.load.entry(w.clone()).or_insert(0) += 1;
                 }

@@ -278,7 +278,7 @@ impl Core {
             ..TaskRecord::new(id.clone(), owner, key, spec, now.wall_ms)
         };
         tracing::info!(task = %id, workflow = %workflow, step = index + 1, "workflow step created");
-        self.index(&id, super::concurrency(&record.spec), record.spec.priority, None, (Status::Queued, None), now);
+        self.index(&id, super::concurrency(&record.spec), record.spec.priority, None, Status::Queued, None, now);
         self.workflows.index_step(&id, &of);
         fx.push(Effect::Persist(Box::new(record.clone())));
         self.usage.add(&record);
