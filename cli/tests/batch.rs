@@ -147,3 +147,59 @@ fn run_submits_and_returns_the_end_in_one_request() {
         assert_eq!(client.list(true).await.expect("list").len(), 1);
     });
 }
+
+/// The registry's messages on batch subjects: (subject, payload bytes).
+fn batch_messages(c: &Cluster) -> Vec<(String, usize)> {
+    use futures::StreamExt;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(&c.nats.url).await.expect("connect"));
+        let stream = js.get_stream(tenure_protocol::subjects::REGISTRY_STREAM).await.expect("registry");
+        let filter = format!("{}>", tenure_protocol::subjects::REGISTRY_BATCH_PREFIX);
+        let mut subjects = stream.info_with_subjects(filter).await.expect("subjects");
+        let mut out = Vec::new();
+        while let Some(subject) = subjects.next().await {
+            let (subject, _) = subject.expect("subject");
+            let msg = stream.get_last_raw_message_by_subject(&subject).await.expect("message");
+            out.push((subject, msg.payload.len()));
+        }
+        out
+    })
+}
+
+/// A batch's tasks are stored in one registry message; a standby that takes
+/// over loads every one of them from it; once each task has a later record
+/// of its own, the leader compacts the message to a tombstone.
+#[test]
+fn a_batch_is_one_registry_message_that_a_new_leader_loads_and_that_is_retired_once_its_tasks_moved_on() {
+    let mut c = Cluster::start_coordinators(2, 1, &[]);
+    let held = "{\"kind\": \"noop\", \"command\": \"-\", \"hold\": true}\n";
+    let out = batch_from_stdin(&c, &held.repeat(20));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ids = ids(&out);
+    assert_eq!(ids.len(), 20);
+    let batches = batch_messages(&c);
+    assert_eq!(batches.len(), 1, "one message for the batch: {batches:?}");
+    assert!(batches[0].1 > 20 * 100, "it holds the 20 records: {batches:?}");
+
+    c.kill9("coordinator-c1");
+    c.wait_leader("c2");
+    assert_eq!(count(&c), 20, "the new leader loaded every task of the batch");
+    assert_eq!(c.snapshot(&ids[7])["status"], "blocked");
+
+    // Each task moves on (killed while held): its record goes on its own subject.
+    for id in &ids[..19] {
+        let out = c.cli(&["kill", id]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    assert!(batch_messages(&c)[0].1 > 100, "one task's latest record is still in the batch");
+    let out = c.cli(&["kill", &ids[19]]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let retired = tenure_testkit::eventually(BOUND, || {
+        let b = batch_messages(&c);
+        (b.len() == 1 && b[0].1 < 64).then_some(b)
+    });
+    assert!(retired.is_some(), "the batch was never retired: {:?}\n{}", batch_messages(&c), c.logs());
+    assert_eq!(c.snapshot(&ids[19])["status"], "killed");
+    assert_eq!(count(&c), 20);
+}

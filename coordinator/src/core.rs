@@ -417,6 +417,13 @@ impl Core {
         self.submits.reserve_through(n);
     }
 
+    /// The number the next task created will have: a task numbered at or
+    /// above it when an input is handled was created by that input, so the
+    /// input's append of it is its first record.
+    pub fn next_task_number(&self) -> u64 {
+        self.submits.next_number()
+    }
+
     pub fn epoch(&self) -> Epoch {
         self.epoch
     }

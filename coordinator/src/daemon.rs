@@ -630,6 +630,8 @@ async fn lead<F: Future<Output = ()>>(
         if let Err(reason) = guard.check() {
             return Ok(Ended::SteppedDown { epoch, reason });
         }
+        // Tasks numbered from here on are created by this input.
+        let created_from = core.next_task_number();
         let mut effects = span.in_scope(|| core.handle(input, now()));
         for ms in core.take_dispatch_latencies() {
             metrics::get().dispatch.record(ms as f64 / 1000.0, &[]);
@@ -645,9 +647,28 @@ async fn lead<F: Future<Output = ()>>(
                 return Ok(Ended::SteppedDown { epoch, reason });
             }
             let mut failed: Vec<(tenure_protocol::TaskId, String)> = Vec::new();
+            // First records of tasks this input created, in a row: stored
+            // together (the rounds that unwind a failure create nothing).
+            let mut firsts: Vec<Box<crate::record::TaskRecord>> = Vec::new();
+            let first_of_new =
+                |e: &Effect| rounds == 1 && matches!(e, Effect::Persist(r) if r.id.number() >= created_from);
             for effect in effects {
                 if let Err(reason) = guard.check() {
                     return Ok(Ended::SteppedDown { epoch, reason });
+                }
+                if failed.is_empty() && first_of_new(&effect) {
+                    if let Effect::Persist(record) = effect {
+                        firsts.push(record);
+                    }
+                    continue;
+                }
+                if !firsts.is_empty() {
+                    let records = std::mem::take(&mut firsts);
+                    if let Err(Stop::StepDown(reason) | Stop::Record { reason, .. }) =
+                        pipeline.firsts(records, &mut failed, &outbox, &mut registry, &mut guard).await
+                    {
+                        return Ok(Ended::SteppedDown { epoch, reason });
+                    }
                 }
                 let Some(effect) = unwind(effect, &mut failed) else { continue };
                 let span = effect_span(&effect, epoch).unwrap_or_else(|| span.clone());
@@ -661,10 +682,24 @@ async fn lead<F: Future<Output = ()>>(
                     }
                 }
             }
+            if !firsts.is_empty() {
+                if let Err(Stop::StepDown(reason) | Stop::Record { reason, .. }) =
+                    pipeline.firsts(firsts, &mut failed, &outbox, &mut registry, &mut guard).await
+                {
+                    return Ok(Ended::SteppedDown { epoch, reason });
+                }
+            }
             effects = failed
                 .into_iter()
                 .flat_map(|(task, reason)| core.handle(Input::PersistFailed { task, reason }, now()))
                 .collect();
+        }
+        if registry.retirable() > 0 {
+            if let Err(Stop::StepDown(reason) | Stop::Record { reason, .. }) =
+                pipeline.retire(&outbox, &mut registry, &mut guard).await
+            {
+                return Ok(Ended::SteppedDown { epoch, reason });
+            }
         }
     }
 }
@@ -772,6 +807,45 @@ impl Pipeline {
                 Ok(())
             }
         }
+    }
+
+    /// First records of tasks created by one input, as few appends as the
+    /// record limit allows ([`Registry::start_put_first`]). A record that
+    /// cannot be encoded fails with every record after it (`failed`), as one
+    /// after the other would; those before it are on their way.
+    async fn firsts(
+        &mut self,
+        records: Vec<Box<crate::record::TaskRecord>>,
+        failed: &mut Vec<(tenure_protocol::TaskId, String)>,
+        out: &Outbox<'_>,
+        registry: &mut Registry,
+        guard: &mut Guard,
+    ) -> Result<(), Stop> {
+        self.make_room(out, registry, guard).await?;
+        let refs: Vec<&crate::record::TaskRecord> = records.iter().map(|r| &**r).collect();
+        match registry.start_put_first(&refs).await {
+            Ok(_) => Ok(()),
+            Err((i, registry::Error::Encode(reason))) => {
+                let first = &records[i].id;
+                tracing::error!(task = %first, %reason, "a task record cannot be stored; that change fails");
+                failed.push((first.clone(), reason));
+                for r in &records[i + 1..] {
+                    failed.push((r.id.clone(), format!("it changed with {first}, whose record was not stored")));
+                }
+                Ok(())
+            }
+            Err((_, e)) => Err(e.into()),
+        }
+    }
+
+    /// Retires every batch of first records none of whose records is the
+    /// latest any more (see `registry.rs`).
+    async fn retire(&mut self, out: &Outbox<'_>, registry: &mut Registry, guard: &mut Guard) -> Result<(), Stop> {
+        while registry.retirable() > 0 {
+            self.make_room(out, registry, guard).await?;
+            registry.start_retire(wall_ms()).await?;
+        }
+        Ok(())
     }
 
     /// Waits while [`registry::MAX_IN_FLIGHT`] appends are in flight.

@@ -1,8 +1,10 @@
 //! The durable task record kept in the registry, and its client projection.
 //!
 //! A [`TaskRecord`] is the whole truth about one task; the registry stores its
-//! latest version under the task's subject. [`RegistryEntry`] is what a registry
-//! message holds: a task record or a leadership claim.
+//! latest version under the task's subject, or — for the first version of
+//! tasks created together — in one batch message ([`Batched`]).
+//! [`RegistryEntry`] is what a registry message holds: a task record, a
+//! batch of first records, a tombstone, or a leadership claim.
 
 use serde::{Deserialize, Serialize};
 use tenure_protocol::messages::{CleanupState, Resumability, TaskSnapshot};
@@ -337,6 +339,26 @@ pub enum RegistryEntry {
         at_ms: u64,
     },
     Epoch(EpochClaim),
+    /// The first records of tasks created by one input (a batch submit), in
+    /// one message on its own subject ([`tenure_protocol::subjects::registry_batch`]).
+    /// Every later record of each task goes on the task's subject, so the
+    /// batch is superseded task by task (see `registry.rs`).
+    Batch(Vec<Batched>),
+    /// A batch every task of which has a later record: the batch's subject
+    /// is compacted to this, so the batch's bytes are freed.
+    Retired {
+        at_ms: u64,
+    },
+}
+
+/// One task's record inside a [`RegistryEntry::Batch`]: its id in clear (so
+/// an unreadable record still names its task) and the record encoded as a
+/// [`RegistryEntry::Task`] on its own, exactly as it would be on its subject.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Batched {
+    pub id: TaskId,
+    #[serde(with = "tenure_protocol::messages::bytes_field")]
+    pub entry: Vec<u8>,
 }
 
 #[cfg(test)]

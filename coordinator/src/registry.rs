@@ -40,8 +40,20 @@
 //!
 //! An append that cannot be encoded ([`Error::Encode`]) fails that one
 //! record: nothing was sent, nothing else in flight is touched.
+//!
+//! **Batches of first records.** The first records of tasks created by one
+//! input (a batch submit) may share one message ([`Registry::start_put_first`]),
+//! on a subject of its own (`tenure.registry.batch.<its sequence>`). Every
+//! later record of a task goes on the task's own subject, so a batch only
+//! ever loses records: loading takes each task's record from its latest
+//! message, batch or subject, and a batch none of whose records is the latest
+//! any more is compacted to a tombstone ([`Registry::start_retire`], a
+//! conditional append like any other). A task's own subject therefore holds at
+//! most one message and a live task grows the stream by at most its largest
+//! record, as before (`limits.rs` relies on it); a batch's bytes were counted
+//! when its tasks were admitted and are freed when it is retired.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 
@@ -54,7 +66,7 @@ use futures::StreamExt;
 use tenure_protocol::messages::RegistryMark;
 use tenure_protocol::{subjects, Epoch, TaskId};
 
-use crate::record::{EpochClaim, RegistryEntry, TaskRecord};
+use crate::record::{Batched, EpochClaim, RegistryEntry, TaskRecord};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -134,6 +146,45 @@ pub struct Loaded {
     /// The stream's byte limit in force (the configured one, unless the
     /// stream could not be updated to it).
     pub max_bytes: u64,
+    /// Batches of first records and how each task's latest record was found.
+    batches: Batches,
+}
+
+/// Which batches of first records still hold some task's latest record, kept
+/// from the load on as appends become durable.
+#[derive(Debug, Default)]
+struct Batches {
+    /// Batch (its stream sequence) → how many of its records are still the latest.
+    live: HashMap<u64, u32>,
+    /// Task number → the batch holding its latest record (only such tasks).
+    home: HashMap<u64, u64>,
+    /// Batches none of whose records is the latest any more: to be retired.
+    dead: Vec<u64>,
+}
+
+impl Batches {
+    /// A batch at `seq` holding the latest records of `tasks` became durable.
+    fn stored(&mut self, seq: u64, tasks: &[u64]) {
+        if tasks.is_empty() {
+            return self.dead.push(seq);
+        }
+        self.live.insert(seq, tasks.len() as u32);
+        for n in tasks {
+            self.home.insert(*n, seq);
+        }
+    }
+
+    /// Task `n` has a later durable record than the one in its batch, if any.
+    fn superseded(&mut self, n: u64) {
+        let Some(seq) = self.home.remove(&n) else { return };
+        if let Some(live) = self.live.get_mut(&seq) {
+            *live -= 1;
+            if *live == 0 {
+                self.live.remove(&seq);
+                self.dead.push(seq);
+            }
+        }
+    }
 }
 
 pub struct Registry {
@@ -159,6 +210,20 @@ pub struct Registry {
     /// Every registry rollback an operator accepted, merged (carried on by
     /// each epoch claim).
     accepted_floor: Option<RegistryMark>,
+    /// Batches of first records still holding some task's latest record.
+    batches: Batches,
+    /// Largest payload of one message (see [`record_limit`]).
+    record_limit: usize,
+}
+
+/// What an append stores, for the bookkeeping once it is durable.
+enum Stored {
+    /// A record (or tombstone) of this task on its own subject.
+    Task(u64),
+    /// First records of these tasks, in one batch.
+    Batch(Vec<u64>),
+    /// A retired batch's tombstone.
+    Retired,
 }
 
 type AckFuture = Pin<Box<dyn Future<Output = Result<PublishAck, PublishError>> + Send>>;
@@ -180,8 +245,8 @@ struct InFlight {
     /// Sent while every append before it was durable: a wrong-sequence answer
     /// to that send means another writer moved the registry (fenced).
     sent_as_oldest: bool,
-    /// The task number the append stores (0 for none).
-    task_number: u64,
+    /// What the append stores.
+    stored: Stored,
     /// A transient failure's pause before the next send.
     pause: Option<Pin<Box<tokio::time::Sleep>>>,
     delay: Duration,
@@ -236,6 +301,7 @@ impl Registry {
             max_bytes: u64::try_from(config.max_bytes).ok().filter(|b| *b > 0).unwrap_or(limits.max_bytes),
             ..Loaded::default()
         };
+        let mut found = Found::default();
         if state.messages > 0 {
             let consumer = stream
                 .create_consumer(consumer::pull::OrderedConfig {
@@ -248,14 +314,16 @@ impl Registry {
             while let Some(msg) = messages.next().await {
                 let msg = msg.map_err(|e| unavailable(&e))?;
                 let seq = msg.info().map(|i| i.stream_sequence).map_err(|e| unavailable(&e))?;
-                load_one(&mut loaded, msg.subject.as_str(), &msg.payload);
+                found.message(seq, msg.subject.as_str(), &msg.payload);
                 if seq >= state.last_sequence {
                     break;
                 }
             }
         }
+        found.into_loaded(&mut loaded);
         let epoch = loaded.last_claim.as_ref().map(|c| c.epoch).unwrap_or_default();
         let accepted_floor = loaded.last_claim.as_ref().and_then(|c| c.accepted_floor);
+        let batches = std::mem::take(&mut loaded.batches);
         let registry = Registry {
             js,
             last_seq: state.last_sequence,
@@ -267,6 +335,8 @@ impl Registry {
             last_msg_id: None,
             highest_task: loaded.highest_n,
             accepted_floor,
+            batches,
+            record_limit: limits.max_message.saturating_sub(HEADER_ALLOWANCE),
         };
         Ok((registry, loaded))
     }
@@ -322,16 +392,73 @@ impl Registry {
     /// Starts storing the latest version of a task (pipelined); its ticket.
     /// It is durable once [`Registry::settle`] has counted the ticket.
     pub async fn start_put_task(&mut self, record: &TaskRecord) -> Result<u64, Error> {
-        let entry = RegistryEntry::Task(Box::new(record.clone()));
-        self.start_append(subjects::registry_task(&record.id), record.id.number(), &entry).await
+        let payload = encode(&RegistryEntry::Task(Box::new(record.clone())))?;
+        self.start_append(subjects::registry_task(&record.id), Stored::Task(record.id.number()), payload).await
+    }
+
+    /// Starts storing the *first* records of tasks created together, as few
+    /// messages as the record limit allows (a batch of one is stored on its
+    /// task's subject); the ticket of the last. Only a task's first record
+    /// may go in a batch: every later one must go on its subject
+    /// ([`Registry::start_put_task`]), which is what lets a batch be retired
+    /// once each of its tasks has moved on.
+    ///
+    /// Fails with the index of the first record not sent when one cannot be
+    /// encoded: the records before it were started, it and those after it
+    /// were not.
+    pub async fn start_put_first(&mut self, records: &[&TaskRecord]) -> Result<u64, (usize, Error)> {
+        let mut chunk: Vec<Batched> = Vec::new();
+        let (mut chunk_start, mut chunk_bytes) = (0, 0);
+        for (i, record) in records.iter().enumerate() {
+            let entry = encode(&RegistryEntry::Task(Box::new((*record).clone()))).map_err(|e| (i, e))?;
+            let bytes = entry.len() + BATCHED_OVERHEAD;
+            if !chunk.is_empty() && BATCH_OVERHEAD + chunk_bytes + bytes > self.record_limit {
+                let full = std::mem::take(&mut chunk);
+                self.start_batch(full).await.map_err(|e| (chunk_start, e))?;
+                (chunk_start, chunk_bytes) = (i, 0);
+            }
+            chunk.push(Batched { id: record.id.clone(), entry: entry.into() });
+            chunk_bytes += bytes;
+        }
+        if !chunk.is_empty() {
+            self.start_batch(chunk).await.map_err(|e| (chunk_start, e))?;
+        }
+        Ok(self.started)
+    }
+
+    /// One message of first records: on the task's subject when it holds
+    /// one, on a batch subject of its own otherwise.
+    async fn start_batch(&mut self, mut chunk: Vec<Batched>) -> Result<u64, Error> {
+        if chunk.len() == 1 {
+            let Batched { id, entry } = chunk.remove(0);
+            return self.start_append(subjects::registry_task(&id), Stored::Task(id.number()), entry.into()).await;
+        }
+        let tasks = chunk.iter().map(|b| b.id.number()).collect();
+        let payload = encode(&RegistryEntry::Batch(chunk))?;
+        let subject = subjects::registry_batch(self.next_expected() + 1);
+        self.start_append(subject, Stored::Batch(tasks), payload).await
+    }
+
+    /// Starts compacting a batch none of whose records is the latest any
+    /// more to a tombstone (conditional, like every append); its ticket, or
+    /// `None` when no batch waits for it.
+    pub async fn start_retire(&mut self, at_ms: u64) -> Result<Option<u64>, Error> {
+        let Some(seq) = self.batches.dead.pop() else { return Ok(None) };
+        let payload = encode(&RegistryEntry::Retired { at_ms })?;
+        self.start_append(subjects::registry_batch(seq), Stored::Retired, payload).await.map(Some)
+    }
+
+    /// Batches waiting to be retired.
+    pub fn retirable(&self) -> usize {
+        self.batches.dead.len()
     }
 
     /// Starts compacting a garbage-collected task's record to a tombstone
     /// (conditional, like every append: a deposed leader cannot forget
     /// anything); its ticket, as [`Registry::start_put_task`].
     pub async fn start_forget(&mut self, id: &TaskId, at_ms: u64) -> Result<u64, Error> {
-        let entry = RegistryEntry::Forgotten { id: id.clone(), at_ms };
-        self.start_append(subjects::registry_task(id), id.number(), &entry).await
+        let payload = encode(&RegistryEntry::Forgotten { id: id.clone(), at_ms })?;
+        self.start_append(subjects::registry_task(id), Stored::Task(id.number()), payload).await
     }
 
     /// Appends started and not yet durable.
@@ -344,9 +471,13 @@ impl Registry {
         self.started
     }
 
-    async fn start_append(&mut self, subject: String, task_number: u64, entry: &RegistryEntry) -> Result<u64, Error> {
-        let payload: bytes::Bytes = tenure_protocol::encode(entry).map_err(|e| Error::Encode(e.to_string()))?.into();
-        let expected = self.last_seq + self.in_flight.len() as u64;
+    /// The stream's last sequence the next append will expect.
+    fn next_expected(&self) -> u64 {
+        self.last_seq + self.in_flight.len() as u64
+    }
+
+    async fn start_append(&mut self, subject: String, stored: Stored, payload: bytes::Bytes) -> Result<u64, Error> {
+        let expected = self.next_expected();
         let after_msg_id = self.in_flight.back().map(|a| a.msg_id.clone()).or_else(|| self.last_msg_id.clone());
         let mut append = InFlight {
             subject,
@@ -356,7 +487,7 @@ impl Registry {
             after_msg_id,
             ack: None,
             sent_as_oldest: self.in_flight.is_empty(),
-            task_number,
+            stored,
             pause: None,
             delay: Duration::from_millis(50),
             first_sent: tokio::time::Instant::now(),
@@ -408,7 +539,17 @@ impl Registry {
                     }
                     self.last_seq = ack.sequence;
                     self.last_msg_id = Some(oldest.msg_id.clone());
-                    self.highest_task = self.highest_task.max(oldest.task_number);
+                    match &oldest.stored {
+                        Stored::Task(n) => {
+                            self.highest_task = self.highest_task.max(*n);
+                            self.batches.superseded(*n);
+                        }
+                        Stored::Batch(tasks) => {
+                            self.highest_task = self.highest_task.max(tasks.iter().copied().max().unwrap_or(0));
+                            self.batches.stored(ack.sequence, tasks);
+                        }
+                        Stored::Retired => {}
+                    }
                     crate::metrics::get().append.record(oldest.first_sent.elapsed().as_secs_f64(), &[]);
                     self.in_flight.pop_front();
                     self.durable += 1;
@@ -446,7 +587,7 @@ impl Registry {
     /// One append, acknowledged before it returns (the epoch claim; nothing
     /// may be in flight).
     async fn append(&mut self, subject: String, entry: &RegistryEntry) -> Result<(), Error> {
-        let payload: bytes::Bytes = tenure_protocol::encode(entry).map_err(|e| Error::Encode(e.to_string()))?.into();
+        let payload = encode(entry)?;
         let expected = self.last_seq;
         let msg_id = format!("{}:{}", self.nonce, expected);
         let policy = backoff::ExponentialBackoff {
@@ -554,31 +695,110 @@ pub async fn bytes_used(js: &jetstream::Context) -> Result<u64, Error> {
     Ok(info.state.bytes)
 }
 
-fn load_one(loaded: &mut Loaded, subject: &str, payload: &[u8]) {
-    if let Some(id) = subject.strip_prefix("tenure.registry.task.") {
-        if let Ok(id) = id.parse::<TaskId>() {
-            loaded.highest_n = loaded.highest_n.max(id.number());
+/// Bytes a record takes in a batch beyond its own encoding: its id at its
+/// longest (a kind, a dash, a number), field markers and length prefixes.
+const BATCHED_OVERHEAD: usize = tenure_protocol::ids::MAX_KIND_LEN + 48;
+/// Bytes of a batch beyond its records: the entry's tag and the list's length.
+const BATCH_OVERHEAD: usize = 32;
+
+fn encode(entry: &RegistryEntry) -> Result<bytes::Bytes, Error> {
+    tenure_protocol::encode(entry).map(Into::into).map_err(|e| Error::Encode(e.to_string()))
+}
+
+/// What the registry's messages say, read in stream order: each task's
+/// latest message wins, whether on its subject or in a batch.
+#[derive(Default)]
+struct Found {
+    /// Task number → the sequence of its latest message and what it says.
+    latest: HashMap<u64, (u64, Latest)>,
+    /// Batches of first records (not retired): sequence → their tasks.
+    batches: Vec<(u64, Vec<u64>)>,
+    /// Unreadable messages that name no task.
+    corrupt: Vec<(String, String)>,
+    last_claim: Option<EpochClaim>,
+    highest_n: u64,
+}
+
+enum Latest {
+    Record(Box<TaskRecord>),
+    Forgotten,
+    /// Unreadable (the subject, or the batch and the task, and why): the
+    /// task is not loaded, and an older version of it never is either.
+    Corrupt(String, String),
+}
+
+impl Found {
+    fn message(&mut self, seq: u64, subject: &str, payload: &[u8]) {
+        let named =
+            subject.strip_prefix(TASK_SUBJECT_PREFIX).and_then(|id| id.parse::<TaskId>().ok()).map(|id| id.number());
+        let entry = tenure_protocol::decode::<RegistryEntry>(payload);
+        if let Err(e) = &entry {
+            tracing::error!(%subject, error = %e, "corrupt registry record kept aside");
+        }
+        match (entry, named) {
+            (Ok(RegistryEntry::Task(record)), _) => self.task(seq, record.id.number(), Latest::Record(record)),
+            (Ok(RegistryEntry::Forgotten { id, .. }), _) => self.task(seq, id.number(), Latest::Forgotten),
+            (Ok(RegistryEntry::Batch(batch)), _) => {
+                let tasks = batch.iter().map(|b| b.id.number()).collect();
+                for Batched { id, entry } in batch {
+                    let latest = match tenure_protocol::decode::<RegistryEntry>(&entry) {
+                        Ok(RegistryEntry::Task(record)) if record.id == id => Latest::Record(record),
+                        other => {
+                            let why = match other {
+                                Err(e) => e.to_string(),
+                                Ok(_) => format!("the batch's record of {id} is not a record of {id}"),
+                            };
+                            tracing::error!(%subject, task = %id, error = %why, "corrupt registry record kept aside");
+                            Latest::Corrupt(format!("{subject} ({id})"), why)
+                        }
+                    };
+                    self.task(seq, id.number(), latest);
+                }
+                self.batches.push((seq, tasks));
+            }
+            (Ok(RegistryEntry::Retired { .. }), _) => {}
+            (Ok(RegistryEntry::Epoch(claim)), _) => {
+                if self.last_claim.as_ref().is_none_or(|c| c.epoch < claim.epoch) {
+                    self.last_claim = Some(claim);
+                }
+            }
+            (Err(e), Some(n)) => self.task(seq, n, Latest::Corrupt(subject.to_owned(), e.to_string())),
+            (Err(e), None) => self.corrupt.push((subject.to_owned(), e.to_string())),
         }
     }
-    match tenure_protocol::decode::<RegistryEntry>(payload) {
-        Ok(RegistryEntry::Task(record)) => {
-            loaded.highest_n = loaded.highest_n.max(record.id.number());
-            loaded.records.push(*record);
+
+    fn task(&mut self, seq: u64, n: u64, latest: Latest) {
+        self.highest_n = self.highest_n.max(n);
+        self.latest.insert(n, (seq, latest));
+    }
+
+    /// Every task's latest record (in the order of the messages holding
+    /// them), the unreadable ones, and which batches still hold a latest
+    /// record: those that hold none are to be retired.
+    fn into_loaded(self, loaded: &mut Loaded) {
+        let mut batches = Batches::default();
+        for (seq, tasks) in self.batches {
+            let live: Vec<u64> = tasks.into_iter().filter(|n| self.latest.get(n).is_some_and(|l| l.0 == seq)).collect();
+            batches.stored(seq, &live);
         }
-        Ok(RegistryEntry::Forgotten { id, .. }) => {
-            loaded.highest_n = loaded.highest_n.max(id.number());
-        }
-        Ok(RegistryEntry::Epoch(claim)) => {
-            if loaded.last_claim.as_ref().is_none_or(|c| c.epoch < claim.epoch) {
-                loaded.last_claim = Some(claim);
+        let mut latest: Vec<(u64, Latest)> = self.latest.into_values().collect();
+        latest.sort_unstable_by_key(|(seq, _)| *seq);
+        loaded.corrupt = self.corrupt;
+        for (_, l) in latest {
+            match l {
+                Latest::Record(record) => loaded.records.push(*record),
+                Latest::Corrupt(subject, why) => loaded.corrupt.push((subject, why)),
+                Latest::Forgotten => {}
             }
         }
-        Err(e) => {
-            tracing::error!(%subject, error = %e, "corrupt registry record kept aside");
-            loaded.corrupt.push((subject.to_owned(), e.to_string()));
-        }
+        loaded.last_claim = self.last_claim;
+        loaded.highest_n = self.highest_n;
+        loaded.batches = batches;
     }
 }
+
+/// The prefix of a task's own registry subject.
+const TASK_SUBJECT_PREFIX: &str = "tenure.registry.task.";
 
 #[cfg(test)]
 mod tests {
@@ -620,7 +840,7 @@ mod tests {
                 after_msg_id: old.last_msg_id.clone(),
                 ack: None,
                 sent_as_oldest: true,
-                task_number: 2,
+                stored: Stored::Task(2),
                 pause: None,
                 delay: Duration::from_millis(50),
                 first_sent: tokio::time::Instant::now(),
@@ -644,6 +864,150 @@ mod tests {
 
     /// The repair of a forgotten message id goes on only when the stream
     /// still ends, at the expected sequence, with our own previous message.
+    /// Appends until everything in flight is durable.
+    async fn settled(registry: &mut Registry) {
+        while registry.in_flight() > 0 {
+            registry.settle().await.unwrap();
+        }
+    }
+
+    /// A fresh registry on `nats` with its first claim made.
+    async fn claimed(js: &jetstream::Context, limits: StreamLimits) -> Registry {
+        let (mut registry, _) = Registry::open(js.clone(), 1, limits).await.unwrap();
+        registry.claim("test", Epoch(1), 0, None).await.unwrap();
+        registry
+    }
+
+    /// Loads the registry as a new leader would: the records' numbers and
+    /// whether each is `reported`, how many batches wait to be retired.
+    async fn load(js: &jetstream::Context) -> (Vec<(u64, bool)>, usize, Vec<String>) {
+        let (registry, loaded) = Registry::open(js.clone(), 1, limits()).await.unwrap();
+        let mut records: Vec<(u64, bool)> = loaded.records.iter().map(|r| (r.id.number(), r.reported)).collect();
+        records.sort_unstable();
+        (records, registry.retirable(), loaded.corrupt.into_iter().map(|(s, _)| s).collect())
+    }
+
+    /// The first records of tasks created together are one message; each
+    /// task's later record supersedes its place in it; once none of its
+    /// records is the latest, the batch is retired — by the leader that saw
+    /// it happen, or by the next one from what it loads.
+    #[test]
+    fn a_batch_of_first_records_is_one_message_superseded_task_by_task_then_retired() {
+        let nats = tenure_testkit::NatsServer::start().expect("nats-server");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let js = jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+            let mut registry = claimed(&js, limits()).await;
+            let (r1, r2, r3) = (record(1), record(2), record(3));
+            registry.start_put_first(&[&r1, &r2, &r3]).await.unwrap();
+            settled(&mut registry).await;
+            let batch_seq = registry.last_seq();
+            assert_eq!(batch_seq, 2, "the claim, then one message for three tasks");
+            let mut stream = js.get_stream(subjects::REGISTRY_STREAM).await.unwrap();
+            let msg = stream.get_raw_message(batch_seq).await.unwrap();
+            assert_eq!(msg.subject.as_str(), subjects::registry_batch(batch_seq));
+            assert_eq!(registry.mark().highest_task, 3);
+            assert_eq!(load(&js).await, (vec![(1, false), (2, false), (3, false)], 0, vec![]));
+
+            // Two tasks move on: the batch still holds the third's latest record.
+            let reported = |mut r: TaskRecord| {
+                r.reported = true;
+                r
+            };
+            registry.start_put_task(&reported(r2.clone())).await.unwrap();
+            registry.start_forget(&r1.id, 5).await.unwrap();
+            settled(&mut registry).await;
+            assert_eq!(registry.retirable(), 0);
+            assert_eq!(load(&js).await, (vec![(2, true), (3, false)], 0, vec![]));
+
+            // The last one moves on: the batch is dead. A leader that died
+            // before retiring it leaves it to the next, which finds it dead.
+            registry.start_put_task(&reported(r3.clone())).await.unwrap();
+            settled(&mut registry).await;
+            assert_eq!(registry.retirable(), 1);
+            assert_eq!(load(&js).await, (vec![(2, true), (3, true)], 1, vec![]));
+
+            let bytes_before = stream.info().await.unwrap().state.bytes;
+            assert_eq!(registry.start_retire(9).await.unwrap(), Some(registry.last_ticket()));
+            assert_eq!(registry.start_retire(9).await.unwrap(), None, "one batch, retired once");
+            settled(&mut registry).await;
+            let tomb = stream.get_last_raw_message_by_subject(&subjects::registry_batch(batch_seq)).await.unwrap();
+            let entry: RegistryEntry = tenure_protocol::decode(&tomb.payload).unwrap();
+            assert_eq!(entry, RegistryEntry::Retired { at_ms: 9 });
+            assert!(stream.info().await.unwrap().state.bytes < bytes_before, "the batch's bytes are freed");
+            assert_eq!(load(&js).await, (vec![(2, true), (3, true)], 0, vec![]));
+        });
+    }
+
+    /// A batch larger than one message goes in several, each within the
+    /// record limit; a record alone in its message goes on its subject.
+    #[test]
+    fn a_batch_is_cut_into_messages_within_the_record_limit() {
+        let nats = tenure_testkit::NatsServer::start().expect("nats-server");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let js = jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+            let small = StreamLimits::new(1 << 30, 4096 + HEADER_ALLOWANCE);
+            let mut registry = claimed(&js, small).await;
+            let records: Vec<TaskRecord> = (1..=41).map(record).collect();
+            let refs: Vec<&TaskRecord> = records.iter().collect();
+            registry.start_put_first(&refs).await.unwrap();
+            settled(&mut registry).await;
+            let mut stream = js.get_stream(subjects::REGISTRY_STREAM).await.unwrap();
+            let messages = registry.last_seq() - 1;
+            assert!(messages > 2 && messages < 41, "{messages} messages for 41 records of ~300 bytes in 4 KiB");
+            for seq in 2..=registry.last_seq() {
+                let msg = stream.get_raw_message(seq).await.unwrap();
+                assert!(msg.payload.len() <= 4096, "message {seq} is {} bytes", msg.payload.len());
+            }
+            let (loaded, retirable, corrupt) = load(&js).await;
+            assert_eq!(loaded, (1..=41).map(|n| (n, false)).collect::<Vec<_>>());
+            assert_eq!((retirable, corrupt.len()), (0, 0));
+            // One record alone: on its own subject.
+            let one = record(42);
+            registry.start_put_first(&[&one]).await.unwrap();
+            settled(&mut registry).await;
+            let last = stream.get_raw_message(registry.last_seq()).await.unwrap();
+            assert_eq!(last.subject.as_str(), subjects::registry_task(&one.id));
+        });
+    }
+
+    /// An unreadable record in a batch is reported under its task and never
+    /// stands in for the task; the batch's other records load; a later
+    /// record of that task on its subject is its truth.
+    #[test]
+    fn an_unreadable_record_in_a_batch_is_reported_and_a_later_one_supersedes_it() {
+        let nats = tenure_testkit::NatsServer::start().expect("nats-server");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let js = jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+            let registry = claimed(&js, limits()).await;
+            let good = |n: u64| Batched {
+                id: record(n).id,
+                entry: tenure_protocol::encode(&RegistryEntry::Task(Box::new(record(n)))).unwrap(),
+            };
+            let batch = RegistryEntry::Batch(vec![
+                good(1),
+                Batched { id: record(2).id, entry: b"not a record".to_vec() },
+                Batched { id: record(3).id, entry: good(4).entry },
+            ]);
+            let seq = registry.last_seq() + 1;
+            let payload = tenure_protocol::encode(&batch).unwrap();
+            js.publish(subjects::registry_batch(seq), payload.into()).await.unwrap().await.unwrap();
+            let (loaded, _, corrupt) = load(&js).await;
+            assert_eq!(loaded, vec![(1, false)], "only the readable record of its own task");
+            assert_eq!(corrupt.len(), 2, "{corrupt:?}");
+            assert!(corrupt.iter().all(|s| s.starts_with(&subjects::registry_batch(seq))), "{corrupt:?}");
+            let (mut registry, _) = Registry::open(js.clone(), 1, limits()).await.unwrap();
+            registry.claim("test", Epoch(2), 0, None).await.unwrap();
+            registry.start_put_task(&record(2)).await.unwrap();
+            settled(&mut registry).await;
+            let (loaded, _, corrupt) = load(&js).await;
+            assert_eq!(loaded, vec![(1, false), (2, false)]);
+            assert_eq!(corrupt.len(), 1, "task 3's record is still unreadable: {corrupt:?}");
+        });
+    }
+
     #[test]
     fn a_forgotten_message_id_is_repaired_only_when_the_last_message_is_ours() {
         assert!(forgot_our_id(7, Some("me:6"), 7, Some("me:6")));

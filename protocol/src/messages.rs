@@ -1035,7 +1035,7 @@ pub type OutputReply = Result<OutputChunk, ApiError>;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutputChunk {
-    #[serde(with = "serde_bytes_compat")]
+    #[serde(with = "bytes_field")]
     pub data: Vec<u8>,
     /// Offset of the byte after `data`.
     pub next_offset: u64,
@@ -1057,7 +1057,7 @@ pub struct InputRequest {
     pub task: TaskId,
     /// The bytes, delivered as they are (the CLI adds the trailing newline).
     /// 1 to [`MAX_INPUT_BYTES`] bytes.
-    #[serde(with = "serde_bytes_compat")]
+    #[serde(with = "bytes_field")]
     pub data: Vec<u8>,
 }
 
@@ -1079,8 +1079,9 @@ pub struct InputAck {
     pub kept: bool,
 }
 
-/// Serialize byte vectors as MessagePack `bin`, not as arrays of integers.
-mod serde_bytes_compat {
+/// Serialize byte vectors as MessagePack `bin`, not as arrays of integers
+/// (`#[serde(with = "tenure_protocol::messages::bytes_field")]`).
+pub mod bytes_field {
     use serde::{Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(v: &[u8], s: S) -> Result<S::Ok, S::Error> {

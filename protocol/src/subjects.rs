@@ -63,6 +63,16 @@ pub fn registry_task(task: &TaskId) -> String {
     format!("tenure.registry.task.{task}")
 }
 
+/// The prefix of the registry subjects that hold a batch of first records.
+pub const REGISTRY_BATCH_PREFIX: &str = "tenure.registry.batch.";
+
+/// The registry subject of the batch of first records stored at stream
+/// sequence `seq` (each batch has its own, so a later message on it replaces
+/// that batch alone).
+pub fn registry_batch(seq: u64) -> String {
+    format!("{REGISTRY_BATCH_PREFIX}{seq}")
+}
+
 /// The heartbeats of one worker (publish). The subject names the machine, so
 /// that NATS can refuse a machine's credential that speaks for another, and
 /// the leader drops a heartbeat whose body names another worker.
@@ -139,6 +149,8 @@ mod tests {
         assert_eq!(machine_of("tenure.coord.report.W*"), None);
         assert!(registry_task(&t).starts_with(REGISTRY_ALL.trim_end_matches('>')));
         assert!(REGISTRY_EPOCH.starts_with(REGISTRY_ALL.trim_end_matches('>')));
+        assert_eq!(registry_batch(42), "tenure.registry.batch.42");
+        assert!(registry_batch(42).starts_with(REGISTRY_ALL.trim_end_matches('>')));
         let tricky: SessionId = "a.b*>c".parse().unwrap();
         assert_eq!(notices(&tricky), "tenure.notices.612e622a3e63");
         assert!(notices(&tricky).starts_with(NOTICES_ALL.trim_end_matches('>')));

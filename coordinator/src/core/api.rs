@@ -72,6 +72,10 @@ impl Submits {
         }
     }
 
+    pub(super) fn next_number(&self) -> u64 {
+        self.next
+    }
+
     pub(super) fn allocate(&mut self) -> Result<u64, ApiError> {
         let n = self.next;
         self.next = n.checked_add(1).ok_or_else(|| ApiError::Unavailable("task numbers are exhausted".into()))?;
