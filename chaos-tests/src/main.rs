@@ -21,7 +21,7 @@ use clap::{Parser, Subcommand};
 use nix::sys::signal::Signal;
 use rand::{Rng, SeedableRng};
 use tenure_client::{Client, Policy};
-use tenure_protocol::messages::{ApiError, ApiRequest, ApiResponse, SubmitRequest};
+use tenure_protocol::messages::{ApiError, ApiRequest, ApiResponse, BatchTask, SubmitBatch, SubmitRequest};
 use tenure_protocol::{subjects, SessionId, TaskSpec};
 
 use checker::{Final, Proc, Submitted};
@@ -880,6 +880,28 @@ async fn load(
         } else {
             format!("{append}; sleep {}.{:03}", sleep_ms / 1000, sleep_ms % 1000)
         };
+        // One submission in ten is a batch of three such tasks, in one request.
+        if !planted && rng.gen_bool(0.1) {
+            let tasks = (0..3)
+                .map(|i| {
+                    let label = format!("{label}.{i}");
+                    let ms = (sleep_ms + i * 700) % 3000;
+                    let mut spec = TaskSpec::shell(label, format!("{append}; sleep {}.{:03}", ms / 1000, ms % 1000));
+                    spec.idempotent = idempotent;
+                    spec.env.insert("TENURE_CHAOS_RUN".into(), run_id.clone());
+                    BatchTask { idempotency_key: uuid::Uuid::new_v4(), spec }
+                })
+                .collect::<Vec<_>>();
+            let first = {
+                let mut s = submitted.lock().expect("submitted list");
+                for t in &tasks {
+                    s.push(Submitted { label: t.spec.label.clone(), id: None, idempotent, hostile: false });
+                }
+                s.len() - tasks.len()
+            };
+            submit_batch_until_answered(&client, SubmitBatch { session: session.clone(), tasks }, &submitted, first);
+            continue;
+        }
         // One submission in ten is a workflow of two or three such steps.
         let mut spec = if !planted && rng.gen_bool(0.1) {
             let steps =
@@ -909,6 +931,27 @@ fn submit_until_answered(client: &Client, req: SubmitRequest, submitted: &Arc<Mu
         if let Ok(answer) = client.submit_request(req, &LOAD_SUBMIT).await {
             if let Ok(mut s) = submitted.lock() {
                 s[index].id = Some(answer.task.to_string());
+            }
+        }
+    });
+}
+
+/// [`submit_until_answered`] for a batch: every task's id is recorded, from
+/// `first` on, in the batch's order.
+fn submit_batch_until_answered(
+    client: &Client,
+    batch: SubmitBatch,
+    submitted: &Arc<Mutex<Vec<Submitted>>>,
+    first: usize,
+) {
+    let (client, submitted) = (client.clone(), submitted.clone());
+    tokio::spawn(async move {
+        let request = ApiRequest::SubmitBatch(batch);
+        if let Ok(ApiResponse::SubmittedBatch(done)) = client.request(&request, &LOAD_SUBMIT).await {
+            if let Ok(mut s) = submitted.lock() {
+                for (i, answer) in done.into_iter().enumerate() {
+                    s[first + i].id = Some(answer.task.to_string());
+                }
             }
         }
     });
