@@ -649,7 +649,7 @@ async fn lead<F: Future<Output = ()>>(
             let mut failed: Vec<(tenure_protocol::TaskId, String)> = Vec::new();
             // First records of tasks this input created, in a row: stored
             // together (the rounds that unwind a failure create nothing).
-            let mut firsts: Vec<Box<crate::record::TaskRecord>> = Vec::new();
+            let mut firsts: Vec<crate::record::TaskRecord> = Vec::new();
             let first_of_new =
                 |e: &Effect| rounds == 1 && matches!(e, Effect::Persist(r) if r.id.number() >= created_from);
             for effect in effects {
@@ -658,7 +658,7 @@ async fn lead<F: Future<Output = ()>>(
                 }
                 if failed.is_empty() && first_of_new(&effect) {
                     if let Effect::Persist(record) = effect {
-                        firsts.push(record);
+                        firsts.push(*record);
                     }
                     continue;
                 }
@@ -815,14 +815,14 @@ impl Pipeline {
     /// after the other would; those before it are on their way.
     async fn firsts(
         &mut self,
-        records: Vec<Box<crate::record::TaskRecord>>,
+        records: Vec<crate::record::TaskRecord>,
         failed: &mut Vec<(tenure_protocol::TaskId, String)>,
         out: &Outbox<'_>,
         registry: &mut Registry,
         guard: &mut Guard,
     ) -> Result<(), Stop> {
         self.make_room(out, registry, guard).await?;
-        let refs: Vec<&crate::record::TaskRecord> = records.iter().map(|r| &**r).collect();
+        let refs: Vec<&crate::record::TaskRecord> = records.iter().collect();
         match registry.start_put_first(&refs).await {
             Ok(_) => Ok(()),
             Err((i, registry::Error::Encode(reason))) => {

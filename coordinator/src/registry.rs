@@ -953,7 +953,7 @@ mod tests {
             let refs: Vec<&TaskRecord> = records.iter().collect();
             registry.start_put_first(&refs).await.unwrap();
             settled(&mut registry).await;
-            let mut stream = js.get_stream(subjects::REGISTRY_STREAM).await.unwrap();
+            let stream = js.get_stream(subjects::REGISTRY_STREAM).await.unwrap();
             let messages = registry.last_seq() - 1;
             assert!(messages > 2 && messages < 41, "{messages} messages for 41 records of ~300 bytes in 4 KiB");
             for seq in 2..=registry.last_seq() {
