@@ -647,29 +647,27 @@ async fn lead<F: Future<Output = ()>>(
                 return Ok(Ended::SteppedDown { epoch, reason });
             }
             let mut failed: Vec<(tenure_protocol::TaskId, String)> = Vec::new();
-            // First records of tasks this input created, in a row: stored
-            // together (the rounds that unwind a failure create nothing).
-            let mut firsts: Vec<crate::record::TaskRecord> = Vec::new();
-            let first_of_new =
-                |e: &Effect| rounds == 1 && matches!(e, Effect::Persist(r) if r.id.number() >= created_from);
-            for effect in effects {
+            // The rounds that unwind a failure create nothing.
+            let created_from = if rounds == 1 { created_from } else { u64::MAX };
+            for step in runs_of_firsts(effects, created_from) {
                 if let Err(reason) = guard.check() {
                     return Ok(Ended::SteppedDown { epoch, reason });
                 }
-                if failed.is_empty() && first_of_new(&effect) {
-                    if let Effect::Persist(record) = effect {
-                        firsts.push(*record);
+                let effect = match step {
+                    Step::Firsts(records) if failed.is_empty() => {
+                        match pipeline.firsts(records, &mut failed, &outbox, &mut registry, &mut guard).await {
+                            Ok(()) => continue,
+                            Err(Stop::StepDown(reason) | Stop::Record { reason, .. }) => {
+                                return Ok(Ended::SteppedDown { epoch, reason })
+                            }
+                        }
                     }
-                    continue;
-                }
-                if !firsts.is_empty() {
-                    let records = std::mem::take(&mut firsts);
-                    if let Err(Stop::StepDown(reason) | Stop::Record { reason, .. }) =
-                        pipeline.firsts(records, &mut failed, &outbox, &mut registry, &mut guard).await
-                    {
-                        return Ok(Ended::SteppedDown { epoch, reason });
+                    Step::Firsts(records) => {
+                        records.into_iter().for_each(|r| drop(unwind(Effect::Persist(Box::new(r)), &mut failed)));
+                        continue;
                     }
-                }
+                    Step::One(effect) => effect,
+                };
                 let Some(effect) = unwind(effect, &mut failed) else { continue };
                 let span = effect_span(&effect, epoch).unwrap_or_else(|| span.clone());
                 let step = pipeline.effect(effect, span, &outbox, &mut registry, &mut guard).await;
@@ -680,13 +678,6 @@ async fn lead<F: Future<Output = ()>>(
                         tracing::error!(task = %task, %reason, "a task record cannot be stored; that change fails");
                         failed.push((task, reason));
                     }
-                }
-            }
-            if !firsts.is_empty() {
-                if let Err(Stop::StepDown(reason) | Stop::Record { reason, .. }) =
-                    pipeline.firsts(firsts, &mut failed, &outbox, &mut registry, &mut guard).await
-                {
-                    return Ok(Ended::SteppedDown { epoch, reason });
                 }
             }
             effects = failed
@@ -762,6 +753,32 @@ fn unwind(effect: Effect, failed: &mut Vec<(tenure_protocol::TaskId, String)>) -
         | Effect::Grants { .. }
         | Effect::Notify(_) => None,
     }
+}
+
+/// One step of carrying out an input's effects (steps live for one input
+/// and are moved once: an effect is not boxed for them).
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+enum Step {
+    /// First records of tasks the input created, one after the other in its
+    /// effects: stored together ([`Registry::start_put_first`]).
+    Firsts(Vec<crate::record::TaskRecord>),
+    One(Effect),
+}
+
+/// An input's effects as steps: each run of persists of tasks numbered from
+/// `created_from` on (created by the input: their first records) becomes one
+/// [`Step::Firsts`]; nothing is moved across another effect.
+fn runs_of_firsts(effects: Vec<Effect>, created_from: u64) -> Vec<Step> {
+    let mut steps = Vec::with_capacity(effects.len());
+    for effect in effects {
+        match (effect, steps.last_mut()) {
+            (Effect::Persist(r), Some(Step::Firsts(run))) if r.id.number() >= created_from => run.push(*r),
+            (Effect::Persist(r), _) if r.id.number() >= created_from => steps.push(Step::Firsts(vec![*r])),
+            (other, _) => steps.push(Step::One(other)),
+        }
+    }
+    steps
 }
 
 /// Orders a term's effects around its pipelined registry appends: a persist is
@@ -1205,6 +1222,37 @@ mod tests {
                 .await
                 .unwrap();
             assert_eq!(registry.settle().await.unwrap(), 1);
+
+            // First records stored together: one that cannot be encoded
+            // fails with those after it; those before it are sent.
+            let mut failed = Vec::new();
+            let huge = record(5, "x".repeat(tenure_protocol::MAX_MESSAGE_BYTES));
+            let firsts = vec![record(4, "a".into()), huge, record(6, "b".into())];
+            pipeline.firsts(firsts, &mut failed, &out, &mut registry, &mut guard).await.unwrap();
+            let failed: Vec<String> = failed.iter().map(|(task, _)| task.to_string()).collect();
+            assert_eq!(failed, ["shell-5", "shell-6"]);
+            assert_eq!(registry.in_flight(), 1, "shell-4 alone, on its subject");
+            assert_eq!(registry.settle().await.unwrap(), 2);
         });
+    }
+
+    /// Runs of first records are grouped where they stand: a persist of an
+    /// older task or any other effect ends a run, and nothing moves.
+    #[test]
+    fn first_records_are_grouped_in_runs_and_nothing_moves() {
+        let persist = |n: u64| Effect::Persist(Box::new(record(n, String::new())));
+        let stop = || Effect::StepDown { reason: String::new() };
+        let effects = vec![persist(3), persist(10), persist(11), persist(4), persist(12), stop(), persist(13)];
+        let shape: Vec<String> = runs_of_firsts(effects, 10)
+            .into_iter()
+            .map(|step| match step {
+                Step::Firsts(run) => format!("{:?}", run.iter().map(|r| r.id.number()).collect::<Vec<_>>()),
+                Step::One(Effect::Persist(r)) => r.id.number().to_string(),
+                Step::One(_) => "other".into(),
+            })
+            .collect();
+        assert_eq!(shape, ["3", "[10, 11]", "4", "[12]", "other", "[13]"]);
+        let none = runs_of_firsts(vec![persist(10), persist(11)], u64::MAX);
+        assert!(none.iter().all(|s| matches!(s, Step::One(_))), "{none:?}");
     }
 }

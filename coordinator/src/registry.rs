@@ -410,7 +410,16 @@ impl Registry {
         let mut chunk: Vec<Batched> = Vec::new();
         let (mut chunk_start, mut chunk_bytes) = (0, 0);
         for (i, record) in records.iter().enumerate() {
-            let entry = encode(&RegistryEntry::Task(Box::new((*record).clone()))).map_err(|e| (i, e))?;
+            let entry = match encode(&RegistryEntry::Task(Box::new((*record).clone()))) {
+                Ok(entry) => entry,
+                Err(e) => {
+                    // The records before it go as they would have alone.
+                    if !chunk.is_empty() {
+                        self.start_batch(chunk).await.map_err(|e| (chunk_start, e))?;
+                    }
+                    return Err((i, e));
+                }
+            };
             let bytes = entry.len() + BATCHED_OVERHEAD;
             if !chunk.is_empty() && BATCH_OVERHEAD + chunk_bytes + bytes > self.record_limit {
                 let full = std::mem::take(&mut chunk);
