@@ -873,6 +873,14 @@ mod tests {
 
     /// The repair of a forgotten message id goes on only when the stream
     /// still ends, at the expected sequence, with our own previous message.
+    /// A nats-server of the test's own, a runtime, and a JetStream context on it.
+    fn nats_and_js() -> (tenure_testkit::NatsServer, tokio::runtime::Runtime, jetstream::Context) {
+        let nats = tenure_testkit::NatsServer::start().expect("nats-server");
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let js = rt.block_on(async { jetstream::new(async_nats::connect(&nats.url).await.unwrap()) });
+        (nats, rt, js)
+    }
+
     /// Appends until everything in flight is durable.
     async fn settled(registry: &mut Registry) {
         while registry.in_flight() > 0 {
@@ -902,10 +910,8 @@ mod tests {
     /// it happen, or by the next one from what it loads.
     #[test]
     fn a_batch_of_first_records_is_one_message_superseded_task_by_task_then_retired() {
-        let nats = tenure_testkit::NatsServer::start().expect("nats-server");
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let (_nats, rt, js) = nats_and_js();
         rt.block_on(async {
-            let js = jetstream::new(async_nats::connect(&nats.url).await.unwrap());
             let mut registry = claimed(&js, limits()).await;
             let (r1, r2, r3) = (record(1), record(2), record(3));
             registry.start_put_first(&[&r1, &r2, &r3]).await.unwrap();
@@ -952,10 +958,8 @@ mod tests {
     /// record limit; a record alone in its message goes on its subject.
     #[test]
     fn a_batch_is_cut_into_messages_within_the_record_limit() {
-        let nats = tenure_testkit::NatsServer::start().expect("nats-server");
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let (_nats, rt, js) = nats_and_js();
         rt.block_on(async {
-            let js = jetstream::new(async_nats::connect(&nats.url).await.unwrap());
             let small = StreamLimits::new(1 << 30, 4096 + HEADER_ALLOWANCE);
             let mut registry = claimed(&js, small).await;
             let records: Vec<TaskRecord> = (1..=41).map(record).collect();
@@ -986,10 +990,8 @@ mod tests {
     /// record of that task on its subject is its truth.
     #[test]
     fn an_unreadable_record_in_a_batch_is_reported_and_a_later_one_supersedes_it() {
-        let nats = tenure_testkit::NatsServer::start().expect("nats-server");
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let (_nats, rt, js) = nats_and_js();
         rt.block_on(async {
-            let js = jetstream::new(async_nats::connect(&nats.url).await.unwrap());
             let registry = claimed(&js, limits()).await;
             let good = |n: u64| Batched {
                 id: record(n).id,
