@@ -43,7 +43,7 @@
 //!
 //! **Batches of first records.** The first records of tasks created by one
 //! input (a batch submit) may share one message ([`Registry::start_put_first`]),
-//! on a subject of its own (`tenure.registry.batch.<its sequence>`). Every
+//! on a subject of its own (`tenure.registry.batch.<its first task's number>`). Every
 //! later record of a task goes on the task's own subject, so a batch only
 //! ever loses records: loading takes each task's record from its latest
 //! message, batch or subject, and a batch none of whose records is the latest
@@ -151,10 +151,11 @@ pub struct Loaded {
 }
 
 /// Which batches of first records still hold some task's latest record, kept
-/// from the load on as appends become durable.
+/// from the load on as appends become durable. A batch is named by its first
+/// task's number, as its subject is ([`subjects::registry_batch`]).
 #[derive(Debug, Default)]
 struct Batches {
-    /// Batch (its stream sequence) → how many of its records are still the latest.
+    /// Batch → how many of its records are still the latest.
     live: HashMap<u64, u32>,
     /// Task number → the batch holding its latest record (only such tasks).
     home: HashMap<u64, u64>,
@@ -163,25 +164,25 @@ struct Batches {
 }
 
 impl Batches {
-    /// A batch at `seq` holding the latest records of `tasks` became durable.
-    fn stored(&mut self, seq: u64, tasks: &[u64]) {
+    /// Batch `batch`, holding the latest records of `tasks`, is durable.
+    fn stored(&mut self, batch: u64, tasks: &[u64]) {
         if tasks.is_empty() {
-            return self.dead.push(seq);
+            return self.dead.push(batch);
         }
-        self.live.insert(seq, tasks.len() as u32);
+        self.live.insert(batch, tasks.len() as u32);
         for n in tasks {
-            self.home.insert(*n, seq);
+            self.home.insert(*n, batch);
         }
     }
 
     /// Task `n` has a later durable record than the one in its batch, if any.
     fn superseded(&mut self, n: u64) {
-        let Some(seq) = self.home.remove(&n) else { return };
-        if let Some(live) = self.live.get_mut(&seq) {
+        let Some(batch) = self.home.remove(&n) else { return };
+        if let Some(live) = self.live.get_mut(&batch) {
             *live -= 1;
             if *live == 0 {
-                self.live.remove(&seq);
-                self.dead.push(seq);
+                self.live.remove(&batch);
+                self.dead.push(batch);
             }
         }
     }
@@ -442,9 +443,9 @@ impl Registry {
             let Batched { id, entry } = chunk.remove(0);
             return self.start_append(subjects::registry_task(&id), Stored::Task(id.number()), entry.into()).await;
         }
-        let tasks = chunk.iter().map(|b| b.id.number()).collect();
+        let tasks: Vec<u64> = chunk.iter().map(|b| b.id.number()).collect();
         let payload = encode(&RegistryEntry::Batch(chunk))?;
-        let subject = subjects::registry_batch(self.next_expected() + 1);
+        let subject = subjects::registry_batch(tasks[0]);
         self.start_append(subject, Stored::Batch(tasks), payload).await
     }
 
@@ -452,9 +453,9 @@ impl Registry {
     /// more to a tombstone (conditional, like every append); its ticket, or
     /// `None` when no batch waits for it.
     pub async fn start_retire(&mut self, at_ms: u64) -> Result<Option<u64>, Error> {
-        let Some(seq) = self.batches.dead.pop() else { return Ok(None) };
+        let Some(batch) = self.batches.dead.pop() else { return Ok(None) };
         let payload = encode(&RegistryEntry::Retired { at_ms })?;
-        self.start_append(subjects::registry_batch(seq), Stored::Retired, payload).await.map(Some)
+        self.start_append(subjects::registry_batch(batch), Stored::Retired, payload).await.map(Some)
     }
 
     /// Batches waiting to be retired.
@@ -555,7 +556,7 @@ impl Registry {
                         }
                         Stored::Batch(tasks) => {
                             self.highest_task = self.highest_task.max(tasks.iter().copied().max().unwrap_or(0));
-                            self.batches.stored(ack.sequence, tasks);
+                            self.batches.stored(tasks[0], tasks);
                         }
                         Stored::Retired => {}
                     }
@@ -720,8 +721,9 @@ fn encode(entry: &RegistryEntry) -> Result<bytes::Bytes, Error> {
 struct Found {
     /// Task number → the sequence of its latest message and what it says.
     latest: HashMap<u64, (u64, Latest)>,
-    /// Batches of first records (not retired): sequence → their tasks.
-    batches: Vec<(u64, Vec<u64>)>,
+    /// Batches of first records (not retired): the sequence of their
+    /// message, their name (from the subject), their tasks.
+    batches: Vec<(u64, Option<u64>, Vec<u64>)>,
     /// Unreadable messages that name no task.
     corrupt: Vec<(String, String)>,
     last_claim: Option<EpochClaim>,
@@ -763,7 +765,8 @@ impl Found {
                     };
                     self.task(seq, id.number(), latest);
                 }
-                self.batches.push((seq, tasks));
+                let name = subject.strip_prefix(subjects::REGISTRY_BATCH_PREFIX).and_then(|n| n.parse().ok());
+                self.batches.push((seq, name, tasks));
             }
             (Ok(RegistryEntry::Retired { .. }), _) => {}
             (Ok(RegistryEntry::Epoch(claim)), _) => {
@@ -786,9 +789,14 @@ impl Found {
     /// record: those that hold none are to be retired.
     fn into_loaded(self, loaded: &mut Loaded) {
         let mut batches = Batches::default();
-        for (seq, tasks) in self.batches {
+        for (seq, name, tasks) in self.batches {
             let live: Vec<u64> = tasks.into_iter().filter(|n| self.latest.get(n).is_some_and(|l| l.0 == seq)).collect();
-            batches.stored(seq, &live);
+            match name {
+                Some(name) => batches.stored(name, &live),
+                // Not a subject this registry writes batches on: its records
+                // count, but it is never retired (nothing else is written there).
+                None => tracing::warn!(sequence = seq, "a batch on an unexpected subject is kept as it is"),
+            }
         }
         let mut latest: Vec<(u64, Latest)> = self.latest.into_values().collect();
         latest.sort_unstable_by_key(|(seq, _)| *seq);
@@ -920,7 +928,7 @@ mod tests {
             assert_eq!(batch_seq, 2, "the claim, then one message for three tasks");
             let mut stream = js.get_stream(subjects::REGISTRY_STREAM).await.unwrap();
             let msg = stream.get_raw_message(batch_seq).await.unwrap();
-            assert_eq!(msg.subject.as_str(), subjects::registry_batch(batch_seq));
+            assert_eq!(msg.subject.as_str(), subjects::registry_batch(1), "named by its first task");
             assert_eq!(registry.mark().highest_task, 3);
             assert_eq!(load(&js).await, (vec![(1, false), (2, false), (3, false)], 0, vec![]));
 
@@ -946,11 +954,62 @@ mod tests {
             assert_eq!(registry.start_retire(9).await.unwrap(), Some(registry.last_ticket()));
             assert_eq!(registry.start_retire(9).await.unwrap(), None, "one batch, retired once");
             settled(&mut registry).await;
-            let tomb = stream.get_last_raw_message_by_subject(&subjects::registry_batch(batch_seq)).await.unwrap();
+            let tomb = stream.get_last_raw_message_by_subject(&subjects::registry_batch(1)).await.unwrap();
             let entry: RegistryEntry = tenure_protocol::decode(&tomb.payload).unwrap();
             assert_eq!(entry, RegistryEntry::Retired { at_ms: 9 });
             assert!(stream.info().await.unwrap().state.bytes < bytes_before, "the batch's bytes are freed");
             assert_eq!(load(&js).await, (vec![(2, true), (3, true)], 0, vec![]));
+        });
+    }
+
+    /// A batch is named by its first task, not by where it landed: a
+    /// registry restored from a backup (its messages published again, so
+    /// renumbered) still retires the right batch, and a new batch never
+    /// lands on an old one's subject.
+    #[test]
+    fn a_restored_and_renumbered_registry_retires_the_right_batch() {
+        let (_nats, rt, js) = nats_and_js();
+        rt.block_on(async {
+            let mut registry = claimed(&js, limits()).await;
+            let r1 = record(1);
+            registry.start_put_task(&r1).await.unwrap();
+            registry.start_put_task(&TaskRecord { reported: true, ..r1 }).await.unwrap();
+            let (r2, r3) = (record(2), record(3));
+            registry.start_put_first(&[&r2, &r3]).await.unwrap();
+            settled(&mut registry).await;
+            assert_eq!(registry.last_seq(), 4, "claim, (task 1's first record, replaced), task 1, the batch");
+
+            // Backed up, deleted and published again: the sequences close up.
+            let mut stream = js.get_stream(subjects::REGISTRY_STREAM).await.unwrap();
+            let config = stream.info().await.unwrap().config.clone();
+            let mut backup = Vec::new();
+            for seq in [1, 3, 4] {
+                let msg = stream.get_raw_message(seq).await.unwrap();
+                backup.push((msg.subject.to_string(), msg.payload));
+            }
+            js.delete_stream(subjects::REGISTRY_STREAM).await.unwrap();
+            js.create_stream(config).await.unwrap();
+            for (subject, payload) in backup {
+                js.publish(subject, payload).await.unwrap().await.unwrap();
+            }
+
+            let (mut registry, loaded) = Registry::open(js.clone(), 1, limits()).await.unwrap();
+            assert_eq!(loaded.records.len(), 3);
+            registry.claim("test", Epoch(2), 0, None).await.unwrap();
+            let (r4, r5) = (record(4), record(5));
+            registry.start_put_first(&[&r4, &r5]).await.unwrap();
+            registry.start_put_task(&TaskRecord { reported: true, ..r2 }).await.unwrap();
+            registry.start_put_task(&TaskRecord { reported: true, ..r3 }).await.unwrap();
+            settled(&mut registry).await;
+            assert_eq!(registry.start_retire(7).await.unwrap(), Some(registry.last_ticket()));
+            settled(&mut registry).await;
+            let stream = js.get_stream(subjects::REGISTRY_STREAM).await.unwrap();
+            let old = stream.get_last_raw_message_by_subject(&subjects::registry_batch(2)).await.unwrap();
+            let entry: RegistryEntry = tenure_protocol::decode(&old.payload).unwrap();
+            assert_eq!(entry, RegistryEntry::Retired { at_ms: 7 });
+            let (loaded, retirable, corrupt) = load(&js).await;
+            assert_eq!(loaded, vec![(1, true), (2, true), (3, true), (4, false), (5, false)]);
+            assert_eq!((retirable, corrupt.len()), (0, 0), "the new batch is whole and alive");
         });
     }
 

@@ -66,11 +66,13 @@ pub fn registry_task(task: &TaskId) -> String {
 /// The prefix of the registry subjects that hold a batch of first records.
 pub const REGISTRY_BATCH_PREFIX: &str = "tenure.registry.batch.";
 
-/// The registry subject of the batch of first records stored at stream
-/// sequence `seq` (each batch has its own, so a later message on it replaces
-/// that batch alone).
-pub fn registry_batch(seq: u64) -> String {
-    format!("{REGISTRY_BATCH_PREFIX}{seq}")
+/// The registry subject of the batch of first records whose first task is
+/// number `first` (each batch has its own, so a later message on it replaces
+/// that batch alone; a task number is created once, and its first record is
+/// in one batch at most, so no two batches share one — not even after the
+/// stream was restored and renumbered).
+pub fn registry_batch(first: u64) -> String {
+    format!("{REGISTRY_BATCH_PREFIX}{first}")
 }
 
 /// The heartbeats of one worker (publish). The subject names the machine, so
