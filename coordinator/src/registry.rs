@@ -146,7 +146,8 @@ pub struct Loaded {
     /// The stream's byte limit in force (the configured one, unless the
     /// stream could not be updated to it).
     pub max_bytes: u64,
-    /// Batches of first records and how each task's latest record was found.
+    /// Which batches of first records still hold some task's latest record
+    /// (handed on to the [`Registry`]).
     batches: Batches,
 }
 
