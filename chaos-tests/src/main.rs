@@ -875,21 +875,20 @@ async fn load(
         let label = format!("chaos-{n}");
         let append = ledger_append(&ledger);
         let planted = plant_double && n == 3;
-        let command = if planted {
-            format!("{append}; {append}")
-        } else {
-            format!("{append}; sleep {}.{:03}", sleep_ms / 1000, sleep_ms % 1000)
+        let sleeping = |ms: u64| format!("{append}; sleep {}.{:03}", ms / 1000, ms % 1000);
+        // Every task of the load: tagged with the run, idempotent or not.
+        let of_run = |mut spec: TaskSpec, idempotent: bool| {
+            spec.idempotent = idempotent;
+            spec.env.insert("TENURE_CHAOS_RUN".into(), run_id.clone());
+            spec
         };
+        let command = if planted { format!("{append}; {append}") } else { sleeping(sleep_ms) };
         // One submission in ten is a batch of three such tasks, in one request.
         if !planted && rng.gen_bool(0.1) {
             let tasks = (0..3)
                 .map(|i| {
-                    let label = format!("{label}.{i}");
-                    let ms = (sleep_ms + i * 700) % 3000;
-                    let mut spec = TaskSpec::shell(label, format!("{append}; sleep {}.{:03}", ms / 1000, ms % 1000));
-                    spec.idempotent = idempotent;
-                    spec.env.insert("TENURE_CHAOS_RUN".into(), run_id.clone());
-                    BatchTask { idempotency_key: uuid::Uuid::new_v4(), spec }
+                    let spec = TaskSpec::shell(format!("{label}.{i}"), sleeping((sleep_ms + i * 700) % 3000));
+                    BatchTask { idempotency_key: uuid::Uuid::new_v4(), spec: of_run(spec, idempotent) }
                 })
                 .collect::<Vec<_>>();
             let first = {
@@ -903,15 +902,14 @@ async fn load(
             continue;
         }
         // One submission in ten is a workflow of two or three such steps.
-        let mut spec = if !planted && rng.gen_bool(0.1) {
+        let spec = if !planted && rng.gen_bool(0.1) {
             let steps =
                 (0..rng.gen_range(2..=3)).map(|i| format!("{append}; sleep 0.{}", (sleep_ms / 3 + i * 100) % 1000));
             TaskSpec::workflow(label.clone(), steps.collect::<Vec<_>>())
         } else {
             TaskSpec::shell(label.clone(), command)
         };
-        spec.idempotent = idempotent && !planted;
-        spec.env.insert("TENURE_CHAOS_RUN".into(), run_id.clone());
+        let spec = of_run(spec, idempotent && !planted);
         let req = SubmitRequest { session: session.clone(), idempotency_key: uuid::Uuid::new_v4(), spec };
         let index = {
             let mut s = submitted.lock().expect("submitted list");

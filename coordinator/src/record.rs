@@ -351,6 +351,13 @@ pub enum RegistryEntry {
     },
 }
 
+/// [`RegistryEntry::Task`] borrowed: it encodes to the same bytes (same
+/// variant, same name), so an append encodes a record without cloning it.
+#[derive(Serialize)]
+pub(crate) enum TaskEntry<'a> {
+    Task(&'a TaskRecord),
+}
+
 /// One task's record inside a [`RegistryEntry::Batch`]: its id in clear (so
 /// an unreadable record still names its task) and the record encoded as a
 /// [`RegistryEntry::Task`] on its own, exactly as it would be on its subject.
@@ -469,6 +476,19 @@ mod tests {
         let entry = RegistryEntry::Task(Box::new(r));
         let back: RegistryEntry = tenure_protocol::decode(&tenure_protocol::encode(&entry).unwrap()).unwrap();
         assert_eq!(back, entry);
+    }
+
+    #[test]
+    fn a_borrowed_task_entry_encodes_as_the_owned_one() {
+        let r = TaskRecord::new(
+            TaskId::new(Kind::shell(), 9).unwrap(),
+            "alice@host".parse().unwrap(),
+            Uuid::from_u128(7),
+            TaskSpec::shell("l", "echo hi"),
+            5,
+        );
+        let borrowed = tenure_protocol::encode(&TaskEntry::Task(&r)).unwrap();
+        assert_eq!(borrowed, tenure_protocol::encode(&RegistryEntry::Task(Box::new(r))).unwrap());
     }
 
     #[test]

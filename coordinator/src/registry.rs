@@ -66,7 +66,7 @@ use futures::StreamExt;
 use tenure_protocol::messages::RegistryMark;
 use tenure_protocol::{subjects, Epoch, TaskId};
 
-use crate::record::{Batched, EpochClaim, RegistryEntry, TaskRecord};
+use crate::record::{Batched, EpochClaim, RegistryEntry, TaskEntry, TaskRecord};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -394,7 +394,7 @@ impl Registry {
     /// Starts storing the latest version of a task (pipelined); its ticket.
     /// It is durable once [`Registry::settle`] has counted the ticket.
     pub async fn start_put_task(&mut self, record: &TaskRecord) -> Result<u64, Error> {
-        let payload = encode(&RegistryEntry::Task(Box::new(record.clone())))?;
+        let payload = encode_task(record)?.into();
         self.start_append(subjects::registry_task(&record.id), Stored::Task(record.id.number()), payload).await
     }
 
@@ -412,7 +412,7 @@ impl Registry {
         let mut chunk: Vec<Batched> = Vec::new();
         let (mut chunk_start, mut chunk_bytes) = (0, 0);
         for (i, record) in records.iter().enumerate() {
-            let entry = match encode(&RegistryEntry::Task(Box::new((*record).clone()))) {
+            let entry = match encode_task(record) {
                 Ok(entry) => entry,
                 Err(e) => {
                     // The records before it go as they would have alone.
@@ -428,7 +428,7 @@ impl Registry {
                 self.start_batch(full).await.map_err(|e| (chunk_start, e))?;
                 (chunk_start, chunk_bytes) = (i, 0);
             }
-            chunk.push(Batched { id: record.id.clone(), entry: entry.into() });
+            chunk.push(Batched { id: record.id.clone(), entry });
             chunk_bytes += bytes;
         }
         if !chunk.is_empty() {
@@ -714,6 +714,11 @@ const BATCH_OVERHEAD: usize = 32;
 
 fn encode(entry: &RegistryEntry) -> Result<bytes::Bytes, Error> {
     tenure_protocol::encode(entry).map(Into::into).map_err(|e| Error::Encode(e.to_string()))
+}
+
+/// A task's record as a [`RegistryEntry::Task`], encoded without a copy of it.
+fn encode_task(record: &TaskRecord) -> Result<Vec<u8>, Error> {
+    tenure_protocol::encode(&TaskEntry::Task(record)).map_err(|e| Error::Encode(e.to_string()))
 }
 
 /// What the registry's messages say, read in stream order: each task's
