@@ -45,7 +45,7 @@ use tenure_protocol::messages::{
     EvidenceRequest, Heartbeat, LeaseGrant, Notice, Report, ReportAck, WorkerCommand, WorkerReply,
 };
 use tenure_protocol::placement::Concurrency;
-use tenure_protocol::{apply, Decision, Epoch, Event, Kind, Status, TaskId, WorkerId};
+use tenure_protocol::{apply, Attempt, Decision, Epoch, Event, Kind, Status, TaskId, WorkerId};
 use uuid::Uuid;
 
 use crate::limits::{Limits, Usage, Weight};
@@ -203,6 +203,32 @@ pub enum Input {
     Tick,
 }
 
+/// Which version of its task a persisted record is. Two versions of a task
+/// happen once in its life, and only those may share a registry message with
+/// other tasks' records (durability notes a12 and a13): that is what keeps a
+/// task's share of the registry bounded while its records are spread over
+/// messages that other tasks keep alive (`limits.rs` reserves for it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Version {
+    /// The task's first record: the input created the task.
+    First,
+    /// The record of its first grant (`queued` → `leased` with attempt 1;
+    /// an attempt number is never given twice).
+    FirstGrant,
+    /// Any other record.
+    Later,
+}
+
+impl Version {
+    /// Whether `record`, of this version, may share a message with other
+    /// tasks' records: a first record or a first grant, of a task that has
+    /// not ended (an ended task's later records — `reported`, board moves —
+    /// go on its subject, and no reserve covers a task that ended).
+    pub fn may_share(self, record: &TaskRecord) -> bool {
+        self != Version::Later && !record.life.status.is_terminal()
+    }
+}
+
 /// Something the driver must do, in order. Carried out as soon as the
 /// batch is, never kept: the size of its largest variant (a command with a
 /// grant) costs nothing, so it is not boxed.
@@ -210,8 +236,10 @@ pub enum Input {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Effect {
     /// Append this record to the registry (conditionally). Must succeed before
-    /// any later effect of the same batch is carried out.
-    Persist(Box<TaskRecord>),
+    /// any later effect of the same batch is carried out. The version says
+    /// whether it may share a message with other tasks' records
+    /// ([`Version::may_share`]).
+    Persist(Box<TaskRecord>, Version),
     /// Send a command to a worker — to the instance the id is bound to; its
     /// answer comes back as `Input::CommandResult`.
     Command {
@@ -417,13 +445,6 @@ impl Core {
         self.submits.reserve_through(n);
     }
 
-    /// The number the next task created will have: a task numbered at or
-    /// above it when an input is handled was created by that input, so the
-    /// input's append of it is its first record.
-    pub fn next_task_number(&self) -> u64 {
-        self.submits.next_number()
-    }
-
     pub fn epoch(&self) -> Epoch {
         self.epoch
     }
@@ -500,7 +521,7 @@ impl Core {
         group_grants(&mut fx);
         let clock = self.registry_ms(now);
         for e in &mut fx {
-            if let Effect::Persist(r) = e {
+            if let Effect::Persist(r, _) = e {
                 r.clock_ms = clock;
             }
         }
@@ -606,7 +627,11 @@ impl Core {
         self.usage.reweigh(record, weight);
         tracing::debug!(task = %task, attempt = %life.attempt, epoch = %life.epoch, from = %before, to = %after, "task transition");
         let reported = record.reported;
-        fx.push(Effect::Persist(Box::new(record.clone())));
+        let version = match (before, after, life.attempt) {
+            (Status::Queued, Status::Leased, Attempt(1)) => Version::FirstGrant,
+            _ => Version::Later,
+        };
+        fx.push(Effect::Persist(Box::new(record.clone()), version));
         let ended = after.is_terminal() && !before.is_terminal();
         // An end is noticed only if nothing reported it: an end handed to a
         // waiter with this very change is `reported`, and every reader of

@@ -41,7 +41,7 @@ use tracing::Instrument;
 
 use opentelemetry::KeyValue;
 
-use crate::core::{Core, CoreConfig, Effect, Input, Leader, Now};
+use crate::core::{Core, CoreConfig, Effect, Input, Leader, Now, Version};
 use crate::elector::{self, Clock, Elector, LeadershipView, Term};
 use crate::leadership::{self, ms, LeadershipConfig};
 use crate::mark;
@@ -630,8 +630,6 @@ async fn lead<F: Future<Output = ()>>(
         if let Err(reason) = guard.check() {
             return Ok(Ended::SteppedDown { epoch, reason });
         }
-        // Tasks numbered from here on are created by this input.
-        let created_from = core.next_task_number();
         let mut effects = span.in_scope(|| core.handle(input, now()));
         for ms in core.take_dispatch_latencies() {
             metrics::get().dispatch.record(ms as f64 / 1000.0, &[]);
@@ -647,23 +645,23 @@ async fn lead<F: Future<Output = ()>>(
                 return Ok(Ended::SteppedDown { epoch, reason });
             }
             let mut failed: Vec<(tenure_protocol::TaskId, String)> = Vec::new();
-            // The rounds that unwind a failure create nothing.
-            let created_from = if rounds == 1 { created_from } else { u64::MAX };
-            for step in runs_of_firsts(effects, created_from) {
+            for step in runs_of_shared(effects) {
                 if let Err(reason) = guard.check() {
                     return Ok(Ended::SteppedDown { epoch, reason });
                 }
                 let effect = match step {
-                    Step::Firsts(records) if failed.is_empty() => {
-                        match pipeline.firsts(records, &mut failed, &outbox, &mut registry, &mut guard).await {
+                    Step::Shared(records) if failed.is_empty() => {
+                        match pipeline.shared(records, &mut failed, &outbox, &mut registry, &mut guard).await {
                             Ok(()) => continue,
                             Err(Stop::StepDown(reason) | Stop::Record { reason, .. }) => {
                                 return Ok(Ended::SteppedDown { epoch, reason })
                             }
                         }
                     }
-                    Step::Firsts(records) => {
-                        records.into_iter().for_each(|r| drop(unwind(Effect::Persist(Box::new(r)), &mut failed)));
+                    Step::Shared(records) => {
+                        records
+                            .into_iter()
+                            .for_each(|(r, v)| drop(unwind(Effect::Persist(Box::new(r), v), &mut failed)));
                         continue;
                     }
                     Step::One(effect) => effect,
@@ -731,7 +729,7 @@ const MAX_UNWIND_ROUNDS: u32 = 16;
 fn unwind(effect: Effect, failed: &mut Vec<(tenure_protocol::TaskId, String)>) -> Option<Effect> {
     let Some((first, reason)) = failed.first().cloned() else { return Some(effect) };
     match effect {
-        Effect::Persist(record) => {
+        Effect::Persist(record, _) => {
             failed.push((record.id.clone(), format!("it changed with {first}, whose record was not stored")));
             None
         }
@@ -760,21 +758,22 @@ fn unwind(effect: Effect, failed: &mut Vec<(tenure_protocol::TaskId, String)>) -
 #[derive(Debug)]
 #[allow(clippy::large_enum_variant)]
 enum Step {
-    /// First records of tasks the input created, one after the other in its
-    /// effects: stored together ([`Registry::start_put_first`]).
-    Firsts(Vec<crate::record::TaskRecord>),
+    /// Records that may share a message ([`Version::may_share`]), one after
+    /// the other in the input's effects: stored together
+    /// ([`Registry::start_put_shared`]).
+    Shared(Vec<(crate::record::TaskRecord, Version)>),
     One(Effect),
 }
 
-/// An input's effects as steps: each run of persists of tasks numbered from
-/// `created_from` on (created by the input: their first records) becomes one
-/// [`Step::Firsts`]; nothing is moved across another effect.
-fn runs_of_firsts(effects: Vec<Effect>, created_from: u64) -> Vec<Step> {
+/// An input's effects as steps: each run of persists that may share a
+/// message (first records of the tasks it created, first grants) becomes
+/// one [`Step::Shared`]; nothing is moved across another effect.
+fn runs_of_shared(effects: Vec<Effect>) -> Vec<Step> {
     let mut steps = Vec::with_capacity(effects.len());
     for effect in effects {
         match (effect, steps.last_mut()) {
-            (Effect::Persist(r), Some(Step::Firsts(run))) if r.id.number() >= created_from => run.push(*r),
-            (Effect::Persist(r), _) if r.id.number() >= created_from => steps.push(Step::Firsts(vec![*r])),
+            (Effect::Persist(r, v), Some(Step::Shared(run))) if v.may_share(&r) => run.push((*r, v)),
+            (Effect::Persist(r, v), _) if v.may_share(&r) => steps.push(Step::Shared(vec![(*r, v)])),
             (other, _) => steps.push(Step::One(other)),
         }
     }
@@ -803,7 +802,7 @@ impl Pipeline {
         guard: &mut Guard,
     ) -> Result<(), Stop> {
         match effect {
-            Effect::Persist(record) => {
+            Effect::Persist(record, _) => {
                 self.make_room(out, registry, guard).await?;
                 match registry.start_put_task(&record).await {
                     Ok(_) => Ok(()),
@@ -826,27 +825,27 @@ impl Pipeline {
         }
     }
 
-    /// First records of tasks created by one input, as few appends as the
-    /// record limit allows ([`Registry::start_put_first`]). A record that
-    /// cannot be encoded fails with every record after it (`failed`), as one
-    /// after the other would; those before it are on their way.
-    async fn firsts(
+    /// Records that may share a message, as few appends as the record limit
+    /// allows ([`Registry::start_put_shared`]). A record that cannot be
+    /// encoded fails with every record after it (`failed`), as one after the
+    /// other would; those before it are on their way.
+    async fn shared(
         &mut self,
-        records: Vec<crate::record::TaskRecord>,
+        records: Vec<(crate::record::TaskRecord, Version)>,
         failed: &mut Vec<(tenure_protocol::TaskId, String)>,
         out: &Outbox<'_>,
         registry: &mut Registry,
         guard: &mut Guard,
     ) -> Result<(), Stop> {
         self.make_room(out, registry, guard).await?;
-        let refs: Vec<&crate::record::TaskRecord> = records.iter().collect();
-        match registry.start_put_first(&refs).await {
+        let refs: Vec<(&crate::record::TaskRecord, Version)> = records.iter().map(|(r, v)| (r, *v)).collect();
+        match registry.start_put_shared(&refs).await {
             Ok(_) => Ok(()),
             Err((i, registry::Error::Encode(reason))) => {
-                let first = &records[i].id;
+                let first = &records[i].0.id;
                 tracing::error!(task = %first, %reason, "a task record cannot be stored; that change fails");
                 failed.push((first.clone(), reason));
-                for r in &records[i + 1..] {
+                for (r, _) in &records[i + 1..] {
                     failed.push((r.id.clone(), format!("it changed with {first}, whose record was not stored")));
                 }
                 Ok(())
@@ -855,7 +854,7 @@ impl Pipeline {
         }
     }
 
-    /// Retires every batch of first records none of whose records is the
+    /// Retires every batch none of whose records is the
     /// latest any more (see `registry.rs`).
     async fn retire(&mut self, out: &Outbox<'_>, registry: &mut Registry, guard: &mut Guard) -> Result<(), Stop> {
         while registry.retirable() > 0 {
@@ -984,7 +983,7 @@ async fn execute(mut effect: Effect, mark: RegistryMark, out: &Outbox<'_>) -> Re
         }
         // Never reached: the pipeline sends appends. Were one to arrive here,
         // acting without it durable is not an option; ending the term is safe.
-        Effect::Persist(_) | Effect::Forget { .. } => {
+        Effect::Persist(..) | Effect::Forget { .. } => {
             Err(Stop::StepDown("a registry append bypassed the pipeline".to_owned()))
         }
         Effect::Command { worker, instance, command, trace: _ } => {
@@ -1187,7 +1186,13 @@ mod tests {
 
             let huge = record(1, "x".repeat(tenure_protocol::MAX_MESSAGE_BYTES));
             let step = pipeline
-                .effect(Effect::Persist(Box::new(huge)), tracing::Span::none(), &out, &mut registry, &mut guard)
+                .effect(
+                    Effect::Persist(Box::new(huge), Version::Later),
+                    tracing::Span::none(),
+                    &out,
+                    &mut registry,
+                    &mut guard,
+                )
                 .await;
             let Err(Stop::Record { task, reason }) = step else { panic!("{step:?}") };
             assert_eq!(task.to_string(), "shell-1");
@@ -1204,7 +1209,7 @@ mod tests {
                 panic!("a reply becomes an error")
             };
             assert!(why.contains("shell-1") && why.contains("nothing of this request was kept"), "{why}");
-            assert!(unwind(Effect::Persist(Box::new(record(3, "l".into()))), &mut failed).is_none());
+            assert!(unwind(Effect::Persist(Box::new(record(3, "l".into())), Version::Later), &mut failed).is_none());
             assert_eq!(failed.len(), 2, "a later record of the batch fails too");
             assert!(unwind(
                 Effect::Notify(Box::new(tenure_protocol::messages::Notice::Ended(Box::new(
@@ -1218,7 +1223,13 @@ mod tests {
             // The term goes on: the next record lands, unfenced.
             let small = record(2, "fine".into());
             pipeline
-                .effect(Effect::Persist(Box::new(small)), tracing::Span::none(), &out, &mut registry, &mut guard)
+                .effect(
+                    Effect::Persist(Box::new(small), Version::Later),
+                    tracing::Span::none(),
+                    &out,
+                    &mut registry,
+                    &mut guard,
+                )
                 .await
                 .unwrap();
             assert_eq!(registry.settle().await.unwrap(), 1);
@@ -1227,8 +1238,8 @@ mod tests {
             // fails with those after it; those before it are sent.
             let mut failed = Vec::new();
             let huge = record(5, "x".repeat(tenure_protocol::MAX_MESSAGE_BYTES));
-            let firsts = vec![record(4, "a".into()), huge, record(6, "b".into())];
-            pipeline.firsts(firsts, &mut failed, &out, &mut registry, &mut guard).await.unwrap();
+            let firsts = [record(4, "a".into()), huge, record(6, "b".into())].map(|r| (r, Version::First)).to_vec();
+            pipeline.shared(firsts, &mut failed, &out, &mut registry, &mut guard).await.unwrap();
             let failed: Vec<String> = failed.iter().map(|(task, _)| task.to_string()).collect();
             assert_eq!(failed, ["shell-5", "shell-6"]);
             assert_eq!(registry.in_flight(), 1, "shell-4 alone, on its subject");
@@ -1236,23 +1247,39 @@ mod tests {
         });
     }
 
-    /// Runs of first records are grouped where they stand: a persist of an
-    /// older task or any other effect ends a run, and nothing moves.
+    /// Runs of records that may share a message (first records, first
+    /// grants, of tasks that did not end) are grouped where they stand: any
+    /// other record or effect ends a run, and nothing moves.
     #[test]
-    fn first_records_are_grouped_in_runs_and_nothing_moves() {
-        let persist = |n: u64| Effect::Persist(Box::new(record(n, String::new())));
+    fn records_that_may_share_a_message_are_grouped_in_runs_and_nothing_moves() {
+        let persist = |n: u64, version| Effect::Persist(Box::new(record(n, String::new())), version);
+        let ended = |n: u64| {
+            let mut r = record(n, String::new());
+            r.life.status = tenure_protocol::Status::Completed;
+            Effect::Persist(Box::new(r), Version::First)
+        };
         let stop = || Effect::StepDown { reason: String::new() };
-        let effects = vec![persist(3), persist(10), persist(11), persist(4), persist(12), stop(), persist(13)];
-        let shape: Vec<String> = runs_of_firsts(effects, 10)
+        let (first, grant, later) = (Version::First, Version::FirstGrant, Version::Later);
+        let effects = vec![
+            persist(3, later),
+            persist(10, first),
+            persist(1, grant),
+            persist(11, first),
+            persist(4, later),
+            persist(12, first),
+            ended(14),
+            persist(2, grant),
+            stop(),
+            persist(13, grant),
+        ];
+        let shape: Vec<String> = runs_of_shared(effects)
             .into_iter()
             .map(|step| match step {
-                Step::Firsts(run) => format!("{:?}", run.iter().map(|r| r.id.number()).collect::<Vec<_>>()),
-                Step::One(Effect::Persist(r)) => r.id.number().to_string(),
+                Step::Shared(run) => format!("{:?}", run.iter().map(|(r, _)| r.id.number()).collect::<Vec<_>>()),
+                Step::One(Effect::Persist(r, _)) => r.id.number().to_string(),
                 Step::One(_) => "other".into(),
             })
             .collect();
-        assert_eq!(shape, ["3", "[10, 11]", "4", "[12]", "other", "[13]"]);
-        let none = runs_of_firsts(vec![persist(10), persist(11)], u64::MAX);
-        assert!(none.iter().all(|s| matches!(s, Step::One(_))), "{none:?}");
+        assert_eq!(shape, ["3", "[10, 1, 11]", "4", "[12]", "14", "[2]", "other", "[13]"]);
     }
 }

@@ -23,9 +23,13 @@
 //! **A full registry.** The registry stream has a byte limit and refuses new
 //! messages past it, which would stop running tasks from recording their
 //! ends. So submits are refused ([`ApiError::RegistryFull`]) once the bytes
-//! used (sampled by the driver) plus the largest size every live task may
-//! still reach, plus the new one, come within a margin of the limit: the
-//! tasks already admitted can always finish.
+//! used (sampled by the driver) plus what every live task may still add,
+//! plus the new one, come within a margin of the limit: the tasks already
+//! admitted can always finish. A live task may still add one message on its
+//! own subject (which replaces the one before it there) and, until it is
+//! granted, the message of its first grant, which may share a message that
+//! other tasks keep alive (durability note a13): each up to its largest
+//! record.
 //!
 //! It must never refuse or change anything but a new submit.
 
@@ -92,18 +96,25 @@ pub const DEFAULT_OUTPUT_BYTES: u64 = 512 << 20;
 
 /// The share of the registry's byte limit kept free beyond what live tasks
 /// may still need (1/20): board moves and cleanup jobs of finished tasks, and
-/// what ended since the driver last sampled the stream.
+/// what ended or was granted since the driver last sampled the stream.
 const REGISTRY_MARGIN_DIVISOR: u64 = 20;
 
 /// Room in a record for everything a spec does not say: field names, ids,
 /// numbers, timestamps, a worker id, a cleanup job, a trace.
 const RECORD_OVERHEAD: usize = 2048;
 
-/// What one task record weighs in its identity's quotas.
+/// What one task record weighs in its identity's quotas and in the
+/// registry's reserve.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Weight {
     live: u64,
     output: u64,
+    /// Registry messages the task may still add that no later one of its
+    /// own replaces, each up to its largest record: its subject's next
+    /// message while it is live, and the message of its first grant until
+    /// it is granted (that one may share a message other tasks keep,
+    /// durability note a13).
+    reserved: u64,
 }
 
 impl Weight {
@@ -114,7 +125,9 @@ impl Weight {
             (true, false) => MAX_FINAL_OUTPUT_BYTES as u64,
             (true, true) => r.life.outcome.as_ref().and_then(|o| o.output.as_ref()).map_or(0, |o| o.len() as u64),
         };
-        Weight { live: u64::from(!terminal), output }
+        let live = u64::from(!terminal);
+        let ungranted = u64::from(!terminal && r.life.attempt.0 == 0);
+        Weight { live, output, reserved: live + ungranted }
     }
 }
 
@@ -131,7 +144,8 @@ pub struct Held {
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Usage {
     by_identity: HashMap<Box<str>, Held>,
-    /// The largest size every live task's record may still reach (bytes).
+    /// The registry bytes every live task may still add (see
+    /// [`Weight::reserved`]).
     live_reserve: u64,
     /// The registry stream's bytes as the driver last sampled them.
     registry_used: u64,
@@ -145,8 +159,8 @@ impl Usage {
         held.kept = held.kept.saturating_add(1);
         held.live = held.live.saturating_add(w.live);
         held.output = held.output.saturating_add(w.output);
-        if w.live > 0 {
-            self.live_reserve = self.live_reserve.saturating_add(size_bound(&r.spec) as u64);
+        if w.reserved > 0 {
+            self.live_reserve = self.live_reserve.saturating_add(w.reserved * size_bound(&r.spec) as u64);
         }
     }
 
@@ -159,7 +173,8 @@ impl Usage {
         if spec.final_output {
             held.output = held.output.saturating_add(MAX_FINAL_OUTPUT_BYTES as u64);
         }
-        self.live_reserve = self.live_reserve.saturating_add(size_bound(spec) as u64);
+        // Not granted yet: its subject's next message and its first grant's.
+        self.live_reserve = self.live_reserve.saturating_add(2 * size_bound(spec) as u64);
     }
 
     /// A record leaves the leader's memory (garbage-collected, dropped).
@@ -174,8 +189,8 @@ impl Usage {
                 self.by_identity.remove(id);
             }
         }
-        if w.live > 0 {
-            self.live_reserve = self.live_reserve.saturating_sub(size_bound(&r.spec) as u64);
+        if w.reserved > 0 {
+            self.live_reserve = self.live_reserve.saturating_sub(w.reserved * size_bound(&r.spec) as u64);
         }
     }
 
@@ -189,11 +204,10 @@ impl Usage {
             held.live = held.live.saturating_sub(before.live).saturating_add(after.live);
             held.output = held.output.saturating_sub(before.output).saturating_add(after.output);
         }
-        let bound = size_bound(&r.spec) as u64;
-        match (before.live, after.live) {
-            (1, 0) => self.live_reserve = self.live_reserve.saturating_sub(bound),
-            (0, 1) => self.live_reserve = self.live_reserve.saturating_add(bound),
-            _ => {}
+        if after.reserved != before.reserved {
+            let bound = size_bound(&r.spec) as u64;
+            self.live_reserve =
+                self.live_reserve.saturating_sub(before.reserved * bound).saturating_add(after.reserved * bound);
         }
     }
 

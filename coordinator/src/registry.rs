@@ -56,6 +56,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
+use std::sync::Arc;
 
 use std::time::Duration;
 
@@ -66,6 +67,7 @@ use futures::StreamExt;
 use tenure_protocol::messages::RegistryMark;
 use tenure_protocol::{subjects, Epoch, TaskId};
 
+use crate::core::Version;
 use crate::record::{Batched, EpochClaim, RegistryEntry, TaskEntry, TaskRecord};
 
 #[derive(Debug, thiserror::Error)]
@@ -151,28 +153,33 @@ pub struct Loaded {
     batches: Batches,
 }
 
-/// Which batches of first records still hold some task's latest record, kept
-/// from the load on as appends become durable. A batch is named by its first
-/// task's number, as its subject is ([`subjects::registry_batch`]).
+/// Which batches still hold some task's latest record, kept from the load on
+/// as appends become durable. A batch is named by its subject
+/// ([`batch_subject`]).
 #[derive(Debug, Default)]
 struct Batches {
     /// Batch → how many of its records are still the latest.
-    live: HashMap<u64, u32>,
+    live: HashMap<Arc<str>, u32>,
     /// Task number → the batch holding its latest record (only such tasks).
-    home: HashMap<u64, u64>,
+    home: HashMap<u64, Arc<str>>,
     /// Batches none of whose records is the latest any more: to be retired.
-    dead: Vec<u64>,
+    dead: Vec<Arc<str>>,
 }
 
 impl Batches {
-    /// Batch `batch`, holding the latest records of `tasks`, is durable.
-    fn stored(&mut self, batch: u64, tasks: &[u64]) {
+    /// Batch `batch`, holding the latest records of `tasks` (each once), is
+    /// durable: a record it holds is later than one its task had in another
+    /// batch (a first grant after a first record).
+    fn stored(&mut self, batch: Arc<str>, tasks: &[u64]) {
+        for n in tasks {
+            self.superseded(*n);
+        }
         if tasks.is_empty() {
             return self.dead.push(batch);
         }
-        self.live.insert(batch, tasks.len() as u32);
+        self.live.insert(batch.clone(), tasks.len() as u32);
         for n in tasks {
-            self.home.insert(*n, batch);
+            self.home.insert(*n, batch.clone());
         }
     }
 
@@ -222,8 +229,8 @@ pub struct Registry {
 enum Stored {
     /// A record (or tombstone) of this task on its own subject.
     Task(u64),
-    /// First records of these tasks, in one batch.
-    Batch(Vec<u64>),
+    /// Records of these tasks, in one batch (its subject).
+    Batch(Arc<str>, Vec<u64>),
     /// A retired batch's tombstone.
     Retired,
 }
@@ -398,20 +405,21 @@ impl Registry {
         self.start_append(subjects::registry_task(&record.id), Stored::Task(record.id.number()), payload).await
     }
 
-    /// Starts storing the *first* records of tasks created together, as few
-    /// messages as the record limit allows (a batch of one is stored on its
-    /// task's subject); the ticket of the last. Only a task's first record
-    /// may go in a batch: every later one must go on its subject
-    /// ([`Registry::start_put_task`]), which is what lets a batch be retired
-    /// once each of its tasks has moved on.
+    /// Starts storing records of several tasks changed by one input — each
+    /// its task's first record or first grant ([`Version::may_share`]) — in
+    /// as few messages as the record limit allows (a batch of one is stored
+    /// on its task's subject); the ticket of the last. Every other record
+    /// goes on its task's subject ([`Registry::start_put_task`]), so a task
+    /// has at most two records in batches in its life, and a batch only ever
+    /// loses records: it is retired once none of them is the latest.
     ///
     /// Fails with the index of the first record not sent when one cannot be
     /// encoded: the records before it were started, it and those after it
     /// were not.
-    pub async fn start_put_first(&mut self, records: &[&TaskRecord]) -> Result<u64, (usize, Error)> {
-        let mut chunk: Vec<Batched> = Vec::new();
+    pub async fn start_put_shared(&mut self, records: &[(&TaskRecord, Version)]) -> Result<u64, (usize, Error)> {
+        let mut chunk: Vec<(Batched, Version)> = Vec::new();
         let (mut chunk_start, mut chunk_bytes) = (0, 0);
-        for (i, record) in records.iter().enumerate() {
+        for (i, (record, version)) in records.iter().enumerate() {
             let entry = match encode_task(record) {
                 Ok(entry) => entry,
                 Err(e) => {
@@ -428,7 +436,7 @@ impl Registry {
                 self.start_batch(full).await.map_err(|e| (chunk_start, e))?;
                 (chunk_start, chunk_bytes) = (i, 0);
             }
-            chunk.push(Batched { id: record.id.clone(), entry });
+            chunk.push((Batched { id: record.id.clone(), entry }, *version));
             chunk_bytes += bytes;
         }
         if !chunk.is_empty() {
@@ -437,17 +445,25 @@ impl Registry {
         Ok(self.started)
     }
 
-    /// One message of first records: on the task's subject when it holds
-    /// one, on a batch subject of its own otherwise.
-    async fn start_batch(&mut self, mut chunk: Vec<Batched>) -> Result<u64, Error> {
-        if chunk.len() == 1 {
-            let Batched { id, entry } = chunk.remove(0);
-            return self.start_append(subjects::registry_task(&id), Stored::Task(id.number()), entry.into()).await;
-        }
-        let tasks: Vec<u64> = chunk.iter().map(|b| b.id.number()).collect();
-        let payload = encode(&RegistryEntry::Batch(chunk))?;
-        let subject = subjects::registry_batch(tasks[0]);
-        self.start_append(subject, Stored::Batch(tasks), payload).await
+    /// One message of records that may share one: on the task's subject when
+    /// it holds one, on a batch subject of its own otherwise. A record that
+    /// may not share one ([`Version::Later`], never sent here) goes alone
+    /// with the records after it.
+    async fn start_batch(&mut self, chunk: Vec<(Batched, Version)>) -> Result<u64, Error> {
+        let subject = match chunk.as_slice() {
+            [(first, version), _, ..] => batch_subject(first.id.number(), *version),
+            _ => None,
+        };
+        let Some(subject) = subject.filter(|_| chunk.iter().all(|(_, v)| *v != Version::Later)) else {
+            for (Batched { id, entry }, _) in chunk {
+                self.start_append(subjects::registry_task(&id), Stored::Task(id.number()), entry.into()).await?;
+            }
+            return Ok(self.started);
+        };
+        let tasks: Vec<u64> = chunk.iter().map(|(b, _)| b.id.number()).collect();
+        let payload = encode(&RegistryEntry::Batch(chunk.into_iter().map(|(b, _)| b).collect()))?;
+        let subject: Arc<str> = subject.into();
+        self.start_append(subject.to_string(), Stored::Batch(subject, tasks), payload).await
     }
 
     /// Starts compacting a batch none of whose records is the latest any
@@ -456,7 +472,7 @@ impl Registry {
     pub async fn start_retire(&mut self, at_ms: u64) -> Result<Option<u64>, Error> {
         let Some(batch) = self.batches.dead.pop() else { return Ok(None) };
         let payload = encode(&RegistryEntry::Retired { at_ms })?;
-        self.start_append(subjects::registry_batch(batch), Stored::Retired, payload).await.map(Some)
+        self.start_append(batch.to_string(), Stored::Retired, payload).await.map(Some)
     }
 
     /// Batches waiting to be retired.
@@ -555,9 +571,9 @@ impl Registry {
                             self.highest_task = self.highest_task.max(*n);
                             self.batches.superseded(*n);
                         }
-                        Stored::Batch(tasks) => {
+                        Stored::Batch(batch, tasks) => {
                             self.highest_task = self.highest_task.max(tasks.iter().copied().max().unwrap_or(0));
-                            self.batches.stored(tasks[0], tasks);
+                            self.batches.stored(batch.clone(), tasks);
                         }
                         Stored::Retired => {}
                     }
@@ -712,6 +728,19 @@ const BATCHED_OVERHEAD: usize = tenure_protocol::ids::MAX_KIND_LEN + 48;
 /// Bytes of a batch beyond its records: the entry's tag and the list's length.
 const BATCH_OVERHEAD: usize = 32;
 
+/// The subject of a batch whose first record is `version` of task `first`:
+/// `batch.<n>` for first records, `batch.<n>.granted` for first grants. A
+/// task has one record of each in its life, in one batch at most, so no two
+/// batches share a subject — not even after the stream was restored and
+/// renumbered. `None` for any other record, which never starts a batch.
+fn batch_subject(first: u64, version: Version) -> Option<String> {
+    match version {
+        Version::First => Some(subjects::registry_batch(first)),
+        Version::FirstGrant => Some(subjects::registry_grant_batch(first)),
+        Version::Later => None,
+    }
+}
+
 fn encode(entry: &RegistryEntry) -> Result<bytes::Bytes, Error> {
     tenure_protocol::encode(entry).map(Into::into).map_err(|e| Error::Encode(e.to_string()))
 }
@@ -727,9 +756,9 @@ fn encode_task(record: &TaskRecord) -> Result<Vec<u8>, Error> {
 struct Found {
     /// Task number → the sequence of its latest message and what it says.
     latest: HashMap<u64, (u64, Latest)>,
-    /// Batches of first records (not retired): the sequence of their
-    /// message, their name (from the subject), their tasks.
-    batches: Vec<(u64, Option<u64>, Vec<u64>)>,
+    /// Batches (not retired): the sequence of their message, their subject
+    /// when it is one this registry writes batches on, their tasks.
+    batches: Vec<(u64, Option<Arc<str>>, Vec<u64>)>,
     /// Unreadable messages that name no task.
     corrupt: Vec<(String, String)>,
     last_claim: Option<EpochClaim>,
@@ -771,7 +800,7 @@ impl Found {
                     };
                     self.task(seq, id.number(), latest);
                 }
-                let name = subject.strip_prefix(subjects::REGISTRY_BATCH_PREFIX).and_then(|n| n.parse().ok());
+                let name = subjects::is_registry_batch(subject).then(|| Arc::from(subject));
                 self.batches.push((seq, name, tasks));
             }
             (Ok(RegistryEntry::Retired { .. }), _) => {}
@@ -795,7 +824,9 @@ impl Found {
     /// record: those that hold none are to be retired.
     fn into_loaded(self, loaded: &mut Loaded) {
         let mut batches = Batches::default();
-        for (seq, name, tasks) in self.batches {
+        for (seq, name, mut tasks) in self.batches {
+            tasks.sort_unstable();
+            tasks.dedup();
             let live: Vec<u64> = tasks.into_iter().filter(|n| self.latest.get(n).is_some_and(|l| l.0 == seq)).collect();
             match name {
                 Some(name) => batches.stored(name, &live),
@@ -909,6 +940,11 @@ mod tests {
         registry
     }
 
+    /// Records as first records.
+    fn firsts<'a>(records: &[&'a TaskRecord]) -> Vec<(&'a TaskRecord, Version)> {
+        records.iter().map(|r| (*r, Version::First)).collect()
+    }
+
     /// Loads the registry as a new leader would: the records' numbers and
     /// whether each is `reported`, how many batches wait to be retired.
     async fn load(js: &jetstream::Context) -> (Vec<(u64, bool)>, usize, Vec<String>) {
@@ -928,7 +964,7 @@ mod tests {
         rt.block_on(async {
             let mut registry = claimed(&js, limits()).await;
             let (r1, r2, r3) = (record(1), record(2), record(3));
-            registry.start_put_first(&[&r1, &r2, &r3]).await.unwrap();
+            registry.start_put_shared(&firsts(&[&r1, &r2, &r3])).await.unwrap();
             settled(&mut registry).await;
             let batch_seq = registry.last_seq();
             assert_eq!(batch_seq, 2, "the claim, then one message for three tasks");
@@ -968,6 +1004,81 @@ mod tests {
         });
     }
 
+    /// First grants share a message of their own, named by its first task
+    /// and `granted`: it takes the place of their tasks' first records in
+    /// the first batch, which is retired once its last task is granted; the
+    /// grant batch is retired once each of its tasks has a later record.
+    #[test]
+    fn first_grants_share_a_message_that_supersedes_the_first_records_and_is_retired_in_turn() {
+        let (_nats, rt, js) = nats_and_js();
+        rt.block_on(async {
+            let mut registry = claimed(&js, limits()).await;
+            let (r1, r2, r3) = (record(1), record(2), record(3));
+            registry.start_put_shared(&firsts(&[&r1, &r2, &r3])).await.unwrap();
+            let granted = |r: &TaskRecord| {
+                let mut r = r.clone();
+                r.life.status = tenure_protocol::Status::Leased;
+                r.life.attempt = tenure_protocol::Attempt(1);
+                r
+            };
+            let (g2, g3) = (granted(&r2), granted(&r3));
+            registry.start_put_shared(&[(&g2, Version::FirstGrant), (&g3, Version::FirstGrant)]).await.unwrap();
+            settled(&mut registry).await;
+            let stream = js.get_stream(subjects::REGISTRY_STREAM).await.unwrap();
+            let msg = stream.get_raw_message(registry.last_seq()).await.unwrap();
+            assert_eq!(msg.subject.as_str(), subjects::registry_grant_batch(2), "named by its first task, granted");
+            assert_eq!(registry.retirable(), 0, "task 1's first record is still the latest");
+            let (_, loaded) = Registry::open(js.clone(), 1, limits()).await.unwrap();
+            let statuses: Vec<(u64, tenure_protocol::Status)> =
+                loaded.records.iter().map(|r| (r.id.number(), r.life.status)).collect();
+            use tenure_protocol::Status::{Leased, Queued};
+            assert_eq!(statuses, [(1, Queued), (2, Leased), (3, Leased)], "each task's latest, in stream order");
+
+            // Task 1's grant alone goes on its subject: the first batch is dead.
+            registry.start_put_shared(&[(&granted(&r1), Version::FirstGrant)]).await.unwrap();
+            settled(&mut registry).await;
+            assert_eq!(registry.retirable(), 1);
+            assert_eq!(load(&js).await.1, 1, "a new leader finds the same");
+            registry.start_retire(3).await.unwrap();
+            settled(&mut registry).await;
+            let tomb = stream.get_last_raw_message_by_subject(&subjects::registry_batch(1)).await.unwrap();
+            assert_eq!(
+                tenure_protocol::decode::<RegistryEntry>(&tomb.payload).unwrap(),
+                RegistryEntry::Retired { at_ms: 3 }
+            );
+
+            // Each granted task moves on; the grant batch goes in turn.
+            let done = |mut r: TaskRecord| {
+                r.life.status = tenure_protocol::Status::Completed;
+                r
+            };
+            registry.start_put_task(&done(g2)).await.unwrap();
+            settled(&mut registry).await;
+            assert_eq!(registry.retirable(), 0);
+            registry.start_put_task(&done(g3)).await.unwrap();
+            settled(&mut registry).await;
+            assert_eq!(registry.retirable(), 1);
+            registry.start_retire(4).await.unwrap();
+            settled(&mut registry).await;
+            let tomb = stream.get_last_raw_message_by_subject(&subjects::registry_grant_batch(2)).await.unwrap();
+            assert_eq!(
+                tenure_protocol::decode::<RegistryEntry>(&tomb.payload).unwrap(),
+                RegistryEntry::Retired { at_ms: 4 }
+            );
+            assert_eq!(load(&js).await, (vec![(1, false), (2, false), (3, false)], 0, vec![]));
+            let statuses: Vec<_> = Registry::open(js.clone(), 1, limits())
+                .await
+                .unwrap()
+                .1
+                .records
+                .iter()
+                .map(|r| r.life.status)
+                .collect();
+            use tenure_protocol::Status::Completed;
+            assert_eq!(statuses, [Leased, Completed, Completed]);
+        });
+    }
+
     /// A batch is named by its first task, not by where it landed: a
     /// registry restored from a backup (its messages published again, so
     /// renumbered) still retires the right batch, and a new batch never
@@ -981,7 +1092,7 @@ mod tests {
             registry.start_put_task(&r1).await.unwrap();
             registry.start_put_task(&TaskRecord { reported: true, ..r1 }).await.unwrap();
             let (r2, r3) = (record(2), record(3));
-            registry.start_put_first(&[&r2, &r3]).await.unwrap();
+            registry.start_put_shared(&firsts(&[&r2, &r3])).await.unwrap();
             settled(&mut registry).await;
             assert_eq!(registry.last_seq(), 4, "claim, (task 1's first record, replaced), task 1, the batch");
 
@@ -1003,7 +1114,7 @@ mod tests {
             assert_eq!(loaded.records.len(), 3);
             registry.claim("test", Epoch(2), 0, None).await.unwrap();
             let (r4, r5) = (record(4), record(5));
-            registry.start_put_first(&[&r4, &r5]).await.unwrap();
+            registry.start_put_shared(&firsts(&[&r4, &r5])).await.unwrap();
             registry.start_put_task(&TaskRecord { reported: true, ..r2 }).await.unwrap();
             registry.start_put_task(&TaskRecord { reported: true, ..r3 }).await.unwrap();
             settled(&mut registry).await;
@@ -1029,7 +1140,7 @@ mod tests {
             let mut registry = claimed(&js, small).await;
             let records: Vec<TaskRecord> = (1..=41).map(record).collect();
             let refs: Vec<&TaskRecord> = records.iter().collect();
-            registry.start_put_first(&refs).await.unwrap();
+            registry.start_put_shared(&firsts(&refs)).await.unwrap();
             settled(&mut registry).await;
             let stream = js.get_stream(subjects::REGISTRY_STREAM).await.unwrap();
             let messages = registry.last_seq() - 1;
@@ -1043,7 +1154,7 @@ mod tests {
             assert_eq!((retirable, corrupt.len()), (0, 0));
             // One record alone: on its own subject.
             let one = record(42);
-            registry.start_put_first(&[&one]).await.unwrap();
+            registry.start_put_shared(&firsts(&[&one])).await.unwrap();
             settled(&mut registry).await;
             let last = stream.get_raw_message(registry.last_seq()).await.unwrap();
             assert_eq!(last.subject.as_str(), subjects::registry_task(&one.id));

@@ -63,16 +63,31 @@ pub fn registry_task(task: &TaskId) -> String {
     format!("tenure.registry.task.{task}")
 }
 
-/// The prefix of the registry subjects that hold a batch of first records.
+/// The prefix of the registry subjects that hold a batch of records.
 pub const REGISTRY_BATCH_PREFIX: &str = "tenure.registry.batch.";
 
-/// The registry subject of the batch of first records whose first task is
-/// number `first` (each batch has its own, so a later message on it replaces
-/// that batch alone; a task number is created once, and its first record is
-/// in one batch at most, so no two batches share one — not even after the
-/// stream was restored and renumbered).
+/// The registry subject of a batch whose first record is the first record of
+/// task number `first` (each batch has its own, so a later message on it
+/// replaces that batch alone; a task number is created once, and its first
+/// record is in one batch at most, so no two batches share one — not even
+/// after the stream was restored and renumbered).
 pub fn registry_batch(first: u64) -> String {
     format!("{REGISTRY_BATCH_PREFIX}{first}")
+}
+
+/// The registry subject of a batch whose first record is the first grant of
+/// task number `first` (a task is granted its first attempt once, so again
+/// no two batches share one).
+pub fn registry_grant_batch(first: u64) -> String {
+    format!("{REGISTRY_BATCH_PREFIX}{first}.granted")
+}
+
+/// Whether `subject` is one [`registry_batch`] or [`registry_grant_batch`]
+/// makes.
+pub fn is_registry_batch(subject: &str) -> bool {
+    let Some(name) = subject.strip_prefix(REGISTRY_BATCH_PREFIX) else { return false };
+    let number = name.strip_suffix(".granted").unwrap_or(name);
+    !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit()) && number.parse::<u64>().is_ok()
 }
 
 /// The heartbeats of one worker (publish). The subject names the machine, so
@@ -152,6 +167,18 @@ mod tests {
         assert!(registry_task(&t).starts_with(REGISTRY_ALL.trim_end_matches('>')));
         assert!(REGISTRY_EPOCH.starts_with(REGISTRY_ALL.trim_end_matches('>')));
         assert_eq!(registry_batch(42), "tenure.registry.batch.42");
+        assert_eq!(registry_grant_batch(42), "tenure.registry.batch.42.granted");
+        assert!(is_registry_batch(&registry_batch(42)) && is_registry_batch(&registry_grant_batch(u64::MAX)));
+        for other in [
+            "tenure.registry.batch.",
+            "tenure.registry.batch.4x",
+            "tenure.registry.batch.42.other",
+            "tenure.registry.batch.99999999999999999999",
+            "tenure.registry.task.shell-1",
+            "tenure.registry.batch.+1",
+        ] {
+            assert!(!is_registry_batch(other), "{other}");
+        }
         assert!(registry_batch(42).starts_with(REGISTRY_ALL.trim_end_matches('>')));
         let tricky: SessionId = "a.b*>c".parse().unwrap();
         assert_eq!(notices(&tricky), "tenure.notices.612e622a3e63");

@@ -18,7 +18,7 @@ use tenure_protocol::{Board, Decision, Event, Kind, SessionId, Status, TaskId, T
 use uuid::Uuid;
 
 use super::waiters::Waiter;
-use super::{Core, Effect, Now};
+use super::{Core, Effect, Now, Version};
 use crate::record::TaskRecord;
 
 /// Submits' idempotency keys and the task numbering.
@@ -70,10 +70,6 @@ impl Submits {
             Some(_) => Ok(()),
             None => Err(ApiError::Unavailable("task numbers are exhausted".into())),
         }
-    }
-
-    pub(super) fn next_number(&self) -> u64 {
-        self.next
     }
 
     pub(super) fn allocate(&mut self) -> Result<u64, ApiError> {
@@ -397,7 +393,7 @@ impl Core {
         self.submits.remember(session, key, id.number());
         self.index(&id, super::concurrency(&record.spec), record.spec.priority, None, record.life.status, None, now);
         let workflow = !record.spec.steps.is_empty() && record.life.status == Status::Queued;
-        fx.push(Effect::Persist(Box::new(record.clone())));
+        fx.push(Effect::Persist(Box::new(record.clone()), Version::First));
         self.usage.add(&record);
         self.tasks.insert(record);
         if workflow {
@@ -481,7 +477,7 @@ impl Core {
         let r = self.tasks.get_mut(task).ok_or_else(|| ApiError::NotFound(task.to_string()))?;
         if !r.reported {
             r.reported = true;
-            fx.push(Effect::Persist(Box::new(r.clone())));
+            fx.push(Effect::Persist(Box::new(r.clone()), Version::Later));
         }
         let r = self.tasks.get(task).ok_or_else(|| ApiError::NotFound(task.to_string()))?;
         Ok(self.snapshot_of(r))

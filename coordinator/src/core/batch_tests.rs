@@ -52,7 +52,7 @@ fn a_batch_creates_its_tasks_in_order_and_replies_after_every_append() {
     let persisted: Vec<u64> = fx[..reply_at]
         .iter()
         .filter_map(|e| match e {
-            Effect::Persist(r) => Some(r.id.number()),
+            Effect::Persist(r, _) => Some(r.id.number()),
             _ => None,
         })
         .collect();
@@ -89,7 +89,7 @@ fn quotas_count_the_tasks_before_it_in_the_batch() {
 
 /// [`refused`] when `before` tasks existed already.
 fn refused_after(h: &Harness, fx: &[Effect], reply: ApiReply, before: u64) -> (u32, ApiError) {
-    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))), "a refused batch stores nothing: {fx:?}");
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))), "a refused batch stores nothing: {fx:?}");
     assert_eq!(h.core.counts().values().sum::<u64>(), before);
     match reply {
         Err(ApiError::InBatch { index, error }) => (index, *error),
@@ -130,12 +130,12 @@ fn a_retried_batch_creates_only_the_tasks_it_has_not_created() {
     let done = created(reply);
     let existing: Vec<bool> = done.iter().map(|d| d.existing).collect();
     assert_eq!(existing, [true, true, false]);
-    assert_eq!(fx.iter().filter(|e| matches!(e, Effect::Persist(_))).count(), 1);
+    assert_eq!(fx.iter().filter(|e| matches!(e, Effect::Persist(..))).count(), 1);
 
     // Sent once more: every task is its earlier one, nothing is stored.
     let (fx, again) = batch(&mut h, "alice", tasks);
     assert_eq!(created(again), done.iter().map(|d| Submitted { existing: true, ..d.clone() }).collect::<Vec<_>>());
-    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))));
     // Keys are per owner: bob's batch with alice's keys is bob's own.
     let bobs = batch(&mut h, "bob", noops(1)).1;
     assert!(created(bobs).iter().all(|d| !d.existing));
@@ -169,4 +169,57 @@ fn a_workflow_in_a_batch_begins_its_steps() {
     let done = created(batch(&mut h, "alice", vec![task(flow), task(TaskSpec::shell("b", "true"))]).1);
     assert_eq!(h.status(&done[0].task), Status::Running, "the workflow runs its steps");
     assert_eq!(done[1].task.number(), 3, "its first step took number 2");
+}
+
+/// Every append of `fx` as (task number, status, version), in order.
+fn versions(fx: &[Effect]) -> Vec<(u64, Status, Version)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Persist(r, v) => Some((r.id.number(), r.life.status, *v)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Only two versions of a task may share a registry message (durability
+/// notes a12, a13): its first record and its first grant, once each. A
+/// second grant, a start, an end, a task's record leased at once (still its
+/// first record) are told apart, and the first grants of one scheduling
+/// pass stand one after the other, before the grants that follow them.
+#[test]
+fn first_records_and_first_grants_are_told_from_every_other_version() {
+    use Status::{Leased, Queued};
+    use Version::{First, FirstGrant, Later};
+    let mut h = Harness::new();
+    let (fx, reply) = batch(&mut h, "alice", noops(3));
+    let ids: Vec<TaskId> = created(reply).into_iter().map(|d| d.task).collect();
+    assert_eq!(versions(&fx), [(1, Queued, First), (2, Queued, First), (3, Queued, First)]);
+
+    let fx = h.heartbeat("w1", 2);
+    assert_eq!(versions(&fx), [(1, Leased, FirstGrant), (2, Leased, FirstGrant)]);
+    let last_append = fx.iter().rposition(|e| matches!(e, Effect::Persist(..))).expect("appends");
+    let first_grant = fx.iter().position(|e| matches!(e, Effect::Grants { .. } | Effect::Command { .. }));
+    assert!(first_grant.is_some_and(|g| g > last_append), "the appends stand together: {fx:?}");
+
+    // Refused: queued again (not a first grant), then granted as attempt 2.
+    let grant = grants(&fx).into_iter().find(|(_, g)| g.task.number() == 1).expect("a grant").1;
+    let fx = h.refuse("w1", grant, Refusal::NoSlot);
+    assert_eq!(versions(&fx), [(1, Queued, Later)]);
+    h.advance(Duration::from_millis(600));
+    let fx = h.heartbeat("w1", 3);
+    assert_eq!(versions(&fx), [(1, Leased, Later), (3, Leased, FirstGrant)], "attempt 2 is not a first grant");
+
+    // A start and an end are later versions; a task leased at its submit
+    // is one append, its first record.
+    let started = h.report_effects("w1", &ids[1], 1, ReportEvent::Started { pid: 7 });
+    assert_eq!(versions(&started), [(2, Status::Running, Later)]);
+    let end = versions(&h.report_effects("w1", &ids[1], 1, completed()));
+    assert_eq!(end[0], (2, Status::Completed, Later));
+    assert!(end[1..].iter().all(|v| v.2 == Later), "{end:?}");
+    let (fx, _) = h.api(ApiRequest::Submit(SubmitRequest {
+        session: s("alice"),
+        idempotency_key: Uuid::new_v4(),
+        spec: TaskSpec::shell("now", "true"),
+    }));
+    assert_eq!(versions(&fx), [(4, Leased, First)]);
 }

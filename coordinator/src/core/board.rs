@@ -16,7 +16,7 @@ use std::time::Duration;
 use tenure_protocol::messages::{ApiError, ApiReply, ApiResponse, CleanupReply, CleanupRequest};
 use tenure_protocol::{Board, Decision, Event, SessionId, TaskId, Unchanged, WorkerId};
 
-use super::{Core, Effect, Now};
+use super::{Core, Effect, Now, Version};
 use crate::record::CleanupJob;
 
 const FIRST_RETRY: Duration = Duration::from_secs(1);
@@ -101,7 +101,7 @@ impl Core {
             Event::Archive | Event::Delete => self.start_cleanup(task, now, fx),
             Event::Unarchive if pending.is_some() => {
                 r.cleanup = pending.map(|j| CleanupJob { cancelled: true, ..j });
-                fx.push(Effect::Persist(Box::new(r.clone())));
+                fx.push(Effect::Persist(Box::new(r.clone()), Version::Later));
                 self.cleanups.settled(task);
                 tracing::info!(task = %task, "unarchived: its pending cleanup job is cancelled");
                 self.send_cleanup(task, now, fx);
@@ -124,7 +124,7 @@ impl Core {
         }
         let job = r.cleanup.map(|j| j.job.saturating_add(1)).unwrap_or(1);
         r.cleanup = Some(CleanupJob { job, done: false, cancelled: false, cancel_confirmed: false });
-        fx.push(Effect::Persist(Box::new(r.clone())));
+        fx.push(Effect::Persist(Box::new(r.clone()), Version::Later));
         self.cleanups.settled(task);
         self.send_cleanup(task, now, fx);
     }
@@ -222,7 +222,7 @@ impl Core {
                 // that found them: they stay, and nothing will remove them.
                 let released = !request.cancel || done.files == 0;
                 r.cleanup = Some(CleanupJob { done: released, cancel_confirmed: request.cancel, ..job });
-                fx.push(Effect::Persist(Box::new(r.clone())));
+                fx.push(Effect::Persist(Box::new(r.clone()), Version::Later));
                 self.cleanups.settled(&task);
                 match (request.cancel, released) {
                     (false, _) => {

@@ -36,7 +36,7 @@ fn approve(h: &mut Harness, session: &str, task: &TaskId) -> (Vec<Effect>, ApiRe
 }
 
 fn persists(fx: &[Effect]) -> usize {
-    fx.iter().filter(|e| matches!(e, Effect::Persist(_))).count()
+    fx.iter().filter(|e| matches!(e, Effect::Persist(..))).count()
 }
 
 fn hint_of(h: &mut Harness, task: &TaskId) -> (Status, Option<HintTag>, String) {
@@ -193,7 +193,7 @@ fn a_held_task_starts_only_once_approved_and_an_approval_applies_once() {
     let (fx, reply) = approve(&mut h, "alice", &task);
     assert!(matches!(&reply, Ok(ApiResponse::Snapshot(s)) if s.status == Status::Queued), "{reply:?}");
     // Approved and leased at once: one append holds both, before the grant.
-    let persisted = fx.iter().position(|e| matches!(e, Effect::Persist(r) if r.life.status == Status::Leased));
+    let persisted = fx.iter().position(|e| matches!(e, Effect::Persist(r, _) if r.life.status == Status::Leased));
     let granted = fx.iter().position(|e| matches!(e, Effect::Command { command: WorkerCommand::Grant(_), .. }));
     assert!(matches!((persisted, granted), (Some(p), Some(g)) if p < g), "approval stored before the grant: {fx:?}");
 
@@ -284,7 +284,7 @@ fn held_tasks_are_killed_unrun_kept_held_by_a_new_leader_and_workflows_wait() {
     fx.extend(new.heartbeat("w1", 4));
     assert!(!fx
         .iter()
-        .any(|e| matches!(e, Effect::Persist(r) if r.parent.as_ref().is_some_and(|p| p.workflow == doomed))));
+        .any(|e| matches!(e, Effect::Persist(r, _) if r.parent.as_ref().is_some_and(|p| p.workflow == doomed))));
     assert_eq!(super::snapshot(&mut new, &doomed).steps.iter().filter(|st| st.task.is_some()).count(), 0);
 }
 
@@ -310,7 +310,7 @@ fn a_running_task_shows_waiting_while_its_worker_says_so_and_only_then() {
         assert_eq!(snapshot(&mut h, &task).status, Status::Running, "{worker} attempt {attempt}");
     }
     let fx = beat_waiting(&mut h, "w1", 1, true);
-    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))), "shown, never stored");
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))), "shown, never stored");
     assert_eq!(snapshot(&mut h, &task).status, Status::Waiting);
     assert_eq!(h.status(&task), Status::Running);
     beat_waiting(&mut h, "w1", 1, false);

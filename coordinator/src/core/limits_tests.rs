@@ -17,7 +17,7 @@ fn try_submit(h: &mut Harness, session: &str, spec: TaskSpec) -> (Vec<Effect>, A
 }
 
 fn persists(fx: &[Effect]) -> usize {
-    fx.iter().filter(|e| matches!(e, Effect::Persist(_))).count()
+    fx.iter().filter(|e| matches!(e, Effect::Persist(..))).count()
 }
 
 /// The command length whose task record, at its largest, takes exactly `limit` bytes.
@@ -360,8 +360,34 @@ fn a_workflow_whose_step_could_not_be_stored_fails_instead_of_creating_it_again(
     let fx = h.input(Input::PersistFailed { task: step.clone(), reason: "too large".into() });
     assert!(h.core.task(&step).is_none());
     assert_eq!(h.status(&flow), Status::Failed);
-    let created = fx.iter().filter(|e| matches!(e, Effect::Persist(r) if r.parent.is_some())).count();
+    let created = fx.iter().filter(|e| matches!(e, Effect::Persist(r, _) if r.parent.is_some())).count();
     assert_eq!(created, 0, "no step is created again: {fx:?}");
     let detail = snapshot(&mut h, &flow).detail.unwrap_or_default();
     assert!(detail.contains("could not be stored"), "{detail}");
+}
+
+/// A task not granted yet reserves room for two more messages (its first
+/// grant may share one other tasks keep alive, durability note a13); once
+/// granted, one (its subject's next); once ended, none.
+#[test]
+fn a_task_reserves_two_records_until_its_first_grant_and_one_until_its_end() {
+    let spec = || TaskSpec::shell("a", "sleep 1");
+    let bound = crate::limits::size_bound(&spec()) as u64;
+    // Room for the first task's record and the two it may add, not for a
+    // second task's record on top (a submit costs its record's bound).
+    let max = 100 << 20;
+    let budget = max - max / 20;
+    let mut h = with(Limits { registry_bytes: max, ..Limits::default() });
+    let used = budget - 2 * bound - bound / 2;
+    h.input(Input::RegistryUsage { bytes: used });
+    let first = h.submit("alice", spec());
+    assert_eq!(h.status(&first), Status::Queued);
+    let (fx, reply) = try_submit(&mut h, "bob", spec());
+    assert!(matches!(reply, Err(ApiError::RegistryFull { .. })), "two records reserved for the queued one: {reply:?}");
+    assert_eq!(persists(&fx), 0);
+    // Granted: one record is reserved for it, and a second task fits.
+    h.heartbeat("w1", 1);
+    assert_eq!(h.status(&first), Status::Leased);
+    let (_, reply) = try_submit(&mut h, "bob", spec());
+    assert!(matches!(reply, Ok(ApiResponse::Submitted { .. })), "{reply:?}");
 }

@@ -19,9 +19,11 @@ use super::Effect;
 /// durable is lost; every effect that followed the first append waits for
 /// this one, which holds everything it reflected (an effect never needs a
 /// version *not* to be durable yet). A task also forgotten by the input keeps
-/// every append, in order.
+/// every append, in order. The merged append keeps the earliest
+/// [`Version`](super::Version) of those it replaces (a first record leased at once is still
+/// the task's first record).
 pub(super) fn coalesce_persists(fx: &mut Vec<Effect>) {
-    if fx.iter().filter(|e| matches!(e, Effect::Persist(_))).count() < 2 {
+    if fx.iter().filter(|e| matches!(e, Effect::Persist(..))).count() < 2 {
         return;
     }
     let forgotten: HashSet<u64> = fx
@@ -34,7 +36,7 @@ pub(super) fn coalesce_persists(fx: &mut Vec<Effect>) {
     let mut first: HashMap<u64, usize> = HashMap::new();
     let mut superseded = vec![false; fx.len()];
     for i in 0..fx.len() {
-        let Effect::Persist(r) = &fx[i] else { continue };
+        let Effect::Persist(r, _) = &fx[i] else { continue };
         let n = r.id.number();
         if forgotten.contains(&n) {
             continue;
@@ -46,6 +48,15 @@ pub(super) fn coalesce_persists(fx: &mut Vec<Effect>) {
             Some(&j) => {
                 fx.swap(i, j);
                 superseded[i] = true;
+                // The merged append is every version it stands for: the
+                // task's first record if one of them was, else its first
+                // grant if one of them was (each happens once per task).
+                if let (Effect::Persist(_, gone), Effect::Persist(_, kept)) = (&fx[i], &fx[j]) {
+                    let merged = (*gone).min(*kept);
+                    if let Effect::Persist(_, kept) = &mut fx[j] {
+                        *kept = merged;
+                    }
+                }
             }
         }
     }

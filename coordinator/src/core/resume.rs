@@ -17,7 +17,7 @@ use tenure_protocol::resume::{self, LossWitness, ResumeState, ResumeVerdict};
 use tenure_protocol::{Attempt, Decision, Epoch, Event, Lifecycle, RecoveryHint, SessionId, Status, TaskId, WorkerId};
 
 use super::retry::Ended;
-use super::{Core, Effect, Now};
+use super::{Core, Effect, Now, Version};
 use crate::record::TaskRecord;
 
 impl Core {
@@ -89,7 +89,7 @@ impl Core {
             state.captured.insert(name, value);
         }
         r.matched_through = last.saturating_add(1);
-        fx.push(Effect::Persist(Box::new(r.clone())));
+        fx.push(Effect::Persist(Box::new(r.clone()), Version::Later));
     }
 
     /// Whether `worker` may take `r`'s next attempt: anywhere, unless the
@@ -167,7 +167,7 @@ impl Core {
         let kept = &mut r.resume_mut().pending_input;
         kept.push(message);
         tracing::info!(task = %task, kept = kept.len(), "input kept for the resumed attempt");
-        fx.push(Effect::Persist(Box::new(r.clone())));
+        fx.push(Effect::Persist(Box::new(r.clone()), Version::Later));
         let r = self.tasks.get(task).ok_or_else(|| ApiError::NotFound(task.to_string()))?;
         Ok(ApiResponse::Snapshot(self.snapshot_of(r)))
     }

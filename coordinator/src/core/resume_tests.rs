@@ -120,12 +120,12 @@ fn input_kept_while_unknown_reaches_the_resumed_attempt_once() {
 
     let (fx, reply) = keep(&mut h, "alice", &t, "hello\n");
     assert!(matches!(reply, Some(Ok(ApiResponse::Snapshot(ref s))) if resume_of(s).pending_input == 1), "{reply:?}");
-    assert!(fx.iter().any(|e| matches!(e, Effect::Persist(_))), "kept durably before the answer");
+    assert!(fx.iter().any(|e| matches!(e, Effect::Persist(..))), "kept durably before the answer");
     // Another owner's task, an oversized message: refused, nothing kept.
     for (who, message) in [("bob", "x\n".to_owned()), ("alice", "y".repeat(MAX_PENDING_MESSAGE_BYTES + 1))] {
         let (fx, reply) = keep(&mut h, who, &t, &message);
         assert!(matches!(reply, Some(Err(_))), "{who}: {reply:?}");
-        assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+        assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))));
     }
     assert_eq!(resume_of(&snapshot(&mut h, &t)).pending_input, 1);
 
@@ -239,7 +239,7 @@ fn a_replaced_store_heard_before_the_new_boot_waits_for_the_boot() {
     assert_eq!(asked.len(), 1, "w1 lost: its evidence is asked for");
     let replaced = || Ok(Ok(AttemptEvidence::Replaced { incarnation: Uuid::from_u128(1001) }));
     let fx = answer(&mut h, &asked[0], replaced());
-    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))), "not settled before the boot is heard: {fx:?}");
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))), "not settled before the boot is heard: {fx:?}");
     assert_ne!(h.status(&t), Status::Unknown);
 
     // The worker comes back on the new boot with the new store; the task is

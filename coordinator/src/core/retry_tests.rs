@@ -155,7 +155,7 @@ fn a_late_or_repeated_report_of_a_retried_attempt_changes_nothing() {
             reply_to: Some("ack".into()),
             report: Report { worker: w("w1"), task: t.clone(), attempt: Attempt(1), epoch: Epoch(3), event: late },
         });
-        assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))), "{fx:?}");
+        assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))), "{fx:?}");
     }
     assert_eq!(h.core.task(&t).unwrap(), &before, "retried once, and only once");
 }
@@ -181,7 +181,7 @@ fn a_new_leader_continues_the_backoff_and_grants_the_retry_exactly_once() {
     let persisted: Vec<TaskRecord> = fx
         .into_iter()
         .filter_map(|e| match e {
-            Effect::Persist(r) => Some(*r),
+            Effect::Persist(r, _) => Some(*r),
             _ => None,
         })
         .collect();
@@ -234,7 +234,7 @@ fn a_task_with_a_delayed_start_waits_for_its_time_and_says_so() {
         spec: spec(NotBefore::At { unix_ms: h.now.wall_ms + 31 * 24 * 3600 * 1000 }),
     }));
     assert!(matches!(reply, Some(Err(ApiError::InvalidSpec(m))) if m.contains("30 days")), "{fx:?}");
-    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))));
 }
 
 #[test]
@@ -244,7 +244,7 @@ fn retries_of_a_task_that_is_not_idempotent_are_refused_and_nothing_is_stored() 
     let (fx, reply) =
         h.api(ApiRequest::Submit(SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec }));
     assert!(matches!(&reply, Some(Err(ApiError::InvalidSpec(m))) if m.contains("not idempotent")), "{reply:?}");
-    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))));
 }
 
 // ---------------------------------------------------------------- priority

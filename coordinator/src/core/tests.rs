@@ -138,13 +138,13 @@ fn a_task_runs_from_submit_to_completed_and_every_change_is_persisted_first() {
     }));
     let Some(Ok(ApiResponse::Submitted { task, existing: false })) = reply else { panic!("{reply:?}") };
     assert_eq!(task.to_string(), "shell-1");
-    assert!(matches!(fx[0], Effect::Persist(_)), "persist before reply: {fx:?}");
+    assert!(matches!(fx[0], Effect::Persist(..)), "persist before reply: {fx:?}");
 
     let fx = h.heartbeat("w1", 2);
     let g = grants(&fx);
     assert_eq!(g.len(), 1);
     assert_eq!((g[0].0.as_str(), g[0].1.attempt, g[0].1.epoch), ("w1", Attempt(1), Epoch(3)));
-    let persist_at = fx.iter().position(|e| matches!(e, Effect::Persist(_))).unwrap();
+    let persist_at = fx.iter().position(|e| matches!(e, Effect::Persist(..))).unwrap();
     let grant_at = fx.iter().position(|e| matches!(e, Effect::Command { .. })).unwrap();
     assert!(persist_at < grant_at);
     assert_eq!(h.status(&task), Status::Leased);
@@ -216,7 +216,7 @@ fn a_retried_submit_returns_the_same_task() {
         panic!()
     };
     assert_eq!(t1, t2);
-    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))));
 }
 
 #[test]
@@ -232,7 +232,7 @@ fn bad_submits_are_refused_and_change_nothing() {
             h.api(ApiRequest::Submit(SubmitRequest { session: s("s"), idempotency_key: Uuid::new_v4(), spec }));
         let err = reply.unwrap().unwrap_err();
         assert!(format!("{err:?}").starts_with(want), "{err:?}");
-        assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+        assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))));
     }
     let (_, reply) = h.api(ApiRequest::List { session: s("s"), all: true });
     assert_eq!(reply, Some(Ok(ApiResponse::List(vec![]))));
@@ -250,7 +250,7 @@ fn other_sessions_see_not_found() {
     ] {
         let (fx, reply) = h.api(req);
         assert!(matches!(reply, Some(Err(ApiError::NotFound(_)))), "{reply:?}");
-        assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+        assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))));
     }
     assert_eq!(h.status(&t), Status::Queued);
 }
@@ -287,7 +287,7 @@ fn a_kill_reason_is_stored_with_the_kill_and_kept_verbatim() {
     for bad in ["x".repeat(MAX_KILL_REASON_BYTES + 1), "a\0b".to_owned()] {
         let (fx, reply) = h.api(ApiRequest::Kill { session: s("s"), task: t.clone(), reason: Some(bad) });
         assert!(matches!(reply, Some(Err(ApiError::InvalidRequest(_)))), "{reply:?}");
-        assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+        assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))));
         assert_eq!(h.status(&t), Status::Running);
     }
     let why = "superseded by shell-9 — «retry» with\ttabs";
@@ -296,7 +296,7 @@ fn a_kill_reason_is_stored_with_the_kill_and_kept_verbatim() {
     assert_eq!(snapshot.kill_reason.as_deref(), Some(why));
     // Persisted with the kill itself: a new leader reads it from the registry.
     let persisted = fx.iter().find_map(|e| match e {
-        Effect::Persist(r) => Some(r.life.kill_reason.clone()),
+        Effect::Persist(r, _) => Some(r.life.kill_reason.clone()),
         _ => None,
     });
     assert_eq!(persisted, Some(Some(why.into())));
@@ -350,7 +350,7 @@ fn run_submits_and_answers_with_the_end() {
     };
     let (fx, reply) = h.api(run(TaskSpec::shell("a", "true"), 5000));
     assert!(reply.is_none(), "held until the end: {fx:?}");
-    assert!(matches!(fx[0], Effect::Persist(_)), "the task is stored first: {fx:?}");
+    assert!(matches!(fx[0], Effect::Persist(..)), "the task is stored first: {fx:?}");
     let task = h.core.tasks.values().next().map(|r| r.id.clone()).expect("the task was created");
     assert_eq!(h.status(&task), Status::Leased);
     let fx = h.report_effects("w1", &task, 1, completed());
@@ -362,7 +362,7 @@ fn run_submits_and_answers_with_the_end() {
     });
     let (finished, snap) = waited.expect("the run is answered with the end");
     assert!(finished && snap.reported && snap.id == task && snap.status == Status::Completed, "{snap:?}");
-    let appended = fx.iter().position(|e| matches!(e, Effect::Persist(r) if r.id == task));
+    let appended = fx.iter().position(|e| matches!(e, Effect::Persist(r, _) if r.id == task));
     let replied = fx.iter().position(|e| matches!(e, Effect::Reply { to, .. } if to == "r"));
     assert!(appended < replied, "the end is stored before the run is answered: {fx:?}");
 
@@ -379,7 +379,7 @@ fn run_submits_and_answers_with_the_end() {
     };
     let (fx, reply) = h.api(bad);
     assert!(matches!(reply, Some(Err(_))), "{reply:?}");
-    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))), "{fx:?}");
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))), "{fx:?}");
     assert_eq!(h.core.tasks.values().count(), 1);
 
     // A task that does not end in time: its snapshot so far, not reported.
@@ -527,14 +527,14 @@ fn matched_lines_are_notified_once_each_and_repeats_change_nothing() {
     };
     let fx = report(&mut h, vec![line(0), line(40)]);
     assert_eq!(notices(&fx).len(), 2);
-    assert!(matches!(fx[0], Effect::Persist(ref r) if r.matched_through == 41 && r.matches == 2), "{fx:?}");
+    assert!(matches!(fx[0], Effect::Persist(ref r, _) if r.matched_through == 41 && r.matches == 2), "{fx:?}");
     // A retry after a lost ack, and a restarted worker re-reading from the start.
     let fx = report(&mut h, vec![line(40), line(0), line(90)]);
     let n = notices(&fx);
     assert!(matches!(&n[..], [Notice::Matched(m)] if m.line.offset == 90), "{n:?}");
     assert_eq!(snapshot(&mut h, &task).matches, 3);
     let fx = report(&mut h, vec![line(90)]);
-    assert!(notices(&fx).is_empty() && !fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    assert!(notices(&fx).is_empty() && !fx.iter().any(|e| matches!(e, Effect::Persist(..))));
     assert!(fx.iter().any(|e| matches!(e, Effect::Ack { ack: ReportAck::Ack, .. })));
     // Another worker's report is stale.
     let stale = h.input(Input::Report {
@@ -564,7 +564,7 @@ fn right_after_a_takeover_an_unknown_kind_is_not_known_yet_rather_than_refused()
     };
     let (fx, reply) = submit(&mut h);
     assert!(matches!(reply, Some(Err(ApiError::Unavailable(_)))), "{reply:?}");
-    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))));
     h.advance(CoreConfig::default().worker_ttl);
     let (_, reply) = submit(&mut h);
     assert!(matches!(reply, Some(Err(ApiError::UnknownKind { .. }))), "{reply:?}");
@@ -764,7 +764,7 @@ fn taken(fx: &[Effect]) -> Option<(Uuid, Uuid)> {
 /// registry would hold them for the next leader.
 fn persisted(fx: &[Effect], into: &mut BTreeMap<TaskId, TaskRecord>) {
     for e in fx {
-        if let Effect::Persist(r) = e {
+        if let Effect::Persist(r, _) = e {
             into.insert(r.id.clone(), (**r).clone());
         }
     }
@@ -926,13 +926,13 @@ fn a_task_leased_at_its_submit_is_stored_once_before_its_reply_and_grant() {
     let persisted: Vec<&TaskRecord> = fx
         .iter()
         .filter_map(|e| match e {
-            Effect::Persist(r) => Some(&**r),
+            Effect::Persist(r, _) => Some(&**r),
             _ => None,
         })
         .collect();
     assert_eq!(persisted.len(), 1, "queued and leased are one append: {fx:?}");
     assert_eq!(persisted[0].life.status, Status::Leased, "the append holds the latest version");
-    assert!(matches!(fx[0], Effect::Persist(_)), "the append comes before the reply and the grant: {fx:?}");
+    assert!(matches!(fx[0], Effect::Persist(..)), "the append comes before the reply and the grant: {fx:?}");
     assert_eq!(grants(&fx).len(), 1);
     assert_eq!(h.status(&task), Status::Leased);
 }
@@ -944,22 +944,22 @@ fn coalescing_keeps_the_last_version_of_each_task_in_the_place_of_its_first() {
         Box::new(TaskRecord::new(id, s("a"), Uuid::nil(), TaskSpec::shell(label, "true"), 0))
     };
     let label = |e: &Effect| match e {
-        Effect::Persist(r) => format!("{}:{}", r.id.number(), r.spec.label),
+        Effect::Persist(r, _) => format!("{}:{}", r.id.number(), r.spec.label),
         Effect::Reply { to, .. } => format!("reply {to}"),
         Effect::Forget { task, .. } => format!("forget {}", task.number()),
         other => format!("{other:?}"),
     };
     let reply = |to: &str| Effect::Reply { to: to.into(), reply: Err(ApiError::NotLeader) };
     let mut fx = vec![
-        Effect::Persist(record(1, "a")),
+        Effect::Persist(record(1, "a"), Version::Later),
         reply("r1"),
-        Effect::Persist(record(2, "x")),
-        Effect::Persist(record(1, "b")),
+        Effect::Persist(record(2, "x"), Version::Later),
+        Effect::Persist(record(1, "b"), Version::Later),
         reply("r2"),
-        Effect::Persist(record(1, "c")),
-        Effect::Persist(record(3, "y")),
+        Effect::Persist(record(1, "c"), Version::Later),
+        Effect::Persist(record(3, "y"), Version::Later),
         Effect::Forget { task: TaskId::new(Kind::shell(), 3).unwrap(), at_ms: 0 },
-        Effect::Persist(record(3, "z")),
+        Effect::Persist(record(3, "z"), Version::Later),
     ];
     coalesce_persists(&mut fx);
     let got: Vec<String> = fx.iter().map(label).collect();
@@ -1093,7 +1093,7 @@ fn pause_and_resume_are_recorded_then_carried_until_the_worker_shows_them() {
     let queued = h.submit("s", TaskSpec::shell("q", "sleep 9"));
     let (fx, reply) = h.api(ApiRequest::Pause { session: s("s"), task: queued.clone() });
     assert!(matches!(reply, Some(Err(ApiError::NotRunning { .. }))), "{reply:?}");
-    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))) && pause_commands(&fx).is_empty());
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))) && pause_commands(&fx).is_empty());
 
     h.heartbeat("w1", 4);
     h.report("w1", &queued, 1, ReportEvent::Started { pid: 7 });
@@ -1106,7 +1106,7 @@ fn pause_and_resume_are_recorded_then_carried_until_the_worker_shows_them() {
     let (fx, reply) = h.api(ApiRequest::Pause { session: s("s"), task: t.clone() });
     let Some(Ok(ApiResponse::Snapshot(snapshot))) = reply else { panic!("{reply:?}") };
     assert_eq!(snapshot.status, Status::Paused);
-    let persisted = fx.iter().position(|e| matches!(e, Effect::Persist(r) if r.life.pause_requested));
+    let persisted = fx.iter().position(|e| matches!(e, Effect::Persist(r, _) if r.life.pause_requested));
     let told = fx.iter().position(|e| matches!(e, Effect::Command { command: WorkerCommand::Pause(_), .. }));
     assert!(matches!((persisted, told), (Some(p), Some(c)) if p < c), "recorded before the worker is told: {fx:?}");
     assert_eq!(pause_commands(&fx), [(true, Attempt(1), Epoch(3))]);
@@ -1187,13 +1187,13 @@ fn reports_sent_together_are_judged_one_by_one_and_answered_after_their_appends(
     let [(at, acks)] = answers[..] else { panic!("one answer: {fx:?}") };
     assert_eq!(*acks, one_by_one);
     assert!(!fx.iter().any(|e| matches!(e, Effect::Ack { .. })), "{fx:?}");
-    let last_append = fx.iter().rposition(|e| matches!(e, Effect::Persist(_))).expect("appends");
+    let last_append = fx.iter().rposition(|e| matches!(e, Effect::Persist(..))).expect("appends");
     assert!(last_append < at, "the answer leaves after every append: {fx:?}");
     // One append per task: shell-1 went from leased to completed in one.
     let appended: Vec<(TaskId, Status)> = fx
         .iter()
         .filter_map(|e| match e {
-            Effect::Persist(r) => Some((r.id.clone(), r.life.status)),
+            Effect::Persist(r, _) => Some((r.id.clone(), r.life.status)),
             _ => None,
         })
         .collect();

@@ -22,7 +22,7 @@ use tenure_protocol::resume::LossWitness;
 use tenure_protocol::{Decision, Epoch, Event, Kind, Status, TaskId, TaskSpec, Unchanged, WorkerId};
 use uuid::Uuid;
 
-use super::{Core, Effect, Now};
+use super::{Core, Effect, Now, Version};
 
 #[derive(Debug, Clone)]
 struct WorkerState {
@@ -369,7 +369,7 @@ impl Core {
         let Some(last) = fresh.iter().map(|l| l.offset).max() else { return ReportAck::Ack };
         r.matched_through = last.saturating_add(1);
         r.matches = r.matches.saturating_add(fresh.len() as u64);
-        fx.push(Effect::Persist(Box::new(r.clone())));
+        fx.push(Effect::Persist(Box::new(r.clone()), Version::Later));
         for line in fresh {
             tracing::info!(task = %task, offset = line.offset, "monitor line matched");
             let notice = MatchNotice {

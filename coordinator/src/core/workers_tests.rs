@@ -425,7 +425,7 @@ fn a_refused_late_grant_leaves_an_unknown_task_unknown() {
         for refusal in [Refusal::SidecarUnavailable("down".into()), Refusal::NoSlot, Refusal::UnknownAttempt] {
             let fx = h.refuse("w1", grant.clone(), refusal.clone());
             assert!(grants(&fx).is_empty(), "{refusal:?}: {fx:?}");
-            assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))), "{refusal:?} changed the task: {fx:?}");
+            assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))), "{refusal:?} changed the task: {fx:?}");
             let r = h.core.task(&t).unwrap();
             assert_eq!((r.life.status, r.life.attempt), (Status::Unknown, Attempt(1)), "{refusal:?}");
         }

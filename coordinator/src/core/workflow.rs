@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use tenure_protocol::messages::{StepView, TaskSnapshot};
 use tenure_protocol::{Ending, Event, HintTag, Outcome, RecoveryHint, Status, TaskId};
 
-use super::{Core, Effect, Now};
+use super::{Core, Effect, Now, Version};
 use crate::record::{StepOf, TaskRecord};
 
 /// Each workflow's steps, and the workflows to advance.
@@ -280,7 +280,7 @@ impl Core {
         tracing::info!(task = %id, workflow = %workflow, step = index + 1, "workflow step created");
         self.index(&id, super::concurrency(&record.spec), record.spec.priority, None, Status::Queued, None, now);
         self.workflows.index_step(&id, &of);
-        fx.push(Effect::Persist(Box::new(record.clone())));
+        fx.push(Effect::Persist(Box::new(record.clone()), Version::First));
         self.usage.add(&record);
         self.tasks.insert(record);
     }

@@ -12,7 +12,7 @@ fn a_cleanup_job_is_persisted_first_retried_with_backoff_and_cancelled_by_unarch
     let (fx, reply) = h.api(ApiRequest::Archive { session: s("s"), task: t.clone() });
     assert!(matches!(reply, Some(Ok(ApiResponse::Snapshot(_)))));
     let persist_at =
-        fx.iter().rposition(|e| matches!(e, Effect::Persist(r) if r.cleanup.is_some())).expect("job persisted");
+        fx.iter().rposition(|e| matches!(e, Effect::Persist(r, _) if r.cleanup.is_some())).expect("job persisted");
     let send_at = fx.iter().position(|e| matches!(e, Effect::Cleanup { .. })).expect("job sent");
     assert!(persist_at < send_at, "the job is durable before it is sent");
     // Unanswered: re-sent after 2 s, then after 4 s (backoff), not before.
@@ -207,14 +207,14 @@ fn a_new_leader_resumes_a_workflow_from_its_children_alone() {
     let created: Vec<_> = fx
         .iter()
         .filter_map(|e| match e {
-            Effect::Persist(r) if r.parent.is_some() => Some((r.id.to_string(), r.life.status)),
+            Effect::Persist(r, _) if r.parent.is_some() => Some((r.id.to_string(), r.life.status)),
             _ => None,
         })
         .collect();
     assert_eq!(created, [("shell-3".to_owned(), Status::Queued)]);
     // A second advance creates nothing more.
     let fx = next.handle(Input::Tick, h.now);
-    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(r) if r.parent.is_some())), "{fx:?}");
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(r, _) if r.parent.is_some())), "{fx:?}");
     assert_eq!(next.task(&flow).unwrap().life.status, Status::Running);
 }
 
@@ -226,7 +226,7 @@ fn a_workflow_naming_an_unknown_step_kind_is_refused_and_creates_nothing() {
     let (fx, reply) =
         h.api(ApiRequest::Submit(SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec }));
     assert!(matches!(reply, Some(Err(ApiError::UnknownKind { ref kind, .. })) if kind == "nosuch"), "{reply:?}");
-    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(_))));
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Persist(..))));
 }
 
 #[test]

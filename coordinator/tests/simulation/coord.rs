@@ -367,7 +367,7 @@ impl Cluster {
             let Some(term) = self.slots[s].term.as_ref() else { return };
             let (epoch, term_id) = (term.epoch, term.id);
             match effect {
-                Effect::Persist(record) => {
+                Effect::Persist(record, _) => {
                     let cut_off = ctx.bus.is_partitioned(Node::Coord(s), ctx.now);
                     let outage = ctx.now < self.registry_down_until;
                     let fenced = epoch < self.registry.epoch && self.bug != Bug::UnfencedRegistry;
