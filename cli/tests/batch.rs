@@ -203,3 +203,53 @@ fn a_batch_is_one_registry_message_that_a_new_leader_loads_and_that_is_retired_o
     assert_eq!(c.snapshot(&ids[19])["status"], "killed");
     assert_eq!(count(&c), 20);
 }
+
+/// Tasks granted in one scheduling pass share registry messages: their first
+/// grants go in one message of their own (`….granted`), which a standby that
+/// takes over loads while the attempts have not started, and which is retired
+/// once each task moved on. No task runs twice.
+#[test]
+fn granted_tasks_share_registry_messages_that_a_new_leader_loads_and_retires() {
+    use nix::sys::signal::Signal;
+    let mut c = Cluster::start_coordinators(2, 1, &[]);
+    let gate = c.dir.path().join("gate");
+    let runs = c.dir.path().join("runs");
+    // Queued for two seconds, then due together: one pass grants all four
+    // (the worker's slots).
+    let command = format!("while [ ! -e {} ]; do sleep 0.05; done; echo ran >> {}", gate.display(), runs.display());
+    let line = serde_json::json!({ "command": command, "not_before_in_ms": 2000 }).to_string() + "\n";
+    let out = batch_from_stdin(&c, &line.repeat(4));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ids = ids(&out);
+    assert_eq!(ids.len(), 4);
+    // The worker stops before they are due: their grants are stored, none is answered.
+    c.signal("worker-w1", Signal::SIGSTOP);
+    let granted =
+        |c: &Cluster| batch_messages(c).into_iter().filter(|(s, _)| s.ends_with(".granted")).collect::<Vec<_>>();
+    let stored = tenure_testkit::eventually(BOUND, || Some(granted(&c)).filter(|g| !g.is_empty()));
+    let Some(stored) = stored else { panic!("no grant batch: {:?}\n{}", batch_messages(&c), c.logs()) };
+    assert_eq!(stored.len(), 1, "one message for the four grants: {stored:?}");
+    assert!(stored[0].1 > 4 * 100, "it holds the four records: {stored:?}");
+
+    c.kill9("coordinator-c1");
+    c.wait_leader("c2");
+    assert_eq!(count(&c), 4, "the new leader loaded every task");
+    for id in &ids {
+        let attempt = c.snapshot(id)["attempt"].as_u64();
+        assert!(attempt.is_some_and(|a| a >= 1), "{id} was loaded with its grant: attempt {attempt:?}");
+    }
+
+    c.signal("worker-w1", Signal::SIGCONT);
+    std::fs::write(&gate, b"").expect("open the gate");
+    for id in &ids {
+        c.wait_status(id, "completed", BOUND);
+    }
+    let ran = std::fs::read_to_string(&runs).expect("runs");
+    assert_eq!(ran.lines().count(), 4, "each task ran once: {ran:?}");
+    // Every task moved on: both batches are retired.
+    let retired = tenure_testkit::eventually(BOUND, || {
+        let b = batch_messages(&c);
+        (b.len() == 2 && b.iter().all(|(_, bytes)| *bytes < 64)).then_some(b)
+    });
+    assert!(retired.is_some(), "not retired: {:?}\n{}", batch_messages(&c), c.logs());
+}

@@ -1,10 +1,10 @@
 //! The durable task record kept in the registry, and its client projection.
 //!
 //! A [`TaskRecord`] is the whole truth about one task; the registry stores its
-//! latest version under the task's subject, or — for the first version of
-//! tasks created together — in one batch message ([`Batched`]).
-//! [`RegistryEntry`] is what a registry message holds: a task record, a
-//! batch of first records, a tombstone, or a leadership claim.
+//! latest version under the task's subject, or — for the first record of
+//! tasks created together, and the first grant of tasks granted together —
+//! in one batch message ([`Batched`]). [`RegistryEntry`] is what a registry
+//! message holds: a task record, a batch, a tombstone, or a leadership claim.
 
 use serde::{Deserialize, Serialize};
 use tenure_protocol::messages::{CleanupState, Resumability, TaskSnapshot};
@@ -339,10 +339,12 @@ pub enum RegistryEntry {
         at_ms: u64,
     },
     Epoch(EpochClaim),
-    /// The first records of tasks created by one input (a batch submit), in
-    /// one message on its own subject ([`tenure_protocol::subjects::registry_batch`]).
-    /// Every later record of each task goes on the task's subject, so the
-    /// batch is superseded task by task (see `registry.rs`).
+    /// The first records of tasks created by one input (a batch submit), or
+    /// the first grants of tasks granted by one input, in one message on its
+    /// own subject ([`tenure_protocol::subjects::registry_batch`],
+    /// [`tenure_protocol::subjects::registry_grant_batch`]). Every other
+    /// record of each task goes on the task's subject, so the batch is
+    /// superseded task by task (see `registry.rs`).
     Batch(Vec<Batched>),
     /// A batch every task of which has a later record: the batch's subject
     /// is compacted to this, so the batch's bytes are freed.

@@ -41,17 +41,19 @@
 //! An append that cannot be encoded ([`Error::Encode`]) fails that one
 //! record: nothing was sent, nothing else in flight is touched.
 //!
-//! **Batches of first records.** The first records of tasks created by one
-//! input (a batch submit) may share one message ([`Registry::start_put_first`]),
-//! on a subject of its own (`tenure.registry.batch.<its first task's number>`). Every
-//! later record of a task goes on the task's own subject, so a batch only
-//! ever loses records: loading takes each task's record from its latest
-//! message, batch or subject, and a batch none of whose records is the latest
-//! any more is compacted to a tombstone ([`Registry::start_retire`], a
-//! conditional append like any other). A task's own subject therefore holds at
-//! most one message and a live task grows the stream by at most its largest
-//! record, as before (`limits.rs` relies on it); a batch's bytes were counted
-//! when its tasks were admitted and are freed when it is retired.
+//! **Batches.** The first records of tasks created by one input (a batch
+//! submit), and the first grants of tasks granted by one input, may share one
+//! message ([`Registry::start_put_shared`]), on a subject of its own
+//! (`tenure.registry.batch.<its first task's number>`, `….granted` for
+//! grants). Every other record of a task goes on the task's own subject, so a
+//! batch only ever loses records: loading takes each task's record from its
+//! latest message, batch or subject, and a batch none of whose records is the
+//! latest any more is compacted to a tombstone ([`Registry::start_retire`], a
+//! conditional append like any other). A task's own subject therefore holds
+//! at most one message, and a task has at most two entries in batches in its
+//! life: a live task adds at most its first grant's entry and its subject's
+//! next message, each up to its largest record (`limits.rs` reserves them);
+//! a batch's bytes are freed when it is retired.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::{Future, IntoFuture};
@@ -148,7 +150,7 @@ pub struct Loaded {
     /// The stream's byte limit in force (the configured one, unless the
     /// stream could not be updated to it).
     pub max_bytes: u64,
-    /// Which batches of first records still hold some task's latest record
+    /// Which batches still hold some task's latest record
     /// (handed on to the [`Registry`]).
     batches: Batches,
 }
@@ -219,7 +221,7 @@ pub struct Registry {
     /// Every registry rollback an operator accepted, merged (carried on by
     /// each epoch claim).
     accepted_floor: Option<RegistryMark>,
-    /// Batches of first records still holding some task's latest record.
+    /// Batches still holding some task's latest record.
     batches: Batches,
     /// Largest payload of one message (see [`record_limit`]).
     record_limit: usize,
@@ -446,9 +448,9 @@ impl Registry {
     }
 
     /// One message of records that may share one: on the task's subject when
-    /// it holds one, on a batch subject of its own otherwise. A record that
-    /// may not share one ([`Version::Later`], never sent here) goes alone
-    /// with the records after it.
+    /// it holds one, on a batch subject of its own otherwise. A chunk holding
+    /// a record that may not share one ([`Version::Later`], never sent here)
+    /// goes record by record, each on its subject.
     async fn start_batch(&mut self, chunk: Vec<(Batched, Version)>) -> Result<u64, Error> {
         let subject = match chunk.as_slice() {
             [(first, version), _, ..] => batch_subject(first.id.number(), *version),
