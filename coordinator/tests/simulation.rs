@@ -198,9 +198,12 @@ fn a_seed_replays_exactly() {
 /// rule it breaks, within a few hundred schedules.
 #[test]
 fn the_checker_catches_planted_bugs() {
-    for (bug, rule) in
-        [(Bug::SkipIntent, "rule 1:"), (Bug::UnfencedRegistry, "rule 2:"), (Bug::ResumeUnproven, "rule 13:")]
-    {
+    for (bug, rule) in [
+        (Bug::SkipIntent, "rule 1:"),
+        (Bug::UnfencedRegistry, "rule 2:"),
+        (Bug::ResumeUnproven, "rule 13:"),
+        (Bug::ShareEveryGrant, "rule 14:"),
+    ] {
         let opts = Options { bug, resumes: bug == Bug::ResumeUnproven, ..Options::default() };
         let caught = (0..400).map(|i| sim::run(0xb0_0000 + i, &opts)).find_map(|o| {
             let failure = o.failure?;

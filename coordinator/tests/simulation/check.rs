@@ -33,9 +33,15 @@
 //!     and 5: it may start again once its process is proven gone) never has
 //!     two attempts' processes alive at once, and starts at most
 //!     `MAX_RESUMES` + 1 times.
+//! 14. A record the leader lets share a registry message with other tasks'
+//!     (durability notes a12, a13) is the task's first record or its first
+//!     grant (leased as attempt 1 over a record of attempt 0), never an ended
+//!     one, and a task has at most two in its life: the bound the registry's
+//!     reserve relies on.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use tenure_coordinator::core::Version;
 use tenure_coordinator::record::TaskRecord;
 use tenure_protocol::messages::TaskSnapshot;
 use tenure_protocol::{Attempt, Epoch, Status, TaskId, WorkerId};
@@ -73,6 +79,8 @@ pub struct Checker {
     approvals_asked: BTreeSet<TaskId>,
     /// Tasks that declare a resume command (rule 13).
     resumable: BTreeSet<TaskId>,
+    /// Records of each task appended as ones that may share a message (rule 14).
+    shared: BTreeMap<TaskId, u32>,
 }
 
 impl Checker {
@@ -161,8 +169,29 @@ impl Checker {
     /// registry accepts: a new task starts queued (or blocked when held), or
     /// leased to its first attempt when it was leased at its submit (one
     /// append for both); attempts never go back.
-    pub fn appended(&mut self, before: Option<&TaskRecord>, after: &TaskRecord) {
+    pub fn appended(&mut self, before: Option<&TaskRecord>, after: &TaskRecord, version: Version) {
         let id = &after.id;
+        if version.may_share(after) {
+            let fits = match version {
+                Version::First => before.is_none(),
+                Version::FirstGrant => {
+                    after.life.status == Status::Leased
+                        && after.life.attempt == Attempt(1)
+                        && before.is_none_or(|b| b.life.attempt == Attempt(0))
+                }
+                Version::Later => false,
+            };
+            let count = self.shared.entry(id.clone()).or_default();
+            *count += 1;
+            let count = *count;
+            if !fits || count > 2 {
+                let was = before.map(|b| (b.life.status, b.life.attempt));
+                self.fail(format!(
+                    "rule 14: {id} appended as {version:?} ({} #{}, shared {count} times) over {was:?}",
+                    after.life.status, after.life.attempt
+                ));
+            }
+        }
         let first = match after.life.status {
             Status::Blocked => after.spec.hold,
             Status::Queued => !after.spec.hold,

@@ -20,10 +20,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use rand::Rng;
-use tenure_coordinator::core::{Core, CoreConfig, Effect, Input, Now};
+use tenure_coordinator::core::{Core, CoreConfig, Effect, Input, Now, Version};
 use tenure_coordinator::record::TaskRecord;
 use tenure_protocol::messages::{Notice, WorkerCommand};
-use tenure_protocol::{Epoch, TaskId, WorkerId};
+use tenure_protocol::{Epoch, Status, TaskId, WorkerId};
 
 use super::bus::{Asked, Dest, Envelope, Msg, Node, Reply};
 use super::{fmt_command, Bug, Ctx, COMMAND_TIMEOUT, LEASE_TTL, RENEW_DEADLINE, TICK_MS};
@@ -367,7 +367,11 @@ impl Cluster {
             let Some(term) = self.slots[s].term.as_ref() else { return };
             let (epoch, term_id) = (term.epoch, term.id);
             match effect {
-                Effect::Persist(record, _) => {
+                Effect::Persist(record, version) => {
+                    let version = match self.bug {
+                        Bug::ShareEveryGrant if record.life.status == Status::Leased => Version::FirstGrant,
+                        _ => version,
+                    };
                     let cut_off = ctx.bus.is_partitioned(Node::Coord(s), ctx.now);
                     let outage = ctx.now < self.registry_down_until;
                     let fenced = epoch < self.registry.epoch && self.bug != Bug::UnfencedRegistry;
@@ -378,12 +382,12 @@ impl Cluster {
                     if cut_off || outage {
                         // An append that timed out may still have landed.
                         if outage && ctx.rng.gen_bool(0.5) {
-                            self.append(ctx, s, epoch, *record);
+                            self.append(ctx, s, epoch, *record, version);
                         }
                         self.end_term(ctx, s, "registry unavailable");
                         return;
                     }
-                    self.append(ctx, s, epoch, *record);
+                    self.append(ctx, s, epoch, *record, version);
                 }
                 Effect::Command { worker, command, instance, .. } => {
                     let w = worker_index(&worker);
@@ -450,8 +454,8 @@ impl Cluster {
         }
     }
 
-    fn append(&mut self, ctx: &mut Ctx, s: usize, epoch: Epoch, record: TaskRecord) {
-        ctx.check.appended(self.registry.records.get(&record.id), &record);
+    fn append(&mut self, ctx: &mut Ctx, s: usize, epoch: Epoch, record: TaskRecord, version: Version) {
+        ctx.check.appended(self.registry.records.get(&record.id), &record, version);
         let l = &record.life;
         ctx.note(|| {
             format!(

@@ -59,6 +59,9 @@ pub enum Bug {
     /// The worker says a process gone while it still runs (its shim died
     /// without it): a resume would run the agent twice at once.
     ResumeUnproven,
+    /// The leader lets every grant share a registry message, not only a
+    /// task's first: a task's dead entries in batches would be unbounded.
+    ShareEveryGrant,
 }
 
 #[derive(Debug, Clone)]
