@@ -29,7 +29,8 @@
 //! own subject (which replaces the one before it there) and, until it is
 //! granted, the message of its first grant, which may share a message that
 //! other tasks keep alive (durability note a13): each up to its largest
-//! record.
+//! record. What a grant or an end releases of that reserve stays counted
+//! until the next sample, which sees the bytes it appended.
 //!
 //! It must never refuse or change anything but a new submit.
 
@@ -96,7 +97,8 @@ pub const DEFAULT_OUTPUT_BYTES: u64 = 512 << 20;
 
 /// The share of the registry's byte limit kept free beyond what live tasks
 /// may still need (1/20): board moves and cleanup jobs of finished tasks, and
-/// what ended or was granted since the driver last sampled the stream.
+/// what was appended while a sample of the stream was on its way (the
+/// reserve a grant or an end releases stays counted until the next sample).
 const REGISTRY_MARGIN_DIVISOR: u64 = 20;
 
 /// Room in a record for everything a spec does not say: field names, ids,
@@ -149,6 +151,10 @@ pub(crate) struct Usage {
     live_reserve: u64,
     /// The registry stream's bytes as the driver last sampled them.
     registry_used: u64,
+    /// Reserve released since that sample (a grant, an end): the bytes
+    /// those changes append are not in the sample yet, so the room stays
+    /// counted until the next one.
+    unsampled: u64,
 }
 
 impl Usage {
@@ -208,11 +214,14 @@ impl Usage {
             let bound = size_bound(&r.spec) as u64;
             self.live_reserve =
                 self.live_reserve.saturating_sub(before.reserved * bound).saturating_add(after.reserved * bound);
+            let released = before.reserved.saturating_sub(after.reserved) * bound;
+            self.unsampled = self.unsampled.saturating_add(released);
         }
     }
 
     pub(crate) fn sampled(&mut self, registry_bytes: u64) {
         self.registry_used = registry_bytes;
+        self.unsampled = 0;
     }
 
     pub(crate) fn held(&self, identity: &str) -> Held {
@@ -244,7 +253,8 @@ impl Usage {
         quota("kept-tasks", held.kept, kept, limits.kept_tasks)?;
         quota("output-bytes", held.output, output, limits.output_bytes)?;
         let budget = limits.registry_bytes.saturating_sub(limits.registry_bytes / REGISTRY_MARGIN_DIVISOR);
-        let needed = self.registry_used.saturating_add(self.live_reserve).saturating_add(cost);
+        let needed =
+            self.registry_used.saturating_add(self.live_reserve).saturating_add(self.unsampled).saturating_add(cost);
         if needed > budget {
             return Err(ApiError::RegistryFull { used: self.registry_used, max: limits.registry_bytes });
         }

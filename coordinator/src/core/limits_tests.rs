@@ -368,7 +368,8 @@ fn a_workflow_whose_step_could_not_be_stored_fails_instead_of_creating_it_again(
 
 /// A task not granted yet reserves room for two more messages (its first
 /// grant may share one other tasks keep alive, durability note a13); once
-/// granted, one (its subject's next); once ended, none.
+/// granted, one (its subject's next), the other released with the next
+/// sample of the stream's bytes.
 #[test]
 fn a_task_reserves_two_records_until_its_first_grant_and_one_until_its_end() {
     let spec = || TaskSpec::shell("a", "sleep 1");
@@ -385,9 +386,14 @@ fn a_task_reserves_two_records_until_its_first_grant_and_one_until_its_end() {
     let (fx, reply) = try_submit(&mut h, "bob", spec());
     assert!(matches!(reply, Err(ApiError::RegistryFull { .. })), "two records reserved for the queued one: {reply:?}");
     assert_eq!(persists(&fx), 0);
-    // Granted: one record is reserved for it, and a second task fits.
+    // Granted: until the next sample sees what the grant appended, the room
+    // it released stays counted; then one record is reserved for it, and a
+    // second task fits.
     h.heartbeat("w1", 1);
     assert_eq!(h.status(&first), Status::Leased);
+    let (_, reply) = try_submit(&mut h, "bob", spec());
+    assert!(matches!(reply, Err(ApiError::RegistryFull { .. })), "before the next sample: {reply:?}");
+    h.input(Input::RegistryUsage { bytes: used + bound / 4 });
     let (_, reply) = try_submit(&mut h, "bob", spec());
     assert!(matches!(reply, Ok(ApiResponse::Submitted { .. })), "{reply:?}");
 }
