@@ -1184,16 +1184,9 @@ mod tests {
             let mut guard = Guard { view, term: 1, clock };
             let mut pipeline = Pipeline::default();
 
+            let persist = |r| Effect::Persist(Box::new(r), Version::Later);
             let huge = record(1, "x".repeat(tenure_protocol::MAX_MESSAGE_BYTES));
-            let step = pipeline
-                .effect(
-                    Effect::Persist(Box::new(huge), Version::Later),
-                    tracing::Span::none(),
-                    &out,
-                    &mut registry,
-                    &mut guard,
-                )
-                .await;
+            let step = pipeline.effect(persist(huge), tracing::Span::none(), &out, &mut registry, &mut guard).await;
             let Err(Stop::Record { task, reason }) = step else { panic!("{step:?}") };
             assert_eq!(task.to_string(), "shell-1");
             assert!(reason.contains("exceeds"), "{reason}");
@@ -1209,7 +1202,7 @@ mod tests {
                 panic!("a reply becomes an error")
             };
             assert!(why.contains("shell-1") && why.contains("nothing of this request was kept"), "{why}");
-            assert!(unwind(Effect::Persist(Box::new(record(3, "l".into())), Version::Later), &mut failed).is_none());
+            assert!(unwind(persist(record(3, "l".into())), &mut failed).is_none());
             assert_eq!(failed.len(), 2, "a later record of the batch fails too");
             assert!(unwind(
                 Effect::Notify(Box::new(tenure_protocol::messages::Notice::Ended(Box::new(
@@ -1222,16 +1215,7 @@ mod tests {
 
             // The term goes on: the next record lands, unfenced.
             let small = record(2, "fine".into());
-            pipeline
-                .effect(
-                    Effect::Persist(Box::new(small), Version::Later),
-                    tracing::Span::none(),
-                    &out,
-                    &mut registry,
-                    &mut guard,
-                )
-                .await
-                .unwrap();
+            pipeline.effect(persist(small), tracing::Span::none(), &out, &mut registry, &mut guard).await.unwrap();
             assert_eq!(registry.settle().await.unwrap(), 1);
 
             // First records stored together: one that cannot be encoded

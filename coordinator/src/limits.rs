@@ -111,12 +111,9 @@ const RECORD_OVERHEAD: usize = 2048;
 pub(crate) struct Weight {
     live: u64,
     output: u64,
-    /// Registry messages the task may still add that no later one of its
-    /// own replaces, each up to its largest record: its subject's next
-    /// message while it is live, and the message of its first grant until
-    /// it is granted (that one may share a message other tasks keep,
-    /// durability note a13).
-    reserved: u64,
+    /// Not granted yet (attempt 0): its first grant may still add an entry
+    /// to a message other tasks keep alive (durability note a13).
+    ungranted: u64,
 }
 
 impl Weight {
@@ -127,9 +124,22 @@ impl Weight {
             (true, false) => MAX_FINAL_OUTPUT_BYTES as u64,
             (true, true) => r.life.outcome.as_ref().and_then(|o| o.output.as_ref()).map_or(0, |o| o.len() as u64),
         };
-        let live = u64::from(!terminal);
         let ungranted = u64::from(!terminal && r.life.attempt.0 == 0);
-        Weight { live, output, reserved: live + ungranted }
+        Weight { live: u64::from(!terminal), output, ungranted }
+    }
+
+    /// The registry bytes the task may still add that no later message of
+    /// its own replaces: its subject's next message while it is live, up to
+    /// its largest record, and its first grant's entry until it is granted.
+    fn reserve(&self, spec: &TaskSpec) -> u64 {
+        let mut bytes = 0;
+        if self.live > 0 {
+            bytes += size_bound(spec) as u64;
+        }
+        if self.ungranted > 0 {
+            bytes += grant_bound(spec) as u64;
+        }
+        bytes
     }
 }
 
@@ -147,7 +157,7 @@ pub struct Held {
 pub(crate) struct Usage {
     by_identity: HashMap<Box<str>, Held>,
     /// The registry bytes every live task may still add (see
-    /// [`Weight::reserved`]).
+    /// [`Weight::reserve`]).
     live_reserve: u64,
     /// The registry stream's bytes as the driver last sampled them.
     registry_used: u64,
@@ -165,9 +175,7 @@ impl Usage {
         held.kept = held.kept.saturating_add(1);
         held.live = held.live.saturating_add(w.live);
         held.output = held.output.saturating_add(w.output);
-        if w.reserved > 0 {
-            self.live_reserve = self.live_reserve.saturating_add(w.reserved * size_bound(&r.spec) as u64);
-        }
+        self.live_reserve = self.live_reserve.saturating_add(w.reserve(&r.spec));
     }
 
     /// What [`Usage::add`] adds for a new task of `owner` with `spec`, before
@@ -179,8 +187,8 @@ impl Usage {
         if spec.final_output {
             held.output = held.output.saturating_add(MAX_FINAL_OUTPUT_BYTES as u64);
         }
-        // Not granted yet: its subject's next message and its first grant's.
-        self.live_reserve = self.live_reserve.saturating_add(2 * size_bound(spec) as u64);
+        let new = Weight { live: 1, output: 0, ungranted: 1 };
+        self.live_reserve = self.live_reserve.saturating_add(new.reserve(spec));
     }
 
     /// A record leaves the leader's memory (garbage-collected, dropped).
@@ -195,9 +203,7 @@ impl Usage {
                 self.by_identity.remove(id);
             }
         }
-        if w.reserved > 0 {
-            self.live_reserve = self.live_reserve.saturating_sub(w.reserved * size_bound(&r.spec) as u64);
-        }
+        self.live_reserve = self.live_reserve.saturating_sub(w.reserve(&r.spec));
     }
 
     /// A kept record changed from weighing `before` to what it weighs now.
@@ -210,12 +216,10 @@ impl Usage {
             held.live = held.live.saturating_sub(before.live).saturating_add(after.live);
             held.output = held.output.saturating_sub(before.output).saturating_add(after.output);
         }
-        if after.reserved != before.reserved {
-            let bound = size_bound(&r.spec) as u64;
-            self.live_reserve =
-                self.live_reserve.saturating_sub(before.reserved * bound).saturating_add(after.reserved * bound);
-            let released = before.reserved.saturating_sub(after.reserved) * bound;
-            self.unsampled = self.unsampled.saturating_add(released);
+        if (after.live, after.ungranted) != (before.live, before.ungranted) {
+            let (before, after) = (before.reserve(&r.spec), after.reserve(&r.spec));
+            self.live_reserve = self.live_reserve.saturating_sub(before).saturating_add(after);
+            self.unsampled = self.unsampled.saturating_add(before.saturating_sub(after));
         }
     }
 
@@ -302,10 +306,24 @@ fn fits(limits: &Limits, owner: &SessionId, spec: &TaskSpec, step: Option<u32>) 
 /// of the spec, a few bytes of framing per entry, the largest outcome and
 /// hint, and [`RECORD_OVERHEAD`].
 pub(crate) fn size_bound(spec: &TaskSpec) -> usize {
+    let output = if spec.final_output { MAX_KEPT_OUTPUT_BYTES } else { 0 };
+    unended_bound(spec) + history_entries_bound(spec) + output + MAX_DETAIL_BYTES + MAX_HINT_BYTES
+}
+
+/// An upper bound of the registry bytes the record of a task's first grant
+/// may take in a batch (durability note a13): [`size_bound`] less what no
+/// record holds before an attempt ended — an outcome (its detail, its
+/// output), a recovery hint (a grant clears it), entries of the attempt
+/// history — and the id a batch entry names it by.
+pub(crate) fn grant_bound(spec: &TaskSpec) -> usize {
+    unended_bound(spec) + crate::registry::BATCHED_OVERHEAD
+}
+
+/// The part of [`size_bound`] every record of the task may hold, ended or not.
+fn unended_bound(spec: &TaskSpec) -> usize {
     let framing = 8;
     let env: usize = spec.env.iter().map(|(k, v)| k.len() + v.len() + 2 * framing).sum();
     let steps: usize = spec.steps.iter().map(|s| s.command.len() + s.kind.as_str().len() + 32).sum();
-    let output = if spec.final_output { MAX_KEPT_OUTPUT_BYTES } else { 0 };
     spec.label.len()
         + spec.command.len()
         + spec.cwd.as_ref().map_or(0, |c| c.len())
@@ -313,10 +331,7 @@ pub(crate) fn size_bound(spec: &TaskSpec) -> usize {
         + resume_bound(spec)
         + env
         + steps
-        + output
-        + MAX_DETAIL_BYTES
-        + MAX_HINT_BYTES
-        + history_bound(spec)
+        + history_log_bound(spec)
         + RECORD_OVERHEAD
         + 10 * framing
 }
@@ -325,15 +340,24 @@ pub(crate) fn size_bound(spec: &TaskSpec) -> usize {
 /// numbers, times, a worker id.
 const ATTEMPT_ENTRY_OVERHEAD: usize = 192 + tenure_protocol::ids::MAX_WORKER_ID_LEN;
 
-/// An upper bound of the bytes a task's attempt history and delayed start
-/// may take: one entry per attempt its retry policy allows (retries + 1),
-/// each with its detail at [`MAX_ATTEMPT_DETAIL_BYTES`], and the times of a
-/// delayed start. Nothing for a task without either.
-fn history_bound(spec: &TaskSpec) -> usize {
-    let entries = history_entries(spec) as usize;
-    let log = if entries > 0 || spec.not_before.is_some() || spec.limits.is_some() { 128 } else { 0 };
+/// An upper bound of the bytes of a task's attempt log beyond its entries:
+/// the times of a delayed start, a deadline, a resume.
+fn history_log_bound(spec: &TaskSpec) -> usize {
+    let logged = history_entries(spec) > 0 || spec.not_before.is_some() || spec.limits.is_some();
+    if logged {
+        128
+    } else {
+        0
+    }
+}
+
+/// An upper bound of the bytes of a task's attempt history entries: one
+/// entry per attempt its retry policy allows (retries + 1), each with its
+/// detail at [`MAX_ATTEMPT_DETAIL_BYTES`] and, for a resumable task, the
+/// values captured.
+fn history_entries_bound(spec: &TaskSpec) -> usize {
     let values = if spec.resume.is_some() { captured_bound() } else { 0 };
-    log + entries * (MAX_ATTEMPT_DETAIL_BYTES + ATTEMPT_ENTRY_OVERHEAD + values)
+    history_entries(spec) as usize * (MAX_ATTEMPT_DETAIL_BYTES + ATTEMPT_ENTRY_OVERHEAD + values)
 }
 
 /// How many entries a task's attempt history may hold: one per attempt its
@@ -367,6 +391,15 @@ fn resume_bound(spec: &TaskSpec) -> usize {
 /// every field that grows at its limit: the longest ids and numbers, a
 /// worker, the largest outcome, detail and hint, a cleanup job, a trace.
 pub fn largest_size(owner: &SessionId, spec: &TaskSpec, step: Option<u32>) -> Result<usize, String> {
+    encoded_size(largest_record(owner, spec, step)?)
+}
+
+fn encoded_size(r: TaskRecord) -> Result<usize, String> {
+    tenure_protocol::encode(&RegistryEntry::Task(Box::new(r))).map(|b| b.len()).map_err(|e| e.to_string())
+}
+
+/// A task of `spec` with every field that grows at its limit.
+fn largest_record(owner: &SessionId, spec: &TaskSpec, step: Option<u32>) -> Result<TaskRecord, String> {
     let number = u64::MAX;
     let id = TaskId::new(spec.kind.clone(), number).map_err(|e| e.to_string())?;
     let worker: WorkerId = "w".repeat(tenure_protocol::ids::MAX_WORKER_ID_LEN).parse().map_err(|e| format!("{e}"))?;
@@ -437,7 +470,30 @@ pub fn largest_size(owner: &SessionId, spec: &TaskSpec, step: Option<u32>) -> Re
         let workflow = TaskId::new(Kind::workflow(), number).map_err(|e| e.to_string())?;
         r.parent = Some(Box::new(StepOf { workflow, index }));
     }
-    tenure_protocol::encode(&RegistryEntry::Task(Box::new(r))).map(|b| b.len()).map_err(|e| e.to_string())
+    Ok(r)
+}
+
+/// The encoded size of the record of a task's first grant at its largest:
+/// [`largest_record`] as it can be before any attempt ended — leased as
+/// attempt 1, no outcome, hint, kill, board move, cleanup or history entry.
+#[cfg(test)]
+fn largest_grant_size(owner: &SessionId, spec: &TaskSpec, step: Option<u32>) -> Result<usize, String> {
+    let mut r = largest_record(owner, spec, step)?;
+    r.life.status = Status::Leased;
+    r.life.attempt = Attempt(1);
+    r.life.kill_requested = false;
+    r.life.board = Board::Active;
+    r.life.hint = None;
+    r.life.outcome = None;
+    r.finished_at_ms = None;
+    r.ended_clock_ms = 0;
+    r.reported = false;
+    r.cleanup = None;
+    r.incarnation = Some(Box::new(Uuid::max()));
+    if let Some(log) = r.attempts.as_mut() {
+        log.history.clear();
+    }
+    encoded_size(r)
 }
 
 #[cfg(test)]
@@ -452,7 +508,8 @@ mod tests {
     }
 
     proptest! {
-        /// The quick bound is never below the exact largest size, whatever the spec.
+        /// The quick bounds are never below the exact largest sizes (of any
+        /// record, and of a first grant in a batch), whatever the spec.
         #[test]
         fn the_quick_bound_covers_the_largest_record(
             label in ".{0,64}",
@@ -488,6 +545,9 @@ mod tests {
             }
             let exact = largest_size(&owner(), &spec, None).unwrap();
             prop_assert!(size_bound(&spec) >= exact, "bound {} < exact {exact}", size_bound(&spec));
+            let granted = largest_grant_size(&owner(), &spec, None).unwrap() + crate::registry::BATCHED_OVERHEAD;
+            prop_assert!(grant_bound(&spec) >= granted, "grant bound {} < {granted}", grant_bound(&spec));
+            prop_assert!(grant_bound(&spec) < size_bound(&spec));
             for i in 0..spec.steps.len() {
                 let step = spec.step(i).unwrap();
                 let exact = largest_size(&owner(), &step, Some(i as u32)).unwrap();

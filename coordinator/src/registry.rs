@@ -726,7 +726,7 @@ pub async fn bytes_used(js: &jetstream::Context) -> Result<u64, Error> {
 
 /// Bytes a record takes in a batch beyond its own encoding: its id at its
 /// longest (a kind, a dash, a number), field markers and length prefixes.
-const BATCHED_OVERHEAD: usize = tenure_protocol::ids::MAX_KIND_LEN + 48;
+pub(crate) const BATCHED_OVERHEAD: usize = tenure_protocol::ids::MAX_KIND_LEN + 48;
 /// Bytes of a batch beyond its records: the entry's tag and the list's length.
 const BATCH_OVERHEAD: usize = 32;
 
@@ -822,8 +822,9 @@ impl Found {
     }
 
     /// Every task's latest record (in the order of the messages holding
-    /// them), the unreadable ones, and which batches still hold a latest
-    /// record: those that hold none are to be retired.
+    /// them, a batch's by task number), the unreadable ones, and which
+    /// batches still hold a latest record: those that hold none are to be
+    /// retired.
     fn into_loaded(self, loaded: &mut Loaded) {
         let mut batches = Batches::default();
         for (seq, name, mut tasks) in self.batches {
@@ -837,10 +838,11 @@ impl Found {
                 None => tracing::warn!(sequence = seq, "a batch on an unexpected subject is kept as it is"),
             }
         }
-        let mut latest: Vec<(u64, Latest)> = self.latest.into_values().collect();
-        latest.sort_unstable_by_key(|(seq, _)| *seq);
+        // In stream order, a batch's tasks by number.
+        let mut latest: Vec<(u64, u64, Latest)> = self.latest.into_iter().map(|(n, (seq, l))| (seq, n, l)).collect();
+        latest.sort_unstable_by_key(|(seq, n, _)| (*seq, *n));
         loaded.corrupt = self.corrupt;
-        for (_, l) in latest {
+        for (_, _, l) in latest {
             match l {
                 Latest::Record(record) => loaded.records.push(*record),
                 Latest::Corrupt(subject, why) => loaded.corrupt.push((subject, why)),
@@ -942,6 +944,20 @@ mod tests {
         registry
     }
 
+    /// The entry `subject` holds now.
+    async fn entry_on(js: &jetstream::Context, subject: &str) -> RegistryEntry {
+        let stream = js.get_stream(subjects::REGISTRY_STREAM).await.unwrap();
+        let msg = stream.get_last_raw_message_by_subject(subject).await.unwrap();
+        tenure_protocol::decode(&msg.payload).unwrap()
+    }
+
+    /// Each task's number and status as a new leader loads them, in stream
+    /// order of their latest messages.
+    async fn statuses(js: &jetstream::Context) -> Vec<(u64, tenure_protocol::Status)> {
+        let (_, loaded) = Registry::open(js.clone(), 1, limits()).await.unwrap();
+        loaded.records.iter().map(|r| (r.id.number(), r.life.status)).collect()
+    }
+
     /// Records as first records.
     fn firsts<'a>(records: &[&'a TaskRecord]) -> Vec<(&'a TaskRecord, Version)> {
         records.iter().map(|r| (*r, Version::First)).collect()
@@ -998,9 +1014,7 @@ mod tests {
             assert_eq!(registry.start_retire(9).await.unwrap(), Some(registry.last_ticket()));
             assert_eq!(registry.start_retire(9).await.unwrap(), None, "one batch, retired once");
             settled(&mut registry).await;
-            let tomb = stream.get_last_raw_message_by_subject(&subjects::registry_batch(1)).await.unwrap();
-            let entry: RegistryEntry = tenure_protocol::decode(&tomb.payload).unwrap();
-            assert_eq!(entry, RegistryEntry::Retired { at_ms: 9 });
+            assert_eq!(entry_on(&js, &subjects::registry_batch(1)).await, RegistryEntry::Retired { at_ms: 9 });
             assert!(stream.info().await.unwrap().state.bytes < bytes_before, "the batch's bytes are freed");
             assert_eq!(load(&js).await, (vec![(2, true), (3, true)], 0, vec![]));
         });
@@ -1030,11 +1044,8 @@ mod tests {
             let msg = stream.get_raw_message(registry.last_seq()).await.unwrap();
             assert_eq!(msg.subject.as_str(), subjects::registry_grant_batch(2), "named by its first task, granted");
             assert_eq!(registry.retirable(), 0, "task 1's first record is still the latest");
-            let (_, loaded) = Registry::open(js.clone(), 1, limits()).await.unwrap();
-            let statuses: Vec<(u64, tenure_protocol::Status)> =
-                loaded.records.iter().map(|r| (r.id.number(), r.life.status)).collect();
             use tenure_protocol::Status::{Leased, Queued};
-            assert_eq!(statuses, [(1, Queued), (2, Leased), (3, Leased)], "each task's latest, in stream order");
+            assert_eq!(statuses(&js).await, [(1, Queued), (2, Leased), (3, Leased)], "each task's latest");
 
             // Task 1's grant alone goes on its subject: the first batch is dead.
             registry.start_put_shared(&[(&granted(&r1), Version::FirstGrant)]).await.unwrap();
@@ -1043,11 +1054,7 @@ mod tests {
             assert_eq!(load(&js).await.1, 1, "a new leader finds the same");
             registry.start_retire(3).await.unwrap();
             settled(&mut registry).await;
-            let tomb = stream.get_last_raw_message_by_subject(&subjects::registry_batch(1)).await.unwrap();
-            assert_eq!(
-                tenure_protocol::decode::<RegistryEntry>(&tomb.payload).unwrap(),
-                RegistryEntry::Retired { at_ms: 3 }
-            );
+            assert_eq!(entry_on(&js, &subjects::registry_batch(1)).await, RegistryEntry::Retired { at_ms: 3 });
 
             // Each granted task moves on; the grant batch goes in turn.
             let done = |mut r: TaskRecord| {
@@ -1062,22 +1069,10 @@ mod tests {
             assert_eq!(registry.retirable(), 1);
             registry.start_retire(4).await.unwrap();
             settled(&mut registry).await;
-            let tomb = stream.get_last_raw_message_by_subject(&subjects::registry_grant_batch(2)).await.unwrap();
-            assert_eq!(
-                tenure_protocol::decode::<RegistryEntry>(&tomb.payload).unwrap(),
-                RegistryEntry::Retired { at_ms: 4 }
-            );
+            assert_eq!(entry_on(&js, &subjects::registry_grant_batch(2)).await, RegistryEntry::Retired { at_ms: 4 });
             assert_eq!(load(&js).await, (vec![(1, false), (2, false), (3, false)], 0, vec![]));
-            let statuses: Vec<_> = Registry::open(js.clone(), 1, limits())
-                .await
-                .unwrap()
-                .1
-                .records
-                .iter()
-                .map(|r| r.life.status)
-                .collect();
             use tenure_protocol::Status::Completed;
-            assert_eq!(statuses, [Leased, Completed, Completed]);
+            assert_eq!(statuses(&js).await, [(1, Leased), (2, Completed), (3, Completed)]);
         });
     }
 
@@ -1122,10 +1117,7 @@ mod tests {
             settled(&mut registry).await;
             assert_eq!(registry.start_retire(7).await.unwrap(), Some(registry.last_ticket()));
             settled(&mut registry).await;
-            let stream = js.get_stream(subjects::REGISTRY_STREAM).await.unwrap();
-            let old = stream.get_last_raw_message_by_subject(&subjects::registry_batch(2)).await.unwrap();
-            let entry: RegistryEntry = tenure_protocol::decode(&old.payload).unwrap();
-            assert_eq!(entry, RegistryEntry::Retired { at_ms: 7 });
+            assert_eq!(entry_on(&js, &subjects::registry_batch(2)).await, RegistryEntry::Retired { at_ms: 7 });
             let (loaded, retirable, corrupt) = load(&js).await;
             assert_eq!(loaded, vec![(1, true), (2, true), (3, true), (4, false), (5, false)]);
             assert_eq!((retirable, corrupt.len()), (0, 0), "the new batch is whole and alive");

@@ -366,25 +366,27 @@ fn a_workflow_whose_step_could_not_be_stored_fails_instead_of_creating_it_again(
     assert!(detail.contains("could not be stored"), "{detail}");
 }
 
-/// A task not granted yet reserves room for two more messages (its first
-/// grant may share one other tasks keep alive, durability note a13); once
-/// granted, one (its subject's next), the other released with the next
-/// sample of the stream's bytes.
+/// A task not granted yet reserves room for two more messages: its
+/// subject's next, up to its largest record, and its first grant's, which
+/// may share one other tasks keep alive (durability note a13); once
+/// granted, the first only, the other released with the next sample of the
+/// stream's bytes.
 #[test]
 fn a_task_reserves_two_records_until_its_first_grant_and_one_until_its_end() {
     let spec = || TaskSpec::shell("a", "sleep 1");
     let bound = crate::limits::size_bound(&spec()) as u64;
+    let grant = crate::limits::grant_bound(&spec()) as u64;
     // Room for the first task's record and the two it may add, not for a
     // second task's record on top (a submit costs its record's bound).
     let max = 100 << 20;
     let budget = max - max / 20;
     let mut h = with(Limits { registry_bytes: max, ..Limits::default() });
-    let used = budget - 2 * bound - bound / 2;
+    let used = budget - 2 * bound - grant / 2;
     h.input(Input::RegistryUsage { bytes: used });
     let first = h.submit("alice", spec());
     assert_eq!(h.status(&first), Status::Queued);
     let (fx, reply) = try_submit(&mut h, "bob", spec());
-    assert!(matches!(reply, Err(ApiError::RegistryFull { .. })), "two records reserved for the queued one: {reply:?}");
+    assert!(matches!(reply, Err(ApiError::RegistryFull { .. })), "room reserved for the queued one's grant: {reply:?}");
     assert_eq!(persists(&fx), 0);
     // Granted: until the next sample sees what the grant appended, the room
     // it released stays counted; then one record is reserved for it, and a
@@ -393,7 +395,7 @@ fn a_task_reserves_two_records_until_its_first_grant_and_one_until_its_end() {
     assert_eq!(h.status(&first), Status::Leased);
     let (_, reply) = try_submit(&mut h, "bob", spec());
     assert!(matches!(reply, Err(ApiError::RegistryFull { .. })), "before the next sample: {reply:?}");
-    h.input(Input::RegistryUsage { bytes: used + bound / 4 });
+    h.input(Input::RegistryUsage { bytes: used + grant / 4 });
     let (_, reply) = try_submit(&mut h, "bob", spec());
     assert!(matches!(reply, Ok(ApiResponse::Submitted { .. })), "{reply:?}");
 }
