@@ -27,8 +27,16 @@ pub const NOTICES_ALL: &str = "tenure.notices.>";
 /// character, so the token is the session's bytes in hex: no session can widen
 /// or reach another session's subject.
 pub fn notices(session: &SessionId) -> String {
-    let hex: String = session.as_str().bytes().map(|b| format!("{b:02x}")).collect();
-    format!("tenure.notices.{hex}")
+    const PREFIX: &str = "tenure.notices.";
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    // Built once per notice on the leader's path: no string per byte.
+    let mut subject = String::with_capacity(PREFIX.len() + 2 * session.as_str().len());
+    subject.push_str(PREFIX);
+    for b in session.as_str().bytes() {
+        subject.push(char::from(HEX[usize::from(b >> 4)]));
+        subject.push(char::from(HEX[usize::from(b & 0x0f)]));
+    }
+    subject
 }
 
 /// The durable consumer of the notice stream that the leader keeps for one
@@ -182,6 +190,8 @@ mod tests {
         assert!(registry_batch(42).starts_with(REGISTRY_ALL.trim_end_matches('>')));
         let tricky: SessionId = "a.b*>c".parse().unwrap();
         assert_eq!(notices(&tricky), "tenure.notices.612e622a3e63");
+        let accented: SessionId = "é~".parse().unwrap();
+        assert_eq!(notices(&accented), "tenure.notices.c3a97e", "each byte as two lowercase hex digits");
         assert!(notices(&tricky).starts_with(NOTICES_ALL.trim_end_matches('>')));
         let a = notice_consumer(&"alice/x".parse().unwrap());
         let b = notice_consumer(&tricky);
