@@ -26,11 +26,11 @@
 //! used (sampled by the driver) plus what every live task may still add,
 //! plus the new one, come within a margin of the limit: the tasks already
 //! admitted can always finish. A live task may still add one message on its
-//! own subject (which replaces the one before it there) and, until it is
-//! granted, the message of its first grant, which may share a message that
-//! other tasks keep alive (durability note a13): each up to its largest
-//! record. What a grant or an end releases of that reserve stays counted
-//! until the next sample, which sees the bytes it appended.
+//! own subject (which replaces the one before it there), up to its largest
+//! record, and, until it is granted, its first grant's entry in a message
+//! that other tasks may keep alive (durability note a13), up to
+//! [`grant_bound`]. What a grant or an end releases of that reserve stays
+//! counted until the next sample, which sees the bytes it appended.
 //!
 //! It must never refuse or change anything but a new submit.
 
