@@ -552,6 +552,8 @@ mod tests {
                 let step = spec.step(i).unwrap();
                 let exact = largest_size(&owner(), &step, Some(i as u32)).unwrap();
                 prop_assert!(size_bound(&step) >= exact);
+                let granted = largest_grant_size(&owner(), &step, Some(i as u32)).unwrap();
+                prop_assert!(grant_bound(&step) >= granted + crate::registry::BATCHED_OVERHEAD);
             }
         }
     }
