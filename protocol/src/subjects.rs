@@ -95,7 +95,8 @@ pub fn registry_grant_batch(first: u64) -> String {
 pub fn is_registry_batch(subject: &str) -> bool {
     let Some(name) = subject.strip_prefix(REGISTRY_BATCH_PREFIX) else { return false };
     let number = name.strip_suffix(".granted").unwrap_or(name);
-    !number.is_empty() && number.bytes().all(|b| b.is_ascii_digit()) && number.parse::<u64>().is_ok()
+    // Digits only (`u64` parsing also takes a leading `+`), within range.
+    number.bytes().all(|b| b.is_ascii_digit()) && number.parse::<u64>().is_ok()
 }
 
 /// The heartbeats of one worker (publish). The subject names the machine, so

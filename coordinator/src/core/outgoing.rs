@@ -36,7 +36,7 @@ pub(super) fn coalesce_persists(fx: &mut Vec<Effect>) {
     let mut first: HashMap<u64, usize> = HashMap::new();
     let mut superseded = vec![false; fx.len()];
     for i in 0..fx.len() {
-        let Effect::Persist(r, _) = &fx[i] else { continue };
+        let Effect::Persist(r, version) = &fx[i] else { continue };
         let n = r.id.number();
         if forgotten.contains(&n) {
             continue;
@@ -46,16 +46,17 @@ pub(super) fn coalesce_persists(fx: &mut Vec<Effect>) {
                 first.insert(n, i);
             }
             Some(&j) => {
-                fx.swap(i, j);
-                superseded[i] = true;
                 // The merged append is every version it stands for: the
                 // task's first record if one of them was, else its first
                 // grant if one of them was (each happens once per task).
-                if let (Effect::Persist(_, gone), Effect::Persist(_, kept)) = (&fx[i], &fx[j]) {
-                    let merged = (*gone).min(*kept);
-                    if let Effect::Persist(_, kept) = &mut fx[j] {
-                        *kept = merged;
-                    }
+                let merged = match &fx[j] {
+                    Effect::Persist(_, first) => (*first).min(*version),
+                    _ => *version,
+                };
+                fx.swap(i, j);
+                superseded[i] = true;
+                if let Effect::Persist(_, kept) = &mut fx[j] {
+                    *kept = merged;
                 }
             }
         }
