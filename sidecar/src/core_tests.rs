@@ -589,7 +589,7 @@ fn revocation_tombstones_survive_a_real_sled_reopen() {
             revoked(&mut m, attempt);
         }
     }
-    let mut m = Machine::restore(crate::store::SledStore::open(&tmp.path().join("db")).unwrap()).unwrap();
+    let mut m = Machine::restore(crate::store::tests::reopen(&tmp.path().join("db"))).unwrap();
     for attempt in [2, 3, 4] {
         revoked(&mut m, attempt);
     }

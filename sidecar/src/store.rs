@@ -791,7 +791,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn reopen(path: &Path) -> SledStore {
+    pub(crate) fn reopen(path: &Path) -> SledStore {
         open_again(path).unwrap_or_else(|e| panic!("reopen: {e}"))
     }
 
