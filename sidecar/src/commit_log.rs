@@ -67,7 +67,7 @@ pub enum Error {
 }
 
 /// Which tree of the store an operation is on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tree {
     Meta = 0,
     Attempts = 1,

@@ -8,8 +8,9 @@
 //! This module stores and loads; it never decides. Whether a write is allowed is
 //! [`crate::core`]'s business. A write that returns `Ok` is durable: its
 //! operation is synced in the store's commit log ([`crate::commit_log`]), and
-//! sled itself is flushed and synced at checkpoints (sled's own flush is not a
-//! sync, see [`SledFiles`]). Loading never panics and never gives up because of one bad record:
+//! sled is given the operations since the last checkpoint, the last of each
+//! key, at the next one, then flushed and synced (sled's own flush is not a
+//! sync, see [`SledFiles`]; durability note a14). Loading never panics and never gives up because of one bad record:
 //! unreadable records are reported in [`Loaded::corrupt`], apart from fatal
 //! failures (an unreadable epoch, a schema from a newer build, sled errors).
 //!
@@ -29,7 +30,7 @@
 //!                     payload = tenure_protocol::encode(&AttemptRecord)
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use tenure_protocol::messages::{AttemptRecord, RegistryMark};
@@ -192,13 +193,15 @@ fn unseal(key: &str, value: &[u8]) -> Result<AttemptRecord, String> {
 // ------------------------------------------------------------------ sled
 
 /// The real store: a sled database, each write's operation synced in the
-/// commit log, sled flushed and synced at checkpoints.
+/// commit log, sled written, flushed and synced at checkpoints.
 pub struct SledStore {
     db: sled::Db,
     /// The syncs sled 0.34 leaves out.
     files: std::sync::Mutex<SledFiles>,
-    /// What makes writes durable between checkpoints.
-    log: std::sync::Mutex<CommitLog>,
+    /// What makes writes durable between checkpoints, and the writes since
+    /// the last one that sled has not been given (locked together: a
+    /// checkpoint applies the one and retires the other).
+    log: std::sync::Mutex<Logged>,
     meta: sled::Tree,
     attempts: sled::Tree,
     revoked: sled::Tree,
@@ -258,6 +261,7 @@ impl SledStore {
             return Err(Error::CommitLogMissing { path: log_path });
         }
         let (log, replay) = CommitLog::open(&log_path, log_capacity, incarnation)?;
+        let log = Logged { log, unapplied: HashMap::new() };
         if found != Some(SCHEMA_VERSION) {
             meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
         }
@@ -288,12 +292,12 @@ impl SledStore {
         Ok(store)
     }
 
-    fn log(&self) -> std::sync::MutexGuard<'_, CommitLog> {
+    fn log(&self) -> std::sync::MutexGuard<'_, Logged> {
         self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The log, for recording an operation (the store is being written).
-    fn log_mut(&mut self) -> &mut CommitLog {
+    fn log_mut(&mut self) -> &mut Logged {
         self.log.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
@@ -301,18 +305,8 @@ impl SledStore {
     /// returns `Ok`. For bulk loads (the benchmarks fill a store with it); the
     /// sidecar itself writes one record per request.
     pub fn put_many(&mut self, records: &[AttemptRecord]) -> Result<(), Error> {
-        let sealed = records
-            .iter()
-            .map(|r| Ok((attempt_key(&r.grant.task, r.grant.attempt), seal(r)?)))
-            .collect::<Result<Vec<_>, Error>>()?;
-        let mut batch = sled::Batch::default();
-        for (key, value) in &sealed {
-            batch.insert(key.as_bytes(), value.as_slice());
-        }
-        self.attempts.apply_batch(batch)?;
-        let log = self.log_mut();
-        for (key, value) in &sealed {
-            log.put(Tree::Attempts, key.as_bytes(), value);
+        for record in records {
+            self.insert(Tree::Attempts, attempt_key(&record.grant.task, record.grant.attempt), seal(record)?);
         }
         self.flush()
     }
@@ -339,40 +333,62 @@ impl SledStore {
     pub fn flush(&self) -> Result<(), Error> {
         let started = std::time::Instant::now();
         let mut log = self.log();
-        if log.commit()? == Commit::Full {
+        if log.log.commit()? == Commit::Full {
             self.checkpoint_with(&mut log)?;
         }
         crate::metrics::get().flush.record(started.elapsed().as_secs_f64(), &[]);
         Ok(())
     }
 
-    /// Flushes and syncs sled, then starts the commit log over: everything
-    /// written so far is durable in sled itself, also what was written to
-    /// its trees directly (tests).
+    /// Gives sled every write since the last checkpoint, flushes and syncs
+    /// it, then starts the commit log over: everything written so far is
+    /// durable in sled itself, also what was written to its trees directly
+    /// (tests).
     pub fn checkpoint(&self) -> Result<(), Error> {
         self.checkpoint_with(&mut self.log())
     }
 
-    fn checkpoint_with(&self, log: &mut CommitLog) -> Result<(), Error> {
+    /// a8's order: sled holds and has synced every operation of the log's
+    /// generation before a new one begins. A failure on the way keeps the
+    /// writes sled was not given and the log as they were.
+    fn checkpoint_with(&self, log: &mut Logged) -> Result<(), Error> {
+        self.apply(log)?;
         self.db.flush()?;
         self.files.lock().unwrap_or_else(std::sync::PoisonError::into_inner).sync()?;
-        log.start()?;
+        log.log.start()?;
         Ok(())
     }
 
-    /// Writes `value` under `key` in `tree` and, once sled took it, records
-    /// the operation for the next commit.
-    fn insert(&mut self, tree: Tree, key: &[u8], value: Vec<u8>) -> Result<(), Error> {
-        self.tree(tree).insert(key, value.as_slice())?;
-        self.log_mut().put(tree, key, &value);
+    /// Gives sled the writes it was not given yet, one atomic batch per
+    /// tree, without flushing it (a crash before the checkpoint's sync
+    /// replays the log over whatever sled kept of them).
+    fn apply(&self, log: &mut Logged) -> Result<(), Error> {
+        if log.unapplied.is_empty() {
+            return Ok(());
+        }
+        let mut batches: [sled::Batch; 3] = Default::default();
+        for ((tree, key), value) in &log.unapplied {
+            match value {
+                Some(value) => batches[*tree as usize].insert(key.as_slice(), value.as_slice()),
+                None => batches[*tree as usize].remove(key.as_slice()),
+            }
+        }
+        for (tree, batch) in [Tree::Meta, Tree::Attempts, Tree::Revoked].into_iter().zip(batches) {
+            self.tree(tree).apply_batch(batch)?;
+        }
+        log.unapplied.clear();
         Ok(())
     }
 
-    /// Removes `key` from `tree` and, once sled did, records the operation.
-    fn delete(&mut self, tree: Tree, key: &[u8]) -> Result<(), Error> {
-        self.tree(tree).remove(key)?;
-        self.log_mut().remove(tree, key);
-        Ok(())
+    /// Records a put of `value` under `key` in `tree` for the next commit
+    /// (and sled's next checkpoint).
+    fn insert(&mut self, tree: Tree, key: impl Into<Vec<u8>>, value: Vec<u8>) {
+        self.log_mut().put(tree, key.into(), value);
+    }
+
+    /// Records a remove of `key` from `tree` for the next commit.
+    fn delete(&mut self, tree: Tree, key: impl Into<Vec<u8>>) {
+        self.log_mut().remove(tree, key.into());
     }
 
     fn tree(&self, tree: Tree) -> &sled::Tree {
@@ -381,6 +397,27 @@ impl SledStore {
             Tree::Attempts => &self.attempts,
             Tree::Revoked => &self.revoked,
         }
+    }
+}
+
+/// The commit log and the writes since the last checkpoint that sled has
+/// not been given: the last operation of each key (`None`: a remove).
+/// Every entry's operation is in the log too (committed, or pending for the
+/// next commit), so the map is bounded by the log's capacity.
+struct Logged {
+    log: CommitLog,
+    unapplied: HashMap<(Tree, Vec<u8>), Option<Vec<u8>>>,
+}
+
+impl Logged {
+    fn put(&mut self, tree: Tree, key: Vec<u8>, value: Vec<u8>) {
+        self.log.put(tree, &key, &value);
+        self.unapplied.insert((tree, key), Some(value));
+    }
+
+    fn remove(&mut self, tree: Tree, key: Vec<u8>) {
+        self.log.remove(tree, &key);
+        self.unapplied.insert((tree, key), None);
     }
 }
 
@@ -394,6 +431,8 @@ impl RecoveryStore for SledStore {
     }
 
     fn load(&self) -> Result<Loaded, Error> {
+        // Reads see every write: sled is given those it has not been yet.
+        self.apply(&mut self.log())?;
         let epoch = match self.meta.get(EPOCH_KEY)? {
             None => Epoch(0),
             Some(v) => <[u8; 8]>::try_from(v.as_ref())
@@ -439,7 +478,7 @@ impl RecoveryStore for SledStore {
     }
 
     fn put_epoch(&mut self, epoch: Epoch) -> Result<(), Error> {
-        self.insert(Tree::Meta, EPOCH_KEY.as_bytes(), epoch.0.to_be_bytes().to_vec())?;
+        self.insert(Tree::Meta, EPOCH_KEY, epoch.0.to_be_bytes().to_vec());
         self.flush()?;
         write_epoch_mirror(&self.epoch_mirror, epoch)?;
         Ok(())
@@ -447,22 +486,22 @@ impl RecoveryStore for SledStore {
 
     fn put(&mut self, record: &AttemptRecord) -> Result<(), Error> {
         let value = seal(record)?;
-        self.insert(Tree::Attempts, attempt_key(&record.grant.task, record.grant.attempt).as_bytes(), value)?;
+        self.insert(Tree::Attempts, attempt_key(&record.grant.task, record.grant.attempt), value);
         self.flush_unless_deferred()
     }
 
     fn remove(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
-        self.delete(Tree::Attempts, attempt_key(task, attempt).as_bytes())?;
+        self.delete(Tree::Attempts, attempt_key(task, attempt));
         self.flush_unless_deferred()
     }
 
     fn put_revoked(&mut self, task: &TaskId, attempt: Attempt) -> Result<(), Error> {
-        self.insert(Tree::Revoked, attempt_key(task, attempt).as_bytes(), Vec::new())?;
+        self.insert(Tree::Revoked, attempt_key(task, attempt), Vec::new());
         self.flush_unless_deferred()
     }
 
     fn put_mark(&mut self, mark: RegistryMark) -> Result<(), Error> {
-        self.insert(Tree::Meta, MARK_KEY.as_bytes(), seal(&mark)?)?;
+        self.insert(Tree::Meta, MARK_KEY, seal(&mark)?);
         self.flush_unless_deferred()
     }
 }
@@ -855,6 +894,8 @@ pub(crate) mod tests {
             let mut s = SledStore::open(&tmp.path().join("db")).unwrap();
             s.put(&good).unwrap();
             s.put(&record("shell-2", 1, Phase::Intent)).unwrap();
+            // sled holds the records from the next checkpoint on.
+            s.checkpoint().unwrap();
             // Flip a payload byte of shell-2: the checksum must catch it.
             let key = attempt_key(&"shell-2".parse().unwrap(), Attempt(1));
             let mut v = s.attempts.get(&key).unwrap().unwrap().to_vec();
@@ -954,6 +995,53 @@ pub(crate) mod tests {
             loaded.records.len(),
             done - loading
         );
+    }
+
+    /// sled is given the writes at checkpoints only, the last of each key;
+    /// until then the commit log alone holds them, and a store dropped
+    /// before one (what a crash leaves: sled without them) loads them all.
+    #[test]
+    fn writes_reach_sled_at_checkpoints_and_a_crash_before_one_loses_none() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("db");
+        let key = |r: &AttemptRecord| attempt_key(&r.grant.task, r.grant.attempt);
+        let (first, last) = (record("shell-1", 1, Phase::Accepted), record("shell-1", 1, Phase::Exited));
+        let (gone, later) = (record("shell-2", 1, Phase::Intent), record("shell-3", 1, Phase::Spawned));
+        {
+            let mut s = SledStore::open(&path).unwrap();
+            s.defer_flush(true);
+            s.put(&first).unwrap();
+            s.put(&record("shell-1", 1, Phase::Intent)).unwrap();
+            s.put(&last).unwrap();
+            s.put(&gone).unwrap();
+            s.remove(&gone.grant.task, gone.grant.attempt).unwrap();
+            s.put_revoked(&gone.grant.task, Attempt(2)).unwrap();
+            s.flush().unwrap();
+            s.put_epoch(Epoch(3)).unwrap();
+            assert_eq!(s.attempts.get(key(&last)).unwrap(), None, "sled was given a write before a checkpoint");
+            assert_eq!(s.meta.get(EPOCH_KEY).unwrap(), None);
+            // Reads see every write.
+            let loaded = s.load().unwrap();
+            assert_eq!((loaded.records, loaded.epoch), (vec![last.clone()], Epoch(3)));
+        }
+        {
+            let mut s = reopen(&path);
+            let loaded = s.load().unwrap();
+            assert_eq!((loaded.records, loaded.epoch), (vec![last.clone()], Epoch(3)));
+            assert_eq!(loaded.revoked, vec![(gone.grant.task.clone(), Attempt(2))]);
+            // A checkpoint gives sled the last version of each key.
+            s.put(&gone).unwrap();
+            s.remove(&gone.grant.task, gone.grant.attempt).unwrap();
+            s.checkpoint().unwrap();
+            assert_eq!(unseal(&key(&last), &s.attempts.get(key(&last)).unwrap().unwrap()), Ok(last.clone()));
+            assert_eq!(s.attempts.get(key(&gone)).unwrap(), None);
+            // Written after it: in the new generation of the log only.
+            s.put(&later).unwrap();
+            assert_eq!(s.attempts.get(key(&later)).unwrap(), None);
+        }
+        let loaded = reopen(&path).load().unwrap();
+        assert_eq!(sorted(loaded.records), vec![last, later]);
+        assert_eq!(loaded.epoch, Epoch(3));
     }
 
     /// Writes through a commit log so small that most flushes checkpoint,
