@@ -8,9 +8,10 @@
 //! This module stores and loads; it never decides. Whether a write is allowed is
 //! [`crate::core`]'s business. A write that returns `Ok` is durable: its
 //! operation is synced in the store's commit log ([`crate::commit_log`]), and
-//! sled is given the operations since the last checkpoint, the last of each
-//! key, at the next one, then flushed and synced (sled's own flush is not a
-//! sync, see [`SledFiles`]; durability note a14). Loading never panics and never gives up because of one bad record:
+//! sled is given the last operation of each key later — while the store is
+//! idle ([`RecoveryStore::tidy`]) or at the next checkpoint, where it is
+//! flushed and synced (sled's own flush is not a sync, see [`SledFiles`];
+//! durability note a14). Loading never panics and never gives up because of one bad record:
 //! unreadable records are reported in [`Loaded::corrupt`], apart from fatal
 //! failures (an unreadable epoch, a schema from a newer build, sled errors).
 //!
@@ -30,7 +31,7 @@
 //!                     payload = tenure_protocol::encode(&AttemptRecord)
 //! ```
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 
 use tenure_protocol::messages::{AttemptRecord, RegistryMark};
@@ -143,6 +144,12 @@ pub trait RecoveryStore {
     /// Makes every write so far durable.
     fn flush(&self) -> Result<(), Error> {
         Ok(())
+    }
+    /// Work no answer waits for, done while nothing is asked (a store's
+    /// housekeeping between checkpoints); whether more is left. Changes
+    /// nothing a load or a crash could tell.
+    fn tidy(&self) -> bool {
+        false
     }
 }
 
@@ -261,7 +268,7 @@ impl SledStore {
             return Err(Error::CommitLogMissing { path: log_path });
         }
         let (log, replay) = CommitLog::open(&log_path, log_capacity, incarnation)?;
-        let log = Logged { log, unapplied: HashMap::new() };
+        let log = Logged { log, unapplied: HashMap::new(), order: VecDeque::new() };
         if found != Some(SCHEMA_VERSION) {
             meta.insert(SCHEMA_KEY, &SCHEMA_VERSION.to_be_bytes())?;
         }
@@ -359,24 +366,36 @@ impl SledStore {
         Ok(())
     }
 
-    /// Gives sled the writes it was not given yet, one atomic batch per
-    /// tree, without flushing it (a crash before the checkpoint's sync
-    /// replays the log over whatever sled kept of them).
+    /// Gives sled every write it was not given yet.
     fn apply(&self, log: &mut Logged) -> Result<(), Error> {
-        if log.unapplied.is_empty() {
+        self.apply_oldest(log, log.order.len())
+    }
+
+    /// Gives sled the `n` writes first made since they were last given (the
+    /// coldest keys), one atomic batch per tree, without flushing it: sled
+    /// may hold a write before a checkpoint (a8 gave it every write at
+    /// once), and a crash before the checkpoint's sync replays the log over
+    /// whatever sled kept. On failure nothing is taken from the map.
+    fn apply_oldest(&self, log: &mut Logged, n: usize) -> Result<(), Error> {
+        let n = n.min(log.order.len());
+        if n == 0 {
             return Ok(());
         }
         let mut batches: [sled::Batch; 3] = Default::default();
-        for ((tree, key), value) in &log.unapplied {
-            match value {
-                Some(value) => batches[*tree as usize].insert(key.as_slice(), value.as_slice()),
-                None => batches[*tree as usize].remove(key.as_slice()),
+        for entry in log.order.range(..n) {
+            let (tree, key) = entry;
+            match log.unapplied.get(entry) {
+                Some(Some(value)) => batches[*tree as usize].insert(key.as_slice(), value.as_slice()),
+                Some(None) => batches[*tree as usize].remove(key.as_slice()),
+                None => {}
             }
         }
         for (tree, batch) in [Tree::Meta, Tree::Attempts, Tree::Revoked].into_iter().zip(batches) {
             self.tree(tree).apply_batch(batch)?;
         }
-        log.unapplied.clear();
+        for entry in log.order.drain(..n) {
+            log.unapplied.remove(&entry);
+        }
         Ok(())
     }
 
@@ -400,24 +419,48 @@ impl SledStore {
     }
 }
 
+/// Keys written since they were last given to sled that stay in memory
+/// while the store is idle ([`RecoveryStore::tidy`]): about the records of
+/// a few hundred attempts, which a short task writes three to four times
+/// within milliseconds.
+const KEEP_UNAPPLIED: usize = 512;
+/// Keys given to sled per [`RecoveryStore::tidy`]: a request arriving
+/// meanwhile waits for no more than this.
+const TIDY_CHUNK: usize = 32;
+
 /// The commit log and the writes since the last checkpoint that sled has
-/// not been given: the last operation of each key (`None`: a remove).
-/// Every entry's operation is in the log too (committed, or pending for the
-/// next commit), so the map is bounded by the log's capacity.
+/// not been given: the last operation of each key (`None`: a remove), and
+/// the keys in the order they were first written since they were last
+/// given to sled (each key once, exactly the map's). Every entry's
+/// operation is in the log too (committed, or pending for the next commit),
+/// so the map is bounded by the log's capacity.
 struct Logged {
     log: CommitLog,
-    unapplied: HashMap<(Tree, Vec<u8>), Option<Vec<u8>>>,
+    unapplied: HashMap<Entry, Option<Vec<u8>>>,
+    order: VecDeque<Entry>,
 }
+
+type Entry = (Tree, Vec<u8>);
 
 impl Logged {
     fn put(&mut self, tree: Tree, key: Vec<u8>, value: Vec<u8>) {
         self.log.put(tree, &key, &value);
-        self.unapplied.insert((tree, key), Some(value));
+        self.note((tree, key), Some(value));
     }
 
     fn remove(&mut self, tree: Tree, key: Vec<u8>) {
         self.log.remove(tree, &key);
-        self.unapplied.insert((tree, key), None);
+        self.note((tree, key), None);
+    }
+
+    fn note(&mut self, entry: Entry, value: Option<Vec<u8>>) {
+        match self.unapplied.get_mut(&entry) {
+            Some(last) => *last = value,
+            None => {
+                self.order.push_back(entry.clone());
+                self.unapplied.insert(entry, value);
+            }
+        }
     }
 }
 
@@ -428,6 +471,20 @@ impl RecoveryStore for SledStore {
 
     fn flush(&self) -> Result<(), Error> {
         SledStore::flush(self)
+    }
+
+    fn tidy(&self) -> bool {
+        let mut log = self.log();
+        let n = log.order.len().saturating_sub(KEEP_UNAPPLIED).min(TIDY_CHUNK);
+        if n == 0 {
+            return false;
+        }
+        if let Err(error) = self.apply_oldest(&mut log, n) {
+            // The checkpoint gives them again, and fails the request that needs it.
+            tracing::warn!(%error, "recovery store: giving sled its writes ahead of the checkpoint failed");
+            return false;
+        }
+        log.order.len() > KEEP_UNAPPLIED
     }
 
     fn load(&self) -> Result<Loaded, Error> {
@@ -997,8 +1054,8 @@ pub(crate) mod tests {
         );
     }
 
-    /// sled is given the writes at checkpoints only, the last of each key;
-    /// until then the commit log alone holds them, and a store dropped
+    /// A store never idle gives sled its writes at checkpoints only, the last
+    /// of each key; until then the commit log alone holds them, and a store dropped
     /// before one (what a crash leaves: sled without them) loads them all.
     #[test]
     fn writes_reach_sled_at_checkpoints_and_a_crash_before_one_loses_none() {
@@ -1042,6 +1099,43 @@ pub(crate) mod tests {
         let loaded = reopen(&path).load().unwrap();
         assert_eq!(sorted(loaded.records), vec![last, later]);
         assert_eq!(loaded.epoch, Epoch(3));
+    }
+
+    /// While idle the store gives sled its coldest writes ahead of the
+    /// checkpoint, a chunk at a time, keeping the newest in memory; what it
+    /// gave and what it kept load alike, also after a crash.
+    #[test]
+    fn an_idle_store_gives_sled_its_oldest_writes_and_keeps_the_newest() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("db");
+        let n = KEEP_UNAPPLIED as u32 + 3 * TIDY_CHUNK as u32 + 5;
+        let records: Vec<_> = (1..=n).map(|i| record(&format!("shell-{i}"), 1, Phase::Accepted)).collect();
+        let in_sled = |s: &SledStore, r: &AttemptRecord| {
+            s.attempts.get(attempt_key(&r.grant.task, r.grant.attempt)).unwrap().is_some()
+        };
+        {
+            let mut s = SledStore::open(&path).unwrap();
+            s.defer_flush(true);
+            for r in &records {
+                s.put(r).unwrap();
+            }
+            s.flush().unwrap();
+            let mut tidied = 1;
+            while s.tidy() {
+                tidied += 1;
+            }
+            assert_eq!(tidied, 4, "{n} keys take four chunks down to {KEEP_UNAPPLIED}");
+            assert!(!s.tidy(), "nothing left to do");
+            let given = records.iter().filter(|r| in_sled(&s, r)).count();
+            assert_eq!(given, n as usize - KEEP_UNAPPLIED);
+            assert!(in_sled(&s, &records[0]) && !in_sled(&s, &records[n as usize - 1]), "the oldest go first");
+            // A key given to sled and written again is kept as a new one.
+            s.put(&record("shell-1", 1, Phase::Exited)).unwrap();
+            s.flush().unwrap();
+        }
+        let loaded = reopen(&path).load().unwrap();
+        assert_eq!(loaded.records.len(), n as usize);
+        assert!(loaded.records.contains(&record("shell-1", 1, Phase::Exited)));
     }
 
     /// Writes through a commit log so small that most flushes checkpoint,

@@ -135,7 +135,17 @@ fn request_name(req: &SidecarRequest) -> &'static str {
 /// treats exactly as `spawned` (note a9). Their flushes no longer sit in
 /// front of the next attempt's accept.
 fn own_machine<S: RecoveryStore>(mut machine: Result<Machine<S>, String>, mut commands: mpsc::Receiver<Command>) {
-    while let Some(first) = commands.blocking_recv() {
+    loop {
+        let first = match commands.try_recv() {
+            Ok(command) => command,
+            Err(mpsc::error::TryRecvError::Disconnected) => break,
+            // Idle: the store's housekeeping, a little at a time.
+            Err(mpsc::error::TryRecvError::Empty) if machine.as_ref().is_ok_and(|m| m.store().tidy()) => continue,
+            Err(mpsc::error::TryRecvError::Empty) => match commands.blocking_recv() {
+                Some(command) => command,
+                None => break,
+            },
+        };
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
             match commands.try_recv() {
