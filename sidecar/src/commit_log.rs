@@ -163,6 +163,13 @@ impl CommitLog {
         Ok(ops)
     }
 
+    /// The share of the log not written yet, 0 to 1 (operations pending for
+    /// the next commit count as written).
+    pub fn room(&self) -> f64 {
+        let used = self.offset + self.pending.len() as u64;
+        1.0 - (used.min(self.capacity) as f64 / self.capacity as f64)
+    }
+
     /// Begins a new generation at the start of the file, durably. Every
     /// frame before is unreachable from then on: call it only once what
     /// they hold is durable elsewhere (replayed and flushed, or checkpointed).

@@ -420,12 +420,13 @@ impl SledStore {
 }
 
 /// Keys written since they were last given to sled that stay in memory
-/// while the store is idle ([`RecoveryStore::tidy`]). A short task's key is
-/// written three to four times, its last (`acknowledged`) after the
-/// leader's answer, which under load comes a thousand or more other keys
-/// later: at 512 a drain's sidecar spent a fifth more CPU than at 2 048,
-/// which is most of what a checkpoint holds (so it still pauses up to a few
-/// tens of milliseconds when the store is never idle).
+/// while the store is idle ([`RecoveryStore::tidy`]) and the log has half
+/// its room left; fewer as it fills, in proportion, so that a checkpoint
+/// finds little left to apply (applying 2 000 keys at once pauses the store
+/// thread for tens of milliseconds). A short task's key is written three to
+/// four times, its last (`acknowledged`) after the leader's answer, which
+/// under load comes a thousand or more other keys later: at 512 a drain's
+/// sidecar spent a fifth more CPU than at 2 048.
 const KEEP_UNAPPLIED: usize = 2048;
 /// Keys given to sled per [`RecoveryStore::tidy`]: a request arriving
 /// meanwhile waits for no more than this.
@@ -478,7 +479,8 @@ impl RecoveryStore for SledStore {
 
     fn tidy(&self) -> bool {
         let mut log = self.log();
-        let n = log.order.len().saturating_sub(KEEP_UNAPPLIED).min(TIDY_CHUNK);
+        let keep = (KEEP_UNAPPLIED as f64 * (2.0 * log.log.room()).min(1.0)) as usize;
+        let n = log.order.len().saturating_sub(keep).min(TIDY_CHUNK);
         if n == 0 {
             return false;
         }
@@ -487,7 +489,7 @@ impl RecoveryStore for SledStore {
             tracing::warn!(%error, "recovery store: giving sled its writes ahead of the checkpoint failed");
             return false;
         }
-        log.order.len() > KEEP_UNAPPLIED
+        log.order.len() > keep
     }
 
     fn load(&self) -> Result<Loaded, Error> {
@@ -1117,7 +1119,8 @@ pub(crate) mod tests {
             s.attempts.get(attempt_key(&r.grant.task, r.grant.attempt)).unwrap().is_some()
         };
         {
-            let mut s = SledStore::open(&path).unwrap();
+            // A log with more than half its room left after the writes.
+            let mut s = SledStore::open_with(&path, 16 << 20).unwrap();
             s.defer_flush(true);
             for r in &records {
                 s.put(r).unwrap();
@@ -1139,6 +1142,21 @@ pub(crate) mod tests {
         let loaded = reopen(&path).load().unwrap();
         assert_eq!(loaded.records.len(), n as usize);
         assert!(loaded.records.contains(&record("shell-1", 1, Phase::Exited)));
+
+        // A fuller log keeps fewer, in proportion to the room it has left.
+        let other = tempfile::tempdir().unwrap();
+        let mut s = SledStore::open_with(&other.path().join("db"), 768 << 10).unwrap();
+        s.defer_flush(true);
+        for r in &records {
+            s.put(r).unwrap();
+        }
+        s.flush().unwrap();
+        let room = s.log().log.room();
+        assert!(room > 0.0 && room < 0.5, "the writes fill more than half the log: {room}");
+        while s.tidy() {}
+        let kept = s.log().order.len();
+        assert_eq!(kept, (KEEP_UNAPPLIED as f64 * 2.0 * room) as usize);
+        assert_eq!(records.iter().filter(|r| in_sled(&s, r)).count(), n as usize - kept);
     }
 
     /// Writes through a commit log so small that most flushes checkpoint,
