@@ -2,7 +2,9 @@
 //! its sled database, and [`StoreHandle`], the cheap handle every connection
 //! and NATS task uses to reach it. Requests are applied one at a time; those
 //! waiting together are committed by one flush and answered only after it
-//! (group commit), so sled's fsyncs never stall the async runtime.
+//! (group commit), so sled's fsyncs never stall the async runtime. While no
+//! command waits, the store does its housekeeping a chunk at a time
+//! ([`RecoveryStore::tidy`]: giving sled the writes it was not given yet).
 //!
 //! It never reads a socket or a NATS message and never touches task files.
 
