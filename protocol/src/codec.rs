@@ -35,7 +35,7 @@ pub enum CodecError {
 /// Messages are written into a buffer kept per thread and copied out at
 /// their exact size: one allocation per message instead of a growing
 /// buffer's three or four (a task record is 0.4–0.6 KiB). A message larger
-/// than [`SCRATCH_KEPT`] takes the buffer with it.
+/// than 64 KiB takes the buffer with it.
 pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
     SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
         Ok(mut buf) => {
@@ -61,7 +61,7 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
 }
 
 /// The largest message whose encoding buffer [`encode`] keeps for the next.
-pub const SCRATCH_KEPT: usize = 64 * 1024;
+const SCRATCH_KEPT: usize = 64 * 1024;
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
