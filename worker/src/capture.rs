@@ -8,7 +8,7 @@
 //! It never follows a link planted at the output path
 //! ([`tenure_machine::open_output_for_append`]).
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use tenure_machine::attempt_files::AttemptFiles;
@@ -70,24 +70,32 @@ pub(crate) struct Pump {
     matcher: Option<LineMatcher>,
     written: u64,
     dropped: u64,
+    /// What one read takes: allocated, never zeroed, so a page of it is
+    /// touched only when output fills it (a task that writes nothing costs
+    /// the shim no page of it).
+    buf: Vec<u8>,
 }
+
+/// Bytes one read of the pipe takes at most.
+const READ_SIZE: usize = 64 * 1024;
 
 impl Pump {
     pub(crate) fn new(reader: std::io::PipeReader, output: OutputFile, cap: u64, matcher: Option<LineMatcher>) -> Pump {
-        Pump { reader: Some(reader), output, cap, matcher, written: 0, dropped: 0 }
+        Pump { reader: Some(reader), output, cap, matcher, written: 0, dropped: 0, buf: Vec::with_capacity(READ_SIZE) }
     }
 
     /// One read of what the pipe holds (it was ready); the end of the pipe
     /// closes it.
     pub(crate) fn step(&mut self) {
         let Some(reader) = self.reader.as_mut() else { return };
-        let mut buf = [0u8; 64 * 1024];
-        let n = match reader.read(&mut buf) {
+        self.buf.clear();
+        let n = match rustix::io::read(&*reader, rustix::buffer::spare_capacity(&mut self.buf)) {
             Ok(0) => return self.close(),
             Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => return,
+            Err(rustix::io::Errno::INTR) => return,
             Err(_) => return self.close(),
         };
+        let buf = &self.buf;
         if let Some(m) = self.matcher.as_mut() {
             m.feed(&buf[..n]);
         }

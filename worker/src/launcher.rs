@@ -203,6 +203,11 @@ pub fn serve(data_dir: &std::path::Path) -> i32 {
     ) {
         tracing::warn!(%error, "shim launcher cannot set a receive timeout; shims are reaped per request");
     }
+    // The CPU's features, detected once here for every shim forked from
+    // this process (the journal's checksums ask for them; in a virtual
+    // machine each `cpuid` traps, and each shim would ask again).
+    #[cfg(target_arch = "x86_64")]
+    let _ = std::arch::is_x86_feature_detected!("pclmulqdq");
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
         reap();

@@ -9,13 +9,15 @@
 //! re-parented to the shim, never to PID 1, and are reaped there.
 
 use std::collections::BTreeMap;
-use std::ffi::{CString, OsString};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::ffi::{c_char, c_int, c_void, CString, OsString};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::process::CommandExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
+
+use nix::libc;
 
 use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
@@ -54,45 +56,179 @@ pub struct Launch<'a> {
 /// stdout and stderr both going to `output` (a file or a pipe), stdin from
 /// `stdin` (`/dev/null` when `None`). Returns the leader's pid, which is also
 /// the group's id; the caller reaps it.
+///
+/// The child shares the shim's memory until its `exec` (`CLONE_VM` and
+/// `CLONE_VFORK`, as `posix_spawn` does), so nothing of the shim is copied:
+/// a fork copied its page tables and then every page either side wrote, about
+/// a fifth of a shell task's CPU in the shim. `posix_spawn` itself cannot
+/// join a cgroup or switch users before the `exec`, which is why the child
+/// is this module's own.
 pub fn spawn(launch: &Launch<'_>, stdin: Option<OwnedFd>, output: impl Into<OwnedFd>) -> std::io::Result<i32> {
     let output: OwnedFd = output.into();
-    let err = output.try_clone()?;
-    let stdin = stdin.map(Stdio::from).unwrap_or_else(Stdio::null);
-    // Prepared before the fork: the child only makes system calls.
-    let cwd = CString::new(launch.cwd.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "the working directory contains NUL"))?;
-    let ids = launch.run_as.map(RunAs::ids);
-    let join: Vec<i32> = launch.join.iter().map(AsRawFd::as_raw_fd).collect();
-    let mut command = Command::new("/bin/sh");
-    command
-        .arg("-c")
-        .arg(launch.command)
-        .env_clear()
-        .envs(launch.env)
-        .stdin(stdin)
-        .stdout(Stdio::from(output))
-        .stderr(Stdio::from(err))
-        .process_group(0);
-    // SAFETY: runs in the child between fork and exec; it makes plain system
-    // calls (write, fcntl or close_range, setgroups, setgid, setuid, chdir)
-    // and does not allocate.
-    unsafe {
-        command.pre_exec(move || {
-            // Joined first, still as the worker's user: the groups' files
-            // are not the task user's to write.
-            for fd in &join {
-                join_cgroup(*fd)?;
-            }
-            close_inherited_on_exec();
-            if let Some(ids) = &ids {
-                ids.switch()?;
-            }
-            nix::unistd::chdir(cwd.as_c_str())?;
-            Ok(())
-        })
+    let stdin = match stdin {
+        Some(fd) => fd,
+        None => std::fs::File::open("/dev/null")?.into(),
     };
-    let child = command.spawn()?;
-    i32::try_from(child.id()).map_err(|_| std::io::Error::other("spawned process has no valid pid"))
+    let (stdin, output) = (above_stderr(stdin)?, above_stderr(output)?);
+    let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{what} contains NUL"));
+    let sh = c"/bin/sh";
+    let command = CString::new(launch.command).map_err(|_| invalid("the command"))?;
+    let env = launch
+        .env
+        .iter()
+        .map(|(name, value)| {
+            let mut pair = Vec::with_capacity(name.len() + value.len() + 1);
+            pair.extend_from_slice(name.as_bytes());
+            pair.push(b'=');
+            pair.extend_from_slice(value.as_bytes());
+            CString::new(pair).map_err(|_| invalid("the environment"))
+        })
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut envp: Vec<*const c_char> = env.iter().map(|e| e.as_ptr()).collect();
+    envp.push(std::ptr::null());
+    let child = Child {
+        argv: [sh.as_ptr(), c"-c".as_ptr(), command.as_ptr(), std::ptr::null()],
+        envp,
+        cwd: CString::new(launch.cwd.as_os_str().as_bytes()).map_err(|_| invalid("the working directory"))?,
+        stdio: [stdin.as_raw_fd(), output.as_raw_fd(), output.as_raw_fd()],
+        join: launch.join.iter().map(AsRawFd::as_raw_fd).collect(),
+        run_as: launch.run_as,
+        errno: AtomicI32::new(0),
+    };
+    // The child's stack: only the pages it uses are ever touched.
+    let mut stack: Vec<u8> = Vec::with_capacity(CHILD_STACK);
+    // SAFETY: one past the end of the allocation, not dereferenced here; the
+    // stack grows down from it (aligned as the ABI wants).
+    let top = unsafe { stack.as_mut_ptr().add(CHILD_STACK) };
+    let top = top.wrapping_sub(top as usize % 16);
+    // No handler of the shim may run in the child while it shares the shim's
+    // memory: every signal is blocked around the clone (the child unblocks
+    // them in its last step before `exec`).
+    let mut blocked = MaybeUninit::<libc::sigset_t>::uninit();
+    let mut before = MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigfillset initialises the set; pthread_sigmask reads it and
+    // writes the previous mask into `before`.
+    unsafe {
+        libc::sigfillset(blocked.as_mut_ptr());
+        libc::pthread_sigmask(libc::SIG_SETMASK, blocked.as_ptr(), before.as_mut_ptr());
+    }
+    // SAFETY: `child_main` runs on `stack` with `child` borrowed; with
+    // CLONE_VFORK this call returns only once the child has exec'd or
+    // exited, so both outlive every use the child makes of them, and the
+    // child makes only system calls (see `child_main`).
+    let pid = unsafe {
+        libc::clone(
+            child_main,
+            top.cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::from_ref(&child).cast_mut().cast(),
+        )
+    };
+    let cloned = std::io::Error::last_os_error();
+    // SAFETY: `before` was written by the pthread_sigmask above.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, before.as_ptr(), std::ptr::null_mut()) };
+    if pid < 0 {
+        return Err(cloned);
+    }
+    match child.errno.load(Ordering::Acquire) {
+        0 => Ok(pid),
+        errno => {
+            // It exited without running anything; reaped here, not left to
+            // the caller's wait.
+            let _ = waitpid(Pid::from_raw(pid), None);
+            Err(std::io::Error::from_raw_os_error(errno))
+        }
+    }
+}
+
+/// The child's stack (it makes a dozen system calls; `posix_spawn` uses less).
+const CHILD_STACK: usize = 64 * 1024;
+
+/// Everything the child needs, prepared before the clone.
+struct Child<'a> {
+    argv: [*const c_char; 4],
+    envp: Vec<*const c_char>,
+    cwd: CString,
+    /// What becomes stdin, stdout and stderr (all above stderr, see
+    /// [`above_stderr`], so no `dup2` overwrites another's source).
+    stdio: [i32; 3],
+    join: Vec<i32>,
+    run_as: Option<&'a RunAs>,
+    /// Set by the child when a step failed (it then exits with 127).
+    errno: AtomicI32,
+}
+
+/// A descriptor numbered above stderr: the child moves its three
+/// descriptors into place one by one.
+fn above_stderr(fd: OwnedFd) -> std::io::Result<OwnedFd> {
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    Ok(nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3)).map(|raw| {
+        // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
+        unsafe { OwnedFd::from_raw_fd(raw) }
+    })?)
+}
+
+/// The child, between the clone and the `exec`. It shares the shim's memory
+/// and runs on its own stack: it only makes system calls on what [`Child`]
+/// holds (no allocation, no lock, no unwinding), and on a failure records the
+/// error and exits without running anything of the shim's.
+extern "C" fn child_main(arg: *mut c_void) -> c_int {
+    // SAFETY: `spawn` passes a `Child` that outlives the child's use of it.
+    let child = unsafe { &*arg.cast::<Child<'_>>() };
+    // SAFETY: each call is a plain system call on descriptors, strings and
+    // ids prepared by `spawn`; none allocates or takes a lock.
+    unsafe {
+        for (target, &fd) in child.stdio.iter().enumerate() {
+            if libc::dup2(fd, target as c_int) < 0 {
+                fail(child);
+            }
+        }
+        if libc::setpgid(0, 0) < 0 {
+            fail(child);
+        }
+        // Joined first, still as the worker's user: the groups' files are not
+        // the task user's to write.
+        for &fd in &child.join {
+            if join_cgroup(fd).is_err() {
+                fail(child);
+            }
+        }
+        close_inherited_on_exec();
+        if let Some(user) = child.run_as {
+            // Groups, then group, then user (the order that leaves no
+            // privilege behind). Raw calls: they change this process only
+            // (libc's wrappers would coordinate the threads of the process
+            // whose memory this one shares).
+            if libc::syscall(libc::SYS_setgroups, user.groups.len(), user.groups.as_ptr()) < 0
+                || libc::syscall(libc::SYS_setresgid, user.gid, user.gid, user.gid) < 0
+                || libc::syscall(libc::SYS_setresuid, user.uid, user.uid, user.uid) < 0
+            {
+                fail(child);
+            }
+        }
+        if libc::chdir(child.cwd.as_ptr()) < 0 {
+            fail(child);
+        }
+        // The task starts with the default disposition of SIGPIPE (the shim
+        // ignores it, and an ignored signal stays ignored across `exec`) and
+        // with no signal blocked.
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        let mut none = MaybeUninit::<libc::sigset_t>::uninit();
+        libc::sigemptyset(none.as_mut_ptr());
+        libc::pthread_sigmask(libc::SIG_SETMASK, none.as_ptr(), std::ptr::null_mut());
+        libc::execve(child.argv[0], child.argv.as_ptr(), child.envp.as_ptr());
+        fail(child)
+    }
+}
+
+/// Records the last error for the parent and exits (no handler, no flush:
+/// nothing of the shim's may run here).
+fn fail(child: &Child<'_>) -> ! {
+    child.errno.store(Errno::last_raw(), Ordering::Release);
+    // SAFETY: _exit ends this process at once.
+    unsafe { libc::_exit(127) }
 }
 
 /// Moves the calling process into the group whose `cgroup.procs` is open
@@ -172,5 +308,65 @@ pub async fn end_group(pgid: Pid, grace: Duration) {
         }
         tokio::time::sleep(step).await;
         step = (step * 2).min(Duration::from_millis(100));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// Runs `command` through `spawn` in `cwd`; its output and exit code.
+    fn run(command: &str, cwd: &Path, env: &[(&str, &str)]) -> std::io::Result<(String, i32)> {
+        let env: BTreeMap<OsString, OsString> = env.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
+        let launch = Launch { command, env: &env, cwd, run_as: None, join: &[] };
+        let (mut reader, writer) = std::io::pipe()?;
+        let pid = spawn(&launch, None, writer)?;
+        let mut out = String::new();
+        reader.read_to_string(&mut out)?;
+        let code = match waitpid(Pid::from_raw(pid), None)? {
+            WaitStatus::Exited(_, code) => code,
+            other => panic!("unexpected wait status {other:?}"),
+        };
+        Ok((out, code))
+    }
+
+    #[test]
+    fn the_task_gets_its_environment_directory_group_and_streams_and_nothing_more() {
+        let dir = tempfile::tempdir().unwrap();
+        // A descriptor this process leaves open across exec: the task must not get it.
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let leaked = nix::fcntl::fcntl(null.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD(200)).unwrap();
+        let script = r#"echo "env=$(env | grep -v '^PWD=' | sort | tr '\n' ' ')"; echo "cwd=$(pwd)"
+            echo "group=$(($(ps -o pgid= -p $$) == $$))"; test -e /proc/$$/fd/200 && echo leaked
+            echo err >&2; exec grep -E '^Sig(Blk|Ign)' /proc/self/status"#;
+        let (out, code) = run(script, dir.path(), &[("ONLY", "this")]).unwrap();
+        // SAFETY: the descriptor was opened above and is closed once.
+        drop(unsafe { OwnedFd::from_raw_fd(leaked) });
+        assert_eq!(code, 0, "{out}");
+        let line =
+            |key: &str| out.lines().find_map(|l| l.strip_prefix(key)).unwrap_or_else(|| panic!("{key} in {out}"));
+        assert_eq!(line("env=").trim(), "ONLY=this");
+        assert_eq!(Path::new(line("cwd=")), dir.path().canonicalize().unwrap());
+        assert_eq!(line("group="), "1", "the task leads its own process group");
+        assert!(!out.contains("leaked"), "a descriptor above stderr reached the task: {out}");
+        assert!(out.contains("err\n"), "stderr goes where stdout goes: {out}");
+        // This test process ignores SIGPIPE (the Rust runtime does) and the
+        // shim blocks signals for its signalfd: the task starts with neither.
+        assert_eq!(line("SigBlk:").trim(), "0000000000000000");
+        let ignored = u64::from_str_radix(line("SigIgn:").trim(), 16).unwrap();
+        assert_eq!(ignored & (1 << (libc::SIGPIPE - 1)), 0, "SIGPIPE is ignored in the task: {out}");
+    }
+
+    #[test]
+    fn a_step_that_fails_before_exec_is_an_error_and_leaves_no_child() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing");
+        let error = run("echo ran", &missing, &[]).unwrap_err();
+        assert_eq!(error.raw_os_error(), Some(libc::ENOENT), "{error}");
+        // The failed child was reaped by `spawn` itself.
+        assert_eq!(waitpid(None, Some(WaitPidFlag::WNOHANG)), Err(Errno::ECHILD));
+        let nul = run("echo \0", dir.path(), &[]).unwrap_err();
+        assert_eq!(nul.kind(), std::io::ErrorKind::InvalidInput);
     }
 }
