@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::bail;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
-use tenure_machine::attempt_files::AttemptFiles;
+use tenure_machine::attempt_files;
 
 use tenure_launch::cluster::{Cluster as Harness, Layout, Member};
 use tenure_launch::daemon::machine_dir;
@@ -49,9 +49,7 @@ impl Duplicate {
 /// Live shims under the data directory `dir`, with their task's process group.
 fn shims_in(dir: &Path) -> Vec<(i32, Option<i32>)> {
     let mut out = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir.join("attempts")) else { return out };
-    for e in entries.flatten() {
-        let files = AttemptFiles::new(e.path());
+    for (_, files) in attempt_files::list(&dir.join("attempts")) {
         if let Some(shim) = files.shim().filter(|m| m.alive()) {
             out.push((shim.pid, files.pgid()));
         }

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use common::{stderr, stdout, Cluster, BIN};
+use tenure_machine::attempt_files::AttemptFiles;
 use tenure_protocol::messages::{ApiError, InputReply, InputRequest, MAX_INPUT_BYTES};
 use tenure_protocol::{subjects, WorkerId};
 use tenure_testkit::eventually;
@@ -128,8 +129,8 @@ fn an_agent_task_answers_what_it_is_sent_in_order() {
     want.sort_unstable();
     assert_eq!(rest, want, "each large message arrived once and whole");
     // The input pipe went with the task.
-    let dir = c.worker_dir("w1").join("attempts").join(format!("{task}.1"));
-    assert!(!dir.join("input").exists());
+    let files = AttemptFiles::new(c.worker_dir("w1").join("attempts").join(format!("{task}.1")));
+    assert!(std::fs::symlink_metadata(files.input_path()).is_err());
 }
 
 /// Input goes through the machine's sidecar to a FIFO the task's shim holds,

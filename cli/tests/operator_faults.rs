@@ -88,12 +88,9 @@ fn a_wiped_machine_never_runs_its_tasks_again_and_says_its_store_was_replaced() 
     // task's ending into the directory being wiped.
     let recorded = || {
         let attempts: Vec<(i32, tenure_machine::process::ProcessId)> =
-            std::fs::read_dir(c.worker_dir("w1").join("attempts"))
-                .ok()?
-                .filter_map(|e| {
-                    let files = tenure_machine::attempt_files::AttemptFiles::new(e.ok()?.path());
-                    Some((files.pgid()?, files.shim()?))
-                })
+            tenure_machine::attempt_files::list(&c.worker_dir("w1").join("attempts"))
+                .into_iter()
+                .filter_map(|(_, files)| Some((files.pgid()?, files.shim()?)))
                 .collect();
         (attempts.len() == 3).then_some(attempts)
     };

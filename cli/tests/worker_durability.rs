@@ -81,6 +81,32 @@ fn a_task_that_finished_while_the_worker_was_down_is_reported_from_its_status() 
     assert_eq!(read(&output_file(&c, &task)), "bye\n");
 }
 
+/// An attempt begun by an earlier version keeps its files in a directory of
+/// its own (`attempts/<task>.<attempt>/journal`): a worker of this version,
+/// started on it, reads it, reports its outcome and removes it in that shape.
+/// The earlier layout is made here from this version's flat files while the
+/// worker is down (its shim had finished), as an earlier shim would have left it.
+#[test]
+fn an_attempt_in_an_earlier_versions_directory_is_reported_and_removed_in_that_shape() {
+    let mut c = Cluster::start(1);
+    let task = c.submit(&["--", "sleep 1; echo bye; exit 7"]);
+    c.wait_status(&task, "running", BOUND);
+    let files = attempt_files(&c, &task);
+    c.kill9("worker-w1");
+    let status = eventually(BOUND, || files.status()).expect("shim recorded the exit");
+    let dir = attempt_dir(&c, &task);
+    let flat = c.worker_dir("w1").join("attempts").join(format!("{task}.1.journal"));
+    assert!(flat.is_file(), "this version's journal is flat: {}", flat.display());
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::rename(&flat, dir.join("journal")).unwrap();
+    assert_eq!(attempt_files(&c, &task).status(), Some(status), "read in the earlier shape");
+    c.spawn_worker("w1", &[]);
+    let snap = c.wait_status(&task, "failed", BOUND);
+    assert_eq!((snap["exit_code"].as_i64(), snap["attempt"].as_u64()), (Some(7), Some(1)));
+    assert_eq!(read(&output_file(&c, &task)), "bye\n");
+    eventually(BOUND, || (!dir.exists()).then_some(())).expect("the directory removed once reported");
+}
+
 /// Window: mid-run, whole machine lost (every tenure process and the task die).
 /// No exit evidence exists: the task is `unknown` with `maybe-ran`, never re-run.
 #[test]

@@ -1,5 +1,8 @@
-//! The files one attempt's shim shares with the worker, in the attempt's
-//! directory (`<data>/attempts/<task>.<attempt>/`):
+//! The files one attempt's shim shares with the worker, side by side in the
+//! machine's `attempts/` directory, each named `<task>.<attempt>.<file>`
+//! (durability note a15). An attempt begun by an earlier version keeps its
+//! files inside a directory of its own, `attempts/<task>.<attempt>/<file>`:
+//! it is read, watched and removed in that shape.
 //!
 //! | file      | written by | when | meaning |
 //! |-----------|------------|------|---------|
@@ -13,7 +16,7 @@
 //!
 //! | entry     | written by | when                        | durable |
 //! |-----------|------------|-----------------------------|---------|
-//! | `Grant`   | worker     | before the shim exists   | yes: file and directory fsynced |
+//! | `Grant`   | worker     | before the shim exists   | yes: the journal, then the directory naming it, fsynced |
 //! | `Shim` | shim    | first thing it does         | no |
 //! | `Pgid`    | shim    | right after spawning        | no |
 //! | `Status`  | shim    | after the group is gone     | yes: data fsynced before the shim exits |
@@ -27,10 +30,11 @@
 //! or unreadable fact is "no evidence", never an outcome. A failed append is
 //! cut off again, so nothing written later hides behind it.
 //!
-//! One file instead of one per fact: creating files is the costly part of an
-//! attempt's bookkeeping (each is a new inode, and `grant`/`status` were also
-//! written beside a temporary file and renamed), so an attempt creates its
-//! directory, its journal and its output file, and nothing else.
+//! One file instead of one per fact, and no directory: creating files is the
+//! costly part of an attempt's bookkeeping (each is a new inode, which some
+//! file systems allocate slowly after many removals), so a shell attempt
+//! creates its journal and its output file, and nothing else. The journal is
+//! removed last, so an attempt whose removal was interrupted is still found.
 //!
 //! `input` is a FIFO the shim holds open read-write for the attempt's whole
 //! life, so the task never reads end-of-file while nobody writes and a writer
@@ -66,32 +70,86 @@ pub struct ShimStatus {
 /// The files of one attempt.
 #[derive(Debug, Clone)]
 pub struct AttemptFiles {
-    dir: PathBuf,
+    /// `attempts/<task>.<attempt>`: the prefix of the files' names, or the
+    /// directory holding them.
+    base: PathBuf,
+    shape: Shape,
+}
+
+/// Where an attempt's files are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    /// `<base>.<file>`, beside every other attempt's.
+    Flat,
+    /// `<base>/<file>`: an attempt begun by an earlier version.
+    Dir,
 }
 
 impl AttemptFiles {
-    pub fn new(dir: PathBuf) -> AttemptFiles {
-        AttemptFiles { dir }
+    /// The attempt named by `base` (`attempts/<task>.<attempt>`): inside the
+    /// directory of that name when there is one (an earlier version made
+    /// it), flat beside it otherwise.
+    pub fn new(base: PathBuf) -> AttemptFiles {
+        let shape = match fs::symlink_metadata(&base) {
+            Ok(meta) if meta.is_dir() => Shape::Dir,
+            _ => Shape::Flat,
+        };
+        AttemptFiles { base, shape }
     }
 
-    pub fn dir(&self) -> &Path {
-        &self.dir
+    /// `attempts/<task>.<attempt>`, as messages name the attempt's files.
+    pub fn base(&self) -> &Path {
+        &self.base
     }
 
-    /// Creates the attempt's directory, durably: the `attempts` directory
-    /// holding it is fsynced, so that the journal's own syncs (grant, exit
-    /// status) leave something reachable after a power loss.
-    pub fn create(&self) -> io::Result<()> {
-        use std::os::unix::fs::DirBuilderExt;
-        fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.dir)?;
-        match self.dir.parent() {
-            Some(parent) if !parent.as_os_str().is_empty() => File::open(parent)?.sync_all(),
-            _ => Ok(()),
+    /// Where the attempt's file `what` is.
+    fn path(&self, what: &str) -> PathBuf {
+        match self.shape {
+            Shape::Dir => self.base.join(what),
+            Shape::Flat => {
+                let mut name = self.base.clone().into_os_string();
+                name.push(".");
+                name.push(what);
+                name.into()
+            }
         }
     }
 
-    /// Starts the journal with the grant, durably (the file and the directory
-    /// that names it are fsynced).
+    /// The directory whose entries name the attempt's files.
+    fn names_dir(&self) -> &Path {
+        match self.shape {
+            Shape::Dir => &self.base,
+            Shape::Flat => self.base.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")),
+        }
+    }
+
+    /// Whether the attempt has anything on disk: its journal (removed last)
+    /// or, for an earlier version's attempt, its directory.
+    pub fn exists(&self) -> bool {
+        let what = match self.shape {
+            Shape::Dir => self.base.clone(),
+            Shape::Flat => self.journal_path(),
+        };
+        fs::symlink_metadata(what).is_ok()
+    }
+
+    /// Removes every file of the attempt (for an earlier version's attempt:
+    /// its directory, without following a link inside). The journal goes
+    /// last, so a removal cut short leaves the attempt findable, and removed
+    /// again. Absent files are fine.
+    pub fn remove(&self) -> io::Result<()> {
+        let gone = |result: io::Result<()>| match result {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        };
+        match self.shape {
+            Shape::Dir => gone(fs::remove_dir_all(&self.base)),
+            Shape::Flat => FILES.iter().try_for_each(|what| gone(fs::remove_file(self.path(what)))),
+        }
+    }
+
+    /// Starts the journal with the grant, durably (the journal and the
+    /// directory that names it are fsynced).
     pub fn write_grant(&self, grant: &LeaseGrant) -> io::Result<()> {
         self.append(&Entry::Grant(Box::new(grant.clone())), Sync::FileAndDir)
     }
@@ -124,12 +182,12 @@ impl AttemptFiles {
     /// SIGTERM (a kill) from the one a stopping machine sends every process
     /// (not a kill: the task did not end by anyone's request).
     pub fn mark_kill_requested(&self) -> io::Result<()> {
-        std::fs::write(self.dir.join(KILL_REQUESTED), b"")
+        std::fs::write(self.path(KILL_REQUESTED), b"")
     }
 
     /// Whether [`AttemptFiles::mark_kill_requested`] was called.
     pub fn kill_requested(&self) -> bool {
-        self.dir.join(KILL_REQUESTED).exists()
+        self.path(KILL_REQUESTED).exists()
     }
 
     /// Records (`true`) or withdraws the owner's wish that the group be held
@@ -137,7 +195,7 @@ impl AttemptFiles {
     /// outlives a worker, shim launcher or machine-store restart. Repeating
     /// either is harmless.
     pub fn set_pause_requested(&self, paused: bool) -> io::Result<()> {
-        let path = self.dir.join(PAUSE_REQUESTED);
+        let path = self.path(PAUSE_REQUESTED);
         match paused {
             true => {
                 let file = OpenOptions::new()
@@ -154,12 +212,12 @@ impl AttemptFiles {
                 _ => {}
             },
         }
-        crate::layout::sync_dir(&self.dir)
+        crate::layout::sync_dir(self.names_dir())
     }
 
     /// Whether the owner's wish to hold the group stopped is recorded.
     pub fn pause_requested(&self) -> bool {
-        self.dir.join(PAUSE_REQUESTED).exists()
+        self.path(PAUSE_REQUESTED).exists()
     }
 
     /// Records the exit evidence, durably.
@@ -189,7 +247,7 @@ impl AttemptFiles {
     }
 
     fn journal_path(&self) -> PathBuf {
-        self.dir.join(JOURNAL)
+        self.path(JOURNAL)
     }
 
     /// Appends one entry with a single write; on failure the journal is cut
@@ -217,7 +275,7 @@ impl AttemptFiles {
             Sync::Data => file.sync_data()?,
             Sync::FileAndDir => {
                 file.sync_all()?;
-                File::open(&self.dir)?.sync_all()?;
+                File::open(self.names_dir())?.sync_all()?;
             }
         }
         Ok(())
@@ -249,7 +307,10 @@ impl AttemptFiles {
     /// `grant`, `monitor.pid`, `pgid`, `status`), so that a worker upgraded
     /// while tasks run re-attaches to them and reads their evidence.
     fn legacy_entries(&self) -> io::Result<Vec<Entry>> {
-        let read = |name: &str| fs::read(self.dir.join(name)).ok();
+        if self.shape == Shape::Flat {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "no attempt journal"));
+        }
+        let read = |name: &str| fs::read(self.base.join(name)).ok();
         let text = |name: &str| read(name).and_then(|b| String::from_utf8(b).ok());
         let grant = read(LEGACY_GRANT).ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no attempt journal"))?;
         let mut entries: Vec<Entry> =
@@ -266,7 +327,7 @@ impl AttemptFiles {
 
     /// Where an `agent` attempt's input FIFO lives.
     pub fn input_path(&self) -> PathBuf {
-        self.dir.join(INPUT)
+        self.path(INPUT)
     }
 
     /// For the shim, before it spawns the task: creates the input FIFO
@@ -306,7 +367,7 @@ impl AttemptFiles {
             .append(true)
             .mode(0o600)
             .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(self.dir.join(MATCHES))
+            .open(self.path(MATCHES))
     }
 
     /// Matched lines recorded past byte `from` of the matches file, and the
@@ -314,7 +375,7 @@ impl AttemptFiles {
     /// yet) is left for the next read; an unreadable line is skipped.
     pub fn read_matches(&self, from: u64, max: usize) -> io::Result<(Vec<MatchedLine>, u64)> {
         use std::io::{BufRead, BufReader, Seek, SeekFrom};
-        let file = match File::open(self.dir.join(MATCHES)) {
+        let file = match File::open(self.path(MATCHES)) {
             Ok(f) => f,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), from)),
             Err(e) => return Err(e),
@@ -391,7 +452,7 @@ const JOURNAL: &str = "journal";
 /// The grant's own file, before the journal: an attempt directory of an
 /// earlier version has it.
 const LEGACY_GRANT: &str = "grant";
-/// File name of the input FIFO in an attempt directory.
+/// The input FIFO.
 const INPUT: &str = "input";
 /// File name of a `monitor` task's matched lines.
 const MATCHES: &str = "matches";
@@ -399,6 +460,28 @@ const MATCHES: &str = "matches";
 const KILL_REQUESTED: &str = "kill-requested";
 /// Present while the owner wants the attempt's group held stopped.
 const PAUSE_REQUESTED: &str = "pause-requested";
+/// Every file an attempt may have, in the order they are removed: the
+/// journal last.
+const FILES: [&str; 5] = [INPUT, MATCHES, KILL_REQUESTED, PAUSE_REQUESTED, JOURNAL];
+
+/// Every attempt in `attempts_dir` (a machine's `attempts/`), each with its
+/// name, `<task>.<attempt>`: each directory (an earlier version's attempt)
+/// and each name that has flat files, once. A file whose name ends in none
+/// of the attempt files' names is not an attempt's and is left out. An
+/// unreadable directory lists nothing.
+pub fn list(attempts_dir: &Path) -> Vec<(String, AttemptFiles)> {
+    let mut names = std::collections::BTreeSet::new();
+    for entry in fs::read_dir(attempts_dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        let attempt = match is_dir {
+            true => Some(name),
+            false => FILES.iter().find_map(|what| name.strip_suffix(what)?.strip_suffix('.').map(str::to_owned)),
+        };
+        names.extend(attempt);
+    }
+    names.into_iter().map(|name| (name.clone(), AttemptFiles::new(attempts_dir.join(name)))).collect()
+}
 
 /// The two ends of an `agent` attempt's input FIFO, as its shim holds them.
 #[derive(Debug)]
@@ -463,8 +546,15 @@ mod tests {
     fn shell_attempt_dir() -> (tempfile::TempDir, AttemptFiles) {
         let dir = tempfile::tempdir().unwrap();
         let files = AttemptFiles::new(dir.path().join("shell-1.1"));
-        files.create().unwrap();
         (dir, files)
+    }
+
+    /// An attempt in the directory an earlier version made for it.
+    fn earlier_attempt_dir(attempts: &Path, name: &str) -> AttemptFiles {
+        std::fs::create_dir(attempts.join(name)).unwrap();
+        let files = AttemptFiles::new(attempts.join(name));
+        assert_eq!(files.shape, Shape::Dir);
+        files
     }
 
     fn grant() -> LeaseGrant {
@@ -500,7 +590,7 @@ mod tests {
 
     #[test]
     fn a_pause_wish_is_recorded_withdrawn_and_repeated_harmlessly() {
-        let (_dir, files) = shell_attempt_dir();
+        let (dir, files) = shell_attempt_dir();
         assert!(!files.pause_requested());
         files.set_pause_requested(false).unwrap();
         assert!(!files.pause_requested(), "withdrawing an absent wish is nothing");
@@ -510,25 +600,26 @@ mod tests {
         files.set_pause_requested(false).unwrap();
         assert!(!files.pause_requested());
         // A symlink planted at its path is not followed.
-        let target = files.dir().join("elsewhere");
-        std::os::unix::fs::symlink(&target, files.dir().join(PAUSE_REQUESTED)).unwrap();
+        let target = dir.path().join("elsewhere");
+        std::os::unix::fs::symlink(&target, files.path(PAUSE_REQUESTED)).unwrap();
         assert!(files.set_pause_requested(true).is_err());
         assert!(!target.exists());
     }
 
     #[test]
     fn an_attempt_of_the_earlier_one_file_per_fact_layout_is_still_read() {
-        let (_dir, files) = shell_attempt_dir();
+        let dir = tempfile::tempdir().unwrap();
+        let files = earlier_attempt_dir(dir.path(), "shell-1.1");
         assert!(files.read_grant().is_err() && files.shim().is_none());
         let grant = grant();
         let status = ShimStatus { outcome: Outcome::new(Ending::Failed, Some(3), None), output_written: 9 };
-        std::fs::write(files.dir().join(LEGACY_GRANT), tenure_protocol::encode(&grant).unwrap()).unwrap();
-        std::fs::write(files.dir().join("monitor.pid"), "4321 99\n").unwrap();
-        std::fs::write(files.dir().join("pgid"), "4322\n").unwrap();
+        std::fs::write(files.base.join(LEGACY_GRANT), tenure_protocol::encode(&grant).unwrap()).unwrap();
+        std::fs::write(files.base.join("monitor.pid"), "4321 99\n").unwrap();
+        std::fs::write(files.base.join("pgid"), "4322\n").unwrap();
         assert_eq!(files.read_grant().unwrap(), grant);
         assert_eq!(files.shim(), Some(ProcessId { pid: 4321, start_time: 99 }));
         assert_eq!((files.pgid(), files.status()), (Some(4322), None));
-        std::fs::write(files.dir().join("status"), tenure_protocol::encode(&status).unwrap()).unwrap();
+        std::fs::write(files.base.join("status"), tenure_protocol::encode(&status).unwrap()).unwrap();
         assert_eq!(files.status(), Some(status));
     }
 
@@ -562,8 +653,60 @@ mod tests {
     fn attempt_dir() -> (tempfile::TempDir, AttemptFiles) {
         let tmp = tempfile::tempdir().unwrap();
         let files = AttemptFiles::new(tmp.path().join("agent-1.1"));
-        files.create().unwrap();
         (tmp, files)
+    }
+
+    #[test]
+    fn flat_and_directory_attempts_are_listed_read_and_removed_alike() {
+        let tmp = tempfile::tempdir().unwrap();
+        let attempts = tmp.path();
+        let flat = AttemptFiles::new(attempts.join("shell-1.1"));
+        let earlier = earlier_attempt_dir(attempts, "shell-2.1");
+        for files in [&flat, &earlier] {
+            assert!(!files.exists() || files.shape == Shape::Dir);
+            files.write_grant(&grant()).unwrap();
+            files.set_pause_requested(true).unwrap();
+            files.mark_kill_requested().unwrap();
+            files.open_matches_for_append().unwrap().write_all(b"{}\n").unwrap();
+            assert!(files.exists() && files.pause_requested() && files.kill_requested());
+            assert_eq!(files.read_grant().unwrap(), grant());
+        }
+        // The flat files sit beside each other, named after the attempt.
+        assert!(attempts.join("shell-1.1.journal").is_file() && attempts.join("shell-1.1.pause-requested").is_file());
+        assert!(attempts.join("shell-2.1").join("journal").is_file());
+        // Neither a stray file nor a file of another kind is an attempt; a stray directory is listed (and kept by
+        // its caller, which cannot parse its name).
+        std::fs::write(attempts.join("notes.txt"), b"operator's").unwrap();
+        std::fs::create_dir(attempts.join("stray")).unwrap();
+        let names = |listed: Vec<(String, AttemptFiles)>| listed.into_iter().map(|(n, _)| n).collect::<Vec<_>>();
+        assert_eq!(names(list(attempts)), ["shell-1.1", "shell-2.1", "stray"]);
+        let listed = list(attempts);
+        assert_eq!(listed[0].1.read_grant().unwrap(), grant());
+        assert_eq!(listed[1].1.read_grant().unwrap(), grant());
+        for files in [&flat, &earlier] {
+            files.remove().unwrap();
+            files.remove().unwrap();
+            assert!(!files.exists());
+        }
+        assert_eq!(names(list(attempts)), ["stray"]);
+        assert_eq!(std::fs::read(attempts.join("notes.txt")).unwrap(), b"operator's");
+    }
+
+    #[test]
+    fn an_interrupted_removal_leaves_the_journal_to_be_found_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let files = AttemptFiles::new(tmp.path().join("monitor-3.2"));
+        files.write_grant(&grant()).unwrap();
+        files.mark_kill_requested().unwrap();
+        // Something the removal cannot take, between the first file and the journal.
+        std::fs::create_dir(files.path(MATCHES)).unwrap();
+        std::fs::write(files.path(MATCHES).join("inside"), b"").unwrap();
+        assert!(files.remove().is_err());
+        assert!(files.exists(), "the journal goes last");
+        assert!(list(tmp.path()).iter().any(|(name, _)| name == "monitor-3.2"), "so the attempt is found again");
+        std::fs::remove_dir_all(files.path(MATCHES)).unwrap();
+        files.remove().unwrap();
+        assert!(list(tmp.path()).is_empty() && !files.exists());
     }
 
     #[test]

@@ -39,7 +39,7 @@ pub enum RecordView {
     Restarted(Phase),
 }
 
-/// What an attempt's directory proves, read once.
+/// What an attempt's files prove, read once.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FileFacts {
     /// The exit status its shim recorded (durable: fsynced before the

@@ -19,6 +19,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::attempt_files::AttemptFiles;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use tenure_protocol::TaskId;
 
@@ -129,7 +130,7 @@ impl Layout {
     }
 
     /// The scratch directory of one attempt (`<scratch-root>/<task>.<attempt>`),
-    /// named like its attempt directory so that it is traceable to its task.
+    /// named like its attempt's files so that it is traceable to its task.
     pub fn scratch_dir(&self, task: &TaskId, attempt: tenure_protocol::Attempt) -> Option<PathBuf> {
         Some(self.scratch_root()?.join(format!("{task}.{attempt}")))
     }
@@ -171,14 +172,16 @@ impl Layout {
         self.output_dir().join(format!("{task}.out"))
     }
 
-    /// Directory holding one directory per attempt that reached its intent.
+    /// Directory holding the files of every attempt that reached its intent
+    /// (`<task>.<attempt>.journal` and the others beside it; see
+    /// [`crate::attempt_files`]).
     pub fn attempts_dir(&self) -> PathBuf {
         self.root.join("attempts")
     }
 
-    /// The directory of one attempt's shim (`<task>.<attempt>`).
-    pub fn attempt_dir(&self, task: &TaskId, attempt: tenure_protocol::Attempt) -> PathBuf {
-        self.attempts_dir().join(format!("{task}.{attempt}"))
+    /// The files of one attempt (`attempts/<task>.<attempt>…`).
+    pub fn attempt_files(&self, task: &TaskId, attempt: tenure_protocol::Attempt) -> AttemptFiles {
+        AttemptFiles::new(self.attempts_dir().join(format!("{task}.{attempt}")))
     }
 
     /// Creates the root, database, output and attempts directories with mode

@@ -45,7 +45,7 @@ use tracing::{debug, error, info, warn};
 use crate::core::Machine;
 use crate::store::{self, SledStore};
 use crate::store_thread::StoreHandle;
-use tenure_machine::attempt_files::AttemptFiles;
+use tenure_machine::attempt_files::{self, AttemptFiles};
 use tenure_machine::evidence::{self, FileFacts};
 use tenure_machine::frame_codec;
 use tenure_machine::layout::{self, open_output_for_read, Layout};
@@ -479,7 +479,7 @@ where
 }
 
 /// Carries out one cleanup job: the epoch fence first (a deposed leader's job
-/// removes nothing), then files (output, scratch and attempt directories), then records;
+/// removes nothing), then files (output, scratch directories and attempts' files), then records;
 /// refused while any attempt of the task still has a live shim here. A
 /// cancellation passes the fence and counts what is here instead.
 async fn cleanup(req: CleanupRequest, store: &StoreHandle, layout: &Layout) -> CleanupReply {
@@ -504,18 +504,18 @@ async fn cleanup(req: CleanupRequest, store: &StoreHandle, layout: &Layout) -> C
 /// The files of one task on this machine.
 struct TaskFiles {
     output: Option<PathBuf>,
-    attempt_dirs: Vec<PathBuf>,
+    attempts: Vec<AttemptFiles>,
     /// Its attempts' scratch directories (working directory and HOME).
     scratch_dirs: Vec<PathBuf>,
 }
 
 impl TaskFiles {
     fn count(&self) -> u32 {
-        (self.output.is_some() as u32) + self.attempt_dirs.len() as u32 + self.scratch_dirs.len() as u32
+        (self.output.is_some() as u32) + self.attempts.len() as u32 + self.scratch_dirs.len() as u32
     }
 
     fn remove(self, task: &TaskId) -> Result<u32, SidecarRefusal> {
-        if self.attempt_dirs.iter().any(|d| AttemptFiles::new(d.clone()).shim().is_some_and(|m| m.alive())) {
+        if self.attempts.iter().any(|files| files.shim().is_some_and(|m| m.alive())) {
             return Err(SidecarRefusal::StillRunning { task: task.clone() });
         }
         let mut removed = 0;
@@ -526,52 +526,61 @@ impl TaskFiles {
                 Err(e) => return Err(SidecarRefusal::Storage(format!("cannot remove the output of {task}: {e}"))),
             }
         }
-        // The scratch directories first: the attempt directories are what says
-        // a shim may still run there. `remove_dir_all` never follows a link
-        // a task left inside its directory.
-        for dir in self.scratch_dirs.into_iter().chain(self.attempt_dirs) {
+        // The scratch directories first: the attempts' files are what says a
+        // shim may still run there. `remove_dir_all` never follows a link a
+        // task left inside its directory.
+        for dir in self.scratch_dirs {
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => removed += 1,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => return Err(SidecarRefusal::Storage(format!("cannot remove {}: {e}", dir.display()))),
             }
         }
+        for files in self.attempts {
+            files.remove().map_err(|e| {
+                SidecarRefusal::Storage(format!("cannot remove the files of {}: {e}", files.base().display()))
+            })?;
+            removed += 1;
+        }
         Ok(removed)
     }
 }
 
-/// A finished task's output file, attempt directories and scratch
-/// directories (`<task>.<attempt>` in the attempts directory and in the
-/// worker's scratch root).
+/// A finished task's output file, attempts' files and scratch directories
+/// (each attempt named `<task>.<attempt>` in the attempts directory and in
+/// the worker's scratch root).
 fn task_files(layout: &Layout, task: &TaskId) -> Result<TaskFiles, SidecarRefusal> {
     let prefix = format!("{task}.");
-    let attempts_of = |dir: &Path| -> Vec<PathBuf> {
-        std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| {
-                e.file_name()
-                    .to_str()
-                    .is_some_and(|n| n.strip_prefix(&prefix).is_some_and(|a| a.parse::<u32>().is_ok()))
-            })
-            .map(|e| e.path())
-            .collect()
-    };
-    let dirs = attempts_of(&layout.attempts_dir());
-    let scratch_dirs = layout.scratch_root().map(|root| attempts_of(&root)).unwrap_or_default();
+    let of_task = |name: &str| name.strip_prefix(&prefix).is_some_and(|a| a.parse::<u32>().is_ok());
+    let attempts = attempt_files::list(&layout.attempts_dir())
+        .into_iter()
+        .filter(|(name, _)| of_task(name))
+        .map(|(_, files)| files)
+        .collect();
+    let scratch_dirs = layout
+        .scratch_root()
+        .map(|root| {
+            std::fs::read_dir(root)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_name().to_str().is_some_and(of_task))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default();
     let output = layout.output_path(task);
     let output = match std::fs::symlink_metadata(&output) {
         Ok(_) => Some(output),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
         Err(e) => return Err(SidecarRefusal::Storage(format!("cannot look at the output of {task}: {e}"))),
     };
-    Ok(TaskFiles { output, attempt_dirs: dirs, scratch_dirs })
+    Ok(TaskFiles { output, attempts, scratch_dirs })
 }
 
 /// Answers one evidence query from the records and the attempt's own files.
 async fn evidence(req: EvidenceRequest, store: &StoreHandle, layout: &Layout) -> EvidenceReply {
-    let files = AttemptFiles::new(layout.attempt_dir(&req.task, req.attempt));
+    let files = layout.attempt_files(&req.task, req.attempt);
     let view = store.evidence(req.clone()).await;
     let answer = tokio::task::spawn_blocking(move || evidence::answer(view, &FileFacts::read(&files))).await;
     let answer = answer.unwrap_or_else(|e| Err(SidecarRefusal::Storage(e.to_string())));

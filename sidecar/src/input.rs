@@ -115,7 +115,7 @@ async fn deliver(
     }
     let attempt = check_target(&record)?;
     let task = &req.task;
-    let files = AttemptFiles::new(layout.attempt_dir(task, attempt));
+    let files = layout.attempt_files(task, attempt);
     let Ok(_turn) = tokio::time::timeout_at(deadline, locks.hold((task.clone(), attempt))).await else {
         info!(task = %task, attempt = %attempt, bytes = size, "input refused: earlier input still waiting");
         return Err(ApiError::InputFull { task: task.to_string() });
@@ -338,7 +338,6 @@ mod tests {
     fn fifo() -> (tempfile::TempDir, AttemptFiles, InputFifo) {
         let tmp = tempfile::tempdir().unwrap();
         let files = AttemptFiles::new(tmp.path().join("agent-1.1"));
-        files.create().unwrap();
         let ends = files.create_input().unwrap();
         (tmp, files, ends)
     }

@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use tenure_machine::attempt_files::{AttemptFiles, ShimStatus};
+use tenure_machine::attempt_files::ShimStatus;
 use tenure_machine::Layout;
 use tenure_powerfs::{CutOptions, Mounted, Options, PowerFs};
 use tenure_protocol::messages::{AttemptRecord, LeaseGrant, Phase, RegistryMark, SidecarRefusal};
@@ -197,8 +197,7 @@ fn child() -> Result<()> {
             machine.store().flush()?;
         }
         "files" => {
-            let files = AttemptFiles::new(layout.attempt_dir(&task(1), Attempt(1)));
-            files.create()?;
+            let files = layout.attempt_files(&task(1), Attempt(1));
             files.write_grant(&grant(1, 5, "echo one".into()))?;
             files.write_status(&ShimStatus {
                 outcome: Outcome::new(Ending::Completed, Some(0), None),
@@ -295,7 +294,7 @@ fn attempt_files_and_the_scratch_record_survive_a_power_cut() -> Result<()> {
     let layout = Layout::new(rig.data());
     run_child("files", layout.root())?;
     rig.cut()?;
-    let files = AttemptFiles::new(layout.attempt_dir(&task(1), Attempt(1)));
+    let files = layout.attempt_files(&task(1), Attempt(1));
     let journal = files.journal().context("the attempt's journal after the cut")?;
     assert_eq!(journal.grant, Some(grant(1, 5, "echo one".into())));
     let status = journal.status.context("the exit status after the cut")?;

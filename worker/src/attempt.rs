@@ -240,7 +240,7 @@ async fn perform(
     kill: &Notify,
 ) -> Done {
     let (task, attempt) = (&key.0, key.1);
-    let files = AttemptFiles::new(shared.layout.attempt_dir(task, attempt));
+    let files = shared.layout.attempt_files(task, attempt);
     match action {
         Action::Sidecar(mut req) => {
             if let SidecarRequest::Intent { trace, .. } = &mut req {
@@ -321,7 +321,9 @@ async fn perform(
             Done::Reported(ack)
         }
         Action::Release => {
-            let _ = std::fs::remove_dir_all(files.dir());
+            if let Err(error) = files.remove() {
+                tracing::warn!(task = %task, attempt = %attempt, %error, "cannot remove the attempt's files");
+            }
             Done::Released
         }
     }
@@ -376,7 +378,6 @@ async fn start_shim(shared: &Arc<Shared>, grant: &LeaseGrant, files: &AttemptFil
     let (shared, grant, files) = (shared.clone(), grant.clone(), files.clone());
     let started = tokio::task::spawn_blocking(move || {
         let not_started = LaunchError::NotStarted;
-        files.create().map_err(|e| not_started(format!("cannot create {}: {e}", files.dir().display())))?;
         files.write_grant(&grant).map_err(|e| not_started(format!("cannot write the task's grant: {e}")))?;
         let root = shared.layout.scratch_root().ok_or_else(|| not_started("no scratch directory is set".into()))?;
         let name = format!("{}.{}", grant.task, grant.attempt);
@@ -465,7 +466,7 @@ async fn watch(
                 // shutdown by it. Should the mark fail, the task still ends
                 // (as a `machine-shutdown` failure rather than `killed`).
                 if let Err(error) = files.mark_kill_requested() {
-                    tracing::warn!(dir = %files.dir().display(), %error, "cannot mark the kill request");
+                    tracing::warn!(dir = %files.base().display(), %error, "cannot mark the kill request");
                 }
                 // The shim ends the group (SIGTERM, grace, SIGKILL) and records it.
                 shim.request_kill();
@@ -546,10 +547,10 @@ async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool, restarted
     if let Some(pgid) = group.filter(|p| process::group_alive(*p)) {
         let ours = journal.shim.is_some_and(|m| group_in_session(pgid, m.pid));
         if ours {
-            tracing::warn!(pgid, dir = %files.dir().display(), "shim gone; ending its orphaned process group");
+            tracing::warn!(pgid, dir = %files.base().display(), "shim gone; ending its orphaned process group");
             process::end_group(Pid::from_raw(pgid), shared.opts.kill_grace).await;
         } else {
-            tracing::warn!(pgid, dir = %files.dir().display(), "process group exists but is not in the shim's session: not ours, left alone");
+            tracing::warn!(pgid, dir = %files.base().display(), "process group exists but is not in the shim's session: not ours, left alone");
         }
     }
     let contained = end_attempt_cgroup(shared, &journal).await;

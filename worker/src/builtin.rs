@@ -10,7 +10,7 @@
 //! restarted worker finds an intent without a shim and reports the attempt
 //! lost (`maybe-ran`), as it would for a shell attempt whose shim vanished.
 //!
-//! This module must never spawn a process or touch the attempt directory.
+//! This module must never spawn a process or touch the attempt's files.
 
 use std::time::{Duration, Instant};
 

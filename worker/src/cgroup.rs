@@ -4,7 +4,7 @@
 //! themselves are read and written by [`crate::cgroup_fs`].
 //!
 //! Each attempt runs in a group of its own, named after it
-//! (`<task>.<attempt>`, as its attempt directory), under one parent per
+//! (`<task>.<attempt>`, as its attempt's files), under one parent per
 //! worker (`tenure-<worker id>-<data directory digest>`: two workers of one
 //! id on one host — test clusters — never share one), so that every process a task starts is
 //! tracked and attributable — also one that left the task's process group
@@ -125,7 +125,7 @@ pub fn join(mount: &Path, group: &str) -> PathBuf {
 /// data layout: the test harness finds a machine's groups by it too).
 pub use tenure_machine::layout::cgroup_parent_name as parent_name;
 
-/// The name of an attempt's group: the name of its attempt directory, so
+/// The name of an attempt's group: the name of its attempt's files, so
 /// that a group found on the host says which attempt it is.
 pub fn attempt_name(task: &TaskId, attempt: Attempt) -> String {
     format!("{task}.{attempt}")

@@ -131,7 +131,7 @@ pub enum Done {
     Ended(Settled),
     /// The leader answered a report (`NotLeader` stands for no answer).
     Reported(ReportAck),
-    /// The attempt's directory is removed.
+    /// The attempt's files are removed.
     Released,
 }
 
@@ -182,7 +182,7 @@ impl Answer {
     }
 }
 
-/// A record, an unreadable record or an attempt directory found at start-up,
+/// A record, an unreadable record or an attempt's files found at start-up,
 /// with what the attempt's files show.
 #[derive(Debug, Clone)]
 pub enum Found {
@@ -194,7 +194,7 @@ pub enum Found {
         /// The machine booted since the intent.
         restarted: bool,
     },
-    /// A record that cannot be read, or an attempt directory no record names
+    /// A record that cannot be read, or an attempt's files no record names
     /// that holds the attempt's grant: only the files can speak.
     FilesOnly {
         key: Key,
@@ -216,11 +216,11 @@ pub enum Recovered {
     /// Report this, until answered, for an attempt that is not held (not
     /// listed in heartbeats, not killable).
     Report { key: Key, epoch: Epoch, event: ReportEvent },
-    /// Remove the attempt's directory: its outcome was acknowledged.
+    /// Remove the attempt's files: its outcome was acknowledged.
     Remove(Key),
 }
 
-/// What to do with an attempt directory no record names (see [`unlisted`]).
+/// What to do with an attempt's files no record names (see [`unlisted`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Unlisted {
     /// Its grant is readable and names it: its record was lost; settle it
@@ -232,7 +232,7 @@ pub enum Unlisted {
     Remove,
 }
 
-/// An attempt directory no record names: settled when its journal names it,
+/// An attempt's files no record names: settled when its journal names it,
 /// removed only when confirmed dead (seed 004), kept otherwise.
 pub fn unlisted(grant_names_it: bool, shim_alive: bool, group_alive: bool) -> Unlisted {
     match (grant_names_it, shim_alive || group_alive) {
@@ -572,7 +572,7 @@ impl Worker {
     // ------------------------------------------------------------ recovery
 
     /// Start-up recovery: the sidecar's records (`epoch` is its fence) and the
-    /// attempt directories, each with what its files show. Attempts that may
+    /// attempts' files, each with what they show. Attempts that may
     /// have run are held again at the step their evidence calls for; the rest
     /// is returned for the driver.
     ///

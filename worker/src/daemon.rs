@@ -288,7 +288,7 @@ async fn heartbeat(shared: &Shared, instance: Uuid, replaces: Option<Uuid>, was_
     let agents: Vec<(Key, AttemptFiles)> = attempts
         .iter()
         .filter(|a| *a.task.kind() == Kind::agent())
-        .map(|a| ((a.task.clone(), a.attempt), AttemptFiles::new(shared.layout.attempt_dir(&a.task, a.attempt))))
+        .map(|a| ((a.task.clone(), a.attempt), shared.layout.attempt_files(&a.task, a.attempt)))
         .collect();
     // Reads of /proc, off the runtime's threads.
     let now_waiting: HashSet<Key> = match agents.is_empty() {
@@ -577,7 +577,7 @@ async fn on_pause(shared: &Shared, cmd: PauseCommand) -> WorkerReply {
         }
         before.unwrap_or(false)
     };
-    let files = AttemptFiles::new(shared.layout.attempt_dir(&key.0, key.1));
+    let files = shared.layout.attempt_files(&key.0, key.1);
     let record = files.clone();
     let recorded = tokio::task::spawn_blocking(move || record.set_pause_requested(cmd.paused)).await;
     let failure = match recorded {

@@ -1,16 +1,16 @@
 //! Start-up recovery's IO: the sidecar's records (page by page), every
-//! attempt directory's journal, and the scratch directories. What each case
+//! attempt's journal, and the scratch directories. What each case
 //! becomes is the core's decision ([`crate::core::Worker::recover`],
 //! [`crate::core::unlisted`]); this reads what it needs, does what it returns
 //! and drives every attempt the core holds again.
 //!
-//! It never removes a directory whose processes may live, and never settles
-//! an attempt itself.
+//! It never removes an attempt's files while its processes may live, and
+//! never settles an attempt itself.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tenure_machine::attempt_files::{AttemptFiles, Journal};
+use tenure_machine::attempt_files::{self, Journal};
 use tenure_protocol::messages::{SidecarRefusal, SidecarReply, SidecarRequest};
 use tenure_protocol::{Attempt, Epoch, TaskId};
 
@@ -19,7 +19,7 @@ use crate::core::{unlisted, Found, Key, Recovered, Step, Unlisted};
 use crate::process;
 
 /// Start-up recovery: reads every sidecar record (page by page) and every
-/// attempt directory, hands what they show to the core
+/// attempt's files, hands what they show to the core
 /// ([`crate::core::Worker::recover`], whose table says what each case
 /// becomes), does what it returns and drives every attempt it holds again.
 ///
@@ -60,7 +60,7 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
     for record in records {
         let key = (record.grant.task.clone(), record.grant.attempt);
         known.insert(format!("{}.{}", key.0, key.1));
-        let journal = AttemptFiles::new(shared.layout.attempt_dir(&key.0, key.1)).journal().unwrap_or_default();
+        let journal = shared.layout.attempt_files(&key.0, key.1).journal().unwrap_or_default();
         let shim_alive = journal.status.is_none() && journal.shim.is_some_and(|m| m.alive());
         let restarted = tenure_machine::boot::booted_since(&record, boot.as_deref());
         found.push(Found::Record { record, shim_alive, restarted });
@@ -74,7 +74,7 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
         tracing::warn!(task = %key.0, attempt = %key.1, reason = %c.reason, "unreadable record; only the attempt's files can speak");
         found.push(files_only(shared, key, None, Some(c.reason)));
     }
-    found.extend(unlisted_attempt_dirs(shared, &known, listed));
+    found.extend(unlisted_attempts(shared, &known, listed));
     let recovered = shared.state().core.recover(epoch, found);
     for r in recovered {
         match r {
@@ -87,14 +87,16 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
                 tokio::spawn(async move { report_until_acked(&shared, &task, attempt, epoch, event).await });
             }
             Recovered::Remove((task, attempt)) => {
-                let _ = std::fs::remove_dir_all(shared.layout.attempt_dir(&task, attempt));
+                if let Err(error) = shared.layout.attempt_files(&task, attempt).remove() {
+                    tracing::warn!(task = %task, attempt = %attempt, %error, "cannot remove the attempt's files");
+                }
             }
         }
     }
     let held = shared.state().core.keys();
     // The owner's pause wish of an attempt held again is in its files.
     for key in &held {
-        if AttemptFiles::new(shared.layout.attempt_dir(&key.0, key.1)).pause_requested() {
+        if shared.layout.attempt_files(&key.0, key.1).pause_requested() {
             shared.state().core.restore_paused(key);
         }
     }
@@ -121,11 +123,10 @@ pub(crate) async fn recover(shared: &Arc<Shared>) {
     }
 }
 
-/// What an attempt's directory alone shows (its record is unreadable, lost,
+/// What an attempt's files alone show (its record is unreadable, lost,
 /// or the whole store is).
 fn files_only(shared: &Shared, key: Key, journal: Option<Journal>, corrupt: Option<String>) -> Found {
-    let journal = journal
-        .unwrap_or_else(|| AttemptFiles::new(shared.layout.attempt_dir(&key.0, key.1)).journal().unwrap_or_default());
+    let journal = journal.unwrap_or_else(|| shared.layout.attempt_files(&key.0, key.1).journal().unwrap_or_default());
     Found::FilesOnly {
         key,
         status: journal.status.is_some(),
@@ -135,26 +136,24 @@ fn files_only(shared: &Shared, key: Key, journal: Option<Journal>, corrupt: Opti
     }
 }
 
-/// Attempt directories no record names. With `listed` false the store could
-/// not list its records, and every attempt directory is settled from its
-/// files. Otherwise a directory whose readable `grant` names it is an attempt
-/// whose record was lost (sled can drop damaged data silently), settled from
-/// its files like any other; anything else is removed only when confirmed
-/// dead (seed 004), and kept with a warning otherwise.
-fn unlisted_attempt_dirs(shared: &Shared, known: &std::collections::HashSet<String>, listed: bool) -> Vec<Found> {
-    let Ok(entries) = std::fs::read_dir(shared.layout.attempts_dir()) else { return Vec::new() };
+/// Attempts on disk that no record names. With `listed` false the store
+/// could not list its records, and every attempt is settled from its files.
+/// Otherwise an attempt whose readable `grant` names it is one whose record
+/// was lost (sled can drop damaged data silently), settled from its files
+/// like any other; anything else is removed only when confirmed dead (seed
+/// 004), and kept with a warning otherwise.
+fn unlisted_attempts(shared: &Shared, known: &std::collections::HashSet<String>, listed: bool) -> Vec<Found> {
     let mut found = Vec::new();
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
+    for (name, files) in attempt_files::list(&shared.layout.attempts_dir()) {
         if known.contains(&name) {
             continue;
         }
         let parsed = name.rsplit_once('.').and_then(|(t, a)| Some((t.parse::<TaskId>().ok()?, a.parse().ok()?)));
-        let journal = AttemptFiles::new(entry.path()).journal().unwrap_or_default();
+        let journal = files.journal().unwrap_or_default();
         if !listed {
             match parsed {
                 Some((task, attempt)) => found.push(files_only(shared, (task, Attempt(attempt)), Some(journal), None)),
-                None => tracing::warn!(dir = %name, "not an attempt directory: kept"),
+                None => tracing::warn!(name = %name, "not an attempt's files: kept"),
             }
             continue;
         }
@@ -163,18 +162,20 @@ fn unlisted_attempt_dirs(shared: &Shared, known: &std::collections::HashSet<Stri
         let group_alive = journal.pgid.is_some_and(process::group_alive);
         match unlisted(names_it, shim_alive, group_alive) {
             Unlisted::Settle => {
-                tracing::warn!(dir = %name, "attempt directory without a record: the record was lost; settling from the shim's files");
+                tracing::warn!(attempt = %name, "attempt files without a record: the record was lost; settling from the shim's files");
                 let key = journal.grant.as_ref().map(|g| (g.task.clone(), g.attempt));
                 if let Some(key) = key {
                     found.push(files_only(shared, key, Some(journal), None));
                 }
             }
             Unlisted::Keep => {
-                tracing::warn!(dir = %name, shim_alive, group_alive, "attempt directory without a record but with live processes: kept");
+                tracing::warn!(attempt = %name, shim_alive, group_alive, "attempt files without a record but with live processes: kept");
             }
             Unlisted::Remove => {
-                tracing::info!(dir = %name, "removing an attempt directory no record names and no process uses");
-                let _ = std::fs::remove_dir_all(entry.path());
+                tracing::info!(attempt = %name, "removing attempt files no record names and no process uses");
+                if let Err(error) = files.remove() {
+                    tracing::warn!(attempt = %name, %error, "cannot remove the attempt's files");
+                }
             }
         }
     }
@@ -198,7 +199,7 @@ fn sweep_scratch_dirs(shared: &Shared, tasks: &std::collections::HashSet<&str>) 
             continue;
         };
         let held =
-            tasks.contains(task.to_string().as_str()) || shared.layout.attempt_dir(&task, Attempt(attempt)).exists();
+            tasks.contains(task.to_string().as_str()) || shared.layout.attempt_files(&task, Attempt(attempt)).exists();
         if held {
             continue;
         }

@@ -107,10 +107,10 @@ pub fn run(args: &ShimArgs) -> i32 {
     let _ = nix::unistd::setsid();
     process::become_subreaper();
     let layout = Layout::new(&args.data_dir);
-    let files = AttemptFiles::new(layout.attempt_dir(&args.task, args.attempt));
+    let files = layout.attempt_files(&args.task, args.attempt);
     let recorded = ProcessId::current().and_then(|me| files.write_shim(me));
     if let Err(error) = recorded {
-        tracing::error!(dir = %files.dir().display(), %error, "shim cannot record itself; not starting the task");
+        tracing::error!(files = %files.base().display(), %error, "shim cannot record itself; not starting the task");
         return 1;
     }
     let status = supervise(args, &layout, &files);

@@ -123,7 +123,6 @@ mod tests {
         use std::os::unix::process::CommandExt;
         let dir = tempfile::tempdir().expect("tempdir");
         let files = AttemptFiles::new(dir.path().join("a"));
-        files.create().expect("attempt dir");
         let fifo = files.create_input().expect("fifo");
         let spawn = |cmd: &str, stdin: std::process::Stdio| {
             std::process::Command::new("sh")
