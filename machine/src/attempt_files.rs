@@ -543,7 +543,7 @@ mod tests {
     use super::*;
     use tenure_protocol::Ending;
 
-    fn shell_attempt_dir() -> (tempfile::TempDir, AttemptFiles) {
+    fn shell_attempt() -> (tempfile::TempDir, AttemptFiles) {
         let dir = tempfile::tempdir().unwrap();
         let files = AttemptFiles::new(dir.path().join("shell-1.1"));
         (dir, files)
@@ -571,7 +571,7 @@ mod tests {
 
     #[test]
     fn files_round_trip_and_absent_means_no_evidence() {
-        let (_dir, files) = shell_attempt_dir();
+        let (_dir, files) = shell_attempt();
         assert!(files.status().is_none() && files.shim().is_none() && files.pgid().is_none());
         let grant = grant();
         files.write_grant(&grant).unwrap();
@@ -590,7 +590,7 @@ mod tests {
 
     #[test]
     fn a_pause_wish_is_recorded_withdrawn_and_repeated_harmlessly() {
-        let (dir, files) = shell_attempt_dir();
+        let (dir, files) = shell_attempt();
         assert!(!files.pause_requested());
         files.set_pause_requested(false).unwrap();
         assert!(!files.pause_requested(), "withdrawing an absent wish is nothing");
@@ -625,7 +625,7 @@ mod tests {
 
     #[test]
     fn a_torn_or_damaged_entry_hides_itself_and_what_follows_never_what_precedes() {
-        let (_dir, files) = shell_attempt_dir();
+        let (_dir, files) = shell_attempt();
         let me = ProcessId::current().unwrap();
         files.write_shim(me).unwrap();
         files.write_pgid(4242).unwrap();
@@ -650,7 +650,7 @@ mod tests {
         assert!(files.status().is_none() && files.shim().is_none() && files.read_grant().is_err());
     }
 
-    fn attempt_dir() -> (tempfile::TempDir, AttemptFiles) {
+    fn agent_attempt() -> (tempfile::TempDir, AttemptFiles) {
         let tmp = tempfile::tempdir().unwrap();
         let files = AttemptFiles::new(tmp.path().join("agent-1.1"));
         (tmp, files)
@@ -713,7 +713,7 @@ mod tests {
     fn input_fifo_carries_writes_and_never_reads_eof_while_held() {
         use std::io::Read;
         use std::os::unix::fs::PermissionsExt;
-        let (_tmp, files) = attempt_dir();
+        let (_tmp, files) = agent_attempt();
         assert!(matches!(files.open_input_for_write(), Err(InputError::Absent)));
         let InputFifo { keeper, mut stdin } = files.create_input().unwrap();
         let meta = std::fs::symlink_metadata(files.input_path()).unwrap();
@@ -740,7 +740,7 @@ mod tests {
 
     #[test]
     fn a_symlink_at_the_input_path_is_refused_and_its_target_untouched() {
-        let (tmp, files) = attempt_dir();
+        let (tmp, files) = agent_attempt();
         // A link to a live FIFO (a writer would otherwise reach it) ...
         let real = tmp.path().join("real-fifo");
         nix::unistd::mkfifo(&real, nix::sys::stat::Mode::S_IRWXU).unwrap();
@@ -761,7 +761,7 @@ mod tests {
 
     #[test]
     fn a_non_fifo_at_the_input_path_is_refused_and_left_alone() {
-        let (_tmp, files) = attempt_dir();
+        let (_tmp, files) = agent_attempt();
         std::fs::write(files.input_path(), b"plain file").unwrap();
         assert!(matches!(files.open_input_for_write(), Err(InputError::NotAFifo(_))));
         assert!(files.create_input().is_err());
