@@ -136,7 +136,11 @@ impl AttemptFiles {
     /// Removes every file of the attempt (for an earlier version's attempt:
     /// its directory, without following a link inside). The journal goes
     /// last, so a removal cut short leaves the attempt findable, and removed
-    /// again. Absent files are fine.
+    /// again. Absent files are fine. Without a journal only the pause wish
+    /// can be there (the worker records it for any held attempt; the other
+    /// files are the shim's, which starts after the journal is written), so
+    /// an attempt that never had a shim — a built-in kind's — costs two
+    /// calls, not one per file.
     pub fn remove(&self) -> io::Result<()> {
         let gone = |result: io::Result<()>| match result {
             Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
@@ -144,6 +148,7 @@ impl AttemptFiles {
         };
         match self.shape {
             Shape::Dir => gone(fs::remove_dir_all(&self.base)),
+            Shape::Flat if !self.exists() => gone(fs::remove_file(self.path(PAUSE_REQUESTED))),
             Shape::Flat => FILES.iter().try_for_each(|what| gone(fs::remove_file(self.path(what)))),
         }
     }
@@ -683,10 +688,15 @@ mod tests {
         let listed = list(attempts);
         assert_eq!(listed[0].1.read_grant().unwrap(), grant());
         assert_eq!(listed[1].1.read_grant().unwrap(), grant());
-        for files in [&flat, &earlier] {
+        // A built-in kind's attempt has no journal, but may have a pause wish.
+        let builtin = AttemptFiles::new(attempts.join("sleep-4.1"));
+        builtin.set_pause_requested(true).unwrap();
+        assert!(!builtin.exists());
+        assert_eq!(names(list(attempts)), ["shell-1.1", "shell-2.1", "sleep-4.1", "stray"]);
+        for files in [&flat, &earlier, &builtin] {
             files.remove().unwrap();
             files.remove().unwrap();
-            assert!(!files.exists());
+            assert!(!files.exists() && !files.pause_requested());
         }
         assert_eq!(names(list(attempts)), ["stray"]);
         assert_eq!(std::fs::read(attempts.join("notes.txt")).unwrap(), b"operator's");

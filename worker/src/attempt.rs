@@ -240,7 +240,8 @@ async fn perform(
     kill: &Notify,
 ) -> Done {
     let (task, attempt) = (&key.0, key.1);
-    let files = shared.layout.attempt_files(task, attempt);
+    // Looked up by the actions that use them (a built-in kind's attempt has none).
+    let files = || shared.layout.attempt_files(task, attempt);
     match action {
         Action::Sidecar(mut req) => {
             if let SidecarRequest::Intent { trace, .. } = &mut req {
@@ -264,7 +265,7 @@ async fn perform(
             if let Some(builtin) = Builtin::of(&grant.spec.kind) {
                 return Done::Ended(Evidence::Exited(run_builtin(shared, builtin, grant, epoch, kill).await));
             }
-            match start_shim(shared, grant, &files).await {
+            match start_shim(shared, grant, &files()).await {
                 Ok(launched) => {
                     let pid = launched.id.pid;
                     tracing::debug!(task = %task, attempt = %attempt, shim = pid, "shim started");
@@ -289,6 +290,7 @@ async fn perform(
         }
         Action::Watch { .. } => {
             // Ours since the launch, or found again by its recorded identity.
+            let files = files();
             let shim = local.shim.take().or_else(|| {
                 let journal = files.journal().unwrap_or_default();
                 journal.shim.filter(|_| journal.status.is_none()).and_then(Shim::attach)
@@ -304,9 +306,9 @@ async fn perform(
             }
             Done::Ended(settled)
         }
-        Action::Seek { .. } => Done::Ended(unseen_shim(shared, grant, &files, kill).await),
+        Action::Seek { .. } => Done::Ended(unseen_shim(shared, grant, &files(), kill).await),
         Action::Settle { restarted } => {
-            Done::Ended(evidence(shared, &files, false, restarted.then_some(attempt)).await)
+            Done::Ended(evidence(shared, &files(), false, restarted.then_some(attempt)).await)
         }
         Action::Report { event, epoch } => {
             if let Some(delay) = local.report_delay {
@@ -321,7 +323,7 @@ async fn perform(
             Done::Reported(ack)
         }
         Action::Release => {
-            if let Err(error) = files.remove() {
+            if let Err(error) = files().remove() {
                 tracing::warn!(task = %task, attempt = %attempt, %error, "cannot remove the attempt's files");
             }
             Done::Released
