@@ -468,7 +468,7 @@ async fn watch(
                 // shutdown by it. Should the mark fail, the task still ends
                 // (as a `machine-shutdown` failure rather than `killed`).
                 if let Err(error) = files.mark_kill_requested() {
-                    tracing::warn!(dir = %files.base().display(), %error, "cannot mark the kill request");
+                    tracing::warn!(files = %files.base().display(), %error, "cannot mark the kill request");
                 }
                 // The shim ends the group (SIGTERM, grace, SIGKILL) and records it.
                 shim.request_kill();
@@ -549,10 +549,10 @@ async fn evidence(shared: &Shared, files: &AttemptFiles, killed: bool, restarted
     if let Some(pgid) = group.filter(|p| process::group_alive(*p)) {
         let ours = journal.shim.is_some_and(|m| group_in_session(pgid, m.pid));
         if ours {
-            tracing::warn!(pgid, dir = %files.base().display(), "shim gone; ending its orphaned process group");
+            tracing::warn!(pgid, files = %files.base().display(), "shim gone; ending its orphaned process group");
             process::end_group(Pid::from_raw(pgid), shared.opts.kill_grace).await;
         } else {
-            tracing::warn!(pgid, dir = %files.base().display(), "process group exists but is not in the shim's session: not ours, left alone");
+            tracing::warn!(pgid, files = %files.base().display(), "process group exists but is not in the shim's session: not ours, left alone");
         }
     }
     let contained = end_attempt_cgroup(shared, &journal).await;
