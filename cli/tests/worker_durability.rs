@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::{group_alive, stdout, Cluster};
-use tenure_machine::attempt_files::AttemptFiles;
+use tenure_machine::attempt_files::{AttemptFiles, ShimStatus};
 use tenure_testkit::eventually;
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -70,15 +70,28 @@ fn a_task_outlives_a_sigkilled_worker_and_is_reported_once() {
 #[test]
 fn a_task_that_finished_while_the_worker_was_down_is_reported_from_its_status() {
     let mut c = Cluster::start(1);
+    let (task, _) = finish_while_the_worker_is_down(&mut c);
+    restart_the_worker_and_see_it_reported(&mut c, &task);
+}
+
+/// A task that prints `bye` and exits 7 while its worker is SIGKILLed; its
+/// id and the exit status its shim recorded.
+fn finish_while_the_worker_is_down(c: &mut Cluster) -> (String, ShimStatus) {
     let task = c.submit(&["--", "sleep 1; echo bye; exit 7"]);
     c.wait_status(&task, "running", BOUND);
-    let files = attempt_files(&c, &task);
+    let files = attempt_files(c, &task);
     c.kill9("worker-w1");
-    eventually(BOUND, || files.status()).expect("shim recorded the exit");
+    let status = eventually(BOUND, || files.status()).expect("shim recorded the exit");
+    (task, status)
+}
+
+/// Starts the worker again and waits for the task of
+/// [`finish_while_the_worker_is_down`] to be reported from its evidence.
+fn restart_the_worker_and_see_it_reported(c: &mut Cluster, task: &str) {
     c.spawn_worker("w1", &[]);
-    let snap = c.wait_status(&task, "failed", BOUND);
+    let snap = c.wait_status(task, "failed", BOUND);
     assert_eq!((snap["exit_code"].as_i64(), snap["attempt"].as_u64()), (Some(7), Some(1)));
-    assert_eq!(read(&output_file(&c, &task)), "bye\n");
+    assert_eq!(read(&output_file(c, task)), "bye\n");
 }
 
 /// An attempt begun by an earlier version keeps its files in a directory of
@@ -89,21 +102,14 @@ fn a_task_that_finished_while_the_worker_was_down_is_reported_from_its_status() 
 #[test]
 fn an_attempt_in_an_earlier_versions_directory_is_reported_and_removed_in_that_shape() {
     let mut c = Cluster::start(1);
-    let task = c.submit(&["--", "sleep 1; echo bye; exit 7"]);
-    c.wait_status(&task, "running", BOUND);
-    let files = attempt_files(&c, &task);
-    c.kill9("worker-w1");
-    let status = eventually(BOUND, || files.status()).expect("shim recorded the exit");
+    let (task, status) = finish_while_the_worker_is_down(&mut c);
     let dir = attempt_dir(&c, &task);
     let flat = c.worker_dir("w1").join("attempts").join(format!("{task}.1.journal"));
     assert!(flat.is_file(), "this version's journal is flat: {}", flat.display());
     std::fs::create_dir(&dir).unwrap();
     std::fs::rename(&flat, dir.join("journal")).unwrap();
     assert_eq!(attempt_files(&c, &task).status(), Some(status), "read in the earlier shape");
-    c.spawn_worker("w1", &[]);
-    let snap = c.wait_status(&task, "failed", BOUND);
-    assert_eq!((snap["exit_code"].as_i64(), snap["attempt"].as_u64()), (Some(7), Some(1)));
-    assert_eq!(read(&output_file(&c, &task)), "bye\n");
+    restart_the_worker_and_see_it_reported(&mut c, &task);
     eventually(BOUND, || (!dir.exists()).then_some(())).expect("the directory removed once reported");
 }
 

@@ -40,16 +40,10 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
     SCRATCH.with(|scratch| match scratch.try_borrow_mut() {
         Ok(mut buf) => {
             buf.clear();
-            if let Err(e) = encode_into(&mut buf, msg) {
-                if buf.capacity() > SCRATCH_KEPT {
-                    *buf = Vec::new();
-                }
-                return Err(e);
-            }
-            Ok(match buf.len() > SCRATCH_KEPT {
-                true => std::mem::take(&mut *buf),
-                false => buf.as_slice().to_vec(),
-            })
+            let encoded = encode_into(&mut buf, msg);
+            // A buffer grown past the limit goes with its message (or away).
+            let large = (buf.capacity() > SCRATCH_KEPT).then(|| std::mem::take(&mut *buf));
+            encoded.map(|()| large.unwrap_or_else(|| buf.as_slice().to_vec()))
         }
         // Only if a value's serialization encoded another message.
         Err(_) => {

@@ -196,17 +196,8 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
             }
         }
         close_inherited_on_exec();
-        if let Some(user) = child.run_as {
-            // Groups, then group, then user (the order that leaves no
-            // privilege behind). Raw calls: they change this process only
-            // (libc's wrappers would coordinate the threads of the process
-            // whose memory this one shares).
-            if libc::syscall(libc::SYS_setgroups, user.groups.len(), user.groups.as_ptr()) < 0
-                || libc::syscall(libc::SYS_setresgid, user.gid, user.gid, user.gid) < 0
-                || libc::syscall(libc::SYS_setresuid, user.uid, user.uid, user.uid) < 0
-            {
-                fail(child);
-            }
+        if child.run_as.is_some_and(|user| user.switch().is_err()) {
+            fail(child);
         }
         if libc::chdir(child.cwd.as_ptr()) < 0 {
             fail(child);

@@ -117,34 +117,25 @@ impl RunAs {
         })
     }
 
-    /// What [`RunAs::switch`] needs, prepared before the fork (no allocation
-    /// may happen between fork and exec in a multi-threaded process).
-    pub fn ids(&self) -> SwitchIds {
-        SwitchIds {
-            groups: self.groups.iter().copied().map(Gid::from_raw).collect(),
-            gid: Gid::from_raw(self.gid),
-            uid: Uid::from_raw(self.uid),
-        }
-    }
-}
-
-/// A user switch prepared for a child process.
-#[derive(Debug, Clone)]
-pub struct SwitchIds {
-    groups: Vec<Gid>,
-    gid: Gid,
-    uid: Uid,
-}
-
-impl SwitchIds {
-    /// In a child between fork and exec: groups, then group, then user (the
-    /// order that leaves no privilege behind). Async-signal-safe: plain
-    /// system calls, no allocation.
+    /// In a child before its `exec`: groups, then group, then user (the
+    /// order that leaves no privilege behind). Raw system calls: they change
+    /// the calling process only (libc's wrappers would coordinate the threads
+    /// of the process whose memory a spawned child shares), allocate nothing
+    /// and are async-signal-safe.
     pub fn switch(&self) -> io::Result<()> {
-        nix::unistd::setgroups(&self.groups)?;
-        nix::unistd::setgid(self.gid)?;
-        nix::unistd::setuid(self.uid)?;
-        Ok(())
+        use nix::libc::{syscall, SYS_setgroups, SYS_setresgid, SYS_setresuid};
+        let (gid, uid) = (self.gid, self.uid);
+        // SAFETY: plain system calls; `groups` is a live slice of `gid_t`s
+        // (`u32`) of the length passed.
+        let failed = unsafe {
+            syscall(SYS_setgroups, self.groups.len(), self.groups.as_ptr()) < 0
+                || syscall(SYS_setresgid, gid, gid, gid) < 0
+                || syscall(SYS_setresuid, uid, uid, uid) < 0
+        };
+        match failed {
+            true => Err(io::Error::last_os_error()),
+            false => Ok(()),
+        }
     }
 }
 
@@ -279,12 +270,12 @@ pub fn prepare_scratch_root(root: &Path, data_dir: &Path, run_as: Option<&RunAs>
 /// from mode bits.
 fn check_enterable(user: &RunAs, dir: &Path) -> Result<(), Error> {
     let unreachable = |detail: String| Error::Unreachable { user: user.user.clone(), path: dir.into(), detail };
-    let ids = user.ids();
+    let switch = user.clone();
     let mut probe = Command::new("/bin/sh");
     probe.args(["-c", "cd -- \"$1\"", "sh"]).arg(dir).env_clear().stdin(Stdio::null()).stdout(Stdio::null());
     probe.stderr(Stdio::piped());
     // SAFETY: the closure makes plain system calls and does not allocate.
-    unsafe { probe.pre_exec(move || ids.switch()) };
+    unsafe { probe.pre_exec(move || switch.switch()) };
     let out = probe.output().map_err(|e| unreachable(format!("the check could not run: {e}")))?;
     if out.status.success() {
         Ok(())
