@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 use tenure_client::{Client, Policy};
-use tenure_protocol::messages::{BatchTask, ClusterStatus, SubmitRequest};
+use tenure_protocol::messages::{BatchTask, ClusterStatus, SubmitRequest, WaitFor};
 use tenure_protocol::{TaskId, TaskSpec};
 
 /// Bound of one request under load (a burst of submits queues at the leader).
@@ -29,6 +29,9 @@ pub(crate) trait BenchApi {
     async fn submit_noops(&self, n: u64) -> anyhow::Result<Vec<TaskId>>;
     /// Submits and waits (one `Run` request), and checks that the task completed.
     async fn run_to_end(&self, kind: &str, command: &str) -> anyhow::Result<()>;
+    /// Submits and waits until the task runs, or ran (one `Run` request held
+    /// for its start); its id.
+    async fn run_to_start(&self, kind: &str, command: &str) -> anyhow::Result<TaskId>;
     /// The cluster's status within [`TIMEOUT`].
     async fn cluster_status(&self) -> anyhow::Result<ClusterStatus>;
 }
@@ -56,6 +59,12 @@ impl BenchApi for Client {
             bail!("{} ended {} ({:?})", end.id, end.status, end.detail);
         }
         Ok(())
+    }
+
+    async fn run_to_start(&self, kind: &str, command: &str) -> anyhow::Result<TaskId> {
+        let spec = TaskSpec { kind: kind.parse()?, ..TaskSpec::shell("", command) };
+        let req = SubmitRequest { session: self.session().clone(), idempotency_key: uuid::Uuid::new_v4(), spec };
+        Ok(self.run_until(req, WaitFor::Start).await?.id)
     }
 
     async fn cluster_status(&self) -> anyhow::Result<ClusterStatus> {

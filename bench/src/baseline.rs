@@ -48,8 +48,10 @@ pub const NOOP_TASK: &[Step] = &[
     FlushBehind,
 ];
 
-/// Submit → process started of a `sleep` task, as a polling client sees it:
-/// submit, queued, leased, grant, accepted, intent, started report, running, get.
+/// Submit → process started of a `sleep` task, as the client sees it:
+/// submit, queued, leased, grant, accepted, intent, started report, running,
+/// and the round trip that tells the client (a `get` that sees it, as the
+/// baseline has always counted it; tenure's client holds one request instead).
 pub const START_CHAIN: &[Step] = &[RoundTrip, Append, Append, RoundTrip, Flush, Flush, RoundTrip, Append, RoundTrip];
 
 /// Submit → completion observed of a `noop` task (the critical path of `NOOP_TASK`).

@@ -1,7 +1,7 @@
 //! Latency, as the client sees it: submit → process started (a `sleep` task,
-//! polled with `get` until it is `running`) and submit → completion observed (a
-//! `noop` task, the end delivered by `wait`), on an idle cluster and under a
-//! background load of `noop` tasks 16 in flight. Baseline: the bare chain of
+//! submitted by a `Run` held until it is `running`) and submit → completion
+//! observed (a `noop` task, submitted by a `Run` held until its end), on an
+//! idle cluster and under a background load of `noop` tasks 16 in flight. Baseline: the bare chain of
 //! NATS round trips, JetStream appends and sled flushes the same path needs
 //! ([`crate::baseline::START_CHAIN`], [`crate::baseline::COMPLETE_CHAIN`]),
 //! idle and under the bare baseline's own load.
@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::json;
-use tenure_protocol::Status;
 
 use crate::api::{Api, BenchApi};
 use crate::baseline::{Bare, COMPLETE_CHAIN, NOOP_TASK, START_CHAIN};
@@ -31,14 +30,8 @@ async fn measure_tenure(api: &Api, n: usize, pb: &indicatif::ProgressBar) -> any
     let mut m = Measured { started: Samples::default(), completed: Samples::default() };
     for _ in 0..n {
         let t0 = Instant::now();
-        let task = api.submit_command("sleep", "20").await?;
-        loop {
-            let s = api.get(&task).await?;
-            if s.status == Status::Running || s.status.is_terminal() {
-                m.started.push(t0.elapsed());
-                break;
-            }
-        }
+        let task = api.run_to_start("sleep", "20").await?;
+        m.started.push(t0.elapsed());
         api.wait_end(&task).await?;
         let t0 = Instant::now();
         api.run_to_end("noop", "-").await?;

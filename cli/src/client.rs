@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail};
-use tenure_protocol::messages::{ApiRequest, ApiResponse, KillResult, TaskSnapshot, MAX_WAIT_MS};
+use tenure_protocol::messages::{ApiRequest, ApiResponse, KillResult, TaskSnapshot, WaitFor, MAX_WAIT_MS};
 use tenure_protocol::resources::ResourceLimits;
 use tenure_protocol::{Kind, SessionId, Status, StepSpec, TaskId, TaskSpec};
 use tracing::Instrument;
@@ -95,17 +95,20 @@ pub async fn run(nats: &tenure_transport::NatsOptions, session: SessionId, verb:
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Wait { task, timeout, json } => {
+        Command::Wait { task, timeout, started, json } => {
             let deadline = timeout.map(|t| Instant::now() + Duration::from_secs(t));
+            let until = if started { WaitFor::Start } else { WaitFor::End };
             // A takeover or a NATS hiccup is ridden out by the client's rule.
-            let tenure_client::Waited { finished, snapshot } = api.wait(&task, deadline).await?;
+            let tenure_client::Waited { snapshot, .. } = api.wait_for(&task, until, deadline).await?;
             print_snapshot(&snapshot, json)?;
-            Ok(if !finished {
-                ExitCode::from(EXIT_TIMEOUT)
-            } else if snapshot.status == Status::Completed && snapshot.exit_code == Some(0) {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
+            let succeeded = match until {
+                WaitFor::Start => snapshot.started_at_ms.is_some(),
+                WaitFor::End => snapshot.status == Status::Completed && snapshot.exit_code == Some(0),
+            };
+            Ok(match (until.reached(snapshot.status), succeeded) {
+                (false, _) => ExitCode::from(EXIT_TIMEOUT),
+                (true, true) => ExitCode::SUCCESS,
+                (true, false) => ExitCode::FAILURE,
             })
         }
         Command::Kill { task, reason } => {
@@ -389,8 +392,12 @@ async fn final_output(api: &Api, task: &TaskId, follow: bool) -> anyhow::Result<
                 return Ok(());
             }
             ApiResponse::FinalOutput { finished: false, .. } if follow => {
-                let wait =
-                    ApiRequest::Wait { session: api.session().clone(), task: task.clone(), timeout_ms: MAX_WAIT_MS };
+                let wait = ApiRequest::Wait {
+                    session: api.session().clone(),
+                    task: task.clone(),
+                    timeout_ms: MAX_WAIT_MS,
+                    until: WaitFor::End,
+                };
                 api.call(&wait, Duration::from_millis(MAX_WAIT_MS) + API_TIMEOUT).await?;
             }
             ApiResponse::FinalOutput { finished: false, .. } => return Ok(()),

@@ -543,11 +543,18 @@ enum Command {
         offset: u64,
     },
     /// Wait for a task to end; exit 0 only if it completed with exit code 0.
+    /// With `--started`, wait until it started instead.
     Wait {
         task: TaskId,
         /// Give up after this many seconds (exit 124, the task is left running).
         #[arg(long)]
         timeout: Option<u64>,
+        /// Wait only until the task left the queue: exit 0 once it runs (or
+        /// ran: it may have ended already), 1 when it ended without running
+        /// (refused by its worker, killed while queued) or its outcome is
+        /// unknown before it was seen running.
+        #[arg(long)]
+        started: bool,
         #[arg(long)]
         json: bool,
     },

@@ -85,6 +85,44 @@ fn failures_report_their_exit_code_and_wait_exits_non_zero() {
     assert_eq!(stdout(&c.cli(&["kill", &long])).trim(), "requested");
 }
 
+/// `wait --started` returns once the task runs (not at its end), times out
+/// (124) while its machine has not started it, and fails (1) when the task
+/// it waits on ends without running.
+#[test]
+fn wait_started_returns_once_the_task_runs_and_fails_for_one_that_never_ran() {
+    use nix::sys::signal::Signal;
+    let mut c = Cluster::start(1);
+    c.signal("worker-w1", Signal::SIGSTOP);
+    let task = c.submit(&["--", "sleep 30"]);
+    let wait = c.cli(&["wait", &task, "--started", "--timeout", "1", "--json"]);
+    assert_eq!(wait.status.code(), Some(124), "{}", stderr(&wait));
+    let snap: serde_json::Value = serde_json::from_slice(&wait.stdout).unwrap();
+    assert!(snap["status"] == "leased" || snap["status"] == "queued", "{snap}");
+    c.signal("worker-w1", Signal::SIGCONT);
+    let wait = c.cli(&["wait", &task, "--started", "--json"]);
+    assert!(wait.status.success(), "{}", stderr(&wait));
+    let snap: serde_json::Value = serde_json::from_slice(&wait.stdout).unwrap();
+    assert_eq!((snap["status"].as_str(), snap["reported"].as_bool()), (Some("running"), Some(false)), "{snap}");
+    assert!(snap["started_at_ms"].is_u64(), "{snap}");
+    assert_eq!(stdout(&c.cli(&["kill", &task])).trim(), "requested");
+
+    // Held for approval, then killed: it ends, never having run.
+    let never = c.submit(&["--hold", "--", "true"]);
+    let waiter = std::process::Command::new(common::BIN)
+        .args(["--nats", &c.nats.url, "--session", &c.session, "wait", &never, "--started", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("wait --started");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(stdout(&c.cli(&["kill", &never])).trim(), "requested");
+    let wait = waiter.wait_with_output().expect("wait --started ends");
+    assert_eq!(wait.status.code(), Some(1), "{}", stderr(&wait));
+    let snap: serde_json::Value = serde_json::from_slice(&wait.stdout).unwrap();
+    assert_eq!(snap["status"], "killed", "{snap}");
+    assert!(snap["started_at_ms"].is_null(), "{snap}");
+}
+
 #[test]
 fn kill_ends_the_whole_process_group_including_double_forked_children() {
     let c = Cluster::start(1);

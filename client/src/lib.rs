@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use tenure_protocol::messages::{
     ApiError, ApiReply, ApiRequest, ApiResponse, BatchTask, ClusterStatus, OutputChunk, OutputReply, OutputRequest,
-    SubmitBatch, SubmitRequest, TaskSnapshot, MAX_OUTPUT_CHUNK, MAX_WAIT_MS,
+    SubmitBatch, SubmitRequest, TaskSnapshot, WaitFor, MAX_OUTPUT_CHUNK, MAX_WAIT_MS,
 };
 use tenure_protocol::{subjects, SessionId, Status, TaskId, TaskSpec, WorkerId};
 
@@ -108,8 +108,9 @@ fn unexpected(verb: &'static str, reply: ApiResponse) -> Error {
 /// task an earlier try created).
 pub use tenure_protocol::messages::Submitted;
 
-/// A wait's answer: `finished` is false when the caller's deadline passed
-/// first (the snapshot is then live).
+/// A wait's answer: `finished` is whether the task ended (false when the
+/// caller's deadline passed first, or for a start wait answered at the
+/// start: the snapshot is then live).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Waited {
     pub finished: bool,
@@ -200,24 +201,29 @@ impl Client {
         }
     }
 
-    /// Submits `req` and waits for the task's end: one request (`Run`, under
-    /// [`Policy::RUN`], retried with the request's key) that holds its reply
-    /// until the end or [`RUN_WAIT`], then `Wait`s as [`Client::wait_end`].
-    /// A coordinator that cannot read `Run` (older than it) refuses it as
-    /// `InvalidRequest`: then a submit and a wait, in two requests (a spec it
-    /// refuses is refused again by the submit).
+    /// Submits `req` and waits for the task's end: [`Client::run_until`]
+    /// the end.
     pub async fn run(&self, req: SubmitRequest) -> Result<TaskSnapshot, Error> {
-        let run = ApiRequest::Run { submit: req.clone(), timeout_ms: RUN_WAIT.as_millis() as u64 };
-        match self.request(&run, &Policy::RUN).await {
-            Ok(ApiResponse::Waited { finished: true, snapshot }) => Ok(snapshot),
-            Ok(ApiResponse::Waited { finished: false, snapshot }) => self.wait_end(&snapshot.id).await,
-            Ok(other) => Err(unexpected("run", other)),
-            Err(Error::Api(ApiError::InvalidRequest(_))) => {
-                let submitted = self.submit_request(req, &Policy::SUBMIT).await?;
-                self.wait_end(&submitted.task).await
-            }
-            Err(e) => Err(e),
-        }
+        self.run_until(req, WaitFor::End).await
+    }
+
+    /// Submits `req` and waits until the task reached `until`: one request
+    /// (`Run`, under [`Policy::RUN`], retried with the request's key) that
+    /// holds its reply until then or [`RUN_WAIT`], then `Wait`s as
+    /// [`Client::wait_for`] (without a deadline). A coordinator that cannot
+    /// read `Run` (older than it) refuses it as `InvalidRequest`: then a
+    /// submit and a wait, in two requests (a spec it refuses is refused again
+    /// by the submit).
+    pub async fn run_until(&self, req: SubmitRequest, until: WaitFor) -> Result<TaskSnapshot, Error> {
+        let run = ApiRequest::Run { submit: req.clone(), timeout_ms: RUN_WAIT.as_millis() as u64, until };
+        let task = match self.request(&run, &Policy::RUN).await {
+            Ok(ApiResponse::Waited { snapshot, .. }) if until.reached(snapshot.status) => return Ok(snapshot),
+            Ok(ApiResponse::Waited { snapshot, .. }) => snapshot.id,
+            Ok(other) => return Err(unexpected("run", other)),
+            Err(Error::Api(ApiError::InvalidRequest(_))) => self.submit_request(req, &Policy::SUBMIT).await?.task,
+            Err(e) => return Err(e),
+        };
+        Ok(self.wait_for(&task, until, None).await?.snapshot)
     }
 
     /// Submits `tasks` in one request, each with its own key, retried (with
@@ -275,18 +281,27 @@ impl Client {
         }
     }
 
-    /// Waits until `task` is terminal or `deadline` passes (none: forever),
-    /// in waits of at most [`MAX_WAIT_MS`] each. A takeover or a NATS hiccup
-    /// is not the task's end: the wait goes on under [`Policy::WAIT`] (its
-    /// bound counts from the first unanswered wait and starts again at every
-    /// answer), but never past `deadline`.
+    /// Waits until `task` is terminal or `deadline` passes: [`Client::wait_for`]
+    /// the end.
     pub async fn wait(&self, task: &TaskId, deadline: Option<Instant>) -> Result<Waited, Error> {
+        self.wait_for(task, WaitFor::End, deadline).await
+    }
+
+    /// Waits until `task` reached `until` or `deadline` passes (none:
+    /// forever), in waits of at most [`MAX_WAIT_MS`] each; whether it was
+    /// reached is `until.reached(snapshot.status)`. A takeover or a NATS
+    /// hiccup is not the task's end: the wait goes on under [`Policy::WAIT`]
+    /// (its bound counts from the first unanswered wait and starts again at
+    /// every answer), but never past `deadline`. A leader older than start
+    /// waits answers a start wait at the end, which reaches it too.
+    pub async fn wait_for(&self, task: &TaskId, until: WaitFor, deadline: Option<Instant>) -> Result<Waited, Error> {
         let policy = Policy::WAIT;
         let mut unanswered_since: Option<Instant> = None;
         loop {
             let left = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             let wait_ms = left.map(|l| l.as_millis() as u64).unwrap_or(MAX_WAIT_MS).min(MAX_WAIT_MS);
-            let req = ApiRequest::Wait { session: self.session.clone(), task: task.clone(), timeout_ms: wait_ms };
+            let req =
+                ApiRequest::Wait { session: self.session.clone(), task: task.clone(), timeout_ms: wait_ms, until };
             let reply = match self.call(&req, Duration::from_millis(wait_ms) + API_TIMEOUT).await {
                 Ok(reply) => reply,
                 Err(e) => {
@@ -306,7 +321,8 @@ impl Client {
             let ApiResponse::Waited { finished, snapshot } = reply else {
                 return Err(unexpected("wait", reply));
             };
-            if finished || left.is_some_and(|l| l.is_zero()) || deadline.is_some_and(|d| Instant::now() >= d) {
+            let reached = finished || until.reached(snapshot.status);
+            if reached || left.is_some_and(|l| l.is_zero()) || deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(Waited { finished, snapshot });
             }
         }

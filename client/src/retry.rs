@@ -283,7 +283,15 @@ mod tests {
             (submit, Repeat::Safe),
             (ApiRequest::Get { session: session.clone(), task: task.clone() }, Repeat::Safe),
             (ApiRequest::ListPage { session: session.clone(), all: true, after: None, before: None }, Repeat::Safe),
-            (ApiRequest::Wait { session: session.clone(), task: task.clone(), timeout_ms: 1 }, Repeat::Safe),
+            (
+                ApiRequest::Wait {
+                    session: session.clone(),
+                    task: task.clone(),
+                    timeout_ms: 1,
+                    until: tenure_protocol::messages::WaitFor::End,
+                },
+                Repeat::Safe,
+            ),
             (ApiRequest::Status, Repeat::Safe),
             (ApiRequest::MarkReported { session: session.clone(), task: task.clone() }, Repeat::Safe),
             (

@@ -18,7 +18,7 @@
 //! | `dispatch` | `dispatch` | the queue, slot holders, grants and kills in flight |
 //! | `workers` | `workers` | each worker's process, store, slots, kinds, liveness |
 //! | `doubts` | `liveness` | `unknown` tasks and attempts whose evidence is asked |
-//! | `waiters` | `waiters` | clients waiting for a task's end |
+//! | `waiters` | `waiters` | clients waiting for a task's end or start |
 //! | `cleanups` | `board` | cleanup jobs in flight, the garbage collector's pace |
 //! | `workflows` | `workflow` | each workflow's steps, workflows to advance |
 //! | `clock` | here | registry time ([`Core::registry_ms`]) |
@@ -622,7 +622,8 @@ impl Core {
             }
             ws
         } else {
-            Vec::new()
+            // A start is answered, and marks nothing reported.
+            self.waiters.take_reached(task, after)
         };
         self.usage.reweigh(record, weight);
         tracing::debug!(task = %task, attempt = %life.attempt, epoch = %life.epoch, from = %before, to = %after, "task transition");
@@ -649,8 +650,9 @@ impl Core {
             fx.push(Effect::Notify(Box::new(Notice::Ended(Box::new(s.clone())))));
         }
         if let Some(snapshot) = &snapshot {
+            let finished = after.is_terminal();
             for w in waiters {
-                let reply = Ok(ApiResponse::Waited { finished: true, snapshot: snapshot.clone() });
+                let reply = Ok(ApiResponse::Waited { finished, snapshot: snapshot.clone() });
                 fx.push(Effect::Reply { to: w.to, reply });
             }
         }

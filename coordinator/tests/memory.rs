@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use tenure_coordinator::core::{Core, CoreConfig, Effect, Input, Now};
-use tenure_protocol::messages::{ApiRequest, Heartbeat, Report, ReportEvent, SubmitRequest, WorkerCommand};
+use tenure_protocol::messages::{ApiRequest, Heartbeat, Report, ReportEvent, SubmitRequest, WaitFor, WorkerCommand};
 use tenure_protocol::{Ending, Epoch, Kind, Outcome, SessionId, TaskSpec, WorkerId};
 use uuid::Uuid;
 
@@ -67,7 +67,8 @@ fn run(core: &mut Core, now: &mut Now, n: usize) {
             event,
         };
         core.handle(Input::Report { reply_to: Some("a".into()), report }, *now);
-        let request = ApiRequest::Wait { session: session.clone(), task: grant.task, timeout_ms: 1000 };
+        let request =
+            ApiRequest::Wait { session: session.clone(), task: grant.task, timeout_ms: 1000, until: WaitFor::End };
         core.handle(Input::Api { reply_to: Some("r".into()), request, trace: None }, *now);
         core.take_dispatch_latencies();
     }

@@ -53,12 +53,17 @@ pub enum ApiRequest {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
-    /// Hold the reply until the task is terminal or `timeout_ms` passed (capped by
-    /// the coordinator at [`MAX_WAIT_MS`]; clients loop for longer waits).
+    /// Hold the reply until the task reached `until` (by default its end) or
+    /// `timeout_ms` passed (capped by the coordinator at [`MAX_WAIT_MS`];
+    /// clients loop for longer waits).
     Wait {
         session: SessionId,
         task: TaskId,
         timeout_ms: u64,
+        /// Absent (the end) from older clients' requests, and left out of the
+        /// bytes for the end, so an older coordinator reads the same wait.
+        #[serde(default, skip_serializing_if = "WaitFor::is_end")]
+        until: WaitFor,
     },
     /// A surface (a finished `logs` read, `watch`) delivered the task's terminal
     /// state to its owner: mark it `reported`. Refused unless the task is terminal.
@@ -145,7 +150,41 @@ pub enum ApiRequest {
     Run {
         submit: SubmitRequest,
         timeout_ms: u64,
+        /// As a `Wait`'s: what the reply is held for.
+        #[serde(default, skip_serializing_if = "WaitFor::is_end")]
+        until: WaitFor,
     },
+}
+
+/// What a `Wait` or a `Run` holds its reply for.
+///
+/// A coordinator that predates `Start` reads a start wait as a wait for the
+/// end: its answer comes later, and says no less (an ended task has left the
+/// queue too).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WaitFor {
+    /// The task's end: `completed`, `killed` or `failed`.
+    #[default]
+    End,
+    /// The task left the queue for good: `running` (the intent is durable
+    /// and the process started), `paused`, `stopping`, `unknown`, or ended.
+    /// A task that ended without ever running reaches it too: the snapshot's
+    /// `started_at_ms` tells.
+    Start,
+}
+
+impl WaitFor {
+    pub fn is_end(&self) -> bool {
+        *self == WaitFor::End
+    }
+
+    /// Whether a task in `status` has reached what is waited for.
+    pub fn reached(self, status: Status) -> bool {
+        match self {
+            WaitFor::End => status.is_terminal(),
+            WaitFor::Start => !matches!(status, Status::Queued | Status::Leased | Status::Blocked),
+        }
+    }
 }
 
 /// Longest a single `Wait` request is held by the coordinator.
@@ -1369,7 +1408,7 @@ mod tests {
     fn a_run_acts_for_the_owner_the_transport_vouches_for() {
         let spec = crate::TaskSpec::shell("t", "true");
         let submit = SubmitRequest { session: "claimed".parse().unwrap(), idempotency_key: Uuid::new_v4(), spec };
-        let mut run = ApiRequest::Run { submit, timeout_ms: 10 };
+        let mut run = ApiRequest::Run { submit, timeout_ms: 10, until: WaitFor::End };
         *run.session_mut().expect("a run acts for an owner") = "vouched".parse().unwrap();
         let ApiRequest::Run { submit, .. } = &run else { unreachable!() };
         assert_eq!(submit.session.as_str(), "vouched");
@@ -1399,6 +1438,33 @@ mod tests {
         let newest =
             ApiRequest::ListPage { session: "alice".parse().unwrap(), all: true, after: None, before: Some(9) };
         assert_eq!(crate::decode::<ApiRequest>(&crate::encode(&newest).unwrap()).unwrap(), newest);
+    }
+
+    /// A wait for the end is the bytes an older coordinator reads; a start
+    /// wait round-trips, and an older coordinator reads it as a wait.
+    #[test]
+    fn a_wait_for_the_end_is_the_old_request_and_a_start_wait_reads_as_a_wait_there() {
+        #[derive(Serialize, Deserialize, Debug, PartialEq)]
+        enum Old {
+            Wait { session: SessionId, task: crate::TaskId, timeout_ms: u64 },
+        }
+        let (session, task): (SessionId, crate::TaskId) = ("alice".parse().unwrap(), "shell-3".parse().unwrap());
+        let old = Old::Wait { session: session.clone(), task: task.clone(), timeout_ms: 7 };
+        let end = ApiRequest::Wait { session: session.clone(), task: task.clone(), timeout_ms: 7, until: WaitFor::End };
+        assert_eq!(crate::encode(&end).unwrap(), crate::encode(&old).unwrap());
+        assert_eq!(crate::decode::<ApiRequest>(&crate::encode(&old).unwrap()).unwrap(), end);
+        let start = ApiRequest::Wait { session, task, timeout_ms: 7, until: WaitFor::Start };
+        assert_eq!(crate::decode::<ApiRequest>(&crate::encode(&start).unwrap()).unwrap(), start);
+        assert_eq!(crate::decode::<Old>(&crate::encode(&start).unwrap()).unwrap(), old);
+    }
+
+    #[test]
+    fn a_start_is_reached_by_every_status_past_the_queue_and_an_end_only_by_the_terminal_ones() {
+        for status in Status::ALL {
+            let left_the_queue = !matches!(status, Status::Queued | Status::Leased | Status::Blocked);
+            assert_eq!(WaitFor::Start.reached(status), left_the_queue, "{status}");
+            assert_eq!(WaitFor::End.reached(status), status.is_terminal(), "{status}");
+        }
     }
 
     #[test]

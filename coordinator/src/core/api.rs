@@ -113,11 +113,11 @@ impl Core {
         let reply = match request {
             ApiRequest::Submit(req) => self.submit(req, trace, now, fx),
             // A wait for the task the submit names, answered as a `Wait` is.
-            ApiRequest::Run { submit, timeout_ms } => {
+            ApiRequest::Run { submit, timeout_ms, until } => {
                 let session = submit.session.clone();
                 match self.submit(submit, trace, now, fx) {
                     Ok(ApiResponse::Submitted { task, .. }) => {
-                        let wait = ApiRequest::Wait { session, task, timeout_ms };
+                        let wait = ApiRequest::Wait { session, task, timeout_ms, until };
                         return self.api(reply_to, wait, None, now, fx);
                     }
                     other => other,
@@ -153,15 +153,18 @@ impl Core {
             ApiRequest::Resume { session, task } => self.pause(&session, &task, false, now, fx),
             ApiRequest::Approve { session, task } => self.approve(&session, &task, now, fx),
             ApiRequest::KeepInput { session, task, message } => self.keep_input(&session, &task, message, fx),
-            ApiRequest::Wait { session, task, timeout_ms } => match self.owned(&session, &task) {
+            ApiRequest::Wait { session, task, timeout_ms, until } => match self.owned(&session, &task) {
                 Err(e) => Err(e),
                 Ok(r) if r.life.status.is_terminal() => {
                     self.mark_reported(&task, fx).map(|snapshot| ApiResponse::Waited { finished: true, snapshot })
                 }
+                Ok(r) if until.reached(r.life.status) => {
+                    Ok(ApiResponse::Waited { finished: false, snapshot: self.snapshot_of(r) })
+                }
                 Ok(_) => {
                     if let Some(to) = reply_to {
                         let deadline = now.mono + Duration::from_millis(timeout_ms.min(MAX_WAIT_MS));
-                        self.waiters.add(task, Waiter { to, session, deadline });
+                        self.waiters.add(task, Waiter { to, session, deadline, until });
                     }
                     return;
                 }

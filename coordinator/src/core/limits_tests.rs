@@ -186,7 +186,12 @@ fn a_record_that_could_not_be_stored_leaves_nothing_behind() {
     };
     let (_, reply) = h.api(submit(key));
     let Some(Ok(ApiResponse::Submitted { task, .. })) = reply else { panic!("{reply:?}") };
-    let (_, waited) = h.api(ApiRequest::Wait { session: s("alice"), task: task.clone(), timeout_ms: 5000 });
+    let (_, waited) = h.api(ApiRequest::Wait {
+        session: s("alice"),
+        task: task.clone(),
+        timeout_ms: 5000,
+        until: tenure_protocol::messages::WaitFor::End,
+    });
     assert!(waited.is_none());
     let fx = h.input(Input::PersistFailed { task: task.clone(), reason: "too large".into() });
     assert!(h.core.task(&task).is_none());

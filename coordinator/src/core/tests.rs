@@ -14,7 +14,7 @@ use tenure_protocol::messages::{
     Heartbeat, KillCommand, KillResult, LeaseGrant, MatchedLine, Notice, Refusal, Report, ReportAck, ReportEvent,
     SubmitRequest, TaskSnapshot, WorkerCommand, WorkerReply, MAX_GRANTS, MAX_KILL_REASON_BYTES,
 };
-use tenure_protocol::messages::{AttemptEvidence, EvidenceRequest, HeldAttempt, SidecarRefusal};
+use tenure_protocol::messages::{AttemptEvidence, EvidenceRequest, HeldAttempt, SidecarRefusal, WaitFor};
 use tenure_protocol::{Attempt, Ending, HintTag, Outcome, RecoveryHint, TaskSpec};
 use tenure_protocol::{Board, Epoch, Kind, SessionId, Status, TaskId, WorkerId};
 use uuid::Uuid;
@@ -151,7 +151,8 @@ fn a_task_runs_from_submit_to_completed_and_every_change_is_persisted_first() {
 
     assert_eq!(h.report("w1", &task, 1, ReportEvent::Started { pid: 42 }), ReportAck::Ack);
     assert_eq!(h.status(&task), Status::Running);
-    let (_, reply) = h.api(ApiRequest::Wait { session: s("alice"), task: task.clone(), timeout_ms: 5000 });
+    let (_, reply) =
+        h.api(ApiRequest::Wait { session: s("alice"), task: task.clone(), timeout_ms: 5000, until: WaitFor::End });
     assert!(reply.is_none(), "wait is held until the task ends");
 
     let fx = h.input(Input::Report {
@@ -245,7 +246,7 @@ fn other_sessions_see_not_found() {
     for req in [
         ApiRequest::Get { session: s("bob"), task: t.clone() },
         ApiRequest::Kill { session: s("bob"), task: t.clone(), reason: None },
-        ApiRequest::Wait { session: s("bob"), task: t.clone(), timeout_ms: 10 },
+        ApiRequest::Wait { session: s("bob"), task: t.clone(), timeout_ms: 10, until: WaitFor::End },
         ApiRequest::Get { session: s("alice"), task: "shell-99".parse().unwrap() },
     ] {
         let (fx, reply) = h.api(req);
@@ -347,6 +348,7 @@ fn run_submits_and_answers_with_the_end() {
     let run = |spec: TaskSpec, timeout_ms| ApiRequest::Run {
         submit: SubmitRequest { session: s("alice"), idempotency_key: key, spec },
         timeout_ms,
+        until: WaitFor::End,
     };
     let (fx, reply) = h.api(run(TaskSpec::shell("a", "true"), 5000));
     assert!(reply.is_none(), "held until the end: {fx:?}");
@@ -376,6 +378,7 @@ fn run_submits_and_answers_with_the_end() {
     let bad = ApiRequest::Run {
         submit: SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec: TaskSpec::shell("b", "") },
         timeout_ms: 5000,
+        until: WaitFor::End,
     };
     let (fx, reply) = h.api(bad);
     assert!(matches!(reply, Some(Err(_))), "{reply:?}");
@@ -386,6 +389,7 @@ fn run_submits_and_answers_with_the_end() {
     let (_, reply) = h.api(ApiRequest::Run {
         submit: SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec: TaskSpec::shell("c", "x") },
         timeout_ms: 1000,
+        until: WaitFor::End,
     });
     assert!(reply.is_none());
     h.advance(Duration::from_millis(1500));
@@ -398,11 +402,88 @@ fn run_submits_and_answers_with_the_end() {
     assert!(!snapshot.reported && !snapshot.status.is_terminal(), "{snapshot:?}");
 }
 
+/// The waits answered by `fx` to the client `r`, as (finished, status, reported).
+fn waited(fx: &[Effect]) -> Vec<(bool, Status, bool)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::Reply { to, reply: Ok(ApiResponse::Waited { finished, snapshot }) } if to == "r" => {
+                Some((*finished, snapshot.status, snapshot.reported))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// A start wait is held until the task runs and answered right after the
+/// `running` record it reports (the end's waiters keep waiting); it marks
+/// nothing reported. Asked again once the task runs, it is answered at once.
+#[test]
+fn a_start_wait_is_answered_after_the_running_record_and_marks_nothing_reported() {
+    let mut h = Harness::new();
+    let task = h.submit("alice", TaskSpec::shell("a", "sleep 9"));
+    let wait = |until| ApiRequest::Wait { session: s("alice"), task: task.clone(), timeout_ms: 5000, until };
+    let (_, reply) = h.api(wait(WaitFor::Start));
+    assert!(reply.is_none(), "a queued task has not started");
+    h.input(Input::Api { reply_to: Some("end".into()), request: wait(WaitFor::End), trace: None });
+    h.heartbeat("w1", 1);
+    assert_eq!(h.status(&task), Status::Leased);
+    let fx = h.report_effects("w1", &task, 1, ReportEvent::Started { pid: 42 });
+    assert_eq!(waited(&fx), vec![(false, Status::Running, false)], "{fx:?}");
+    let stored =
+        fx.iter().position(|e| matches!(e, Effect::Persist(r, _) if r.id == task && r.life.status == Status::Running));
+    let replied = fx.iter().position(|e| matches!(e, Effect::Reply { to, .. } if to == "r"));
+    assert!(stored.is_some() && stored < replied, "the start is stored before it is answered: {fx:?}");
+    assert!(!fx.iter().any(|e| matches!(e, Effect::Reply { to, .. } if to == "end")), "the end's waiter waits on");
+    assert!(!h.core.task(&task).unwrap().reported);
+
+    let (_, reply) = h.api(wait(WaitFor::Start));
+    let Some(Ok(ApiResponse::Waited { finished: false, snapshot })) = reply else { panic!("{reply:?}") };
+    assert_eq!(snapshot.status, Status::Running);
+    let fx = h.report_effects("w1", &task, 1, completed());
+    assert!(waited(&fx).is_empty(), "the start was answered once: {fx:?}");
+    assert!(fx.iter().any(
+        |e| matches!(e, Effect::Reply { to, reply: Ok(ApiResponse::Waited { finished: true, .. }) } if to == "end")
+    ));
+}
+
+/// A task that ends before its start was seen (a short task, or one that
+/// could not start) answers its start waits with the end, like an end wait;
+/// a start wait for another owner's task is refused like any wait.
+#[test]
+fn a_start_wait_is_answered_by_an_end_without_a_start_and_only_for_the_owner() {
+    let mut h = Harness::new();
+    let task = h.submit("alice", TaskSpec::shell("a", "true"));
+    let (_, reply) =
+        h.api(ApiRequest::Wait { session: s("bob"), task: task.clone(), timeout_ms: 5000, until: WaitFor::Start });
+    assert!(matches!(reply, Some(Err(ApiError::NotFound(_)))), "{reply:?}");
+    let (_, reply) =
+        h.api(ApiRequest::Wait { session: s("alice"), task: task.clone(), timeout_ms: 5000, until: WaitFor::Start });
+    assert!(reply.is_none());
+    h.heartbeat("w1", 1);
+    let fx = h.report_effects("w1", &task, 1, completed());
+    assert_eq!(waited(&fx), vec![(true, Status::Completed, true)], "{fx:?}");
+}
+
+/// `Run` with a start wait: submitted, then answered once the task runs.
+#[test]
+fn a_run_for_the_start_is_answered_when_the_task_runs() {
+    let mut h = Harness::new();
+    h.heartbeat("w1", 1);
+    let submit =
+        SubmitRequest { session: s("alice"), idempotency_key: Uuid::new_v4(), spec: TaskSpec::shell("a", "x") };
+    let (fx, reply) = h.api(ApiRequest::Run { submit, timeout_ms: 5000, until: WaitFor::Start });
+    assert!(reply.is_none(), "held until the start: {fx:?}");
+    let task = h.core.tasks.values().next().map(|r| r.id.clone()).expect("the task was created");
+    let fx = h.report_effects("w1", &task, 1, ReportEvent::Started { pid: 7 });
+    assert_eq!(waited(&fx), vec![(false, Status::Running, false)], "{fx:?}");
+}
+
 #[test]
 fn wait_times_out_with_a_live_snapshot_and_does_not_mark_reported() {
     let mut h = Harness::new();
     let t = h.submit("s", TaskSpec::shell("a", "true"));
-    let (_, reply) = h.api(ApiRequest::Wait { session: s("s"), task: t.clone(), timeout_ms: 1000 });
+    let (_, reply) =
+        h.api(ApiRequest::Wait { session: s("s"), task: t.clone(), timeout_ms: 1000, until: WaitFor::End });
     assert!(reply.is_none());
     h.advance(Duration::from_millis(1500));
     let fx = h.input(Input::Tick);
@@ -1037,7 +1118,8 @@ fn an_end_handed_to_a_waiter_is_not_noticed_and_an_end_nobody_saw_is() {
     h.heartbeat("w1", 2);
     let waited = h.submit("alice", TaskSpec::shell("w", "true"));
     let unseen = h.submit("alice", TaskSpec::shell("u", "true"));
-    let (_, reply) = h.api(ApiRequest::Wait { session: s("alice"), task: waited.clone(), timeout_ms: 10_000 });
+    let (_, reply) =
+        h.api(ApiRequest::Wait { session: s("alice"), task: waited.clone(), timeout_ms: 10_000, until: WaitFor::End });
     assert!(reply.is_none(), "the wait is held until the end");
     for task in [&waited, &unseen] {
         h.report("w1", task, 1, ReportEvent::Started { pid: 1 });

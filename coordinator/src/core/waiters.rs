@@ -1,16 +1,20 @@
-//! Waiters: clients waiting for a task's end (`tenure wait`), each until its
-//! own deadline.
+//! Waiters: clients waiting for a task's end (`tenure wait`) or its start
+//! (`tenure wait --started`), each until its own deadline.
 //!
-//! A waiter is answered once: with the end (by [`Core::event`], which takes
-//! the task's waiters when it becomes terminal), with a live snapshot when
-//! its deadline passes, or with an error when the task's record could not be
-//! stored. A wait that times out never marks the task reported.
+//! A waiter is answered once: by [`Core::event`], which takes the task's
+//! waiters whose [`WaitFor`] the new status reaches (every one when the task
+//! ends: the end is answered, and marks the task reported), with a live
+//! snapshot when its deadline passes, or with an error when the task's
+//! record could not be stored. The answer follows the record it reports
+//! (the same effects, in order), so a client never hears of a start or an
+//! end that is not durable. A wait that times out, and a start, never mark
+//! the task reported.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tenure_protocol::messages::ApiResponse;
-use tenure_protocol::{SessionId, TaskId};
+use tenure_protocol::messages::{ApiResponse, WaitFor};
+use tenure_protocol::{SessionId, Status, TaskId};
 
 use super::{Core, Effect, Now};
 
@@ -20,6 +24,7 @@ pub(super) struct Waiter {
     pub(super) to: String,
     pub(super) session: SessionId,
     pub(super) deadline: Duration,
+    pub(super) until: WaitFor,
 }
 
 /// The waiters of each task.
@@ -36,6 +41,17 @@ impl Waiters {
     /// Every waiter of `task`, no longer kept.
     pub(super) fn take(&mut self, task: &TaskId) -> Vec<Waiter> {
         self.by_task.remove(task).unwrap_or_default()
+    }
+
+    /// The waiters of `task` that `status` answers, no longer kept.
+    pub(super) fn take_reached(&mut self, task: &TaskId, status: Status) -> Vec<Waiter> {
+        let Some(list) = self.by_task.get_mut(task) else { return Vec::new() };
+        let (reached, waiting) = std::mem::take(list).into_iter().partition(|w| w.until.reached(status));
+        *list = waiting;
+        if list.is_empty() {
+            self.by_task.remove(task);
+        }
+        reached
     }
 
     /// The waiters whose deadline has passed, no longer kept.
