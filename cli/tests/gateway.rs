@@ -168,6 +168,17 @@ fn the_api_acts_as_the_caller_with_json_errors_and_resumable_output() {
     let (_, tail) = gw.get(&format!("/v1/tasks/{task}/logs?offset=6"), &alice);
     assert_eq!(tail["text"], "world\n");
 
+    // Wait for a start: answered while the task runs, not at its end.
+    let (_, long) = gw.post("/v1/tasks", &alice, json!({"command": "sleep 30"}));
+    let long = long["task"].as_str().unwrap().to_owned();
+    let (status, started) = gw.get(&format!("/v1/tasks/{long}/wait?timeout_ms=30000&until=started"), &alice);
+    assert_eq!(status, StatusCode::OK, "{started}");
+    assert_eq!((&started["finished"], &started["task"]["status"]), (&json!(false), &json!("running")), "{started}");
+    let (status, bad) = gw.get(&format!("/v1/tasks/{long}/wait?until=soon"), &alice);
+    assert_eq!((status, bad["code"].as_str()), (StatusCode::BAD_REQUEST, Some("bad-query")), "{bad}");
+    let (status, _) = gw.post(&format!("/v1/tasks/{long}/kill"), &alice, json!(null));
+    assert_eq!(status, StatusCode::OK);
+
     // Another identity's task does not exist for it.
     let (status, body) = gw.get(&format!("/v1/tasks/{task}"), &bob);
     assert_eq!((status, body["code"].as_str()), (StatusCode::NOT_FOUND, Some("not-found")));

@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use serde::{Deserialize, Serialize};
 use tenure_client::SendError;
-use tenure_protocol::messages::{ApiRequest, ApiResponse, TaskSnapshot, MAX_OUTPUT_CHUNK};
+use tenure_protocol::messages::{ApiRequest, ApiResponse, TaskSnapshot, WaitFor, MAX_OUTPUT_CHUNK};
 use tenure_protocol::placement::Placement;
 use tenure_protocol::resources::ResourceLimits;
 use tenure_protocol::resume::ResumeSpec;
@@ -871,6 +871,18 @@ pub const MAX_HTTP_WAIT_MS: u64 = 60_000;
 pub struct WaitQuery {
     /// Milliseconds to wait at most (default and cap 60000).
     pub timeout_ms: Option<u64>,
+    /// `ended` (the default): until the task ends. `started`: until it left
+    /// the queue for good (running, paused, stopping, unknown, or ended).
+    #[param(inline)]
+    pub until: Option<WaitUntil>,
+}
+
+/// What a wait waits for.
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum WaitUntil {
+    Ended,
+    Started,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -880,13 +892,17 @@ pub struct Waited {
     pub task: TaskView,
 }
 
-/// Wait (bounded) for a task to end.
+/// Wait (bounded) for a task to end, or with `until=started` to start.
 #[utoipa::path(get, path = "/v1/tasks/{id}/wait", params(("id" = String, Path), WaitQuery),
-    responses((status = 200, body = Waited), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 200, body = Waited), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)))]
 pub async fn wait(caller: Caller, TaskPath(id): TaskPath, Query(q): Query<WaitQuery>) -> Reply<Waited> {
     let ms = q.timeout_ms.unwrap_or(MAX_HTTP_WAIT_MS).min(MAX_HTTP_WAIT_MS);
     let deadline = Instant::now() + Duration::from_millis(ms);
-    let w = caller.client.wait(&id, Some(deadline)).await?;
+    let until = match q.until {
+        None | Some(WaitUntil::Ended) => WaitFor::End,
+        Some(WaitUntil::Started) => WaitFor::Start,
+    };
+    let w = caller.client.wait_for(&id, until, Some(deadline)).await?;
     Ok(axum::Json(Waited { finished: w.finished, task: TaskView::from(&w.snapshot) }))
 }
 

@@ -76,6 +76,13 @@ def test_a_bounded_wait_returns_unfinished_while_the_task_runs(client: Client) -
     client.kill(task, reason="test over")
 
 
+def test_a_started_wait_returns_once_the_task_runs_not_at_its_end(client: Client) -> None:
+    task = client.submit("sleep 30").task
+    waited = client.wait(task, timeout=30, started=True)
+    assert not waited.finished and waited.task.status == "running" and waited.task.started_at
+    client.kill(task, reason="test over")
+
+
 def test_kill_keeps_the_reason_and_the_task_ends_killed(client: Client) -> None:
     task = client.submit("sleep 60").task
     eventually(30, lambda: client.get(task).status == "running" or None)

@@ -259,7 +259,7 @@ export declare class Client {
   follow(task: string, options?: { offset?: number; reconnects?: number; signal?: AbortSignal }): OutputStream;
   send(task: string, text: string, options?: { raw?: boolean }): Promise<Sent>;
   kill(task: string, options?: { reason?: string }): Promise<Killed>;
-  wait(task: string, options?: { timeoutMs?: number }): Promise<Waited>;
+  wait(task: string, options?: { timeoutMs?: number; started?: boolean }): Promise<Waited>;
   archive(task: string): Promise<Task>;
   unarchive(task: string): Promise<Task>;
   approve(task: string): Promise<Task>;

@@ -346,14 +346,18 @@ export class Client {
 
   /**
    * Wait at most `timeoutMs` for a task to end (any length: longer waits are
-   * several requests). `finished` is false if it still runs.
+   * several requests). `finished` is false if it still runs. With `started`,
+   * only until it left the queue for good (running, paused, stopping,
+   * unknown, or ended): its `started_at` says whether it ran.
    */
-  async wait(task, { timeoutMs = 60_000 } = {}) {
+  async wait(task, { timeoutMs = 60_000, started = false } = {}) {
     const deadline = Date.now() + timeoutMs;
+    const until = started ? "started" : "ended";
     for (;;) {
       const ms = Math.max(0, Math.min(deadline - Date.now(), MAX_WAIT_MS));
-      const waited = await this._call("wait", { task, query: { timeout_ms: ms }, timeoutMs: ms + 30_000 });
-      if (waited.finished || Date.now() >= deadline) return waited;
+      const waited = await this._call("wait", { task, query: { timeout_ms: ms, until }, timeoutMs: ms + 30_000 });
+      const left = !["queued", "leased", "blocked"].includes(waited.task.status);
+      if (waited.finished || (started && left) || Date.now() >= deadline) return waited;
     }
   }
 

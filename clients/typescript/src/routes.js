@@ -25,7 +25,7 @@ export const ROUTES = Object.freeze({
   follow: { method: "GET", path: "/v1/tasks/{id}/logs/stream", query: ["offset"], headers: ["Last-Event-ID"] },
   kill: { method: "POST", path: "/v1/tasks/{id}/kill", query: ["reason"] },
   send: { method: "POST", path: "/v1/tasks/{id}/input", body: ["text", "raw"] },
-  wait: { method: "GET", path: "/v1/tasks/{id}/wait", query: ["timeout_ms"] },
+  wait: { method: "GET", path: "/v1/tasks/{id}/wait", query: ["timeout_ms", "until"] },
   archive: { method: "POST", path: "/v1/tasks/{id}/archive" },
   unarchive: { method: "POST", path: "/v1/tasks/{id}/unarchive" },
   approve: { method: "POST", path: "/v1/tasks/{id}/approve" },

@@ -78,6 +78,14 @@ test("a bounded wait returns unfinished while the task runs", async () => {
   await tenure.kill(task);
 });
 
+test("a started wait returns once the task runs, not at its end", async () => {
+  const { task } = await tenure.submit("sleep 30");
+  const waited = await tenure.wait(task, { timeoutMs: 30_000, started: true });
+  assert.deepEqual([waited.finished, waited.task.status], [false, "running"]);
+  assert.ok(waited.task.started_at);
+  await tenure.kill(task);
+});
+
 test("kill keeps the reason and the task ends killed", async () => {
   const { task } = await tenure.submit("sleep 60");
   await eventually(30_000, running(task));

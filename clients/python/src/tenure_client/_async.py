@@ -255,14 +255,20 @@ class AsyncClient:
         ``reason`` is kept on the task."""
         return _core.killed(await self._call("kill", task, query={"reason": reason}))
 
-    async def wait(self, task: str, timeout: float = 60.0) -> Waited:
+    async def wait(self, task: str, timeout: float = 60.0, started: bool = False) -> Waited:
         """Wait at most ``timeout`` seconds for a task to end (any length:
-        longer waits are several requests). ``finished`` is false if it still runs."""
+        longer waits are several requests). ``finished`` is false if it still runs.
+        With ``started``, only until it left the queue for good (running,
+        paused, stopping, unknown, or ended): its ``started_at`` says whether it ran."""
         deadline = time.monotonic() + timeout
+        until = "started" if started else "ended"
         while True:
             ms = _core.wait_ms(deadline - time.monotonic())
-            waited = Waited.from_json(await self._call("wait", task, query={"timeout_ms": ms}, timeout=ms / 1000 + 30))
-            if waited.finished or time.monotonic() >= deadline:
+            query = {"timeout_ms": ms, "until": until}
+            waited = Waited.from_json(await self._call("wait", task, query=query, timeout=ms / 1000 + 30))
+            if waited.finished or (started and _core.left_the_queue(waited.task.status)):
+                return waited
+            if time.monotonic() >= deadline:
                 return waited
 
     async def archive(self, task: str) -> Task:

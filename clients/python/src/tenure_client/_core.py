@@ -76,6 +76,12 @@ def unreachable(e: Exception) -> TenureError:
     return err
 
 
+def left_the_queue(status: str) -> bool:
+    """Whether a task in ``status`` has left the queue for good (what a wait
+    with ``started`` waits for)."""
+    return status not in ("queued", "leased", "blocked")
+
+
 def wait_ms(left_s: float) -> int:
     return max(0, min(int(left_s * 1000), MAX_WAIT_MS))
 

@@ -71,7 +71,7 @@ ROUTES: Dict[str, Route] = {
     "follow": Route("GET", "/v1/tasks/{id}/logs/stream", query=("offset",), headers=("Last-Event-ID",)),
     "kill": Route("POST", "/v1/tasks/{id}/kill", query=("reason",)),
     "send": Route("POST", "/v1/tasks/{id}/input", body=("text", "raw")),
-    "wait": Route("GET", "/v1/tasks/{id}/wait", query=("timeout_ms",)),
+    "wait": Route("GET", "/v1/tasks/{id}/wait", query=("timeout_ms", "until")),
     "archive": Route("POST", "/v1/tasks/{id}/archive"),
     "unarchive": Route("POST", "/v1/tasks/{id}/unarchive"),
     "approve": Route("POST", "/v1/tasks/{id}/approve"),
