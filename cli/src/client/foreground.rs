@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use tenure_client::Failure;
-use tenure_protocol::messages::{ApiError, TaskSnapshot, MAX_INPUT_BYTES};
+use tenure_protocol::messages::{ApiError, TaskSnapshot, WaitFor, MAX_INPUT_BYTES};
 use tenure_protocol::{Kind, Status, TaskId};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::sync::mpsc;
@@ -152,13 +152,11 @@ pub(super) async fn hold(
 }
 
 /// The output of a task read by offset, followed until its attempt ended.
-/// Read once the task runs: a leased task's machine may not know it yet.
+/// Read once the task runs (a leased task's machine may not know it yet):
+/// a start wait held by the leader says when, at once.
 async fn stream(api: &Api, mut snapshot: TaskSnapshot, start: Start, reached: &Cell<u64>) -> anyhow::Result<()> {
-    let mut pause = Duration::from_millis(20);
-    while matches!(snapshot.status, Status::Queued | Status::Leased) {
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(250));
-        snapshot = api.get(&snapshot.id).await?;
+    if !WaitFor::Start.reached(snapshot.status) {
+        snapshot = api.wait_for(&snapshot.id, WaitFor::Start, None).await?.snapshot;
     }
     let offset = match (start, &snapshot.worker) {
         (Start::Offset(offset), _) => offset,
