@@ -402,13 +402,19 @@ impl Client {
         loop {
             let chunk = match self.read_latest(&snapshot, offset, MAX_OUTPUT_CHUNK).await {
                 Ok(Some(chunk)) => chunk,
-                // No machine has its attempt yet.
+                // No machine has its attempt yet: told by a start wait
+                // while it has not started, looked at again after a pause
+                // otherwise.
                 Ok(None) => {
                     if !follow || snapshot.status.is_terminal() {
                         return Ok(offset);
                     }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    snapshot = self.get(task).await?;
+                    if WaitFor::Start.reached(snapshot.status) {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        snapshot = self.get(task).await?;
+                    } else {
+                        snapshot = self.wait_for(task, WaitFor::Start, None).await?.snapshot;
+                    }
                     continue;
                 }
                 Err(e @ Error::Api(_)) => return Err(e),
