@@ -1,8 +1,9 @@
 //! Latency, as the client sees it: submit → process started (a `sleep` task,
 //! submitted by a `Run` held until it is `running`) and submit → completion
 //! observed (a `noop` task, submitted by a `Run` held until its end), on an
-//! idle cluster and under a background load of `noop` tasks 16 in flight. Baseline: the bare chain of
-//! NATS round trips, JetStream appends and sled flushes the same path needs
+//! idle cluster and under a background load of `noop` tasks 16 in flight.
+//! Baseline: the bare chain of NATS round trips, JetStream appends and sled
+//! flushes the same path needs
 //! ([`crate::baseline::START_CHAIN`], [`crate::baseline::COMPLETE_CHAIN`]),
 //! idle and under the bare baseline's own load.
 

@@ -550,9 +550,9 @@ enum Command {
         #[arg(long)]
         timeout: Option<u64>,
         /// Wait only until the task left the queue: exit 0 once it runs (or
-        /// ran: it may have ended already), 1 when it ended without running
-        /// (refused by its worker, killed while queued) or its outcome is
-        /// unknown before it was seen running.
+        /// ran: it may have ended already), 1 when it left the queue without
+        /// being seen running (it ended, is being stopped, or its outcome is
+        /// unknown, before its start was reported).
         #[arg(long)]
         started: bool,
         #[arg(long)]

@@ -887,7 +887,8 @@ pub enum WaitUntil {
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Waited {
-    /// False when the timeout passed first (the task is then still live).
+    /// Whether the task ended: false when the timeout passed first, or for
+    /// `until=started` answered at the start (the task is then still live).
     pub finished: bool,
     pub task: TaskView,
 }
