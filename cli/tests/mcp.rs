@@ -166,6 +166,8 @@ fn an_mcp_client_drives_tasks_through_tenure_mcp() {
         .as_str()
         .expect("agent id")
         .to_owned();
+    let running = mcp.ok("wait_task", json!({"task": agent, "started": true, "timeout_ms": 30000}));
+    assert_eq!((&running["finished"], &running["task"]["status"]), (&json!(false), &json!("running")), "{running}");
     let sent = tenure_testkit::eventually(Duration::from_secs(30), || {
         mcp.call("send_input", json!({"task": agent, "text": "hello"})).ok()
     });

@@ -40,7 +40,7 @@ use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler
 use schemars::JsonSchema;
 use serde::Deserialize;
 use tenure_client::Client;
-use tenure_protocol::messages::{ApiRequest, ApiResponse, SubmitRequest};
+use tenure_protocol::messages::{ApiRequest, ApiResponse, SubmitRequest, WaitFor};
 use tenure_protocol::TaskId;
 
 use crate::api::{SubmitBody, TaskView};
@@ -133,6 +133,9 @@ pub struct WaitArgs {
     /// Milliseconds to wait at most (default and cap 60000); the answer says whether it ended.
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Wait only until the task runs (or left the queue otherwise), not until it ends.
+    #[serde(default)]
+    pub started: bool,
 }
 
 fn task_id(raw: &str) -> Result<TaskId, String> {
@@ -344,9 +347,9 @@ impl Tools {
         }
     }
 
-    #[tool(description = "Wait for a task to end, at most `timeout_ms` (default and cap 60000). \
-        Returns `finished` (false: it still runs, call again) and the task's snapshot. Waiting on an \
-        ended task reports it.")]
+    #[tool(description = "Wait for a task to end, at most `timeout_ms` (default and cap 60000); \
+        with `started`, only until it runs (e.g. before sending an agent input). Returns `finished` \
+        (false: it still runs) and the task's snapshot. Waiting on an ended task reports it.")]
     async fn wait_task(
         &self,
         Parameters(a): Parameters<Args<WaitArgs>>,
@@ -356,7 +359,8 @@ impl Tools {
         let a = a.get()?;
         let task = task_id(&a.task)?;
         let bound = a.timeout_ms.map_or(MAX_WAIT, Duration::from_millis).min(MAX_WAIT);
-        let w = api.wait(&task, Some(Instant::now() + bound)).await.map_err(refusal)?;
+        let until = if a.started { WaitFor::Start } else { WaitFor::End };
+        let w = api.wait_for(&task, until, Some(Instant::now() + bound)).await.map_err(refusal)?;
         Ok(Json(Waited { finished: w.finished, task: TaskView::from(&w.snapshot), news: self.news(&api, &ctx).await }))
     }
 
