@@ -38,6 +38,8 @@ pub const API_TIMEOUT: Duration = Duration::from_secs(5);
 /// answer before it gives up with the error (the task goes on; its output
 /// is read again once the machine answers).
 pub const SIDECAR_PATIENCE: Duration = Duration::from_secs(120);
+/// Longest one wait of [`Client::wait_started`] is held.
+pub const START_LOOK: Duration = Duration::from_secs(2);
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -328,6 +330,19 @@ impl Client {
         }
     }
 
+    /// Waits (without a deadline) until `task` has left the queue for good
+    /// ([`WaitFor::Start`]); its snapshot. Each wait is held for at most
+    /// [`START_LOOK`]: a leader older than start waits holds one until the
+    /// task's end, and this way answers within that bound instead.
+    pub async fn wait_started(&self, task: &TaskId) -> Result<TaskSnapshot, Error> {
+        loop {
+            let waited = self.wait_for(task, WaitFor::Start, Some(Instant::now() + START_LOOK)).await?;
+            if WaitFor::Start.reached(waited.snapshot.status) {
+                return Ok(waited.snapshot);
+            }
+        }
+    }
+
     /// Waits (without a deadline) until `task` is terminal; its snapshot.
     pub async fn wait_end(&self, task: &TaskId) -> Result<TaskSnapshot, Error> {
         Ok(self.wait(task, None).await?.snapshot)
@@ -413,7 +428,7 @@ impl Client {
                         tokio::time::sleep(Duration::from_millis(200)).await;
                         snapshot = self.get(task).await?;
                     } else {
-                        snapshot = self.wait_for(task, WaitFor::Start, None).await?.snapshot;
+                        snapshot = self.wait_started(task).await?;
                     }
                     continue;
                 }

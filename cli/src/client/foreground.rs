@@ -156,7 +156,7 @@ pub(super) async fn hold(
 /// a start wait held by the leader says when, at once.
 async fn stream(api: &Api, mut snapshot: TaskSnapshot, start: Start, reached: &Cell<u64>) -> anyhow::Result<()> {
     if !WaitFor::Start.reached(snapshot.status) {
-        snapshot = api.wait_for(&snapshot.id, WaitFor::Start, None).await?.snapshot;
+        snapshot = api.wait_started(&snapshot.id).await?;
     }
     let offset = match (start, &snapshot.worker) {
         (Start::Offset(offset), _) => offset,
