@@ -108,15 +108,8 @@ fn wait_started_returns_once_the_task_runs_and_fails_for_one_that_never_ran() {
 
     // Held for approval, then killed: it ends, never having run.
     let never = c.submit(&["--hold", "--", "true"]);
-    let waiter = std::process::Command::new(common::BIN)
-        .args(["--nats", &c.nats.url, "--session", &c.session, "wait", &never, "--started", "--json"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("wait --started");
-    std::thread::sleep(Duration::from_millis(500));
     assert_eq!(stdout(&c.cli(&["kill", &never])).trim(), "requested");
-    let wait = waiter.wait_with_output().expect("wait --started ends");
+    let wait = c.cli(&["wait", &never, "--started", "--json"]);
     assert_eq!(wait.status.code(), Some(1), "{}", stderr(&wait));
     let snap: serde_json::Value = serde_json::from_slice(&wait.stdout).unwrap();
     assert_eq!(snap["status"], "killed", "{snap}");

@@ -475,17 +475,28 @@ const FILES: [&str; 5] = [INPUT, MATCHES, KILL_REQUESTED, PAUSE_REQUESTED, JOURN
 /// of the attempt files' names is not an attempt's and is left out. An
 /// unreadable directory lists nothing.
 pub fn list(attempts_dir: &Path) -> Vec<(String, AttemptFiles)> {
-    let mut names = std::collections::BTreeSet::new();
+    // The listing already says each attempt's shape: no second look at the disk.
+    let mut attempts = std::collections::BTreeMap::new();
     for entry in fs::read_dir(attempts_dir).into_iter().flatten().flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
-        let attempt = match is_dir {
-            true => Some(name),
-            false => FILES.iter().find_map(|what| name.strip_suffix(what)?.strip_suffix('.').map(str::to_owned)),
+        let attempt = match entry.file_type().is_ok_and(|t| t.is_dir()) {
+            true => Some((name, Shape::Dir)),
+            false => FILES
+                .iter()
+                .find_map(|what| name.strip_suffix(what)?.strip_suffix('.'))
+                .map(|name| (name.to_owned(), Shape::Flat)),
         };
-        names.extend(attempt);
+        if let Some((name, shape)) = attempt {
+            attempts.entry(name).or_insert(shape);
+        }
     }
-    names.into_iter().map(|name| (name.clone(), AttemptFiles::new(attempts_dir.join(name)))).collect()
+    attempts
+        .into_iter()
+        .map(|(name, shape)| {
+            let base = attempts_dir.join(&name);
+            (name, AttemptFiles { base, shape })
+        })
+        .collect()
 }
 
 /// The two ends of an `agent` attempt's input FIFO, as its shim holds them.
