@@ -12,7 +12,7 @@ export PATH="$(dirname "$nats"):$PATH"
 "$nats" --version
 
 step "building tenure (cargo build; the first build takes a few minutes)"
-cargo build --bin tenure
+cargo build --bin tenure --bin tenure-shim
 tenure="$PWD/target/debug/tenure"
 
 port="${TENURE_QUICKSTART_PORT:-4222}"

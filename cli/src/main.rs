@@ -9,6 +9,7 @@ mod dev;
 mod gateway;
 mod metrics;
 mod nats_auth;
+mod shim_launcher;
 mod status;
 mod telemetry;
 mod text;
@@ -624,19 +625,6 @@ enum Command {
     },
 }
 
-fn init_logging(daemon: bool) {
-    let default = if daemon { "info" } else { "warn" };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .init();
-}
-
 fn session(arg: Option<String>) -> anyhow::Result<SessionId> {
     let raw = arg.unwrap_or_else(|| {
         let user = std::env::var("USER").unwrap_or_else(|_| nix::unistd::getuid().to_string());
@@ -709,8 +697,7 @@ fn main() -> ExitCode {
     // Its shims log to the worker's stderr, which may be gone: SIGPIPE stays
     // ignored there (above), and a failed log write is dropped.
     if let Command::ShimLauncher { data_dir } = &cli.command {
-        init_logging(true);
-        return ExitCode::from(tenure_worker::launcher::serve(data_dir) as u8);
+        return shim_launcher::run(data_dir);
     }
     let (role, daemon) = match cli.command {
         Command::Coordinator(_) => ("coordinator", true),

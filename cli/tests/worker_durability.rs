@@ -490,6 +490,25 @@ fn a_killed_shim_launcher_is_replaced_and_running_tasks_go_on() {
     assert_ne!(again, launcher);
 }
 
+/// The launcher and every shim it forks run `tenure-shim`, the small program
+/// built beside `tenure`, and say so in the worker's log; the task runs
+/// under it like under `tenure shim-launcher`.
+#[test]
+fn shims_are_forked_from_the_small_program_beside_tenure() {
+    let mut c = Cluster::start(1);
+    let task = c.submit(&["--", "sleep 60"]);
+    c.wait_status(&task, "running", BOUND);
+    let worker = c.daemon("worker-w1").last_pid().expect("started");
+    let exe = |pid: i32| std::fs::read_link(format!("/proc/{pid}/exe")).expect("a live process");
+    let launcher = eventually(BOUND, || shim_launcher(worker)).expect("the worker runs a shim launcher");
+    for pid in [launcher, shim_pid(&c, &task)] {
+        assert_eq!(exe(pid).file_name().and_then(|n| n.to_str()), Some("tenure-shim"), "process {pid}");
+    }
+    assert!(c.daemon("worker-w1").log_text().contains("shims are forked from tenure-shim"), "{}", c.logs());
+    assert!(c.cli(&["kill", &task]).status.success());
+    c.wait_status(&task, "killed", BOUND);
+}
+
 /// Machine shutdown: the service manager sends SIGTERM to every process,
 /// shims included. The task is ended, but nobody asked for it: it fails,
 /// tagged `machine-shutdown` — it is not recorded as a kill. A kill the user

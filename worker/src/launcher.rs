@@ -23,11 +23,17 @@
 //! dies, the worker starts another on its next request. A request whose reply
 //! never came may or may not have forked a shim: the caller treats that
 //! attempt as one whose shim it cannot see, never starts it again.
+//!
+//! The launcher runs as `tenure-shim`, a program with the launcher and the
+//! shim and nothing else, when that sits beside the `tenure` binary and is
+//! the same build ([`choose_program`]); otherwise as `tenure shim-launcher`.
+//! The two serve alike: the smaller program only makes each shim cheaper
+//! to fork, run and end, and smaller while it runs.
 
 use std::io::{IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, FromRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -40,6 +46,19 @@ use serde::{Deserialize, Serialize};
 use tenure_machine::attempt_files::ProcessId;
 
 use crate::shim::{self, ShimArgs};
+
+/// What `tenure-shim --version` prints. A worker runs a `tenure-shim` only
+/// when it prints exactly this: the same version of tenure, speaking the
+/// same launch protocol (the request and reply of this module; the number
+/// goes up when either changes shape). Running shims never talk to the
+/// launcher or the worker again, so only the launcher itself must match.
+pub const IDENTITY: &str = concat!("tenure-shim ", env!("CARGO_PKG_VERSION"), " (launch protocol 1)");
+
+/// The small launcher program's file name, looked for beside `tenure`.
+pub const SMALL_PROGRAM: &str = "tenure-shim";
+
+/// How long `tenure-shim --version` may take before it is given up on.
+const PROBE_BOUND: Duration = Duration::from_secs(5);
 
 /// Largest request or reply: an attempt's paths and names, far below this.
 const MAX_MESSAGE: usize = 16 * 1024;
@@ -81,7 +100,9 @@ pub enum LaunchError {
 
 /// The worker's side: starts the launcher on first use and again after it died.
 pub struct Launcher {
-    program: PathBuf,
+    /// The `tenure` binary; the launcher runs `tenure-shim` beside it when
+    /// that is the same build ([`choose_program`], asked at every start).
+    tenure: PathBuf,
     data_dir: PathBuf,
     conn: Mutex<Option<Conn>>,
 }
@@ -100,10 +121,11 @@ impl Drop for Conn {
 }
 
 impl Launcher {
-    /// A launcher run as `PROGRAM shim-launcher --data-dir DATA_DIR` (the
-    /// `tenure` binary), forking shims for the attempts under `data_dir`.
-    pub fn new(program: PathBuf, data_dir: PathBuf) -> Launcher {
-        Launcher { program, data_dir, conn: Mutex::new(None) }
+    /// A launcher run as `PROGRAM shim-launcher --data-dir DATA_DIR`, where
+    /// PROGRAM is `tenure-shim` beside `tenure` or `tenure` itself, forking
+    /// shims for the attempts under `data_dir`.
+    pub fn new(tenure: PathBuf, data_dir: PathBuf) -> Launcher {
+        Launcher { tenure, data_dir, conn: Mutex::new(None) }
     }
 
     /// Forks the shim of one attempt. Blocking (a fork and two socket
@@ -149,17 +171,114 @@ impl Launcher {
         // replaced rather than waited for forever.
         rustix::net::sockopt::set_socket_timeout(&ours, rustix::net::sockopt::Timeout::Recv, Some(REPLY_BOUND))
             .map_err(|e| format!("cannot bound the launcher's answers: {e}"))?;
-        let child = Command::new(&self.program)
+        // Asked at every start, not once: binaries replaced under a running
+        // worker are found out when its launcher is next started.
+        let choice = choose_program(&self.tenure);
+        let program = choice.program(&self.tenure);
+        let child = Command::new(&program)
             .arg("shim-launcher")
             .arg("--data-dir")
             .arg(&self.data_dir)
             .stdin(Stdio::from(theirs))
             .stdout(Stdio::null())
             .spawn()
-            .map_err(|e| format!("cannot start the shim launcher {}: {e}", self.program.display()))?;
-        tracing::info!(launcher = child.id(), "shim launcher started");
+            .map_err(|e| format!("cannot start the shim launcher {}: {e}", program.display()))?;
+        match choice {
+            Choice::Small(_) => {
+                tracing::info!(launcher = child.id(), "shim launcher started: shims are forked from tenure-shim")
+            }
+            Choice::Absent => tracing::info!(
+                launcher = child.id(),
+                "shim launcher started: no tenure-shim beside {}, so shims are forked from tenure itself \
+                 (install tenure-shim beside it for smaller shims)",
+                self.tenure.display()
+            ),
+            Choice::Unusable(why) => tracing::warn!(
+                launcher = child.id(),
+                %why,
+                "shim launcher started: tenure-shim is not this worker's build, so shims are forked from tenure itself"
+            ),
+        }
         Ok(Conn { sock: ours, child })
     }
+}
+
+/// Which program a worker started from the `tenure` binary runs as its
+/// launcher.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// `tenure-shim` beside `tenure`, of the same build.
+    Small(PathBuf),
+    /// No `tenure-shim` beside `tenure`: `tenure shim-launcher` serves.
+    Absent,
+    /// A `tenure-shim` that is another build, or did not say which (the
+    /// reason): `tenure shim-launcher` serves, and the operator is told.
+    Unusable(String),
+}
+
+impl Choice {
+    /// The program to start, given the `tenure` binary's path.
+    pub fn program(&self, tenure: &Path) -> PathBuf {
+        match self {
+            Choice::Small(small) => small.clone(),
+            Choice::Absent | Choice::Unusable(_) => tenure.to_path_buf(),
+        }
+    }
+}
+
+/// Looks for `tenure-shim` beside `tenure` (the worker's own binary, its
+/// real path) and asks it which build it is. Run once at the worker's
+/// start: an upgrade that replaced one of the two binaries and not the
+/// other falls back to `tenure shim-launcher` instead of speaking a
+/// protocol the launcher may not share.
+pub fn choose_program(tenure: &Path) -> Choice {
+    choose_within(tenure, PROBE_BOUND)
+}
+
+fn choose_within(tenure: &Path, bound: Duration) -> Choice {
+    let small = tenure.with_file_name(SMALL_PROGRAM);
+    if !small.exists() {
+        return Choice::Absent;
+    }
+    match identify(&small, bound) {
+        Ok(said) if said == IDENTITY => Choice::Small(small),
+        Ok(said) => Choice::Unusable(format!("{} is {said:?}, not {IDENTITY:?}", small.display())),
+        Err(reason) => Choice::Unusable(format!("{} --version: {reason}", small.display())),
+    }
+}
+
+/// The first line `PROGRAM --version` prints, within `bound`.
+fn identify(program: &Path, bound: Duration) -> Result<String, String> {
+    use std::io::Read;
+    let mut child = Command::new(program)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let deadline = std::time::Instant::now() + bound;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("no answer within {bound:?}"));
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    };
+    if !status.success() {
+        return Err(format!("exited with {status}"));
+    }
+    let mut said = String::new();
+    if let Some(out) = child.stdout.take() {
+        // Its whole answer is one short line; more is not a launcher's.
+        out.take(1024).read_to_string(&mut said).map_err(|e| e.to_string())?;
+    }
+    Ok(said.lines().next().unwrap_or_default().to_owned())
 }
 
 /// One reply and the pidfd that may ride with it.
@@ -288,5 +407,64 @@ fn fork_shim(args: &ShimArgs) -> (Reply, Option<OwnedFd>) {
                 None => (Reply::Unidentified(format!("shim {pid} forked but not found in /proc")), None),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory holding a stand-in `tenure` and, if given, a
+    /// `tenure-shim` that is a link to `target`.
+    fn beside(target: Option<&str>) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let tenure = dir.path().join("tenure");
+        std::fs::write(&tenure, b"").unwrap();
+        if let Some(target) = target {
+            std::os::unix::fs::symlink(target, dir.path().join(SMALL_PROGRAM)).unwrap();
+        }
+        (dir, tenure)
+    }
+
+    #[test]
+    fn without_tenure_shim_beside_it_the_tenure_binary_serves() {
+        let (_dir, tenure) = beside(None);
+        let choice = choose_program(&tenure);
+        assert_eq!(choice, Choice::Absent);
+        assert_eq!(choice.program(&tenure), tenure);
+    }
+
+    #[test]
+    fn a_tenure_shim_of_another_build_is_not_used() {
+        // `echo --version` answers, but not with this build's identity.
+        let (_dir, tenure) = beside(Some("/bin/echo"));
+        let choice = choose_program(&tenure);
+        let Choice::Unusable(why) = &choice else { panic!("used: {choice:?}") };
+        assert!(why.contains(IDENTITY), "{why}");
+        assert_eq!(choice.program(&tenure), tenure);
+    }
+
+    #[test]
+    fn a_tenure_shim_that_fails_or_cannot_run_is_not_used() {
+        for target in ["/bin/false", "/nonexistent/tenure-shim"] {
+            let (_dir, tenure) = beside(Some(target));
+            let choice = choose_program(&tenure);
+            // A dangling link does not exist: it is as absent as no file.
+            if target.starts_with("/nonexistent") {
+                assert_eq!(choice, Choice::Absent);
+            } else {
+                assert!(matches!(&choice, Choice::Unusable(why) if why.contains("exited")), "{choice:?}");
+            }
+            assert_eq!(choice.program(&tenure), tenure);
+        }
+    }
+
+    #[test]
+    fn a_tenure_shim_that_is_not_a_program_is_not_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let tenure = dir.path().join("tenure");
+        std::fs::create_dir(dir.path().join(SMALL_PROGRAM)).unwrap();
+        let choice = choose_program(&tenure);
+        assert!(matches!(&choice, Choice::Unusable(why) if why.contains("--version")), "{choice:?}");
     }
 }

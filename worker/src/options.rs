@@ -26,8 +26,9 @@ pub struct Options {
     pub heartbeat: Duration,
     /// Time between SIGTERM and SIGKILL when a task's group is ended.
     pub kill_grace: Duration,
-    /// The program whose `shim-launcher` forks each attempt's shim
-    /// ([`crate::launcher`]): the `tenure` binary itself.
+    /// The `tenure` binary: its `shim-launcher`, or the same build's
+    /// `tenure-shim` beside it, forks each attempt's shim
+    /// ([`crate::launcher`]).
     pub shim_program: PathBuf,
     /// Output bytes kept per task; the rest is dropped and counted.
     pub output_cap: u64,
