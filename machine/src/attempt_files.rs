@@ -238,43 +238,28 @@ impl AttemptFiles {
     /// Every fact of the attempt, from one read of its journal: for a caller
     /// that needs more than one. An absent journal is an error (`NotFound`).
     pub fn journal(&self) -> io::Result<Journal> {
-        let mut journal = Journal::default();
-        for entry in self.entries()? {
-            match entry {
-                Entry::Grant(g) => journal.grant = Some(*g),
-                Entry::Shim { pid, start_time } => journal.shim = Some(ProcessId { pid, start_time }),
-                Entry::Pgid(p) if p > 1 => journal.pgid = Some(p),
-                Entry::Pgid(_) => {}
-                Entry::Status(s) => journal.status = Some(s),
-            }
-        }
-        Ok(journal)
+        Ok(Journal::of(self.entries()?))
     }
 
     fn journal_path(&self) -> PathBuf {
         self.path(JOURNAL)
     }
 
-    /// Appends one entry with a single write; on failure the journal is cut
-    /// back to where it was, so a torn entry never hides a later one.
-    fn append(&self, entry: &Entry, sync: Sync) -> io::Result<()> {
-        let payload = tenure_protocol::encode(entry).map_err(io::Error::other)?;
-        let len = u32::try_from(payload.len()).map_err(|_| io::Error::other("journal entry too large"))?;
-        let mut bytes = Vec::with_capacity(ENTRY_HEADER + payload.len());
-        bytes.extend_from_slice(&len.to_le_bytes());
-        bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
-        bytes.extend_from_slice(&payload);
-        let mut file = OpenOptions::new()
+    fn open_journal(&self, read: bool) -> io::Result<File> {
+        OpenOptions::new()
+            .read(read)
             .create(true)
             .append(true)
             .mode(0o600)
             .custom_flags(nix::libc::O_NOFOLLOW)
-            .open(self.journal_path())?;
+            .open(self.journal_path())
+    }
+
+    /// Appends one entry ([`write_entry`]), synced as asked.
+    fn append(&self, entry: &Entry, sync: Sync) -> io::Result<()> {
+        let mut file = self.open_journal(false)?;
         let before = file.metadata()?.len();
-        if let Err(error) = file.write_all(&bytes) {
-            let _ = file.set_len(before);
-            return Err(error);
-        }
+        write_entry(&mut file, before, entry)?;
         match sync {
             Sync::No => {}
             Sync::Data => file.sync_data()?,
@@ -286,26 +271,24 @@ impl AttemptFiles {
         Ok(())
     }
 
+    /// The journal for the attempt's shim, which appends every entry after
+    /// the grant: opened once, read once (what it says is returned with
+    /// it), and appended to without being opened again. A missing journal
+    /// is created, as by any append (the shim then finds no grant in it).
+    pub fn open_for_shim(&self) -> io::Result<(ShimJournal, Journal)> {
+        let mut file = self.open_journal(true)?;
+        let mut bytes = Vec::new();
+        io::Read::read_to_end(&mut file, &mut bytes)?;
+        let len = bytes.len() as u64;
+        Ok((ShimJournal { file, len }, Journal::of(parse_entries(&bytes))))
+    }
+
     /// Every complete, intact entry, in order, up to the first that is not.
     fn entries(&self) -> io::Result<Vec<Entry>> {
-        let bytes = match fs::read(self.journal_path()) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return self.legacy_entries(),
-            read => read?,
-        };
-        let mut rest = bytes.as_slice();
-        let mut entries = Vec::new();
-        while rest.len() >= ENTRY_HEADER {
-            let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-            let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
-            let Some(payload) = rest.get(ENTRY_HEADER..ENTRY_HEADER + len) else { break };
-            if crc32fast::hash(payload) != crc {
-                break;
-            }
-            let Ok(entry) = tenure_protocol::decode(payload) else { break };
-            entries.push(entry);
-            rest = &rest[ENTRY_HEADER + len..];
+        match fs::read(self.journal_path()) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => self.legacy_entries(),
+            read => Ok(parse_entries(&read?)),
         }
-        Ok(entries)
     }
 
     /// The facts of an attempt started by an earlier version (one file each:
@@ -424,6 +407,89 @@ pub struct Journal {
     /// The task's process group (never 0 or 1).
     pub pgid: Option<i32>,
     pub status: Option<ShimStatus>,
+}
+
+impl Journal {
+    /// The facts of `entries`, each as last recorded.
+    fn of(entries: Vec<Entry>) -> Journal {
+        let mut journal = Journal::default();
+        for entry in entries {
+            match entry {
+                Entry::Grant(g) => journal.grant = Some(*g),
+                Entry::Shim { pid, start_time } => journal.shim = Some(ProcessId { pid, start_time }),
+                Entry::Pgid(p) if p > 1 => journal.pgid = Some(p),
+                Entry::Pgid(_) => {}
+                Entry::Status(s) => journal.status = Some(s),
+            }
+        }
+        journal
+    }
+}
+
+/// An attempt's journal held open by its shim ([`AttemptFiles::open_for_shim`]):
+/// the one writer after the grant, so it keeps the length itself.
+#[derive(Debug)]
+pub struct ShimJournal {
+    file: File,
+    len: u64,
+}
+
+impl ShimJournal {
+    pub fn write_shim(&mut self, id: ProcessId) -> io::Result<()> {
+        self.append(&Entry::Shim { pid: id.pid, start_time: id.start_time })
+    }
+
+    pub fn write_pgid(&mut self, pgid: i32) -> io::Result<()> {
+        self.append(&Entry::Pgid(pgid))
+    }
+
+    /// Records the exit evidence, durably (the file's data synced; its name
+    /// was made durable with the grant).
+    pub fn write_status(&mut self, status: &ShimStatus) -> io::Result<()> {
+        self.append(&Entry::Status(status.clone()))?;
+        self.file.sync_data()
+    }
+
+    fn append(&mut self, entry: &Entry) -> io::Result<()> {
+        self.len = write_entry(&mut self.file, self.len, entry)?;
+        Ok(())
+    }
+}
+
+/// Appends one entry to a journal of `before` bytes opened for appending,
+/// with a single write; on failure the journal is cut back to `before`, so
+/// a torn entry never hides a later one. Returns the journal's new length.
+fn write_entry(file: &mut File, before: u64, entry: &Entry) -> io::Result<u64> {
+    let payload = tenure_protocol::encode(entry).map_err(io::Error::other)?;
+    let len = u32::try_from(payload.len()).map_err(|_| io::Error::other("journal entry too large"))?;
+    let mut bytes = Vec::with_capacity(ENTRY_HEADER + payload.len());
+    bytes.extend_from_slice(&len.to_le_bytes());
+    bytes.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+    bytes.extend_from_slice(&payload);
+    if let Err(error) = file.write_all(&bytes) {
+        let _ = file.set_len(before);
+        return Err(error);
+    }
+    Ok(before + bytes.len() as u64)
+}
+
+/// Every complete, intact entry of a journal's bytes, in order, up to the
+/// first that is not.
+fn parse_entries(bytes: &[u8]) -> Vec<Entry> {
+    let mut rest = bytes;
+    let mut entries = Vec::new();
+    while rest.len() >= ENTRY_HEADER {
+        let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let crc = u32::from_le_bytes([rest[4], rest[5], rest[6], rest[7]]);
+        let Some(payload) = rest.get(ENTRY_HEADER..ENTRY_HEADER + len) else { break };
+        if crc32fast::hash(payload) != crc {
+            break;
+        }
+        let Ok(entry) = tenure_protocol::decode(payload) else { break };
+        entries.push(entry);
+        rest = &rest[ENTRY_HEADER + len..];
+    }
+    entries
 }
 
 /// One fact in an attempt's journal.
@@ -602,6 +668,32 @@ mod tests {
         let status = ShimStatus { outcome: Outcome::new(Ending::Completed, Some(0), None), output_written: 3 };
         files.write_status(&status).unwrap();
         assert_eq!(files.status(), Some(status));
+    }
+
+    #[test]
+    fn the_shims_journal_held_open_reads_the_grant_and_appends_what_others_read() {
+        let (_dir, files) = shell_attempt();
+        let grant = grant();
+        files.write_grant(&grant).unwrap();
+        let (mut journal, facts) = files.open_for_shim().unwrap();
+        assert_eq!(facts, Journal { grant: Some(grant.clone()), ..Journal::default() });
+        let me = ProcessId::current().unwrap();
+        journal.write_shim(me).unwrap();
+        journal.write_pgid(4242).unwrap();
+        // A reader (the worker) sees each entry as it is appended.
+        assert_eq!((files.shim(), files.pgid(), files.status()), (Some(me), Some(4242), None));
+        let status = ShimStatus { outcome: Outcome::new(Ending::Failed, Some(3), None), output_written: 0 };
+        journal.write_status(&status).unwrap();
+        let read = files.journal().unwrap();
+        assert_eq!(read, Journal { grant: Some(grant), shim: Some(me), pgid: Some(4242), status: Some(status) });
+
+        // A journal that is not there is made, with no grant in it: the
+        // shim records itself and then the failure to find what to run.
+        let (_dir, missing) = shell_attempt();
+        let (mut journal, facts) = missing.open_for_shim().unwrap();
+        assert_eq!(facts, Journal::default());
+        journal.write_shim(me).unwrap();
+        assert_eq!(missing.journal().unwrap().shim, Some(me));
     }
 
     #[test]

@@ -38,7 +38,7 @@ impl ProcessId {
 
 /// `(state, start time)` of `pid` from `/proc/<pid>/stat`; `None` if no such process.
 fn proc_stat(pid: i32) -> io::Result<Option<(char, u64)>> {
-    let text = match fs::read_to_string(format!("/proc/{pid}/stat")) {
+    let text = match read_stat(pid) {
         Ok(t) => t,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(e),
@@ -60,13 +60,24 @@ pub fn group_in_session(pgid: i32, sid: i32) -> bool {
     let Ok(entries) = fs::read_dir("/proc") else { return false };
     entries.flatten().any(|e| {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { return false };
-        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+        let Ok(text) = read_stat(pid) else { return false };
         let Some((_, rest)) = text.rsplit_once(')') else { return false };
         let fields: Vec<&str> = rest.split_whitespace().collect();
         let state_live = fields.first().is_some_and(|s| *s != "Z" && *s != "X");
         let num = |i: usize| fields.get(i).and_then(|f| f.parse::<i32>().ok());
         state_live && num(2) == Some(pgid) && num(3) == Some(sid)
     })
+}
+
+/// `/proc/<pid>/stat`, in one or two reads: a `/proc` file says its size
+/// is 0, so a plain read of the whole file first asks its size and then
+/// reads it in growing pieces — a dozen calls where two do, and every shim
+/// reads its own (and the launcher each shim's).
+fn read_stat(pid: i32) -> io::Result<String> {
+    let file = fs::File::open(format!("/proc/{pid}/stat"))?;
+    let mut bytes = Vec::with_capacity(2048);
+    io::Read::read_to_end(&mut io::Read::take(file, 64 * 1024), &mut bytes)?;
+    String::from_utf8(bytes).map_err(|_| io::Error::other("bad /proc stat"))
 }
 
 fn start_time(pid: i32) -> io::Result<Option<u64>> {

@@ -109,14 +109,14 @@ pub fn remove_parents(plan: &Plan) {
 fn make_child(dir: &Path, prepare: impl Fn() -> Result<(), Error>) -> Result<(), Error> {
     let parent = dir.parent().unwrap_or(dir);
     for _ in 0..3 {
-        if !parent.is_dir() {
-            make_dir(parent)?;
-            prepare()?;
-        }
         match std::fs::create_dir(dir) {
             Ok(()) => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            // No parent (yet, or any more): made and set up, then the child again.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                make_dir(parent)?;
+                prepare()?;
+            }
             Err(e) => return Err(io("cannot create", dir)(e)),
         }
     }

@@ -327,6 +327,14 @@ pub fn serve(data_dir: &std::path::Path) -> i32 {
     // machine each `cpuid` traps, and each shim would ask again).
     #[cfg(target_arch = "x86_64")]
     let _ = std::arch::is_x86_feature_detected!("pclmulqdq");
+    // Every shim's stdin and stdout, opened once for all of them.
+    let null = match std::fs::File::open("/dev/null") {
+        Ok(f) => f,
+        Err(error) => {
+            tracing::error!(%error, "shim launcher cannot open /dev/null");
+            return 1;
+        }
+    };
     let mut buf = vec![0u8; MAX_MESSAGE];
     loop {
         reap();
@@ -343,7 +351,7 @@ pub fn serve(data_dir: &std::path::Path) -> i32 {
             Ok(args) if args.data_dir != data_dir => {
                 (Reply::Failed(format!("{} is not this launcher's data dir", args.data_dir.display())), None)
             }
-            Ok(args) => fork_shim(&args),
+            Ok(args) => fork_shim(&args, &null),
             Err(error) => (Reply::Failed(format!("malformed launch request: {error}")), None),
         };
         let bytes = match tenure_protocol::encode(&reply) {
@@ -377,13 +385,9 @@ fn reap() {
     }
 }
 
-/// Forks one attempt's shim; in the child, runs it and exits.
-fn fork_shim(args: &ShimArgs) -> (Reply, Option<OwnedFd>) {
-    // Opened before the fork, so a failure is answered instead of lost.
-    let null = match std::fs::File::open("/dev/null") {
-        Ok(f) => f,
-        Err(error) => return (Reply::Failed(format!("cannot open /dev/null: {error}")), None),
-    };
+/// Forks one attempt's shim; in the child, runs it and exits. `null` is
+/// `/dev/null`, which becomes the shim's stdin and stdout.
+fn fork_shim(args: &ShimArgs, null: &std::fs::File) -> (Reply, Option<OwnedFd>) {
     // SAFETY: this process has one thread (it runs no runtime and starts no
     // thread), so the child may run any code, not only async-signal-safe code.
     match unsafe { nix::unistd::fork() } {
@@ -391,9 +395,11 @@ fn fork_shim(args: &ShimArgs) -> (Reply, Option<OwnedFd>) {
         Ok(nix::unistd::ForkResult::Child) => {
             // Stdin (the worker's socket) and stdout become /dev/null; stderr
             // stays the worker's log, where the shim's few lines belong.
-            let fd = std::os::fd::AsRawFd::as_raw_fd(&null);
+            let fd = std::os::fd::AsRawFd::as_raw_fd(null);
             let redirected = nix::unistd::dup2(fd, 0).is_ok() && nix::unistd::dup2(fd, 1).is_ok();
-            drop(null);
+            // The launcher's own descriptor is not the shim's to keep (this
+            // branch never returns, so nothing closes it again).
+            let _ = nix::unistd::close(fd);
             let code = if redirected { shim::run(args) } else { 1 };
             std::process::exit(code)
         }

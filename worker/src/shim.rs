@@ -57,6 +57,7 @@ use nix::unistd::Pid;
 
 use serde::{Deserialize, Serialize};
 use tenure_machine::Layout;
+use tenure_protocol::messages::LeaseGrant;
 use tenure_protocol::resources::OUT_OF_MEMORY;
 use tenure_protocol::{Attempt, Ending, Kind, Outcome, TaskId};
 
@@ -66,7 +67,7 @@ use crate::cgroup_fs::AttemptGroup;
 use crate::limits::Deadlines;
 use crate::process;
 use crate::sandbox::{self, RunAs};
-use tenure_machine::attempt_files::{AttemptFiles, InputFifo, ProcessId, ShimStatus};
+use tenure_machine::attempt_files::{AttemptFiles, InputFifo, ProcessId, ShimJournal, ShimStatus};
 
 /// Default output cap per task.
 pub const DEFAULT_OUTPUT_CAP: u64 = 64 * 1024 * 1024;
@@ -108,17 +109,28 @@ pub fn run(args: &ShimArgs) -> i32 {
     process::become_subreaper();
     let layout = Layout::new(&args.data_dir);
     let files = layout.attempt_files(&args.task, args.attempt);
-    let recorded = ProcessId::current().and_then(|me| files.write_shim(me));
-    if let Err(error) = recorded {
-        tracing::error!(files = %files.base().display(), %error, "shim cannot record itself; not starting the task");
-        return 1;
-    }
-    let status = supervise(args, &layout, &files);
+    // The journal is opened once: read for the grant, then appended to.
+    let opened = files.open_for_shim();
+    let recorded = opened.and_then(|(mut journal, facts)| {
+        ProcessId::current().and_then(|me| journal.write_shim(me)).map(|()| (journal, facts))
+    });
+    let (mut journal, facts) = match recorded {
+        Ok(opened) => opened,
+        Err(error) => {
+            tracing::error!(files = %files.base().display(), %error, "shim cannot record itself; not starting the task");
+            return 1;
+        }
+    };
+    // Only an agent's shim makes an input pipe.
+    let agent = facts.grant.as_ref().is_some_and(|g| g.spec.kind == Kind::agent());
+    let status = supervise(args, &layout, &files, facts.grant, &mut journal);
     // Also when the task could not be spawned after its FIFO was created.
-    if let Err(error) = files.remove_input() {
-        tracing::warn!(%error, "shim cannot remove the input pipe");
+    if agent {
+        if let Err(error) = files.remove_input() {
+            tracing::warn!(%error, "shim cannot remove the input pipe");
+        }
     }
-    match files.write_status(&status) {
+    match journal.write_status(&status) {
         Ok(()) => 0,
         Err(error) => {
             tracing::error!(%error, "shim cannot record the exit status");
@@ -127,12 +139,17 @@ pub fn run(args: &ShimArgs) -> i32 {
     }
 }
 
-fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStatus {
+fn supervise(
+    args: &ShimArgs,
+    layout: &Layout,
+    files: &AttemptFiles,
+    grant: Option<LeaseGrant>,
+    journal: &mut ShimJournal,
+) -> ShimStatus {
     let failed =
         |detail: String| ShimStatus { outcome: Outcome::new(Ending::Failed, None, Some(detail)), output_written: 0 };
-    let (spec, owner, kept) = match files.read_grant() {
-        Ok(grant) => (grant.spec, grant.owner, grant.input),
-        Err(e) => return failed(format!("cannot read the task's grant: {e}")),
+    let Some(LeaseGrant { spec, owner, input: kept, .. }) = grant else {
+        return failed("cannot read the task's grant: no readable grant in the attempt's journal".into());
     };
     // An agent's input: created before the task exists, held until it is
     // gone. Input kept for a resumed attempt is in it before the task reads.
@@ -209,7 +226,7 @@ fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStat
         }
     };
     drop(join);
-    if let Err(error) = files.write_pgid(leader) {
+    if let Err(error) = journal.write_pgid(leader) {
         tracing::warn!(%error, "shim cannot record the process group");
     }
     let matcher = match spec.line_pattern().map(|p| LineMatcher::new(&p, files)) {
@@ -286,8 +303,10 @@ fn supervise(args: &ShimArgs, layout: &Layout, files: &AttemptFiles) -> ShimStat
     }
     // Nobody reads the input any more: a sender now finds no pipe and is told
     // the task ended (the FIFO goes before its keeper is let go).
-    if let Err(error) = files.remove_input() {
-        tracing::warn!(%error, "shim cannot remove the input pipe");
+    if _keeper.is_some() {
+        if let Err(error) = files.remove_input() {
+            tracing::warn!(%error, "shim cannot remove the input pipe");
+        }
     }
     let (written, dropped, file_exists) = pump.finish();
     // The output file's data was synced by `finish`; its entry (created by
