@@ -270,6 +270,12 @@ async fn perform(
                     let pid = launched.id.pid;
                     tracing::debug!(task = %task, attempt = %attempt, shim = pid, "shim started");
                     local.shim = Some(Shim::new(launched.id, launched.pidfd));
+                    // Reported at once; the watch supersedes a report still
+                    // being retried when the attempt ends.
+                    let (shared, task) = (shared.clone(), task.clone());
+                    local.reporter = Some(tokio::spawn(async move {
+                        report_until_acked(&shared, &task, attempt, epoch, ReportEvent::Started { pid }).await
+                    }));
                     Done::Launched(pid)
                 }
                 Err(LaunchError::NotStarted(detail)) => Done::NotStarted(detail),
@@ -278,15 +284,6 @@ async fn perform(
                     Done::Unseen
                 }
             }
-        }
-        Action::Spawned { pid, epoch } => {
-            // The started report does not wait for the `spawned` record:
-            // recovery treats an attempt with its intent alike with or without it.
-            let (shared2, task2) = (shared.clone(), task.clone());
-            local.reporter = Some(tokio::spawn(async move {
-                report_until_acked(&shared2, &task2, attempt, epoch, ReportEvent::Started { pid }).await
-            }));
-            Done::Sidecar(sidecar_insist(shared, SidecarRequest::Spawned { task: task.clone(), attempt, pid }).await)
         }
         Action::Watch { .. } => {
             // Ours since the launch, or found again by its recorded identity.
@@ -347,8 +344,7 @@ fn ended(key: &Key, settled: &Evidence) {
 
 /// A built-in attempt after its intent: it runs in this process, then its
 /// outcome goes the way of any other (buffered, reported, acknowledged). There
-/// is no shim and no pid to record (`spawned` is skipped, as for an attempt
-/// whose shim could not start). A `sleep` reports started while it runs,
+/// is no shim. A `sleep` reports started while it runs,
 /// naming the worker's own pid (the process it runs in); a `noop` is over
 /// before there is anything to report but its end (leased → completed).
 async fn run_builtin(

@@ -68,9 +68,6 @@ pub enum Step {
     Abandon { refusal: SidecarReply },
     /// Start it: fork its shim, or run a built-in kind in this process.
     Launch,
-    /// The shim runs with this pid: record it (the started report goes
-    /// out at the same time).
-    Spawned(i32),
     /// Watch the shim until it ends, forwarding a kill to it.
     Watch,
     /// A launch went unanswered: look for the shim (bounded), watch it if
@@ -98,11 +95,12 @@ pub enum Action {
     /// One sidecar request, re-sent until the sidecar answers.
     Sidecar(SidecarRequest),
     /// Start the attempt ([`Step::Launch`]) under `epoch` (what its reports
-    /// carry); `kill` when a kill is pending.
+    /// carry); `kill` when a kill is pending. A shim that starts is reported
+    /// `Started { pid }` at once, until the attempt ends or the report is
+    /// answered; nothing is recorded in the sidecar for it (the attempt's
+    /// journal names the shim, and recovery settles an attempt at `intent`
+    /// from it: durability note a16).
     Launch { kill: bool, epoch: Epoch },
-    /// Record the shim's pid, and start reporting `Started { pid }` at
-    /// once (until the attempt ends or the report is answered).
-    Spawned { pid: i32, epoch: Epoch },
     /// Watch the shim; `kill` when a kill is pending.
     Watch { kill: bool },
     /// Look for a shim whose launch went unanswered.
@@ -498,7 +496,6 @@ impl Worker {
             }
             Step::Abandon { .. } => Action::Sidecar(SidecarRequest::Abandon { task, attempt }),
             Step::Launch => Action::Launch { kill: held.kill, epoch: held.epoch },
-            Step::Spawned(pid) => Action::Spawned { pid: *pid, epoch: held.epoch },
             Step::Watch => Action::Watch { kill: held.kill },
             Step::Seek => Action::Seek { kill: held.kill },
             Step::Settle { restarted } => Action::Settle { restarted: *restarted },
@@ -527,12 +524,11 @@ impl Worker {
                 held.epoch = held.grant.as_ref().map_or(held.epoch, |g| g.epoch);
                 Some(Step::Report(intent_refused(refusal, &abandoned, key.1)))
             }
-            (Step::Launch, Done::Launched(pid)) => Some(Step::Spawned(pid)),
+            (Step::Launch, Done::Launched(_)) => Some(Step::Watch),
             (Step::Launch, Done::NotStarted(detail)) => {
                 Some(Step::Buffer(Outcome::new(Ending::Failed, None, Some(detail))))
             }
             (Step::Launch, Done::Unseen) => Some(Step::Seek),
-            (Step::Spawned(_), Done::Sidecar(_)) => Some(Step::Watch),
             (Step::Launch | Step::Watch | Step::Seek | Step::Settle { .. }, Done::Ended(settled)) => {
                 Some(match settled {
                     Settled::Exited(outcome) => Step::Buffer(outcome),

@@ -60,7 +60,6 @@ fn step_name(w: &Worker) -> String {
         Some(Step::Abandon { refusal: SidecarReply::Ok }) => "abandon(ok)".into(),
         Some(Step::Abandon { .. }) => "abandon".into(),
         Some(Step::Launch) => "launch".into(),
-        Some(Step::Spawned(_)) => "spawned".into(),
         Some(Step::Watch) => "watch".into(),
         Some(Step::Seek) => "seek".into(),
         Some(Step::Settle { .. }) => "settle".into(),
@@ -79,7 +78,6 @@ fn steps() -> Vec<(&'static str, Step)> {
         ("abandon-stale", Step::Abandon { refusal: stale() }),
         ("abandon-storage", Step::Abandon { refusal: storage() }),
         ("launch", Step::Launch),
-        ("spawned", Step::Spawned(40)),
         ("watch", Step::Watch),
         ("seek", Step::Seek),
         ("settle", Step::Settle { restarted: false }),
@@ -123,8 +121,7 @@ const TABLE: &str = "
 intent           | launch               abandon              abandon              .         .               .       .                  .             .             .     .           .           .           .
 abandon-stale    | report(not-started)  report(not-started)  report(not-started)  .         .               .       .                  .             .             .     .           .           .           .
 abandon-storage  | report(not-started)  report(lost)         report(lost)         .         .               .       .                  .             .             .     .           .           .           .
-launch           | .                    .                    .                    spawned   buffer(failed)  seek    buffer(completed)  report(gone)  report(lost)  .     .           .           .           .
-spawned          | watch                watch                watch                .         .               .       .                  .             .             .     .           .           .           .
+launch           | .                    .                    .                    watch     buffer(failed)  seek    buffer(completed)  report(gone)  report(lost)  .     .           .           .           .
 watch            | .                    .                    .                    .         .               .       buffer(completed)  report(gone)  report(lost)  .     .           .           .           .
 seek             | .                    .                    .                    .         .               .       buffer(completed)  report(gone)  report(lost)  .     .           .           .           .
 settle           | .                    .                    .                    .         .               .       buffer(completed)  report(gone)  report(lost)  .     .           .           .           .
@@ -159,7 +156,7 @@ fn every_step_against_every_result() {
             checked += 1;
         }
     }
-    assert_eq!(checked, 14 * 14);
+    assert_eq!(checked, 13 * 14);
 }
 
 #[test]
@@ -173,7 +170,6 @@ fn each_step_asks_for_its_action() {
         ),
         (Step::Abandon { refusal: stale() }, Action::Sidecar(SidecarRequest::Abandon { task: t.clone(), attempt: a })),
         (Step::Launch, Action::Launch { kill: false, epoch: Epoch(3) }),
-        (Step::Spawned(40), Action::Spawned { pid: 40, epoch: Epoch(3) }),
         (Step::Watch, Action::Watch { kill: false }),
         (Step::Seek, Action::Seek { kill: false }),
         (Step::Settle { restarted: true }, Action::Settle { restarted: true }),
@@ -345,7 +341,6 @@ fn an_attempt_whose_process_ended_holds_no_slot() {
     for (step, free) in [
         (Step::Intent, false),
         (Step::Launch, false),
-        (Step::Spawned(7), false),
         (Step::Watch, false),
         (Step::Seek, false),
         (Step::Settle { restarted: false }, false),

@@ -650,9 +650,6 @@ impl Host {
                 self.w().local.insert(key.clone(), Local { pid, signalled: kill, ..local.clone() });
                 Some(Done::Launched(pid))
             }
-            Action::Spawned { pid, .. } => {
-                self.side.call(ctx, i, SidecarRequest::Spawned { task, attempt, pid }).map(Done::Sidecar)
-            }
             // The planted bug: now and then a running process is said gone.
             Action::Watch { kill: false } | Action::Seek { kill: false }
                 if self.bug == Bug::ResumeUnproven
