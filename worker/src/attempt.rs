@@ -342,11 +342,11 @@ fn ended(key: &Key, settled: &Evidence) {
     crate::metrics::get().attempts.add(1, &[opentelemetry::KeyValue::new("outcome", outcome)]);
 }
 
-/// A built-in attempt after its intent: it runs in this process, then its
-/// outcome goes the way of any other (buffered, reported, acknowledged). There
-/// is no shim. A `sleep` reports started while it runs,
-/// naming the worker's own pid (the process it runs in); a `noop` is over
-/// before there is anything to report but its end (leased → completed).
+/// A built-in attempt after its intent: it runs in this process, without a
+/// shim, then its outcome goes the way of any other (buffered, reported,
+/// acknowledged). A `sleep` reports started while it runs, naming the
+/// worker's own pid (the process it runs in); a `noop` is over before there
+/// is anything to report but its end (leased → completed).
 async fn run_builtin(
     shared: &Arc<Shared>,
     builtin: Builtin,
