@@ -38,8 +38,7 @@ pub(crate) trait BenchApi {
 
 impl BenchApi for Client {
     async fn submit_command(&self, kind: &str, command: &str) -> anyhow::Result<TaskId> {
-        let spec = TaskSpec { kind: kind.parse()?, ..TaskSpec::shell("", command) };
-        let req = SubmitRequest { session: self.session().clone(), idempotency_key: uuid::Uuid::new_v4(), spec };
+        let req = submit_request(self, kind, command)?;
         // The shared retry rule, with the bench's longer bound per try.
         Ok(self.submit_request(req, &Policy { per_try: TIMEOUT, ..Policy::SUBMIT }).await?.task)
     }
@@ -52,8 +51,7 @@ impl BenchApi for Client {
     }
 
     async fn run_to_end(&self, kind: &str, command: &str) -> anyhow::Result<()> {
-        let spec = TaskSpec { kind: kind.parse()?, ..TaskSpec::shell("", command) };
-        let req = SubmitRequest { session: self.session().clone(), idempotency_key: uuid::Uuid::new_v4(), spec };
+        let req = submit_request(self, kind, command)?;
         let end = self.run(req).await?;
         if end.status != tenure_protocol::Status::Completed {
             bail!("{} ended {} ({:?})", end.id, end.status, end.detail);
@@ -62,14 +60,19 @@ impl BenchApi for Client {
     }
 
     async fn run_to_start(&self, kind: &str, command: &str) -> anyhow::Result<TaskId> {
-        let spec = TaskSpec { kind: kind.parse()?, ..TaskSpec::shell("", command) };
-        let req = SubmitRequest { session: self.session().clone(), idempotency_key: uuid::Uuid::new_v4(), spec };
+        let req = submit_request(self, kind, command)?;
         Ok(self.run_until(req, WaitFor::Start).await?.id)
     }
 
     async fn cluster_status(&self) -> anyhow::Result<ClusterStatus> {
         Ok(self.status(TIMEOUT).await?)
     }
+}
+
+/// A submit of one `kind` task running `command`, with a key of its own.
+fn submit_request(client: &Client, kind: &str, command: &str) -> anyhow::Result<SubmitRequest> {
+    let spec = TaskSpec { kind: kind.parse()?, ..TaskSpec::shell("", command) };
+    Ok(SubmitRequest { session: client.session().clone(), idempotency_key: uuid::Uuid::new_v4(), spec })
 }
 
 /// How many tasks the status counts in `status`.

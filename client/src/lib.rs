@@ -323,8 +323,10 @@ impl Client {
             let ApiResponse::Waited { finished, snapshot } = reply else {
                 return Err(unexpected("wait", reply));
             };
-            let reached = finished || until.reached(snapshot.status);
-            if reached || left.is_some_and(|l| l.is_zero()) || deadline.is_some_and(|d| Instant::now() >= d) {
+            if until.reached(snapshot.status)
+                || left.is_some_and(|l| l.is_zero())
+                || deadline.is_some_and(|d| Instant::now() >= d)
+            {
                 return Ok(Waited { finished, snapshot });
             }
         }

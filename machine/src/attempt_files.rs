@@ -327,17 +327,24 @@ impl AttemptFiles {
         let io = |source: io::Error| InputError::Io { path: path.clone(), source };
         nix::unistd::mkfifo(&path, nix::sys::stat::Mode::S_IRUSR | nix::sys::stat::Mode::S_IWUSR)
             .map_err(|e| io(e.into()))?;
-        // Read-write never blocks on a FIFO (Linux) and makes the shim both a
-        // reader and a writer of it for as long as it holds `keeper`.
-        let keeper = open_fifo(&path, OpenOptions::new().read(true).write(true), false)?;
-        let stdin = open_fifo(&path, OpenOptions::new().read(true), true)?;
-        let (k, s) = (keeper.metadata().map_err(io)?, stdin.metadata().map_err(io)?);
-        if (k.dev(), k.ino()) != (s.dev(), s.ino()) {
-            return Err(InputError::NotAFifo(path));
+        let opened = (|| {
+            // Read-write never blocks on a FIFO (Linux) and makes the shim both a
+            // reader and a writer of it for as long as it holds `keeper`.
+            let keeper = open_fifo(&path, OpenOptions::new().read(true).write(true), false)?;
+            let stdin = open_fifo(&path, OpenOptions::new().read(true), true)?;
+            let (k, s) = (keeper.metadata().map_err(io)?, stdin.metadata().map_err(io)?);
+            if (k.dev(), k.ino()) != (s.dev(), s.ino()) {
+                return Err(InputError::NotAFifo(path.clone()));
+            }
+            // The task reads with ordinary blocking reads.
+            fcntl(stdin.as_raw_fd(), FcntlArg::F_SETFL(OFlag::empty())).map_err(|e| io(e.into()))?;
+            Ok(InputFifo { keeper, stdin })
+        })();
+        // The FIFO made here is not left behind when it cannot be used.
+        if opened.is_err() {
+            let _ = fs::remove_file(&path);
         }
-        // The task reads with ordinary blocking reads.
-        fcntl(stdin.as_raw_fd(), FcntlArg::F_SETFL(OFlag::empty())).map_err(|e| io(e.into()))?;
-        Ok(InputFifo { keeper, stdin })
+        opened
     }
 
     /// For one delivery of input: opens the FIFO write-only without blocking.

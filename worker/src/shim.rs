@@ -121,20 +121,29 @@ pub fn run(args: &ShimArgs) -> i32 {
             return 1;
         }
     };
-    // Only an agent's shim makes an input pipe.
-    let agent = facts.grant.as_ref().is_some_and(|g| g.spec.kind == Kind::agent());
     let status = supervise(args, &layout, &files, facts.grant, &mut journal);
-    // Also when the task could not be spawned after its FIFO was created.
-    if agent {
-        if let Err(error) = files.remove_input() {
-            tracing::warn!(%error, "shim cannot remove the input pipe");
-        }
-    }
     match journal.write_status(&status) {
         Ok(()) => 0,
         Err(error) => {
             tracing::error!(%error, "shim cannot record the exit status");
             1
+        }
+    }
+}
+
+/// An agent's input pipe while its task may read it: held open (so the task
+/// never reads end-of-file and a sender finds a reader), and removed before
+/// it is let go, on every way out of [`supervise`] — a sender then finds no
+/// pipe and is told the task ended.
+struct HeldInput<'a> {
+    files: &'a AttemptFiles,
+    _keeper: std::fs::File,
+}
+
+impl Drop for HeldInput<'_> {
+    fn drop(&mut self) {
+        if let Err(error) = self.files.remove_input() {
+            tracing::warn!(%error, "shim cannot remove the input pipe");
         }
     }
 }
@@ -153,13 +162,15 @@ fn supervise(
     };
     // An agent's input: created before the task exists, held until it is
     // gone. Input kept for a resumed attempt is in it before the task reads.
-    let (_keeper, stdin) = if spec.kind == Kind::agent() {
+    let (input, stdin) = if spec.kind == Kind::agent() {
         match files.create_input() {
             Ok(InputFifo { mut keeper, stdin }) => {
-                if let Err(e) = write_kept_input(&mut keeper, &kept) {
+                let write = write_kept_input(&mut keeper, &kept);
+                let input = HeldInput { files, _keeper: keeper };
+                if let Err(e) = write {
                     return failed(format!("cannot write the input kept for the task: {e}"));
                 }
-                (Some(keeper), Some(OwnedFd::from(stdin)))
+                (Some(input), Some(OwnedFd::from(stdin)))
             }
             Err(e) => return failed(format!("cannot create the input pipe: {e}")),
         }
@@ -302,12 +313,8 @@ fn supervise(
         group.advance();
     }
     // Nobody reads the input any more: a sender now finds no pipe and is told
-    // the task ended (the FIFO goes before its keeper is let go).
-    if _keeper.is_some() {
-        if let Err(error) = files.remove_input() {
-            tracing::warn!(%error, "shim cannot remove the input pipe");
-        }
-    }
+    // the task ended.
+    drop(input);
     let (written, dropped, file_exists) = pump.finish();
     // The output file's data was synced by `finish`; its entry (created by
     // this attempt or an earlier one) needs the directory synced too. A

@@ -453,11 +453,10 @@ fn a_start_wait_is_answered_after_the_running_record_and_marks_nothing_reported(
 fn a_start_wait_is_answered_by_an_end_without_a_start_and_only_for_the_owner() {
     let mut h = Harness::new();
     let task = h.submit("alice", TaskSpec::shell("a", "true"));
-    let (_, reply) =
-        h.api(ApiRequest::Wait { session: s("bob"), task: task.clone(), timeout_ms: 5000, until: WaitFor::Start });
+    let wait = |who| ApiRequest::Wait { session: s(who), task: task.clone(), timeout_ms: 5000, until: WaitFor::Start };
+    let (_, reply) = h.api(wait("bob"));
     assert!(matches!(reply, Some(Err(ApiError::NotFound(_)))), "{reply:?}");
-    let (_, reply) =
-        h.api(ApiRequest::Wait { session: s("alice"), task: task.clone(), timeout_ms: 5000, until: WaitFor::Start });
+    let (_, reply) = h.api(wait("alice"));
     assert!(reply.is_none());
     h.heartbeat("w1", 1);
     let fx = h.report_effects("w1", &task, 1, completed());
