@@ -206,6 +206,9 @@ pub struct WorkerConfig {
     pub data_dir: Option<PathBuf>,
     /// Time between SIGTERM and SIGKILL when a task is ended.
     pub kill_grace_ms: u64,
+    /// How long a `Started` report waits for its attempt's end on a worker
+    /// starting attempts closer together than this (0: never).
+    pub started_hold_ms: u64,
     pub heartbeat_ms: u64,
     /// Output bytes kept per task; past it bytes are dropped and counted.
     pub output_cap: u64,
@@ -238,6 +241,7 @@ impl Default for WorkerConfig {
             slots: o.slots,
             data_dir: None,
             kill_grace_ms: ms(o.kill_grace),
+            started_hold_ms: ms(o.started_hold),
             heartbeat_ms: ms(o.heartbeat),
             output_cap: o.output_cap,
             kill_tasks_on_exit: o.kill_tasks_on_exit,
@@ -422,6 +426,10 @@ impl Validate for WorkerConfig {
         if self.heartbeat_ms < 50 {
             bail!("heartbeat_ms ({}) must be at least 50", self.heartbeat_ms);
         }
+        let most = ms(tenure_worker::reports::MAX_STARTED_HOLD);
+        if self.started_hold_ms > most {
+            bail!("started_hold_ms ({}) must be at most {most}", self.started_hold_ms);
+        }
         if self.output_cap == 0 {
             bail!("output_cap must be above 0");
         }
@@ -564,6 +572,8 @@ mod tests {
         assert!(parse::<CoordinatorConfig>("max_live_tasks = -1").is_err());
         let w: WorkerConfig = parse("id = 'w1'\ndata_dir = '/tmp/x'\nslots = 0").unwrap();
         assert!(w.validate().unwrap_err().to_string().contains("slots"));
+        let w: WorkerConfig = parse("id = 'w1'\ndata_dir = '/tmp/x'\nstarted_hold_ms = 10001").unwrap();
+        assert!(w.validate().unwrap_err().to_string().contains("started_hold_ms"));
         let w: WorkerConfig = parse("data_dir = '/tmp/x'").unwrap();
         assert!(w.validate().unwrap_err().to_string().contains("id is required"));
         let w: WorkerConfig = parse("id = 'w1'\ndata_dir = '/tmp/x'\nkinds = ['workflow']").unwrap();

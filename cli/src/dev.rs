@@ -138,6 +138,10 @@ pub async fn run(opts: DevOptions, shutdown: impl std::future::Future<Output = (
     }
     // One metrics address cannot serve every component of the cluster.
     cluster.remove_env("TENURE_METRICS_ADDR");
+    // The caller's log filter, when set, is every component's.
+    if let Some(filter) = std::env::var("RUST_LOG").ok().filter(|f| !f.is_empty()) {
+        cluster.set_env("RUST_LOG", &filter);
+    }
     let mut credentials = std::collections::BTreeMap::new();
     for identity in &identities {
         credentials.insert(identity.user.clone(), nats_auth::read_env_file(&identity.env_file(&creds))?);

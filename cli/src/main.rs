@@ -229,6 +229,11 @@ struct WorkerArgs {
     /// Time between SIGTERM and SIGKILL when a task is killed.
     #[arg(long, env = "TENURE_KILL_GRACE_MS", default_value_t = W.kill_grace_ms)]
     kill_grace_ms: u64,
+    /// On a worker starting tasks closer together than this, a task's start
+    /// is reported this much later, or with its end if it ends first (one
+    /// message and one registry write for both); 0 reports every start at once.
+    #[arg(long, env = "TENURE_STARTED_HOLD_MS", default_value_t = W.started_hold_ms)]
+    started_hold_ms: u64,
     #[arg(long, env = "TENURE_HEARTBEAT_MS", default_value_t = W.heartbeat_ms)]
     heartbeat_ms: u64,
     /// Output bytes kept per task; past it bytes are dropped and counted.
@@ -800,6 +805,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             let overrides = |cfg: &mut config::WorkerConfig| {
                 override_given!(sub, cfg, args, id, slots, data_dir, kill_grace_ms, heartbeat_ms, output_cap);
                 override_given!(sub, cfg, args, kill_tasks_on_exit, kinds, scratch_dir, run_as, no_cgroups);
+                override_given!(sub, cfg, args, started_hold_ms);
                 if config::given(sub, "labels") {
                     cfg.labels = args.labels.iter().cloned().collect();
                 }
@@ -811,6 +817,7 @@ async fn dispatch(cli: Cli, matches: &clap::ArgMatches, role: &str) -> anyhow::R
             opts.kinds = cfg.kinds.into_iter().collect::<std::collections::BTreeSet<_>>().into_iter().collect();
             opts.slots = cfg.slots;
             opts.kill_grace = Duration::from_millis(cfg.kill_grace_ms);
+            opts.started_hold = Duration::from_millis(cfg.started_hold_ms);
             opts.heartbeat = Duration::from_millis(cfg.heartbeat_ms);
             opts.output_cap = cfg.output_cap;
             opts.kill_tasks_on_exit = cfg.kill_tasks_on_exit;
@@ -910,6 +917,7 @@ mod tests {
         let flags = (w.slots, w.kill_grace_ms, w.heartbeat_ms, w.output_cap, w.kill_tasks_on_exit, w.kinds);
         assert_eq!(flags, (d.slots, d.kill_grace_ms, d.heartbeat_ms, d.output_cap, d.kill_tasks_on_exit, d.kinds));
         assert_eq!((flags.0, flags.1, flags.2), (4, 5000, 1000));
+        assert_eq!((w.started_hold_ms, d.started_hold_ms), (20, 20));
         assert_eq!(config::WORKER_KINDS_DEFAULT.as_str(), "shell,agent,monitor,noop,sleep");
         assert_eq!((w.no_cgroups, d.no_cgroups), (false, false), "cgroups are used where the host allows");
     }

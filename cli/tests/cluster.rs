@@ -341,3 +341,83 @@ fn a_kill_reason_is_kept_verbatim_and_outlives_the_leader() {
     let snap: serde_json::Value = serde_json::from_slice(&c.cli(&["get", &task, "--json"]).stdout).expect("json");
     assert_eq!(snap["kill_reason"], why, "{snap}");
 }
+
+/// Every report message w1 sends while `during` runs, each as the reports it
+/// carries (one alone, or a batch's in order).
+fn reports_of_w1(c: &Cluster, during: impl FnOnce()) -> Vec<Vec<tenure_protocol::messages::Report>> {
+    use futures::StreamExt;
+    use tenure_protocol::messages::{Report, Reports};
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let w1: tenure_protocol::WorkerId = "w1".parse().unwrap();
+    let (client, mut sub) = rt.block_on(async {
+        let client = async_nats::connect(&c.nats.url).await.unwrap();
+        let sub = client.subscribe(tenure_protocol::subjects::report(&w1)).await.unwrap();
+        client.flush().await.unwrap();
+        (client, sub)
+    });
+    during();
+    let mut messages = Vec::new();
+    rt.block_on(async {
+        while let Ok(Some(msg)) = tokio::time::timeout(Duration::from_secs(1), sub.next()).await {
+            let reports = match tenure_protocol::decode::<Reports>(&msg.payload) {
+                Ok(batch) => batch.reports,
+                Err(_) => vec![tenure_protocol::decode::<Report>(&msg.payload).unwrap()],
+            };
+            messages.push(reports);
+        }
+    });
+    drop(client);
+    messages
+}
+
+/// On a worker starting tasks close together, a start is held: a task that
+/// ends within the hold has its `Started` told just before its end, in the
+/// same message (so it is still seen to start), and one that runs on is seen
+/// running once its hold passed, told alone.
+#[test]
+fn a_start_close_to_another_is_told_with_its_end_or_alone_once_its_hold_passed() {
+    use tenure_protocol::messages::ReportEvent;
+    let mut c = Cluster::start(0);
+    c.spawn_sidecar("w1");
+    c.spawn_worker("w1", &["--started-hold-ms", "10000"]);
+    c.wait_workers(1);
+    let (mut first, mut short, mut long) = (String::new(), String::new(), String::new());
+    let messages = reports_of_w1(&c, || {
+        // The worker's first start: nothing to wait for.
+        first = c.submit(&["--", "sleep 60"]);
+        c.wait_status(&first, "running", BOUND);
+        // Within the hold of the first: held, and over long before it passes.
+        short = c.submit(&["--", "true"]);
+        c.wait_status(&short, "completed", BOUND);
+        // Within the hold of the second: held, then told alone while it runs.
+        long = c.submit(&["--", "sleep 60"]);
+        c.wait_status(&long, "running", BOUND);
+    });
+    let of = |task: &str, started: bool| {
+        let id: tenure_protocol::TaskId = task.parse().unwrap();
+        messages
+            .iter()
+            .position(|m| m.iter().any(|r| r.task == id && matches!(r.event, ReportEvent::Started { .. }) == started))
+            .unwrap_or_else(|| panic!("no report of {task} (started: {started}) in {messages:?}"))
+    };
+    let events = |i: usize| messages[i].iter().map(|r| (r.task.to_string(), r.event.name())).collect::<Vec<_>>();
+    // The short task's start and end travel together, in that order.
+    let together = of(&short, true);
+    assert_eq!(of(&short, false), together, "{messages:?}");
+    let pair = events(together);
+    let at = pair.iter().position(|e| *e == (short.clone(), "started")).unwrap();
+    assert_eq!(pair.get(at + 1), Some(&(short.clone(), "finished")), "{pair:?}");
+    // The others' starts went without an end of theirs, the first before
+    // the short task's, the long one's after it.
+    assert!(of(&first, true) < together && together < of(&long, true), "{messages:?}");
+    for task in [&first, &long] {
+        assert!(events(of(task, true)).iter().all(|(t, e)| t != task || *e == "started"), "{messages:?}");
+    }
+    // Seen to start: it has a start time, and `wait --started` says so.
+    let snap = c.snapshot(&short);
+    assert!(snap["started_at_ms"].as_u64().is_some(), "{snap}");
+    assert!(c.cli(&["wait", "--started", &short]).status.success());
+    for task in [&first, &long] {
+        assert!(c.cli(&["kill", task]).status.success());
+    }
+}

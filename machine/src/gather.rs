@@ -97,6 +97,16 @@ impl<S: Exchange> Gather<S> {
     /// caller's exchange (an idle caller's own exchange carries only its
     /// call).
     pub async fn call(&self, item: S::Item, wait: Duration) -> Option<S::Answer> {
+        self.call_together(vec![item], wait).await.pop().flatten()
+    }
+
+    /// Sends `items` as [`Gather::call`] sends one, but together: in one
+    /// exchange, in the order given, when they fit its limits (on an idle
+    /// sender, as one batch of their own). Each answer, or `None` when it
+    /// did not come within `wait`.
+    pub async fn call_together(&self, items: Vec<S::Item>, wait: Duration) -> Vec<Option<S::Answer>> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let count = items.len();
         let alone = {
             let mut q = self.inner.queue();
             let idle = q.exchanges == 0 && q.waiting.is_empty();
@@ -105,15 +115,35 @@ impl<S: Exchange> Gather<S> {
         };
         if alone {
             let _exchange = Alone(&self.inner);
-            return match tokio::time::timeout(wait, self.inner.sender.send(vec![item])).await.ok()? {
-                Sent::Answered(answers) => answers.into_iter().next(),
-                Sent::Unread(_) => None,
+            let sent = tokio::time::timeout_at(deadline, self.inner.sender.send(items)).await;
+            let answers = match sent {
+                Ok(Sent::Answered(answers)) => answers.into_iter().map(Some).collect(),
+                // A batch the receiver could not read: each item again, alone, in order.
+                Ok(Sent::Unread(items)) => {
+                    let mut answers = Vec::with_capacity(count);
+                    for item in items {
+                        let sent = tokio::time::timeout_at(deadline, self.inner.sender.send(vec![item])).await;
+                        answers.push(match sent {
+                            Ok(Sent::Answered(answer)) => answer.into_iter().next(),
+                            Ok(Sent::Unread(_)) | Err(_) => None,
+                        });
+                    }
+                    answers
+                }
+                Err(_) => Vec::new(),
             };
+            return padded(answers, count);
         }
-        let (answer, answered) = oneshot::channel();
+        let (waiters, answered): (Vec<_>, Vec<_>) = items
+            .into_iter()
+            .map(|item| {
+                let (answer, answered) = oneshot::channel();
+                (Waiter { item, alone: false, answer }, answered)
+            })
+            .unzip();
         let start = {
             let mut q = self.inner.queue();
-            q.waiting.push_back(Waiter { item, alone: false, answer });
+            q.waiting.extend(waiters);
             let start = q.exchanges < MAX_EXCHANGES;
             q.exchanges += usize::from(start);
             start
@@ -121,8 +151,20 @@ impl<S: Exchange> Gather<S> {
         if start {
             tokio::spawn(run(self.inner.clone()));
         }
-        tokio::time::timeout(wait, answered).await.ok()?.ok()
+        let mut answers = Vec::with_capacity(count);
+        for answered in answered {
+            answers.push(tokio::time::timeout_at(deadline, answered).await.ok().and_then(Result::ok));
+        }
+        answers
     }
+}
+
+/// `count` answers: those given, then `None` for each missing one.
+fn padded<A>(answers: Vec<Option<A>>, count: usize) -> Vec<Option<A>> {
+    let mut answers = answers;
+    answers.truncate(count);
+    answers.resize_with(count, || None);
+    answers
 }
 
 /// An idle caller's own exchange: when it ends (or its caller gives up),
@@ -309,5 +351,32 @@ mod tests {
         let sent: Vec<u32> = g.sender().sent.lock().unwrap().concat();
         assert!(!sent.contains(&3), "{sent:?}");
         assert!(sent.contains(&4), "{sent:?}");
+    }
+
+    #[tokio::test]
+    async fn calls_made_together_travel_in_one_exchange_idle_or_busy() {
+        let g = echo(true);
+        // Idle: the two are one batch of their own, not one alone and the
+        // other after it.
+        assert_eq!(g.call_together(vec![1, 2], WAIT).await, [Some(10), Some(20)]);
+        // Busy (two exchanges carry 3 and 4): the pair waits and leaves
+        // together, in its order, with what was made before it.
+        let (a, b, pair) = tokio::join!(g.call(3, WAIT), g.call(4, WAIT), g.call_together(vec![6, 5], WAIT));
+        assert_eq!((a, b), (Some(30), Some(40)));
+        assert_eq!(pair, [Some(60), Some(50)]);
+        let sent = g.sender().sent.lock().unwrap().clone();
+        assert_eq!(sent, [vec![1, 2], vec![3], vec![4, 6, 5]]);
+    }
+
+    #[tokio::test]
+    async fn calls_together_that_cannot_be_read_as_a_batch_go_one_by_one_in_order() {
+        let g = echo(true);
+        g.sender().unreadable.store(true, Ordering::SeqCst);
+        assert_eq!(g.call_together(vec![1, 2, 3], WAIT).await, [Some(10), Some(20), Some(30)]);
+        let sent = g.sender().sent.lock().unwrap().clone();
+        assert_eq!(sent, [vec![1, 2, 3], vec![1], vec![2], vec![3]]);
+        // A caller that gives up gets `None` for each.
+        let held = echo(false);
+        assert_eq!(held.call_together(vec![1, 2], Duration::from_millis(20)).await, [None, None]);
     }
 }

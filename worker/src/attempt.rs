@@ -33,6 +33,7 @@ use crate::core::{Action, Config, Done, Key, Worker};
 use crate::launcher::{LaunchError, Launched, Launcher};
 use crate::options::Options;
 use crate::process;
+use crate::reports::StartedPace;
 use crate::shim::ShimArgs;
 use tenure_machine::attempt_files::{group_in_session, AttemptFiles, ProcessId, ShimStatus};
 use tenure_machine::evidence::{settle, Settled as Evidence};
@@ -43,11 +44,13 @@ use tenure_machine::evidence::{settle, Settled as Evidence};
 pub(crate) struct State {
     pub core: Worker,
     kills: HashMap<Key, Arc<Notify>>,
+    /// When the next `Started` report leaves.
+    started: StartedPace,
 }
 
 impl State {
-    pub fn new(config: Config) -> State {
-        State { core: Worker::new(config), kills: HashMap::new() }
+    pub fn new(config: Config, started_hold: Duration) -> State {
+        State { core: Worker::new(config), kills: HashMap::new(), started: StartedPace::new(started_hold) }
     }
 
     /// The kill handle of an attempt being driven.
@@ -200,7 +203,7 @@ impl Shim {
 /// feeds the result back, until the core no longer holds it. Every decision
 /// is the core's ([`crate::core::Worker::advance`]); this only does IO.
 pub(crate) async fn drive(shared: Arc<Shared>, key: Key, kill: Arc<Notify>) {
-    let mut local = Local { shim: None, reporter: None, report_delay: None };
+    let mut local = Local::default();
     loop {
         let Some((action, grant)) = shared.state().next(&key) else { break };
         let done = perform(&shared, &key, grant.as_deref(), action, &mut local, &kill).await;
@@ -215,20 +218,43 @@ pub(crate) async fn drive(shared: Arc<Shared>, key: Key, kill: Arc<Notify>) {
             break;
         }
     }
-    if let Some(reporter) = local.reporter.take() {
-        reporter.abort();
-    }
+    local.attempt_ended();
 }
 
 /// What the driver keeps for one attempt between actions: the things that
 /// are not facts (a pidfd, a task, a retry delay).
+#[derive(Default)]
 struct Local {
     /// The shim this process launched (with its pidfd).
     shim: Option<Shim>,
-    /// The `Started` report, sent from the spawn until the attempt ends.
-    reporter: Option<tokio::task::JoinHandle<ReportAck>>,
+    /// The `Started` report, held or sent from the launch until the attempt
+    /// ends ([`report_started`]).
+    started: Option<StartReport>,
+    /// The pid of a start the leader has not acknowledged when the attempt
+    /// ended: its `Started` goes with the end report, just before it.
+    untold_start: Option<i32>,
     /// Set after a report went unanswered: wait this long before re-sending.
     report_delay: Option<Duration>,
+}
+
+/// An attempt's `Started` report on its way, in a task of its own.
+struct StartReport {
+    pid: i32,
+    task: tokio::task::JoinHandle<ReportAck>,
+}
+
+impl Local {
+    /// The attempt ended: a `Started` report still held, or sent and not
+    /// acknowledged, stops, and the start is told with the end instead (a
+    /// leader that already has it acknowledges it again, as any repeat).
+    fn attempt_ended(&mut self) {
+        if let Some(started) = self.started.take() {
+            if !started.task.is_finished() {
+                self.untold_start = Some(started.pid);
+            }
+            started.task.abort();
+        }
+    }
 }
 
 async fn perform(
@@ -263,19 +289,14 @@ async fn perform(
         Action::Launch { epoch, .. } => {
             let Some(grant) = grant else { return Done::NotStarted("the attempt's grant is unknown".into()) };
             if let Some(builtin) = Builtin::of(&grant.spec.kind) {
-                return Done::Ended(Evidence::Exited(run_builtin(shared, builtin, grant, epoch, kill).await));
+                return Done::Ended(Evidence::Exited(run_builtin(shared, builtin, grant, epoch, kill, local).await));
             }
             match start_shim(shared, grant, &files()).await {
                 Ok(launched) => {
                     let pid = launched.id.pid;
                     tracing::debug!(task = %task, attempt = %attempt, shim = pid, "shim started");
                     local.shim = Some(Shim::new(launched.id, launched.pidfd));
-                    // Reported at once; the watch supersedes a report still
-                    // being retried when the attempt ends.
-                    let (shared, task) = (shared.clone(), task.clone());
-                    local.reporter = Some(tokio::spawn(async move {
-                        report_until_acked(&shared, &task, attempt, epoch, ReportEvent::Started { pid }).await
-                    }));
+                    local.started = Some(report_started(shared, task, attempt, epoch, pid));
                     Done::Launched(pid)
                 }
                 Err(LaunchError::NotStarted(detail)) => Done::NotStarted(detail),
@@ -296,11 +317,9 @@ async fn perform(
                 Some(shim) => watch(shared, grant, &files, shim, kill).await,
                 None => evidence(shared, &files, false, None).await,
             };
-            // Nothing waits on the network before the outcome is buffered; the
-            // final report supersedes a started report still being retried.
-            if let Some(reporter) = local.reporter.take() {
-                reporter.abort();
-            }
+            // Nothing waits on the network before the outcome is buffered; a
+            // start not acknowledged yet is told with the end.
+            local.attempt_ended();
             Done::Ended(settled)
         }
         Action::Seek { .. } => Done::Ended(unseen_shim(shared, grant, &files(), kill).await),
@@ -312,8 +331,11 @@ async fn perform(
                 tokio::time::sleep(delay).await;
             }
             let finished = matches!(event, ReportEvent::Finished(_));
-            let (ack, settles) = report_judged(shared, task, attempt, epoch, event).await;
+            let (ack, settles) = report_judged(shared, task, attempt, epoch, local.untold_start, event).await;
             local.report_delay = (!settles).then(|| next_report_delay(local.report_delay));
+            if settles {
+                local.untold_start = None;
+            }
             if settles && finished {
                 crash_point("after-report");
             }
@@ -353,19 +375,14 @@ async fn run_builtin(
     grant: &LeaseGrant,
     epoch: Epoch,
     kill: &Notify,
+    local: &mut Local,
 ) -> Outcome {
-    let (task, attempt) = (grant.task.clone(), grant.attempt);
-    let reporter = (builtin != Builtin::Noop).then(|| {
+    if builtin != Builtin::Noop {
         let pid = i32::try_from(std::process::id()).unwrap_or(0);
-        let shared = shared.clone();
-        tokio::spawn(
-            async move { report_until_acked(&shared, &task, attempt, epoch, ReportEvent::Started { pid }).await },
-        )
-    });
-    let outcome = builtin.run(&grant.spec, kill).await;
-    if let Some(reporter) = reporter {
-        reporter.abort();
+        local.started = Some(report_started(shared, &grant.task, grant.attempt, epoch, pid));
     }
+    let outcome = builtin.run(&grant.spec, kill).await;
+    local.attempt_ended();
     outcome
 }
 
@@ -515,7 +532,7 @@ impl MatchForwarder {
             let event = ReportEvent::Matched(lines);
             let ack = match insist {
                 true => Some(report_until_acked(shared, task, attempt, epoch, event).await),
-                false => report_once(shared, task, attempt, epoch, event).await,
+                false => report_once(shared, task, attempt, epoch, None, event).await,
             };
             match ack {
                 Some(ReportAck::Ack) => self.pos = next,
@@ -638,7 +655,7 @@ pub(crate) async fn report_until_acked(
 ) -> ReportAck {
     let mut delay = None;
     loop {
-        let (ack, settles) = report_judged(shared, task, attempt, epoch, event.clone()).await;
+        let (ack, settles) = report_judged(shared, task, attempt, epoch, None, event.clone()).await;
         if settles {
             return ack;
         }
@@ -648,21 +665,39 @@ pub(crate) async fn report_until_acked(
     }
 }
 
+/// Reports an attempt's start until the leader settles it, in a task of its
+/// own that the attempt's end stops ([`Local::attempt_ended`]): after the
+/// hold [`StartedPace`] gives it, so that an attempt ending within the hold
+/// has its start told with its end, in one message.
+fn report_started(shared: &Arc<Shared>, task: &TaskId, attempt: Attempt, epoch: Epoch, pid: i32) -> StartReport {
+    let hold = shared.state().started.hold(std::time::Instant::now());
+    let (shared, task) = (shared.clone(), task.clone());
+    let task = tokio::spawn(async move {
+        if !hold.is_zero() {
+            tokio::time::sleep(hold).await;
+        }
+        report_until_acked(&shared, &task, attempt, epoch, ReportEvent::Started { pid }).await
+    });
+    StartReport { pid, task }
+}
+
 /// The pause before a report is sent again: 50 ms, doubling up to 1 s.
 fn next_report_delay(last: Option<Duration>) -> Duration {
     last.map_or(Duration::from_millis(50), |d| (d * 2).min(Duration::from_secs(1)))
 }
 
-/// Sends a report once and judges its answer: whether it settles the report
-/// (no answer counts as `NotLeader`: retry), saying so for a stale one.
+/// Sends a report once (after the `Started` of `start`, when given, in the
+/// same message) and judges its answer: whether it settles the report (no
+/// answer counts as `NotLeader`: retry), saying so for a stale one.
 async fn report_judged(
     shared: &Shared,
     task: &TaskId,
     attempt: Attempt,
     epoch: Epoch,
+    start: Option<i32>,
     event: ReportEvent,
 ) -> (ReportAck, bool) {
-    let ack = report_once(shared, task, attempt, epoch, event).await.unwrap_or(ReportAck::NotLeader);
+    let ack = report_once(shared, task, attempt, epoch, start, event).await.unwrap_or(ReportAck::NotLeader);
     let settles = shared.state().core.settles(&ack, epoch);
     match ack {
         ReportAck::Stale | ReportAck::StaleAt { .. } if settles => {
@@ -677,20 +712,24 @@ async fn report_judged(
     (ack, settles)
 }
 
-/// Sends a report once; `None` when no leader answered.
+/// Sends a report once, after the `Started` of `start` when given (in one
+/// message); `None` when no leader answered `event`'s.
 async fn report_once(
     shared: &Shared,
     task: &TaskId,
     attempt: Attempt,
     epoch: Epoch,
+    start: Option<i32>,
     event: ReportEvent,
 ) -> Option<ReportAck> {
-    let report = tenure_protocol::messages::Report {
+    let epoch = shared.state().core.epoch_seen().max(epoch);
+    let report = |event| tenure_protocol::messages::Report {
         worker: shared.opts.id.clone(),
         task: task.clone(),
         attempt,
-        epoch: shared.state().core.epoch_seen().max(epoch),
+        epoch,
         event,
     };
-    crate::reports::send(&shared.reports, report).await
+    let started = start.map(|pid| report(ReportEvent::Started { pid }));
+    crate::reports::send(&shared.reports, started.into_iter().chain([report(event)]).collect()).await
 }

@@ -104,7 +104,10 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
         reports: crate::reports::reporter(client.clone(), opts.id.clone()),
         task_nats: crate::sandbox::servers_for_tasks(&opts.nats.servers),
         cgroups,
-        state: Mutex::new(State::new(Config { slots: opts.slots, kinds: opts.kinds.clone(), enforces })),
+        state: Mutex::new(State::new(
+            Config { slots: opts.slots, kinds: opts.kinds.clone(), enforces },
+            opts.started_hold,
+        )),
         opts,
     });
     crate::recovery::recover(&shared).await;

@@ -19,7 +19,7 @@ mod metrics;
 mod options;
 pub mod process;
 mod recovery;
-mod reports;
+pub mod reports;
 pub mod sandbox;
 pub mod shim;
 mod waiting;

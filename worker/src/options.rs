@@ -26,6 +26,10 @@ pub struct Options {
     pub heartbeat: Duration,
     /// Time between SIGTERM and SIGKILL when a task's group is ended.
     pub kill_grace: Duration,
+    /// How long a `Started` report waits for its attempt's end on a worker
+    /// starting attempts closer together than this ([`crate::reports`]);
+    /// zero reports every start at once.
+    pub started_hold: Duration,
     /// The `tenure` binary: its `shim-launcher`, or the same build's
     /// `tenure-shim` beside it, forks each attempt's shim
     /// ([`crate::launcher`]).
@@ -59,6 +63,7 @@ impl Options {
             kinds: ["shell", "agent", "monitor", "noop", "sleep"].iter().filter_map(|k| k.parse().ok()).collect(),
             heartbeat: Duration::from_millis(1000),
             kill_grace: Duration::from_secs(5),
+            started_hold: crate::reports::STARTED_HOLD,
             shim_program: PathBuf::from("tenure"),
             output_cap: crate::shim::DEFAULT_OUTPUT_CAP,
             kill_tasks_on_exit: false,
