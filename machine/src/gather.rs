@@ -160,8 +160,7 @@ impl<S: Exchange> Gather<S> {
 }
 
 /// `count` answers: those given, then `None` for each missing one.
-fn padded<A>(answers: Vec<Option<A>>, count: usize) -> Vec<Option<A>> {
-    let mut answers = answers;
+fn padded<A>(mut answers: Vec<Option<A>>, count: usize) -> Vec<Option<A>> {
     answers.truncate(count);
     answers.resize_with(count, || None);
     answers

@@ -177,8 +177,10 @@ async def drive_every_tool(s: Session) -> None:
     waited = await s.ok("wait_task", task=agent, timeout_ms=30000)
     assert waited["task"]["status"] == "killed" and waited["task"]["kill_reason"] == "done with it", waited
     # The letters may have ended before the wait (then start_task's own result
-    # told it, once); the agent ended after its stop, which reported it.
-    assert s.told.count(task) <= 1 and agent not in s.told, f"told again: {s.told}"
+    # told it, once). So may the agent: its end races the wait after the stop
+    # (a wait registered first reports it, and then it is never pushed; an end
+    # that comes first is pushed, once). Either way each is told at most once.
+    assert s.told.count(task) <= 1 and s.told.count(agent) <= 1, f"told again: {s.told}"
 
 
 async def refusals(s: Session, foreign: str) -> None:
