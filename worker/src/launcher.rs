@@ -327,6 +327,8 @@ pub fn serve(data_dir: &std::path::Path) -> i32 {
     // machine each `cpuid` traps, and each shim would ask again).
     #[cfg(target_arch = "x86_64")]
     let _ = std::arch::is_x86_feature_detected!("pclmulqdq");
+    // The shims' log span, registered here once (see `shim::span`).
+    drop(shim::span("-", "-"));
     // Every shim's stdin and stdout, opened once for all of them.
     let null = match std::fs::File::open("/dev/null") {
         Ok(f) => f,

@@ -102,7 +102,7 @@ pub struct ShimArgs {
 /// signalfd (SIGCHLD, SIGTERM) drives everything, because it runs once per
 /// attempt and every page it touches after its fork is a copy.
 pub fn run(args: &ShimArgs) -> i32 {
-    let _span = tracing::info_span!("shim", task = %args.task, attempt = %args.attempt).entered();
+    let _span = span(&args.task, args.attempt).entered();
     // A new session: the worker's death, its terminal, or a signal to its
     // process group never reaches the shim.
     let _ = nix::unistd::setsid();
@@ -129,6 +129,14 @@ pub fn run(args: &ShimArgs) -> i32 {
             1
         }
     }
+}
+
+/// The span every line of a shim is logged in. The launcher makes one before
+/// it forks any shim ([`crate::launcher::serve`]), so that each shim finds
+/// its place registered with the log subscriber instead of registering it
+/// again after its fork (in every page it touches, a copy).
+pub fn span(task: impl std::fmt::Display, attempt: impl std::fmt::Display) -> tracing::Span {
+    tracing::info_span!("shim", task = %task, attempt = %attempt)
 }
 
 /// An agent's input pipe while its task may read it: held open (so the task
