@@ -403,7 +403,11 @@ fn fork_shim(args: &ShimArgs, null: &std::fs::File) -> (Reply, Option<OwnedFd>) 
             // branch never returns, so nothing closes it again).
             let _ = nix::unistd::close(fd);
             let code = if redirected { shim::run(args) } else { 1 };
-            std::process::exit(code)
+            // Straight out: the shim holds no buffered output (its log lines
+            // are written as they are made, stdout is /dev/null) and nothing
+            // of the launcher's exit handlers is its to run.
+            // SAFETY: `_exit` ends the process at once; nothing runs after it.
+            unsafe { nix::libc::_exit(code) }
         }
         Ok(nix::unistd::ForkResult::Parent { child }) => {
             let pid = child.as_raw();
