@@ -211,10 +211,7 @@ fn sends_that_cannot_be_delivered_are_refused_clearly() {
 /// worker advertises is refused at submit.
 #[test]
 fn an_agent_task_is_refused_while_no_worker_runs_agents() {
-    let mut c = Cluster::start(0);
-    c.spawn_sidecar("w1");
-    c.spawn_worker("w1", &["--kinds", "shell"]);
-    c.wait_workers(1);
+    let c = Cluster::start_with_worker(&["--kinds", "shell"]);
     let out = c.cli(&["submit", "--kind", "agent", "--", ECHO_AGENT]);
     assert!(!out.status.success(), "{}", stdout(&out));
     assert!(

@@ -229,10 +229,7 @@ fn a_worker_without_cgroups_says_so_and_refuses_limits() {
         eprintln!("skipped: {why}");
         return;
     }
-    let mut c = Cluster::start(0);
-    c.spawn_sidecar("w1");
-    c.spawn_worker("w1", &["--no-cgroups"]);
-    c.wait_workers(1);
+    let c = Cluster::start_with_worker(&["--no-cgroups"]);
     let status = cli_ok(&c, &["status", "--once"]);
     let row = status.lines().find(|l| l.starts_with("w1 ")).unwrap_or_default();
     assert!(row.contains(" none "), "{status}");

@@ -377,10 +377,7 @@ fn reports_of_w1(c: &Cluster, during: impl FnOnce()) -> Vec<Vec<tenure_protocol:
 #[test]
 fn a_start_close_to_another_is_told_with_its_end_or_alone_once_its_hold_passed() {
     use tenure_protocol::messages::ReportEvent;
-    let mut c = Cluster::start(0);
-    c.spawn_sidecar("w1");
-    c.spawn_worker("w1", &["--started-hold-ms", "10000"]);
-    c.wait_workers(1);
+    let c = Cluster::start_with_worker(&["--started-hold-ms", "10000"]);
     let (mut first, mut short, mut long) = (String::new(), String::new(), String::new());
     let messages = reports_of_w1(&c, || {
         // The worker's first start: nothing to wait for.

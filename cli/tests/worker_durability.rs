@@ -193,10 +193,7 @@ fn without_its_sidecar_a_worker_starts_nothing_but_keeps_running_tasks() {
 /// a symlink planted at the output path is refused, its target untouched.
 #[test]
 fn output_is_capped_and_symlinks_are_refused() {
-    let mut c = Cluster::start(0);
-    c.spawn_sidecar("w1");
-    c.spawn_worker("w1", &["--output-cap", "1000"]);
-    c.wait_workers(1);
+    let c = Cluster::start_with_worker(&["--output-cap", "1000"]);
     let task = c.submit(&["--", "head -c 50000 /dev/zero | tr '\\0' x; echo"]);
     let snap = c.wait_status(&task, "completed", BOUND);
     assert_eq!(snap["output_dropped"].as_u64(), Some(50001 - 1000));
@@ -466,16 +463,24 @@ fn shim_launcher(worker: i32) -> Option<i32> {
     })
 }
 
+/// A cluster of one worker running `command` as a task, once it runs: the
+/// cluster, the task, the worker's pid and its shim launcher's.
+fn running_under_a_launcher(command: &str) -> (Cluster, String, i32, i32) {
+    let mut c = Cluster::start(1);
+    let task = c.submit(&["--", command]);
+    c.wait_status(&task, "running", BOUND);
+    let worker = c.daemon("worker-w1").last_pid().expect("started");
+    let launcher = eventually(BOUND, || shim_launcher(worker)).expect("the worker runs a shim launcher");
+    (c, task, worker, launcher)
+}
+
 /// Mid-run, the process that forks shims is killed. Running tasks never
 /// depended on it: they finish under their shims and are reported once; the
 /// worker starts another launcher for the next task.
 #[test]
 fn a_killed_shim_launcher_is_replaced_and_running_tasks_go_on() {
-    let mut c = Cluster::start(1);
-    let task = c.submit(&["--", "for i in $(seq 1 10); do echo tick-$i; sleep 0.1; done"]);
-    c.wait_status(&task, "running", BOUND);
-    let worker = c.daemon("worker-w1").last_pid().expect("started");
-    let launcher = eventually(BOUND, || shim_launcher(worker)).expect("the worker runs a shim launcher");
+    let (c, task, worker, launcher) =
+        running_under_a_launcher("for i in $(seq 1 10); do echo tick-$i; sleep 0.1; done");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher), nix::sys::signal::Signal::SIGKILL).unwrap();
 
     let snap = c.wait_status(&task, "completed", BOUND);
@@ -495,12 +500,8 @@ fn a_killed_shim_launcher_is_replaced_and_running_tasks_go_on() {
 /// under it like under `tenure shim-launcher`.
 #[test]
 fn shims_are_forked_from_the_small_program_beside_tenure() {
-    let mut c = Cluster::start(1);
-    let task = c.submit(&["--", "sleep 60"]);
-    c.wait_status(&task, "running", BOUND);
-    let worker = c.daemon("worker-w1").last_pid().expect("started");
+    let (mut c, task, _, launcher) = running_under_a_launcher("sleep 60");
     let exe = |pid: i32| std::fs::read_link(format!("/proc/{pid}/exe")).expect("a live process");
-    let launcher = eventually(BOUND, || shim_launcher(worker)).expect("the worker runs a shim launcher");
     for pid in [launcher, shim_pid(&c, &task)] {
         assert_eq!(exe(pid).file_name().and_then(|n| n.to_str()), Some("tenure-shim"), "process {pid}");
     }

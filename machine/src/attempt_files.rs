@@ -156,7 +156,11 @@ impl AttemptFiles {
     /// Starts the journal with the grant, durably (the journal and the
     /// directory that names it are fsynced).
     pub fn write_grant(&self, grant: &LeaseGrant) -> io::Result<()> {
-        self.append(&Entry::Grant(Box::new(grant.clone())), Sync::FileAndDir)
+        let mut file = self.open_journal(false)?;
+        let before = file.metadata()?.len();
+        write_entry(&mut file, before, &Entry::Grant(Box::new(grant.clone())))?;
+        file.sync_all()?;
+        crate::layout::sync_dir(self.names_dir())
     }
 
     pub fn read_grant(&self) -> io::Result<LeaseGrant> {
@@ -165,8 +169,10 @@ impl AttemptFiles {
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no readable grant in the attempt's journal"))
     }
 
+    /// [`ShimJournal::write_shim`] in one call, for a writer that is not
+    /// the attempt's shim (which holds its journal open): tests and tools.
     pub fn write_shim(&self, id: ProcessId) -> io::Result<()> {
-        self.append(&Entry::Shim { pid: id.pid, start_time: id.start_time }, Sync::No)
+        self.open_for_shim()?.0.write_shim(id)
     }
 
     /// The recorded shim, if its entry exists and is readable.
@@ -174,8 +180,9 @@ impl AttemptFiles {
         self.journal().ok()?.shim
     }
 
+    /// [`ShimJournal::write_pgid`] in one call (see [`AttemptFiles::write_shim`]).
     pub fn write_pgid(&self, pgid: i32) -> io::Result<()> {
-        self.append(&Entry::Pgid(pgid), Sync::No)
+        self.open_for_shim()?.0.write_pgid(pgid)
     }
 
     pub fn pgid(&self) -> Option<i32> {
@@ -225,9 +232,9 @@ impl AttemptFiles {
         self.path(PAUSE_REQUESTED).exists()
     }
 
-    /// Records the exit evidence, durably.
+    /// [`ShimJournal::write_status`] in one call (see [`AttemptFiles::write_shim`]).
     pub fn write_status(&self, status: &ShimStatus) -> io::Result<()> {
-        self.append(&Entry::Status(status.clone()), Sync::Data)
+        self.open_for_shim()?.0.write_status(status)
     }
 
     /// The exit evidence, if complete and readable.
@@ -253,22 +260,6 @@ impl AttemptFiles {
             .mode(0o600)
             .custom_flags(nix::libc::O_NOFOLLOW)
             .open(self.journal_path())
-    }
-
-    /// Appends one entry ([`write_entry`]), synced as asked.
-    fn append(&self, entry: &Entry, sync: Sync) -> io::Result<()> {
-        let mut file = self.open_journal(false)?;
-        let before = file.metadata()?.len();
-        write_entry(&mut file, before, entry)?;
-        match sync {
-            Sync::No => {}
-            Sync::Data => file.sync_data()?,
-            Sync::FileAndDir => {
-                file.sync_all()?;
-                File::open(self.names_dir())?.sync_all()?;
-            }
-        }
-        Ok(())
     }
 
     /// The journal for the attempt's shim, which appends every entry after
@@ -514,13 +505,6 @@ enum Entry {
     },
     Pgid(i32),
     Status(ShimStatus),
-}
-
-/// How far an append is made durable.
-enum Sync {
-    No,
-    Data,
-    FileAndDir,
 }
 
 /// Length and CRC-32 before each journal entry.

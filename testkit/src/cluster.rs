@@ -227,6 +227,16 @@ impl Cluster {
         c
     }
 
+    /// nats-server, one coordinator, and worker `w1` with its sidecar, the
+    /// worker started with the extra `flags`.
+    pub fn start_with_worker(flags: &[&str]) -> Cluster {
+        let mut c = Cluster::start(0);
+        c.spawn_sidecar("w1");
+        c.spawn_worker("w1", flags);
+        c.wait_workers(1);
+        c
+    }
+
     pub fn worker_dir(&self, id: &str) -> PathBuf {
         tenure_launch::daemon::machine_dir(self.dir.path(), id)
     }

@@ -96,8 +96,9 @@ pub enum Action {
     Sidecar(SidecarRequest),
     /// Start the attempt ([`Step::Launch`]) under `epoch` (what its reports
     /// carry); `kill` when a kill is pending. A shim that starts is reported
-    /// `Started { pid }` at once, until the attempt ends or the report is
-    /// answered; nothing is recorded in the sidecar for it (the attempt's
+    /// `Started { pid }` (at once, or after the hold of a busy worker, and
+    /// with the end report when it was not answered by then:
+    /// [`crate::reports::StartedPace`]); nothing is recorded in the sidecar for it (the attempt's
     /// journal names the shim, and recovery settles an attempt at `intent`
     /// from it: durability note a16).
     Launch { kill: bool, epoch: Epoch },

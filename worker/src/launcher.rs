@@ -227,20 +227,16 @@ impl Choice {
 }
 
 /// Looks for `tenure-shim` beside `tenure` (the worker's own binary, its
-/// real path) and asks it which build it is. Run once at the worker's
-/// start: an upgrade that replaced one of the two binaries and not the
-/// other falls back to `tenure shim-launcher` instead of speaking a
-/// protocol the launcher may not share.
+/// real path) and asks it which build it is. Run at every launcher start:
+/// an upgrade that replaced one of the two binaries and not the other falls
+/// back to `tenure shim-launcher` instead of speaking a protocol the
+/// launcher may not share.
 pub fn choose_program(tenure: &Path) -> Choice {
-    choose_within(tenure, PROBE_BOUND)
-}
-
-fn choose_within(tenure: &Path, bound: Duration) -> Choice {
     let small = tenure.with_file_name(SMALL_PROGRAM);
     if !small.exists() {
         return Choice::Absent;
     }
-    match identify(&small, bound) {
+    match identify(&small, PROBE_BOUND) {
         Ok(said) if said == IDENTITY => Choice::Small(small),
         Ok(said) => Choice::Unusable(format!("{} is {said:?}, not {IDENTITY:?}", small.display())),
         Err(reason) => Choice::Unusable(format!("{} --version: {reason}", small.display())),
