@@ -219,20 +219,32 @@ pub fn cpu_ms(pid: i32) -> (f64, f64) {
     (((f[0] + f[1]) as f64) * 1000.0 / hz, ((f[2] + f[3]) as f64) * 1000.0 / hz)
 }
 
-/// `cpu_ms(pid)`, with the CPU of its live children (and of their reaped
-/// children) counted among its children's: a worker's shim launcher lives
-/// as long as the worker, and the shims it forks are its children.
+/// `cpu_ms(pid)`, with the CPU of its live descendants (and of what they
+/// reaped) counted among its children's: a worker's shim launcher lives as
+/// long as the worker, and the shims it forks are its children, each serving
+/// many attempts before it is reaped.
 fn cpu_ms_with_live_children(pid: i32) -> (f64, f64) {
-    let (own, mut children) = cpu_ms(pid);
+    let (own, reaped) = cpu_ms(pid);
+    (own, reaped + live_descendants_cpu_ms(pid, 3))
+}
+
+/// The CPU of `pid`'s live descendants down to `depth` generations, with
+/// what each reaped.
+fn live_descendants_cpu_ms(pid: i32, depth: u32) -> f64 {
+    if depth == 0 {
+        return 0.0;
+    }
     // Children are listed under the thread that started them.
     let threads = std::fs::read_dir(format!("/proc/{pid}/task")).into_iter().flatten().flatten();
     let listed: String =
         threads.filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok()).collect::<Vec<_>>().join(" ");
-    for child in listed.split_whitespace().filter_map(|c| c.parse::<i32>().ok()) {
-        let (c_own, c_children) = cpu_ms(child);
-        children += c_own + c_children;
-    }
-    (own, children)
+    let children = listed.split_whitespace().filter_map(|c| c.parse::<i32>().ok());
+    children
+        .map(|child| {
+            let (c_own, c_reaped) = cpu_ms(child);
+            c_own + c_reaped + live_descendants_cpu_ms(child, depth - 1)
+        })
+        .sum()
 }
 
 /// CPU use of a cluster's daemons (and of this process) over a stretch of work.

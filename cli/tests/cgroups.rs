@@ -270,6 +270,37 @@ fn after_a_worker_restart_a_kill_still_reaches_the_escapee() {
     stop(c, &parent);
 }
 
+/// Many short tasks at once: every attempt makes its group under the
+/// worker's parent group and removes it. The parent stays while the worker
+/// runs — no attempt removes it under another's feet — and goes when the
+/// worker stops.
+#[test]
+fn many_short_tasks_at_once_each_get_a_group_and_leave_none() {
+    let Some((c, parent, _guard)) = cluster(None) else { return };
+    let input: String = (0..200).map(|_| "{\"command\": \"true\"}\n").collect();
+    let ids = cli_ok_with_stdin(&c, &["submit", "--batch", "-"], input.as_bytes());
+    let ids: Vec<&str> = ids.split_whitespace().collect();
+    assert_eq!(ids.len(), 200);
+    for task in &ids {
+        let snap = c.wait_status(task, "completed", BOUND);
+        assert_eq!(snap["exit_code"], 0, "{task}: {snap}");
+    }
+    assert!(parent.exists(), "the worker's parent group went while the worker runs");
+    let children = || std::fs::read_dir(&parent).into_iter().flatten().flatten().filter(|e| e.path().is_dir()).count();
+    assert!(
+        eventually(BOUND, || (children() == 0).then_some(())).is_some(),
+        "attempt groups left in {}",
+        parent.display()
+    );
+    stop(c, &parent);
+}
+
+fn cli_ok_with_stdin(c: &Cluster, args: &[&str], input: &[u8]) -> String {
+    let out = c.cli_with_stdin(args, input);
+    assert!(out.status.success(), "{args:?}: {}\n{}", stderr(&out), c.logs());
+    stdout(&out)
+}
+
 /// A shim SIGKILLed with its task running: the worker finds the attempt's
 /// cgroup by its name and kills what is left in it, the escapee too.
 #[test]

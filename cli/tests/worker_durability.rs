@@ -47,6 +47,7 @@ fn a_task_outlives_a_sigkilled_worker_and_is_reported_once() {
     let out = output_file(&c, &task);
     eventually(BOUND, || read(&out).contains("tick-2").then_some(())).expect("output starts");
     let pgid = task_pgid(&c, &task);
+    let shim = shim_pid(&c, &task);
 
     c.kill9("worker-w1");
     // Still running and still captured without any worker.
@@ -63,6 +64,13 @@ fn a_task_outlives_a_sigkilled_worker_and_is_reported_once() {
     assert_eq!(read(&out), expected, "every line exactly once: the task was not started again");
     assert_eq!(stdout(&c.cli(&["logs", &task])), expected);
     assert!(c.daemon("worker-w1").log_text().contains("re-attaching"), "{}", c.logs());
+    // Its launcher went with the worker: the shim takes no other attempt.
+    assert!(eventually(BOUND, || (!alive(shim)).then_some(())).is_some(), "shim {shim} outlived its attempt");
+}
+
+fn alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
 }
 
 /// Window: exit → report, with the worker down. The shim records the exit
@@ -481,9 +489,13 @@ fn running_under_a_launcher(command: &str) -> (Cluster, String, i32, i32) {
 fn a_killed_shim_launcher_is_replaced_and_running_tasks_go_on() {
     let (c, task, worker, launcher) =
         running_under_a_launcher("for i in $(seq 1 10); do echo tick-$i; sleep 0.1; done");
+    let shim = shim_pid(&c, &task);
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher), nix::sys::signal::Signal::SIGKILL).unwrap();
 
     let snap = c.wait_status(&task, "completed", BOUND);
+    // Its launcher gone, the shim exits after its attempt instead of waiting
+    // for another.
+    assert!(eventually(BOUND, || (!alive(shim)).then_some(())).is_some(), "shim {shim} outlived its attempt");
     assert_eq!((snap["attempt"].as_u64(), snap["exit_code"].as_i64()), (Some(1), Some(0)));
     let expected: String = (1..=10).map(|i| format!("tick-{i}\n")).collect();
     assert_eq!(read(&output_file(&c, &task)), expected);
@@ -508,6 +520,36 @@ fn shims_are_forked_from_the_small_program_beside_tenure() {
     assert!(c.daemon("worker-w1").log_text().contains("shims are forked from tenure-shim"), "{}", c.logs());
     assert!(c.cli(&["kill", &task]).status.success());
     c.wait_status(&task, "killed", BOUND);
+}
+
+/// A shim serves one attempt after another: a task submitted after the one
+/// before ended runs under that one's shim, also after that one was
+/// killed (the kill reached its attempt alone). SIGTERM to a shim waiting
+/// for work ends it, and the next task gets a new one.
+#[test]
+fn a_shim_serves_attempts_one_after_another() {
+    let c = Cluster::start(1);
+    let killed = c.submit(&["--", "echo $PPID; sleep 60"]);
+    c.wait_status(&killed, "running", BOUND);
+    let shim = shim_pid(&c, &killed);
+    assert!(c.cli(&["kill", &killed]).status.success());
+    c.wait_status(&killed, "killed", BOUND);
+
+    let parent_of = |task: &str| -> i32 {
+        c.wait_status(task, "completed", BOUND);
+        stdout(&c.cli(&["logs", task])).trim().parse().expect("a pid")
+    };
+    let next = c.submit(&["--", "echo $PPID"]);
+    assert_eq!(parent_of(&next), shim, "the next attempt went to another shim");
+    assert_eq!(parent_of(&c.submit(&["--", "echo $PPID"])), shim);
+
+    // Idle, it leaves at SIGTERM (as at a machine's shutdown).
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(shim), nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert!(eventually(BOUND, || (!alive(shim)).then_some(())).is_some(), "idle shim {shim} ignored SIGTERM");
+    let after = c.submit(&["--", "echo $PPID"]);
+    let new = parent_of(&after);
+    assert_ne!(new, shim);
+    assert!(alive(new), "the new shim waits for the next attempt");
 }
 
 /// Machine shutdown: the service manager sends SIGTERM to every process,

@@ -4,9 +4,10 @@
 //! what every attempt's driver shares ([`Shared`], [`State`]).
 //!
 //! The worker never runs a task itself: it records the intent, has its
-//! launcher fork the attempt's shim ([`crate::launcher`],
-//! [`crate::shim`]), and watches it — through the pidfd the launcher
-//! handed over, or, after a restart, one opened for its recorded identity. The
+//! launcher hand the attempt to a shim ([`crate::launcher`],
+//! [`crate::shim`]), and watches it — through the attempt's channel the
+//! launcher handed over, or, after a restart, a pidfd opened for the shim's
+//! recorded identity. The
 //! status the shim records in the attempt's journal is the only exit
 //! evidence; a shim gone without it means the outcome is lost, and that is
 //! reported as such, never guessed.
@@ -18,6 +19,7 @@ use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
+use rustix::net::SendFlags;
 use tenure_machine::{ClientError, Layout, SidecarClient};
 use tenure_protocol::messages::{
     LeaseGrant, ReportAck, ReportEvent, SidecarRefusal, SidecarReply, SidecarRequest, MAX_MATCHES_PER_REPORT,
@@ -146,21 +148,36 @@ pub(crate) fn crash_point(point: &str) {
     }
 }
 
-/// How the worker observes a shim: by its identity (pid and start time,
-/// never a recycled pid) and, where the kernel has them, through a pidfd that
-/// becomes readable the moment the shim exits.
+/// How the worker observes the shim supervising an attempt: by its identity
+/// (pid and start time, never a recycled pid) and a descriptor that becomes
+/// readable when the attempt is over.
+///
+/// The shim this worker's launcher handed the attempt is watched through the
+/// attempt's channel ([`crate::launcher`]): it reads end-of-file once the
+/// exit evidence is recorded (or the shim died), and a kill request rings
+/// it — never a signal, which could reach the next attempt the shim took.
+/// A shim found at start-up is watched through its pidfd, where the kernel
+/// has them: its launcher went with the previous worker, so it takes no
+/// attempt after this one and a signal to it reaches this attempt only.
 struct Shim {
     id: ProcessId,
-    pidfd: Option<AsyncFd<OwnedFd>>,
+    end: Option<AsyncFd<OwnedFd>>,
+    /// `end` is the attempt's channel (rung for kills), not a pidfd.
+    channel: bool,
 }
 
 impl Shim {
-    /// Must be called within the runtime (the pidfd is registered with it).
-    fn new(id: ProcessId, pidfd: Option<OwnedFd>) -> Shim {
+    /// The shim of an attempt just handed to it. Must be called within the
+    /// runtime (the channel is registered with it).
+    fn launched(launched: Launched) -> Shim {
+        Shim::new(launched.id, Some(launched.channel), true)
+    }
+
+    fn new(id: ProcessId, end: Option<OwnedFd>, channel: bool) -> Shim {
         // SAFETY: an `OwnedFd` is open, owned, and always the same descriptor
         // until the `AsyncFd` that owns it drops it.
-        let pidfd = pidfd.and_then(|fd| unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.ok());
-        Shim { id, pidfd }
+        let end = end.and_then(|fd| unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.ok());
+        Shim { id, end, channel }
     }
 
     /// A shim found at start-up, if it still runs. Its pidfd is opened
@@ -169,12 +186,17 @@ impl Shim {
     fn attach(id: ProcessId) -> Option<Shim> {
         let pidfd = rustix::process::Pid::from_raw(id.pid)
             .and_then(|pid| rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok());
-        id.alive().then(|| Shim::new(id, pidfd))
+        id.alive().then(|| Shim::new(id, pidfd, false))
     }
 
-    /// Asks the shim to end the task; never signals a recycled pid.
+    /// Asks the shim to end the task; never signals a recycled pid, nor a
+    /// shim that may have moved on to another attempt.
     fn request_kill(&self) {
-        match &self.pidfd {
+        match &self.end {
+            // Refused once the attempt is over: the ring then reaches nothing.
+            Some(fd) if self.channel => {
+                let _ = rustix::net::send(fd.get_ref(), &[1], SendFlags::DONTWAIT | SendFlags::NOSIGNAL);
+            }
             Some(fd) => {
                 let _ = rustix::process::pidfd_send_signal(fd.get_ref(), rustix::process::Signal::TERM);
             }
@@ -186,16 +208,31 @@ impl Shim {
     }
 
     async fn exited(&self, files: &AttemptFiles) {
-        if let Some(fd) = &self.pidfd {
-            if fd.readable().await.is_ok() {
-                return;
-            }
+        let over = match &self.end {
+            Some(fd) if self.channel => fd.readable().await.is_ok(),
+            // A found shim exits after its attempt; the recorded status ends
+            // the wait too, should its exit be held up.
+            Some(fd) => tokio::select! {
+                ready = fd.readable() => ready.is_ok(),
+                () = status_recorded(files, Duration::from_secs(1)) => true,
+            },
+            None => false,
+        };
+        if over {
+            return;
         }
-        // No pidfd (or it failed): poll. The recorded status ends the wait as
-        // soon as it exists, even if the shim lingers as a zombie.
+        // Nothing to wait on: the recorded status ends the wait as soon as it
+        // exists, even if the shim lingers.
         while self.id.alive() && files.status().is_none() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+/// Returns once the attempt's exit status is recorded, looking every `every`.
+async fn status_recorded(files: &AttemptFiles, every: Duration) {
+    while files.status().is_none() {
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -295,7 +332,7 @@ async fn perform(
                 Ok(launched) => {
                     let pid = launched.id.pid;
                     tracing::debug!(task = %task, attempt = %attempt, shim = pid, "shim started");
-                    local.shim = Some(Shim::new(launched.id, launched.pidfd));
+                    local.shim = Some(Shim::launched(launched));
                     local.started = Some(report_started(shared, task, attempt, epoch, pid));
                     Done::Launched(pid)
                 }

@@ -94,7 +94,9 @@ pub fn detect(worker: &WorkerId, data_dir: &Path) -> Result<Plan, Error> {
 }
 
 /// Removes the worker's parent groups when no attempt group is left in
-/// them (tasks that outlive the worker keep theirs).
+/// them (the kernel refuses to remove one that has groups left: tasks that
+/// outlive the worker keep theirs). The worker calls it when it stops, a
+/// shim when it exits.
 pub fn remove_parents(plan: &Plan) {
     for dir in std::iter::once(&plan.unified).chain(plan.v1.values()) {
         if let Err(error) = std::fs::remove_dir(dir) {
@@ -316,10 +318,9 @@ impl AttemptGroup {
 
     /// Removes the groups once they are empty; a group already gone is no
     /// error. Returns the groups left behind, with why. The worker's parent
-    /// groups go too when this was the last attempt in them (the kernel
-    /// refuses to remove one that has groups left), so a worker that stopped
-    /// or died leaves nothing behind once its tasks end; the next attempt
-    /// makes them again.
+    /// groups stay for the next attempt: the worker removes them when it
+    /// stops, and a shim when it exits ([`remove_parents`]), so a worker
+    /// that stopped or died leaves nothing behind once its tasks end.
     pub fn remove(&self) -> Vec<String> {
         let mut left = Vec::new();
         for dir in self.dirs() {
@@ -327,9 +328,6 @@ impl AttemptGroup {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => left.push(format!("{}: {e}", dir.display())),
-            }
-            if let Some(parent) = dir.parent() {
-                let _ = std::fs::remove_dir(parent);
             }
         }
         left

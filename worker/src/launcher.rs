@@ -13,15 +13,32 @@
 //! The worker talks to the launcher over a `SOCK_SEQPACKET` socket pair (the
 //! launcher's end is its stdin): one request, one reply. A request names the
 //! attempt ([`ShimArgs`]); the reply carries the shim's pid and start
-//! time, and its pidfd as `SCM_RIGHTS`, opened by the launcher before it can
-//! reap the child, so the worker observes exactly that process — never a
-//! recycled pid — and learns of its exit without polling.
+//! time, and the worker's end of the attempt's own channel as `SCM_RIGHTS`
+//! (a socket pair made for that attempt alone; the shim holds the other
+//! end while it supervises the attempt). The worker learns of the attempt's
+//! end when the channel reads end-of-file — the shim closes it once the exit
+//! evidence is recorded, or dies — and rings it to have the shim look at the
+//! attempt's kill and pause wishes. A ring that comes after the attempt
+//! ended meets a closed channel and reaches nothing.
+//!
+//! **A shim serves attempts one after another.** Forking a shim and ending it
+//! was a third of what a short task cost the shim and its launcher (the
+//! fork, the copies of the pages the shim writes, its exit). So a shim whose
+//! attempt ended, with the attempt's exit evidence recorded, tells the
+//! launcher it is free and waits on its own socket for the next attempt,
+//! which the launcher hands it (the request and the attempt's channel)
+//! instead of forking. It never takes an attempt before the previous one's
+//! evidence is durable, so a recorded shim that lives while the attempt
+//! has no status is still that attempt's. The launcher retires a shim after
+//! [`SHIM_ATTEMPTS`] attempts and keeps at most [`MAX_IDLE`] idle.
 //!
 //! The launcher reaps its shims (it is their parent). When the worker goes,
-//! the launcher reads end-of-file and exits; its shims, which never depended
-//! on it, are re-parented and keep supervising their tasks. When the launcher
-//! dies, the worker starts another on its next request. A request whose reply
-//! never came may or may not have forked a shim: the caller treats that
+//! the launcher reads end-of-file and exits, and with it every shim's socket
+//! to it closes: an idle shim exits, a busy one keeps supervising its task
+//! and exits after it. So the shims a restarted worker finds never take
+//! another attempt, and it may signal them by pid. When the launcher dies,
+//! the worker starts another on its next request. A request whose reply
+//! never came may or may not have started an attempt: the caller treats that
 //! attempt as one whose shim it cannot see, never starts it again.
 //!
 //! The launcher runs as `tenure-shim`, a program with the launcher and the
@@ -52,7 +69,7 @@ use crate::shim::{self, ShimArgs};
 /// same launch protocol (the request and reply of this module; the number
 /// goes up when either changes shape). Running shims never talk to the
 /// launcher or the worker again, so only the launcher itself must match.
-pub const IDENTITY: &str = concat!("tenure-shim ", env!("CARGO_PKG_VERSION"), " (launch protocol 1)");
+pub const IDENTITY: &str = concat!("tenure-shim ", env!("CARGO_PKG_VERSION"), " (launch protocol 2)");
 
 /// The small launcher program's file name, looked for beside `tenure`.
 pub const SMALL_PROGRAM: &str = "tenure-shim";
@@ -64,32 +81,39 @@ const PROBE_BOUND: Duration = Duration::from_secs(5);
 const MAX_MESSAGE: usize = 16 * 1024;
 /// How long the worker waits for the launcher's answer to one request (a fork).
 const REPLY_BOUND: Duration = Duration::from_secs(10);
+/// Attempts one shim serves before the launcher retires it (bounds what a
+/// long-lived shim could accumulate).
+pub const SHIM_ATTEMPTS: u32 = 1000;
+/// Idle shims the launcher keeps; more are retired as they come free.
+pub const MAX_IDLE: usize = 64;
 
 /// The launcher's answer to one request.
 #[derive(Debug, Serialize, Deserialize)]
 enum Reply {
-    /// The shim runs; its pidfd rides along when the kernel has pidfds.
-    Forked { pid: i32, start_time: u64 },
-    /// Nothing was forked.
+    /// A shim supervises the attempt (forked for it, or an idle one handed
+    /// it); the worker's end of the attempt's channel rides along.
+    Supervised { pid: i32, start_time: u64 },
+    /// No shim took the attempt.
     Failed(String),
     /// A shim was forked but cannot be identified: treated like a reply
     /// that never came.
     Unidentified(String),
 }
 
-/// A forked shim, as the worker holds it.
+/// The shim supervising an attempt, as the worker holds it.
 #[derive(Debug)]
 pub struct Launched {
     pub id: ProcessId,
-    /// Readable once the shim has exited. `None` on kernels without pidfds:
-    /// the worker then watches `id`.
-    pub pidfd: Option<OwnedFd>,
+    /// The worker's end of the attempt's channel: reads end-of-file once
+    /// the attempt's evidence is recorded (or its shim died); a byte written
+    /// to it has the shim look at the attempt's kill and pause wishes.
+    pub channel: OwnedFd,
 }
 
 /// Why a shim could not be launched.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
-    /// Nothing was forked: the attempt's task did not start.
+    /// No shim took the attempt: its task did not start.
     #[error("the task shim was not started: {0}")]
     NotStarted(String),
     /// The request reached the launcher but no answer came back: a shim may
@@ -128,8 +152,8 @@ impl Launcher {
         Launcher { tenure, data_dir, conn: Mutex::new(None) }
     }
 
-    /// Forks the shim of one attempt. Blocking (a fork and two socket
-    /// calls): call it from a blocking thread.
+    /// Has a shim supervise one attempt. Blocking (a fork or a hand-over,
+    /// and two socket calls): call it from a blocking thread.
     pub fn launch(&self, args: &ShimArgs) -> Result<Launched, LaunchError> {
         let request = tenure_protocol::encode(args).map_err(|e| LaunchError::NotStarted(e.to_string()))?;
         let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
@@ -149,8 +173,11 @@ impl Launcher {
                 continue;
             }
             return match receive(&c.sock) {
-                Ok((Reply::Forked { pid, start_time }, pidfd)) => {
-                    Ok(Launched { id: ProcessId { pid, start_time }, pidfd })
+                Ok((Reply::Supervised { pid, start_time }, Some(channel))) => {
+                    Ok(Launched { id: ProcessId { pid, start_time }, channel })
+                }
+                Ok((Reply::Supervised { pid, .. }, None)) => {
+                    Err(LaunchError::Unknown(format!("shim {pid} took the attempt but its channel did not come")))
                 }
                 Ok((Reply::Failed(reason), _)) => Err(LaunchError::NotStarted(reason)),
                 Ok((Reply::Unidentified(reason), _)) => Err(LaunchError::Unknown(reason)),
@@ -277,26 +304,43 @@ fn identify(program: &Path, bound: Duration) -> Result<String, String> {
     Ok(said.lines().next().unwrap_or_default().to_owned())
 }
 
-/// One reply and the pidfd that may ride with it.
+/// One reply and the attempt's channel that may ride with it.
 fn receive(sock: &OwnedFd) -> Result<(Reply, Option<OwnedFd>), String> {
     let mut buf = vec![0u8; MAX_MESSAGE];
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    let got = recvmsg(sock, &mut [IoSliceMut::new(&mut buf)], &mut control, RecvFlags::CMSG_CLOEXEC)
-        .map_err(|e| e.to_string())?;
-    let mut pidfd = None;
-    for message in control.drain() {
-        if let RecvAncillaryMessage::ScmRights(fds) = message {
-            for fd in fds {
-                pidfd.get_or_insert(fd);
-            }
-        }
-    }
-    if got.bytes == 0 {
+    let (got, channel) = recv_with_fd(sock, &mut buf).map_err(|e| e.to_string())?;
+    if got == 0 {
         return Err("the launcher closed its socket".into());
     }
-    let reply = tenure_protocol::decode(&buf[..got.bytes]).map_err(|e| format!("malformed launcher reply: {e}"))?;
-    Ok((reply, pidfd))
+    let reply = tenure_protocol::decode(&buf[..got]).map_err(|e| format!("malformed launcher reply: {e}"))?;
+    Ok((reply, channel))
+}
+
+/// One message into `buf` and the descriptor riding with it, if any (more
+/// than one is closed: no message here carries more).
+fn recv_with_fd(sock: &OwnedFd, buf: &mut [u8]) -> rustix::io::Result<(usize, Option<OwnedFd>)> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = RecvAncillaryBuffer::new(&mut space);
+    let got = recvmsg(sock, &mut [IoSliceMut::new(buf)], &mut control, RecvFlags::CMSG_CLOEXEC)?;
+    let fd = control
+        .drain()
+        .filter_map(|m| match m {
+            RecvAncillaryMessage::ScmRights(fds) => Some(fds),
+            _ => None,
+        })
+        .flatten()
+        .next();
+    Ok((got.bytes, fd))
+}
+
+/// One message, with `fd` riding along when given.
+fn send_with_fd(sock: &OwnedFd, bytes: &[u8], fd: Option<&OwnedFd>) -> rustix::io::Result<usize> {
+    let fds: Vec<_> = fd.iter().map(|fd| fd.as_fd()).collect();
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !fds.is_empty() {
+        control.push(SendAncillaryMessage::ScmRights(&fds));
+    }
+    sendmsg(sock, &[IoSlice::new(bytes)], &mut control, SendFlags::NOSIGNAL)
 }
 
 /// The launcher process (`tenure shim-launcher`): serves requests on its
@@ -334,6 +378,7 @@ pub fn serve(data_dir: &std::path::Path) -> i32 {
         }
     };
     let mut buf = vec![0u8; MAX_MESSAGE];
+    let mut pool = Pool::default();
     loop {
         reap();
         let got = match rustix::net::recv(&sock, &mut buf, RecvFlags::empty()) {
@@ -345,11 +390,11 @@ pub fn serve(data_dir: &std::path::Path) -> i32 {
                 return 1;
             }
         };
-        let (reply, pidfd) = match tenure_protocol::decode::<ShimArgs>(&buf[..got]) {
+        let (reply, channel) = match tenure_protocol::decode::<ShimArgs>(&buf[..got]) {
             Ok(args) if args.data_dir != data_dir => {
                 (Reply::Failed(format!("{} is not this launcher's data dir", args.data_dir.display())), None)
             }
-            Ok(args) => fork_shim(&args, &null),
+            Ok(args) => pool.supervise(&args, &buf[..got], &null),
             Err(error) => (Reply::Failed(format!("malformed launch request: {error}")), None),
         };
         let bytes = match tenure_protocol::encode(&reply) {
@@ -359,13 +404,7 @@ pub fn serve(data_dir: &std::path::Path) -> i32 {
                 return 1;
             }
         };
-        let fds: Vec<_> = pidfd.iter().map(|fd| fd.as_fd()).collect();
-        let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-        let mut control = SendAncillaryBuffer::new(&mut space);
-        if !fds.is_empty() {
-            control.push(SendAncillaryMessage::ScmRights(&fds));
-        }
-        if let Err(error) = sendmsg(&sock, &[IoSlice::new(&bytes)], &mut control, SendFlags::NOSIGNAL) {
+        if let Err(error) = send_with_fd(&sock, &bytes, channel.as_ref()) {
             // The worker is gone; the shim runs on regardless.
             tracing::warn!(%error, "shim launcher cannot answer the worker");
             return 0;
@@ -383,39 +422,152 @@ fn reap() {
     }
 }
 
-/// Forks one attempt's shim; in the child, runs it and exits. `null` is
-/// `/dev/null`, which becomes the shim's stdin and stdout.
-fn fork_shim(args: &ShimArgs, null: &std::fs::File) -> (Reply, Option<OwnedFd>) {
-    // SAFETY: this process has one thread (it runs no runtime and starts no
-    // thread), so the child may run any code, not only async-signal-safe code.
-    match unsafe { nix::unistd::fork() } {
-        Err(error) => (Reply::Failed(format!("fork failed: {error}")), None),
-        Ok(nix::unistd::ForkResult::Child) => {
-            // Stdin (the worker's socket) and stdout become /dev/null; stderr
-            // stays the worker's log, where the shim's few lines belong.
-            let fd = std::os::fd::AsRawFd::as_raw_fd(null);
-            let redirected = nix::unistd::dup2(fd, 0).is_ok() && nix::unistd::dup2(fd, 1).is_ok();
-            // The launcher's own descriptor is not the shim's to keep (this
-            // branch never returns, so nothing closes it again).
-            let _ = nix::unistd::close(fd);
-            let code = if redirected { shim::run(args) } else { 1 };
-            // Straight out: the shim holds no buffered output (its log lines
-            // are written as they are made, stdout is /dev/null) and nothing
-            // of the launcher's exit handlers is its to run.
-            // SAFETY: `_exit` ends the process at once; nothing runs after it.
-            unsafe { nix::libc::_exit(code) }
+/// The shims this launcher forked and still holds a socket to.
+#[derive(Default)]
+struct Pool {
+    shims: Vec<Pooled>,
+}
+
+/// One shim: its identity, the launcher's end of its socket, whether it
+/// said it is free since it was last handed an attempt, and how many it took.
+struct Pooled {
+    id: ProcessId,
+    sock: OwnedFd,
+    free: bool,
+    served: u32,
+}
+
+impl Pool {
+    /// Has a shim supervise the attempt `args` (`request` is its encoded
+    /// form): an idle one if there is one, else a new one forked for it.
+    fn supervise(&mut self, args: &ShimArgs, request: &[u8], null: &std::fs::File) -> (Reply, Option<OwnedFd>) {
+        self.settle();
+        let (ours, theirs) = match socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None) {
+            Ok(pair) => pair,
+            Err(error) => return (Reply::Failed(format!("cannot make the attempt's channel: {error}")), None),
+        };
+        while let Some(i) = self.shims.iter().position(|s| s.free) {
+            let shim = &mut self.shims[i];
+            if send_with_fd(&shim.sock, request, Some(&theirs)).is_ok() {
+                shim.free = false;
+                shim.served += 1;
+                let reply = Reply::Supervised { pid: shim.id.pid, start_time: shim.id.start_time };
+                return (reply, Some(ours));
+            }
+            // Gone since it said it was free: never handed the attempt.
+            self.shims.swap_remove(i);
         }
-        Ok(nix::unistd::ForkResult::Parent { child }) => {
-            let pid = child.as_raw();
-            // Still unreaped here, so the pid names this child and nothing else.
-            let pidfd = rustix::process::Pid::from_raw(pid)
-                .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
-            match ProcessId::of(pid) {
-                Some(id) => (Reply::Forked { pid, start_time: id.start_time }, pidfd),
-                None => (Reply::Unidentified(format!("shim {pid} forked but not found in /proc")), None),
+        self.fork(args, theirs, null, ours)
+    }
+
+    /// Marks the shims that said they are free, forgets those that are gone,
+    /// and retires those past their attempts or beyond the idle bound (their
+    /// socket closed: an idle shim exits on it).
+    fn settle(&mut self) {
+        let mut idle = 0;
+        self.shims.retain_mut(|shim| {
+            if !shim.free {
+                let mut said = [0u8; 1];
+                match rustix::net::recv(&shim.sock, &mut said, RecvFlags::DONTWAIT) {
+                    Ok((1, _)) => shim.free = true,
+                    Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => return true,
+                    _ => return false,
+                }
+            }
+            idle += 1;
+            idle <= MAX_IDLE && shim.served < SHIM_ATTEMPTS
+        });
+    }
+
+    /// Forks a shim for the attempt; in the child, serves it and the
+    /// attempts handed to it after, then exits. `null` is `/dev/null`, which
+    /// becomes the shim's stdin and stdout.
+    fn fork(
+        &mut self,
+        args: &ShimArgs,
+        channel: OwnedFd,
+        null: &std::fs::File,
+        ours: OwnedFd,
+    ) -> (Reply, Option<OwnedFd>) {
+        let (to_shim, shims_end) =
+            match socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None) {
+                Ok(pair) => pair,
+                Err(error) => return (Reply::Failed(format!("cannot make a shim's socket: {error}")), None),
+            };
+        // SAFETY: this process has one thread (it runs no runtime and starts
+        // no thread), so the child may run any code, not only
+        // async-signal-safe code.
+        match unsafe { nix::unistd::fork() } {
+            Err(error) => (Reply::Failed(format!("fork failed: {error}")), None),
+            Ok(nix::unistd::ForkResult::Child) => {
+                // The other shims' sockets are not this one's to hold: one held
+                // here would keep an idle shim from seeing the launcher go.
+                self.shims.clear();
+                drop((to_shim, ours));
+                // Stdin (the worker's socket) and stdout become /dev/null;
+                // stderr stays the worker's log, where the shim's few lines
+                // belong.
+                let fd = std::os::fd::AsRawFd::as_raw_fd(null);
+                let redirected = nix::unistd::dup2(fd, 0).is_ok() && nix::unistd::dup2(fd, 1).is_ok();
+                // The launcher's own descriptor is not the shim's to keep (this
+                // branch never returns, so nothing closes it again).
+                let _ = nix::unistd::close(fd);
+                let code = if redirected { serve_attempts(args.clone(), channel, &shims_end) } else { 1 };
+                // Straight out: the shim holds no buffered output (its log lines
+                // are written as they are made, stdout is /dev/null) and nothing
+                // of the launcher's exit handlers is its to run.
+                // SAFETY: `_exit` ends the process at once; nothing runs after it.
+                unsafe { nix::libc::_exit(code) }
+            }
+            Ok(nix::unistd::ForkResult::Parent { child }) => {
+                let pid = child.as_raw();
+                match ProcessId::of(pid) {
+                    Some(id) => {
+                        self.shims.push(Pooled { id, sock: to_shim, free: false, served: 1 });
+                        (Reply::Supervised { pid, start_time: id.start_time }, Some(ours))
+                    }
+                    None => (Reply::Unidentified(format!("shim {pid} forked but not found in /proc")), None),
+                }
             }
         }
     }
+}
+
+/// A shim's life: supervises `first`, then each attempt the launcher hands
+/// it on `launcher`, until the launcher retires it or goes (end-of-file),
+/// SIGTERM comes while it is idle, or an attempt's evidence could not be
+/// recorded. Only once an attempt's evidence is recorded is the launcher
+/// told the shim is free, and the attempt's channel closed.
+///
+/// Leaving, it removes the worker's parent cgroups if no attempt is left in
+/// them: after the worker stopped or died, the last shim to end cleans up.
+fn serve_attempts(first: ShimArgs, channel: OwnedFd, launcher: &OwnedFd) -> i32 {
+    let life = shim::Life::begin();
+    let (mut args, mut channel) = (first, channel);
+    let mut buf = vec![0u8; MAX_MESSAGE];
+    let code = loop {
+        let code = shim::run(&args, &life, &channel);
+        // Free once the evidence is recorded (said before the channel closes,
+        // so that the launcher knows it before the worker can ask again).
+        let free = code == 0 && life.can_wait() && rustix::net::send(launcher, &[1], SendFlags::NOSIGNAL).is_ok();
+        drop(channel);
+        if !free || !life.idle(launcher.as_fd()) {
+            break code;
+        }
+        let next = match recv_with_fd(launcher, &mut buf) {
+            Ok((0, _)) | Err(_) => break 0,
+            Ok((n, Some(fd))) => tenure_protocol::decode::<ShimArgs>(&buf[..n]).ok().map(|a| (a, fd)),
+            Ok((_, None)) => None,
+        };
+        // The launcher only ever sends a request with its channel; anything
+        // else is not a launcher's, and the shim leaves.
+        let Some(next) = next else { break 1 };
+        (args, channel) = next;
+    };
+    if let Some(plan) = &args.cgroups {
+        crate::cgroup_fs::remove_parents(plan);
+    }
+    code
 }
 
 #[cfg(test)]

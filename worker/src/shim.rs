@@ -1,7 +1,8 @@
-//! The per-task shim: a small process, one per attempt, that owns the task's
-//! process group so that the task outlives the worker (the containerd-shim /
-//! Nomad executor idea). The worker's shim launcher forks it
-//! ([`crate::launcher`]); from then on it depends on neither.
+//! The per-task shim: a small process that supervises one attempt at a time
+//! and owns its task's process group, so that the task outlives the worker
+//! (the containerd-shim / Nomad executor idea). The worker's shim launcher
+//! forks it ([`crate::launcher`]), and hands it further attempts once it is
+//! free; while it supervises an attempt it depends on neither.
 //!
 //! It detaches into its own session, becomes the child subreaper of everything
 //! the task forks, spawns `sh -c COMMAND` as the leader of a new process group
@@ -10,7 +11,9 @@
 //! pumps the group's stdout and stderr (one pipe, so their order is kept) into
 //! the task's output file up to a cap, and when the leader exits — or SIGTERM
 //! asks it to stop the task — ends the whole group and records the exit evidence
-//! in the attempt's journal. Then it exits.
+//! in the attempt's journal. Then it closes the attempt's channel, which tells
+//! the worker the attempt is over, and waits for the next attempt or exits
+//! ([`crate::launcher`]).
 //!
 //! For an `agent` task it first creates the attempt's input FIFO, gives its read
 //! end to the task as stdin and holds it open read-write until the group is
@@ -19,7 +22,8 @@
 //! involved, so input reaches the task while the worker is down.
 //!
 //! A pause is the owner's wish recorded in the attempt's `pause-requested`
-//! file by the worker, which then sends the shim `SIGUSR1`: the shim stops the
+//! file by the worker, which then sends the shim `SIGUSR1` (or rings the
+//! attempt's channel, which is the same to the shim): the shim stops the
 //! whole group (`SIGSTOP`) or lets it go on (`SIGCONT`) as the file says, and
 //! stops it again at every `SIGUSR1` while the wish stands — a restarted
 //! worker re-attaching to it sends one, so the stop is re-applied after a
@@ -98,15 +102,11 @@ pub struct ShimArgs {
 /// exit evidence was recorded, 1 when it could not be (the worker then treats
 /// the attempt as having no evidence).
 ///
-/// It is one thread and no runtime: a `poll` over the output pipe and a
-/// signalfd (SIGCHLD, SIGTERM) drives everything, because it runs once per
-/// attempt and every page it touches after its fork is a copy.
-pub fn run(args: &ShimArgs) -> i32 {
+/// It is one thread and no runtime: a `poll` over the output pipe, the
+/// attempt's `channel` and the shim's signalfd (SIGCHLD, SIGTERM, SIGUSR1)
+/// drives everything.
+pub fn run(args: &ShimArgs, life: &Life, channel: &OwnedFd) -> i32 {
     let _span = span(&args.task, args.attempt).entered();
-    // A new session: the worker's death, its terminal, or a signal to its
-    // process group never reaches the shim.
-    let _ = nix::unistd::setsid();
-    process::become_subreaper();
     let layout = Layout::new(&args.data_dir);
     let files = layout.attempt_files(&args.task, args.attempt);
     // The journal is opened once: read for the grant, then appended to.
@@ -121,12 +121,74 @@ pub fn run(args: &ShimArgs) -> i32 {
             return 1;
         }
     };
-    let status = supervise(args, &layout, &files, facts.grant, &mut journal);
+    let status = supervise(args, &layout, &files, facts.grant, &mut journal, life, channel);
     match journal.write_status(&status) {
         Ok(()) => 0,
         Err(error) => {
             tracing::error!(%error, "shim cannot record the exit status");
             1
+        }
+    }
+}
+
+/// What a shim holds for its whole life, whatever attempt it supervises.
+pub struct Life {
+    /// SIGCHLD, SIGTERM and SIGUSR1, blocked from the shim's start on and
+    /// read here (the task itself starts with none blocked). `Err`: the
+    /// shim cannot watch signals, and fails the attempt saying so.
+    signals: Result<SignalFd, Errno>,
+}
+
+impl Life {
+    /// Once per shim, before its first attempt: its own session (the
+    /// worker's death, its terminal, or a signal to its process group never
+    /// reaches it), the reaper of every orphaned process of its tasks, and
+    /// its signals blocked — so that none is missed, in an attempt or between
+    /// two.
+    pub fn begin() -> Life {
+        let _ = nix::unistd::setsid();
+        process::become_subreaper();
+        let mut signals = SigSet::empty();
+        signals.add(Signal::SIGCHLD);
+        signals.add(Signal::SIGTERM);
+        signals.add(Signal::SIGUSR1);
+        let signals = signals
+            .thread_block()
+            .and_then(|()| SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC));
+        Life { signals }
+    }
+
+    /// Whether it can wait for another attempt: only with its signals watched.
+    pub fn can_wait(&self) -> bool {
+        self.signals.is_ok()
+    }
+
+    /// Waits, between two attempts, until `next` is readable: true. SIGTERM
+    /// while nothing is there ends the wait and the shim: false. A request
+    /// and SIGTERM together: the request is taken, and the signal stays for
+    /// the attempt to read (as the machine stopping it). Other signals are
+    /// read and let go, leftover children reaped.
+    pub fn idle(&self, next: std::os::fd::BorrowedFd<'_>) -> bool {
+        let Ok(signalfd) = &self.signals else { return false };
+        loop {
+            let mut fds = [PollFd::new(next, PollFlags::POLLIN), PollFd::new(signalfd.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::NONE) {
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(_) => return false,
+            }
+            if fds[0].revents().is_some_and(|r| !r.is_empty()) {
+                return true;
+            }
+            while let Ok(Some(info)) = signalfd.read_signal() {
+                if info.ssi_signo == Signal::SIGTERM as u32 {
+                    return false;
+                }
+            }
+            while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                if status == WaitStatus::StillAlive {
+                    break;
+                }
+            }
         }
     }
 }
@@ -162,6 +224,8 @@ fn supervise(
     files: &AttemptFiles,
     grant: Option<LeaseGrant>,
     journal: &mut ShimJournal,
+    life: &Life,
+    channel: &OwnedFd,
 ) -> ShimStatus {
     let failed =
         |detail: String| ShimStatus { outcome: Outcome::new(Ending::Failed, None, Some(detail)), output_written: 0 };
@@ -194,19 +258,12 @@ fn supervise(
         Ok(p) => p,
         Err(e) => return failed(format!("cannot create the output pipe: {e}")),
     };
-    // Blocked before the task exists, so no SIGCHLD or SIGTERM is missed: they
-    // are read from the signalfd (the task itself starts with none blocked).
-    let mut signals = SigSet::empty();
-    signals.add(Signal::SIGCHLD);
-    signals.add(Signal::SIGTERM);
-    signals.add(Signal::SIGUSR1);
-    let signalfd = match signals
-        .thread_block()
-        .and_then(|()| SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC))
-    {
+    let signalfd = match &life.signals {
         Ok(fd) => fd,
         Err(e) => return failed(format!("cannot watch signals: {e}")),
     };
+    // Rung by the worker to have the wishes looked at; watched while open.
+    let mut channel = Some(channel.as_fd());
     // A cleared environment in which every process of the task can say which
     // task and attempt it belongs to; its own directory, never the data dir.
     let who = sandbox::Identity { task: &args.task, attempt: args.attempt, session: &owner };
@@ -272,15 +329,15 @@ fn supervise(
             Some(due) => PollTimeout::try_from(due + Duration::from_millis(1)).unwrap_or(PollTimeout::MAX),
             None => group.wake_in(),
         };
-        // The signalfd, then the pipe while it is open (the second slot only
-        // counts then).
+        // The signalfd, the channel and the pipe, the last two while open
+        // (a closed one's slot watches the signalfd again).
         let pipe = pump.reader.as_ref().map(|r| r.as_fd());
-        let watched = if pipe.is_some() { 2 } else { 1 };
         let mut fds = [
             PollFd::new(signalfd.as_fd(), PollFlags::POLLIN),
+            PollFd::new(channel.unwrap_or(signalfd.as_fd()), PollFlags::POLLIN),
             PollFd::new(pipe.unwrap_or(signalfd.as_fd()), PollFlags::POLLIN),
         ];
-        match poll(&mut fds[..watched], timeout) {
+        match poll(&mut fds, timeout) {
             Ok(_) | Err(Errno::EINTR) => {}
             Err(e) => {
                 tracing::error!(error = %e, "shim cannot wait; ending the task");
@@ -288,7 +345,8 @@ fn supervise(
                 std::thread::sleep(ENDING_CHECK);
             }
         }
-        let output_ready = watched == 2 && fds[1].revents().is_some_and(|r| !r.is_empty());
+        let ready = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
+        let (rung, output_ready) = (channel.is_some() && ready(1), pipe.is_some() && ready(2));
         if output_ready {
             pump.step();
             clock.output(Instant::now());
@@ -299,14 +357,24 @@ fn supervise(
                 group.abort(reason);
             }
         }
+        if rung {
+            let mut bell = [0u8; 64];
+            match rustix::net::recv(channel.unwrap_or(signalfd.as_fd()), &mut bell, rustix::net::RecvFlags::DONTWAIT) {
+                // The worker let go of the attempt (it ended or restarted):
+                // nothing will ring again.
+                Ok((0, _)) => channel = None,
+                Ok(_) => {
+                    if files.kill_requested() {
+                        group.kill_requested();
+                    }
+                    look_at_the_pause_wish(&mut group, &mut clock, files);
+                }
+                Err(_) => {}
+            }
+        }
         while let Ok(Some(info)) = signalfd.read_signal() {
             if info.ssi_signo == Signal::SIGUSR1 as u32 {
-                // Look at the owner's wish again (and re-apply a stop).
-                match group.hold(files.pause_requested()) {
-                    Some(true) => clock.pause(Instant::now()),
-                    Some(false) => clock.resume(Instant::now()),
-                    None => {}
-                }
+                look_at_the_pause_wish(&mut group, &mut clock, files);
             }
             if info.ssi_signo == Signal::SIGTERM as u32 {
                 // The worker marks a kill before it signals; any other SIGTERM
@@ -336,6 +404,15 @@ fn supervise(
     outcome.output_dropped = dropped;
     remove_cgroup(group.cgroup.as_ref());
     ShimStatus { outcome, output_written: written }
+}
+
+/// Looks at the owner's pause wish again (and re-applies a stop).
+fn look_at_the_pause_wish(group: &mut Group, clock: &mut Deadlines, files: &AttemptFiles) {
+    match group.hold(files.pause_requested()) {
+        Some(true) => clock.pause(Instant::now()),
+        Some(false) => clock.resume(Instant::now()),
+        None => {}
+    }
 }
 
 /// Removes an attempt's control groups once nothing is left in them.
