@@ -535,13 +535,19 @@ fn a_shim_serves_attempts_one_after_another() {
     assert!(c.cli(&["kill", &killed]).status.success());
     c.wait_status(&killed, "killed", BOUND);
 
-    let parent_of = |task: &str| -> i32 {
+    let output = |task: &str| -> String {
         c.wait_status(task, "completed", BOUND);
-        stdout(&c.cli(&["logs", task])).trim().parse().expect("a pid")
+        stdout(&c.cli(&["logs", task]))
     };
+    let parent_of = |task: &str| -> i32 { output(task).lines().next().and_then(|l| l.parse().ok()).expect("a pid") };
     let next = c.submit(&["--", "echo $PPID"]);
     assert_eq!(parent_of(&next), shim, "the next attempt went to another shim");
-    assert_eq!(parent_of(&c.submit(&["--", "echo $PPID"])), shim);
+    // Nothing of the attempts before reaches a task: it has stdin, stdout
+    // and stderr open, and what `ls` opens to list them.
+    let third = c.submit(&["--", "echo $PPID; ls /proc/self/fd"]);
+    assert_eq!(parent_of(&third), shim);
+    let fds: Vec<String> = output(&third).lines().skip(1).map(str::to_owned).collect();
+    assert!(fds.iter().all(|f| f.parse::<u32>().is_ok_and(|n| n <= 3)), "leaked descriptors: {fds:?}");
 
     // Idle, it leaves at SIGTERM (as at a machine's shutdown).
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(shim), nix::sys::signal::Signal::SIGTERM).unwrap();
