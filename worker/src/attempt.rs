@@ -200,6 +200,8 @@ impl Shim {
             Some(fd) => {
                 let _ = rustix::process::pidfd_send_signal(fd.get_ref(), rustix::process::Signal::TERM);
             }
+            // A channel that could not be watched is not signalled around.
+            None if self.channel => tracing::warn!(shim = self.id.pid, "cannot ring the attempt's channel"),
             None if self.id.alive() && self.id.pid > 1 => {
                 let _ = kill(Pid::from_raw(self.id.pid), Signal::SIGTERM);
             }

@@ -67,8 +67,9 @@ use crate::shim::{self, ShimArgs};
 /// What `tenure-shim --version` prints. A worker runs a `tenure-shim` only
 /// when it prints exactly this: the same version of tenure, speaking the
 /// same launch protocol (the request and reply of this module; the number
-/// goes up when either changes shape). Running shims never talk to the
-/// launcher or the worker again, so only the launcher itself must match.
+/// goes up when either changes shape). Shims are forked from the launcher,
+/// so they are its build and speak its protocol; only the launcher itself
+/// must match.
 pub const IDENTITY: &str = concat!("tenure-shim ", env!("CARGO_PKG_VERSION"), " (launch protocol 2)");
 
 /// The small launcher program's file name, looked for beside `tenure`.

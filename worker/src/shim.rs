@@ -346,7 +346,7 @@ fn supervise(
             }
         }
         let ready = |i: usize| fds[i].revents().is_some_and(|r| !r.is_empty());
-        let (rung, output_ready) = (channel.is_some() && ready(1), pipe.is_some() && ready(2));
+        let (rung, output_ready) = (channel.filter(|_| ready(1)), pipe.is_some() && ready(2));
         if output_ready {
             pump.step();
             clock.output(Instant::now());
@@ -357,9 +357,9 @@ fn supervise(
                 group.abort(reason);
             }
         }
-        if rung {
+        if let Some(rung) = rung {
             let mut bell = [0u8; 64];
-            match rustix::net::recv(channel.unwrap_or(signalfd.as_fd()), &mut bell, rustix::net::RecvFlags::DONTWAIT) {
+            match rustix::net::recv(rung, &mut bell, rustix::net::RecvFlags::DONTWAIT) {
                 // The worker let go of the attempt (it ended or restarted):
                 // nothing will ring again.
                 Ok((0, _)) => channel = None,
@@ -377,7 +377,8 @@ fn supervise(
                 look_at_the_pause_wish(&mut group, &mut clock, files);
             }
             if info.ssi_signo == Signal::SIGTERM as u32 {
-                // The worker marks a kill before it signals; any other SIGTERM
+                // The worker marks a kill before it signals (a restarted
+                // worker's way to ask; the launching one rings); any other SIGTERM
                 // is the machine (or an operator's `kill`) stopping processes.
                 match files.kill_requested() {
                     true => group.kill_requested(),
