@@ -30,7 +30,8 @@
 //! instead of forking. It never takes an attempt before the previous one's
 //! evidence is durable, so a recorded shim that lives while the attempt
 //! has no status is still that attempt's. The launcher retires a shim after
-//! [`SHIM_ATTEMPTS`] attempts and keeps at most [`MAX_IDLE`] idle.
+//! [`SHIM_ATTEMPTS`] attempts or [`IDLE_RETIRE`] without one, and keeps at
+//! most [`MAX_IDLE`] idle.
 //!
 //! The launcher reaps its shims (it is their parent). When the worker goes,
 //! the launcher reads end-of-file and exits, and with it every shim's socket
@@ -53,7 +54,7 @@ use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::net::{
     recvmsg, sendmsg, socketpair, AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags,
@@ -87,6 +88,9 @@ const REPLY_BOUND: Duration = Duration::from_secs(10);
 pub const SHIM_ATTEMPTS: u32 = 1000;
 /// Idle shims the launcher keeps; more are retired as they come free.
 pub const MAX_IDLE: usize = 64;
+/// How long a shim may wait for work before the launcher retires it (a
+/// burst's shims do not stay around for good).
+pub const IDLE_RETIRE: Duration = Duration::from_secs(60);
 
 /// The launcher's answer to one request.
 #[derive(Debug, Serialize, Deserialize)]
@@ -385,7 +389,10 @@ pub fn serve(data_dir: &std::path::Path) -> i32 {
         let got = match rustix::net::recv(&sock, &mut buf, RecvFlags::empty()) {
             Ok((0, _)) => return 0,
             Ok((n, _)) => n,
-            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => {
+                pool.settle(Instant::now());
+                continue;
+            }
             Err(error) => {
                 tracing::error!(%error, "shim launcher cannot read requests");
                 return 1;
@@ -429,12 +436,13 @@ struct Pool {
     shims: Vec<Pooled>,
 }
 
-/// One shim: its identity, the launcher's end of its socket, whether it
-/// said it is free since it was last handed an attempt, and how many it took.
+/// One shim: its identity, the launcher's end of its socket, since when it
+/// is free (it said so since it was last handed an attempt), and how many
+/// attempts it took.
 struct Pooled {
     id: ProcessId,
     sock: OwnedFd,
-    free: bool,
+    free_since: Option<Instant>,
     served: u32,
 }
 
@@ -442,15 +450,15 @@ impl Pool {
     /// Has a shim supervise the attempt `args` (`request` is its encoded
     /// form): an idle one if there is one, else a new one forked for it.
     fn supervise(&mut self, args: &ShimArgs, request: &[u8], null: &std::fs::File) -> (Reply, Option<OwnedFd>) {
-        self.settle();
+        self.settle(Instant::now());
         let (ours, theirs) = match socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None) {
             Ok(pair) => pair,
             Err(error) => return (Reply::Failed(format!("cannot make the attempt's channel: {error}")), None),
         };
-        while let Some(i) = self.shims.iter().position(|s| s.free) {
+        while let Some(i) = self.shims.iter().position(|s| s.free_since.is_some()) {
             let shim = &mut self.shims[i];
             if send_with_fd(&shim.sock, request, Some(&theirs)).is_ok() {
-                shim.free = false;
+                shim.free_since = None;
                 shim.served += 1;
                 let reply = Reply::Supervised { pid: shim.id.pid, start_time: shim.id.start_time };
                 return (reply, Some(ours));
@@ -461,22 +469,26 @@ impl Pool {
         self.fork(args, theirs, null, ours)
     }
 
-    /// Marks the shims that said they are free, forgets those that are gone,
-    /// and retires those past their attempts or beyond the idle bound (their
-    /// socket closed: an idle shim exits on it).
-    fn settle(&mut self) {
+    /// Marks the shims that said they are free (as of `now`), forgets those
+    /// that are gone, and retires those past their attempts, idle for
+    /// [`IDLE_RETIRE`], or beyond [`MAX_IDLE`] (their socket closed: an idle
+    /// shim exits on it).
+    fn settle(&mut self, now: Instant) {
         let mut idle = 0;
         self.shims.retain_mut(|shim| {
-            if !shim.free {
-                let mut said = [0u8; 1];
-                match rustix::net::recv(&shim.sock, &mut said, RecvFlags::DONTWAIT) {
-                    Ok((1, _)) => shim.free = true,
-                    Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => return true,
-                    _ => return false,
+            let since = match shim.free_since {
+                Some(since) => since,
+                None => {
+                    let mut said = [0u8; 1];
+                    match rustix::net::recv(&shim.sock, &mut said, RecvFlags::DONTWAIT) {
+                        Ok((1, _)) => *shim.free_since.insert(now),
+                        Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => return true,
+                        _ => return false,
+                    }
                 }
-            }
+            };
             idle += 1;
-            idle <= MAX_IDLE && shim.served < SHIM_ATTEMPTS
+            idle <= MAX_IDLE && shim.served < SHIM_ATTEMPTS && now.saturating_duration_since(since) < IDLE_RETIRE
         });
     }
 
@@ -524,7 +536,7 @@ impl Pool {
                 let pid = child.as_raw();
                 match ProcessId::of(pid) {
                     Some(id) => {
-                        self.shims.push(Pooled { id, sock: to_shim, free: false, served: 1 });
+                        self.shims.push(Pooled { id, sock: to_shim, free_since: None, served: 1 });
                         (Reply::Supervised { pid, start_time: id.start_time }, Some(ours))
                     }
                     None => (Reply::Unidentified(format!("shim {pid} forked but not found in /proc")), None),
@@ -574,6 +586,73 @@ fn serve_attempts(first: ShimArgs, channel: OwnedFd, launcher: &OwnedFd) -> i32 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pool of `n` stand-in shims (socket pairs, no processes): the pool
+    /// and the shims' ends of their sockets.
+    fn pool_of(n: usize) -> (Pool, Vec<OwnedFd>) {
+        let mut pool = Pool::default();
+        let mut ends = Vec::new();
+        for pid in 0..n as i32 {
+            let (ours, theirs) =
+                socketpair(AddressFamily::UNIX, SocketType::SEQPACKET, SocketFlags::CLOEXEC, None).unwrap();
+            pool.shims.push(Pooled { id: ProcessId { pid, start_time: 0 }, sock: ours, free_since: None, served: 1 });
+            ends.push(theirs);
+        }
+        (pool, ends)
+    }
+
+    fn free(end: &OwnedFd) {
+        assert_eq!(rustix::net::send(end, &[1], SendFlags::empty()).unwrap(), 1);
+    }
+
+    /// Whether the launcher closed this shim's socket (retired or forgotten).
+    fn retired(end: &OwnedFd) -> bool {
+        let mut b = [0u8; 1];
+        matches!(rustix::net::recv(end, &mut b, RecvFlags::DONTWAIT), Ok((0, _)))
+    }
+
+    fn pids(pool: &Pool) -> Vec<i32> {
+        pool.shims.iter().map(|s| s.id.pid).collect()
+    }
+
+    #[test]
+    fn a_shim_is_kept_while_busy_and_retired_once_free_after_its_attempts_or_idle_too_long() {
+        let (mut pool, ends) = pool_of(4);
+        let t0 = Instant::now();
+        pool.shims[1].served = SHIM_ATTEMPTS;
+        pool.shims[2].served = SHIM_ATTEMPTS;
+        // 0, 1 and 3 say they are free; 2 is busy past its attempts.
+        for i in [0, 1, 3] {
+            free(&ends[i]);
+        }
+        pool.settle(t0);
+        assert_eq!(pids(&pool), [0, 2, 3], "only the free shim past its attempts goes");
+        assert!(retired(&ends[1]) && !retired(&ends[0]) && !retired(&ends[2]) && !retired(&ends[3]));
+        // An idle shim stays until it waited IDLE_RETIRE; a busy one stays.
+        pool.settle(t0 + IDLE_RETIRE - Duration::from_millis(1));
+        assert_eq!(pids(&pool), [0, 2, 3]);
+        pool.settle(t0 + IDLE_RETIRE);
+        assert_eq!(pids(&pool), [2], "the busy shim stays however long");
+        assert!(retired(&ends[0]) && retired(&ends[3]) && !retired(&ends[2]));
+        // Free now, past its attempts: retired at once.
+        free(&ends[2]);
+        pool.settle(t0 + IDLE_RETIRE);
+        assert!(pool.shims.is_empty() && retired(&ends[2]));
+    }
+
+    #[test]
+    fn at_most_max_idle_shims_wait_and_a_gone_one_is_forgotten() {
+        let (mut pool, ends) = pool_of(MAX_IDLE + 3);
+        for end in &ends[..MAX_IDLE + 2] {
+            free(end);
+        }
+        // Every shim then dies: the free ones said so first, the last died
+        // busy (its socket reads end-of-file with nothing before it).
+        drop(ends);
+        pool.settle(Instant::now());
+        assert_eq!(pool.shims.len(), MAX_IDLE);
+        assert!(pool.shims.iter().all(|s| s.free_since.is_some()));
+    }
 
     /// A directory holding a stand-in `tenure` and, if given, a
     /// `tenure-shim` that is a link to `target`.
