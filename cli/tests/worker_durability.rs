@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use common::{group_alive, stdout, Cluster};
-use tenure_machine::attempt_files::{AttemptFiles, ShimStatus};
+use tenure_machine::attempt_files::{AttemptFiles, ProcessId, ShimStatus};
 use tenure_testkit::eventually;
 
 const BOUND: Duration = Duration::from_secs(30);
@@ -30,7 +30,12 @@ fn attempt_files(c: &Cluster, task: &str) -> AttemptFiles {
 }
 
 fn shim_pid(c: &Cluster, task: &str) -> i32 {
-    eventually(BOUND, || attempt_files(c, task).shim()).expect("shim recorded").pid
+    shim_of(c, task).pid
+}
+
+/// The shim the task's attempt recorded, by its identity.
+fn shim_of(c: &Cluster, task: &str) -> ProcessId {
+    eventually(BOUND, || attempt_files(c, task).shim()).expect("shim recorded")
 }
 
 fn task_pgid(c: &Cluster, task: &str) -> i32 {
@@ -47,7 +52,7 @@ fn a_task_outlives_a_sigkilled_worker_and_is_reported_once() {
     let out = output_file(&c, &task);
     eventually(BOUND, || read(&out).contains("tick-2").then_some(())).expect("output starts");
     let pgid = task_pgid(&c, &task);
-    let shim = shim_pid(&c, &task);
+    let shim = shim_of(&c, &task);
 
     c.kill9("worker-w1");
     // Still running and still captured without any worker.
@@ -65,12 +70,7 @@ fn a_task_outlives_a_sigkilled_worker_and_is_reported_once() {
     assert_eq!(stdout(&c.cli(&["logs", &task])), expected);
     assert!(c.daemon("worker-w1").log_text().contains("re-attaching"), "{}", c.logs());
     // Its launcher went with the worker: the shim takes no other attempt.
-    assert!(eventually(BOUND, || (!alive(shim)).then_some(())).is_some(), "shim {shim} outlived its attempt");
-}
-
-fn alive(pid: i32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
-        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+    assert!(eventually(BOUND, || (!shim.alive()).then_some(())).is_some(), "shim {shim:?} outlived its attempt");
 }
 
 /// Window: exit → report, with the worker down. The shim records the exit
@@ -489,13 +489,13 @@ fn running_under_a_launcher(command: &str) -> (Cluster, String, i32, i32) {
 fn a_killed_shim_launcher_is_replaced_and_running_tasks_go_on() {
     let (c, task, worker, launcher) =
         running_under_a_launcher("for i in $(seq 1 10); do echo tick-$i; sleep 0.1; done");
-    let shim = shim_pid(&c, &task);
+    let shim = shim_of(&c, &task);
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher), nix::sys::signal::Signal::SIGKILL).unwrap();
 
     let snap = c.wait_status(&task, "completed", BOUND);
     // Its launcher gone, the shim exits after its attempt instead of waiting
     // for another.
-    assert!(eventually(BOUND, || (!alive(shim)).then_some(())).is_some(), "shim {shim} outlived its attempt");
+    assert!(eventually(BOUND, || (!shim.alive()).then_some(())).is_some(), "shim {shim:?} outlived its attempt");
     assert_eq!((snap["attempt"].as_u64(), snap["exit_code"].as_i64()), (Some(1), Some(0)));
     let expected: String = (1..=10).map(|i| format!("tick-{i}\n")).collect();
     assert_eq!(read(&output_file(&c, &task)), expected);
@@ -531,7 +531,7 @@ fn a_shim_serves_attempts_one_after_another() {
     let c = Cluster::start(1);
     let killed = c.submit(&["--", "echo $PPID; sleep 60"]);
     c.wait_status(&killed, "running", BOUND);
-    let shim = shim_pid(&c, &killed);
+    let shim = shim_of(&c, &killed);
     assert!(c.cli(&["kill", &killed]).status.success());
     c.wait_status(&killed, "killed", BOUND);
 
@@ -539,23 +539,25 @@ fn a_shim_serves_attempts_one_after_another() {
         c.wait_status(task, "completed", BOUND);
         stdout(&c.cli(&["logs", task]))
     };
-    let parent_of = |task: &str| -> i32 { output(task).lines().next().and_then(|l| l.parse().ok()).expect("a pid") };
+    // The task's parent, as it printed it.
+    let parent_of = |task: &str| -> Option<i32> { output(task).lines().next().and_then(|l| l.parse().ok()) };
     let next = c.submit(&["--", "echo $PPID"]);
-    assert_eq!(parent_of(&next), shim, "the next attempt went to another shim");
+    assert_eq!(parent_of(&next), Some(shim.pid), "the next attempt went to another shim");
     // Nothing of the attempts before reaches a task: it has stdin, stdout
     // and stderr open, and what `ls` opens to list them.
     let third = c.submit(&["--", "echo $PPID; ls /proc/self/fd"]);
-    assert_eq!(parent_of(&third), shim);
+    assert_eq!(parent_of(&third), Some(shim.pid));
     let fds: Vec<String> = output(&third).lines().skip(1).map(str::to_owned).collect();
     assert!(fds.iter().all(|f| f.parse::<u32>().is_ok_and(|n| n <= 3)), "leaked descriptors: {fds:?}");
 
     // Idle, it leaves at SIGTERM (as at a machine's shutdown).
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(shim), nix::sys::signal::Signal::SIGTERM).unwrap();
-    assert!(eventually(BOUND, || (!alive(shim)).then_some(())).is_some(), "idle shim {shim} ignored SIGTERM");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(shim.pid), nix::sys::signal::Signal::SIGTERM).unwrap();
+    assert!(eventually(BOUND, || (!shim.alive()).then_some(())).is_some(), "idle shim {shim:?} ignored SIGTERM");
     let after = c.submit(&["--", "echo $PPID"]);
     let new = parent_of(&after);
-    assert_ne!(new, shim);
-    assert!(alive(new), "the new shim waits for the next attempt");
+    assert_ne!(new, Some(shim.pid));
+    let new = new.and_then(ProcessId::of);
+    assert!(new.is_some_and(|p| p.alive()), "the new shim waits for the next attempt: {new:?}");
 }
 
 /// Machine shutdown: the service manager sends SIGTERM to every process,

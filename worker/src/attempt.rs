@@ -216,25 +216,23 @@ impl Shim {
             // the wait too, should its exit be held up.
             Some(fd) => tokio::select! {
                 ready = fd.readable() => ready.is_ok(),
-                () = status_recorded(files, Duration::from_secs(1)) => true,
+                () = self.settled(files, Duration::from_secs(1)) => true,
             },
             None => false,
         };
-        if over {
-            return;
-        }
-        // Nothing to wait on: the recorded status ends the wait as soon as it
-        // exists, even if the shim lingers.
-        while self.id.alive() && files.status().is_none() {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        if !over {
+            // Nothing to wait on: the recorded status ends the wait as soon as
+            // it exists, even if the shim lingers.
+            self.settled(files, Duration::from_millis(100)).await;
         }
     }
-}
 
-/// Returns once the attempt's exit status is recorded, looking every `every`.
-async fn status_recorded(files: &AttemptFiles, every: Duration) {
-    while files.status().is_none() {
-        tokio::time::sleep(every).await;
+    /// Returns once the shim is gone or the attempt's status is recorded,
+    /// looking every `every`.
+    async fn settled(&self, files: &AttemptFiles, every: Duration) {
+        while self.id.alive() && files.status().is_none() {
+            tokio::time::sleep(every).await;
+        }
     }
 }
 

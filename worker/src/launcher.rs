@@ -385,7 +385,8 @@ pub fn serve(data_dir: &std::path::Path) -> i32 {
     let mut buf = vec![0u8; MAX_MESSAGE];
     let mut pool = Pool::default();
     loop {
-        reap();
+        // Every shim that ended.
+        crate::process::reap_ended_children();
         let got = match rustix::net::recv(&sock, &mut buf, RecvFlags::empty()) {
             Ok((0, _)) => return 0,
             Ok((n, _)) => n,
@@ -416,16 +417,6 @@ pub fn serve(data_dir: &std::path::Path) -> i32 {
             // The worker is gone; the shim runs on regardless.
             tracing::warn!(%error, "shim launcher cannot answer the worker");
             return 0;
-        }
-    }
-}
-
-/// Reaps every shim that has ended, without waiting.
-fn reap() {
-    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-        if status == WaitStatus::StillAlive {
-            return;
         }
     }
 }

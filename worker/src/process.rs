@@ -26,6 +26,15 @@ use nix::unistd::Pid;
 
 use crate::sandbox::RunAs;
 
+/// Reaps every child of this process that has ended, without waiting.
+pub fn reap_ended_children() {
+    while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+        if status == WaitStatus::StillAlive {
+            return;
+        }
+    }
+}
+
 /// Makes this process the reaper of orphaned descendants (Linux), so that the
 /// processes of a task never end up under PID 1.
 pub fn become_subreaper() {

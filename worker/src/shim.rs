@@ -112,7 +112,8 @@ pub fn run(args: &ShimArgs, life: &Life, channel: &OwnedFd) -> i32 {
     // The journal is opened once: read for the grant, then appended to.
     let opened = files.open_for_shim();
     let recorded = opened.and_then(|(mut journal, facts)| {
-        ProcessId::current().and_then(|me| journal.write_shim(me)).map(|()| (journal, facts))
+        let me = life.me.as_ref().map_err(|e| std::io::Error::new(e.kind(), e.to_string()))?;
+        journal.write_shim(*me).map(|()| (journal, facts))
     });
     let (mut journal, facts) = match recorded {
         Ok(opened) => opened,
@@ -133,6 +134,8 @@ pub fn run(args: &ShimArgs, life: &Life, channel: &OwnedFd) -> i32 {
 
 /// What a shim holds for its whole life, whatever attempt it supervises.
 pub struct Life {
+    /// This process, as every attempt's journal records it (read once).
+    me: std::io::Result<ProcessId>,
     /// SIGCHLD, SIGTERM and SIGUSR1, blocked from the shim's start on and
     /// read here (the task itself starts with none blocked). `Err`: the
     /// shim cannot watch signals, and fails the attempt saying so.
@@ -155,7 +158,7 @@ impl Life {
         let signals = signals
             .thread_block()
             .and_then(|()| SignalFd::with_flags(&signals, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC));
-        Life { signals }
+        Life { me: ProcessId::current(), signals }
     }
 
     /// Whether it can wait for another attempt: only with its signals watched.
@@ -184,11 +187,7 @@ impl Life {
                     return false;
                 }
             }
-            while let Ok(status) = waitpid(None, Some(WaitPidFlag::WNOHANG)) {
-                if status == WaitStatus::StillAlive {
-                    break;
-                }
-            }
+            process::reap_ended_children();
         }
     }
 }
