@@ -59,7 +59,9 @@ fn logs(c: &Cluster, task: &str) -> String {
 #[test]
 fn a_task_sees_nothing_of_the_daemons_environment_and_runs_in_its_own_scratch_dir() {
     let c = cluster_with_secret_env(&[], |_| {});
-    let script = "echo \"PWD=$(pwd)\"; echo ---env; env | sort; echo ---ls; ls -a; echo ---fd; ls /proc/self/fd";
+    // It leaves a file in its directory, so that the directory is kept for it.
+    let script =
+        "echo \"PWD=$(pwd)\"; echo ---env; env | sort; echo ---ls; ls -a; echo ---fd; ls /proc/self/fd; touch left";
     let task = c.submit(&["--env", "GREETING=hi", "--env", "TENURE_TASK_ID=shell-999", "--", script]);
     c.wait_status(&task, "completed", BOUND);
     let out = logs(&c, &task);
@@ -115,7 +117,7 @@ fn a_task_sees_nothing_of_the_daemons_environment_and_runs_in_its_own_scratch_di
 
     // The scratch directory is the daemons' to release: kept until the
     // task's files are released, then removed with them.
-    assert!(scratch.is_dir());
+    assert!(scratch.join("left").is_file());
     let root_mode = std::fs::metadata(scratch_root(&c)).expect("scratch root").mode() & 0o777;
     assert_eq!(root_mode, 0o711);
     let data_mode = std::fs::metadata(c.worker_dir("w1")).expect("data dir").mode() & 0o777;
@@ -140,6 +142,12 @@ fn a_restarted_worker_removes_only_released_scratch_dirs() {
     assert!(kept.join("here").is_file());
     std::fs::create_dir(&released).expect("mkdir");
     std::fs::create_dir(&stranger).expect("mkdir");
+    // Spares an earlier run left: an empty one goes; one holding a file (a
+    // power cut can undo the rename that made it a task's) stays.
+    let (spare, full_spare) = (root.join(".spare.7"), root.join(".spare.8"));
+    std::fs::create_dir(&spare).expect("mkdir");
+    std::fs::create_dir(&full_spare).expect("mkdir");
+    std::fs::write(full_spare.join("result"), b"x").expect("write");
     c.stop("worker-w1");
     let data = c.worker_dir("w1").display().to_string();
     c.spawn("worker-w1", &["worker", "--id", "w1", "--data-dir", &data, "--heartbeat-ms", "300"]);
@@ -152,8 +160,11 @@ fn a_restarted_worker_removes_only_released_scratch_dirs() {
     );
     assert!(kept.join("here").is_file(), "a held task's scratch dir was removed");
     assert!(stranger.is_dir(), "a directory the worker did not make was removed");
+    assert!(!spare.exists(), "an empty spare survived the restart");
+    assert!(full_spare.join("result").is_file(), "a spare holding a file was removed");
     let log = c.daemon("worker-w1").log_text();
     assert!(log.contains("removing the scratch directory") && log.contains("shell-9999"), "{log}");
+    assert!(log.contains("left for the operator") && log.contains(".spare.8"), "{log}");
 }
 
 /// A spec `cwd` is where the task runs; its HOME is still its scratch dir.
@@ -165,6 +176,45 @@ fn a_spec_cwd_is_honoured_and_home_stays_the_scratch_dir() {
     c.wait_status(&task, "completed", BOUND);
     let scratch = scratch_root(&c).join(format!("{task}.1"));
     assert_eq!(logs(&c, &task), format!("{cwd}\n{}\n", scratch.display()));
+}
+
+/// A scratch directory its task left empty goes back to the worker once the
+/// task's outcome is acknowledged, and the next task gets it (the same
+/// directory, renamed and given to it); one its task left anything in stays
+/// the task's until its files are released.
+#[test]
+fn an_empty_scratch_dir_goes_to_the_next_task_and_a_used_one_stays() {
+    let c = cluster_with_secret_env(&[], |_| {});
+    let root = scratch_root(&c);
+    let spares = || -> Vec<(String, u64)> {
+        let entries = std::fs::read_dir(&root).map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default();
+        entries
+            .iter()
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), e.metadata().map(|m| m.ino()).unwrap_or(0)))
+            .filter(|(name, _)| name.starts_with(".spare."))
+            .collect()
+    };
+    let empty = c.submit(&["--", "true"]);
+    c.wait_status(&empty, "completed", BOUND);
+    let spare = eventually(BOUND, || spares().pop());
+    let Some((_, ino)) = spare else { panic!("no spare after an empty directory's release\n{}", c.logs()) };
+    assert!(!root.join(format!("{empty}.1")).exists());
+
+    let next = c.submit(&["--", "pwd; stat -c %i .; ls -A; touch used"]);
+    c.wait_status(&next, "completed", BOUND);
+    let dir = root.join(format!("{next}.1"));
+    assert_eq!(logs(&c, &next), format!("{}\n{ino}\n", dir.display()), "not the spare, or not empty");
+    assert!(spares().is_empty(), "{:?}", spares());
+    // It holds a file: it stays after the release (the attempt's journal goes
+    // after the directory is looked at), until the task's files go.
+    let journal = c.worker_dir("w1").join("attempts").join(format!("{next}.1.journal"));
+    let released = eventually(BOUND, || (!journal.exists()).then_some(()));
+    assert!(released.is_some(), "{}", c.logs());
+    assert!(dir.join("used").is_file(), "a directory with a file was taken back");
+    let deleted = c.cli(&["delete", &next]);
+    assert!(deleted.status.success(), "{}", common::stderr(&deleted));
+    let gone = eventually(BOUND, || (!dir.exists()).then_some(()));
+    assert!(gone.is_some(), "{}", c.logs());
 }
 
 /// The bytes of a well-formed request a hostile task would send to raise the
@@ -396,11 +446,13 @@ fn under_run_as_a_cwd_the_user_cannot_enter_fails_the_task_not_the_worker() {
     let detail = snap["detail"].as_str().unwrap_or("");
     assert!(detail.contains("as user nobody") && detail.contains("Permission denied"), "{snap}");
     assert!(!logs(&c, &task).contains("should-not-run"));
-    // Its scratch dir belongs to the task's user.
-    let scratch = scratch_root(&c).join(format!("{task}.1"));
+    // A task's scratch dir belongs to its user (this one leaves a file in it,
+    // so that it is kept).
+    let ok = c.submit(&["--", "id -u; touch mine"]);
+    c.wait_status(&ok, "completed", BOUND);
+    let scratch = scratch_root(&c).join(format!("{ok}.1"));
     let owner = std::fs::metadata(&scratch).expect("scratch dir").uid();
     assert_eq!(Some(owner), nix::unistd::User::from_name("nobody").ok().flatten().map(|u| u.uid.as_raw()));
-    let ok = c.submit(&["--", "id -u"]);
-    c.wait_status(&ok, "completed", BOUND);
+    assert_eq!(std::fs::metadata(scratch.join("mine")).expect("its file").uid(), owner);
     assert!(alive(c.daemon("worker-w1")));
 }

@@ -86,6 +86,8 @@ pub(crate) struct Shared {
     pub opts: Options,
     pub launcher: Launcher,
     pub layout: Layout,
+    /// The attempts' scratch directories, and the spares among them.
+    pub scratch: crate::scratch::ScratchDirs,
     pub client: async_nats::Client,
     pub sidecar: SidecarClient,
     /// The worker's reports to the leader, gathered.
@@ -379,6 +381,12 @@ async fn perform(
             Done::Reported(ack)
         }
         Action::Release => {
+            // Its processes are gone (the outcome says so): a scratch directory
+            // it left empty goes back for the next attempt. A built-in kind's
+            // attempt has none.
+            if grant.is_none_or(|g| Builtin::of(&g.spec.kind).is_none()) {
+                shared.scratch.give_back(&format!("{task}.{attempt}"));
+            }
             if let Err(error) = files().remove() {
                 tracing::warn!(task = %task, attempt = %attempt, %error, "cannot remove the attempt's files");
             }
@@ -431,11 +439,11 @@ async fn start_shim(shared: &Arc<Shared>, grant: &LeaseGrant, files: &AttemptFil
     let started = tokio::task::spawn_blocking(move || {
         let not_started = LaunchError::NotStarted;
         files.write_grant(&grant).map_err(|e| not_started(format!("cannot write the task's grant: {e}")))?;
-        let root = shared.layout.scratch_root().ok_or_else(|| not_started("no scratch directory is set".into()))?;
         let name = format!("{}.{}", grant.task, grant.attempt);
-        let scratch = crate::sandbox::create_scratch_dir(&root, &name, shared.opts.run_as.as_ref()).map_err(|e| {
-            not_started(format!("cannot create the task's scratch directory {}: {e}", root.join(&name).display()))
-        })?;
+        let scratch = shared
+            .scratch
+            .make(&name)
+            .map_err(|e| not_started(format!("cannot create the task's scratch directory {name}: {e}")))?;
         shared.launcher.launch(&ShimArgs {
             data_dir: shared.layout.root().to_path_buf(),
             task: grant.task.clone(),

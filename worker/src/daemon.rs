@@ -96,7 +96,9 @@ pub async fn run(opts: Options, shutdown: impl Future<Output = ()>) -> Result<()
     let sidecar = SidecarClient::new(layout.socket_path());
     let cgroups = cgroups(&opts);
     let enforces = cgroups.as_ref().map(crate::cgroup::Plan::support).unwrap_or_default();
+    let scratch = crate::scratch::ScratchDirs::open(&scratch, opts.run_as.as_ref());
     let shared = Arc::new(Shared {
+        scratch,
         launcher: Launcher::new(opts.shim_program.clone(), layout.root().to_path_buf()),
         layout,
         client: client.clone(),

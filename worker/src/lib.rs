@@ -21,6 +21,7 @@ pub mod process;
 mod recovery;
 pub mod reports;
 pub mod sandbox;
+pub mod scratch;
 pub mod shim;
 mod waiting;
 

@@ -193,6 +193,9 @@ fn sweep_scratch_dirs(shared: &Shared, tasks: &std::collections::HashSet<&str>) 
     let Ok(entries) = std::fs::read_dir(&root) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
+        if crate::scratch::is_spare(&name) {
+            continue; // what the worker's start left of the spares is meant to stay
+        }
         let parsed = name.rsplit_once('.').and_then(|(t, a)| Some((t.parse::<TaskId>().ok()?, a.parse::<u32>().ok()?)));
         let Some((task, attempt)) = parsed else {
             tracing::warn!(dir = %entry.path().display(), "not a scratch directory of this worker: left alone");

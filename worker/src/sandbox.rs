@@ -18,24 +18,21 @@
 //! user, with its groups, and its scratch directory belongs to it.
 //!
 //! This module never runs a task and never removes anything: it decides what
-//! a task gets ([`task_env`]), prepares the directories, and switches a child
-//! to its user ([`RunAs::switch`]) right before `exec`.
+//! a task gets ([`task_env`]), prepares the scratch root, and switches a child
+//! to its user ([`RunAs::switch`]) right before `exec`. The attempts' own
+//! directories are [`crate::scratch`]'s.
 
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::fs::DirBuilder;
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use nix::errno::Errno;
-use nix::fcntl::OFlag;
-use nix::sys::stat::Mode;
-use nix::unistd::{Gid, Uid};
+use nix::unistd::Gid;
 use serde::{Deserialize, Serialize};
 use tenure_protocol::{Attempt, SessionId, TaskId};
 
@@ -284,35 +281,6 @@ fn check_enterable(user: &RunAs, dir: &Path) -> Result<(), Error> {
     }
 }
 
-/// Creates the scratch directory `name` under `root` (0700; given to `owner`
-/// when set) without following links: the root is opened `O_NOFOLLOW`, the
-/// directory made and opened relative to it, and changed through that
-/// descriptor. An existing directory (a retried start) is reused.
-pub fn create_scratch_dir(root: &Path, name: &str, owner: Option<&RunAs>) -> io::Result<PathBuf> {
-    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{name:?} is not a directory name")));
-    }
-    let dir_flags = OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_RDONLY;
-    let open = |at: Option<i32>, path: &OsStr| -> io::Result<OwnedFd> {
-        let fd = nix::fcntl::openat(at, path, dir_flags, Mode::empty())?;
-        // SAFETY: `openat` returned a new descriptor that nothing else owns.
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-    };
-    let root_fd = open(None, root.as_os_str())?;
-    let raw_root = std::os::fd::AsRawFd::as_raw_fd(&root_fd);
-    match nix::sys::stat::mkdirat(Some(raw_root), OsStr::new(name), Mode::from_bits_truncate(0o700)) {
-        Ok(()) | Err(Errno::EEXIST) => {}
-        Err(errno) => return Err(errno.into()),
-    }
-    let dir = open(Some(raw_root), OsStr::from_bytes(name.as_bytes()))?;
-    let raw = std::os::fd::AsRawFd::as_raw_fd(&dir);
-    if let Some(user) = owner {
-        nix::unistd::fchown(raw, Some(Uid::from_raw(user.uid)), Some(Gid::from_raw(user.gid)))?;
-    }
-    nix::sys::stat::fchmod(raw, Mode::from_bits_truncate(0o700))?;
-    Ok(root.join(name))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -415,28 +383,6 @@ mod tests {
         let link = tmp.path().join("w1.scratch");
         std::os::unix::fs::symlink(&elsewhere, &link).unwrap();
         assert!(matches!(prepare_scratch_root(&link, &data, None), Err(Error::BadRoot { .. })));
-        // Nor is a link planted as the root when a directory is made in it.
-        assert!(create_scratch_dir(&link, "shell-1.1", None).is_err());
-        assert!(!elsewhere.join("shell-1.1").exists());
-    }
-
-    #[test]
-    fn scratch_dirs_are_private_reusable_and_never_follow_links() {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path();
-        let dir = create_scratch_dir(root, "shell-1.1", None).unwrap();
-        assert_eq!(dir, root.join("shell-1.1"));
-        assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
-        std::fs::write(dir.join("kept"), b"x").unwrap();
-        assert_eq!(create_scratch_dir(root, "shell-1.1", None).unwrap(), dir);
-        assert!(dir.join("kept").exists());
-        let target = tmp.path().join("target");
-        std::fs::create_dir(&target).unwrap();
-        std::os::unix::fs::symlink(&target, root.join("shell-2.1")).unwrap();
-        assert!(create_scratch_dir(root, "shell-2.1", None).is_err());
-        for bad in ["", "..", "a/b"] {
-            assert!(create_scratch_dir(root, bad, None).is_err(), "{bad:?}");
-        }
     }
 
     #[test]
