@@ -381,9 +381,9 @@ async fn perform(
             Done::Reported(ack)
         }
         Action::Release => {
-            // Its processes are gone (the outcome says so): a scratch directory
-            // it left empty goes back for the next attempt. A built-in kind's
-            // attempt has none.
+            // The outcome is acknowledged, so the attempt's group is gone: a
+            // scratch directory it left bare goes back for the next attempt. A
+            // built-in kind's attempt has none.
             if grant.is_none_or(|g| Builtin::of(&g.spec.kind).is_none()) {
                 shared.scratch.give_back(&format!("{task}.{attempt}"));
             }
@@ -440,10 +440,10 @@ async fn start_shim(shared: &Arc<Shared>, grant: &LeaseGrant, files: &AttemptFil
         let not_started = LaunchError::NotStarted;
         files.write_grant(&grant).map_err(|e| not_started(format!("cannot write the task's grant: {e}")))?;
         let name = format!("{}.{}", grant.task, grant.attempt);
-        let scratch = shared
-            .scratch
-            .make(&name)
-            .map_err(|e| not_started(format!("cannot create the task's scratch directory {name}: {e}")))?;
+        let scratch = shared.scratch.make(&name).map_err(|e| {
+            let dir = shared.scratch.path(&name);
+            not_started(format!("cannot create the task's scratch directory {}: {e}", dir.display()))
+        })?;
         shared.launcher.launch(&ShimArgs {
             data_dir: shared.layout.root().to_path_buf(),
             task: grant.task.clone(),

@@ -81,6 +81,11 @@ impl ScratchDirs {
         self.spares.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Where the directory `name` is (made or not).
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+
     /// How many spares wait.
     pub fn spare_count(&self) -> usize {
         self.spares().waiting.len()
@@ -106,7 +111,7 @@ impl ScratchDirs {
             chown(&dir, uid, gid)?;
         }
         rustix::fs::fchmod(&dir, Mode::from_bits_truncate(0o700))?;
-        Ok(self.root.join(name))
+        Ok(self.path(name))
     }
 
     /// Renames a waiting spare to `name`; false when none waits or the
@@ -196,7 +201,7 @@ impl ScratchDirs {
                 Ok(()) => {}
                 Err(error) => tracing::warn!(
                     dir = %entry.path().display(), %error,
-                    "a spare scratch directory from an earlier run is not empty: left for the operator"
+                    "a spare scratch directory from an earlier run cannot be removed: left for the operator"
                 ),
             }
         }
