@@ -134,8 +134,8 @@ impl ScratchDirs {
     /// Takes `name` (`<task>.<attempt>`, whose processes are gone) back as a
     /// spare when the attempt left it empty and without extended
     /// attributes, and fewer than [`MAX_SPARES`] wait. True when taken;
-    /// false leaves it as it was (a directory of another user's or with
-    /// something in it is the task's, for its owner).
+    /// false leaves it as it was: what is in it is the task's, for its
+    /// owner, until the task's cleanup job.
     pub fn give_back(&self, name: &str) -> bool {
         if name.starts_with('.') || name.contains('/') || self.spare_count() >= MAX_SPARES {
             return false;
@@ -208,7 +208,7 @@ impl ScratchDirs {
     }
 }
 
-/// Whether a spare's name.
+/// Whether `name` is a spare's.
 pub fn is_spare(name: &str) -> bool {
     name.starts_with(SPARE_PREFIX)
 }
