@@ -247,15 +247,21 @@ mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
 
+    /// A scratch root of its own, without `--run-as`.
+    fn scratch() -> (tempfile::TempDir, ScratchDirs) {
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs = ScratchDirs::open(tmp.path(), None);
+        (tmp, dirs)
+    }
+
     fn inode(path: &Path) -> u64 {
         std::fs::metadata(path).unwrap().ino()
     }
 
     #[test]
     fn scratch_dirs_are_private_reusable_and_never_follow_links() {
-        let tmp = tempfile::tempdir().unwrap();
+        let (tmp, dirs) = scratch();
         let root = tmp.path();
-        let dirs = ScratchDirs::open(root, None);
         let dir = dirs.make("shell-1.1").unwrap();
         assert_eq!(dir, root.join("shell-1.1"));
         assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
@@ -284,9 +290,7 @@ mod tests {
 
     #[test]
     fn an_empty_directory_is_taken_back_and_handed_to_the_next_attempt() {
-        let tmp = tempfile::tempdir().unwrap();
-        let root = tmp.path();
-        let dirs = ScratchDirs::open(root, None);
+        let (tmp, dirs) = scratch();
         let first = dirs.make("shell-1.1").unwrap();
         let ino = inode(&first);
         std::fs::set_permissions(&first, std::fs::Permissions::from_mode(0o777)).unwrap();
@@ -306,9 +310,8 @@ mod tests {
 
     #[test]
     fn a_directory_with_anything_in_it_stays_the_tasks() {
-        let tmp = tempfile::tempdir().unwrap();
+        let (tmp, dirs) = scratch();
         let root = tmp.path();
-        let dirs = ScratchDirs::open(root, None);
         let with_file = dirs.make("shell-1.1").unwrap();
         std::fs::write(with_file.join(".bash_history"), b"x").unwrap();
         let with_dir = dirs.make("shell-2.1").unwrap();
@@ -337,9 +340,8 @@ mod tests {
 
     #[test]
     fn at_most_max_spares_wait_and_a_retried_start_keeps_its_directory() {
-        let tmp = tempfile::tempdir().unwrap();
+        let (tmp, dirs) = scratch();
         let root = tmp.path();
-        let dirs = ScratchDirs::open(root, None);
         for i in 0..=MAX_SPARES {
             dirs.make(&format!("shell-{i}.1")).unwrap();
         }
@@ -370,9 +372,8 @@ mod tests {
 
     #[test]
     fn a_starting_worker_removes_empty_spares_and_leaves_the_others() {
-        let tmp = tempfile::tempdir().unwrap();
+        let (tmp, dirs) = scratch();
         let root = tmp.path();
-        let dirs = ScratchDirs::open(root, None);
         dirs.make("shell-1.1").unwrap();
         dirs.make("shell-2.1").unwrap();
         assert!(dirs.give_back("shell-1.1") && dirs.give_back("shell-2.1"));
