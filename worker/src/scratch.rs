@@ -290,7 +290,7 @@ mod tests {
 
     #[test]
     fn an_empty_directory_is_taken_back_and_handed_to_the_next_attempt() {
-        let (tmp, dirs) = scratch();
+        let (_tmp, dirs) = scratch();
         let first = dirs.make("shell-1.1").unwrap();
         let ino = inode(&first);
         std::fs::set_permissions(&first, std::fs::Permissions::from_mode(0o777)).unwrap();
