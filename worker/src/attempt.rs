@@ -385,7 +385,7 @@ async fn perform(
             // scratch directory it left bare goes back for the next attempt. A
             // built-in kind's attempt has none.
             if grant.is_none_or(|g| Builtin::of(&g.spec.kind).is_none()) {
-                shared.scratch.give_back(&format!("{task}.{attempt}"));
+                shared.scratch.give_back(&crate::scratch::name(task, attempt));
             }
             if let Err(error) = files().remove() {
                 tracing::warn!(task = %task, attempt = %attempt, %error, "cannot remove the attempt's files");
@@ -439,7 +439,7 @@ async fn start_shim(shared: &Arc<Shared>, grant: &LeaseGrant, files: &AttemptFil
     let started = tokio::task::spawn_blocking(move || {
         let not_started = LaunchError::NotStarted;
         files.write_grant(&grant).map_err(|e| not_started(format!("cannot write the task's grant: {e}")))?;
-        let name = format!("{}.{}", grant.task, grant.attempt);
+        let name = crate::scratch::name(&grant.task, grant.attempt);
         let scratch = shared.scratch.make(&name).map_err(|e| {
             let dir = shared.scratch.path(&name);
             not_started(format!("cannot create the task's scratch directory {}: {e}", dir.display()))

@@ -39,6 +39,8 @@ use std::sync::Mutex;
 use rustix::fs::{Mode, OFlags, RenameFlags, CWD};
 use rustix::io::Errno;
 
+use tenure_protocol::{Attempt, TaskId};
+
 use crate::sandbox::RunAs;
 
 /// The prefix of a spare's name: a task id never starts with a dot.
@@ -206,6 +208,12 @@ impl ScratchDirs {
             }
         }
     }
+}
+
+/// The scratch directory's name of `task`'s attempt `attempt`:
+/// `<task>.<attempt>`, as [`crate::recovery`]'s sweep reads it back.
+pub fn name(task: &TaskId, attempt: Attempt) -> String {
+    format!("{task}.{attempt}")
 }
 
 /// Whether `name` is a spare's.
