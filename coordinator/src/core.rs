@@ -183,7 +183,9 @@ pub enum Input {
         by: String,
         registry: Result<Epoch, String>,
     },
-    /// The registry stream's bytes, as sampled by the driver.
+    /// The registry stream's bytes, as sampled by the driver, and what the
+    /// tasks whose end is the latest record in a batch may still add (the
+    /// registry counts those: durability note a20).
     RegistryUsage {
         bytes: u64,
     },
@@ -203,11 +205,12 @@ pub enum Input {
     Tick,
 }
 
-/// Which version of its task a persisted record is. Two versions of a task
+/// Which version of its task a persisted record is. Three versions of a task
 /// happen once in its life, and only those may share a registry message with
-/// other tasks' records (durability notes a12 and a13): that is what keeps a
-/// task's share of the registry bounded while its records are spread over
-/// messages that other tasks keep alive (`limits.rs` reserves for it).
+/// other tasks' records (durability notes a12, a13 and a20): that is what
+/// keeps a task's share of the registry bounded while its records are spread
+/// over messages that other tasks keep alive (`limits.rs` and the registry
+/// reserve for it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Version {
     /// The task's first record: the input created the task.
@@ -215,17 +218,26 @@ pub enum Version {
     /// The record of its first grant (`queued` → `leased` with attempt 1;
     /// an attempt number is never given twice).
     FirstGrant,
+    /// The record of its end (its first terminal status: terminal statuses
+    /// are absorbing), of a task none of whose records so far was `Later`:
+    /// its subject holds no record the end would have replaced.
+    End,
     /// Any other record.
     Later,
 }
 
 impl Version {
     /// Whether `record`, of this version, may share a message with other
-    /// tasks' records: a first record or a first grant, of a task that has
-    /// not ended (an ended task's later records — `reported`, board moves —
-    /// go on its subject, and no reserve covers a task that ended).
+    /// tasks' records: a first record or a first grant of a task that has
+    /// not ended, or an end. A first record or grant merged with its task's
+    /// end in one input goes on the task's subject (its name is the first
+    /// record's or the grant's, and an end there would not be told apart).
     pub fn may_share(self, record: &TaskRecord) -> bool {
-        self != Version::Later && !record.life.status.is_terminal()
+        match self {
+            Version::First | Version::FirstGrant => !record.life.status.is_terminal(),
+            Version::End => true,
+            Version::Later => false,
+        }
     }
 }
 
@@ -337,6 +349,8 @@ pub struct Core {
     claims: epochs::Claims,
     /// This leader's term and the standbys, for the status view.
     presence: presence::Presence,
+    /// The tasks whose end may share a registry message ([`Version::End`]).
+    shared_only: outgoing::SharedOnly,
 }
 
 /// Registry time: milliseconds of leadership accumulated across terms (see
@@ -383,6 +397,7 @@ impl Core {
             usage: Usage::default(),
             claims: epochs::Claims::default(),
             presence: presence::Presence::default(),
+            shared_only: outgoing::SharedOnly::default(),
         };
         for mut r in records {
             // Ended before registry time was recorded: its age is counted
@@ -519,10 +534,12 @@ impl Core {
         }
         coalesce_persists(&mut fx);
         group_grants(&mut fx);
+        notices_last(&mut fx);
         let clock = self.registry_ms(now);
         for e in &mut fx {
-            if let Effect::Persist(r, _) = e {
+            if let Effect::Persist(r, version) = e {
                 r.clock_ms = clock;
+                self.shared_only.persisted(r, *version);
             }
         }
         fx
@@ -628,12 +645,13 @@ impl Core {
         self.usage.reweigh(record, weight);
         tracing::debug!(task = %task, attempt = %life.attempt, epoch = %life.epoch, from = %before, to = %after, "task transition");
         let reported = record.reported;
+        let ended = after.is_terminal() && !before.is_terminal();
         let version = match (before, after, life.attempt) {
             (Status::Queued, Status::Leased, Attempt(1)) => Version::FirstGrant,
+            _ if ended && self.shared_only.contains(&task.number()) => Version::End,
             _ => Version::Later,
         };
         fx.push(Effect::Persist(Box::new(record.clone()), version));
-        let ended = after.is_terminal() && !before.is_terminal();
         // An end is noticed only if nothing reported it: an end handed to a
         // waiter with this very change is `reported`, and every reader of
         // notices (`watch`, the gateway's streams, MCP) skips such ends.
@@ -709,7 +727,7 @@ mod waiters;
 mod workers;
 mod workflow;
 
-use outgoing::{coalesce_persists, group_grants};
+use outgoing::{coalesce_persists, group_grants, notices_last};
 
 #[cfg(test)]
 mod tests;

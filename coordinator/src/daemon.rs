@@ -630,6 +630,13 @@ async fn lead<F: Future<Output = ()>>(
         if let Err(reason) = guard.check() {
             return Ok(Ended::SteppedDown { epoch, reason });
         }
+        // What ends in batches may still add counts as used (note a20).
+        let input = match input {
+            Input::RegistryUsage { bytes } => {
+                Input::RegistryUsage { bytes: bytes.saturating_add(registry.open_ends()) }
+            }
+            input => input,
+        };
         let mut effects = span.in_scope(|| core.handle(input, now()));
         for ms in core.take_dispatch_latencies() {
             metrics::get().dispatch.record(ms as f64 / 1000.0, &[]);

@@ -26,11 +26,14 @@
 //! used (sampled by the driver) plus what every live task may still add,
 //! plus the new one, come within a margin of the limit: the tasks already
 //! admitted can always finish. A live task may still add one message on its
-//! own subject (which replaces the one before it there), up to its largest
-//! record, and, until it is granted, its first grant's entry in a message
-//! that other tasks may keep alive (durability note a13), up to
-//! [`grant_bound`]. What a grant or an end releases of that reserve stays
-//! counted until the next sample, which sees the bytes it appended.
+//! own subject (which replaces the one before it there) or its end's entry in
+//! a message that other tasks may keep alive (durability note a20), up to its
+//! largest record, and, until it is granted, its first grant's entry in such a
+//! message (note a13), up to [`grant_bound`]. What a grant or an end releases
+//! of that reserve stays counted until the next sample, which sees the bytes
+//! it appended. A task whose end is in such a message may still add its
+//! subject's next message, up to that end's entry and [`POST_END_GROWTH`]:
+//! the registry counts those ends and the driver adds them to the sample.
 //!
 //! It must never refuse or change anything but a new submit.
 
@@ -105,6 +108,24 @@ const REGISTRY_MARGIN_DIVISOR: u64 = 20;
 /// numbers, timestamps, a worker id, a cleanup job, a trace.
 const RECORD_OVERHEAD: usize = 2048;
 
+/// What the message a task's record goes in on its own subject after its end
+/// may weigh beyond the end's record (durability note a20): what may change
+/// after an end — `reported`, a board move, a cleanup job, the registry
+/// time (`post_end_growth_covers_every_change_after_an_end` checks it with
+/// every field at its largest) — and the message's subject and headers.
+/// Only for tasks whose record holds nothing else that grows after an end
+/// ([`end_may_share`]).
+pub(crate) const POST_END_GROWTH: usize = 512;
+
+/// Whether an end of a task of `spec` may share a registry message: its
+/// record grows after the end by [`POST_END_GROWTH`] at most. A `monitor`'s
+/// late matched lines and an agent's late captured values grow it more, and
+/// a workflow's end is followed by its steps' moves: those end on their own
+/// subject.
+pub(crate) fn end_may_share(spec: &TaskSpec) -> bool {
+    spec.pattern.is_none() && spec.resume.is_none() && spec.steps.is_empty()
+}
+
 /// What one task record weighs in its identity's quotas and in the
 /// registry's reserve.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -129,12 +150,14 @@ impl Weight {
     }
 
     /// The registry bytes the task may still add that no later message of
-    /// its own replaces: its subject's next message while it is live, up to
-    /// its largest record, and its first grant's entry until it is granted.
+    /// its own replaces: while it is live, its subject's next message or its
+    /// end's entry in a batch (a task that ends in a batch never wrote to its
+    /// subject before: `SharedOnly`), up to its largest record; and its
+    /// first grant's entry until it is granted.
     fn reserve(&self, spec: &TaskSpec) -> u64 {
         let mut bytes = 0;
         if self.live > 0 {
-            bytes += size_bound(spec) as u64;
+            bytes += (size_bound(spec) + crate::registry::BATCHED_OVERHEAD) as u64;
         }
         if self.ungranted > 0 {
             bytes += grant_bound(spec) as u64;

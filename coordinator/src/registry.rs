@@ -42,18 +42,23 @@
 //! record: nothing was sent, nothing else in flight is touched.
 //!
 //! **Batches.** The first records of tasks created by one input (a batch
-//! submit), and the first grants of tasks granted by one input, may share one
-//! message ([`Registry::start_put_shared`]), on a subject of its own
-//! (`tenure.registry.batch.<its first task's number>`, `….granted` for
-//! grants). Every other record of a task goes on the task's own subject, so a
-//! batch only ever loses records: loading takes each task's record from its
-//! latest message, batch or subject, and a batch none of whose records is the
-//! latest any more is compacted to a tombstone ([`Registry::start_retire`], a
-//! conditional append like any other). A task's own subject therefore holds
-//! at most one message, and a task has at most two entries in batches in its
-//! life: a live task adds at most its first grant's entry and its subject's
-//! next message, each up to its largest record (`limits.rs` reserves them);
-//! a batch's bytes are freed when it is retired.
+//! submit), the first grants of tasks granted by one input, and the ends of
+//! tasks that never wrote to their own subject, may share one message
+//! ([`Registry::start_put_shared`]), on a subject of its own
+//! (`tenure.registry.batch.<its first task's number>`, `….granted` when that
+//! record is a first grant, `….ended` when it is an end). Every other record
+//! of a task goes on the task's own subject, so a batch only ever loses
+//! records: loading takes each task's record from its latest message, batch
+//! or subject, and a batch none of whose records is the latest any more is
+//! compacted to a tombstone ([`Registry::start_retire`], a conditional append
+//! like any other). A task's own subject therefore holds at most one message,
+//! and a task has at most three entries in batches in its life: a live task
+//! adds at most its first grant's entry and either its end's entry or its
+//! subject's next message, each up to its largest record (`limits.rs`
+//! reserves them); a task whose end is the latest record in a batch may still
+//! add its subject's next message, a little larger than its end at most,
+//! which this module counts ([`Registry::open_ends`]); a batch's bytes are
+//! freed when it is retired.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::{Future, IntoFuture};
@@ -70,6 +75,7 @@ use tenure_protocol::messages::RegistryMark;
 use tenure_protocol::{subjects, Epoch, TaskId};
 
 use crate::core::Version;
+use crate::limits::POST_END_GROWTH;
 use crate::record::{Batched, EpochClaim, RegistryEntry, TaskEntry, TaskRecord};
 
 #[derive(Debug, thiserror::Error)]
@@ -162,32 +168,53 @@ pub struct Loaded {
 struct Batches {
     /// Batch → how many of its records are still the latest.
     live: HashMap<Arc<str>, u32>,
-    /// Task number → the batch holding its latest record (only such tasks).
-    home: HashMap<u64, Arc<str>>,
+    /// Task number → the batch holding its latest record (only such tasks),
+    /// and what the task may still add when that record is its end (see
+    /// [`Batches::open`]; 0 otherwise).
+    home: HashMap<u64, (Arc<str>, u32)>,
     /// Batches none of whose records is the latest any more: to be retired.
     dead: Vec<Arc<str>>,
+    /// The registry bytes the tasks whose latest record is their end in a
+    /// batch may still add: each its subject's next message (a `reported`
+    /// mark, a board move, a cleanup job, a tombstone), which does not
+    /// replace the end's entry. That message is the end's record with what
+    /// may change after an end, so it is bounded by the entry's size and
+    /// [`POST_END_GROWTH`].
+    open: u64,
+}
+
+/// One task's latest record in a batch: its number, and what it may still
+/// add (an end's; see [`Batches::open`]).
+type Entry = (u64, u32);
+
+/// What a task whose end's entry of `entry_bytes` is its latest record may
+/// still add to the registry ([`Batches::open`]).
+fn open_end(entry_bytes: usize) -> u32 {
+    u32::try_from(entry_bytes + POST_END_GROWTH).unwrap_or(u32::MAX)
 }
 
 impl Batches {
     /// Batch `batch`, holding the latest records of `tasks` (each once), is
     /// durable: a record it holds is later than one its task had in another
-    /// batch (a first grant after a first record).
-    fn stored(&mut self, batch: Arc<str>, tasks: &[u64]) {
-        for n in tasks {
+    /// batch (a first grant after a first record, an end after either).
+    fn stored(&mut self, batch: Arc<str>, tasks: &[Entry]) {
+        for (n, _) in tasks {
             self.superseded(*n);
         }
         if tasks.is_empty() {
             return self.dead.push(batch);
         }
         self.live.insert(batch.clone(), tasks.len() as u32);
-        for n in tasks {
-            self.home.insert(*n, batch.clone());
+        for &(n, open) in tasks {
+            self.open += u64::from(open);
+            self.home.insert(n, (batch.clone(), open));
         }
     }
 
     /// Task `n` has a later durable record than the one in its batch, if any.
     fn superseded(&mut self, n: u64) {
-        let Some(batch) = self.home.remove(&n) else { return };
+        let Some((batch, open)) = self.home.remove(&n) else { return };
+        self.open = self.open.saturating_sub(u64::from(open));
         if let Some(live) = self.live.get_mut(&batch) {
             *live -= 1;
             if *live == 0 {
@@ -232,7 +259,7 @@ enum Stored {
     /// A record (or tombstone) of this task on its own subject.
     Task(u64),
     /// Records of these tasks, in one batch (its subject).
-    Batch(Arc<str>, Vec<u64>),
+    Batch(Arc<str>, Vec<Entry>),
     /// A retired batch's tombstone.
     Retired,
 }
@@ -462,7 +489,10 @@ impl Registry {
             }
             return Ok(self.started);
         };
-        let tasks: Vec<u64> = chunk.iter().map(|(b, _)| b.id.number()).collect();
+        let tasks: Vec<Entry> = chunk
+            .iter()
+            .map(|(b, v)| (b.id.number(), if *v == Version::End { open_end(b.entry.len()) } else { 0 }))
+            .collect();
         let payload = encode(&RegistryEntry::Batch(chunk.into_iter().map(|(b, _)| b).collect()))?;
         let subject: Arc<str> = subject.into();
         self.start_append(subject.to_string(), Stored::Batch(subject, tasks), payload).await
@@ -480,6 +510,14 @@ impl Registry {
     /// Batches waiting to be retired.
     pub fn retirable(&self) -> usize {
         self.batches.dead.len()
+    }
+
+    /// The registry bytes that tasks whose latest record is their end in a
+    /// batch may still add (each its subject's next message, which does not
+    /// replace the end's entry; durability note a20). The leader's budget
+    /// counts them with the stream's bytes.
+    pub fn open_ends(&self) -> u64 {
+        self.batches.open
     }
 
     /// Starts compacting a garbage-collected task's record to a tombstone
@@ -574,7 +612,7 @@ impl Registry {
                             self.batches.superseded(*n);
                         }
                         Stored::Batch(batch, tasks) => {
-                            self.highest_task = self.highest_task.max(tasks.iter().copied().max().unwrap_or(0));
+                            self.highest_task = self.highest_task.max(tasks.iter().map(|t| t.0).max().unwrap_or(0));
                             self.batches.stored(batch.clone(), tasks);
                         }
                         Stored::Retired => {}
@@ -731,14 +769,16 @@ pub(crate) const BATCHED_OVERHEAD: usize = tenure_protocol::ids::MAX_KIND_LEN + 
 const BATCH_OVERHEAD: usize = 32;
 
 /// The subject of a batch whose first record is `version` of task `first`:
-/// `batch.<n>` for first records, `batch.<n>.granted` for first grants. A
-/// task has one record of each in its life, in one batch at most, so no two
-/// batches share a subject — not even after the stream was restored and
-/// renumbered. `None` for any other record, which never starts a batch.
+/// `batch.<n>` for first records, `batch.<n>.granted` for first grants,
+/// `batch.<n>.ended` for ends. A task has one record of each in its life, in
+/// one batch at most, so no two batches share a subject — not even after the
+/// stream was restored and renumbered. `None` for any other record, which
+/// never starts a batch.
 fn batch_subject(first: u64, version: Version) -> Option<String> {
     match version {
         Version::First => Some(subjects::registry_batch(first)),
         Version::FirstGrant => Some(subjects::registry_grant_batch(first)),
+        Version::End => Some(subjects::registry_end_batch(first)),
         Version::Later => None,
     }
 }
@@ -759,8 +799,9 @@ struct Found {
     /// Task number → the sequence of its latest message and what it says.
     latest: HashMap<u64, (u64, Latest)>,
     /// Batches (not retired): the sequence of their message, their subject
-    /// when it is one this registry writes batches on, their tasks.
-    batches: Vec<(u64, Option<Arc<str>>, Vec<u64>)>,
+    /// when it is one this registry writes batches on, their tasks (with
+    /// what an end there may still add).
+    batches: Vec<(u64, Option<Arc<str>>, Vec<Entry>)>,
     /// Unreadable messages that name no task.
     corrupt: Vec<(String, String)>,
     last_claim: Option<EpochClaim>,
@@ -787,10 +828,16 @@ impl Found {
             (Ok(RegistryEntry::Task(record)), _) => self.task(seq, record.id.number(), Latest::Record(record)),
             (Ok(RegistryEntry::Forgotten { id, .. }), _) => self.task(seq, id.number(), Latest::Forgotten),
             (Ok(RegistryEntry::Batch(batch)), _) => {
-                let tasks = batch.iter().map(|b| b.id.number()).collect();
+                let mut tasks = Vec::with_capacity(batch.len());
                 for Batched { id, entry } in batch {
+                    let mut open = 0;
                     let latest = match tenure_protocol::decode::<RegistryEntry>(&entry) {
-                        Ok(RegistryEntry::Task(record)) if record.id == id => Latest::Record(record),
+                        Ok(RegistryEntry::Task(record)) if record.id == id => {
+                            if record.life.status.is_terminal() {
+                                open = open_end(entry.len());
+                            }
+                            Latest::Record(record)
+                        }
                         other => {
                             let why = match other {
                                 Err(e) => e.to_string(),
@@ -800,6 +847,7 @@ impl Found {
                             Latest::Corrupt(format!("{subject} ({id})"), why)
                         }
                     };
+                    tasks.push((id.number(), open));
                     self.task(seq, id.number(), latest);
                 }
                 let name = subjects::is_registry_batch(subject).then(|| Arc::from(subject));
@@ -829,8 +877,9 @@ impl Found {
         let mut batches = Batches::default();
         for (seq, name, mut tasks) in self.batches {
             tasks.sort_unstable();
-            tasks.dedup();
-            let live: Vec<u64> = tasks.into_iter().filter(|n| self.latest.get(n).is_some_and(|l| l.0 == seq)).collect();
+            tasks.dedup_by_key(|t| t.0);
+            let live: Vec<Entry> =
+                tasks.into_iter().filter(|(n, _)| self.latest.get(n).is_some_and(|l| l.0 == seq)).collect();
             match name {
                 Some(name) => batches.stored(name, &live),
                 // Not a subject this registry writes batches on: its records

@@ -90,11 +90,17 @@ pub fn registry_grant_batch(first: u64) -> String {
     format!("{REGISTRY_BATCH_PREFIX}{first}.granted")
 }
 
-/// Whether `subject` is one [`registry_batch`] or [`registry_grant_batch`]
-/// makes.
+/// The registry subject of a batch whose first record is the end of task
+/// number `first` (a task ends once: terminal statuses are absorbing).
+pub fn registry_end_batch(first: u64) -> String {
+    format!("{REGISTRY_BATCH_PREFIX}{first}.ended")
+}
+
+/// Whether `subject` is one [`registry_batch`], [`registry_grant_batch`] or
+/// [`registry_end_batch`] makes.
 pub fn is_registry_batch(subject: &str) -> bool {
     let Some(name) = subject.strip_prefix(REGISTRY_BATCH_PREFIX) else { return false };
-    let number = name.strip_suffix(".granted").unwrap_or(name);
+    let number = name.strip_suffix(".granted").or_else(|| name.strip_suffix(".ended")).unwrap_or(name);
     // Digits only (`u64` parsing also takes a leading `+`), within range.
     number.bytes().all(|b| b.is_ascii_digit()) && number.parse::<u64>().is_ok()
 }
@@ -177,8 +183,12 @@ mod tests {
         assert!(REGISTRY_EPOCH.starts_with(REGISTRY_ALL.trim_end_matches('>')));
         assert_eq!(registry_batch(42), "tenure.registry.batch.42");
         assert_eq!(registry_grant_batch(42), "tenure.registry.batch.42.granted");
+        assert_eq!(registry_end_batch(42), "tenure.registry.batch.42.ended");
         assert!(is_registry_batch(&registry_batch(42)) && is_registry_batch(&registry_grant_batch(u64::MAX)));
+        assert!(is_registry_batch(&registry_end_batch(7)));
         for other in [
+            "tenure.registry.batch.42.granted.ended",
+            "tenure.registry.batch..ended",
             "tenure.registry.batch.",
             "tenure.registry.batch.4x",
             "tenure.registry.batch.42.other",

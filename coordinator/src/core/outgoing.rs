@@ -1,8 +1,10 @@
 //! What one input's effects become before they leave the core: one append
-//! per task ([`coalesce_persists`]), and the grants to one worker process
-//! together ([`group_grants`]). Both only merge and move effects later in
-//! the input; neither adds, drops or reorders what a worker or a client
-//! could tell apart.
+//! per task ([`coalesce_persists`]), the grants to one worker process
+//! together ([`group_grants`]), and the notices after everything else
+//! ([`notices_last`]). Each only merges and moves effects later in the
+//! input; none adds, drops or reorders what a worker or a client could tell
+//! apart. It also keeps which tasks' ends may share a registry message
+//! ([`SharedOnly`]), from the appends that leave.
 
 use std::collections::{HashMap, HashSet};
 
@@ -10,7 +12,8 @@ use tenure_protocol::messages::{WorkerCommand, MAX_GRANTS};
 use tenure_protocol::WorkerId;
 use uuid::Uuid;
 
-use super::Effect;
+use super::{Effect, Version};
+use crate::record::TaskRecord;
 
 /// One append per task per input: when one input's effects persist a task
 /// more than once (a submit whose task is leased at once: `queued`, then
@@ -115,4 +118,49 @@ pub(super) fn group_grants(fx: &mut Vec<Effect>) {
         }
     }
     fx.extend(slots.into_iter().flatten());
+}
+
+/// An input's notices go after its other effects, in their order. A notice
+/// is held until every append before it is durable either way (it tells of
+/// a durable end or match), so moving it later only delays it, and nothing
+/// orders notices against replies, grants or acks. What it changes is what
+/// shares a registry message: the ends of a batch of reports stand in a row
+/// in the effects, not each between two notices (durability note a20).
+pub(crate) fn notices_last(fx: &mut [Effect]) {
+    // A stable sort: notices keep their order, and so does the rest.
+    fx.sort_by_key(|e| matches!(e, Effect::Notify(_)));
+}
+
+/// The live tasks every record of which so far was a first record or a first
+/// grant ([`Version`]): none of their records went on their own subject as
+/// a `Later` one, so their end may share a message ([`Version::End`]). An
+/// end that shares a message leaves the task's subject as it was, which is
+/// what the registry's room counts on: a task either ends in a batch and
+/// never wrote to its subject after its creation and grant, or ends on its
+/// subject, replacing what it wrote there (durability note a20).
+///
+/// Kept from the appends the core hands out, after merging (a `Later`
+/// record merged into its task's end goes nowhere but in the end). Only in
+/// this leader's memory: a task loaded by a new leader ends on its subject.
+#[derive(Debug, Default)]
+pub(crate) struct SharedOnly(HashSet<u64>);
+
+impl SharedOnly {
+    /// `record` leaves the core as an append of `version`.
+    pub(crate) fn persisted(&mut self, record: &TaskRecord, version: Version) {
+        let n = record.id.number();
+        match version {
+            Version::First if !record.life.status.is_terminal() && crate::limits::end_may_share(&record.spec) => {
+                self.0.insert(n);
+            }
+            Version::FirstGrant if !record.life.status.is_terminal() => {}
+            _ => {
+                self.0.remove(&n);
+            }
+        }
+    }
+
+    pub(crate) fn contains(&self, n: &u64) -> bool {
+        self.0.contains(n)
+    }
 }

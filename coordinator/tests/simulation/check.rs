@@ -81,6 +81,10 @@ pub struct Checker {
     resumable: BTreeSet<TaskId>,
     /// Records of each task appended as ones that may share a message (rule 14).
     shared: BTreeMap<TaskId, u32>,
+    /// Tasks with a record appended as `Later`, on their own subject (rule 14).
+    later: BTreeSet<TaskId>,
+    /// Ends appended as ones that may share a message.
+    shared_ends: usize,
 }
 
 impl Checker {
@@ -92,6 +96,10 @@ impl Checker {
         if self.failure.is_none() {
             self.failure = Some(why);
         }
+    }
+
+    pub fn shared_ends(&self) -> usize {
+        self.shared_ends
     }
 
     pub fn starts(&self, task: &TaskId) -> usize {
@@ -179,18 +187,27 @@ impl Checker {
                         && after.life.attempt == Attempt(1)
                         && before.is_none_or(|b| b.life.attempt == Attempt(0))
                 }
+                // A task's end, when nothing of it went on its subject before.
+                Version::End => {
+                    after.life.status.is_terminal()
+                        && before.is_some_and(|b| !b.life.status.is_terminal())
+                        && !self.later.contains(id)
+                }
                 Version::Later => false,
             };
+            self.shared_ends += usize::from(version == Version::End);
             let count = self.shared.entry(id.clone()).or_default();
             *count += 1;
             let count = *count;
-            if !fits || count > 2 {
+            if !fits || count > 3 {
                 let was = before.map(|b| (b.life.status, b.life.attempt));
                 self.fail(format!(
                     "rule 14: {id} appended as {version:?} ({} #{}, shared {count} times) over {was:?}",
                     after.life.status, after.life.attempt
                 ));
             }
+        } else {
+            self.later.insert(id.clone());
         }
         let first = match after.life.status {
             Status::Blocked => after.spec.hold,

@@ -370,6 +370,7 @@ impl Cluster {
                 Effect::Persist(record, version) => {
                     let version = match self.bug {
                         Bug::ShareEveryGrant if record.life.status == Status::Leased => Version::FirstGrant,
+                        Bug::ShareEveryEnd if record.life.status.is_terminal() => Version::End,
                         _ => version,
                     };
                     let cut_off = ctx.bus.is_partitioned(Node::Coord(s), ctx.now);

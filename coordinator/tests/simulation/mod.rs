@@ -62,6 +62,10 @@ pub enum Bug {
     /// The leader lets every grant share a registry message, not only a
     /// task's first: a task's dead entries in batches would be unbounded.
     ShareEveryGrant,
+    /// The leader lets every end share a registry message, not only that of a
+    /// task that never wrote to its own subject: an end would leave a record
+    /// there that no reserve counted on.
+    ShareEveryEnd,
 }
 
 #[derive(Debug, Clone)]
@@ -206,6 +210,8 @@ pub struct Outcome {
     pub retries: usize,
     /// Attempts the leaders resumed (in the registry's resume states).
     pub resumes: usize,
+    /// Ends appended as records that may share a registry message.
+    pub shared_ends: usize,
 }
 
 struct Sim {
@@ -282,6 +288,7 @@ pub fn run(seed: u64, opts: &Options) -> Outcome {
         by_status,
         retries: records.values().filter_map(|r| r.attempts.as_ref()).map(|a| a.retried() as usize).sum(),
         resumes: records.values().filter_map(|r| r.resume()).map(|s| s.resumes as usize).sum(),
+        shared_ends: sim.ctx.check.shared_ends(),
     }
 }
 
