@@ -253,3 +253,50 @@ fn granted_tasks_share_registry_messages_that_a_new_leader_loads_and_retires() {
     });
     assert!(retired.is_some(), "not retired: {:?}\n{}", batch_messages(&c), c.logs());
 }
+
+/// Tasks that end together share a registry message (`….ended`, durability
+/// note a20): a standby that takes over loads them ended, from it; each
+/// task's next record (its owner receiving its end) goes on its own subject,
+/// and once every one moved on, the message is retired.
+#[test]
+fn ended_tasks_share_a_registry_message_that_a_new_leader_loads_and_retires() {
+    let mut c = Cluster::start_coordinators(2, 1, &[]);
+    let noop = "{\"kind\": \"noop\", \"command\": \"-\"}\n";
+    let out = batch_from_stdin(&c, &noop.repeat(40));
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ids = ids(&out);
+    assert_eq!(ids.len(), 40);
+    for id in &ids {
+        c.wait_status(id, "completed", BOUND);
+    }
+    let ended = |c: &Cluster| {
+        let live = batch_messages(c).into_iter().filter(|(s, bytes)| s.ends_with(".ended") && *bytes >= 64);
+        live.collect::<Vec<_>>()
+    };
+    let stored = ended(&c);
+    assert!(!stored.is_empty(), "no end shared a message: {:?}\n{}", batch_messages(&c), c.logs());
+
+    c.kill9("coordinator-c1");
+    c.wait_leader("c2");
+    assert_eq!(count(&c), 40, "the new leader loaded every task");
+    for id in &ids {
+        assert_eq!(c.snapshot(id)["status"], "completed", "{id} was loaded ended");
+    }
+    // Each owner receives its task's end: the ended messages go.
+    for id in &ids {
+        let out = c.cli(&["wait", id]);
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+    let retired = tenure_testkit::eventually(BOUND, || {
+        let b = batch_messages(&c);
+        b.iter().all(|(_, bytes)| *bytes < 64).then_some(b)
+    });
+    assert!(retired.is_some(), "not retired: {:?}\n{}", batch_messages(&c), c.logs());
+    // The tasks the new leader creates end together again.
+    let out = batch_from_stdin(&c, &noop.repeat(20));
+    assert!(out.status.success(), "{}", stderr(&out));
+    for id in stdout(&out).lines() {
+        c.wait_status(id, "completed", BOUND);
+    }
+    assert!(!ended(&c).is_empty(), "{:?}", batch_messages(&c));
+}

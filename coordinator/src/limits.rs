@@ -530,6 +530,51 @@ mod tests {
         "s".repeat(tenure_protocol::ids::MAX_SESSION_LEN).parse().unwrap()
     }
 
+    /// Everything that may change in a record after its end (`reported`, a
+    /// board move, a cleanup job and its answers, the registry time), from
+    /// its smallest to its largest, with the longest subject and the headers
+    /// of an append, stays within [`POST_END_GROWTH`]: a task whose end
+    /// shares a message may add no more than that beyond its end's entry.
+    #[test]
+    fn post_end_growth_covers_every_change_after_an_end() {
+        // The longest task subject, and the headers an append carries (its
+        // message id and the two expectations), with the server's framing.
+        let subject = "tenure.registry.task.".len() + tenure_protocol::ids::MAX_KIND_LEN + 1 + 20;
+        let headers = "NATS/1.0\r\n\r\n".len()
+            + "Nats-Msg-Id: \r\n".len()
+            + 36
+            + 1
+            + 20
+            + "Nats-Expected-Last-Sequence: \r\n".len()
+            + 20
+            + "Nats-Expected-Last-Msg-Id: \r\n".len()
+            + 36
+            + 1
+            + 20;
+        let framing = 64;
+        let message = subject + headers + framing;
+        for spec in [TaskSpec::shell("", "true"), TaskSpec::shell(&"l".repeat(64), &"c".repeat(300))] {
+            assert!(end_may_share(&spec));
+            let mut end = largest_record(&owner(), &spec, None).unwrap();
+            end.trace = None;
+            end.reported = false;
+            end.life.board = Board::Active;
+            end.cleanup = None;
+            end.clock_ms = 1;
+            let mut after = end.clone();
+            after.reported = true;
+            after.life.board = Board::Archived;
+            after.cleanup = Some(CleanupJob { job: u32::MAX, done: true, cancelled: true, cancel_confirmed: true });
+            after.clock_ms = u64::MAX;
+            let grew = encoded_size(after.clone()).unwrap() - encoded_size(end.clone()).unwrap();
+            after.life.board = Board::Deleted;
+            let grew = grew.max(encoded_size(after).unwrap() - encoded_size(end).unwrap());
+            assert!(grew + message <= POST_END_GROWTH, "{grew} + {message} > {POST_END_GROWTH}");
+        }
+        let monitor = TaskSpec { pattern: Some("x".into()), ..TaskSpec::shell("", "tail -f log") };
+        assert!(!end_may_share(&monitor), "a monitor's matches may grow its record after its end");
+    }
+
     proptest! {
         /// The quick bounds are never below the exact largest sizes (of any
         /// record, and of a first grant in a batch), whatever the spec.

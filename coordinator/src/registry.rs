@@ -1069,6 +1069,68 @@ mod tests {
         });
     }
 
+    /// Ends share a message too, named by its first task and `ended`, with
+    /// whatever else of the input may share one (a first grant here). An end
+    /// there is not replaced by its task's next record on its subject, so the
+    /// registry counts what that record may add, from the entry's size, until
+    /// it is written — a new leader counts the same from what it loads — and
+    /// the stream grows by less than that when it is.
+    #[test]
+    fn ends_share_a_message_and_count_what_their_next_record_may_add_until_it_is_written() {
+        let (_nats, rt, js) = nats_and_js();
+        rt.block_on(async {
+            let mut registry = claimed(&js, limits()).await;
+            let (r1, r2, r3) = (record(1), record(2), record(3));
+            registry.start_put_shared(&firsts(&[&r1, &r2, &r3])).await.unwrap();
+            let with = |r: &TaskRecord, status, attempt| {
+                let mut r = r.clone();
+                r.life.status = status;
+                r.life.attempt = tenure_protocol::Attempt(attempt);
+                r
+            };
+            use tenure_protocol::Status::{Completed, Failed, Leased};
+            let (e1, e2, g3) = (with(&r1, Completed, 1), with(&r2, Failed, 1), with(&r3, Leased, 1));
+            let run = [(&e1, Version::End), (&e2, Version::End), (&g3, Version::FirstGrant)];
+            registry.start_put_shared(&run).await.unwrap();
+            settled(&mut registry).await;
+            let mut stream = js.get_stream(subjects::REGISTRY_STREAM).await.unwrap();
+            let msg = stream.get_raw_message(registry.last_seq()).await.unwrap();
+            assert_eq!(msg.subject.as_str(), subjects::registry_end_batch(1), "named by its first task, ended");
+            assert_eq!(registry.retirable(), 1, "every first record is superseded");
+            let open = |r: &TaskRecord| u64::from(open_end(encode_task(r).unwrap().len()));
+            assert_eq!(registry.open_ends(), open(&e1) + open(&e2), "the ends count, the grant does not");
+            let reopened = |js: &jetstream::Context| {
+                let js = js.clone();
+                async move { Registry::open(js, 1, limits()).await.unwrap().0.open_ends() }
+            };
+            assert_eq!(reopened(&js).await, registry.open_ends(), "a new leader counts the same");
+            assert_eq!(statuses(&js).await, [(1, Completed), (2, Failed), (3, Leased)]);
+
+            // Task 1 is reported: its subject's next message, within what was counted.
+            let before = stream.info().await.unwrap().state.bytes;
+            let mut reported = e1.clone();
+            reported.reported = true;
+            reported.life.board = tenure_protocol::Board::Deleted;
+            registry.start_put_task(&reported).await.unwrap();
+            settled(&mut registry).await;
+            let grew = stream.info().await.unwrap().state.bytes - before;
+            assert!(grew <= open(&e1), "the stream grew by {grew}, more than the {} counted", open(&e1));
+            assert_eq!(registry.open_ends(), open(&e2));
+            // Task 2 is forgotten, task 3 ends on its subject: the batch is dead.
+            registry.start_forget(&e2.id, 7).await.unwrap();
+            registry.start_put_task(&with(&r3, Completed, 1)).await.unwrap();
+            settled(&mut registry).await;
+            assert_eq!(registry.open_ends(), 0);
+            assert_eq!(registry.retirable(), 2, "the first batch and the end batch");
+            assert_eq!(reopened(&js).await, 0);
+            while registry.start_retire(8).await.unwrap().is_some() {}
+            settled(&mut registry).await;
+            let retired = RegistryEntry::Retired { at_ms: 8 };
+            assert_eq!(entry_on(&js, &subjects::registry_end_batch(1)).await, retired);
+            assert_eq!(load(&js).await, (vec![(1, true), (3, false)], 0, vec![]));
+        });
+    }
+
     /// First grants share a message of their own, named by its first task
     /// and `granted`: it takes the place of their tasks' first records in
     /// the first batch, which is retired once its last task is granted; the

@@ -223,3 +223,58 @@ fn first_records_and_first_grants_are_told_from_every_other_version() {
     }));
     assert_eq!(versions(&fx), [(4, Leased, First)]);
 }
+
+/// An end shares a registry message (durability note a20) only when none of
+/// its task's records went on its subject as a later version: the ends of
+/// one batch of reports stand in a row, with their notices after every
+/// append of the input. A task that started (a `Later` record), a monitor
+/// (its record may grow after its end), a task loaded by a new leader, and
+/// every record after an end, go on their subjects.
+#[test]
+fn an_end_shares_a_message_only_when_nothing_of_its_task_went_on_its_subject() {
+    use Status::Completed;
+    use Version::{End, Later};
+    let mut h = Harness::new();
+    let ids: Vec<TaskId> = created(batch(&mut h, "alice", noops(3)).1).into_iter().map(|d| d.task).collect();
+    h.heartbeat("w1", 3);
+    let report = |task: &TaskId, event| report_of("w1", task, 1, event);
+    let reports = vec![report(&ids[0], completed()), report(&ids[1], completed())];
+    let fx = h.input(Input::Reports { reply_to: Some("acks".into()), reports });
+    assert_eq!(versions(&fx), [(1, Completed, End), (2, Completed, End)]);
+    let last_append = fx.iter().rposition(|e| matches!(e, Effect::Persist(..))).expect("appends");
+    let notices: Vec<usize> =
+        fx.iter().enumerate().filter(|(_, e)| matches!(e, Effect::Notify(_))).map(|(i, _)| i).collect();
+    assert_eq!(notices.len(), 2, "{fx:?}");
+    assert!(notices.iter().all(|&i| i > last_append), "the notices follow every append: {fx:?}");
+
+    // Started first: its end goes on its subject, over its start.
+    h.report_effects("w1", &ids[2], 1, ReportEvent::Started { pid: 7 });
+    assert_eq!(versions(&h.report_effects("w1", &ids[2], 1, completed())), [(3, Completed, Later)]);
+    // After an end, every record goes on the subject.
+    let (fx, _) = h.api(ApiRequest::MarkReported { session: s("alice"), task: ids[0].clone() });
+    assert_eq!(versions(&fx), [(1, Completed, Later)], "reported by its owner");
+
+    // A started and ended task in one input: one append, its end, shared.
+    let alone = h.submit("alice", TaskSpec::shell("alone", "true"));
+    h.heartbeat("w1", 1);
+    let reports = vec![report(&alone, ReportEvent::Started { pid: 8 }), report(&alone, completed())];
+    let fx = h.input(Input::Reports { reply_to: Some("acks".into()), reports });
+    assert_eq!(versions(&fx), [(alone.number(), Completed, End)]);
+
+    // A monitor's record may grow after its end: never shared.
+    let Input::Heartbeat(mut both) = beat("w1", 0, 1, None) else { unreachable!() };
+    both.kinds.push(Kind::monitor());
+    h.input(Input::Heartbeat(both));
+    let spec = TaskSpec { kind: Kind::monitor(), pattern: Some("x".into()), ..TaskSpec::shell("m", "true") };
+    let monitor = h.submit("alice", spec);
+    assert_eq!(versions(&h.report_effects("w1", &monitor, 1, completed())), [(monitor.number(), Completed, Later)]);
+
+    // A new leader knows nothing of where a loaded task's records went.
+    let loaded = h.submit("alice", TaskSpec::shell("loaded", "true"));
+    h.heartbeat("w1", 1);
+    let records: Vec<TaskRecord> = h.core.tasks.values().cloned().collect();
+    let mut next = Harness { core: Core::new(CoreConfig::default(), Epoch(3), records, h.now), now: h.now };
+    next.advance(CoreConfig::default().worker_ttl);
+    next.heartbeat("w1", 1);
+    assert_eq!(versions(&next.report_effects("w1", &loaded, 1, completed())), [(loaded.number(), Completed, Later)]);
+}
