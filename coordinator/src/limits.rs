@@ -553,7 +553,7 @@ mod tests {
             + 20;
         let framing = 64;
         let message = subject + headers + framing;
-        for spec in [TaskSpec::shell("", "true"), TaskSpec::shell(&"l".repeat(64), &"c".repeat(300))] {
+        for spec in [TaskSpec::shell("", "true"), TaskSpec::shell("l".repeat(64), "c".repeat(300))] {
             assert!(end_may_share(&spec));
             let mut end = largest_record(&owner(), &spec, None).unwrap();
             end.trace = None;
