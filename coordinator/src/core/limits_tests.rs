@@ -372,7 +372,8 @@ fn a_workflow_whose_step_could_not_be_stored_fails_instead_of_creating_it_again(
 }
 
 /// A task not granted yet reserves room for two more messages: its
-/// subject's next, up to its largest record, and its first grant's, which
+/// subject's next or its end's entry in a batch (note a20), up to its
+/// largest record and an entry's overhead, and its first grant's, which
 /// may share one other tasks keep alive (durability note a13); once
 /// granted, the first only, the other released with the next sample of the
 /// stream's bytes.
