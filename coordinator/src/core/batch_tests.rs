@@ -246,6 +246,18 @@ fn an_end_shares_a_message_only_when_nothing_of_its_task_went_on_its_subject() {
         fx.iter().enumerate().filter(|(_, e)| matches!(e, Effect::Notify(_))).map(|(i, _)| i).collect();
     assert_eq!(notices.len(), 2, "{fx:?}");
     assert!(notices.iter().all(|&i| i > last_append), "the notices follow every append: {fx:?}");
+    let told: Vec<u64> = fx
+        .iter()
+        .filter_map(|e| match e {
+            Effect::Notify(n) => match &**n {
+                Notice::Ended(s) => Some(s.id.number()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert_eq!(told, [1, 2], "in their order");
+    assert!(fx.iter().any(|e| matches!(e, Effect::Acks { .. })), "the reports are answered: {fx:?}");
 
     // Started first: its end goes on its subject, over its start.
     h.report_effects("w1", &ids[2], 1, ReportEvent::Started { pid: 7 });

@@ -126,9 +126,15 @@ pub(super) fn group_grants(fx: &mut Vec<Effect>) {
 /// orders notices against replies, grants or acks. What it changes is what
 /// shares a registry message: the ends of a batch of reports stand in a row
 /// in the effects, not each between two notices (durability note a20).
-pub(crate) fn notices_last(fx: &mut [Effect]) {
-    // A stable sort: notices keep their order, and so does the rest.
-    fx.sort_by_key(|e| matches!(e, Effect::Notify(_)));
+pub(crate) fn notices_last(fx: &mut Vec<Effect>) {
+    let notice = |e: &Effect| matches!(e, Effect::Notify(_));
+    let Some(first) = fx.iter().position(notice) else { return };
+    if fx[first..].iter().all(notice) {
+        return;
+    }
+    let (notices, rest): (Vec<Effect>, Vec<Effect>) = fx.drain(first..).partition(notice);
+    fx.extend(rest);
+    fx.extend(notices);
 }
 
 /// The live tasks every record of which so far was a first record or a first
