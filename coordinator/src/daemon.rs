@@ -773,7 +773,7 @@ enum Step {
 }
 
 /// An input's effects as steps: each run of persists that may share a
-/// message (first records of the tasks it created, first grants) becomes
+/// message (first records of the tasks it created, first grants, ends) becomes
 /// one [`Step::Shared`]; nothing is moved across another effect.
 fn runs_of_shared(effects: Vec<Effect>) -> Vec<Step> {
     let mut steps = Vec::with_capacity(effects.len());

@@ -2,8 +2,8 @@
 //!
 //! A [`TaskRecord`] is the whole truth about one task; the registry stores its
 //! latest version under the task's subject, or — for the first record of
-//! tasks created together, and the first grant of tasks granted together —
-//! in one batch message ([`Batched`]). [`RegistryEntry`] is what a registry
+//! tasks created together, the first grant of tasks granted together, and
+//! the end of tasks that end together — in one batch message ([`Batched`]). [`RegistryEntry`] is what a registry
 //! message holds: a task record, a batch, a tombstone, or a leadership claim.
 
 use serde::{Deserialize, Serialize};
@@ -339,10 +339,12 @@ pub enum RegistryEntry {
         at_ms: u64,
     },
     Epoch(EpochClaim),
-    /// The first records of tasks created by one input (a batch submit), or
-    /// the first grants of tasks granted by one input, in one message on its
-    /// own subject ([`tenure_protocol::subjects::registry_batch`],
-    /// [`tenure_protocol::subjects::registry_grant_batch`]). Every other
+    /// The first records of tasks created by one input (a batch submit), the
+    /// first grants of tasks granted by one input, or the ends of tasks that
+    /// ended in one input, in one message on its own subject
+    /// ([`tenure_protocol::subjects::registry_batch`],
+    /// [`tenure_protocol::subjects::registry_grant_batch`],
+    /// [`tenure_protocol::subjects::registry_end_batch`]). Every other
     /// record of each task goes on the task's subject, so the batch is
     /// superseded task by task (see `registry.rs`).
     Batch(Vec<Batched>),

@@ -435,12 +435,14 @@ impl Registry {
     }
 
     /// Starts storing records of several tasks changed by one input — each
-    /// its task's first record or first grant ([`Version::may_share`]) — in
-    /// as few messages as the record limit allows (a batch of one is stored
-    /// on its task's subject); the ticket of the last. Every other record
-    /// goes on its task's subject ([`Registry::start_put_task`]), so a task
-    /// has at most two records in batches in its life, and a batch only ever
-    /// loses records: it is retired once none of them is the latest.
+    /// its task's first record, first grant or end ([`Version::may_share`])
+    /// — in as few messages as the record limit allows (a batch of one is
+    /// stored on its task's subject); the ticket of the last. Every other
+    /// record goes on its task's subject ([`Registry::start_put_task`]), so
+    /// a task has at most three records in batches in its life, and a batch
+    /// only ever loses records: it is retired once none of them is the
+    /// latest. An end's entry counts in [`Registry::open_ends`] until its
+    /// task has a later record.
     ///
     /// Fails with the index of the first record not sent when one cannot be
     /// encoded: the records before it were started, it and those after it

@@ -148,6 +148,9 @@ pub(crate) fn notices_last(fx: &mut Vec<Effect>) {
 /// Kept from the appends the core hands out, after merging (a `Later`
 /// record merged into its task's end goes nowhere but in the end). Only in
 /// this leader's memory: a task loaded by a new leader ends on its subject.
+/// A task leaves it with its end, or any later record; one dropped before
+/// it ended (its first record could not be stored) stays, harmlessly: task
+/// numbers are never given again.
 #[derive(Debug, Default)]
 pub(crate) struct SharedOnly(HashSet<u64>);
 
