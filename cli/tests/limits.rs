@@ -232,3 +232,91 @@ fn a_full_registry_refuses_new_tasks_and_the_running_one_finishes() {
     let output = c.cli_as("filler", &["logs", &first.to_string()]);
     assert_eq!(stdout(&output).trim(), "released", "{}", stderr(&output));
 }
+
+/// Tasks that end together share registry messages (durability note a20),
+/// and each one's next record goes on its own subject without replacing
+/// its end there: a registry filled with such ended tasks refuses new
+/// tasks before their next records could find it full. Every third one is
+/// then reported (an append each, and no end message is emptied, so none is
+/// retired to make room), and the leader stays.
+#[test]
+fn a_registry_full_of_tasks_that_ended_together_still_records_their_reports() {
+    use tenure_protocol::messages::{BatchTask, SubmitBatch};
+    let nats = tenure_testkit::NatsCluster::single(tenure_testkit::NatsServer::start().expect("nats-server"));
+    let mut c = Cluster::on(nats, None);
+    c.spawn_coordinator("c1", &["--registry-max-bytes", "67108864"]);
+    c.wait_leader("c1");
+    // A busy worker: its reports go together, and so do their ends.
+    c.spawn_sidecar("w1");
+    c.spawn_worker_with_slots("w1", 64, &[]);
+    c.wait_workers(1);
+    let epoch = c.status().map(|s| s["leader"]["epoch"].clone()).expect("status");
+    // ≈ 30 KiB records: about thirty ends to a message.
+    let spec = || TaskSpec {
+        kind: "noop".parse().expect("kind"),
+        env: [("PAD".to_owned(), "x".repeat(30_000))].into(),
+        ..TaskSpec::shell("fill", "-")
+    };
+    let owner: SessionId = "filler".parse().expect("session");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    rt.block_on(async {
+        let nc = tenure_transport::connect(&c.nats_options("client"), "limits-test", false).await.expect("connect");
+        let api = tenure_client::Client::new(nc.clone(), owner.clone());
+        let call = |request: ApiRequest| {
+            let api = api.clone();
+            async move { api.call(&request, Duration::from_secs(20)).await }
+        };
+        // Filled until refused twice with a sample of the stream between
+        // (the leader samples it every 5 s): what a finished task released
+        // of its reserve is counted until the next sample.
+        let mut ids = Vec::new();
+        let mut refused = Vec::new();
+        while refused.len() < 2 {
+            let tasks = (0..25).map(|_| BatchTask { idempotency_key: uuid::Uuid::new_v4(), spec: spec() }).collect();
+            match call(ApiRequest::SubmitBatch(SubmitBatch { session: owner.clone(), tasks })).await {
+                Ok(ApiResponse::SubmittedBatch(done)) => {
+                    ids.extend(done.into_iter().map(|d| d.task));
+                    refused.clear();
+                }
+                Err(tenure_client::Error::Api(refusal)) => {
+                    refused.push(refusal);
+                    tokio::time::sleep(Duration::from_secs(6)).await;
+                }
+                other => panic!("{other:?}"),
+            }
+            assert!(ids.len() < 10_000, "never refused");
+        }
+        let refusal = refused.pop().expect("refused");
+        assert!(refusal.to_string().contains("the registry is full"), "{refusal}");
+        assert!(ids.len() > 500, "refused after only {} tasks", ids.len());
+        for id in &ids {
+            let get = || call(ApiRequest::Get { session: owner.clone(), task: id.clone() });
+            let mut status = None;
+            for _ in 0..600 {
+                let Ok(ApiResponse::Snapshot(s)) = get().await else { panic!("{id}: no snapshot") };
+                status = Some(s.status);
+                if s.status.is_terminal() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_eq!(status, Some(tenure_protocol::Status::Completed), "{id}\n{}", c.logs());
+        }
+        let js = async_nats::jetstream::new(nc.clone());
+        let stream = js.get_stream(subjects::REGISTRY_STREAM).await.expect("registry");
+        let mut names =
+            stream.info_with_subjects(format!("{}>", subjects::REGISTRY_BATCH_PREFIX)).await.expect("subjects");
+        let mut ended = 0;
+        while let Some(Ok((subject, _))) = futures::StreamExt::next(&mut names).await {
+            ended += usize::from(subject.ends_with(".ended"));
+        }
+        assert!(ended * 10 > ids.len() / 30, "{ended} end messages for {} tasks", ids.len());
+        for id in ids.iter().step_by(3) {
+            let marked = call(ApiRequest::MarkReported { session: owner.clone(), task: id.clone() }).await;
+            let Ok(ApiResponse::Snapshot(s)) = marked else { panic!("{id}: {marked:?}\n{}", c.logs()) };
+            assert!(s.reported, "{id}");
+        }
+    });
+    let leader = c.status().map(|s| (s["leader"]["name"].clone(), s["leader"]["epoch"].clone()));
+    assert_eq!(leader, Some(("c1".into(), epoch)), "the leader stayed\n{}", c.logs());
+}

@@ -254,7 +254,12 @@ impl Cluster {
 
     /// Starts (or restarts) the worker process `id`, with extra flags.
     pub fn spawn_worker(&mut self, id: &str, extra: &[&str]) -> &mut Daemon {
-        let args = DaemonArgs::worker(&self.nats.url, id, 4, &self.worker_dir(id))
+        self.spawn_worker_with_slots(id, 4, extra)
+    }
+
+    /// [`Cluster::spawn_worker`] with `slots` slots instead of 4.
+    pub fn spawn_worker_with_slots(&mut self, id: &str, slots: u32, extra: &[&str]) -> &mut Daemon {
+        let args = DaemonArgs::worker(&self.nats.url, id, slots, &self.worker_dir(id))
             .flags(&["--kill-grace-ms", "2000", "--heartbeat-ms", "300"])
             .flags(extra);
         self.spawn_daemon(&format!("worker-{id}"), args, &[])

@@ -125,7 +125,12 @@ pub(super) fn group_grants(fx: &mut Vec<Effect>) {
 /// a durable end or match), so moving it later only delays it, and nothing
 /// orders notices against replies, grants or acks. What it changes is what
 /// shares a registry message: the ends of a batch of reports stand in a row
-/// in the effects, not each between two notices (durability note a20).
+/// in the effects, not each between two notices (durability note a20). A
+/// record of the input that cannot be stored (an encoding failure, which
+/// the record limits make all but impossible) drops every effect after it
+/// but replies (the driver's `unwind`): now all of the input's notices, not
+/// only those after it. Those ends stay unreported and are read with `get`
+/// or `ls`, as such an end's notice was before.
 pub(crate) fn notices_last(fx: &mut Vec<Effect>) {
     let notice = |e: &Effect| matches!(e, Effect::Notify(_));
     let Some(first) = fx.iter().position(notice) else { return };
