@@ -924,6 +924,14 @@ mod tests {
         TaskRecord::new(id, "s".parse().unwrap(), uuid::Uuid::new_v4(), TaskSpec::shell("t", "true"), 0)
     }
 
+    /// `r` moved to `status` in attempt `attempt`.
+    fn moved(r: &TaskRecord, status: tenure_protocol::Status, attempt: u32) -> TaskRecord {
+        let mut r = r.clone();
+        r.life.status = status;
+        r.life.attempt = tenure_protocol::Attempt(attempt);
+        r
+    }
+
     /// A deposed leader's append *k* whose predecessors were lost must not
     /// land after a new leader's claim that happens to sit at the sequence it
     /// expects.
@@ -1084,14 +1092,8 @@ mod tests {
             let mut registry = claimed(&js, limits()).await;
             let (r1, r2, r3) = (record(1), record(2), record(3));
             registry.start_put_shared(&firsts(&[&r1, &r2, &r3])).await.unwrap();
-            let with = |r: &TaskRecord, status, attempt| {
-                let mut r = r.clone();
-                r.life.status = status;
-                r.life.attempt = tenure_protocol::Attempt(attempt);
-                r
-            };
             use tenure_protocol::Status::{Completed, Failed, Leased};
-            let (e1, e2, g3) = (with(&r1, Completed, 1), with(&r2, Failed, 1), with(&r3, Leased, 1));
+            let (e1, e2, g3) = (moved(&r1, Completed, 1), moved(&r2, Failed, 1), moved(&r3, Leased, 1));
             let run = [(&e1, Version::End), (&e2, Version::End), (&g3, Version::FirstGrant)];
             registry.start_put_shared(&run).await.unwrap();
             settled(&mut registry).await;
@@ -1120,7 +1122,7 @@ mod tests {
             assert_eq!(registry.open_ends(), open(&e2));
             // Task 2 is forgotten, task 3 ends on its subject: the batch is dead.
             registry.start_forget(&e2.id, 7).await.unwrap();
-            registry.start_put_task(&with(&r3, Completed, 1)).await.unwrap();
+            registry.start_put_task(&moved(&r3, Completed, 1)).await.unwrap();
             settled(&mut registry).await;
             assert_eq!(registry.open_ends(), 0);
             assert_eq!(registry.retirable(), 2, "the first batch and the end batch");
@@ -1144,12 +1146,7 @@ mod tests {
             let mut registry = claimed(&js, limits()).await;
             let (r1, r2, r3) = (record(1), record(2), record(3));
             registry.start_put_shared(&firsts(&[&r1, &r2, &r3])).await.unwrap();
-            let granted = |r: &TaskRecord| {
-                let mut r = r.clone();
-                r.life.status = tenure_protocol::Status::Leased;
-                r.life.attempt = tenure_protocol::Attempt(1);
-                r
-            };
+            let granted = |r: &TaskRecord| moved(r, tenure_protocol::Status::Leased, 1);
             let (g2, g3) = (granted(&r2), granted(&r3));
             registry.start_put_shared(&[(&g2, Version::FirstGrant), (&g3, Version::FirstGrant)]).await.unwrap();
             settled(&mut registry).await;
