@@ -8,6 +8,10 @@
 //! carries `Nats-Msg-Id = <task id>` (`<task id>@<offset>` for a match), so repeats (a retry, a new leader
 //! republishing unreported tasks) are dropped by the stream within its
 //! duplicate window, and watchers skip tasks already `reported` beyond it.
+//! One task sends a term's notices, in the order the leader made them (a
+//! `monitor`'s matched line before its end), each without waiting for the
+//! one before it to be acknowledged; only a notice that had to be sent again
+//! after a failure may land out of that order.
 //!
 //! Clients never touch the stream: the leader reads it for them
 //! ([`Notices::serve`]) through one durable consumer per owner that only it
@@ -53,6 +57,10 @@ impl Default for NoticeLimits {
 #[derive(Clone)]
 pub struct Notices {
     js: jetstream::Context,
+    /// To the task that publishes them in order ([`publish_in_order`]); it
+    /// ends once every `Notices` of the term is gone and what it sent is
+    /// acknowledged or given up.
+    outbox: tokio::sync::mpsc::UnboundedSender<Notice>,
 }
 
 impl Notices {
@@ -83,37 +91,92 @@ impl Notices {
                 tracing::warn!(%error, "the notice stream's limits could not be applied; keeping its own");
             }
         }
-        Ok(Notices { js })
+        let (outbox, queue) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(publish_in_order(js.clone(), queue));
+        Ok(Notices { js, outbox })
     }
 
-    /// Publishes in the background, retrying for a while through an outage.
+    /// Publishes in the background, after the notices handed over before it,
+    /// retrying for a while through an outage.
     pub fn publish(&self, notice: Notice) {
-        let js = self.js.clone();
-        tokio::spawn(async move {
-            let id = notice.dedupe_id();
-            let payload: bytes::Bytes = match tenure_protocol::encode(&notice) {
-                Ok(b) => b.into(),
-                Err(error) => return tracing::error!(notice = %id, %error, "notice cannot be encoded"),
-            };
-            let subject = subjects::notices(notice.owner());
-            let mut delay = Duration::from_millis(100);
-            for _ in 0..8 {
+        if self.outbox.send(notice).is_err() {
+            tracing::error!("the notice publisher is gone; the next leader republishes unreported ends");
+        }
+    }
+}
+
+/// Sends each notice of `queue` as it comes, in order, and waits for the
+/// acknowledgements beside the next sends. A notice not acknowledged is
+/// sent again (same message id) a few times, with a growing pause.
+async fn publish_in_order(js: jetstream::Context, mut queue: tokio::sync::mpsc::UnboundedReceiver<Notice>) {
+    let mut pending = futures::stream::FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            notice = queue.recv() => match notice {
+                Some(notice) => {
+                    if let Some(first) = send(&js, notice).await {
+                        pending.push(acknowledged(js.clone(), first));
+                    }
+                }
+                None => break,
+            },
+            Some(()) = pending.next(), if !pending.is_empty() => {}
+        }
+    }
+    while pending.next().await.is_some() {}
+}
+
+/// One notice on its way: what it is, and its first send.
+struct Sent {
+    id: String,
+    subject: String,
+    payload: bytes::Bytes,
+    first: Result<jetstream::context::PublishAckFuture, String>,
+}
+
+/// Encodes and sends `notice` once; `None` if it cannot be encoded.
+async fn send(js: &jetstream::Context, notice: Notice) -> Option<Sent> {
+    let id = notice.dedupe_id();
+    let payload: bytes::Bytes = match tenure_protocol::encode(&notice) {
+        Ok(b) => b.into(),
+        Err(error) => {
+            tracing::error!(notice = %id, %error, "notice cannot be encoded");
+            return None;
+        }
+    };
+    let subject = subjects::notices(notice.owner());
+    let publish = jetstream::message::PublishMessage::build().payload(payload.clone()).message_id(id.clone());
+    let first = js.send_publish(subject.clone(), publish).await.map_err(|e| e.to_string());
+    Some(Sent { id, subject, payload, first })
+}
+
+/// Waits for a sent notice's acknowledgement, sending it again after a
+/// failure, up to 8 tries in all.
+async fn acknowledged(js: jetstream::Context, sent: Sent) {
+    let Sent { id, subject, payload, first } = sent;
+    let mut attempt = Some(first);
+    let mut delay = Duration::from_millis(100);
+    for _ in 0..8 {
+        let sent = match attempt.take() {
+            Some(first) => first,
+            None => {
                 let publish =
                     jetstream::message::PublishMessage::build().payload(payload.clone()).message_id(id.clone());
-                let acked = match js.send_publish(subject.clone(), publish).await {
-                    Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
-                    Err(e) => Err(e.to_string()),
-                };
-                match acked {
-                    Ok(()) => return,
-                    Err(error) => tracing::warn!(notice = %id, %error, "notice not published yet; retrying"),
-                }
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
+                js.send_publish(subject.clone(), publish).await.map_err(|e| e.to_string())
             }
-            tracing::error!(notice = %id, "notice not published; the next leader republishes an end notice if still unreported");
-        });
+        };
+        let acked = match sent {
+            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+            Err(e) => Err(e),
+        };
+        match acked {
+            Ok(()) => return,
+            Err(error) => tracing::warn!(notice = %id, %error, "notice not published yet; retrying"),
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(5));
     }
+    tracing::error!(notice = %id, "notice not published; the next leader republishes an end notice if still unreported");
 }
 
 /// How long a delivered notice waits for its acknowledgement before the
@@ -220,6 +283,43 @@ mod tests {
             assert!(!is_ack_of(&bad, &alice), "{bad}");
         }
         assert!(!is_ack_of("$JS.API.STREAM.PURGE.TENURE_REGISTRY", &alice));
+    }
+
+    /// Notices land in the stream in the order the leader handed them over,
+    /// each sent without waiting for the one before it.
+    #[test]
+    fn notices_land_in_the_order_they_were_made() {
+        use tenure_protocol::messages::{MatchNotice, MatchedLine};
+        let nats = tenure_testkit::NatsServer::start().expect("nats-server");
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async {
+            let js = jetstream::new(async_nats::connect(&nats.url).await.unwrap());
+            let notices = Notices::open(js.clone(), 1, NoticeLimits::default()).await.unwrap();
+            let owner: SessionId = "alice/s1".parse().unwrap();
+            let task: tenure_protocol::TaskId = "monitor-7".parse().unwrap();
+            let count = 300u64;
+            for offset in 0..count {
+                let line = MatchedLine::new(offset, "ERROR");
+                let notice =
+                    MatchNotice { task: task.clone(), owner: owner.clone(), label: "m".into(), line, at_ms: 0 };
+                notices.publish(Notice::Matched(notice));
+            }
+            let mut stream = js.get_stream(subjects::NOTICES_STREAM).await.unwrap();
+            let mut stored = 0;
+            for _ in 0..200 {
+                stored = stream.info().await.unwrap().state.messages;
+                if stored == count {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            assert_eq!(stored, count, "every notice stored once");
+            for seq in 1..=count {
+                let msg = stream.get_raw_message(seq).await.unwrap();
+                let Ok(Notice::Matched(m)) = tenure_protocol::decode::<Notice>(&msg.payload) else { panic!("{seq}") };
+                assert_eq!(m.line.offset, seq - 1, "stored in the order made");
+            }
+        });
     }
 
     /// The notice stream is bounded in bytes and consumers, also when it

@@ -256,8 +256,8 @@ def test_notices_tell_an_unreported_end_once_and_monitor_matches(client: Client)
         def matched(n: Notice) -> bool:
             return n.match is not None and n.match.task == monitor
 
-        # The leader publishes notices side by side: a match may come after
-        # its task's end.
+        # Order is not promised (a notice the leader had to send again may
+        # land later): a match may come after its task's end.
         if not any(matched(n) for n in reader.seen):
             reader.until(matched, 90)
         assert not any(ended(reported)(n) for n in reader.seen), "a reported task was noticed"
