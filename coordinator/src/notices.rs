@@ -128,10 +128,24 @@ async fn publish_in_order(js: jetstream::Context, mut queue: tokio::sync::mpsc::
 
 /// One notice on its way: what it is, and its first send.
 struct Sent {
+    notice: Encoded,
+    first: Result<jetstream::context::PublishAckFuture, String>,
+}
+
+/// A notice as it is published: its dedupe id, subject and bytes.
+struct Encoded {
     id: String,
     subject: String,
     payload: bytes::Bytes,
-    first: Result<jetstream::context::PublishAckFuture, String>,
+}
+
+impl Encoded {
+    /// Sends it once (a resend carries the same message id).
+    async fn send(&self, js: &jetstream::Context) -> Result<jetstream::context::PublishAckFuture, String> {
+        let publish =
+            jetstream::message::PublishMessage::build().payload(self.payload.clone()).message_id(self.id.clone());
+        js.send_publish(self.subject.clone(), publish).await.map_err(|e| e.to_string())
+    }
 }
 
 /// Encodes and sends `notice` once; `None` if it cannot be encoded.
@@ -144,26 +158,22 @@ async fn send(js: &jetstream::Context, notice: Notice) -> Option<Sent> {
             return None;
         }
     };
-    let subject = subjects::notices(notice.owner());
-    let publish = jetstream::message::PublishMessage::build().payload(payload.clone()).message_id(id.clone());
-    let first = js.send_publish(subject.clone(), publish).await.map_err(|e| e.to_string());
-    Some(Sent { id, subject, payload, first })
+    let notice = Encoded { id, subject: subjects::notices(notice.owner()), payload };
+    let first = notice.send(js).await;
+    Some(Sent { notice, first })
 }
 
 /// Waits for a sent notice's acknowledgement, sending it again after a
 /// failure, up to 8 tries in all.
 async fn acknowledged(js: jetstream::Context, sent: Sent) {
-    let Sent { id, subject, payload, first } = sent;
+    let Sent { notice, first } = sent;
+    let id = &notice.id;
     let mut attempt = Some(first);
     let mut delay = Duration::from_millis(100);
     for _ in 0..8 {
         let sent = match attempt.take() {
             Some(first) => first,
-            None => {
-                let publish =
-                    jetstream::message::PublishMessage::build().payload(payload.clone()).message_id(id.clone());
-                js.send_publish(subject.clone(), publish).await.map_err(|e| e.to_string())
-            }
+            None => notice.send(&js).await,
         };
         let acked = match sent {
             Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),

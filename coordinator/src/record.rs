@@ -3,8 +3,9 @@
 //! A [`TaskRecord`] is the whole truth about one task; the registry stores its
 //! latest version under the task's subject, or — for the first record of
 //! tasks created together, the first grant of tasks granted together, and
-//! the end of tasks that end together — in one batch message ([`Batched`]). [`RegistryEntry`] is what a registry
-//! message holds: a task record, a batch, a tombstone, or a leadership claim.
+//! the end of tasks that end together — in one batch message ([`Batched`]).
+//! [`RegistryEntry`] is what a registry message holds: a task record, a
+//! batch, a tombstone, or a leadership claim.
 
 use serde::{Deserialize, Serialize};
 use tenure_protocol::messages::{CleanupState, Resumability, TaskSnapshot};
