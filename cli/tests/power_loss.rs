@@ -176,6 +176,43 @@ fn power_cut_after_intent_never_reruns_the_task() {
     the_fence_held(&mut power, &mut c, &snap);
 }
 
+/// A task runs when the power goes: its journal (grant, shim, group) was
+/// never synced (durability note a21) and is gone after the cut, and the
+/// intent the sidecar flushed before it says the attempt may have run.
+#[test]
+fn power_cut_while_a_task_runs_leaves_it_unknown_and_never_runs_it_again() {
+    let mut power = Power::mount(Options::default());
+    let mut c = Cluster::start(0);
+    machines_on(&c, &power);
+    let ledger = c.dir.path().join("ledger");
+    c.spawn_sidecar("w1");
+    c.spawn_worker("w1", &[]);
+    c.wait_workers(1);
+    let task = c.submit(&["--", &ledger_command(&ledger, "sleep 60")]);
+    c.wait_status(&task, "running", BOUND);
+    assert!(eventually(BOUND, || (ledger_runs(&ledger) == 1).then_some(())).is_some(), "the task never ran");
+    c.kill9("worker-w1");
+    c.kill9("sidecar-w1");
+    power.kill_machine();
+    power.cut();
+    let files = Layout::new(c.worker_dir("w1")).attempt_files(&task.parse().expect("task id"), Attempt(1));
+    assert!(!files.exists(), "the running attempt's journal was synced before its status");
+    c.spawn_sidecar("w1");
+    c.spawn_worker("w1", &[]);
+    let snap = c.wait_settled(&task, BOUND).unwrap_or_else(|| panic!("{task} did not settle:\n{}", c.logs()));
+    assert_eq!(
+        (snap["status"].as_str(), snap["hint"]["tag"].as_str(), snap["attempt"].as_u64()),
+        (Some("unknown"), Some("maybe-ran"), Some(1)),
+        "{snap}\n{}",
+        c.logs()
+    );
+    let later = c.submit(&["--", "echo later"]);
+    c.wait_status(&later, "completed", BOUND);
+    assert_eq!(c.snapshot(&task)["status"], "unknown");
+    assert_eq!(ledger_runs(&ledger), 1, "the task ran once, before the cut, and never again");
+    the_fence_held(&mut power, &mut c, &snap);
+}
+
 #[test]
 fn power_cut_after_the_outcome_was_buffered_reports_it_without_rerunning() {
     let (mut power, mut c, task, ledger, snap) = cut_after("after-exited", "echo ran; exit 4");

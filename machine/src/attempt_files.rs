@@ -16,17 +16,23 @@
 //!
 //! | entry     | written by | when                        | durable |
 //! |-----------|------------|-----------------------------|---------|
-//! | `Grant`   | worker     | before the shim exists   | yes: the journal, then the directory naming it, fsynced |
+//! | `Grant`   | worker     | before the shim exists   | with the `Status` (not synced when written) |
 //! | `Shim` | shim    | first thing it does         | no |
 //! | `Pgid`    | shim    | right after spawning        | no |
-//! | `Status`  | shim    | after the group is gone     | yes: data fsynced before the shim exits |
+//! | `Status`  | shim    | after the group is gone     | yes: the journal's data, then the directory naming it, fsynced before the shim exits |
 //!
-//! The shim's identity and its task's process group are not fsynced: they
-//! name live processes, which matter only while the machine runs (a worker or
-//! sidecar crash leaves the page cache intact), and a machine crash ends those
-//! processes anyway — an entry lost after a reboot reads as "no process",
-//! which is the truth. A reader takes the entries up to the first incomplete
-//! or damaged one (a write cut short, a torn tail after power loss): a missing
+//! Until its `Status` nothing in the journal needs to outlive the machine
+//! (durability note a21): the sidecar's intent, flushed before the journal
+//! is written, is what says the attempt may have run; a power cut ends the
+//! processes the journal names; and a grant or a journal lost with the power
+//! reads as "no process, no status", which the intent turns into "may have
+//! run". So the grant is written without a sync, and the status syncs what
+//! its reader needs after a power cut: every byte of the journal (the grant
+//! before it too) and the journal's name in its directory. The shim's
+//! identity and its task's process group name live processes, which matter
+//! only while the machine runs (a worker or sidecar crash leaves the page
+//! cache intact). A reader takes the entries up to the first incomplete or
+//! damaged one (a write cut short, a torn tail after power loss): a missing
 //! or unreadable fact is "no evidence", never an outcome. A failed append is
 //! cut off again, so nothing written later hides behind it.
 //!
@@ -153,14 +159,13 @@ impl AttemptFiles {
         }
     }
 
-    /// Starts the journal with the grant, durably (the journal and the
-    /// directory that names it are fsynced).
+    /// Starts the journal with the grant. Not synced: the status syncs the
+    /// journal and its name (see the module's table).
     pub fn write_grant(&self, grant: &LeaseGrant) -> io::Result<()> {
         let mut file = self.open_journal(false)?;
         let before = file.metadata()?.len();
         write_entry(&mut file, before, &Entry::Grant(Box::new(grant.clone())))?;
-        file.sync_all()?;
-        crate::layout::sync_dir(self.names_dir())
+        Ok(())
     }
 
     pub fn read_grant(&self) -> io::Result<LeaseGrant> {
@@ -271,7 +276,8 @@ impl AttemptFiles {
         let mut bytes = Vec::new();
         io::Read::read_to_end(&mut file, &mut bytes)?;
         let len = bytes.len() as u64;
-        Ok((ShimJournal { file, len }, Journal::of(parse_entries(&bytes))))
+        let names_dir = self.names_dir().to_path_buf();
+        Ok((ShimJournal { file, len, names_dir }, Journal::of(parse_entries(&bytes))))
     }
 
     /// Every complete, intact entry, in order, up to the first that is not.
@@ -430,6 +436,8 @@ impl Journal {
 pub struct ShimJournal {
     file: File,
     len: u64,
+    /// The directory whose entry names the journal, synced with the status.
+    names_dir: PathBuf,
 }
 
 impl ShimJournal {
@@ -441,11 +449,15 @@ impl ShimJournal {
         self.append(&Entry::Pgid(pgid))
     }
 
-    /// Records the exit evidence, durably (the file's data synced; its name
-    /// was made durable with the grant).
+    /// Records the exit evidence, durably: the journal's data is synced (the
+    /// grant's with it), then the directory that names the journal, so
+    /// that a reader finds the status after a power cut even where a new
+    /// name is durable only once its directory is synced (strict POSIX,
+    /// ext4 without a journal).
     pub fn write_status(&mut self, status: &ShimStatus) -> io::Result<()> {
         self.append(&Entry::Status(status.clone()))?;
-        self.file.sync_data()
+        self.file.sync_data()?;
+        crate::layout::sync_dir(&self.names_dir)
     }
 
     fn append(&mut self, entry: &Entry) -> io::Result<()> {

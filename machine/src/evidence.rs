@@ -47,8 +47,10 @@ pub struct FileFacts {
     pub status: Option<Outcome>,
     /// Its shim runs now (by pid and start time, never a recycled pid).
     pub shim_alive: bool,
-    /// The directory holds the attempt's grant: the worker wrote it before
-    /// the shim could exist, so the attempt got past its intent here.
+    /// The journal holds the attempt's grant: the worker wrote it after
+    /// the intent and before the shim could exist, so the attempt got past
+    /// its intent here. Its absence proves nothing after a power cut: the
+    /// grant is synced with the status (durability note a21).
     pub has_grant: bool,
 }
 

@@ -14,7 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use tenure_machine::attempt_files::ShimStatus;
+use tenure_machine::attempt_files::{AttemptFiles, Journal, ShimStatus};
+use tenure_machine::evidence::FileFacts;
 use tenure_machine::Layout;
 use tenure_powerfs::{CutOptions, Mounted, Options, PowerFs};
 use tenure_protocol::messages::{AttemptRecord, LeaseGrant, Phase, RegistryMark, SidecarRefusal};
@@ -197,12 +198,16 @@ fn child() -> Result<()> {
             machine.store().flush()?;
         }
         "files" => {
+            // shell-1 ends; shell-2 was granted before that end, shell-3
+            // after it: neither has a status, so neither journal was synced.
             let files = layout.attempt_files(&task(1), Attempt(1));
             files.write_grant(&grant(1, 5, "echo one".into()))?;
+            layout.attempt_files(&task(2), Attempt(1)).write_grant(&grant(2, 5, "echo two".into()))?;
             files.write_status(&ShimStatus {
                 outcome: Outcome::new(Ending::Completed, Some(0), None),
                 output_written: 12,
             })?;
+            layout.attempt_files(&task(3), Attempt(1)).write_grant(&grant(3, 5, "echo three".into()))?;
             layout.record_scratch_root(Path::new("/srv/scratch"))?;
         }
         other => bail!("unknown scenario {other}"),
@@ -286,8 +291,9 @@ fn an_acknowledged_intent_and_the_epoch_fence_survive_a_power_cut() -> Result<()
 }
 
 /// The attempt journal's grant and exit status, and the recorded scratch
-/// root, are there after the cut: their files and every directory above them
-/// on the way to the data directory were synced.
+/// root, are there after the cut: the status synced the journal (the grant
+/// with it) and then the directory naming it (durability note a21), and
+/// every directory above them on the way to the data directory was synced.
 #[test]
 fn attempt_files_and_the_scratch_record_survive_a_power_cut() -> Result<()> {
     let mut rig = Rig::new(Options::default())?;
@@ -300,5 +306,27 @@ fn attempt_files_and_the_scratch_record_survive_a_power_cut() -> Result<()> {
     let status = journal.status.context("the exit status after the cut")?;
     assert_eq!(status.outcome, Outcome::new(Ending::Completed, Some(0), None));
     assert_eq!(Layout::new(layout.root()).scratch_root(), Some(PathBuf::from("/srv/scratch")));
+    Ok(())
+}
+
+/// A grant is written without a sync (durability note a21): cut before its
+/// attempt's status, the journal is gone, or named with nothing readable
+/// in it (the directory was synced by another attempt's status, the
+/// journal's data was not), and read as no grant and no status — never a
+/// part of one, never another attempt's fact.
+#[test]
+fn a_grant_cut_before_its_status_is_there_whole_or_not_at_all() -> Result<()> {
+    let mut rig = Rig::new(Options::default())?;
+    let layout = Layout::new(rig.data());
+    run_child("files", layout.root())?;
+    rig.cut()?;
+    let named = layout.attempt_files(&task(2), Attempt(1));
+    assert!(named.exists(), "shell-2's journal was named when shell-1's status synced the directory");
+    assert_eq!(named.journal()?, Journal::default(), "a journal whose data was not synced reads as no facts");
+    let unnamed = layout.attempt_files(&task(3), Attempt(1));
+    assert!(!unnamed.exists(), "shell-3's journal was created after the last sync of its directory");
+    assert_eq!(unnamed.journal().map_err(|e| e.kind()), Err(std::io::ErrorKind::NotFound));
+    let facts = |files: &AttemptFiles| FileFacts::read(files);
+    assert_eq!((facts(&named), facts(&unnamed)), (FileFacts::default(), FileFacts::default()));
     Ok(())
 }

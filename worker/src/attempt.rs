@@ -432,8 +432,8 @@ async fn run_builtin(
 }
 
 /// Writes the attempt's `grant`, makes its scratch directory and has the
-/// launcher fork its shim (file writes, fsyncs and a fork: on a blocking
-/// thread).
+/// launcher start its shim (file writes and a request the launcher answers
+/// once its shim runs: on a blocking thread).
 async fn start_shim(shared: &Arc<Shared>, grant: &LeaseGrant, files: &AttemptFiles) -> Result<Launched, LaunchError> {
     let (shared, grant, files) = (shared.clone(), grant.clone(), files.clone());
     let started = tokio::task::spawn_blocking(move || {

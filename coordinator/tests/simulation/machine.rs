@@ -232,7 +232,9 @@ impl Host {
         }
     }
 
-    /// Power loss: every process dies; records and status files stay.
+    /// Power loss: every process dies; records and status files stay. The
+    /// journal of an attempt that had no status yet was never synced
+    /// (durability note a21): it comes back or not.
     pub fn crash_machine(&mut self, ctx: &mut Ctx, ticks: u64) {
         if !self.up {
             return;
@@ -242,11 +244,15 @@ impl Host {
         self.boots += 1;
         self.worker = None;
         self.side.crash(0);
-        for p in self.procs.values_mut() {
-            if matches!(p, Proc::Running { .. }) {
+        let rng = &mut ctx.rng;
+        self.procs.retain(|_, p| match p {
+            Proc::Running { .. } if rng.gen_bool(0.5) => false,
+            Proc::Running { .. } => {
                 *p = Proc::Dead;
+                true
             }
-        }
+            _ => true,
+        });
         let i = self.index;
         ctx.note(|| format!("FAULT m{i} machine crashes for {ticks} ticks"));
     }
