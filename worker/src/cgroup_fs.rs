@@ -256,12 +256,22 @@ impl AttemptGroup {
         &self.unified
     }
 
-    /// Each group's `cgroup.procs`, open for writing: the task's first
-    /// process writes `0` to each (in the child, before `exec`: a plain
-    /// `write`, async-signal-safe) to join them.
-    pub fn open_procs(&self) -> Result<Vec<OwnedFd>, Error> {
-        self.dirs()
-            .map(|dir| {
+    /// What the task's first process is started with: the unified group's
+    /// directory, which it is made inside (or joins first thing, see
+    /// [`crate::process::spawn`]), and each v1 group's `cgroup.procs`, open
+    /// for writing, to which it writes `0` (in the child, before `exec`: a
+    /// plain `write`, async-signal-safe) to join them.
+    pub fn open_for_task(&self) -> Result<(OwnedFd, Vec<OwnedFd>), Error> {
+        let dir = OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_DIRECTORY | nix::libc::O_CLOEXEC)
+            .open(&self.unified)
+            .map(OwnedFd::from)
+            .map_err(io("cannot open", &self.unified))?;
+        let procs = self
+            .v1
+            .iter()
+            .map(|(_, dir)| {
                 let path = dir.join("cgroup.procs");
                 OpenOptions::new()
                     .write(true)
@@ -270,7 +280,8 @@ impl AttemptGroup {
                     .map(OwnedFd::from)
                     .map_err(io("cannot open", &path))
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        Ok((dir, procs))
     }
 
     /// Every process in the group, from `cgroup.procs`.

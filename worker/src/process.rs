@@ -14,7 +14,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::Duration;
 
 use nix::libc;
@@ -23,6 +23,7 @@ use nix::errno::Errno;
 use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
+use rustix::fs::{Mode, OFlags};
 
 use crate::sandbox::RunAs;
 
@@ -54,9 +55,14 @@ pub struct Launch<'a> {
     /// Switch to this user (groups, group, user) before entering `cwd`, so a
     /// directory the user may not enter fails the start.
     pub run_as: Option<&'a RunAs>,
-    /// The `cgroup.procs` files of the attempt's control groups, open for
-    /// writing: the process joins each before anything else, so nothing of
-    /// the task ever runs outside them ([`crate::cgroup_fs`]).
+    /// The attempt's cgroup v2 group, its directory open: the process is
+    /// made inside it (`clone3` with `CLONE_INTO_CGROUP`) or, where the
+    /// kernel cannot do that, joins it before anything else by its
+    /// `cgroup.procs` ([`crate::cgroup_fs`]).
+    pub cgroup: Option<&'a OwnedFd>,
+    /// The `cgroup.procs` files of the attempt's v1 groups, open for
+    /// writing: the process joins each before anything else. So nothing of
+    /// the task ever runs outside its groups.
     pub join: &'a [OwnedFd],
 }
 
@@ -72,8 +78,33 @@ pub struct Launch<'a> {
 /// a fifth of a shell task's CPU in the shim. `posix_spawn` itself cannot
 /// join a cgroup or switch users before the `exec`, which is why the child
 /// is this module's own.
+///
+/// The child is made inside its cgroup v2 group where the kernel can
+/// (`clone3` with `CLONE_INTO_CGROUP`, Linux 5.7, on x86_64): moving a
+/// process into a group instead takes the kernel's cgroup lock and the
+/// write side of the lock every `fork` reads, and, after a quiet spell, an
+/// RCU grace period with both held — milliseconds during which every other
+/// attempt's group could be neither made nor removed. Where `clone3` is
+/// refused (an older kernel, a seccomp filter), the child writes the
+/// group's `cgroup.procs` first thing instead, as it writes the v1 groups'.
 pub fn spawn(launch: &Launch<'_>, stdin: Option<OwnedFd>, output: impl Into<OwnedFd>) -> std::io::Result<i32> {
-    let output: OwnedFd = output.into();
+    spawn_as(launch, stdin, output.into(), Inside::Allowed)
+}
+
+/// Whether [`spawn`] may make the child inside its group (tests force the
+/// other way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Inside {
+    Allowed,
+    #[cfg(test)]
+    Never,
+}
+
+/// `clone3` with `CLONE_INTO_CGROUP` was refused as unknown on this
+/// machine: every later child joins by writing `cgroup.procs`.
+static NO_CLONE_INTO_CGROUP: AtomicBool = AtomicBool::new(false);
+
+fn spawn_as(launch: &Launch<'_>, stdin: Option<OwnedFd>, output: OwnedFd, into: Inside) -> std::io::Result<i32> {
     let stdin = match stdin {
         Some(fd) => fd,
         None => std::fs::File::open("/dev/null")?.into(),
@@ -95,7 +126,7 @@ pub fn spawn(launch: &Launch<'_>, stdin: Option<OwnedFd>, output: impl Into<Owne
         .collect::<std::io::Result<Vec<_>>>()?;
     let mut envp: Vec<*const c_char> = env.iter().map(|e| e.as_ptr()).collect();
     envp.push(std::ptr::null());
-    let child = Child {
+    let mut child = Child {
         argv: [sh.as_ptr(), c"-c".as_ptr(), command.as_ptr(), std::ptr::null()],
         envp,
         cwd: CString::new(launch.cwd.as_os_str().as_bytes()).map_err(|_| invalid("the working directory"))?,
@@ -121,24 +152,25 @@ pub fn spawn(launch: &Launch<'_>, stdin: Option<OwnedFd>, output: impl Into<Owne
         libc::sigfillset(blocked.as_mut_ptr());
         libc::pthread_sigmask(libc::SIG_SETMASK, blocked.as_ptr(), before.as_mut_ptr());
     }
-    // SAFETY: `child_main` runs on `stack` with `child` borrowed; with
-    // CLONE_VFORK this call returns only once the child has exec'd or
-    // exited, so both outlive every use the child makes of them, and the
-    // child makes only system calls (see `child_main`).
-    let pid = unsafe {
-        libc::clone(
-            child_main,
-            top.cast(),
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            std::ptr::from_ref(&child).cast_mut().cast(),
-        )
+    let made_inside = match launch.cgroup {
+        Some(group) if into == Inside::Allowed && !NO_CLONE_INTO_CGROUP.load(Ordering::Relaxed) => {
+            let base = stack.as_mut_ptr();
+            // SAFETY: `base..top` is the child's stack, `top` aligned; the
+            // call returns only once the child has exec'd or exited.
+            let made = unsafe { clone_into_cgroup(group, base, top as usize - base as usize, &child) };
+            if let Err(Errno::ENOSYS | Errno::EINVAL | Errno::E2BIG) = made {
+                NO_CLONE_INTO_CGROUP.store(true, Ordering::Relaxed);
+            }
+            made.ok()
+        }
+        _ => None,
     };
-    let cloned = std::io::Error::last_os_error();
-    // SAFETY: `before` was written by the pthread_sigmask above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, before.as_ptr(), std::ptr::null_mut()) };
-    if pid < 0 {
-        return Err(cloned);
-    }
+    let pid = match made_inside {
+        Some(pid) => Ok(pid),
+        None => clone_then_join(launch.cgroup, &mut child, top),
+    };
+    restore_signals(&before);
+    let pid = pid?;
     match child.errno.load(Ordering::Acquire) {
         0 => Ok(pid),
         errno => {
@@ -153,6 +185,133 @@ pub fn spawn(launch: &Launch<'_>, stdin: Option<OwnedFd>, output: impl Into<Owne
 /// The child's stack (it makes a dozen system calls; `posix_spawn` uses less).
 const CHILD_STACK: usize = 64 * 1024;
 
+/// The child made where the shim is, joining its v2 `group` (when it has
+/// one) first thing, before its v1 groups; `top` is its stack's aligned end.
+fn clone_then_join(group: Option<&OwnedFd>, child: &mut Child<'_>, top: *mut u8) -> std::io::Result<i32> {
+    let procs = group
+        .map(|group| rustix::fs::openat(group, "cgroup.procs", OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty()))
+        .transpose()?;
+    if let Some(procs) = &procs {
+        child.join.insert(0, procs.as_raw_fd());
+    }
+    // SAFETY: `child_main` runs on the stack below `top` with `child`
+    // borrowed; with CLONE_VFORK this call returns only once the child has
+    // exec'd or exited, so both (and `procs`) outlive every use the child
+    // makes of them, and the child makes only system calls (see `child_main`).
+    let pid = unsafe {
+        libc::clone(
+            child_main,
+            top.cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::from_mut(child).cast(),
+        )
+    };
+    match pid {
+        pid if pid > 0 => Ok(pid),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// Puts back the signal mask [`spawn_as`] saved before the clone.
+fn restore_signals(before: &MaybeUninit<libc::sigset_t>) {
+    // SAFETY: `before` was written by the pthread_sigmask that blocked
+    // every signal around the clone.
+    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, before.as_ptr(), std::ptr::null_mut()) };
+}
+
+/// `struct clone_args` of `clone3(2)`, up to `cgroup` (its version 2).
+#[repr(C)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// `clone3` with `CLONE_VM | CLONE_VFORK | CLONE_INTO_CGROUP`: the child is
+/// made inside `group` and runs [`child_main`] on the given stack, exiting
+/// with what it returns; this returns once the child has exec'd or exited,
+/// with its pid. An error means no child was made.
+///
+/// # Safety
+/// As for `libc::clone` with the same flags: `stack` must be writable for
+/// `stack_size` bytes and end 16-byte aligned, and `child` must stay valid
+/// until this returns.
+#[cfg(target_arch = "x86_64")]
+unsafe fn clone_into_cgroup(
+    group: &OwnedFd,
+    stack: *mut u8,
+    stack_size: usize,
+    child: &Child<'_>,
+) -> Result<i32, Errno> {
+    let args = CloneArgs {
+        flags: (libc::CLONE_VM | libc::CLONE_VFORK) as u64 | CLONE_INTO_CGROUP,
+        pidfd: 0,
+        child_tid: 0,
+        parent_tid: 0,
+        exit_signal: libc::SIGCHLD as u64,
+        stack: stack as u64,
+        stack_size: stack_size as u64,
+        tls: 0,
+        set_tid: 0,
+        set_tid_size: 0,
+        cgroup: group.as_raw_fd() as u64,
+    };
+    let main: extern "C" fn(*mut c_void) -> c_int = child_main;
+    let arg: *const Child<'_> = child;
+    let ret: i64;
+    // SAFETY: the parent comes back from the `syscall` with the child's pid
+    // (or an error) and only rax, rcx and r11 changed. The child comes back
+    // with 0 on its own stack (the kernel sets its stack pointer to the
+    // stack's end), calls `child_main(child)` — on an aligned stack, as the
+    // ABI wants at a call — and exits with its return value: it never
+    // returns into this function, whose frame is the suspended parent's.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "xor ebp, ebp",
+            "mov rdi, r13",
+            "call r12",
+            "mov edi, eax",
+            "mov eax, {exit}",
+            "syscall",
+            "ud2",
+            "2:",
+            exit = const libc::SYS_exit,
+            inlateout("rax") libc::SYS_clone3 => ret,
+            in("rdi") &raw const args,
+            in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("r12") main,
+            in("r13") arg,
+            lateout("rcx") _,
+            lateout("r11") _,
+        );
+    }
+    match ret {
+        pid if pid > 0 => Ok(pid as i32),
+        error => Err(Errno::from_raw(-error as i32)),
+    }
+}
+
+/// Other architectures join their group by `cgroup.procs` (no child is made
+/// here).
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn clone_into_cgroup(_: &OwnedFd, _: *mut u8, _: usize, _: &Child<'_>) -> Result<i32, Errno> {
+    Err(Errno::ENOSYS)
+}
+
+/// `CLONE_INTO_CGROUP` (Linux 5.7).
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
 /// Everything the child needs, prepared before the clone.
 struct Child<'a> {
     argv: [*const c_char; 4],
@@ -161,6 +320,8 @@ struct Child<'a> {
     /// What becomes stdin, stdout and stderr (all above stderr, see
     /// [`above_stderr`], so no `dup2` overwrites another's source).
     stdio: [i32; 3],
+    /// The `cgroup.procs` files to write (the v2 group's too, when the
+    /// child could not be made inside it).
     join: Vec<i32>,
     run_as: Option<&'a RunAs>,
     /// Set by the child when a step failed (it then exits with 127).
@@ -318,10 +479,21 @@ mod tests {
 
     /// Runs `command` through `spawn` in `cwd`; its output and exit code.
     fn run(command: &str, cwd: &Path, env: &[(&str, &str)]) -> std::io::Result<(String, i32)> {
+        run_in(command, cwd, env, None, Inside::Allowed)
+    }
+
+    /// [`run`], in `cgroup` when given, made inside it as `into` allows.
+    fn run_in(
+        command: &str,
+        cwd: &Path,
+        env: &[(&str, &str)],
+        cgroup: Option<&OwnedFd>,
+        into: Inside,
+    ) -> std::io::Result<(String, i32)> {
         let env: BTreeMap<OsString, OsString> = env.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
-        let launch = Launch { command, env: &env, cwd, run_as: None, join: &[] };
+        let launch = Launch { command, env: &env, cwd, run_as: None, cgroup, join: &[] };
         let (mut reader, writer) = std::io::pipe()?;
-        let pid = spawn(&launch, None, writer)?;
+        let pid = spawn_as(&launch, None, writer.into(), into)?;
         let mut out = String::new();
         reader.read_to_string(&mut out)?;
         let code = match waitpid(Pid::from_raw(pid), None)? {
@@ -331,8 +503,16 @@ mod tests {
         Ok((out, code))
     }
 
+    /// The tests that spawn, one at a time: one checks that a failed start
+    /// left this process no child at all.
+    fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        static SPAWNING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        SPAWNING.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     #[test]
     fn the_task_gets_its_environment_directory_group_and_streams_and_nothing_more() {
+        let _one = one_at_a_time();
         let dir = tempfile::tempdir().unwrap();
         // A descriptor this process leaves open across exec: the task must not get it.
         let null = std::fs::File::open("/dev/null").unwrap();
@@ -360,6 +540,7 @@ mod tests {
 
     #[test]
     fn a_step_that_fails_before_exec_is_an_error_and_leaves_no_child() {
+        let _one = one_at_a_time();
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("missing");
         let error = run("echo ran", &missing, &[]).unwrap_err();
@@ -368,5 +549,81 @@ mod tests {
         assert_eq!(waitpid(None, Some(WaitPidFlag::WNOHANG)), Err(Errno::ECHILD));
         let nul = run("echo \0", dir.path(), &[]).unwrap_err();
         assert_eq!(nul.kind(), std::io::ErrorKind::InvalidInput);
+    }
+
+    /// A group of this test process's own in a writable cgroup v2
+    /// hierarchy, removed when dropped; `None` (said why) where there is
+    /// none.
+    struct TestGroup(std::path::PathBuf);
+
+    impl TestGroup {
+        fn make(name: &str) -> Option<TestGroup> {
+            let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+            let mounts = crate::cgroup::parse_mounts(&read("/proc/self/mounts"));
+            let member = crate::cgroup::parse_membership(&read("/proc/self/cgroup"));
+            let (Some(mount), Some(own)) = (mounts.unified, member.unified) else {
+                eprintln!("skipped: no cgroup v2 hierarchy is mounted");
+                return None;
+            };
+            let dir = crate::cgroup::join(&mount, &own).join(format!("tenure-spawn-{name}-{}", std::process::id()));
+            match std::fs::create_dir(&dir) {
+                Ok(()) => Some(TestGroup(dir)),
+                Err(error) => {
+                    eprintln!("skipped: cannot create a cgroup at {}: {error}", dir.display());
+                    None
+                }
+            }
+        }
+    }
+
+    impl Drop for TestGroup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+        }
+    }
+
+    /// Whether this kernel has `CLONE_INTO_CGROUP` (5.7).
+    fn kernel_has_clone_into_cgroup() -> bool {
+        let release =
+            nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
+        let mut parts = release.split(|c: char| !c.is_ascii_digit()).map(|p| p.parse::<u32>().unwrap_or(0));
+        (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) >= (5, 7)
+    }
+
+    #[test]
+    fn the_task_runs_in_its_cgroup_made_inside_it_or_joined_first_thing() {
+        let _one = one_at_a_time();
+        for (name, into) in [("inside", Inside::Allowed), ("joined", Inside::Never)] {
+            let Some(group) = TestGroup::make(name) else { return };
+            let dir = std::fs::File::open(&group.0).map(OwnedFd::from).unwrap();
+            let tmp = tempfile::tempdir().unwrap();
+            let (out, code) = run_in("cat /proc/self/cgroup", tmp.path(), &[], Some(&dir), into)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(code, 0, "{name}: {out}");
+            let unified = out.lines().find_map(|l| l.strip_prefix("0::")).unwrap_or_else(|| panic!("{name}: {out}"));
+            let leaf = group.0.file_name().unwrap().to_str().unwrap();
+            assert!(unified.ends_with(&format!("/{leaf}")), "{name}: the task ran in {unified}, not in {leaf}");
+            assert_eq!(
+                std::fs::read_to_string(group.0.join("cgroup.procs")).unwrap(),
+                "",
+                "{name}: the group is empty again"
+            );
+        }
+        if kernel_has_clone_into_cgroup() {
+            assert!(!NO_CLONE_INTO_CGROUP.load(Ordering::Relaxed), "this kernel makes a child inside its group");
+        }
+    }
+
+    #[test]
+    fn a_group_that_cannot_be_joined_fails_the_start_and_leaves_no_child() {
+        let _one = one_at_a_time();
+        let tmp = tempfile::tempdir().unwrap();
+        // Not a cgroup: neither made inside it nor joined by its `cgroup.procs`.
+        let not_a_group = std::fs::File::open(tmp.path()).map(OwnedFd::from).unwrap();
+        for into in [Inside::Allowed, Inside::Never] {
+            let error = run_in("echo ran", tmp.path(), &[], Some(&not_a_group), into).unwrap_err();
+            assert!(error.raw_os_error().is_some(), "{into:?}: {error}");
+            assert_eq!(waitpid(None, Some(WaitPidFlag::WNOHANG)), Err(Errno::ECHILD), "{into:?}");
+        }
     }
 }

@@ -284,14 +284,17 @@ fn supervise(
         }
         (None, None) => None,
     };
-    let join = match cgroup.as_ref().map(AttemptGroup::open_procs).transpose() {
-        Ok(fds) => fds.unwrap_or_default(),
+    let (group_dir, join) = match cgroup.as_ref().map(AttemptGroup::open_for_task).transpose() {
+        Ok(Some((dir, join))) => (Some(dir), join),
+        Ok(None) => (None, Vec::new()),
         Err(e) => {
             remove_cgroup(cgroup.as_ref());
             return failed(format!("cannot set up the task's cgroup: {e}"));
         }
     };
-    let launch = process::Launch { command: &spec.command, env: &env, cwd, run_as: args.run_as.as_ref(), join: &join };
+    let run_as = args.run_as.as_ref();
+    let launch =
+        process::Launch { command: &spec.command, env: &env, cwd, run_as, cgroup: group_dir.as_ref(), join: &join };
     let leader = match process::spawn(&launch, stdin, writer) {
         Ok(pid) => pid,
         Err(e) => {
@@ -300,7 +303,7 @@ fn supervise(
             return failed(format!("the task could not start{user} in {}: {e}", cwd.display()));
         }
     };
-    drop(join);
+    drop((group_dir, join));
     if let Err(error) = journal.write_pgid(leader) {
         tracing::warn!(%error, "shim cannot record the process group");
     }
