@@ -383,11 +383,20 @@ async fn perform(
         Action::Release => {
             // The outcome is acknowledged, so the attempt's group is gone: a
             // scratch directory it left bare goes back for the next attempt. A
-            // built-in kind's attempt has none.
-            if grant.is_none_or(|g| Builtin::of(&g.spec.kind).is_none()) {
-                shared.scratch.give_back(&crate::scratch::name(task, attempt));
-            }
-            if let Err(error) = files().remove() {
+            // built-in kind's attempt has none. On a blocking thread: renames
+            // and removals, and freeing a file's blocks may wait for the
+            // device (a file system mounted with `discard`).
+            let scratch = grant.is_none_or(|g| Builtin::of(&g.spec.kind).is_none());
+            let (shared, name, files) = (shared.clone(), crate::scratch::name(task, attempt), files());
+            let removed = tokio::task::spawn_blocking(move || {
+                if scratch {
+                    shared.scratch.give_back(&name);
+                }
+                files.remove()
+            })
+            .await
+            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            if let Err(error) = removed {
                 tracing::warn!(task = %task, attempt = %attempt, %error, "cannot remove the attempt's files");
             }
             Done::Released
