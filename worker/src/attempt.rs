@@ -382,20 +382,23 @@ async fn perform(
         }
         Action::Release => {
             // The outcome is acknowledged, so the attempt's group is gone: a
-            // scratch directory it left bare goes back for the next attempt. A
-            // built-in kind's attempt has none. On a blocking thread: renames
-            // and removals, and freeing a file's blocks may wait for the
-            // device (a file system mounted with `discard`).
-            let scratch = grant.is_none_or(|g| Builtin::of(&g.spec.kind).is_none());
-            let (shared, name, files) = (shared.clone(), crate::scratch::name(task, attempt), files());
-            let removed = tokio::task::spawn_blocking(move || {
-                if scratch {
-                    shared.scratch.give_back(&name);
+            // scratch directory it left bare goes back for the next attempt,
+            // on a blocking thread with the attempt's files (renames, and
+            // removals that free blocks, which wait for the device on a file
+            // system mounted with `discard`). A built-in kind's attempt has
+            // neither scratch directory nor journal: at most a pause wish.
+            let removed = match grant.and_then(|g| Builtin::of(&g.spec.kind)) {
+                Some(_) => files().remove(),
+                None => {
+                    let (shared, name, files) = (shared.clone(), crate::scratch::name(task, attempt), files());
+                    tokio::task::spawn_blocking(move || {
+                        shared.scratch.give_back(&name);
+                        files.remove()
+                    })
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e)))
                 }
-                files.remove()
-            })
-            .await
-            .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            };
             if let Err(error) = removed {
                 tracing::warn!(task = %task, attempt = %attempt, %error, "cannot remove the attempt's files");
             }
