@@ -183,6 +183,47 @@ fn a_task_is_one_trace_across_client_coordinator_worker_and_sidecar() {
     assert_eq!(finalize.parent, attempt.id, "coordinator finalize ← worker attempt");
 }
 
+/// A busy worker tells a short task's start with its end, in one batch of
+/// reports: the batch carries the attempt's trace, so the leader's `report`
+/// span of the end is in the task's trace, under the worker's attempt.
+#[test]
+fn a_start_told_with_its_end_stays_in_the_tasks_trace() {
+    let _env = OTEL_ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let (endpoint, spans) = receiver();
+    std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint);
+    std::env::set_var("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json");
+    std::env::set_var("OTEL_BSP_SCHEDULE_DELAY", "200");
+    std::env::remove_var("OTEL_SERVICE_NAME");
+    // Every start within 10 s of the one before is held that long: the
+    // second task ends first, and its start goes with its end.
+    let c = Cluster::start_with_worker(&["--started-hold-ms", "10000"]);
+    let first = c.submit(&["--", "sleep 3"]);
+    c.wait_status(&first, "running", BOUND);
+    let second = c.submit(&["--", "echo second"]);
+    c.wait_status(&second, "completed", BOUND);
+    let found = eventually(BOUND, || {
+        let all = spans.lock().unwrap().clone();
+        let of = |service: &str, name: &str| {
+            all.iter()
+                .find(|s| {
+                    s.service == service
+                        && s.name == name
+                        && s.attributes.get("task") == Some(&second)
+                        && (name != "report" || s.attributes.get("event").is_some_and(|e| e == "finished"))
+                })
+                .cloned()
+        };
+        Some((of("tenure-cli", "submit")?, of("tenure-worker", "attempt")?, of("tenure-coordinator", "report")?))
+    });
+    let Some((submit, attempt, end)) = found else {
+        let all = spans.lock().unwrap().clone();
+        let seen: Vec<String> = all.iter().map(|s| format!("{}:{} {:?}", s.service, s.name, s.attributes)).collect();
+        panic!("the second task's end report has no span; seen: {seen:#?}\n{}", c.logs());
+    };
+    assert_eq!((&attempt.trace, &end.trace), (&submit.trace, &submit.trace), "one trace");
+    assert_eq!(end.parent, attempt.id, "the end's report ← the worker's attempt");
+}
+
 #[test]
 fn a_dead_collector_never_holds_up_a_task() {
     let _env = OTEL_ENV.lock().unwrap_or_else(|e| e.into_inner());

@@ -562,6 +562,13 @@ async fn lead<F: Future<Output = ()>>(
                             tracing::warn!(subject = %msg.subject, "malformed batch of reports ignored");
                             continue;
                         }
+                        // Traced only when it is one task's start told with
+                        // its end: the batch continues that task's trace.
+                        if let Some(last) = batch.reports.last() {
+                            span = traced(msg.headers.as_ref(), || {
+                                tracing::info_span!("report", task = %last.task, attempt = %last.attempt, epoch = %last.epoch, worker = %last.worker, event = last.event.name())
+                            });
+                        }
                         Input::Reports { reply_to, reports: batch.reports }
                     } else {
                         match tenure_protocol::decode::<Report>(&msg.payload) {

@@ -13,7 +13,8 @@
 //! costs the leader one report message and one registry append instead of
 //! two of each, and it is still seen to start.
 //!
-//! A traced report goes alone, with its trace context in the headers. A
+//! A traced report goes alone, with its trace context in the headers, or
+//! with its task's held `Started` in a batch that carries them. A
 //! batch that no leader answered is sent again one by one, once: a leader
 //! too old to read a batch does not answer it, and one that cannot hear
 //! anybody answers neither. Nothing here retries beyond that; the attempt's
@@ -131,6 +132,10 @@ impl Exchange for Leader {
             .ok();
             return Sent::Answered(vec![ack]);
         }
+        // A batch holds traced reports only when they are one caller's, sent
+        // together on an idle exchange (a start told with its end): the
+        // batch carries their trace. Gathered batches hold none.
+        let trace = items.first().and_then(|o| o.trace.clone());
         let (reports, frames): (Vec<_>, Vec<_>) = items.into_iter().map(|o| (o.report, o.frame)).unzip();
         let batch = Reports { worker: self.worker.clone(), reports };
         let Ok(payload) = tenure_protocol::encode(&batch) else { return Sent::Answered(vec![None; count]) };
@@ -138,7 +143,7 @@ impl Exchange for Leader {
             &self.client,
             self.subject.clone(),
             payload.into(),
-            None,
+            trace,
             REPORT_TIMEOUT,
         )
         .await;
