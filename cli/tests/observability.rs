@@ -121,32 +121,46 @@ fn parse(export: &Value) -> Vec<Span> {
 /// to the other's collector.
 static OTEL_ENV: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-#[test]
-fn a_task_is_one_trace_across_client_coordinator_worker_and_sidecar() {
-    let _env = OTEL_ENV.lock().unwrap_or_else(|e| e.into_inner());
+/// A receiver that every process this test starts exports its spans to
+/// (they inherit the exporter configuration); call with `OTEL_ENV` held.
+fn exporting_here() -> Arc<Mutex<Vec<Span>>> {
     let (endpoint, spans) = receiver();
-    // Every process this test starts inherits the exporter configuration.
     std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint);
     std::env::set_var("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json");
     std::env::set_var("OTEL_BSP_SCHEDULE_DELAY", "200");
     std::env::remove_var("OTEL_SERVICE_NAME");
+    spans
+}
+
+/// `service`'s span `name` of `task`, with the attribute `extra` when given.
+fn find(all: &[Span], service: &str, name: &str, task: &str, extra: Option<(&str, &str)>) -> Option<Span> {
+    all.iter()
+        .find(|s| {
+            s.service == service
+                && s.name == name
+                && s.attributes.get("task").is_some_and(|t| t == task)
+                && extra.is_none_or(|(k, v)| s.attributes.get(k).is_some_and(|x| x == v))
+        })
+        .cloned()
+}
+
+/// Every span received, one line each, for a failure's message.
+fn seen(spans: &Mutex<Vec<Span>>) -> Vec<String> {
+    let all = spans.lock().unwrap().clone();
+    all.iter().map(|s| format!("{}:{} {:?}", s.service, s.name, s.attributes)).collect()
+}
+
+#[test]
+fn a_task_is_one_trace_across_client_coordinator_worker_and_sidecar() {
+    let _env = OTEL_ENV.lock().unwrap_or_else(|e| e.into_inner());
+    let spans = exporting_here();
     let c = Cluster::start(1);
     let task = c.submit(&["--", "echo traced"]);
     c.wait_status(&task, "completed", BOUND);
 
-    let find = |all: &[Span], service: &str, name: &str, extra: Option<(&str, &str)>| -> Option<Span> {
-        all.iter()
-            .find(|s| {
-                s.service == service
-                    && s.name == name
-                    && s.attributes.get("task").is_some_and(|t| *t == task)
-                    && extra.is_none_or(|(k, v)| s.attributes.get(k).is_some_and(|x| x == v))
-            })
-            .cloned()
-    };
     let chain = eventually(BOUND, || {
         let all = spans.lock().unwrap().clone();
-        let submit = find(&all, "tenure-cli", "submit", None)?;
+        let submit = find(&all, "tenure-cli", "submit", &task, None)?;
         let api = all.iter().find(|s| {
             s.service == "tenure-coordinator"
                 && s.name == "api"
@@ -156,17 +170,15 @@ fn a_task_is_one_trace_across_client_coordinator_worker_and_sidecar() {
         Some((
             submit.clone(),
             api.cloned()?,
-            find(&all, "tenure-coordinator", "lease", None)?,
-            find(&all, "tenure-worker", "grant", None)?,
-            find(&all, "tenure-worker", "attempt", None)?,
-            find(&all, "tenure-sidecar", "intent", None)?,
-            find(&all, "tenure-coordinator", "report", Some(("event", "finished")))?,
+            find(&all, "tenure-coordinator", "lease", &task, None)?,
+            find(&all, "tenure-worker", "grant", &task, None)?,
+            find(&all, "tenure-worker", "attempt", &task, None)?,
+            find(&all, "tenure-sidecar", "intent", &task, None)?,
+            find(&all, "tenure-coordinator", "report", &task, Some(("event", "finished")))?,
         ))
     });
     let Some((submit, api, lease, grant, attempt, intent, finalize)) = chain else {
-        let all = spans.lock().unwrap().clone();
-        let seen: Vec<String> = all.iter().map(|s| format!("{}:{} {:?}", s.service, s.name, s.attributes)).collect();
-        panic!("the task's spans never all arrived; seen: {seen:#?}\n{}", c.logs());
+        panic!("the task's spans never all arrived; seen: {:#?}\n{}", seen(&spans), c.logs());
     };
     for s in [&submit, &api, &lease, &grant, &attempt, &intent, &finalize] {
         eprintln!("{}:{} trace {} span {} parent {}", s.service, s.name, s.trace, s.id, s.parent);
@@ -189,11 +201,7 @@ fn a_task_is_one_trace_across_client_coordinator_worker_and_sidecar() {
 #[test]
 fn a_start_told_with_its_end_stays_in_the_tasks_trace() {
     let _env = OTEL_ENV.lock().unwrap_or_else(|e| e.into_inner());
-    let (endpoint, spans) = receiver();
-    std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint);
-    std::env::set_var("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json");
-    std::env::set_var("OTEL_BSP_SCHEDULE_DELAY", "200");
-    std::env::remove_var("OTEL_SERVICE_NAME");
+    let spans = exporting_here();
     // Every start within 10 s of the one before is held that long: the
     // second task ends first, and its start goes with its end.
     let c = Cluster::start_with_worker(&["--started-hold-ms", "10000"]);
@@ -203,22 +211,14 @@ fn a_start_told_with_its_end_stays_in_the_tasks_trace() {
     c.wait_status(&second, "completed", BOUND);
     let found = eventually(BOUND, || {
         let all = spans.lock().unwrap().clone();
-        let of = |service: &str, name: &str| {
-            all.iter()
-                .find(|s| {
-                    s.service == service
-                        && s.name == name
-                        && s.attributes.get("task") == Some(&second)
-                        && (name != "report" || s.attributes.get("event").is_some_and(|e| e == "finished"))
-                })
-                .cloned()
-        };
-        Some((of("tenure-cli", "submit")?, of("tenure-worker", "attempt")?, of("tenure-coordinator", "report")?))
+        Some((
+            find(&all, "tenure-cli", "submit", &second, None)?,
+            find(&all, "tenure-worker", "attempt", &second, None)?,
+            find(&all, "tenure-coordinator", "report", &second, Some(("event", "finished")))?,
+        ))
     });
     let Some((submit, attempt, end)) = found else {
-        let all = spans.lock().unwrap().clone();
-        let seen: Vec<String> = all.iter().map(|s| format!("{}:{} {:?}", s.service, s.name, s.attributes)).collect();
-        panic!("the second task's end report has no span; seen: {seen:#?}\n{}", c.logs());
+        panic!("the second task's end report has no span; seen: {:#?}\n{}", seen(&spans), c.logs());
     };
     assert_eq!((&attempt.trace, &end.trace), (&submit.trace, &submit.trace), "one trace");
     assert_eq!(end.parent, attempt.id, "the end's report ← the worker's attempt");

@@ -565,17 +565,13 @@ async fn lead<F: Future<Output = ()>>(
                         // Traced only when it is one task's start told with
                         // its end: the batch continues that task's trace.
                         if let Some(last) = batch.reports.last() {
-                            span = traced(msg.headers.as_ref(), || {
-                                tracing::info_span!("report", task = %last.task, attempt = %last.attempt, epoch = %last.epoch, worker = %last.worker, event = last.event.name())
-                            });
+                            span = report_span(msg.headers.as_ref(), last);
                         }
                         Input::Reports { reply_to, reports: batch.reports }
                     } else {
                         match tenure_protocol::decode::<Report>(&msg.payload) {
                             Ok(report) if speaks_for_itself(&msg.subject, &report.worker) => {
-                                span = traced(msg.headers.as_ref(), || {
-                                    tracing::info_span!("report", task = %report.task, attempt = %report.attempt, epoch = %report.epoch, worker = %report.worker, event = report.event.name())
-                                });
+                                span = report_span(msg.headers.as_ref(), &report);
                                 Input::Report { reply_to, report }
                             }
                             Ok(_) => continue,
@@ -940,6 +936,15 @@ fn traced(headers: Option<&async_nats::HeaderMap>, make: impl FnOnce() -> tracin
     let span = make();
     tenure_transport::trace::continue_from(&span, cx);
     span
+}
+
+/// The span a traced report (or a traced batch, named by its last report)
+/// is judged in.
+fn report_span(headers: Option<&async_nats::HeaderMap>, report: &Report) -> tracing::Span {
+    traced(
+        headers,
+        || tracing::info_span!("report", task = %report.task, attempt = %report.attempt, epoch = %report.epoch, worker = %report.worker, event = report.event.name()),
+    )
 }
 
 /// The span a command to a worker is sent in: a grant continues the trace the

@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use tenure_machine::attempt_files::{AttemptFiles, Journal, ShimStatus};
+use tenure_machine::attempt_files::{Journal, ShimStatus};
 use tenure_machine::evidence::FileFacts;
 use tenure_machine::Layout;
 use tenure_powerfs::{CutOptions, Mounted, Options, PowerFs};
@@ -326,7 +326,6 @@ fn a_grant_cut_before_its_status_is_there_whole_or_not_at_all() -> Result<()> {
     let unnamed = layout.attempt_files(&task(3), Attempt(1));
     assert!(!unnamed.exists(), "shell-3's journal was created after the last sync of its directory");
     assert_eq!(unnamed.journal().map_err(|e| e.kind()), Err(std::io::ErrorKind::NotFound));
-    let facts = |files: &AttemptFiles| FileFacts::read(files);
-    assert_eq!((facts(&named), facts(&unnamed)), (FileFacts::default(), FileFacts::default()));
+    assert_eq!((FileFacts::read(&named), FileFacts::read(&unnamed)), (FileFacts::default(), FileFacts::default()));
     Ok(())
 }
